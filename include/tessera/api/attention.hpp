@@ -1,0 +1,91 @@
+// Attention entry points of the C++ API.
+//
+//  * BatchAttention: the plan/run wrapper. plan() takes per-request lengths and
+//    the page table (host arrays) once per step and stages them into the
+//    workspace's fixed sections; run() launches on a stream with no
+//    allocation and no host synchronization, so it can be captured in a CUDA
+//    graph. This kernel is the row-wise CUDA-core kernel (query tile
+//    1); later kernels plug in behind the same contract.
+//  * single_decode: one request, contiguous KV, no workspace.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+
+#include "tessera/api/workspace.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/formats/paged_kv.hpp"
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+
+namespace tessera {
+
+// What the wrapper is used for, fixed at construction.
+struct TaskInfo {
+  int num_qo_heads = 32;
+  int num_kv_heads = 32;
+  int page_size = 16;
+  KVLayout layout = KVLayout::kNHD;
+  // Workspace bounds (paper Appendix D.3): the largest batch and the largest
+  // number of page-table entries (kv_indices) any plan() may bring.
+  // 0 = take them from the first plan().
+  int64_t max_batch = 0;
+  int64_t max_pages = 0;
+};
+void validate_task(const TaskInfo& task, const AttentionSpec& spec);
+
+// The lengths of one step, as host arrays.
+struct PagedPlanInput {
+  std::span<const int32_t> qo_indptr;         // [batch + 1]
+  std::span<const int32_t> kv_indptr;         // [batch + 1] (in pages)
+  std::span<const int32_t> kv_indices;        // [kv_indptr[batch]]
+  std::span<const int32_t> kv_last_page_len;  // [batch]
+};
+
+struct RunOptions {
+  double sm_scale = -1.0;  // < 0: 1/sqrt(head_dim)
+};
+
+class BatchAttention {
+ public:
+  BatchAttention(AttentionSpec spec, TaskInfo task, Workspace& workspace);
+
+  // Device and pinned-host bytes the workspace needs for these bounds.
+  static size_t workspace_bytes(int64_t max_batch, int64_t max_pages);
+
+  // Validates the lengths and page table, stages them into the workspace and
+  // uploads them on `stream`. Loads (JIT-compiling if needed) the kernel on
+  // the first call.
+  void plan(const PagedPlanInput& in, cudaStream_t stream = nullptr);
+
+  // q [total_q, Hq, D]; o like q (o_dtype); lse [total_q, Hq] float32 or an
+  // undefined view. The KV storage must match the task (heads, page size,
+  // layout) and hold every page the plan names.
+  void run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+           cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
+
+  const AttentionSpec& spec() const { return spec_; }
+  const TaskInfo& task() const { return task_; }
+  int64_t planned_batch() const { return batch_; }
+  int64_t planned_total_q() const { return total_q_; }
+  const jit::KernelSource& kernel_source() const { return source_; }
+
+ private:
+  AttentionSpec spec_;
+  TaskInfo task_;
+  Workspace* ws_;
+  jit::KernelSource source_;
+  const jit::LoadedKernel* kernel_ = nullptr;
+  // Fixed sections (byte offsets into the workspace), set at the first plan.
+  size_t off_qo_indptr_ = 0, off_kv_indptr_ = 0, off_last_ = 0, off_indices_ = 0, ws_bytes_ = 0;
+  int64_t batch_ = -1, total_q_ = 0, max_page_index_ = -1;
+};
+
+// One request, contiguous KV: q [Hq, D]; k, v [kv_len, Hkv, D] (NHD) or
+// [Hkv, kv_len, D] (HND); o [Hq, D]; lse [Hq] float32 or undefined.
+void single_decode(const AttentionSpec& spec, const TensorView& q, const TensorView& k, const TensorView& v,
+                   KVLayout layout, const TensorView& o, const TensorView& lse, cudaStream_t stream = nullptr,
+                   const RunOptions& opt = {});
+
+}  // namespace tessera

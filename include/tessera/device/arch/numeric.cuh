@@ -1,0 +1,49 @@
+// Storage types for 16-bit floats and their conversions, written against PTX
+// directly so the device layer needs no toolkit header: the same source
+// compiles under nvcc and under NVRTC with only Tessera's embedded headers.
+#pragma once
+
+namespace tessera {
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// IEEE fp16 and bfloat16 as raw bits; arithmetic happens in float.
+struct half_t { u16 bits; };
+struct bf16_t { u16 bits; };
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(half_t x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+__device__ __forceinline__ float to_float(bf16_t x) { return __uint_as_float(static_cast<u32>(x.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_float(float f);
+template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
+template <> __device__ __forceinline__ half_t from_float<half_t>(float f) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float f) {
+  bf16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+// log2(e): softmax runs in base 2 (exp2 is one MUFU op); see attention_state.cuh.
+constexpr float kLog2e = 1.4426950408889634f;
+
+#endif
+
+}  // namespace tessera

@@ -1,0 +1,41 @@
+// Vectorized global/shared memory access: N elements of a 16-bit or 32-bit
+// type moved in one instruction of N*sizeof(T) bytes (up to 16), converted
+// to/from float registers. Callers guarantee alignment to the access width.
+#pragma once
+#include "tessera/device/arch/numeric.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Raw bytes of one vector access.
+template <int BYTES> struct VecBits;
+template <> struct VecBits<4> { typedef u32 type; };
+template <> struct VecBits<8> { typedef uint2 type; };
+template <> struct VecBits<16> { typedef uint4 type; };
+
+// Loads N consecutive elements of T at p into float registers.
+template <int N, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "vector access must be 4, 8 or 16 bytes");
+  union { typename VecBits<kBytes>::type raw; T elem[N]; } u;
+  u.raw = *reinterpret_cast<const typename VecBits<kBytes>::type*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(u.elem[i]);
+}
+
+// Stores N float registers as consecutive elements of T at p.
+template <int N, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "vector access must be 4, 8 or 16 bytes");
+  union { typename VecBits<kBytes>::type raw; T elem[N]; } u;
+#pragma unroll
+  for (int i = 0; i < N; ++i) u.elem[i] = from_float<T>(in[i]);
+  *reinterpret_cast<typename VecBits<kBytes>::type*>(p) = u.raw;
+}
+
+#endif
+
+}  // namespace tessera

@@ -1,0 +1,24 @@
+// Parameter block of the row-wise (query tile 1, CUDA cores) attention kernel.
+// Plain data: the host fills the very same struct and passes it by value.
+#pragma once
+#include "tessera/device/primitives/kv_view.cuh"
+
+namespace tessera {
+
+template <typename Extra>
+struct RowwiseParams {
+  const void* q;        // [total_q, num_qo_heads, head_dim]
+  void* o;              // [total_q, num_qo_heads, head_dim]
+  float* lse;           // [total_q, num_qo_heads] base-2 LSE, or null
+  i64 q_stride_n, q_stride_h;
+  i64 o_stride_n, o_stride_h;
+  const int* qo_indptr;  // [batch + 1]; null: one request of total_q rows
+  device::PagedKV kv;
+  int batch_size;
+  int num_qo_heads;
+  int total_q;
+  float sm_scale;
+  Extra extra;  // the variant's own scalars / tensor pointers; keep last
+};
+
+}  // namespace tessera

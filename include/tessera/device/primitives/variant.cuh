@@ -1,0 +1,63 @@
+// Attention variants: the functor slots of the kernel skeleton (paper §3.2.3).
+//
+// A variant is a struct deriving from VariantBase that overrides any subset of
+// the slots below. Kernels construct one variant object per (request, tile)
+// with the kernel parameters, so a variant may precompute per-request values
+// in its constructor (VariantBase keeps qo_len and kv_len). Every slot takes
+// the kernel parameter block first (the variant's extra scalars and tensors
+// live in params.extra), then the value, then the position indices:
+//
+//   QueryTransform (params, q, batch_idx, qo_idx, qo_head_idx, feat_idx) -> float
+//   KeyTransform   (params, k, batch_idx, kv_idx, kv_head_idx, feat_idx) -> float
+//   ValueTransform (params, v, batch_idx, kv_idx, kv_head_idx, feat_idx) -> float
+//   LogitsTransform(params, logit, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx) -> float
+//   LogitsMask     (params, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx) -> bool (true = keep)
+//   OutputTransform(params, o, batch_idx, qo_idx, qo_head_idx, feat_idx) -> float
+//   use_softmax: true  -> O = softmax(logits) V, LSE reported (base 2);
+//                false -> O = sum_j logit_j V_j (e.g. FlashSigmoid), LSE = 0.
+//
+// The logit handed to LogitsTransform is q.k * sm_scale. qo_idx / kv_idx are
+// positions within the request. Indices are ints; feat_idx is the position
+// along the head dimension.
+#pragma once
+#include "tessera/device/arch/numeric.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define TESSERA_VARIANT_FN __device__ __forceinline__
+#else
+#define TESSERA_VARIANT_FN inline
+#endif
+
+struct VariantBase {
+  static constexpr bool use_softmax = true;
+  int qo_len;
+  int kv_len;
+
+  template <typename Params>
+  TESSERA_VARIANT_FN VariantBase(const Params&, int /*batch_idx*/, int qo_len_, int kv_len_)
+      : qo_len(qo_len_), kv_len(kv_len_) {}
+
+  template <typename Params>
+  TESSERA_VARIANT_FN float QueryTransform(const Params&, float q, int, int, int, int) const { return q; }
+  template <typename Params>
+  TESSERA_VARIANT_FN float KeyTransform(const Params&, float k, int, int, int, int) const { return k; }
+  template <typename Params>
+  TESSERA_VARIANT_FN float ValueTransform(const Params&, float v, int, int, int, int) const { return v; }
+  template <typename Params>
+  TESSERA_VARIANT_FN float LogitsTransform(const Params&, float logit, int, int, int, int, int) const {
+    return logit;
+  }
+  template <typename Params>
+  TESSERA_VARIANT_FN bool LogitsMask(const Params&, int, int, int, int, int) const { return true; }
+  template <typename Params>
+  TESSERA_VARIANT_FN float OutputTransform(const Params&, float o, int, int, int, int) const { return o; }
+};
+
+// No extra parameters: the default `extra` block of kernel parameters.
+struct NoExtra {
+  int unused;
+};
+
+}  // namespace tessera

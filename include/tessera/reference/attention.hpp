@@ -1,0 +1,65 @@
+// CPU reference attention with double accumulation: the oracle every GPU test
+// compares against. Deliberately simple (no tiling, no online softmax): scores
+// are materialized per query row, then softmax in double.
+//
+// Tensors are host TensorViews of float16 / bfloat16 / float32 with the last
+// dimension contiguous. Queries are ragged: q [total_q, num_qo_heads, head_dim]
+// with qo indptr; qo head h reads KV head h / (num_qo_heads / num_kv_heads).
+// LSE is returned in base 2 (see device/primitives/attention_state.cuh);
+// a row that sees no key gets O = 0 and LSE = -inf.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/tensor.hpp"
+#include "tessera/formats/bsr.hpp"
+#include "tessera/formats/paged_kv.hpp"
+#include "tessera/formats/ragged.hpp"
+
+namespace tessera::reference {
+
+struct Options {
+  double sm_scale = -1.0;  // < 0: 1/sqrt(head_dim)
+  // Causal, bottom-right aligned: query i of a request with q_len queries and
+  // kv_len keys sees keys j <= i + kv_len - q_len.
+  bool causal = false;
+  // Custom mask: per request a row-major [q_len, kv_len] block of 0/1 bytes,
+  // blocks concatenated in request order (FlashInfer's unpacked custom_mask).
+  // Empty = no custom mask. Combined with causal by AND when both are set.
+  std::vector<uint8_t> custom_mask;
+  double logits_soft_cap = 0.0;  // > 0: logit = cap * tanh(logit / cap) (after sm_scale)
+};
+
+struct Result {
+  int64_t rows = 0, heads = 0, head_dim = 0;
+  std::vector<double> o;    // [rows, heads, head_dim]
+  std::vector<double> lse;  // [rows, heads], base 2
+  double at(int64_t r, int64_t h, int64_t d) const { return o[(r * heads + h) * head_dim + d]; }
+  double lse_at(int64_t r, int64_t h) const { return lse[r * heads + h]; }
+};
+
+// Ragged KV: k, v [total_kv, num_kv_heads, head_dim] with kv indptr; request i
+// has queries qo[i] and keys/values kv[i].
+Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const TensorView& k,
+                        const TensorView& v, const RaggedIndex& kv, const Options& opt = {});
+
+// Paged KV cache (host storage).
+Result attention_paged(const TensorView& q, const RaggedIndex& qo, const PagedKVCache& cache,
+                       const Options& opt = {});
+
+// Block-sparse: q [M, Hq, D]; k, v [N, Hkv, D]; query row m attends to the
+// valid columns of its block row (in block order). The BSR matrix is the mask:
+// `causal` and `custom_mask` are not allowed here (InvalidArgument).
+Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView& k,
+                     const TensorView& v, const Options& opt = {});
+
+// Naive dense attention for one head of one request, straight from the
+// formula (used to test the reference itself): q [n_q, d], k/v [n_kv, d],
+// mask [n_q, n_kv] (1 = visible, empty = all visible). Returns O [n_q, d] and
+// base-2 LSE [n_q].
+void dense_attention(const std::vector<double>& q, const std::vector<double>& k,
+                     const std::vector<double>& v, int64_t n_q, int64_t n_kv, int64_t d,
+                     double sm_scale, const std::vector<uint8_t>& mask, std::vector<double>& o,
+                     std::vector<double>& lse);
+
+}  // namespace tessera::reference

@@ -1,0 +1,15 @@
+// Tessera: one include for the whole C++ API.
+#pragma once
+#include "tessera/api/attention.hpp"
+#include "tessera/api/merge.hpp"
+#include "tessera/api/workspace.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/formats/bsr.hpp"
+#include "tessera/formats/paged_kv.hpp"
+#include "tessera/formats/ragged.hpp"
+#include "tessera/reference/attention.hpp"
+#include "tessera/reference/merge.hpp"
+#include "tessera/runtime/cuda.hpp"
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"

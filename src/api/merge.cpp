@@ -1,0 +1,180 @@
+// Public merge API: validation, then the CPU implementation for host tensors
+// or the JIT merge kernels for CUDA tensors.
+#include "tessera/api/merge.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "checks.hpp"
+#include "tessera/device/kernels/merge_states_params.cuh"
+#include "tessera/formats/ragged.hpp"
+#include "tessera/reference/merge.hpp"
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+
+namespace tessera {
+
+using detail::str;
+
+namespace {
+
+void check_values(const char* name, const TensorView& v, int64_t ndim) {
+  check_dim(name, v, ndim);
+  check_dtype_in(name, v, {DType::kFloat16, DType::kBFloat16, DType::kFloat32});
+  const int64_t d = v.size(-1);
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(v.dtype));
+  // Each (row, head) is split over head_dim / vec threads of a 128-thread block.
+  if (d < vec || d % vec != 0 || 128 % (d / vec) != 0)
+    throw InvalidArgument(std::string(name) + ": expected head_dim a multiple of " + str(vec) + " dividing " + str(128 * vec) +
+                          " (e.g. 64, 128, 256), got " + str(d));
+  if (v.device.is_cuda()) detail::check_cuda_vectors(name, v);
+  else check_last_dim_contiguous(name, v);
+}
+
+void check_scales(const char* name, const TensorView& s, std::initializer_list<int64_t> shape, const TensorView& v) {
+  check_shape(name, s, shape);
+  check_dtype(name, s, DType::kFloat32);
+  check_same_device(name, s, "v", v);
+}
+
+bool wants(const TensorView& t) { return t.defined() && t.data != nullptr; }
+
+StateSet state_set(const TensorView& v, const TensorView& s, int state_dim) {
+  return {v.data, static_cast<const float*>(s.data), v.stride(state_dim), v.stride(-2), s.stride(state_dim), s.stride(-1)};
+}
+StateOut state_out(const TensorView& v, const TensorView& s) {
+  StateOut o{v.data, nullptr, v.stride(0), v.stride(1), 0, 0};
+  if (wants(s)) {
+    o.s = static_cast<float*>(s.data);
+    o.s_stride_state = s.stride(0);
+    o.s_stride_head = s.stride(1);
+  }
+  return o;
+}
+
+unsigned merge_blocks(int64_t rows, int64_t heads, int64_t head_dim, DType t) {
+  const int64_t threads_per_pair = head_dim / (16 / static_cast<int64_t>(dtype_size(t)));
+  const int64_t pairs_per_block = 128 / threads_per_pair;
+  return static_cast<unsigned>((rows * heads + pairs_per_block - 1) / pairs_per_block);
+}
+
+template <typename Params>
+void launch(const jit::KernelSource& src, const TensorView& like, Params& p, int64_t rows, cudaStream_t stream,
+            const char* what) {
+  if (rows == 0 || p.num_heads == 0) return;
+  detail::require_gpu(what);
+  const auto& k = jit::KernelCache::global().kernel(src, like.device.index);
+  k.launch(dim3(merge_blocks(rows, p.num_heads, p.head_dim, like.dtype)), dim3(128), 0, stream, &p);
+  detail::check_launch(what);
+}
+
+void check_pair(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b) {
+  check_values("v_a", v_a, 3);
+  const int64_t n = v_a.size(0), h = v_a.size(1), d = v_a.size(2);
+  check_shape("v_b", v_b, {n, h, d});
+  check_dtype("v_b", v_b, v_a.dtype);
+  check_same_device("v_a", v_a, "v_b", v_b);
+  check_values("v_b", v_b, 3);
+  check_scales("s_a", s_a, {n, h}, v_a);
+  check_scales("s_b", s_b, {n, h}, v_a);
+}
+
+}  // namespace
+
+void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
+                 const TensorView& v_out, const TensorView& s_out, cudaStream_t stream) {
+  check_pair(v_a, s_a, v_b, s_b);
+  check_shape("v_out", v_out, {v_a.size(0), v_a.size(1), v_a.size(2)});
+  check_dtype("v_out", v_out, v_a.dtype);
+  check_same_device("v_a", v_a, "v_out", v_out);
+  check_values("v_out", v_out, 3);
+  if (wants(s_out)) check_scales("s_out", s_out, {v_a.size(0), v_a.size(1)}, v_a);
+  if (!v_a.device.is_cuda()) return cpu::merge_state(v_a, s_a, v_b, s_b, v_out, s_out);
+  MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out), nullptr,
+                    static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2))};
+  launch(catalog::merge_pair(v_a.dtype), v_a, p, v_a.size(0), stream, "merge_state");
+}
+
+void merge_state_in_place(const TensorView& v, const TensorView& s, const TensorView& v_other,
+                          const TensorView& s_other, const TensorView& mask, cudaStream_t stream) {
+  check_pair(v, s, v_other, s_other);
+  if (wants(mask)) {
+    check_shape("mask", mask, {v.size(0)});
+    check_dtype_in("mask", mask, {DType::kUInt8, DType::kBool});
+    check_same_device("mask", mask, "v", v);
+    check_contiguous("mask", mask);
+  }
+  if (!v.device.is_cuda()) {
+    if (!wants(mask)) return cpu::merge_state(v, s, v_other, s_other, v, s);
+    // Row by row through the same CPU merge, skipping masked-out rows.
+    const auto* m = static_cast<const uint8_t*>(mask.data);
+    for (int64_t r = 0; r < v.size(0); ++r) {
+      if (!m[r]) continue;
+      auto row = [r](const TensorView& t) {
+        std::vector<int64_t> shape(t.shape.begin(), t.shape.end()), strides;
+        shape[0] = 1;
+        for (int64_t i = 0; i < t.dim(); ++i) strides.push_back(t.stride(i));
+        return TensorView(static_cast<char*>(t.data) + r * t.stride(0) * dtype_size(t.dtype), t.dtype, t.device, shape,
+                          strides);
+      };
+      cpu::merge_state(row(v), row(s), row(v_other), row(s_other), row(v), row(s));
+    }
+    return;
+  }
+  MergePairParams p{state_set(v, s, 0), state_set(v_other, s_other, 0), state_out(v, s),
+                    wants(mask) ? static_cast<const unsigned char*>(mask.data) : nullptr,
+                    static_cast<int>(v.size(0)), static_cast<int>(v.size(1)), static_cast<int>(v.size(2))};
+  launch(catalog::merge_pair(v.dtype), v, p, v.size(0), stream, "merge_state_in_place");
+}
+
+void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out, const TensorView& s_out,
+                  cudaStream_t stream) {
+  check_values("v", v, 4);
+  const int64_t n = v.size(0), S = v.size(1), h = v.size(2), d = v.size(3);
+  check_scales("s", s, {n, S, h}, v);
+  check_shape("v_out", v_out, {n, h, d});
+  check_dtype("v_out", v_out, v.dtype);
+  check_same_device("v", v, "v_out", v_out);
+  check_values("v_out", v_out, 3);
+  if (wants(s_out)) check_scales("s_out", s_out, {n, h}, v);
+  if (!v.device.is_cuda()) return cpu::merge_states(v, s, v_out, s_out);
+  // State (row, j) is state row*S + j of a [n*S, h, d] set: needs
+  // stride(0) == S * stride(1), which holds for contiguous leading dims.
+  if (v.stride(0) != S * v.stride(1) || s.stride(0) != S * s.stride(1))
+    throw InvalidArgument("v: expected dims 0 and 1 of v and s to be contiguous with each other");
+  MergeManyParams p{state_set(v, s, 1), state_out(v_out, s_out), nullptr, static_cast<int>(S),
+                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(d)};
+  launch(catalog::merge_many(v.dtype), v, p, n, stream, "merge_states");
+}
+
+void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorView& indptr, const TensorView& v_out,
+                         const TensorView& s_out, cudaStream_t stream) {
+  check_values("v", v, 3);
+  const int64_t total = v.size(0), h = v.size(1), d = v.size(2);
+  check_scales("s", s, {total, h}, v);
+  check_dim("indptr", indptr, 1);
+  check_dtype("indptr", indptr, DType::kInt32);
+  check_contiguous("indptr", indptr);
+  check_same_device("indptr", indptr, "v", v);
+  if (indptr.size(0) < 1) throw InvalidArgument("indptr: expected at least one element (rows + 1), got 0");
+  const int64_t n = indptr.size(0) - 1;
+  check_shape("v_out", v_out, {n, h, d});
+  check_dtype("v_out", v_out, v.dtype);
+  check_same_device("v", v, "v_out", v_out);
+  check_values("v_out", v_out, 3);
+  if (wants(s_out)) check_scales("s_out", s_out, {n, h}, v);
+  // indptr decides every read address, so it is validated on the host even
+  // when it lives on the GPU (a small synchronous copy).
+  std::vector<int32_t> host(static_cast<size_t>(n + 1));
+  if (indptr.device.is_cuda())
+    TESSERA_CUDA_CHECK(cudaMemcpy(host.data(), indptr.data, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  else
+    std::copy_n(static_cast<const int32_t*>(indptr.data), host.size(), host.begin());
+  validate_indptr("indptr", host, total);
+  if (!v.device.is_cuda()) return cpu::merge_states_ragged(v, s, indptr, v_out, s_out);
+  MergeManyParams p{state_set(v, s, 0), state_out(v_out, s_out), static_cast<const int*>(indptr.data), 0,
+                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(d)};
+  launch(catalog::merge_many(v.dtype), v, p, n, stream, "merge_states_ragged");
+}
+
+}  // namespace tessera

@@ -1,0 +1,311 @@
+// CPU reference attention. The three public entry points (ragged, paged, BSR)
+// only differ in how they find the keys a query row may see, so each one
+// reduces its format to "groups": a set of query rows sharing one list of KV
+// tokens (as element offsets), plus an optional per-row visibility mask.
+// One core then does the math in double. Softmax is evaluated directly in
+// base 2 here, while dense_attention uses natural exp/log; the two agreeing
+// is part of what the tests check.
+#include "tessera/reference/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace tessera::reference {
+
+namespace {
+
+constexpr double kLog2e = 1.4426950408889634074;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+// Where the tokens of one group live: token j's head h vector starts at
+// k_base + k_off[j] + h * k_head_stride (elements), likewise for V.
+struct KVSource {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType k_dtype = DType::kFloat32, v_dtype = DType::kFloat32;
+  int64_t k_head_stride = 0, v_head_stride = 0;
+  int64_t k_dim_stride = 1, v_dim_stride = 1;
+};
+
+struct Token {
+  int64_t k_off, v_off;
+};
+
+// Everything about q the core needs, validated once.
+struct QueryInfo {
+  const TensorView* q;
+  int64_t heads, head_dim, kv_heads;
+  double sm_scale;
+};
+
+double read(const void* base, DType t, int64_t off) { return load_as_float(base, t, static_cast<size_t>(off)); }
+
+// Computes rows [row_begin, row_begin + n_rows) of the result from `tokens`.
+// visible (if non-null) is row-major [n_rows, tokens.size()].
+void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<Token>& tokens, int64_t row_begin,
+                  int64_t n_rows, const uint8_t* visible, const Options& opt, Result& out) {
+  const int64_t n_kv = static_cast<int64_t>(tokens.size());
+  const int64_t D = qi.head_dim, Hkv = qi.kv_heads, group = qi.heads / qi.kv_heads;
+  if (n_rows == 0) return;
+  // Convert this group's K and V once: [n_kv, Hkv, D] in double.
+  std::vector<double> kd(n_kv * Hkv * D), vd(n_kv * Hkv * D);
+  for (int64_t j = 0; j < n_kv; ++j)
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t idx = (j * Hkv + h) * D + d;
+        kd[idx] = read(src.k, src.k_dtype, tokens[j].k_off + h * src.k_head_stride + d * src.k_dim_stride);
+        vd[idx] = read(src.v, src.v_dtype, tokens[j].v_off + h * src.v_head_stride + d * src.v_dim_stride);
+      }
+
+  const TensorView& q = *qi.q;
+  std::vector<double> qrow(D), score(n_kv);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t row = row_begin + r;
+    const uint8_t* vis = visible ? visible + r * n_kv : nullptr;
+    for (int64_t h = 0; h < qi.heads; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t d = 0; d < D; ++d)
+        qrow[d] = read(q.data, q.dtype, row * q.stride(0) + h * q.stride(1) + d * q.stride(2));
+      // Scores in base 2: s = logit * log2(e), so softmax weights are 2^(s - max).
+      double max_s = kNegInf;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        if (vis && !vis[j]) continue;
+        const double* kj = &kd[(j * Hkv + hk) * D];
+        double dot = 0.0;
+        for (int64_t d = 0; d < D; ++d) dot += qrow[d] * kj[d];
+        double logit = dot * qi.sm_scale;
+        if (opt.logits_soft_cap > 0.0) logit = opt.logits_soft_cap * std::tanh(logit / opt.logits_soft_cap);
+        score[j] = logit * kLog2e;
+        max_s = std::max(max_s, score[j]);
+      }
+      double* o = &out.o[(row * qi.heads + h) * D];
+      if (max_s == kNegInf) continue;  // nothing visible: O stays 0, LSE -inf
+      double denom = 0.0;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        if (vis && !vis[j]) continue;
+        const double p = std::exp2(score[j] - max_s);
+        denom += p;
+        const double* vj = &vd[(j * Hkv + hk) * D];
+        for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= denom;
+      out.lse[row * qi.heads + h] = max_s + std::log2(denom);
+    }
+  }
+}
+
+void check_host_float(const char* name, const TensorView& t) {
+  check_device(name, t, Device{});
+  check_dtype_in(name, t, {DType::kFloat16, DType::kBFloat16, DType::kFloat32});
+}
+
+// Validates q [total, Hq, D] against the KV head count / dim; fills QueryInfo.
+QueryInfo check_query(const TensorView& q, int64_t total_rows, const char* rows_what, int64_t kv_heads,
+                      int64_t kv_head_dim, const char* kv_name, const Options& opt) {
+  check_host_float("q", q);
+  check_dim("q", q, 3);
+  if (q.size(0) != total_rows)
+    throw InvalidArgument("q: expected " + str(total_rows) + " rows (" + rows_what + "), got shape " + q.shape_str());
+  if (q.size(2) < 1) throw InvalidArgument("q: expected head_dim >= 1, got shape " + q.shape_str());
+  if (q.size(2) != kv_head_dim)
+    throw InvalidArgument("q: expected head_dim " + str(kv_head_dim) + " (that of " + kv_name + "), got shape " +
+                          q.shape_str());
+  if (kv_heads < 1) throw InvalidArgument(std::string(kv_name) + ": expected num_kv_heads >= 1, got 0");
+  if (q.size(1) % kv_heads != 0 || q.size(1) == 0)
+    throw InvalidArgument("q: expected num_qo_heads to be a positive multiple of num_kv_heads=" + str(kv_heads) +
+                          ", got " + str(q.size(1)));
+  if (!(opt.logits_soft_cap >= 0.0))
+    throw InvalidArgument("logits_soft_cap: expected >= 0, got " + std::to_string(opt.logits_soft_cap));
+  QueryInfo qi{&q, q.size(1), q.size(2), kv_heads, opt.sm_scale};
+  if (qi.sm_scale < 0.0) qi.sm_scale = 1.0 / std::sqrt(static_cast<double>(qi.head_dim));
+  return qi;
+}
+
+Result make_result(const QueryInfo& qi) {
+  Result r;
+  r.rows = qi.q->size(0);
+  r.heads = qi.heads;
+  r.head_dim = qi.head_dim;
+  r.o.assign(r.rows * r.heads * r.head_dim, 0.0);
+  r.lse.assign(r.rows * r.heads, kNegInf);
+  return r;
+}
+
+// Shared by ragged and paged: both are "request i: q_len queries over kv_len
+// keys", with causal / custom masks defined per request.
+class RequestMasks {
+ public:
+  RequestMasks(const RaggedIndex& qo, const std::vector<int64_t>& kv_lens, const Options& opt) : opt_(opt) {
+    if (opt.custom_mask.empty()) return;
+    int64_t need = 0;
+    for (int64_t i = 0; i < qo.num_sequences(); ++i) need += int64_t{qo.length(i)} * kv_lens[i];
+    if (static_cast<int64_t>(opt.custom_mask.size()) != need)
+      throw InvalidArgument("custom_mask: expected " + str(need) + " entries (sum of q_len * kv_len), got " +
+                            str(static_cast<int64_t>(opt.custom_mask.size())));
+  }
+  bool any() const { return opt_.causal || !opt_.custom_mask.empty(); }
+  // Fills the [q_len, kv_len] visibility block of the next request (in order).
+  void next(int64_t q_len, int64_t kv_len, std::vector<uint8_t>& vis) {
+    vis.assign(q_len * kv_len, 1);
+    if (!opt_.custom_mask.empty()) {
+      for (int64_t i = 0; i < q_len * kv_len; ++i) vis[i] = opt_.custom_mask[mask_pos_ + i] != 0;
+      mask_pos_ += q_len * kv_len;
+    }
+    if (opt_.causal) {
+      for (int64_t i = 0; i < q_len; ++i)
+        for (int64_t j = i + kv_len - q_len + 1; j < kv_len; ++j)
+          if (j >= 0) vis[i * kv_len + j] = 0;
+    }
+  }
+
+ private:
+  const Options& opt_;
+  int64_t mask_pos_ = 0;
+};
+
+}  // namespace
+
+Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const TensorView& k, const TensorView& v,
+                        const RaggedIndex& kv, const Options& opt) {
+  check_host_float("k", k);
+  check_host_float("v", v);
+  check_dim("k", k, 3);
+  check_dim("v", v, 3);
+  if (v.shape != k.shape)
+    throw InvalidArgument("v: expected the shape of k " + k.shape_str() + ", got " + v.shape_str());
+  if (k.size(0) != kv.total())
+    throw InvalidArgument("k: expected " + str(kv.total()) + " rows (kv indptr total), got shape " + k.shape_str());
+  if (kv.num_sequences() != qo.num_sequences())
+    throw InvalidArgument("kv: expected " + str(qo.num_sequences()) + " sequences (as many as qo), got " +
+                          str(kv.num_sequences()));
+  QueryInfo qi = check_query(q, qo.total(), "qo indptr total", k.size(1), k.size(2), "k", opt);
+
+  std::vector<int64_t> kv_lens(kv.num_sequences());
+  for (int64_t i = 0; i < kv.num_sequences(); ++i) kv_lens[i] = kv.length(i);
+  RequestMasks masks(qo, kv_lens, opt);
+
+  Result out = make_result(qi);
+  KVSource src{k.data, v.data, k.dtype, v.dtype, k.stride(1), v.stride(1), k.stride(2), v.stride(2)};
+  std::vector<Token> tokens;
+  std::vector<uint8_t> vis;
+  for (int64_t i = 0; i < qo.num_sequences(); ++i) {
+    tokens.clear();
+    for (int64_t j = kv.begin(i); j < kv.begin(i) + kv.length(i); ++j) tokens.push_back({j * k.stride(0), j * v.stride(0)});
+    if (masks.any()) masks.next(qo.length(i), kv.length(i), vis);
+    attend_group(qi, src, tokens, qo.begin(i), qo.length(i), masks.any() ? vis.data() : nullptr, opt, out);
+  }
+  return out;
+}
+
+Result attention_paged(const TensorView& q, const RaggedIndex& qo, const PagedKVCache& cache, const Options& opt) {
+  const PagedKVStorage& st = cache.storage;
+  const PageTable& table = cache.table;
+  check_device("cache", st.k(), Device{});
+  if (table.num_requests() != qo.num_sequences())
+    throw InvalidArgument("cache: expected " + str(qo.num_sequences()) + " requests (as many as qo), got " +
+                          str(table.num_requests()));
+  QueryInfo qi = check_query(q, qo.total(), "qo indptr total", st.num_kv_heads(), st.head_dim(), "cache", opt);
+
+  std::vector<int64_t> kv_lens(table.num_requests());
+  for (int64_t i = 0; i < table.num_requests(); ++i) kv_lens[i] = table.kv_len(i);
+  RequestMasks masks(qo, kv_lens, opt);
+
+  Result out = make_result(qi);
+  // Both K and V use the storage's strides; only the base pointers differ.
+  KVSource src{st.k().data, st.v().data, st.dtype(), st.dtype(), st.head_stride(), st.head_stride(), 1, 1};
+  std::vector<Token> tokens;
+  std::vector<uint8_t> vis;
+  for (int64_t i = 0; i < qo.num_sequences(); ++i) {
+    tokens.clear();
+    for (int64_t pos = 0; pos < kv_lens[i]; ++pos) {
+      const int64_t off = st.offset(table.page_of(i, pos), 0, table.slot_of(pos));
+      tokens.push_back({off, off});
+    }
+    if (masks.any()) masks.next(qo.length(i), kv_lens[i], vis);
+    attend_group(qi, src, tokens, qo.begin(i), qo.length(i), masks.any() ? vis.data() : nullptr, opt, out);
+  }
+  return out;
+}
+
+Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView& k, const TensorView& v,
+                     const Options& opt) {
+  if (opt.causal)
+    throw InvalidArgument("opt.causal: expected false for BSR attention (the BSR matrix is the mask), got true");
+  if (!opt.custom_mask.empty())
+    throw InvalidArgument("opt.custom_mask: expected empty for BSR attention (the BSR matrix is the mask), got " +
+                          str(static_cast<int64_t>(opt.custom_mask.size())) + " entries");
+  check_host_float("k", k);
+  check_host_float("v", v);
+  check_dim("k", k, 3);
+  check_dim("v", v, 3);
+  if (v.shape != k.shape)
+    throw InvalidArgument("v: expected the shape of k " + k.shape_str() + ", got " + v.shape_str());
+  if (k.size(0) != bsr.cols())
+    throw InvalidArgument("k: expected " + str(bsr.cols()) + " rows (BSR columns N), got shape " + k.shape_str());
+  QueryInfo qi = check_query(q, bsr.rows(), "BSR rows M", k.size(1), k.size(2), "k", opt);
+
+  Result out = make_result(qi);
+  KVSource src{k.data, v.data, k.dtype, v.dtype, k.stride(1), v.stride(1), k.stride(2), v.stride(2)};
+  const int64_t Bc = bsr.block_cols();
+  std::vector<Token> tokens;
+  for (int64_t r = 0; r < bsr.num_block_rows(); ++r) {
+    tokens.clear();
+    const int64_t kv_len = bsr.row_kv_len(r);
+    for (int32_t b = bsr.indptr()[r]; b < bsr.indptr()[r + 1]; ++b)
+      for (int64_t c = 0; c < Bc && static_cast<int64_t>(tokens.size()) < kv_len; ++c) {
+        const int64_t col = int64_t{bsr.indices()[b]} * Bc + c;
+        tokens.push_back({col * k.stride(0), col * v.stride(0)});
+      }
+    attend_group(qi, src, tokens, r * bsr.block_rows(), bsr.block_rows(), nullptr, opt, out);
+  }
+  return out;
+}
+
+void dense_attention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                     int64_t n_q, int64_t n_kv, int64_t d, double sm_scale, const std::vector<uint8_t>& mask,
+                     std::vector<double>& o, std::vector<double>& lse) {
+  if (n_q < 0 || n_kv < 0 || d < 1)
+    throw InvalidArgument("n_q, n_kv, d: expected n_q >= 0, n_kv >= 0, d >= 1, got " + str(n_q) + ", " + str(n_kv) +
+                          ", " + str(d));
+  auto check_size = [](const char* name, size_t got, int64_t want) {
+    if (static_cast<int64_t>(got) != want)
+      throw InvalidArgument(std::string(name) + ": expected " + str(want) + " entries, got " +
+                            str(static_cast<int64_t>(got)));
+  };
+  check_size("q", q.size(), n_q * d);
+  check_size("k", k.size(), n_kv * d);
+  check_size("v", v.size(), n_kv * d);
+  if (!mask.empty()) check_size("mask", mask.size(), n_q * n_kv);
+  if (sm_scale < 0.0) sm_scale = 1.0 / std::sqrt(static_cast<double>(d));
+
+  o.assign(n_q * d, 0.0);
+  lse.assign(n_q, kNegInf);
+  std::vector<double> logits(n_kv);
+  for (int64_t i = 0; i < n_q; ++i) {
+    auto visible = [&](int64_t j) { return mask.empty() || mask[i * n_kv + j] != 0; };
+    double m = kNegInf;
+    for (int64_t j = 0; j < n_kv; ++j) {
+      double dot = 0.0;
+      for (int64_t c = 0; c < d; ++c) dot += q[i * d + c] * k[j * d + c];
+      logits[j] = dot * sm_scale;
+      if (visible(j)) m = std::max(m, logits[j]);
+    }
+    if (m == kNegInf) continue;
+    // softmax(x)_j = e^(x_j - m) / sum e^(x - m); natural lse = m + ln(sum).
+    double sum = 0.0;
+    for (int64_t j = 0; j < n_kv; ++j)
+      if (visible(j)) sum += std::exp(logits[j] - m);
+    for (int64_t j = 0; j < n_kv; ++j) {
+      if (!visible(j)) continue;
+      const double p = std::exp(logits[j] - m) / sum;
+      for (int64_t c = 0; c < d; ++c) o[i * d + c] += p * v[j * d + c];
+    }
+    lse[i] = (m + std::log(sum)) / std::log(2.0);
+  }
+}
+
+}  // namespace tessera::reference

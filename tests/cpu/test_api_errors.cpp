@@ -1,0 +1,104 @@
+// Bad input at the API boundary, caught before any GPU work (so these run on
+// machines without a GPU): task/spec validation, plan() validation of lengths
+// and page tables, workspace bounds, and single_decode argument checks.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "tessera/api/attention.hpp"
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::test;
+
+namespace {
+
+// A borrowed workspace over host memory: plan() validation never touches it.
+struct FakeWorkspace {
+  alignas(256) static inline char buf[1 << 16];
+  Workspace ws{buf, sizeof buf, buf, sizeof buf, 0};
+};
+
+TaskInfo task(int hq = 8, int hkv = 2, int page = 16) { return {hq, hkv, page, KVLayout::kNHD, 4, 16}; }
+
+TEST(ApiErrors, TaskAndSpec) {
+  FakeWorkspace f;
+  EXPECT_THROW_MSG(BatchAttention({}, task(6, 4), f.ws), InvalidArgument, "num_qo_heads");
+  EXPECT_THROW_MSG(BatchAttention({}, task(8, 0), f.ws), InvalidArgument, "num_kv_heads");
+  EXPECT_THROW_MSG(BatchAttention({}, task(8, 2, 0), f.ws), InvalidArgument, "page_size");
+  AttentionSpec spec;
+  spec.head_dim = 80;
+  EXPECT_THROW_MSG(BatchAttention(spec, task(), f.ws), InvalidArgument, "head_dim");
+  spec = {};
+  spec.kv_dtype = DType::kFloat32;
+  EXPECT_THROW_MSG(BatchAttention(spec, task(), f.ws), TypeMismatch, "kv_dtype");
+}
+
+TEST(ApiErrors, PlanValidatesLengthsAndPageTable) {
+  FakeWorkspace f;
+  BatchAttention attn({}, task(), f.ws);
+  std::vector<int32_t> qo = {0, 1, 2}, kvp = {0, 1, 3}, idx = {0, 3, 1}, last = {5, 16};
+  std::vector<int32_t> bad_qo = {0, 2, 1};
+  EXPECT_THROW_MSG(attn.plan({bad_qo, kvp, idx, last}), InvalidArgument, "qo_indptr");
+  std::vector<int32_t> qo_nz = {1, 2, 3};
+  EXPECT_THROW_MSG(attn.plan({qo_nz, kvp, idx, last}), InvalidArgument, "qo_indptr");
+  std::vector<int32_t> kvp_short = {0, 3};
+  EXPECT_THROW_MSG(attn.plan({qo, kvp_short, idx, last}), InvalidArgument, "kv_indptr");
+  std::vector<int32_t> kvp_bad = {0, 2, 1};
+  EXPECT_THROW_MSG(attn.plan({qo, kvp_bad, idx, last}), InvalidArgument, "indptr");
+  std::vector<int32_t> idx_neg = {0, -1, 1};
+  EXPECT_THROW_MSG(attn.plan({qo, kvp, idx_neg, last}), InvalidArgument, "indices");
+  std::vector<int32_t> last_bad = {17, 16};
+  EXPECT_THROW_MSG(attn.plan({qo, kvp, idx, last_bad}), InvalidArgument, "last_page_len");
+  std::vector<int32_t> idx_short = {0, 3};
+  EXPECT_THROW_MSG(attn.plan({qo, kvp, idx_short, last}), InvalidArgument, "indices");
+}
+
+TEST(ApiErrors, PlanBeyondWorkspaceBounds) {
+  FakeWorkspace f;
+  TaskInfo t = task();
+  t.max_batch = 1;  // but the plan brings 2 requests
+  BatchAttention attn({}, t, f.ws);
+  std::vector<int32_t> qo = {0, 1, 2}, kvp = {0, 1, 3}, idx = {0, 3, 1}, last = {5, 16};
+  EXPECT_THROW_MSG(attn.plan({qo, kvp, idx, last}), InvalidArgument, "max_batch");
+}
+
+TEST(ApiErrors, WorkspaceTooSmall) {
+  alignas(256) static char small[256];
+  Workspace ws(small, sizeof small, small, sizeof small, 0);
+  TaskInfo t = task();
+  t.max_batch = 1000;
+  t.max_pages = 100000;
+  BatchAttention attn({}, t, ws);
+  std::vector<int32_t> qo = {0, 1}, kvp = {0, 1}, idx = {0}, last = {5};
+  EXPECT_THROW_MSG(attn.plan({qo, kvp, idx, last}), InvalidArgument, "workspace");
+  EXPECT_GT(BatchAttention::workspace_bytes(1000, 100000), sizeof small);
+}
+
+TEST(ApiErrors, RunBeforePlan) {
+  FakeWorkspace f;
+  BatchAttention attn({}, task(), f.ws);
+  HostTensor q = make_host(DType::kFloat16, {1, 8, 128});
+  EXPECT_THROW_MSG(attn.run(q.view, PagedKVStorage(), q.view, TensorView()), InvalidArgument, "plan");
+}
+
+TEST(ApiErrors, SingleDecodeArguments) {
+  const AttentionSpec spec;  // fp16, head_dim 128
+  HostTensor q = make_host(DType::kFloat16, {8, 128}), o = q;
+  HostTensor k = make_host(DType::kFloat16, {10, 2, 128}), v = k;
+  // Host tensors are not accepted by the GPU kernel path.
+  EXPECT_THROW_MSG(single_decode(spec, q.view, k.view, v.view, KVLayout::kNHD, o.view, TensorView()), TypeMismatch, "q");
+  HostTensor kb = make_host(DType::kBFloat16, {10, 2, 128});
+  EXPECT_THROW_MSG(single_decode(spec, q.view, kb.view, kb.view, KVLayout::kNHD, o.view, TensorView()), TypeMismatch, "k");
+  HostTensor v_bad = make_host(DType::kFloat16, {11, 2, 128});
+  EXPECT_THROW_MSG(single_decode(spec, q.view, k.view, v_bad.view, KVLayout::kNHD, o.view, TensorView()),
+                   InvalidArgument, "v");
+  HostTensor k3 = make_host(DType::kFloat16, {10, 3, 128});
+  EXPECT_THROW_MSG(single_decode(spec, q.view, k3.view, k3.view, KVLayout::kNHD, o.view, TensorView()),
+                   InvalidArgument, "heads");
+  HostTensor k64 = make_host(DType::kFloat16, {10, 2, 64});
+  EXPECT_THROW_MSG(single_decode(spec, q.view, k64.view, k64.view, KVLayout::kNHD, o.view, TensorView()),
+                   InvalidArgument, "head_dim");
+}
+
+}  // namespace

@@ -1,0 +1,131 @@
+// JIT runtime tests that need no GPU: every built-in kernel compiles to cubin
+// for sm_80 and sm_90a, the disk cache is hit by a fresh cache object (as by a
+// second process), keys separate what must be separate, compile errors carry
+// the NVRTC log and the generated source's path, and concurrent requests for
+// one kernel compile it once.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace tessera;
+
+namespace {
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+bool is_elf(const std::vector<char>& image) {
+  return image.size() > 4 && image[0] == 0x7f && image[1] == 'E' && image[2] == 'L' && image[3] == 'F';
+}
+}  // namespace
+
+TEST(Jit, ArchParse) {
+  EXPECT_EQ(jit::Arch::parse("sm_90a").str(), "sm_90a");
+  EXPECT_EQ(jit::Arch::parse("89").str(), "sm_89");
+  EXPECT_EQ(jit::Arch::parse("8.0").str(), "sm_80");
+  EXPECT_TRUE(jit::Arch::parse("sm_90a").arch_specific);
+  EXPECT_THROW_MSG(jit::Arch::parse("banana"), InvalidArgument, "arch");
+  EXPECT_THROW_MSG(jit::Arch::parse("sm_20"), InvalidArgument, "arch");
+}
+
+TEST(Jit, EveryBuiltinCompilesForAmpereAndHopper) {
+  jit::KernelCache cache(fresh_dir("builtins").string());
+  const auto kernels = catalog::builtin_kernels();
+  ASSERT_GE(kernels.size(), 18u);
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    cache.precompile(kernels, jit::Arch::parse(arch), 2);
+    for (const auto& k : kernels) {
+      auto bin = cache.cubin(k, jit::Arch::parse(arch));
+      EXPECT_TRUE(is_elf(bin->image)) << k.entry << " for " << arch;
+    }
+  }
+  EXPECT_EQ(cache.stats().compiles, static_cast<int64_t>(2 * kernels.size()));
+}
+
+TEST(Jit, SecondCacheLoadsFromDisk) {
+  const fs::path dir = fresh_dir("disk");
+  const auto src = catalog::merge_pair(DType::kFloat16);
+  const auto arch = jit::Arch::parse("sm_80");
+  std::vector<char> first;
+  {
+    jit::KernelCache cold(dir.string());
+    auto bin = cold.cubin(src, arch);
+    EXPECT_FALSE(bin->from_disk);
+    EXPECT_GT(bin->compile_ms, 0.0);
+    first = bin->image;
+    EXPECT_TRUE(fs::exists(dir / (bin->key + ".cubin")));
+    EXPECT_TRUE(fs::exists(dir / "src" / (bin->key + ".cu")));
+  }
+  jit::KernelCache warm(dir.string());  // a new process would start like this
+  auto bin = warm.cubin(src, arch);
+  EXPECT_TRUE(bin->from_disk);
+  EXPECT_EQ(bin->image, first);
+  EXPECT_EQ(warm.stats().compiles, 0);
+  EXPECT_EQ(warm.stats().disk_hits, 1);
+  auto again = warm.cubin(src, arch);  // now from memory
+  EXPECT_EQ(again.get(), bin.get());
+  EXPECT_EQ(warm.stats().memory_hits, 1);
+}
+
+TEST(Jit, KeySeparatesSourceOptionsAndArch) {
+  jit::KernelCache cache(fresh_dir("keys").string());
+  auto a = catalog::merge_pair(DType::kFloat16);
+  auto b = a;
+  b.options.push_back("-DSOMETHING=1");
+  auto c = catalog::merge_pair(DType::kBFloat16);
+  const auto sm80 = jit::Arch::parse("sm_80"), sm90 = jit::Arch::parse("sm_90a");
+  EXPECT_EQ(cache.key(a, sm80), cache.key(a, sm80));
+  EXPECT_NE(cache.key(a, sm80), cache.key(b, sm80));
+  EXPECT_NE(cache.key(a, sm80), cache.key(c, sm80));
+  EXPECT_NE(cache.key(a, sm80), cache.key(a, sm90));
+}
+
+TEST(Jit, CompileErrorNamesLogAndSource) {
+  const fs::path dir = fresh_dir("error");
+  jit::KernelCache cache(dir.string());
+  AttentionSpec spec;
+  spec.variant = {"Broken", "struct Broken : tessera::VariantBase {\n  using tessera::VariantBase::VariantBase;\n"
+                            "  int oops = undefined_symbol;\n};\n"};
+  try {
+    cache.cubin(catalog::attention_rowwise(spec), jit::Arch::parse("sm_80"));
+    FAIL() << "expected CompileError";
+  } catch (const CompileError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("undefined_symbol"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("variant:Broken"), std::string::npos) << msg;  // the user's line, via #line
+    const auto pos = msg.find("generated source: ");
+    ASSERT_NE(pos, std::string::npos) << msg;
+    const std::string path = msg.substr(pos + 18, msg.find('\n', pos) - pos - 18);
+    EXPECT_TRUE(fs::exists(path)) << path;
+  }
+}
+
+TEST(Jit, ConcurrentRequestsCompileOnce) {
+  jit::KernelCache cache(fresh_dir("concurrent").string());
+  const auto src = catalog::merge_many(DType::kFloat32);
+  const auto arch = jit::Arch::parse("sm_80");
+  std::vector<std::thread> threads;
+  std::vector<const jit::Cubin*> got(4);
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&, i] { got[i] = cache.cubin(src, arch).get(); });
+  for (auto& t : threads) t.join();
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(got[i], got[0]);
+  EXPECT_EQ(cache.stats().compiles, 1);
+}
+
+TEST(Jit, SpecValidation) {
+  AttentionSpec spec;
+  spec.head_dim = 96;
+  EXPECT_THROW_MSG(catalog::attention_rowwise(spec), InvalidArgument, "head_dim");
+  spec.head_dim = 128;
+  spec.q_dtype = DType::kFloat32;
+  EXPECT_THROW_MSG(catalog::attention_rowwise(spec), TypeMismatch, "q_dtype");
+  EXPECT_THROW_MSG(catalog::merge_pair(DType::kInt32), TypeMismatch, "v");
+}

@@ -1,0 +1,40 @@
+// Compiled by nvcc at build time (never run): instantiates every device
+// template the JIT instantiates, so nvcc and NVRTC both accept the sources.
+#include "tessera/device/kernels/attention_rowwise.cuh"
+#include "tessera/device/kernels/merge_states.cuh"
+
+namespace {
+struct StandardAttention : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+};
+struct CausalAttention : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+  template <typename Params>
+  __device__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {
+    return kv_idx <= qo_idx + (kv_len - qo_len);
+  }
+};
+struct NoSoftmax : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+  static constexpr bool use_softmax = false;
+};
+using P = tessera::RowwiseParams<tessera::NoExtra>;
+}  // namespace
+
+template <typename V, typename T, int D>
+__global__ void rowwise(const P p) { tessera::attention_rowwise<V, T, T, T, D, 4>(p); }
+template <typename T>
+__global__ void merge_pair_k(const tessera::MergePairParams p) { tessera::merge_pair<T>(p); }
+template <typename T>
+__global__ void merge_many_k(const tessera::MergeManyParams p) { tessera::merge_many<T>(p); }
+
+template __global__ void rowwise<StandardAttention, tessera::half_t, 64>(const P);
+template __global__ void rowwise<StandardAttention, tessera::bf16_t, 128>(const P);
+template __global__ void rowwise<CausalAttention, tessera::half_t, 256>(const P);
+template __global__ void rowwise<NoSoftmax, tessera::bf16_t, 128>(const P);
+template __global__ void merge_pair_k<tessera::half_t>(const tessera::MergePairParams);
+template __global__ void merge_pair_k<tessera::bf16_t>(const tessera::MergePairParams);
+template __global__ void merge_pair_k<float>(const tessera::MergePairParams);
+template __global__ void merge_many_k<tessera::half_t>(const tessera::MergeManyParams);
+template __global__ void merge_many_k<tessera::bf16_t>(const tessera::MergeManyParams);
+template __global__ void merge_many_k<float>(const tessera::MergeManyParams);

@@ -1,0 +1,18 @@
+// Sub-commands of the `tessera` command-line tool.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace tessera::tools {
+
+struct DemoOptions {
+  unsigned long long seed = 0;
+  int iters = 20;
+  bool small = false;  // a tiny batch (also what runs when there is no GPU)
+};
+int run_demo(const DemoOptions& opt);
+
+// Compiles every built-in kernel for each arch; prints per-kernel times.
+int run_compile(const std::vector<std::string>& archs, int threads, bool verbose, bool load);
+
+}  // namespace tessera::tools

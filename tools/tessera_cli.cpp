@@ -1,0 +1,91 @@
+// `tessera`: the command-line tool.
+//   tessera demo [--small] [--seed N] [--iters N]   serving-style attention step, verified
+//   tessera compile [--arch sm_80,sm_90a] [--threads N] [--verbose] [--load]
+//   tessera info                                     GPU, NVRTC and cache
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/runtime/cuda.hpp"
+#include "tessera/runtime/jit.hpp"
+
+namespace {
+
+void usage() {
+  std::puts(
+      "usage: tessera <command> [options]\n"
+      "  demo     [--small] [--seed N] [--iters N]  run a verified serving-style attention step\n"
+      "  compile  [--arch LIST] [--threads N] [--verbose] [--load]  JIT-compile every built-in kernel\n"
+      "  info     show the GPU, NVRTC version and kernel cache directory");
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int info() {
+  std::printf("NVRTC %s\nkernel cache: %s\n", tessera::jit::nvrtc_version().c_str(),
+              tessera::jit::default_cache_dir().c_str());
+  if (!tessera::cuda::gpu_available()) {
+    std::printf("GPU: none (%s)\n", tessera::cuda::no_gpu_reason().c_str());
+    return 0;
+  }
+  for (int d = 0; d < tessera::cuda::device_count(); ++d) {
+    auto i = tessera::cuda::device_info(d);
+    std::printf("GPU %d: %s, sm_%d%d, %d SMs, L2 %zu MB, JIT target %s\n", d, i.name.c_str(), i.major, i.minor,
+                i.sm_count, i.l2_bytes >> 20, tessera::jit::Arch::of_device(d).str().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "demo") {
+      tessera::tools::DemoOptions opt;
+      for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--small") opt.small = true;
+        else if (a == "--seed" && i + 1 < argc) opt.seed = std::strtoull(argv[++i], nullptr, 10);
+        else if (a == "--iters" && i + 1 < argc) opt.iters = std::max(1, std::atoi(argv[++i]));
+        else { usage(); return 2; }
+      }
+      return tessera::tools::run_demo(opt);
+    }
+    if (cmd == "compile") {
+      std::vector<std::string> archs = {"sm_80", "sm_89", "sm_90a"};
+      int threads = 0;
+      bool verbose = false, load = false;
+      for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--arch" && i + 1 < argc) archs = split(argv[++i]);
+        else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+        else if (a == "--verbose") verbose = true;
+        else if (a == "--load") load = true;
+        else { usage(); return 2; }
+      }
+      return tessera::tools::run_compile(archs, threads, verbose, load);
+    }
+    if (cmd == "info") return info();
+    usage();
+    return 2;
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "tessera %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}
