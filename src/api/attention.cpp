@@ -179,6 +179,7 @@ void BatchAttention::run(const TensorView& q, const PagedKVStorage& kv, const Te
           reinterpret_cast<const int*>(dev + off_last_),
           kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
   if (batch_ == 0) return;
+  cuda::DeviceGuard guard(ws_->device());
   launch_rowwise(*kernel_, p, stream);
   detail::check_launch("BatchAttention::run");
 }
@@ -217,7 +218,7 @@ void single_decode(const AttentionSpec& spec, const TensorView& q, const TensorV
   check_same_device("q", q, "k", k);
   check_same_device("q", q, "v", v);
   detail::require_gpu("single_decode");
-
+  cuda::DeviceGuard guard(q.device.index);
   const auto& kernel = jit::KernelCache::global().kernel(catalog::attention_rowwise(spec), q.device.index);
   auto p = rowwise_params(q3, o3, lse2, resolve_scale(opt.sm_scale, spec.head_dim));
   p.qo_indptr = nullptr;

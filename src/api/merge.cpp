@@ -63,6 +63,7 @@ void launch(const jit::KernelSource& src, const TensorView& like, Params& p, int
             const char* what) {
   if (rows == 0 || p.num_heads == 0) return;
   detail::require_gpu(what);
+  cuda::DeviceGuard guard(like.device.index);
   const auto& k = jit::KernelCache::global().kernel(src, like.device.index);
   k.launch(dim3(merge_blocks(rows, p.num_heads, p.head_dim, like.dtype)), dim3(128), 0, stream, &p);
   detail::check_launch(what);
@@ -140,9 +141,17 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   if (!v.device.is_cuda()) return cpu::merge_states(v, s, v_out, s_out);
   // State (row, j) is state row*S + j of a [n*S, h, d] set: needs
   // stride(0) == S * stride(1), which holds for contiguous leading dims.
-  if (v.stride(0) != S * v.stride(1) || s.stride(0) != S * s.stride(1))
-    throw InvalidArgument("v: expected dims 0 and 1 of v and s to be contiguous with each other");
-  MergeManyParams p{state_set(v, s, 1), state_out(v_out, s_out), nullptr, static_cast<int>(S),
+  // (A size-1 dim's stride never matters: with S == 1 any layout works.)
+  if (S > 1 && v.stride(0) != S * v.stride(1))
+    throw InvalidArgument("v: expected dims 0 and 1 to be contiguous with each other (stride(0) == num_states * stride(1))");
+  if (S > 1 && s.stride(0) != S * s.stride(1))
+    throw InvalidArgument("s: expected dims 0 and 1 to be contiguous with each other (stride(0) == num_states * stride(1))");
+  StateSet in = state_set(v, s, 1);
+  if (S == 1) {  // state index == row index
+    in.v_stride_state = v.stride(0);
+    in.s_stride_state = s.stride(0);
+  }
+  MergeManyParams p{in, state_out(v_out, s_out), nullptr, static_cast<int>(S),
                     static_cast<int>(n), static_cast<int>(h), static_cast<int>(d)};
   launch(catalog::merge_many(v.dtype), v, p, n, stream, "merge_states");
 }

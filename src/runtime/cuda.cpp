@@ -45,6 +45,18 @@ int current_device() {
   return d;
 }
 
+DeviceGuard::DeviceGuard(int device) {
+  int cur = current_device();
+  if (cur != device) {
+    TESSERA_CUDA_CHECK(cudaSetDevice(device));
+    prev_ = cur;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (prev_ >= 0) (void)cudaSetDevice(prev_);
+}
+
 DeviceInfo device_info(int device) {
   cudaDeviceProp prop{};
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <string>
 
 #include "tessera/reference/attention.hpp"
 #include "test_util.hpp"
@@ -232,7 +233,12 @@ INSTANTIATE_TEST_SUITE_P(
                       RaggedParam{DType::kFloat16, 8, 2, 64, true, false},    // GQA, causal
                       RaggedParam{DType::kBFloat16, 4, 1, 32, false, true},   // MQA, custom mask
                       RaggedParam{DType::kFloat16, 6, 3, 8, true, true},      // causal AND custom
-                      RaggedParam{DType::kFloat32, 2, 1, 1, true, false}));   // head_dim 1
+                      RaggedParam{DType::kFloat32, 2, 1, 1, true, false}),    // head_dim 1
+    [](const auto& info) {
+      const RaggedParam& p = info.param;
+      return std::string(dtype_name(p.dtype)) + "_Hq" + std::to_string(p.Hq) + "_Hkv" + std::to_string(p.Hkv) +
+             "_D" + std::to_string(p.D) + (p.causal ? "_causal" : "") + (p.custom ? "_mask" : "");
+    });
 
 // ---------------------------------------------------------------------------
 // Paged vs dense
@@ -333,7 +339,13 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedParam{3, KVLayout::kNHD, true, DType::kFloat16, 8, 2},
                       PagedParam{3, KVLayout::kHND, false, DType::kBFloat16, 2, 1},
                       PagedParam{16, KVLayout::kNHD, false, DType::kBFloat16, 4, 1},
-                      PagedParam{16, KVLayout::kHND, true, DType::kFloat16, 4, 2}));
+                      PagedParam{16, KVLayout::kHND, true, DType::kFloat16, 4, 2}),
+    [](const auto& info) {
+      const PagedParam& p = info.param;
+      return "ps" + std::to_string(p.page_size) + "_" + kv_layout_name(p.layout) +
+             (p.interleaved ? "_interleaved_" : "_separate_") + dtype_name(p.dtype) + "_Hq" + std::to_string(p.Hq) +
+             "_Hkv" + std::to_string(p.Hkv);
+    });
 
 // ---------------------------------------------------------------------------
 // BSR vs dense, and page table -> BSR
@@ -397,7 +409,12 @@ TEST_P(BsrVsDense, Matches) {
 
 INSTANTIATE_TEST_SUITE_P(Blocks, BsrVsDense,
                          ::testing::Values(BsrParam{1, 1, false}, BsrParam{1, 4, true}, BsrParam{4, 16, true},
-                                           BsrParam{4, 4, false}, BsrParam{1, 16, true}, BsrParam{4, 1, true}));
+                                           BsrParam{4, 4, false}, BsrParam{1, 16, true}, BsrParam{4, 1, true}),
+                         [](const auto& info) {
+                           const BsrParam& p = info.param;
+                           return "Br" + std::to_string(p.Br) + "_Bc" + std::to_string(p.Bc) +
+                                  (p.with_last_len ? "_lastlen" : "");
+                         });
 
 TEST(Reference, PagedEqualsBsrOfPageTable) {
   const int ps = 4, H = 2, D = 64, P = 9;
@@ -421,6 +438,34 @@ TEST(Reference, PagedEqualsBsrOfPageTable) {
   expect_same(reference::attention_bsr(q.view, bsr, k_flat, v_flat, opt), paged, 0.0);
   EXPECT_EQ(paged.lse_at(2, 0), kNegInf);  // request 1 has no pages
   EXPECT_NE(paged.lse_at(0, 0), kNegInf);
+}
+
+TEST(Reference, PagedHonorsStorageStrides) {
+  // The same pages stored contiguously and as a padded slice of a bigger
+  // buffer (page stride 3000 instead of 2 * 4 * 2 * 64 = 1024) must give
+  // identical attention: the reference has to use the real strides.
+  const int P = 3, ps = 4, H = 2, D = 64;
+  HostTensor kv = make_host(DType::kBFloat16, {P, 2, H, ps, D});
+  HostTensor padded = test::make_host_strided(DType::kBFloat16, {P, 2, H, ps, D},
+                                              {3000, ps * H * D, ps * D, D, 1});
+  test::fill_random(kv, 8);
+  test::fill_random(padded, 9);  // garbage in the padding
+  for (int64_t pg = 0; pg < P; ++pg)
+    for (int64_t t = 0; t < 2; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t s = 0; s < ps; ++s)
+          for (int64_t d = 0; d < D; ++d)
+            test::store(padded.view, {pg, t, h, s, d}, test::load(kv.view, {pg, t, h, s, d}));
+  PageTable table({0, 2, 3}, {2, 0, 1}, {3, 4}, ps, P);
+  PagedKVCache dense_cache(PagedKVStorage(kv.view, KVLayout::kHND), table);
+  PagedKVCache strided_cache(PagedKVStorage(padded.view, KVLayout::kHND), table);
+  RaggedIndex qo({0, 3, 5});
+  HostTensor q = make_host(DType::kFloat16, {5, 4, D});
+  test::fill_random(q, 10);
+  Options opt;
+  opt.causal = true;
+  expect_same(reference::attention_paged(q.view, qo, strided_cache, opt),
+              reference::attention_paged(q.view, qo, dense_cache, opt), 0.0);
 }
 
 // ---------------------------------------------------------------------------

@@ -29,6 +29,19 @@ struct DeviceInfo {
 DeviceInfo device_info(int device);
 int current_device();
 
+// Makes `device` current for a scope (kernels launch on the current device),
+// restoring the previous one on exit. A no-op when it is already current.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
 }  // namespace tessera::cuda
 
 #define TESSERA_CUDA_CHECK(expr)                                                   \

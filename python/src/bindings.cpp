@@ -1,0 +1,203 @@
+// tessera._C: the low-level Python bindings over the C++ API.
+//
+// Every function takes all tensors explicitly, outputs included (the Python
+// package allocates them with the caller's framework), plus an integer CUDA
+// stream handle (0 = the legacy default stream). Nothing here allocates
+// device memory, so the public Python layer decides about framework, device
+// and dtype of every result. Optional tensors are passed as None.
+//
+// C++ exceptions map to Python as follows:
+//   tessera::InvalidArgument -> ValueError
+//   tessera::TypeMismatch    -> TypeError
+//   tessera::CompileError    -> RuntimeError("CompileError: ...")
+//   tessera::CudaError       -> RuntimeError("CudaError: ...")
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor_convert.hpp"
+#include "tessera/api/attention.hpp"
+#include "tessera/api/merge.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/formats/paged_kv.hpp"
+#include "tessera/formats/ragged.hpp"
+#include "tessera/reference/attention.hpp"
+#include "tessera/runtime/cuda.hpp"
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tessera::python {
+namespace {
+
+using F64Array = nb::ndarray<nb::numpy, double>;
+
+// Hands a vector of doubles to numpy without a copy: the capsule owns the
+// vector and frees it when the array is collected.
+F64Array owned_array(std::vector<double>&& data, std::initializer_list<size_t> shape) {
+  auto* buf = new std::vector<double>(std::move(data));
+  nb::capsule owner(buf, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
+  return F64Array(buf->data(), shape, owner);
+}
+
+DType parse_dtype(const char* what, const std::string& s) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32, DType::kUInt8, DType::kBool})
+    if (s == dtype_name(t)) return t;
+  throw TypeMismatch(std::string(what) + ": expected a dtype name (float16, bfloat16, float32, ...), got '" + s + "'");
+}
+
+VariantSpec parse_variant(const std::string& s) {
+  if (s == "standard") return variants::standard();
+  if (s == "causal") return variants::causal();
+  throw InvalidArgument("variant: expected 'standard' or 'causal', got '" + s + "'");
+}
+
+// One translator for the whole hierarchy, most-derived classes first.
+void translate(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const InvalidArgument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const TypeMismatch& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const CompileError& e) {
+    PyErr_SetString(PyExc_RuntimeError, (std::string("CompileError: ") + e.what()).c_str());
+  } catch (const CudaError& e) {
+    PyErr_SetString(PyExc_RuntimeError, (std::string("CudaError: ") + e.what()).c_str());
+  } catch (const Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, (std::string("TesseraError: ") + e.what()).c_str());
+  }
+  // Anything else propagates to nanobind's default translators.
+}
+
+// ---------------------------------------------------------------- merges
+void py_merge_state(nb::handle v_a, nb::handle s_a, nb::handle v_b, nb::handle s_b, nb::handle v_out,
+                    nb::handle s_out, uintptr_t stream) {
+  Arg va = to_arg("v_a", v_a), sa = to_arg("s_a", s_a), vb = to_arg("v_b", v_b), sb = to_arg("s_b", s_b);
+  Arg vo = to_arg("v_out", v_out, true), so = to_optional_arg("s_out", s_out, true);
+  nb::gil_scoped_release release;
+  merge_state(va.view, sa.view, vb.view, sb.view, vo.view, so.view, to_stream(stream));
+}
+
+void py_merge_state_in_place(nb::handle v, nb::handle s, nb::handle v_other, nb::handle s_other, nb::handle mask,
+                             uintptr_t stream) {
+  Arg va = to_arg("v", v, true), sa = to_arg("s", s, true);
+  Arg vb = to_arg("v_other", v_other), sb = to_arg("s_other", s_other), m = to_optional_arg("mask", mask);
+  nb::gil_scoped_release release;
+  merge_state_in_place(va.view, sa.view, vb.view, sb.view, m.view, to_stream(stream));
+}
+
+void py_merge_states(nb::handle v, nb::handle s, nb::handle v_out, nb::handle s_out, uintptr_t stream) {
+  Arg va = to_arg("v", v), sa = to_arg("s", s);
+  Arg vo = to_arg("v_out", v_out, true), so = to_optional_arg("s_out", s_out, true);
+  nb::gil_scoped_release release;
+  merge_states(va.view, sa.view, vo.view, so.view, to_stream(stream));
+}
+
+void py_merge_states_ragged(nb::handle v, nb::handle s, nb::handle indptr, nb::handle v_out, nb::handle s_out,
+                            uintptr_t stream) {
+  Arg va = to_arg("v", v), sa = to_arg("s", s), ip = to_arg("indptr", indptr);
+  Arg vo = to_arg("v_out", v_out, true), so = to_optional_arg("s_out", s_out, true);
+  nb::gil_scoped_release release;
+  merge_states_ragged(va.view, sa.view, ip.view, vo.view, so.view, to_stream(stream));
+}
+
+// ---------------------------------------------------------------- attention
+void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                      const std::string& kv_layout, const std::string& variant, const std::string& q_dtype,
+                      const std::string& kv_dtype, const std::string& o_dtype, int head_dim, double sm_scale,
+                      uintptr_t stream) {
+  AttentionSpec spec;
+  spec.variant = parse_variant(variant);
+  spec.q_dtype = parse_dtype("q_dtype", q_dtype);
+  spec.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
+  spec.o_dtype = parse_dtype("o_dtype", o_dtype);
+  spec.head_dim = head_dim;
+  const KVLayout layout = parse_kv_layout(kv_layout.c_str());
+  Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
+  Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+  RunOptions opt;
+  opt.sm_scale = sm_scale;
+  nb::gil_scoped_release release;
+  single_decode(spec, qa.view, ka.view, va.view, layout, oa.view, la.view, to_stream(stream), opt);
+}
+
+// CPU reference over ragged q / KV; returns float64 numpy (o [rows, H, D], lse [rows, H], base 2).
+std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::vector<int32_t> qo_indptr, nb::handle k,
+                                                            nb::handle v, std::vector<int32_t> kv_indptr,
+                                                            double sm_scale, bool causal, double logits_soft_cap) {
+  Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
+  RaggedIndex qo(std::move(qo_indptr), -1, "qo_indptr");
+  RaggedIndex kv(std::move(kv_indptr), -1, "kv_indptr");
+  reference::Options opt;
+  opt.sm_scale = sm_scale;
+  opt.causal = causal;
+  opt.logits_soft_cap = logits_soft_cap;
+  reference::Result r;
+  {
+    nb::gil_scoped_release release;
+    r = reference::attention_ragged(qa.view, qo, ka.view, va.view, kv, opt);
+  }
+  const auto rows = static_cast<size_t>(r.rows), heads = static_cast<size_t>(r.heads);
+  const auto dim = static_cast<size_t>(r.head_dim);
+  return {owned_array(std::move(r.o), {rows, heads, dim}), owned_array(std::move(r.lse), {rows, heads})};
+}
+
+// ---------------------------------------------------------------- JIT
+// Compiles every built-in kernel for `arch` (no GPU needed) and reports, per
+// kernel, how long NVRTC took and whether the cubin came from the disk cache.
+nb::list py_compile_builtin(const std::string& arch, int threads) {
+  const jit::Arch target = jit::Arch::parse(arch);
+  const std::vector<jit::KernelSource> srcs = catalog::builtin_kernels();
+  auto& cache = jit::KernelCache::global();
+  std::vector<std::shared_ptr<const jit::Cubin>> cubins;
+  {
+    nb::gil_scoped_release release;
+    cache.precompile(srcs, target, threads);
+    for (const auto& src : srcs) cubins.push_back(cache.cubin(src, target));  // memory hits now
+  }
+  nb::list out;
+  for (size_t i = 0; i < srcs.size(); ++i)
+    out.append(nb::make_tuple(srcs[i].entry, cubins[i]->compile_ms, cubins[i]->from_disk));
+  return out;
+}
+
+}  // namespace
+}  // namespace tessera::python
+
+NB_MODULE(_C, m) {
+  using namespace tessera::python;
+  m.doc() = "Low-level bindings of the Tessera C++ API (use the `tessera` package instead).";
+  nb::register_exception_translator(translate);
+
+  m.def("merge_state", &py_merge_state, "v_a"_a, "s_a"_a, "v_b"_a, "s_b"_a, "v_out"_a, "s_out"_a.none(),
+        "stream"_a = 0, "(v_out, s_out) = (v_a, s_a) (+) (v_b, s_b); base-2 LSE, s_out may be None.");
+  m.def("merge_state_in_place", &py_merge_state_in_place, "v"_a, "s"_a, "v_other"_a, "s_other"_a,
+        "mask"_a.none(), "stream"_a = 0, "(v, s) <- (v, s) (+) (v_other, s_other) where mask (uint8/bool) is set.");
+  m.def("merge_states", &py_merge_states, "v"_a, "s"_a, "v_out"_a, "s_out"_a.none(), "stream"_a = 0,
+        "Merges v [rows, S, H, D], s [rows, S, H] over S into v_out [rows, H, D], s_out [rows, H].");
+  m.def("merge_states_ragged", &py_merge_states_ragged, "v"_a, "s"_a, "indptr"_a, "v_out"_a, "s_out"_a.none(),
+        "stream"_a = 0, "Merges states indptr[i]..indptr[i+1] of v [total, H, D] into row i of v_out.");
+  m.def("single_decode", &py_single_decode, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "kv_layout"_a,
+        "variant"_a, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "sm_scale"_a = -1.0, "stream"_a = 0,
+        "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim).");
+  m.def("reference_attention_ragged", &py_reference_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a,
+        "kv_indptr"_a, "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
+        "CPU reference attention in float64: returns (o [rows, H, D], lse [rows, H] base 2) as numpy.");
+  m.def("gpu_available", &tessera::cuda::gpu_available, "True when a usable CUDA device is present.");
+  m.def("no_gpu_reason", &tessera::cuda::no_gpu_reason, "Why no GPU is usable ('' when one is).");
+  m.def("device_count", &tessera::cuda::device_count, "Number of usable CUDA devices (0 without a driver).");
+  m.def("compile_builtin", &py_compile_builtin, "arch"_a, "threads"_a = 0,
+        "JIT-compiles every built-in kernel for arch; returns [(entry, compile_ms, from_disk)].");
+  m.def("cache_dir", []() { return tessera::jit::KernelCache::global().dir(); }, "The JIT disk cache directory.");
+  m.def("nvrtc_version", &tessera::jit::nvrtc_version, "Version of the NVRTC library in use.");
+}

@@ -1,0 +1,45 @@
+"""Tessera: an attention engine following the FlashInfer paper.
+
+The public functions mirror FlashInfer's Python API names and signatures:
+
+* tessera.merge_state, merge_state_in_place, merge_states,
+  merge_states_ragged (flashinfer.cascade): combine partial attention states;
+  LSE values are in base 2 throughout.
+* tessera.single_decode_with_kv_cache (flashinfer.decode).
+
+Inputs are torch tensors (CPU or CUDA) or numpy arrays; results come back in
+the same framework, on the same device. torch is optional: with numpy alone
+everything runs on the CPU. tessera.gpu_available() says whether a CUDA
+device can be used, no_gpu_reason() why not.
+"""
+
+from ._native import _C
+from .cascade import merge_state, merge_state_in_place, merge_states, merge_states_ragged
+from .decode import single_decode_with_kv_cache
+from .jit import cache_dir, compile_builtin
+
+__version__ = "0.1.0"
+
+
+def gpu_available():
+    """True when a usable CUDA device (and driver) is present."""
+    return _C.gpu_available()
+
+
+def no_gpu_reason():
+    """Why no GPU can be used ('' when one can)."""
+    return _C.no_gpu_reason()
+
+
+__all__ = [
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "merge_states_ragged",
+    "single_decode_with_kv_cache",
+    "gpu_available",
+    "no_gpu_reason",
+    "compile_builtin",
+    "cache_dir",
+    "__version__",
+]

@@ -1,0 +1,140 @@
+"""Framework helpers shared by the public functions.
+
+The package accepts numpy arrays and torch tensors and returns results of the
+same kind, on the same device. torch is optional: it is never imported here
+unless the caller already passed a torch tensor (so the package imports and
+runs its CPU paths with numpy alone), and torch tensors are recognised by
+their class hierarchy rather than by ``isinstance(x, torch.Tensor)``.
+"""
+
+import contextlib
+import sys
+
+import numpy as np
+
+def is_torch(x):
+    """True when x is a torch.Tensor (or a subclass such as Parameter), without importing torch."""
+    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
+
+
+def _torch():
+    """The already-imported torch module (only called for torch inputs)."""
+    mod = sys.modules.get("torch")
+    if mod is None:  # a torch tensor exists, so this is unusual, but be safe
+        import torch as mod
+    return mod
+
+
+def framework(x, name):
+    """'torch' or 'numpy' for a tensor argument; TypeError naming the argument otherwise."""
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if is_torch(x):
+        return "torch"
+    raise TypeError(f"{name}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def common_framework(**tensors):
+    """The framework shared by all (non-None) named tensors.
+
+    Mixing numpy and torch in one call is a TypeError naming the first
+    argument that differs from the first one, because results are allocated
+    with a single framework.
+    """
+    first_name, first_fw = None, None
+    for name, x in tensors.items():
+        if x is None:
+            continue
+        fw = framework(x, name)
+        if first_fw is None:
+            first_name, first_fw = name, fw
+        elif fw != first_fw:
+            raise TypeError(f"{name}: expected a {first_fw} tensor like {first_name}, got a {fw} one")
+    return first_fw
+
+
+def device_of(x):
+    """The device of a tensor as a string: 'cpu' or 'cuda:<index>'."""
+    if is_torch(x):
+        d = x.device
+        return "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
+    return "cpu"
+
+
+def is_cuda(x):
+    """True for a torch tensor in CUDA memory."""
+    return is_torch(x) and x.device.type == "cuda"
+
+
+def dtype_name(x, name, allowed=("float16", "bfloat16", "float32")):
+    """The dtype of x as a C++ dtype name; TypeError naming the argument unless it is in `allowed`."""
+    if is_torch(x):
+        s = str(x.dtype).replace("torch.", "")
+    else:
+        s = np.dtype(x.dtype).name
+    if s not in allowed:
+        raise TypeError(f"{name}: expected dtype {', '.join(allowed)}, got {s}")
+    return s
+
+
+def empty(like, shape, dtype=None):
+    """An uninitialised array of `shape` with like's framework and device.
+
+    dtype: None for like's dtype, or a C++ dtype name such as 'float32'.
+    """
+    shape = tuple(int(n) for n in shape)
+    if is_torch(like):
+        torch = _torch()
+        dt = like.dtype if dtype is None else getattr(torch, dtype)
+        return torch.empty(shape, dtype=dt, device=like.device)
+    dt = like.dtype if dtype is None else np.dtype(dtype if dtype != "bool" else np.bool_)
+    return np.empty(shape, dtype=dt)
+
+
+def as_index_array(values, like, name):
+    """An int32 index array (e.g. indptr) with like's framework and device.
+
+    Lists and tuples are converted; tensors are passed through unchanged so
+    the C++ checks can report a wrong dtype or device by name.
+    """
+    if isinstance(values, (list, tuple)):
+        if is_torch(like):
+            return _torch().tensor(values, dtype=_torch().int32, device=like.device)
+        return np.asarray(values, dtype=np.int32)
+    framework(values, name)
+    return values
+
+
+def stream_of(x):
+    """The CUDA stream handle to launch on: torch's current stream of x's
+    device for CUDA tensors (so work is ordered with the caller's torch work),
+    0 (the default stream, unused on the CPU) otherwise."""
+    if is_cuda(x):
+        return _torch().cuda.current_stream(x.device).cuda_stream
+    return 0
+
+
+def on_device_of(x):
+    """Context making x's CUDA device current while launching (the C++ launch
+    uses the thread's current device); a no-op for CPU tensors."""
+    if is_cuda(x):
+        return _torch().cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
+def arg(x):
+    """A tensor as handed to the bindings: torch tensors are detached, since
+    DLPack export refuses tensors that require grad (no copy is made)."""
+    if x is not None and is_torch(x):
+        return x.detach()
+    return x
+
+
+def from_float64(values, like, dtype=None):
+    """Casts a float64 numpy result to like's framework (on the CPU) and to
+    like's dtype, or to the C++ dtype name `dtype` when given."""
+    if is_torch(like):
+        torch = _torch()
+        dt = like.dtype if dtype is None else getattr(torch, dtype)
+        return torch.from_numpy(np.ascontiguousarray(values)).to(dt)
+    return values.astype(like.dtype if dtype is None else np.dtype(dtype))

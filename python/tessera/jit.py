@@ -1,0 +1,35 @@
+"""JIT helpers: ahead-of-time compilation of the built-in kernels and the
+location of the kernel cache.
+
+Tessera compiles kernels with NVRTC at first use and caches the cubins on disk
+($TESSERA_CACHE_DIR, else $XDG_CACHE_HOME/tessera, else ~/.cache/tessera).
+compile_builtin fills that cache ahead of time (no GPU needed), e.g. while
+building a container image, so the first request does not pay for compilation.
+"""
+
+from collections import namedtuple
+
+from ._native import _C
+
+CompiledKernel = namedtuple("CompiledKernel", ["entry", "compile_ms", "from_disk"])
+CompiledKernel.__doc__ = """One built-in kernel: its entry name, NVRTC time in ms (0 when it came from
+the disk cache) and whether it was loaded from the disk cache."""
+
+
+def compile_builtin(arch="sm_90a", threads=0):
+    """Compiles every built-in kernel for `arch` ("sm_80", "sm_90a", "8.9", ...).
+
+    threads: compiler threads (0 = all hardware threads).
+    Returns a list of CompiledKernel(entry, compile_ms, from_disk).
+    Raises RuntimeError("CompileError: ...") if NVRTC rejects a kernel.
+    """
+    if not isinstance(arch, str):
+        raise TypeError(f"arch: expected a string such as 'sm_90a', got {type(arch).__name__}")
+    if not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads: expected a non-negative int, got {threads!r}")
+    return [CompiledKernel(*t) for t in _C.compile_builtin(arch, threads)]
+
+
+def cache_dir():
+    """The directory of the on-disk kernel cache."""
+    return _C.cache_dir()
