@@ -25,10 +25,11 @@ g_total=${g_total:-0}; g_skip=${g_skip:-0}; g_fail=${g_fail:-0}
 [ "$g_total" -gt 0 ] || { echo "test.sh: the C++ suite did not run"; status=1; }
 g_pass=$((g_total - g_skip - g_fail))
 last=$(grep -E '[0-9]+ (passed|failed|skipped)' "$log/pytest.txt" | tail -1)
-p_pass=$(echo "$last" | sed -n 's/.*\b\([0-9]*\) passed.*/\1/p'); p_pass=${p_pass:-0}
-p_fail=$(echo "$last" | sed -n 's/.*\b\([0-9]*\) failed.*/\1/p'); p_fail=${p_fail:-0}
-p_err=$(echo "$last" | sed -n 's/.*\b\([0-9]*\) error.*/\1/p'); p_err=${p_err:-0}
-p_skip=$(echo "$last" | sed -n 's/.*\b\([0-9]*\) skipped.*/\1/p'); p_skip=${p_skip:-0}
+count() { echo "$last" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' | head -1; }
+p_pass=$(count passed); p_pass=${p_pass:-0}
+p_fail=$(count failed); p_fail=${p_fail:-0}
+p_err=$(count error); p_err=${p_err:-0}
+p_skip=$(count skipped); p_skip=${p_skip:-0}
 [ $((p_pass + p_fail + p_skip)) -gt 0 ] || { echo "test.sh: the Python suite did not run"; status=1; }
 fail=$((g_fail + p_fail + p_err))
 [ "$fail" -eq 0 ] || status=1
