@@ -1,6 +1,7 @@
 // Tessera: one include for the whole C++ API.
 #pragma once
 #include "tessera/api/attention.hpp"
+#include "tessera/api/decode.hpp"
 #include "tessera/api/merge.hpp"
 #include "tessera/api/workspace.hpp"
 #include "tessera/core/error.hpp"
@@ -13,3 +14,4 @@
 #include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
+#include "tessera/runtime/planner.hpp"

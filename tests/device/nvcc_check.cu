@@ -38,3 +38,13 @@ template __global__ void merge_pair_k<float>(const tessera::MergePairParams);
 template __global__ void merge_many_k<tessera::half_t>(const tessera::MergeManyParams);
 template __global__ void merge_many_k<tessera::bf16_t>(const tessera::MergeManyParams);
 template __global__ void merge_many_k<float>(const tessera::MergeManyParams);
+
+// Batch decode: head-group fusion shapes for group sizes 1, 4, 8 and 32.
+#include "tessera/device/kernels/decode.cuh"
+using DP = tessera::DecodeParams<tessera::NoExtra>;
+template <typename V, typename T, int D, int G, int TILE>
+__global__ void decode_k(const DP p) { tessera::batch_decode<V, T, T, T, D, G, 128, TILE, 4>(p); }
+template __global__ void decode_k<StandardAttention, tessera::half_t, 128, 1, 32>(const DP);
+template __global__ void decode_k<StandardAttention, tessera::bf16_t, 64, 4, 64>(const DP);
+template __global__ void decode_k<StandardAttention, tessera::half_t, 256, 8, 16>(const DP);
+template __global__ void decode_k<NoSoftmax, tessera::half_t, 128, 32, 32>(const DP);

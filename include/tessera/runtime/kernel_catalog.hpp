@@ -37,8 +37,24 @@ struct AttentionSpec {
 // Validates dtypes (fp16/bf16) and head_dim (64/128/256); throws InvalidArgument / TypeMismatch.
 void validate_spec(const AttentionSpec& spec);
 
+// Tile configuration of the batch-decode kernel (see device/kernels/decode*.cuh),
+// chosen by decode_config() from head dim, group size and data type.
+struct DecodeConfig {
+  int min_threads = 128;
+  int tile = 32;    // KV tokens per pipeline stage
+  int stages = 4;   // pipeline depth
+  int threads = 0;  // derived: the kernel's block size
+  int smem_bytes = 0;
+  int ctas_per_sm = 0;  // from shared memory and threads (occupancy may lower it)
+};
+
 namespace catalog {
 constexpr int kRowwiseWarps = 4;
+// Heuristic: a tile of ~16 KB of K+V per stage (enough bytes in flight per SM
+// to cover HBM latency with a few CTAs), 4 stages, 128 threads or more.
+DecodeConfig decode_config(const AttentionSpec& spec, int group);
+// Persistent batch decode with head-group fusion for `group` query heads per KV head.
+jit::KernelSource batch_decode(const AttentionSpec& spec, int group);
 // Row-wise (query tile 1, CUDA cores) attention over a paged KV cache.
 jit::KernelSource attention_rowwise(const AttentionSpec& spec);
 // State merges; dtype of the values (fp16, bf16, fp32).

@@ -1,0 +1,82 @@
+// Batch decode over a paged KV cache (or a BSR matrix with Br = 1): the
+// load-balanced planner plus the persistent split-KV kernel with fused merge.
+//
+//   BatchDecode dec(spec, task, workspace);
+//   dec.plan(kv_indptr, kv_indices, kv_last_page_len, stream);   // once per step
+//   dec.run(q, kv, o, lse, stream);                              // every layer
+//
+// plan() runs Algorithm 1 on the host, writes the per-CTA work queues into
+// fixed sections of the workspace with one async copy, and reuses them for
+// every run() until the next plan(). run() allocates nothing and never
+// synchronizes, and its grid never changes, so run() can be captured in a CUDA
+// graph and replayed after plan() is called again with new lengths.
+// Workspace bounds (max batch, max pages) come from the task, or else from the
+// first plan(); a later plan beyond them is an error.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <span>
+
+#include "tessera/api/attention.hpp"
+#include "tessera/formats/bsr.hpp"
+#include "tessera/runtime/planner.hpp"
+
+namespace tessera {
+
+struct DecodeOptions {
+  PlannerOptions planner;
+  int max_sms = 0;      // use at most this many SMs (0: all), e.g. to overlap other streams (paper Appendix E)
+  int ctas_per_sm = 0;  // 0: from the tile configuration and the kernel's occupancy
+};
+
+class BatchDecode {
+ public:
+  BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace, DecodeOptions opt = {});
+
+  struct Sizes {
+    size_t device_bytes = 0, host_bytes = 0;
+  };
+  // Workspace needed for these bounds (task.max_batch, task.max_pages > 0)
+  // on a GPU with `num_sms` multiprocessors.
+  static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const DecodeOptions& opt = {});
+
+  void plan(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+            std::span<const int32_t> kv_last_page_len, cudaStream_t stream = nullptr);
+  // A BSR matrix with Br = 1: block row i is request i, column blocks are its
+  // pages (Bc = page size), last_block_len its last page's fill.
+  void plan(const BSRMatrix& bsr, cudaStream_t stream = nullptr);
+
+  // q [batch, Hq, D]; o like q; lse [batch, Hq] float32 or undefined.
+  void run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+           cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
+
+  const DecodePlan& last_plan() const { return plan_; }
+  double last_plan_us() const { return plan_us_; }  // host time of the last plan()
+  int ctas_per_head() const { return ctas_per_head_; }
+  const DecodeConfig& config() const { return config_; }
+  const jit::KernelSource& kernel_source() const { return source_; }
+
+ private:
+  struct Layout {
+    size_t kv_indptr = 0, indices = 0, last = 0, work_indptr = 0, items = 0, staged = 0;
+    size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
+  };
+  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head);
+
+  AttentionSpec spec_;
+  TaskInfo task_;
+  Workspace* ws_;
+  DecodeOptions opt_;
+  DecodeConfig config_;
+  jit::KernelSource source_;
+  const jit::LoadedKernel* kernel_ = nullptr;
+  int ctas_per_head_ = 0;
+  Layout layout_;
+  Planner planner_;
+  DecodePlan plan_;
+  std::vector<int32_t> kv_lens_;
+  double plan_us_ = 0;
+  int64_t batch_ = -1, max_page_index_ = -1;
+};
+
+}  // namespace tessera

@@ -1,0 +1,35 @@
+// Ampere-style asynchronous global->shared copies (cp.async, sm_80+): 16-byte
+// copies that bypass registers, grouped into commit groups that the consumer
+// waits on. A copy whose predicate is false writes zeros instead, so a tile
+// past the end of a sequence never holds stale data (no NaN * 0 surprises).
+#pragma once
+#include "tessera/device/arch/numeric.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 addr;
+  asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
+  return addr;
+}
+
+// 16 bytes global -> shared, cached in L2 only (streaming KV is read once).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
+  const int src_bytes = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most N of this thread's commit groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+#endif
+
+}  // namespace tessera

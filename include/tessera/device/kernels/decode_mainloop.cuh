@@ -1,0 +1,149 @@
+// Batch decode, mainloop: one work item's KV chunk streamed through a
+// multi-stage cp.async pipeline into shared memory, with every query head of
+// the KV head's group computed from the same tile (head-group fusion, paper
+// Appendix A), so each KV byte is read from HBM once.
+//
+// Thread layout (x fastest): TX lanes cover the head dimension, VEC features
+// (16 bytes) each; TY groups split the GROUP query heads, HPT heads per thread;
+// TZ groups split the tile's tokens, R tokens each, with private softmax states
+// merged at the end of the chunk.
+#pragma once
+#include "tessera/device/arch/cp_async.cuh"
+#include "tessera/device/arch/vector_io.cuh"
+#include "tessera/device/kernels/decode_params.cuh"
+#include "tessera/device/primitives/attention_state.cuh"
+#include "tessera/device/primitives/variant.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+template <typename DKV, int HEAD_DIM, int GROUP, int MIN_THREADS, int TILE, int STAGES>
+struct DecodeShape {
+  static constexpr int VEC = 16 / static_cast<int>(sizeof(DKV));
+  static constexpr int TX = HEAD_DIM / VEC;
+  static constexpr int HPT = GROUP % 4 == 0 ? 4 : GROUP % 3 == 0 ? 3 : GROUP % 2 == 0 ? 2 : 1;
+  static constexpr int TY = GROUP / HPT;
+  static constexpr int TZ = TX * TY >= MIN_THREADS ? 1 : MIN_THREADS / (TX * TY);
+  static constexpr int THREADS = TX * TY * TZ;
+  static constexpr int R = TILE / TZ;  // tokens per z-group per tile
+  static constexpr int TILE_ELEMS = TILE * HEAD_DIM;
+  static constexpr int SMEM_BYTES = STAGES * 2 * TILE_ELEMS * static_cast<int>(sizeof(DKV));
+  static_assert(TX <= 32 && 32 % TX == 0, "a row's lanes must sit in one warp");
+  static_assert(TILE % TZ == 0, "tile must split evenly over token groups");
+};
+
+// Element offset of token `pos` (of the request whose pages start at
+// indices[page_base]) for KV head h.
+__device__ __forceinline__ i64 decode_kv_offset(const device::PagedKV& kv, int page_base, int pos, int h, int shift) {
+  if (kv.indptr == nullptr) return pos * kv.token_stride + h * kv.head_stride;
+  int page_idx, slot;
+  if (shift >= 0) {
+    page_idx = pos >> shift;
+    slot = pos & ((1 << shift) - 1);
+  } else {
+    page_idx = pos / kv.page_size;
+    slot = pos - page_idx * kv.page_size;
+  }
+  return static_cast<i64>(kv.indices[page_base + page_idx]) * kv.page_stride + h * kv.head_stride + slot * kv.token_stride;
+}
+
+// Issues the copies of one tile (K and V) into a pipeline stage.
+template <typename Shape, typename DKV>
+__device__ __forceinline__ void decode_load_tile(DKV* k_stage, DKV* v_stage, const device::PagedKV& kv, int page_base,
+                                                 int tile_start, int kv_end, int h, int shift) {
+  constexpr int CHUNKS = Shape::TILE_ELEMS / Shape::VEC;
+  const DKV* k_base = static_cast<const DKV*>(kv.k);
+  const DKV* v_base = static_cast<const DKV*>(kv.v);
+#pragma unroll
+  for (int c = threadIdx.x; c < CHUNKS; c += Shape::THREADS) {
+    const int token = c / Shape::TX, col = (c % Shape::TX) * Shape::VEC;
+    const int pos = tile_start + token;
+    const bool valid = pos < kv_end;
+    const i64 off = valid ? decode_kv_offset(kv, page_base, pos, h, shift) + col : 0;
+    cp_async_16(k_stage + c * Shape::VEC, k_base + off, valid);
+    cp_async_16(v_stage + c * Shape::VEC, v_base + off, valid);
+  }
+}
+
+// Running state of one thread: HPT query heads x VEC features.
+template <typename Shape>
+struct DecodeState {
+  float m[Shape::HPT], d[Shape::HPT], o[Shape::HPT][Shape::VEC];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int j = 0; j < Shape::HPT; ++j) {
+      m[j] = neg_inf();
+      d[j] = 0.f;
+#pragma unroll
+      for (int i = 0; i < Shape::VEC; ++i) o[j][i] = 0.f;
+    }
+  }
+};
+
+// Computes one tile held in shared memory into the thread's state.
+template <typename Variant, typename Shape, typename DKV, typename Params>
+__device__ __forceinline__ void decode_compute_tile(const Params& p, const Variant& variant, DecodeState<Shape>& st,
+                                                    const float (&q)[Shape::HPT][Shape::VEC], const DKV* k_stage,
+                                                    const DKV* v_stage, int tile_start, int kv_end, int b, int h,
+                                                    int qo_head0, int x, int z) {
+  constexpr int HPT = Shape::HPT, R = Shape::R, VEC = Shape::VEC, TX = Shape::TX;
+  const int feat0 = x * VEC;
+  float s[HPT][R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int token = z * R + r, pos = tile_start + token;
+    float k[VEC];
+    load_vec<VEC>(k_stage + token * (TX * VEC) + feat0, k);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) k[i] = variant.KeyTransform(p, k[i], b, pos, h, feat0 + i);
+#pragma unroll
+    for (int j = 0; j < HPT; ++j) {
+      float part = 0.f;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) part += q[j][i] * k[i];
+#pragma unroll
+      for (int off = TX / 2; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+      float logit = variant.LogitsTransform(p, part * p.sm_scale, b, 0, pos, qo_head0 + j, h);
+      const bool keep = pos < kv_end && variant.LogitsMask(p, b, 0, pos, qo_head0 + j, h);
+      s[j][r] = Variant::use_softmax ? (keep ? logit * kLog2e : neg_inf()) : (keep ? logit : 0.f);
+    }
+  }
+  // Softmax bookkeeping once per tile (one rescale per tile, not per token).
+  if (Variant::use_softmax) {
+#pragma unroll
+    for (int j = 0; j < HPT; ++j) {
+      float m_new = st.m[j];
+#pragma unroll
+      for (int r = 0; r < R; ++r) m_new = fmaxf(m_new, s[j][r]);
+      const float m_safe = m_new == neg_inf() ? 0.f : m_new;  // all masked so far: keep weights 0, not NaN
+      const float scale = exp2f(st.m[j] - m_safe);
+      float sum = 0.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        s[j][r] = exp2f(s[j][r] - m_safe);
+        sum += s[j][r];
+      }
+      st.d[j] = st.d[j] * scale + sum;
+      st.m[j] = m_new;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) st.o[j][i] *= scale;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int token = z * R + r, pos = tile_start + token;
+    float v[VEC];
+    load_vec<VEC>(v_stage + token * (TX * VEC) + feat0, v);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = variant.ValueTransform(p, v[i], b, pos, h, feat0 + i);
+#pragma unroll
+    for (int j = 0; j < HPT; ++j)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) st.o[j][i] += s[j][r] * v[i];
+  }
+}
+
+#endif
+
+}  // namespace tessera

@@ -1,0 +1,198 @@
+#include "tessera/api/decode.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "checks.hpp"
+#include "tessera/device/primitives/variant.cuh"
+
+namespace tessera {
+
+using detail::str;
+
+namespace {
+
+int ctas_per_head_for(const TaskInfo& task, int num_sms, int ctas_per_sm, const DecodeOptions& opt) {
+  const int sms = opt.max_sms > 0 ? std::min(opt.max_sms, num_sms) : num_sms;
+  return std::max(1, sms * ctas_per_sm / task.num_kv_heads);
+}
+
+}  // namespace
+
+BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head) {
+  Layout l;
+  WorkspaceLayout w;
+  // Staged sections (copied from the pinned buffer each plan), then device-only ones.
+  l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
+  l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
+  l.last = w.add(sizeof(int32_t) * task.max_batch);
+  l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_head + 1));
+  l.items = w.add(sizeof(DecodeWorkItem) * decode_max_items(task.max_batch, ctas_per_head));
+  l.staged = w.total();
+  l.counters = w.add(sizeof(int32_t) * task.max_batch * task.num_kv_heads);
+  l.partial_lse = w.add(sizeof(float) * decode_max_slots(ctas_per_head) * task.num_qo_heads);
+  l.partial_o = w.add(sizeof(float) * decode_max_slots(ctas_per_head) * task.num_qo_heads * spec.head_dim);
+  l.total = w.total();
+  return l;
+}
+
+BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                               const DecodeOptions& opt) {
+  validate_task(task, spec);
+  if (task.max_batch < 1 || task.max_pages < 1)
+    throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
+  const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads);
+  const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
+  const Layout l = layout_for(spec, task, ctas_per_head_for(task, num_sms, per_sm, opt));
+  return {l.total, l.staged};
+}
+
+BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace, DecodeOptions opt)
+    : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(opt) {
+  validate_task(task_, spec_);
+  if (opt_.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0, got " + str(opt_.max_sms));
+  if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
+  const int group = task_.num_qo_heads / task_.num_kv_heads;
+  config_ = catalog::decode_config(spec_, group);
+  source_ = catalog::batch_decode(spec_, group);
+}
+
+void BatchDecode::plan(const BSRMatrix& bsr, cudaStream_t stream) {
+  if (bsr.block_rows() != 1)
+    throw InvalidArgument("bsr: expected Br = 1 for decode (one block row per request), got Br = " + str(bsr.block_rows()));
+  if (bsr.block_cols() != task_.page_size)
+    throw InvalidArgument("bsr: expected Bc = page_size (" + str(task_.page_size) + "), got " + str(bsr.block_cols()));
+  std::vector<int32_t> last(bsr.num_block_rows());
+  for (int64_t r = 0; r < bsr.num_block_rows(); ++r) {
+    const bool empty = bsr.indptr()[r + 1] == bsr.indptr()[r];
+    last[r] = empty ? 0 : (bsr.has_last_block_len() ? bsr.last_block_len()[r] : bsr.block_cols());
+  }
+  plan(bsr.indptr(), bsr.indices(), last, stream);
+}
+
+void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+                       std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
+  const int64_t batch = static_cast<int64_t>(kv_indptr.size()) - 1;
+  // Validates monotonicity, sizes, index signs and last_page_len ranges; the
+  // storage size is checked against the largest index at run().
+  PageTable table({kv_indptr.begin(), kv_indptr.end()}, {kv_indices.begin(), kv_indices.end()},
+                  {kv_last_page_len.begin(), kv_last_page_len.end()}, task_.page_size, INT32_MAX);
+  const int64_t n_indices = static_cast<int64_t>(kv_indices.size());
+
+  if (!kernel_) {  // first plan: load the kernel, fix the grid and the workspace sections
+    detail::require_gpu("BatchDecode::plan");
+    cuda::DeviceGuard guard(ws_->device());
+    kernel_ = &jit::KernelCache::global().kernel(source_, ws_->device());
+    if (config_.smem_bytes > 48 * 1024) kernel_->set_max_dynamic_smem(config_.smem_bytes);
+    int occ = 0;
+    TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &occ, reinterpret_cast<const void*>(kernel_->handle()), config_.threads, config_.smem_bytes));
+    if (occ < 1) throw CudaError("BatchDecode: the decode kernel cannot run with its tile configuration on this GPU");
+    const int per_sm = opt_.ctas_per_sm > 0 ? std::min(opt_.ctas_per_sm, occ) : std::min(config_.ctas_per_sm, occ);
+    ctas_per_head_ = ctas_per_head_for(task_, cuda::device_info(ws_->device()).sm_count, per_sm, opt_);
+    if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
+    if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
+    layout_ = layout_for(spec_, task_, ctas_per_head_);
+    if (ws_->device_bytes() < layout_.total || ws_->host_bytes() < layout_.staged)
+      throw InvalidArgument("workspace: expected at least " + str(layout_.total) + " device bytes and " + str(layout_.staged) +
+                            " pinned host bytes for max_batch=" + str(task_.max_batch) + ", max_pages=" +
+                            str(task_.max_pages) + ", got " + str(ws_->device_bytes()) + " and " + str(ws_->host_bytes()));
+    // Merge counters start at zero; every run leaves them at zero.
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
+                                       sizeof(int32_t) * task_.max_batch * task_.num_kv_heads, stream));
+  }
+  if (batch > task_.max_batch)
+    throw InvalidArgument("kv_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" +
+                          str(task_.max_batch) + " fixed at the first plan()");
+  if (n_indices > task_.max_pages)
+    throw InvalidArgument("kv_indices: " + str(n_indices) + " pages exceed the workspace bound max_pages=" +
+                          str(task_.max_pages) + " fixed at the first plan()");
+
+  kv_lens_.resize(batch);
+  int64_t max_index = -1;
+  for (int64_t i = 0; i < batch; ++i) kv_lens_[i] = static_cast<int32_t>(table.kv_len(i));
+  for (int32_t p : kv_indices) max_index = std::max<int64_t>(max_index, p);
+  planner_.plan_decode(kv_lens_, ctas_per_head_, opt_.planner, plan_);
+
+  ws_->stage_begin();
+  char* host = static_cast<char*>(ws_->host_ptr());
+  std::memcpy(host + layout_.kv_indptr, kv_indptr.data(), sizeof(int32_t) * (batch + 1));
+  std::memcpy(host + layout_.indices, kv_indices.data(), sizeof(int32_t) * n_indices);
+  std::memcpy(host + layout_.last, kv_last_page_len.data(), sizeof(int32_t) * batch);
+  std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
+  std::memcpy(host + layout_.items, plan_.items.data(), sizeof(DecodeWorkItem) * plan_.items.size());
+  ws_->upload(layout_.staged, stream);
+  batch_ = batch;
+  max_page_index_ = max_index;
+  plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+                      cudaStream_t stream, const RunOptions& opt) const {
+  if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
+  check_dim("q", q, 3);
+  check_dtype("q", q, spec_.q_dtype);
+  if (q.size(0) != batch_) throw InvalidArgument("q: expected " + str(batch_) + " rows (the planned batch), got " + str(q.size(0)));
+  if (q.size(1) != task_.num_qo_heads)
+    throw InvalidArgument("q: expected " + str(task_.num_qo_heads) + " heads, got " + str(q.size(1)));
+  if (q.size(2) != spec_.head_dim) throw InvalidArgument("q: expected head_dim " + str(spec_.head_dim) + ", got " + str(q.size(2)));
+  check_shape("o", o, {q.size(0), q.size(1), q.size(2)});
+  check_dtype("o", o, spec_.o_dtype);
+  const bool has_lse = lse.defined() && lse.data;
+  if (has_lse) {
+    check_shape("lse", lse, {q.size(0), q.size(1)});
+    check_dtype("lse", lse, DType::kFloat32);
+    check_contiguous("lse", lse);
+  }
+  if (kv.dtype() != spec_.kv_dtype)
+    throw TypeMismatch(std::string("kv: expected dtype ") + dtype_name(spec_.kv_dtype) + ", got " + dtype_name(kv.dtype()));
+  if (kv.num_kv_heads() != task_.num_kv_heads)
+    throw InvalidArgument("kv: expected " + str(task_.num_kv_heads) + " KV heads, got " + str(kv.num_kv_heads()));
+  if (kv.head_dim() != spec_.head_dim) throw InvalidArgument("kv: expected head_dim " + str(spec_.head_dim) + ", got " + str(kv.head_dim()));
+  if (kv.page_size() != task_.page_size)
+    throw InvalidArgument("kv: expected page_size " + str(task_.page_size) + ", got " + str(kv.page_size()));
+  if (kv.layout() != task_.layout)
+    throw InvalidArgument(std::string("kv: expected layout ") + kv_layout_name(task_.layout) + ", got " + kv_layout_name(kv.layout()));
+  if (max_page_index_ >= kv.num_pages())
+    throw InvalidArgument("kv_indices: page index " + str(max_page_index_) + " is out of range for a cache of " +
+                          str(kv.num_pages()) + " pages");
+  detail::check_cuda_vectors("q", q);
+  detail::check_cuda_vectors("o", o);
+  detail::check_cuda_vectors("kv", kv.k());
+  if (q.device.index != ws_->device() || !(o.device == q.device) || !(kv.device() == q.device) ||
+      (has_lse && !(lse.device == q.device)))
+    throw TypeMismatch("q, o, lse, kv: expected all on the workspace's device cuda:" + str(ws_->device()) + ", got q on " +
+                       q.device.str() + ", o on " + o.device.str() + ", kv on " + kv.device().str());
+
+  char* dev = static_cast<char*>(ws_->device_ptr());
+  DecodeParams<NoExtra> p{};
+  p.q = q.data;
+  p.o = o.data;
+  p.lse = has_lse ? static_cast<float*>(lse.data) : nullptr;
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.o_stride_n = o.stride(0);
+  p.o_stride_h = o.stride(1);
+  p.kv = {kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
+          reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
+          kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
+  p.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
+  p.work_items = reinterpret_cast<const DecodeWorkItem*>(dev + layout_.items);
+  p.partial_o = reinterpret_cast<float*>(dev + layout_.partial_o);
+  p.partial_lse = reinterpret_cast<float*>(dev + layout_.partial_lse);
+  p.counters = reinterpret_cast<int*>(dev + layout_.counters);
+  p.num_qo_heads = task_.num_qo_heads;
+  const int ps = task_.page_size;
+  p.page_shift = (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
+  p.sm_scale = opt.sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec_.head_dim)))
+                                : static_cast<float>(opt.sm_scale);
+  cuda::DeviceGuard guard(ws_->device());
+  // The grid is the same every step (persistent CTAs): graph-capturable.
+  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);
+  detail::check_launch("BatchDecode::run");
+}
+
+}  // namespace tessera
