@@ -83,7 +83,7 @@ note "Python tests: $(grep -E '[0-9]+ (passed|failed)' "$logs/pytest.log" | tail
 
 ./build-gpu/tessera demo 2>&1 | tee "$logs/demo.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
-while read -r line; do note "demo $line"; done < <(grep -E "^(decode|prefill|mixed) " "$logs/demo.txt" | cut -c1-150)
+while read -r line; do note "demo $line"; done < <(grep -E "^(decode|prefill|step) " "$logs/demo.txt" | cut -c1-150)
 
 if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 ./build-gpu/tessera_tests \

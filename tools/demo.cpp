@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -150,18 +152,34 @@ int demo_without_gpu(const DemoOptions& opt) {
               cuda::no_gpu_reason().c_str());
   std::mt19937_64 rng(opt.seed);
   Batch b = make_batch(3, 2, 200, 48, 64, rng);
-  // The plan's host half: page table and lengths validated as plan() would.
+  // The plan's host half: page table and lengths validated as plan() would,
+  // and the decode requests scheduled by the load-balanced planner as on an
+  // H100 (132 SMs, the decode kernel's CTAs per SM).
   PageTable table(b.kv_indptr, b.kv_indices, b.last_page_len, kPageSize, b.num_pages);
   validate_indptr("qo_indptr", b.qo_indptr);
-  std::printf("plan: %zu requests (3 decode, 2 prefill), %lld query rows, %lld pages; grid %lld x %d CTAs\n",
-              b.q_len.size(), (long long)b.total_q(), (long long)b.num_pages, (long long)b.total_q(), kHq);
+  const AttentionSpec decode_spec{variants::standard(), DType::kFloat16, DType::kFloat16, DType::kFloat16, kHeadDim};
+  const DecodeConfig cfg = catalog::decode_config(decode_spec, kHq / kHkv);
+  std::vector<int32_t> decode_lens;
+  for (size_t r = 0; r < b.q_len.size(); ++r)
+    if (b.q_len[r] == 1) decode_lens.push_back(static_cast<int32_t>(table.kv_len(static_cast<int64_t>(r))));
+  Planner planner;
+  DecodePlan plan;
+  const int ctas_per_head = std::max(1, 132 * cfg.ctas_per_sm / kHkv);
+  planner.plan_decode(decode_lens, ctas_per_head, {}, plan);
+  std::printf("plan: %zu requests (3 decode, 2 prefill), %lld query rows, %lld pages\n", b.q_len.size(),
+              (long long)b.total_q(), (long long)b.num_pages);
+  std::printf("plan: decode -> %zu work items on %d x %d CTAs (chunk %d tokens, %d split requests); prefill -> "
+              "row-wise grid %lld x %d\n",
+              plan.items.size(), ctas_per_head, kHkv, plan.chunk_size, plan.num_split_requests,
+              (long long)(b.total_q() - static_cast<int64_t>(decode_lens.size())), kHq);
 
   const AttentionSpec spec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, kHeadDim};
-  for (const char* arch : {"sm_80", "sm_90a"}) {
-    auto bin = jit::KernelCache::global().cubin(catalog::attention_rowwise(spec), jit::Arch::parse(arch));
-    std::printf("jit: %s for %s: %zu-byte cubin (%s)\n", catalog::attention_rowwise(spec).entry.c_str(), arch,
-                bin->image.size(), bin->from_disk ? "disk cache" : (std::to_string(bin->compile_ms) + " ms compile").c_str());
-  }
+  for (const jit::KernelSource& src : {catalog::batch_decode(decode_spec, kHq / kHkv), catalog::attention_rowwise(spec)})
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      auto bin = jit::KernelCache::global().cubin(src, jit::Arch::parse(arch));
+      std::printf("jit: %s for %s: %zu-byte cubin (%s)\n", src.entry.c_str(), arch, bin->image.size(),
+                  bin->from_disk ? "disk cache" : (std::to_string(bin->compile_ms) + " ms compile").c_str());
+    }
 
   // Reference path: the paged reference against the dense formula, per row.
   HostBuf q = random_fp16(b.total_q() * kHq * kHeadDim, rng);
@@ -199,23 +217,48 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Plans, verifies (when `verify`), and times one batch; returns false on a failed check.
-bool run_step(const char* label, const Batch& b, const HostBuf& q_host, HostBuf& k_host, HostBuf& v_host,
-              const cuda::DeviceBuffer& k_dev, const cuda::DeviceBuffer& v_dev, const DemoOptions& opt,
-              std::mt19937_64& rng) {
+struct StepResult {
+  bool ok = false;
+  double ms = 0;
+  Work work;
+};
+
+// Plans, verifies against the reference and times one batch. Decode-only
+// batches run on BatchDecode (planner + persistent split-KV kernel); batches
+// with longer queries run on the row-wise kernel (the tensor-core prefill
+// kernels are later work).
+StepResult run_step(const char* label, const Batch& b, const HostBuf& q_host, HostBuf& k_host, HostBuf& v_host,
+                    const cuda::DeviceBuffer& k_dev, const cuda::DeviceBuffer& v_dev, const DemoOptions& opt,
+                    std::mt19937_64& rng) {
   const Device dev{DeviceType::kCUDA, cuda::current_device()};
-  const AttentionSpec spec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, kHeadDim};
+  const bool decode_only = std::all_of(b.q_len.begin(), b.q_len.end(), [](int32_t q) { return q == 1; });
+  const AttentionSpec spec{decode_only ? variants::standard() : variants::causal(), DType::kFloat16, DType::kFloat16,
+                           DType::kFloat16, kHeadDim};
   TaskInfo task{kHq, kHkv, kPageSize, KVLayout::kNHD, static_cast<int64_t>(b.q_len.size()),
                 static_cast<int64_t>(b.kv_indices.size())};
-  const size_t ws_bytes = BatchAttention::workspace_bytes(task.max_batch, task.max_pages);
-  Workspace ws = Workspace::allocate(ws_bytes, ws_bytes);
   cudaStream_t stream;
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
 
-  const auto t_jit = std::chrono::steady_clock::now();
-  BatchAttention attn(spec, task, ws);
-  attn.plan({b.qo_indptr, b.kv_indptr, b.kv_indices, b.last_page_len}, stream);
-  const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_jit).count();
+  // The engine for this batch: plan once, then a run closure.
+  std::optional<Workspace> ws;
+  std::optional<BatchDecode> dec;
+  std::optional<BatchAttention> attn;
+  std::string kernel_name;
+  const auto t_plan = std::chrono::steady_clock::now();
+  if (decode_only) {
+    auto sizes = BatchDecode::workspace_size(spec, task, cuda::device_info(dev.index).sm_count);
+    ws.emplace(Workspace::allocate(sizes.device_bytes, sizes.host_bytes));
+    dec.emplace(spec, task, *ws);
+    dec->plan(b.kv_indptr, b.kv_indices, b.last_page_len, stream);
+    kernel_name = dec->kernel_source().entry;
+  } else {
+    const size_t bytes = BatchAttention::workspace_bytes(task.max_batch, task.max_pages);
+    ws.emplace(Workspace::allocate(bytes, bytes));
+    attn.emplace(spec, task, *ws);
+    attn->plan({b.qo_indptr, b.kv_indptr, b.kv_indices, b.last_page_len}, stream);
+    kernel_name = attn->kernel_source().entry;
+  }
+  const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan).count();
 
   const int64_t rows = b.total_q();
   cuda::DeviceBuffer q_dev(q_host.data.size() * 2), o_dev(rows * kHq * kHeadDim * 2), lse_dev(rows * kHq * 4);
@@ -227,7 +270,11 @@ bool run_step(const char* label, const Batch& b, const HostBuf& q_host, HostBuf&
   TensorView q(q_dev.get(), DType::kFloat16, dev, {rows, kHq, kHeadDim});
   TensorView o(o_dev.get(), DType::kFloat16, dev, {rows, kHq, kHeadDim});
   TensorView lse(lse_dev.get(), DType::kFloat32, dev, {rows, kHq});
-  attn.run(q, kv, o, lse, stream);
+  auto run = [&] {
+    if (dec) dec->run(q, kv, o, lse, stream);
+    else attn->run(q, kv, o, lse, stream);
+  };
+  run();
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   std::vector<uint16_t> out(rows * kHq * kHeadDim);
@@ -237,16 +284,17 @@ bool run_step(const char* label, const Batch& b, const HostBuf& q_host, HostBuf&
   bool nan_seen = false;
   const double err = check_rows(out, sampled, ref, &nan_seen);
   for (uint16_t x : out) nan_seen |= std::isnan(half_to_float(x));  // every row written (poison gone)
-  const bool ok = err < 1e-3 && !nan_seen;
+  StepResult res;
+  res.ok = err < 1e-3 && !nan_seen;
 
   cudaEvent_t e0, e1;
   TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
   TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) attn.run(q, kv, o, lse, stream);
+  for (int i = 0; i < 3; ++i) run();
   std::vector<double> times;
   for (int i = 0; i < opt.iters; ++i) {
     TESSERA_CUDA_CHECK(cudaEventRecord(e0, stream));
-    attn.run(q, kv, o, lse, stream);
+    run();
     TESSERA_CUDA_CHECK(cudaEventRecord(e1, stream));
     TESSERA_CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0;
@@ -256,12 +304,13 @@ bool run_step(const char* label, const Batch& b, const HostBuf& q_host, HostBuf&
   TESSERA_CUDA_CHECK(cudaEventDestroy(e0));
   TESSERA_CUDA_CHECK(cudaEventDestroy(e1));
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
-  const double ms = median(times);
-  const Work w = step_work(b);
-  std::printf("%-8s %4zu req %6lld rows | %-40s %9.1f us %8.1f GB/s %7.2f TFLOP/s | plan %7.1f ms | err %.1e %s\n", label,
-              b.q_len.size(), (long long)rows, attn.kernel_source().entry.c_str(), ms * 1e3, w.bytes / (ms * 1e-3) / 1e9,
-              w.flops / (ms * 1e-3) / 1e12, plan_ms, err, ok ? "PASS" : (nan_seen ? "FAIL (NaN/unwritten)" : "FAIL"));
-  return ok;
+  res.ms = median(times);
+  res.work = step_work(b);
+  std::printf("%-8s %4zu req %6lld rows | %-52s %9.1f us %8.1f GB/s %7.2f TFLOP/s | plan %6.2f ms | err %.1e %s\n", label,
+              b.q_len.size(), (long long)rows, kernel_name.c_str(), res.ms * 1e3, res.work.bytes / (res.ms * 1e-3) / 1e9,
+              res.work.flops / (res.ms * 1e-3) / 1e12, plan_ms, err,
+              res.ok ? "PASS" : (nan_seen ? "FAIL (NaN/unwritten)" : "FAIL"));
+  return res;
 }
 
 }  // namespace
@@ -273,19 +322,28 @@ int run_demo(const DemoOptions& opt) {
               info.major, info.minor, info.sm_count, kHq, kHkv, kHeadDim, kPageSize);
   std::mt19937_64 rng(opt.seed);
   const bool small = opt.small;
-  Batch decode = make_batch(small ? 4 : 64, 0, small ? 300 : 4096, 1, 0, rng);
+  // One serving step: the decode requests (one query each) and the
+  // chunked-prefill requests of the same step, each on its kernel.
+  Batch decode = make_batch(small ? 4 : 96, 0, small ? 300 : 4096, 1, 0, rng);
   Batch prefill = make_batch(0, small ? 2 : 4, 1, small ? 64 : 512, small ? 64 : 1024, rng);
-  Batch mixed = make_batch(small ? 4 : 48, small ? 2 : 2, small ? 300 : 4096, small ? 64 : 256, small ? 64 : 1024, rng);
   bool ok = true;
-  for (auto [label, b] : {std::pair<const char*, Batch*>{"decode", &decode}, {"prefill", &prefill}, {"mixed", &mixed}}) {
+  double total_ms = 0, total_bytes = 0, total_flops = 0;
+  for (auto [label, b] : {std::pair<const char*, Batch*>{"decode", &decode}, {"prefill", &prefill}}) {
     HostBuf q = random_fp16(b->total_q() * kHq * kHeadDim, rng);
     HostBuf k = random_fp16(b->num_pages * kPageSize * kHkv * kHeadDim, rng);
     HostBuf v = random_fp16(k.data.size(), rng);
     cuda::DeviceBuffer k_dev(k.data.size() * 2), v_dev(v.data.size() * 2);
     k_dev.upload(k.data.data(), k_dev.bytes());
     v_dev.upload(v.data.data(), v_dev.bytes());
-    ok &= run_step(label, *b, q, k, v, k_dev, v_dev, opt, rng);
+    StepResult r = run_step(label, *b, q, k, v, k_dev, v_dev, opt, rng);
+    ok &= r.ok;
+    total_ms += r.ms;
+    total_bytes += r.work.bytes;
+    total_flops += r.work.flops;
   }
+  std::printf("step     %4zu req          | %-52s %9.1f us %8.1f GB/s %7.2f TFLOP/s\n",
+              decode.q_len.size() + prefill.q_len.size(), "decode + prefill", total_ms * 1e3,
+              total_bytes / (total_ms * 1e-3) / 1e9, total_flops / (total_ms * 1e-3) / 1e12);
   const auto s = jit::KernelCache::global().stats();
   std::printf("jit: %lld compiled (%.0f ms), %lld from disk cache (%.1f ms), cache %s\n", (long long)s.compiles,
               s.compile_ms_total, (long long)s.disk_hits, s.disk_load_ms_total, jit::KernelCache::global().dir().c_str());

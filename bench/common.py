@@ -1,0 +1,87 @@
+"""Shared benchmark helpers: timing, ceilings, workloads, result files.
+
+Timing uses triton.testing.do_bench (CUDA events, L2 flushed between runs,
+median of the repetitions). Ceilings are measured in the same process: HBM
+read bandwidth (a read-only reduction and a device copy) and dense fp16
+tensor-core rate (a large matmul)."""
+import datetime
+import json
+import math
+import os
+import platform
+
+import numpy as np
+import torch
+
+
+def bench_ms(fn, warmup=25, rep=100):
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def hbm_ceilings():
+    """Returns (read_TBps, copy_TBps). read: bytes read by a float32-accumulated
+    sum of a 4 GiB fp16 tensor; copy: (bytes read + written) by a device copy."""
+    n = 1 << 31  # 2^31 fp16 = 4 GiB
+    x = torch.empty(n, dtype=torch.float16, device="cuda").uniform_(-1, 1)
+    t_read = bench_ms(lambda: torch.sum(x, dtype=torch.float32), warmup=5, rep=30)
+    y = torch.empty_like(x)
+    t_copy = bench_ms(lambda: y.copy_(x), warmup=5, rep=30)
+    read = x.numel() * 2 / (t_read * 1e-3) / 1e12
+    copy = 2 * x.numel() * 2 / (t_copy * 1e-3) / 1e12
+    del x, y
+    torch.cuda.empty_cache()
+    return read, copy
+
+
+def matmul_ceiling_tflops():
+    a = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    t = bench_ms(lambda: a @ b, warmup=5, rep=30)
+    return 2 * 8192**3 / (t * 1e-3) / 1e12
+
+
+def kv_lengths(kind, batch, seed=0):
+    """Per-request KV lengths: 'const:N', 'uniform:LO-HI', 'zipf:MEAN' (paper Figure 8)."""
+    rng = np.random.default_rng(seed)
+    name, arg = kind.split(":")
+    if name == "const":
+        return [int(arg)] * batch
+    if name == "uniform":
+        lo, hi = (int(v) for v in arg.split("-"))
+        return [int(v) for v in rng.integers(lo, hi + 1, size=batch)]
+    if name == "zipf":
+        mean = int(arg)
+        raw = rng.zipf(1.6, size=batch).astype(np.float64)
+        raw = np.minimum(raw, 64.0)  # bounded skew: the longest is at most 64x the shortest draw
+        lens = np.maximum(1, np.round(raw / raw.mean() * mean)).astype(int)
+        return [int(v) for v in lens]
+    raise ValueError(f"unknown length distribution {kind}")
+
+
+def device_name():
+    return torch.cuda.get_device_name()
+
+
+def save_results(kind, payload):
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.path.join(here, "results")
+    os.makedirs(out, exist_ok=True)
+    date = datetime.date.today().isoformat()
+    dev = device_name().replace(" ", "-")
+    path = os.path.join(out, f"{kind}-{dev}-{date}.json")
+    payload = dict(payload)
+    payload["device"] = device_name()
+    payload["date"] = date
+    payload["torch"] = torch.__version__
+    payload["host"] = platform.node()
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], os.path.basename(path)), "w") as f:
+            json.dump(payload, f, indent=1)
+    return path
+
+
+def fmt(x, nd=2):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"

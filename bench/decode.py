@@ -1,0 +1,187 @@
+"""Batch decode benchmark: Tessera vs PyTorch SDPA (flash, cuDNN) on padded
+dense KV, FlexAttention with a length block mask, side by side in one run.
+
+Reports per workload: time (us), achieved TB/s counting only the KV bytes the
+batch needs (each request's K and V once, plus q and o), the fraction of the
+HBM read ceiling measured in the same run, and speedups of Tessera over each
+peer (and over its own no-split ablation, which shows what load balancing buys).
+
+FlashInfer itself is not run: its PyPI wheel (flashinfer-python 0.7.2.post1)
+is 62 MB before its dependencies (apache-tvm-ffi, nvidia-cutlass-dsl,
+nvidia-cudnn-frontend, cuda-tile, ...), over the 64 MiB that can be carried to
+the offline GPU machine, and it JIT-compiles its kernels with nvcc on first use.
+
+Usage: python bench/decode.py [--quick] [--no-flex]
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import common  # noqa: E402
+import tessera  # noqa: E402
+
+D = 128
+DTYPE = torch.float16
+MEM_LIMIT = 24 << 30  # skip a peer whose (padded) KV would exceed this
+
+
+def paged_cache(lens, page_size, hkv, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages = [(n + page_size - 1) // page_size for n in lens]
+    total = sum(pages)
+    k = torch.randn(total, page_size, hkv, D, dtype=DTYPE, device="cuda", generator=g)
+    v = torch.randn(total, page_size, hkv, D, dtype=DTYPE, device="cuda", generator=g)
+    perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(pages, dtype=torch.int32), 0)
+    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages)], dtype=torch.int32)
+    return k, v, indptr, perm, last
+
+
+def needed_bytes(lens, hq, hkv):
+    return sum(lens) * hkv * D * 2 * 2 + 2 * len(lens) * hq * D * 2
+
+
+def run_tessera(lens, page_size, hq, hkv, q, split=True, check=False):
+    k, v, indptr, indices, last = paged_cache(lens, page_size, hkv, seed=len(lens) + page_size)
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    if not split:
+        w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
+    w.plan(indptr, indices, last, hq, hkv, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
+    out = torch.empty_like(q)
+    fn = lambda: w.run(q, (k, v), out=out)  # noqa: E731
+    ms = common.bench_ms(fn)
+    err = None
+    if check:  # spot-check two requests against a float32 softmax
+        errs = []
+        for r in (0, len(lens) - 1):
+            pages = indices[indptr[r]:indptr[r + 1]].long().cuda()
+            kk = k[pages].reshape(-1, hkv, D)[: lens[r]].float()
+            vv = v[pages].reshape(-1, hkv, D)[: lens[r]].float()
+            g = hq // hkv
+            qq = q[r].float().view(hkv, g, D)
+            s = torch.einsum("hgd,nhd->hgn", qq, kk) / D**0.5
+            ref = torch.einsum("hgn,nhd->hgd", torch.softmax(s, -1), vv).reshape(hq, D)
+            errs.append(((out[r].float() - ref).abs().max() / ref.abs().max()).item())
+        err = max(errs)
+    plan_us = w.last_plan_us if hasattr(w, "last_plan_us") else None
+    del k, v, ws
+    return ms, err, plan_us
+
+
+def run_sdpa(lens, hq, hkv, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    b, lmax = len(lens), max(lens)
+    if 2 * b * hkv * lmax * D * 2 > MEM_LIMIT:
+        return None, f"padded KV {2 * b * hkv * lmax * D * 2 / 2**30:.0f} GiB"
+    q = torch.randn(b, hq, 1, D, dtype=DTYPE, device="cuda")
+    k = torch.randn(b, hkv, lmax, D, dtype=DTYPE, device="cuda")
+    v = torch.randn_like(k)
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    try:
+        with sdpa_kernel([be]):
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)  # noqa: E731
+            fn()
+            ms = common.bench_ms(fn)
+        return ms, None
+    except RuntimeError as e:
+        return None, str(e).split("\n")[0][:60]
+    finally:
+        del q, k, v
+
+
+_flex = None
+
+
+def run_flex(lens, hq, hkv):
+    global _flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if _flex is None:
+        torch._dynamo.config.cache_size_limit = 1000
+        torch._dynamo.config.accumulated_cache_size_limit = 4000
+        _flex = torch.compile(flex_attention)
+    b, lmax = len(lens), max(lens)
+    lmax = (lmax + 127) // 128 * 128
+    if 2 * b * hkv * lmax * D * 2 > MEM_LIMIT:
+        return None, "padded KV too large"
+    lens_t = torch.tensor(lens, device="cuda")
+    mask = lambda bb, h, qi, kv: kv < lens_t[bb]  # noqa: E731
+    bm = create_block_mask(mask, b, None, 1, lmax, device="cuda")
+    q = torch.randn(b, hq, 1, D, dtype=DTYPE, device="cuda")
+    k = torch.randn(b, hkv, lmax, D, dtype=DTYPE, device="cuda")
+    v = torch.randn_like(k)
+    try:
+        fn = lambda: _flex(q, k, v, block_mask=bm, enable_gqa=hq != hkv)  # noqa: E731
+        fn()
+        return common.bench_ms(fn), None
+    except Exception as e:  # compile failures are reported, not fatal
+        return None, type(e).__name__ + ": " + str(e).split("\n")[0][:50]
+    finally:
+        del q, k, v
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a small grid")
+    ap.add_argument("--no-flex", action="store_true")
+    args = ap.parse_args()
+    read_tbps, copy_tbps = common.hbm_ceilings()
+    ceiling = max(read_tbps, copy_tbps)
+    print(f"# {common.device_name()}: HBM read ceiling {read_tbps:.2f} TB/s (sum), copy {copy_tbps:.2f} TB/s (R+W); "
+          f"fractions below use {ceiling:.2f}")
+
+    heads = [(32, 32), (32, 8)]
+    dists = ["const:1024", "const:8192", "uniform:512-1024", "zipf:1024"]
+    batches = [16, 64, 128, 256]
+    extra = [("const:4096", 128), ("const:32768", 1), ("const:32768", 2), ("const:32768", 4)]
+    if args.quick:
+        dists, batches, extra = ["const:1024", "zipf:1024"], [16, 128], [("const:4096", 128), ("const:32768", 1)]
+    work = [(h, d, b) for h in heads for d in dists for b in batches] + [(h, d, b) for h in heads for d, b in extra]
+
+    rows = []
+    hdr = (f"{'Hq/Hkv':>6} {'lengths':>16} {'B':>4} {'pg':>3} {'us':>8} {'TB/s':>5} {'ceil':>5} | "
+           f"{'nosplit':>7} {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}  (x = Tessera speedup)")
+    print(hdr)
+    checked = set()
+    for (hq, hkv), dist, b in work:
+        lens = common.kv_lengths(dist, b, seed=b)
+        nb = needed_bytes(lens, hq, hkv)
+        if nb > MEM_LIMIT:
+            continue
+        q = torch.randn(b, hq, D, dtype=DTYPE, device="cuda")
+        peers = {"sdpa-flash": run_sdpa(lens, hq, hkv, "flash"), "sdpa-cudnn": run_sdpa(lens, hq, hkv, "cudnn")}
+        peers["flex"] = (None, "off") if args.no_flex or b > 64 else run_flex(lens, hq, hkv)
+        for ps in (1, 16):
+            check = (hq, hkv, ps) not in checked
+            checked.add((hq, hkv, ps))
+            ms, err, plan_us = run_tessera(lens, ps, hq, hkv, q, check=check)
+            if err is not None and err > 1e-3:
+                raise SystemExit(f"Tessera decode spot check failed: rel err {err:.2e}")
+            ms_ns = run_tessera(lens, ps, hq, hkv, q, split=False)[0] if ps == 16 else None
+            tbps = nb / (ms * 1e-3) / 1e12
+            row = dict(hq=hq, hkv=hkv, lengths=dist, batch=b, page_size=ps, us=ms * 1e3, tbps=tbps,
+                       frac_ceiling=tbps / ceiling, plan_us=plan_us, spot_check_err=err,
+                       no_split_us=ms_ns * 1e3 if ms_ns else None, max_len=max(lens), mean_len=sum(lens) / b)
+            for name, (pms, why) in peers.items():
+                row[name + "_us"] = pms * 1e3 if pms else None
+                row[name + "_note"] = why
+            rows.append(row)
+            ratio = lambda other: f"{other / ms:6.2f}x" if other else f"{'-':>7}"  # noqa: E731
+            print(f"{hq:>3}/{hkv:<2} {dist:>16} {b:>4} {ps:>3} {ms * 1e3:8.1f} {tbps:5.2f} {tbps / ceiling:5.0%} | "
+                  f"{ratio(ms_ns)} {ratio(peers['sdpa-flash'][0])} {ratio(peers['sdpa-cudnn'][0])} {ratio(peers['flex'][0])}",
+                  flush=True)
+        del q
+        torch.cuda.empty_cache()
+    path = common.save_results("decode", dict(read_ceiling_tbps=read_tbps, copy_tbps=copy_tbps, ceiling_tbps=ceiling,
+                                              head_dim=D, dtype="float16", rows=rows))
+    print(f"# results: {path}")
+
+
+if __name__ == "__main__":
+    main()
