@@ -69,7 +69,7 @@ gp=0; gs=0; gf=0
 for i in $(seq 0 $((shards - 1))); do
   t=$(sed -n 's/.*\[==========\] \([0-9]*\) tests\? from .* ran.*/\1/p' "$logs/gtest_$i.log" | tail -1)
   s=$(sed -n 's/.*\[  SKIPPED \] \([0-9]*\) tests\?.*/\1/p' "$logs/gtest_$i.log" | tail -1)
-  f=$(sed -n 's/.*\[  FAILED  \] \([0-9]*\) tests\?, listed below.*/\1/p' "$logs/gtest_$i.log" | tail -1)
+  f=$(grep -c '^\[  FAILED  \] .*([0-9]* ms)$' "$logs/gtest_$i.log")
   gp=$((gp + ${t:-0} - ${s:-0} - ${f:-0})); gs=$((gs + ${s:-0})); gf=$((gf + ${f:-0}))
 done
 cat "$logs"/gtest_*.log | grep -E "FAILED|Failure|error|Expected|Which is|rel error" | head -40

@@ -20,7 +20,7 @@ PYTHONPATH="$root/python" "$TESSERA_PYTHON" -m pytest -q -rs tests/python 2>&1 |
 # Counts from both runners, summed into the closing line.
 g_total=$(sed -n 's/.*\[==========\] \([0-9]*\) tests\? from .* ran.*/\1/p' "$log/gtest.txt" | tail -1)
 g_skip=$(sed -n 's/.*\[  SKIPPED \] \([0-9]*\) tests\?.*/\1/p' "$log/gtest.txt" | tail -1)
-g_fail=$(sed -n 's/.*\[  FAILED  \] \([0-9]*\) tests\?, listed below.*/\1/p' "$log/gtest.txt" | tail -1)
+g_fail=$(grep -c '^\[  FAILED  \] .*([0-9]* ms)$' "$log/gtest.txt")
 g_total=${g_total:-0}; g_skip=${g_skip:-0}; g_fail=${g_fail:-0}
 [ "$g_total" -gt 0 ] || { echo "test.sh: the C++ suite did not run"; status=1; }
 g_pass=$((g_total - g_skip - g_fail))

@@ -9,6 +9,7 @@
 #include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
+#include "tessera/runtime/prefill_catalog.hpp"
 
 namespace tessera::tools {
 
@@ -20,7 +21,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 int run_compile(const std::vector<std::string>& archs, int threads, bool verbose, bool load) {
   auto& cache = jit::KernelCache::global();
-  const auto kernels = catalog::builtin_kernels();
+  auto kernels = catalog::builtin_kernels();
+  for (auto& k : catalog::builtin_prefill_kernels()) kernels.push_back(std::move(k));
   std::printf("kernel cache: %s\n", cache.dir().c_str());
   for (const auto& name : archs) {
     const jit::Arch arch = jit::Arch::parse(name);

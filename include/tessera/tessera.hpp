@@ -1,5 +1,6 @@
 // Tessera: one include for the whole C++ API.
 #pragma once
+#include "tessera/api/append_kv.hpp"
 #include "tessera/api/attention.hpp"
 #include "tessera/api/decode.hpp"
 #include "tessera/api/merge.hpp"

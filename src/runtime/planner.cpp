@@ -6,14 +6,9 @@
 
 namespace tessera {
 
-void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const PlannerOptions& opt, DecodePlan& out) {
-  if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
-  const int64_t batch = static_cast<int64_t>(kv_lens.size());
+void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
   int64_t total = 0;
-  for (int64_t i = 0; i < batch; ++i) {
-    if (kv_lens[i] < 0) throw InvalidArgument("kv_lens: expected values >= 0, got " + std::to_string(kv_lens[i]));
-    total += kv_lens[i];
-  }
+  for (const Tile& t : tiles_) total += t.kv_len;
 
   // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
   int64_t L = INT32_MAX;
@@ -24,27 +19,30 @@ void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const Plan
   }
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
 
-  // Line 4: chunks; split requests get consecutive partial slots.
+  // Line 4: chunks; a split tile gets consecutive partial slots and a counter.
+  const size_t n_tiles = tiles_.size();
   chunks_.clear();
-  first_slot_.assign(batch, -1);
-  num_chunks_.assign(batch, 1);
+  first_slot_.assign(n_tiles, -1);
+  num_chunks_.assign(n_tiles, 1);
+  counter_.assign(n_tiles, -1);
   int32_t slots = 0, split = 0;
-  for (int64_t i = 0; i < batch; ++i) {
-    const int64_t len = kv_lens[i];
+  for (size_t i = 0; i < n_tiles; ++i) {
+    const int64_t len = tiles_[i].kv_len;
     const int64_t n = std::max<int64_t>(1, (len + L - 1) / L);
     num_chunks_[i] = static_cast<int32_t>(n);
     if (n > 1) {
       first_slot_[i] = slots;
       slots += static_cast<int32_t>(n);
-      ++split;
+      counter_[i] = split++;
     }
     for (int64_t c = 0; c < n; ++c)
-      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c * L), static_cast<int32_t>(std::min(len, (c + 1) * L))});
+      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c * L),
+                         static_cast<int32_t>(std::min(len, (c + 1) * L)), static_cast<int32_t>(c)});
   }
   out.num_slots = slots;
-  out.num_split_requests = split;
+  out.num_split = split;
 
-  // Line 5: longest first; ties by request, then chunk (deterministic).
+  // Line 5: longest first; ties by tile, then chunk (deterministic).
   order_.resize(chunks_.size());
   for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
   std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
@@ -55,17 +53,17 @@ void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const Plan
   // Lines 6-13: each chunk to the cheapest CTA (ties: lowest index).
   heap_.clear();
   for (int c = 0; c < ctas; ++c) heap_.push_back({0.0, c});
-  auto cheaper_last = [](const std::pair<double, int32_t>& a, const std::pair<double, int32_t>& b) {
-    return a.first != b.first ? a.first > b.first : a.second > b.second;  // min-heap
+  auto min_heap = [](const std::pair<double, int32_t>& a, const std::pair<double, int32_t>& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
   };
-  std::make_heap(heap_.begin(), heap_.end(), cheaper_last);
+  std::make_heap(heap_.begin(), heap_.end(), min_heap);
   owner_.resize(chunks_.size());
   for (int32_t w : order_) {
-    std::pop_heap(heap_.begin(), heap_.end(), cheaper_last);
+    std::pop_heap(heap_.begin(), heap_.end(), min_heap);
     auto& [cost, cta] = heap_.back();
     owner_[w] = cta;
-    cost += opt.alpha * 1.0 + opt.beta * (chunks_[w].end - chunks_[w].start);
-    std::push_heap(heap_.begin(), heap_.end(), cheaper_last);
+    cost += opt.alpha * tile_rows + opt.beta * (chunks_[w].end - chunks_[w].start);
+    std::push_heap(heap_.begin(), heap_.end(), min_heap);
   }
   double max_cost = 0, sum_cost = 0;
   for (auto& [cost, cta] : heap_) {
@@ -75,25 +73,75 @@ void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const Plan
   out.max_cta_cost = max_cost;
   out.mean_cta_cost = sum_cost / ctas;
 
-  // Per-CTA queues (counting sort by owner, keeping assignment order).
+  // Per-CTA queues (counting sort by owner, keeping assignment order): queue_
+  // lists chunk ids in final item order.
   out.work_indptr.assign(ctas + 1, 0);
   for (int32_t w : order_) ++out.work_indptr[owner_[w] + 1];
   for (int c = 0; c < ctas; ++c) out.work_indptr[c + 1] += out.work_indptr[c];
-  out.items.resize(chunks_.size());
-  std::vector<int32_t>& fill = fill_;
-  fill.assign(out.work_indptr.begin(), out.work_indptr.end() - 1);
-  for (int32_t w : order_) {
-    const Chunk& ch = chunks_[w];
-    const int32_t r = ch.request;
-    const int32_t chunk_idx = L == INT32_MAX ? 0 : static_cast<int32_t>(ch.start / L);
-    DecodeWorkItem item;
-    item.request = r;
+  fill_.assign(out.work_indptr.begin(), out.work_indptr.end() - 1);
+  queue_.resize(chunks_.size());
+  for (int32_t w : order_) queue_[fill_[owner_[w]]++] = w;
+}
+
+void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const PlannerOptions& opt, DecodePlan& out) {
+  if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
+  tiles_.clear();
+  for (size_t i = 0; i < kv_lens.size(); ++i) {
+    if (kv_lens[i] < 0) throw InvalidArgument("kv_lens: expected values >= 0, got " + std::to_string(kv_lens[i]));
+    tiles_.push_back({static_cast<int32_t>(i), 0, kv_lens[i]});
+  }
+  schedule(ctas, 1.0, opt, out);
+  out.num_split_requests = out.num_split;
+  out.items.resize(queue_.size());
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    const Chunk& ch = chunks_[queue_[i]];
+    const int32_t t = ch.tile;
+    DecodeWorkItem& item = out.items[i];
+    item.request = tiles_[t].request;
     item.kv_start = ch.start;
     item.kv_end = ch.end;
-    item.first_slot = first_slot_[r];
-    item.num_chunks = num_chunks_[r];
-    item.partial_slot = first_slot_[r] < 0 ? -1 : first_slot_[r] + chunk_idx;
-    out.items[fill[owner_[w]]++] = item;
+    item.first_slot = first_slot_[t];
+    item.num_chunks = num_chunks_[t];
+    item.partial_slot = first_slot_[t] < 0 ? -1 : first_slot_[t] + ch.index;
+  }
+}
+
+void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int32_t> kv_lens, int group, int cta_q,
+                           bool causal, int ctas, const PlannerOptions& opt, PrefillPlan& out) {
+  if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
+  if (qo_lens.size() != kv_lens.size())
+    throw InvalidArgument("kv_lens: expected one length per request (" + std::to_string(qo_lens.size()) + "), got " +
+                          std::to_string(kv_lens.size()));
+  if (group < 1 || cta_q < 1) throw InvalidArgument("group, cta_q: expected >= 1");
+  tiles_.clear();
+  for (size_t i = 0; i < qo_lens.size(); ++i) {
+    const int64_t q = qo_lens[i], kv = kv_lens[i];
+    if (q < 0 || kv < 0) throw InvalidArgument("qo_lens/kv_lens: expected values >= 0");
+    const int64_t rows = q * group, n = (rows + cta_q - 1) / cta_q;
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t visible = kv;
+      if (causal) {  // the tile's last query sees keys [0, last + kv - q]
+        const int64_t last_q = (std::min(rows, (t + 1) * cta_q) - 1) / group;
+        visible = std::clamp<int64_t>(last_q + kv - q + 1, 0, kv);
+      }
+      tiles_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(t), static_cast<int32_t>(visible)});
+    }
+  }
+  schedule(ctas, static_cast<double>(cta_q), opt, out);
+  out.cta_q = cta_q;
+  out.items.resize(queue_.size());
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    const Chunk& ch = chunks_[queue_[i]];
+    const int32_t t = ch.tile;
+    PrefillWorkItem& item = out.items[i];
+    item.request = tiles_[t].request;
+    item.q_tile = tiles_[t].q_tile;
+    item.kv_start = ch.start;
+    item.kv_end = ch.end;
+    item.first_slot = first_slot_[t];
+    item.num_chunks = num_chunks_[t];
+    item.partial_slot = first_slot_[t] < 0 ? -1 : first_slot_[t] + ch.index;
+    item.counter = counter_[t];
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
+#include "tessera/runtime/prefill_catalog.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -38,8 +39,9 @@ TEST(Jit, ArchParse) {
 
 TEST(Jit, EveryBuiltinCompilesForAmpereAndHopper) {
   jit::KernelCache cache(fresh_dir("builtins").string());
-  const auto kernels = catalog::builtin_kernels();
-  ASSERT_GE(kernels.size(), 18u);
+  auto kernels = catalog::builtin_kernels();
+  for (auto& k : catalog::builtin_prefill_kernels()) kernels.push_back(std::move(k));
+  ASSERT_GE(kernels.size(), 80u);
   for (const char* arch : {"sm_80", "sm_90a"}) {
     cache.precompile(kernels, jit::Arch::parse(arch), 2);
     for (const auto& k : kernels) {

@@ -48,3 +48,22 @@ template __global__ void decode_k<StandardAttention, tessera::half_t, 128, 1, 32
 template __global__ void decode_k<StandardAttention, tessera::bf16_t, 64, 4, 64>(const DP);
 template __global__ void decode_k<StandardAttention, tessera::half_t, 256, 8, 16>(const DP);
 template __global__ void decode_k<NoSoftmax, tessera::half_t, 128, 32, 32>(const DP);
+
+// Paged-KV append: raw 16-byte copies of fp16 and bf16 rows.
+#include "tessera/device/kernels/append_kv.cuh"
+template <typename T>
+__global__ void append_kv_k(const tessera::AppendKVParams p) { tessera::append_paged_kv<T>(p); }
+template __global__ void append_kv_k<tessera::half_t>(const tessera::AppendKVParams);
+template __global__ void append_kv_k<tessera::bf16_t>(const tessera::AppendKVParams);
+
+// Prefill (FA2 template): the four query tile shapes.
+#include "tessera/device/kernels/prefill.cuh"
+using PP = tessera::PrefillParams<tessera::NoExtra>;
+template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>
+__global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2>(p); }
+template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 16, 64, 1, 4>(const PP);
+template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 32, 64, 2, 2>(const PP);
+template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);
+template __global__ void prefill_k<StandardAttention, tessera::bf16_t, 128, 128, 64, 8, 1>(const PP);
+template __global__ void prefill_k<StandardAttention, tessera::half_t, 256, 64, 32, 4, 1>(const PP);
+template __global__ void prefill_k<StandardAttention, tessera::half_t, 64, 128, 64, 8, 1>(const PP);

@@ -32,6 +32,8 @@ struct TaskInfo {
   // 0 = take them from the first plan().
   int64_t max_batch = 0;
   int64_t max_pages = 0;
+  // Prefill only: the largest total query length (sum over requests).
+  int64_t max_total_q = 0;
 };
 void validate_task(const TaskInfo& task, const AttentionSpec& spec);
 

@@ -60,6 +60,8 @@ jit::KernelSource attention_rowwise(const AttentionSpec& spec);
 // State merges; dtype of the values (fp16, bf16, fp32).
 jit::KernelSource merge_pair(DType v_dtype);
 jit::KernelSource merge_many(DType v_dtype);
+// Paged-KV append (a raw copy); dtype of the cache (fp16, bf16).
+jit::KernelSource append_paged_kv(DType kv_dtype);
 // Every built-in kernel (all dtypes, head dims and built-in variants).
 std::vector<jit::KernelSource> builtin_kernels();
 }  // namespace catalog

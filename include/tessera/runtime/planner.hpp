@@ -1,10 +1,13 @@
 // The load-balanced scheduler (paper Algorithm 1), on the host.
 //
-// Decode (query tile 1): each request's KV is cut into chunks of at most L_kv
-// tokens, L_kv = total KV / #CTA (so only "long" requests split); chunks are
-// sorted by length, longest first, and each goes to the currently cheapest CTA
-// (a priority queue on cost = alpha * l_q + beta * l_kv). The result is a work
-// queue per CTA plus the partial-state slots of split requests. Identical
+// Work is a list of query tiles, each with the KV length it must visit (for
+// decode a tile is one request's query; for prefill a tile is CTA_Q fused
+// query rows, and under a causal mask only the visible KV prefix counts).
+// Each tile's KV is cut into chunks of at most L_kv tokens, L_kv = total KV
+// work / #CTA (so only long tiles split); chunks are sorted by length, longest
+// first, and each goes to the currently cheapest CTA (a priority queue on
+// cost = alpha * T_q + beta * l_kv). The result is a work queue per CTA plus
+// the partial-state slots and merge counters of split tiles. Identical
 // lengths always give an identical plan (every tie is broken by index), so the
 // merge order, and the output bits, are reproducible.
 #pragma once
@@ -13,43 +16,75 @@
 #include <vector>
 
 #include "tessera/device/kernels/decode_params.cuh"
+#include "tessera/device/kernels/prefill_params.cuh"
 
 namespace tessera {
 
 struct PlannerOptions {
-  bool split_kv = true;  // false: one chunk per request (the ablation "no load balancing")
-  double alpha = 32.0;   // fixed cost of a work item, in KV-token units
+  bool split_kv = true;  // false: one chunk per tile (the ablation "no load balancing")
+  double alpha = 32.0;   // fixed cost of a work item per query row of the tile, in KV-token units
   double beta = 1.0;     // cost per KV token
   int min_chunk = 64;    // chunks are never cut shorter than this many tokens
   int chunk_align = 16;  // L_kv is rounded up to a multiple of this
 };
 
-struct DecodePlan {
-  std::vector<int32_t> work_indptr;    // [ctas + 1]
-  std::vector<DecodeWorkItem> items;   // grouped by CTA
-  int32_t chunk_size = 0;              // L_kv
-  int32_t num_slots = 0;               // partial states used by split requests
-  int32_t num_split_requests = 0;
+// What every plan reports besides its work items.
+struct PlanStats {
+  std::vector<int32_t> work_indptr;  // [ctas + 1]
+  int32_t chunk_size = 0;            // L_kv
+  int32_t num_slots = 0;             // partial states used by split tiles
+  int32_t num_split = 0;             // split tiles (= merge counters used)
   double max_cta_cost = 0, mean_cta_cost = 0;
 };
 
-// Upper bounds that size the workspace (paper Appendix D.3): a split request
-// has more than L_kv >= total/ctas tokens, so split chunks number < 2 * ctas.
-inline int64_t decode_max_slots(int64_t ctas) { return 2 * ctas; }
+struct DecodePlan : PlanStats {
+  std::vector<DecodeWorkItem> items;  // grouped by CTA
+  int32_t num_split_requests = 0;
+};
+
+struct PrefillPlan : PlanStats {
+  std::vector<PrefillWorkItem> items;
+  int32_t cta_q = 0;
+};
+
+// Upper bounds that size the workspace (paper Appendix D.3): a split tile has
+// more than L_kv >= total/ctas tokens, so split chunks number < 2 * ctas and
+// split tiles < ctas.
+inline int64_t max_split_slots(int64_t ctas) { return 2 * ctas; }
+inline int64_t max_split_tiles(int64_t ctas) { return ctas; }
+inline int64_t decode_max_slots(int64_t ctas) { return max_split_slots(ctas); }
 inline int64_t decode_max_items(int64_t max_batch, int64_t ctas) { return max_batch + 2 * ctas; }
+// Query tiles of a prefill batch: at most ceil(total_q * group / cta_q) + batch.
+inline int64_t prefill_max_tiles(int64_t max_total_q, int64_t max_batch, int group, int cta_q) {
+  return (max_total_q * group + cta_q - 1) / cta_q + max_batch;
+}
+inline int64_t prefill_max_items(int64_t max_tiles, int64_t ctas) { return max_tiles + 2 * ctas; }
 
 class Planner {
  public:
-  // kv_lens[i]: KV length of request i (>= 0). ctas: CTA columns (>= 1).
-  // Reuses internal buffers: no allocation once warmed up to the batch size.
+  // Decode: kv_lens[i] is request i's KV length (>= 0). ctas: CTA columns (>= 1).
   void plan_decode(std::span<const int32_t> kv_lens, int ctas, const PlannerOptions& opt, DecodePlan& out);
+  // Prefill: per request qo_lens / kv_lens; `group` query heads fused per KV
+  // head; cta_q fused rows per tile. causal: tiles only visit the KV prefix
+  // their last row can see (bottom-right aligned), so fully masked KV tiles
+  // are never loaded.
+  void plan_prefill(std::span<const int32_t> qo_lens, std::span<const int32_t> kv_lens, int group, int cta_q,
+                    bool causal, int ctas, const PlannerOptions& opt, PrefillPlan& out);
 
  private:
-  struct Chunk {
-    int32_t request, start, end;
+  struct Tile {
+    int32_t request, q_tile, kv_len;
   };
+  struct Chunk {
+    int32_t tile, start, end, index;
+  };
+  // Chunks the tiles, assigns chunks to CTAs; fills stats and, per chunk in
+  // queue order, the chunk and its owning CTA (order_).
+  void schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out);
+
+  std::vector<Tile> tiles_;
   std::vector<Chunk> chunks_;
-  std::vector<int32_t> first_slot_, num_chunks_, owner_, order_, fill_;
+  std::vector<int32_t> first_slot_, num_chunks_, counter_, owner_, order_, fill_, queue_;
   std::vector<std::pair<double, int32_t>> heap_;
 };
 

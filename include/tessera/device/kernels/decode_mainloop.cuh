@@ -33,21 +33,6 @@ struct DecodeShape {
   static_assert(TILE % TZ == 0, "tile must split evenly over token groups");
 };
 
-// Element offset of token `pos` (of the request whose pages start at
-// indices[page_base]) for KV head h.
-__device__ __forceinline__ i64 decode_kv_offset(const device::PagedKV& kv, int page_base, int pos, int h, int shift) {
-  if (kv.indptr == nullptr) return pos * kv.token_stride + h * kv.head_stride;
-  int page_idx, slot;
-  if (shift >= 0) {
-    page_idx = pos >> shift;
-    slot = pos & ((1 << shift) - 1);
-  } else {
-    page_idx = pos / kv.page_size;
-    slot = pos - page_idx * kv.page_size;
-  }
-  return static_cast<i64>(kv.indices[page_base + page_idx]) * kv.page_stride + h * kv.head_stride + slot * kv.token_stride;
-}
-
 // Issues the copies of one tile (K and V) into a pipeline stage.
 template <typename Shape, typename DKV>
 __device__ __forceinline__ void decode_load_tile(DKV* k_stage, DKV* v_stage, const device::PagedKV& kv, int page_base,
@@ -60,7 +45,7 @@ __device__ __forceinline__ void decode_load_tile(DKV* k_stage, DKV* v_stage, con
     const int token = c / Shape::TX, col = (c % Shape::TX) * Shape::VEC;
     const int pos = tile_start + token;
     const bool valid = pos < kv_end;
-    const i64 off = valid ? decode_kv_offset(kv, page_base, pos, h, shift) + col : 0;
+    const i64 off = valid ? device::kv_token_offset(kv, page_base, pos, h, shift) + col : 0;
     cp_async_16(k_stage + c * Shape::VEC, k_base + off, valid);
     cp_async_16(v_stage + c * Shape::VEC, v_base + off, valid);
   }

@@ -10,9 +10,10 @@ namespace device {
 // storage page indices[indptr[b] + pos / page_size], slot pos % page_size; its
 // head h vector starts at element page*page_stride + h*head_stride +
 // slot*token_stride of k (or v). Strides cover NHD, HND and interleaved K/V.
-// Contiguous KV of one request is the special case of a single page: when
-// indptr is null there is one request whose single_len tokens all sit in
-// page 0 (page_size = single_len), so no index arrays are needed.
+// Two special cases need no page table:
+//  * ragged KV (indices null): indptr counts tokens, request b's tokens are the
+//    rows indptr[b] .. indptr[b+1] of one [total_kv, H, D] tensor;
+//  * one contiguous request (indptr null): single_len tokens from row 0.
 struct PagedKV {
   const void* k;
   const void* v;
@@ -30,15 +31,34 @@ struct PagedKV {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 __device__ __forceinline__ int kv_len(const PagedKV& kv, int b) {
   if (kv.indptr == nullptr) return kv.single_len;
+  if (kv.indices == nullptr) return kv.indptr[b + 1] - kv.indptr[b];
   int pages = kv.indptr[b + 1] - kv.indptr[b];
   return pages == 0 ? 0 : (pages - 1) * kv.page_size + kv.last_page_len[b];
 }
 // Element offset of (token pos of request b, head h).
 __device__ __forceinline__ i64 kv_offset(const PagedKV& kv, int b, int pos, int h) {
   if (kv.indptr == nullptr) return pos * kv.token_stride + h * kv.head_stride;
+  if (kv.indices == nullptr) return static_cast<i64>(kv.indptr[b] + pos) * kv.token_stride + h * kv.head_stride;
   int page = kv.indices[kv.indptr[b] + pos / kv.page_size];
-  return page * kv.page_stride + h * kv.head_stride + (pos % kv.page_size) * kv.token_stride;
+  return static_cast<i64>(page) * kv.page_stride + h * kv.head_stride + (pos % kv.page_size) * kv.token_stride;
 }
+// Fast path of kv_offset for kernels that hoist the request's indptr entry
+// (page_base = indptr[b]) and know log2(page_size) (shift, or -1). Element offset of token `pos` (of the request whose pages start at
+// indices[page_base], or whose rows start at page_base for ragged KV) for KV head h.
+__device__ __forceinline__ i64 kv_token_offset(const device::PagedKV& kv, int page_base, int pos, int h, int shift) {
+  if (kv.indptr == nullptr) return pos * kv.token_stride + h * kv.head_stride;
+  if (kv.indices == nullptr) return static_cast<i64>(page_base + pos) * kv.token_stride + h * kv.head_stride;
+  int page_idx, slot;
+  if (shift >= 0) {
+    page_idx = pos >> shift;
+    slot = pos & ((1 << shift) - 1);
+  } else {
+    page_idx = pos / kv.page_size;
+    slot = pos - page_idx * kv.page_size;
+  }
+  return static_cast<i64>(kv.indices[page_base + page_idx]) * kv.page_stride + h * kv.head_stride + slot * kv.token_stride;
+}
+
 #endif
 
 }  // namespace device

@@ -1,0 +1,105 @@
+// Batch prefill on tensor cores (FA2 template) over any KV source: ragged
+// contiguous KV, a paged cache (any page size), or a BSR matrix with any
+// (Br, Bc), including Bc = 1. One kernel family serves all three: only the
+// row addresses of the KV tiles differ (paper §3.2.1).
+//
+//   BatchPrefill pre(spec, task, workspace);
+//   pre.plan_paged(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream);  // once per step
+//   pre.run(q, kv_storage, o, lse, stream);                                     // every layer
+//
+// Same contract as BatchDecode: plan() schedules (query tile x KV chunk) work
+// items with Algorithm 1 into fixed workspace sections; run() allocates
+// nothing, never synchronizes, and launches a fixed persistent grid that also
+// merges split tiles, so it can be captured in a CUDA graph. The query tile
+// (16/32/64/128 fused rows) is chosen at the first plan from the average query
+// length x group size and then kept, so captured graphs stay valid.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <span>
+
+#include "tessera/api/attention.hpp"
+#include "tessera/formats/bsr.hpp"
+#include "tessera/runtime/planner.hpp"
+#include "tessera/runtime/prefill_catalog.hpp"
+
+namespace tessera {
+
+struct PrefillOptions {
+  PlannerOptions planner;
+  int max_sms = 0;   // use at most this many SMs (0: all)
+  int cta_q = 0;     // 0: chosen by the heuristic at the first plan
+  // Let the planner skip KV beyond what a query tile can see. Defaults to on
+  // for the built-in causal variant; a custom variant whose mask is causal
+  // (or stricter) may set it too.
+  bool causal_schedule = false;
+};
+
+class BatchPrefill {
+ public:
+  BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspace, PrefillOptions opt = {});
+
+  struct Sizes {
+    size_t device_bytes = 0, host_bytes = 0;
+  };
+  // Workspace for the bounds in `task` (max_batch, max_total_q, max_pages > 0)
+  // on a GPU with num_sms multiprocessors, whatever query tile is chosen.
+  static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt = {});
+
+  // Paged KV: kv_indptr counts pages.
+  void plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                  std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                  cudaStream_t stream = nullptr);
+  // Ragged KV: kv_indptr counts tokens of one [total_kv, Hkv, D] tensor.
+  void plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream = nullptr);
+  // Block-sparse: q has bsr.rows() rows; block row r (Br rows) attends to its
+  // column blocks (Bc tokens each) of a [bsr.cols(), Hkv, D] KV, viewed by
+  // run() as pages of Bc tokens. Requires task.page_size == Bc.
+  void plan_bsr(const BSRMatrix& bsr, cudaStream_t stream = nullptr);
+
+  // Paged or BSR: kv is the page storage (for BSR: KV [N, Hkv, D] viewed as
+  // [N / Bc, Bc, Hkv, D], NHD). q [total_q, Hq, D]; o like q; lse [total_q, Hq] or undefined.
+  void run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+           cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
+  // Ragged: k, v [total_kv, Hkv, D].
+  void run_ragged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                  const TensorView& lse, cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
+
+  const PrefillPlan& last_plan() const { return plan_; }
+  double last_plan_us() const { return plan_us_; }
+  const PrefillConfig& config() const { return config_; }
+  int ctas_per_head() const { return ctas_per_head_; }
+  const jit::KernelSource& kernel_source() const { return source_; }
+
+ private:
+  enum class Source { kNone, kPaged, kRagged };
+  struct Layout {
+    size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, work_indptr = 0, items = 0, staged = 0;
+    size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
+  };
+  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int cta_q);
+  void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                   std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                   std::span<const int32_t> kv_lens, cudaStream_t stream);
+  void launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
+              cudaStream_t stream, const RunOptions& opt) const;
+  void check_qo(const TensorView& q, const TensorView& o, const TensorView& lse) const;
+
+  AttentionSpec spec_;
+  TaskInfo task_;
+  Workspace* ws_;
+  PrefillOptions opt_;
+  PrefillConfig config_;
+  jit::KernelSource source_;
+  const jit::LoadedKernel* kernel_ = nullptr;
+  int ctas_per_head_ = 0;
+  Layout layout_;
+  Planner planner_;
+  PrefillPlan plan_;
+  std::vector<int32_t> qo_lens_, kv_lens_;
+  double plan_us_ = 0;
+  Source source_kind_ = Source::kNone;
+  int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1;
+};
+
+}  // namespace tessera

@@ -1,0 +1,245 @@
+// Prefill (FA2 template), persistent kernel: CTA (x, kv_head) runs its queue
+// of work items (query tile x KV chunk, from the planner); per item it loads
+// the fused query tile, pipelines KV tiles through shared memory, merges the
+// KV-split warps, and writes the output (unsplit tile) or a partial state,
+// the last finisher of a split tile merging its partials in chunk order
+// (same contract as batch decode: deterministic, no atomics on values).
+#pragma once
+#include "tessera/device/kernels/prefill_mainloop.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int WARPS_Q,
+          int WARPS_KV, int STAGES, typename Params>
+__device__ __forceinline__ void batch_prefill(const Params& p) {
+  using Shape = PrefillShape<HEAD_DIM, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES>;
+  using Traits = VariantTraits<Variant, Params>;
+  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && sizeof(DO) == 2, "16-bit q, kv and o");
+  static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM + 2) * 4 <= STAGES * 2 * Shape::KV_ELEMS * 2,
+                "the KV-warp merge scratch must fit in the KV pipeline buffers");
+  constexpr int NT_O = Shape::NT_O;
+  extern __shared__ uint4 smem_raw[];
+  DKV* q_smem = reinterpret_cast<DKV*>(smem_raw);  // q is stored as DKV: the mma needs one operand type
+  DKV* kv_smem = q_smem + Shape::Q_ELEMS;
+  __shared__ int s_is_last;
+
+  const int kv_head = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
+  const int g = lane / 4, quad = lane % 4;
+
+  for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+    const PrefillWorkItem w = p.work_items[wi];
+    const int b = w.request;
+    const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
+    const int kv_len = device::kv_len(p.kv, b);
+    const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;
+    const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile
+    Variant variant(p, b, qo_len, kv_len);
+
+    // Q tile: fused row f -> (query qo = f / group, head = kv_head * group + f % group).
+    load_tile<HEAD_DIM, CTA_Q, Shape::THREADS>(q_smem, static_cast<const DKV*>(p.q), [&](int r) -> i64 {
+      const int f = row0 + r, qo = f / p.group;
+      if (qo >= qo_len) return -1;
+      return (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
+    });
+    cp_async_commit();
+    const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
+    auto kv_row = [&](int tile) {
+      const int start = w.kv_start + tile * CTA_KV;
+      return [&, start](int r) -> i64 {
+        const int pos = start + r;
+        return pos < w.kv_end ? device::kv_token_offset(p.kv, page_base, pos, kv_head, p.page_shift) : -1;
+      };
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < n_tiles) {
+        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * s) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.k), kv_row(s));
+        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * s + 1) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.v), kv_row(s));
+      }
+      cp_async_commit();
+    }
+
+    RowInfo rows;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int f = row0 + wq * 16 + g + 8 * r;
+      rows.qo_idx[r] = f / p.group;
+      rows.head[r] = kv_head * p.group + f % p.group;
+      rows.valid[r] = rows.qo_idx[r] < qo_len;
+    }
+    if constexpr (Traits::query_transform) {
+      cp_async_wait<STAGES - 1>();  // the Q group is complete
+      __syncthreads();
+      transform_tile<HEAD_DIM, CTA_Q, Shape::THREADS>(q_smem, [&](int r, int col, float x) {
+        const int f = row0 + r;
+        return variant.QueryTransform(p, x, b, f / p.group, kv_head * p.group + f % p.group, col);
+      });
+    }
+
+    PrefillState<NT_O> st;
+    st.init();
+    for (int t = 0; t < n_tiles; ++t) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      const int nt = t + STAGES - 1, ns = nt % STAGES;
+      if (nt < n_tiles) {
+        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * ns) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.k), kv_row(nt));
+        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * ns + 1) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.v), kv_row(nt));
+      }
+      cp_async_commit();
+      DKV* k_tile = kv_smem + (2 * (t % STAGES)) * Shape::KV_ELEMS;
+      DKV* v_tile = k_tile + Shape::KV_ELEMS;
+      const int tile_start = w.kv_start + t * CTA_KV;
+      if constexpr (Traits::key_transform || Traits::value_transform) {
+        if constexpr (Traits::key_transform)
+          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(k_tile, [&](int r, int col, float x) {
+            return variant.KeyTransform(p, x, b, tile_start + r, kv_head, col);
+          });
+        if constexpr (Traits::value_transform)
+          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(v_tile, [&](int r, int col, float x) {
+            return variant.ValueTransform(p, x, b, tile_start + r, kv_head, col);
+          });
+        __syncthreads();
+      }
+      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, q_smem, k_tile, v_tile, tile_start,
+                                                          w.kv_end, b, kv_head, wq, wk);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // pipeline drained: shared memory is free
+
+    // Full row sums (each quad lane summed a quarter of the columns).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      st.d[r] += __shfl_xor_sync(0xffffffffu, st.d[r], 1);
+      st.d[r] += __shfl_xor_sync(0xffffffffu, st.d[r], 2);
+    }
+    // Merge the KV-split warps into warp column wk == 0, in wk order.
+    if constexpr (WARPS_KV > 1) {
+      float* scratch = reinterpret_cast<float*>(kv_smem);  // [WARPS_KV][CTA_Q][HEAD_DIM + 2]
+      constexpr int LD = HEAD_DIM + 2;
+      auto at = [&](int k, int row) { return scratch + (k * CTA_Q + row) * LD; };
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float* dst = at(wk, wq * 16 + g + 8 * r);
+#pragma unroll
+        for (int n = 0; n < NT_O; ++n) {
+          dst[n * 8 + quad * 2] = st.o[n][2 * r];
+          dst[n * 8 + quad * 2 + 1] = st.o[n][2 * r + 1];
+        }
+        if (quad == 0) { dst[HEAD_DIM] = st.m[r]; dst[HEAD_DIM + 1] = st.d[r]; }
+      }
+      __syncthreads();
+      if (wk == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          OnlineSoftmax acc;
+          acc.m = st.m[r];
+          acc.d = st.d[r];
+          for (int k = 1; k < WARPS_KV; ++k) {
+            const float* src = at(k, wq * 16 + g + 8 * r);
+            if (Variant::use_softmax) {
+              const float2 f = acc.merge(src[HEAD_DIM], src[HEAD_DIM + 1]);
+#pragma unroll
+              for (int n = 0; n < NT_O; ++n) {
+                st.o[n][2 * r] = st.o[n][2 * r] * f.x + src[n * 8 + quad * 2] * f.y;
+                st.o[n][2 * r + 1] = st.o[n][2 * r + 1] * f.x + src[n * 8 + quad * 2 + 1] * f.y;
+              }
+            } else {
+#pragma unroll
+              for (int n = 0; n < NT_O; ++n) {
+                st.o[n][2 * r] += src[n * 8 + quad * 2];
+                st.o[n][2 * r + 1] += src[n * 8 + quad * 2 + 1];
+              }
+            }
+          }
+          st.m[r] = acc.m;
+          st.d[r] = acc.d;
+        }
+      }
+    }
+
+    if (wk == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (!rows.valid[r]) continue;
+        const bool empty = st.d[r] == 0.f;
+        const float inv = Variant::use_softmax ? (empty ? 0.f : 1.f / st.d[r]) : 1.f;
+        const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[r] + log2f(st.d[r])) : 0.f;
+        const int tile_row = wq * 16 + g + 8 * r;
+        if (w.partial_slot < 0) {
+          DO* dst = static_cast<DO*>(p.o) + (qo_start + rows.qo_idx[r]) * p.o_stride_n + rows.head[r] * p.o_stride_h;
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n) {
+            const int col = n * 8 + quad * 2;
+            float pair[2] = {variant.OutputTransform(p, st.o[n][2 * r] * inv, b, rows.qo_idx[r], rows.head[r], col),
+                             variant.OutputTransform(p, st.o[n][2 * r + 1] * inv, b, rows.qo_idx[r], rows.head[r], col + 1)};
+            store_vec<2>(dst + col, pair);
+          }
+          if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + rows.qo_idx[r]) * p.num_qo_heads + rows.head[r]] = lse;
+        } else {
+          const i64 base = (static_cast<i64>(w.partial_slot) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
+          float* dst = p.partial_o + base * HEAD_DIM;
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n)
+            *reinterpret_cast<float2*>(dst + n * 8 + quad * 2) = make_float2(st.o[n][2 * r] * inv, st.o[n][2 * r + 1] * inv);
+          if (quad == 0) p.partial_lse[base] = lse;
+        }
+      }
+    }
+
+    if (w.partial_slot >= 0) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const int done = atomicAdd(p.counters + w.counter * p.kv.num_kv_heads + kv_head, 1);
+        s_is_last = done == w.num_chunks - 1;
+      }
+      __syncthreads();
+      if (s_is_last) {
+        __threadfence();
+        // Merge the tile's chunks, in chunk order, 4 features per thread.
+        for (int idx = threadIdx.x; idx < CTA_Q * (HEAD_DIM / 4); idx += Shape::THREADS) {
+          const int tile_row = idx / (HEAD_DIM / 4), col = (idx % (HEAD_DIM / 4)) * 4;
+          const int f = row0 + tile_row, qo = f / p.group, head = kv_head * p.group + f % p.group;
+          if (qo >= qo_len) continue;
+          auto slot_base = [&](int c) {
+            return (static_cast<i64>(w.first_slot + c) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
+          };
+          float m = neg_inf();
+          if (Variant::use_softmax)
+            for (int c = 0; c < w.num_chunks; ++c) m = fmaxf(m, __ldcg(p.partial_lse + slot_base(c)));
+          const float m_safe = m == neg_inf() ? 0.f : m;
+          float acc[4] = {0.f, 0.f, 0.f, 0.f}, denom = 0.f;
+          for (int c = 0; c < w.num_chunks; ++c) {
+            float wgt = 1.f;
+            if (Variant::use_softmax) {
+              wgt = exp2f(__ldcg(p.partial_lse + slot_base(c)) - m_safe);
+              if (wgt == 0.f) continue;
+            }
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c) * HEAD_DIM + col));
+            acc[0] += wgt * v.x; acc[1] += wgt * v.y; acc[2] += wgt * v.z; acc[3] += wgt * v.w;
+            denom += wgt;
+          }
+          const float inv = Variant::use_softmax ? (denom > 0.f ? 1.f / denom : 0.f) : 1.f;
+          float out[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) out[i] = variant.OutputTransform(p, acc[i] * inv, b, qo, head, col + i);
+          store_vec<4>(static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col, out);
+          if (col == 0 && p.lse != nullptr)
+            p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] =
+                Variant::use_softmax ? (denom > 0.f ? m + log2f(denom) : neg_inf()) : 0.f;
+        }
+        if (threadIdx.x == 0) p.counters[w.counter * p.kv.num_kv_heads + kv_head] = 0;
+      }
+    }
+    __syncthreads();  // shared memory is reused by the next item
+  }
+}
+
+#endif
+
+}  // namespace tessera

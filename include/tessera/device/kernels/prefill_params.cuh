@@ -1,0 +1,43 @@
+// Parameter block and work items of the persistent tensor-core prefill
+// kernel (FA2 template). Plain data shared by host and device.
+#pragma once
+#include "tessera/device/primitives/kv_view.cuh"
+
+namespace tessera {
+
+// One unit of work: query tile `q_tile` of `request` (CTA_Q fused rows, a
+// fused row being (query position, head of the KV head's group), paper
+// Appendix A) against KV tokens [kv_start, kv_end), for the KV head given by
+// blockIdx.y.
+struct PrefillWorkItem {
+  int request;
+  int q_tile;
+  int kv_start, kv_end;
+  int partial_slot;  // -1: the tile is not split, write the output directly
+  int first_slot;    // the tile's chunk 0 slot (its chunks are consecutive)
+  int num_chunks;
+  int counter;       // merge counter of a split tile (index into counters / num_kv_heads)
+};
+
+template <typename Extra>
+struct PrefillParams {
+  const void* q;  // [total_q, num_qo_heads, head_dim]
+  void* o;        // [total_q, num_qo_heads, head_dim]
+  float* lse;     // [total_q, num_qo_heads] base-2 LSE, or null
+  i64 q_stride_n, q_stride_h;
+  i64 o_stride_n, o_stride_h;
+  const int* qo_indptr;  // [batch + 1]
+  device::PagedKV kv;
+  const int* work_indptr;
+  const PrefillWorkItem* work_items;
+  float* partial_o;    // [slots, num_kv_heads, CTA_Q, head_dim]
+  float* partial_lse;  // [slots, num_kv_heads, CTA_Q]
+  int* counters;       // [split tiles * num_kv_heads], zero between runs
+  int num_qo_heads;
+  int group;  // num_qo_heads / num_kv_heads
+  int page_shift;
+  float sm_scale;
+  Extra extra;  // keep last
+};
+
+}  // namespace tessera

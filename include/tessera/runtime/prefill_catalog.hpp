@@ -1,0 +1,31 @@
+// Catalogue entries of the tensor-core prefill kernel (FA2 template): the tile
+// configurations the paper's heuristic chooses between (§3.2.2), and the JIT
+// source of one configuration.
+#pragma once
+#include "tessera/runtime/kernel_catalog.hpp"
+
+namespace tessera {
+
+struct PrefillConfig {
+  int cta_q = 64;    // fused query rows per CTA: 16, 32, 64 or 128
+  int cta_kv = 64;   // KV tokens per tile
+  int warps_q = 4;   // warps along the query tile (16 rows each)
+  int warps_kv = 1;  // warps along the KV tile
+  int stages = 2;    // cp.async pipeline depth
+  int threads = 128;
+  int smem_bytes = 0;
+  int ctas_per_sm = 1;  // from shared memory (occupancy may lower it)
+};
+
+namespace catalog {
+// Step 1 of the heuristic: the smallest query tile covering the average fused
+// query length (query length x group size under head-group fusion).
+int choose_cta_q(double avg_fused_q_len);
+// Step 2: KV tile and warp layout for that query tile from register and
+// shared-memory limits of the head dimension.
+PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q);
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q);
+std::vector<jit::KernelSource> builtin_prefill_kernels();
+}  // namespace catalog
+
+}  // namespace tessera

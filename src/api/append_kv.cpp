@@ -1,0 +1,160 @@
+// append_paged_kv_cache: validation shared by both paths, then plain loops on
+// the CPU (host tensors, every index checked first) or one JIT copy kernel on
+// the GPU (indices guarded on the device; see append_kv.hpp for why).
+#include "tessera/api/append_kv.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "checks.hpp"
+#include "tessera/device/kernels/append_kv_params.cuh"
+#include "tessera/formats/ragged.hpp"
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+
+namespace tessera {
+
+using detail::str;
+
+namespace {
+
+constexpr int kThreads = 256;          // must match kAppendThreads (device/kernels/append_kv.cuh)
+constexpr int64_t kMaxBlocks = 65536;  // the kernel's grid-stride loop covers the rest
+
+void check_index(const char* name, const TensorView& t, const Device& dev) {
+  check_dim(name, t, 1);
+  check_dtype(name, t, DType::kInt32);
+  check_contiguous(name, t);
+  check_device(name, t, dev);
+  if (t.size(0) > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument(std::string(name) + ": expected fewer than 2^31 entries, got " + str(t.size(0)));
+}
+
+void check_rows(const char* name, const TensorView& t, const PagedKVStorage& kv) {
+  check_dim(name, t, 3);
+  check_shape(name, t, {-1, kv.num_kv_heads(), kv.head_dim()});
+  if (t.dtype != kv.dtype())
+    throw TypeMismatch(std::string(name) + ": expected the cache's dtype " + dtype_name(kv.dtype()) + ", got " +
+                       dtype_name(t.dtype));
+  check_device(name, t, kv.device());
+  if (kv.device().is_cuda()) detail::check_cuda_vectors(name, t);
+  else check_last_dim_contiguous(name, t);
+}
+
+const int32_t* ints(const TensorView& t) { return static_cast<const int32_t*>(t.data); }
+
+// The CPU path: validates every index before writing anything, so a bad call
+// leaves the cache untouched.
+void append_cpu(const TensorView& key, const TensorView& value, const TensorView& batch_indices,
+                const TensorView& positions, const PagedKVStorage& kv, const TensorView& kv_indices,
+                const TensorView& kv_indptr, const TensorView& kv_last_page_len) {
+  const int64_t nnz = key.size(0), batch = kv_indptr.size(0) - 1, num_indices = kv_indices.size(0);
+  const int32_t* indptr = ints(kv_indptr);
+  const int32_t* last = ints(kv_last_page_len);
+  const int32_t* pages = ints(kv_indices);
+  const int32_t* bidx = ints(batch_indices);
+  const int32_t* pos = ints(positions);
+  const int64_t ps = kv.page_size();
+  validate_indptr("kv_indptr", {indptr, static_cast<size_t>(batch + 1)});
+  if (indptr[batch] > num_indices)
+    throw InvalidArgument("kv_indptr: expected kv_indptr[" + str(batch) + "] <= " + str(num_indices) +
+                          " (entries in kv_indices), got " + str(indptr[batch]));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int32_t lo = indptr[b + 1] > indptr[b] ? 1 : 0;
+    if (last[b] < lo || last[b] > ps)
+      throw InvalidArgument("kv_last_page_len: expected values in [" + str(lo) + ", " + str(ps) +
+                            "] (page_size), got kv_last_page_len[" + str(b) + "]=" + str(last[b]));
+  }
+  std::vector<int64_t> dst(static_cast<size_t>(nnz));  // storage offset of each token's slot
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int64_t b = bidx[i];
+    if (b < 0 || b >= batch)
+      throw InvalidArgument("batch_indices: expected values in [0, " + str(batch) + ") (requests in kv_indptr), got " +
+                            "batch_indices[" + str(i) + "]=" + str(b));
+    const int64_t num_pages = indptr[b + 1] - indptr[b];
+    const int64_t len = num_pages == 0 ? 0 : (num_pages - 1) * ps + last[b];
+    if (pos[i] < 0 || pos[i] >= len)
+      throw InvalidArgument("positions: expected values in [0, " + str(len) + ") (the length of request " + str(b) +
+                            " after the append), got positions[" + str(i) + "]=" + str(pos[i]));
+    const int64_t j = indptr[b] + pos[i] / ps;
+    if (pages[j] < 0 || pages[j] >= kv.num_pages())
+      throw InvalidArgument("kv_indices: expected page indices in [0, " + str(kv.num_pages()) +
+                            ") (pages in the cache), got kv_indices[" + str(j) + "]=" + str(pages[j]));
+    dst[i] = kv.offset(pages[j], 0, pos[i] % ps);
+  }
+  const size_t elem = dtype_size(kv.dtype()), row_bytes = static_cast<size_t>(kv.head_dim()) * elem;
+  auto at = [elem](void* base, int64_t offset) { return static_cast<char*>(base) + offset * elem; };
+  for (int64_t i = 0; i < nnz; ++i) {
+    for (int64_t h = 0; h < kv.num_kv_heads(); ++h) {
+      const int64_t to = dst[i] + h * kv.head_stride();
+      std::memcpy(at(kv.k().data, to), at(key.data, i * key.stride(0) + h * key.stride(1)), row_bytes);
+      std::memcpy(at(kv.v().data, to), at(value.data, i * value.stride(0) + h * value.stride(1)), row_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
+                           const TensorView& batch_indices, const TensorView& positions, const PagedKVStorage& kv,
+                           const TensorView& kv_indices, const TensorView& kv_indptr,
+                           const TensorView& kv_last_page_len, cudaStream_t stream) {
+  const Device dev = kv.device();
+  check_rows("append_key", append_key, kv);
+  check_rows("append_value", append_value, kv);
+  const int64_t nnz = append_key.size(0);
+  check_shape("append_value", append_value, {nnz, kv.num_kv_heads(), kv.head_dim()});
+  check_index("batch_indices", batch_indices, dev);
+  check_index("positions", positions, dev);
+  check_index("kv_indices", kv_indices, dev);
+  check_index("kv_indptr", kv_indptr, dev);
+  check_index("kv_last_page_len", kv_last_page_len, dev);
+  check_shape("batch_indices", batch_indices, {nnz});
+  check_shape("positions", positions, {nnz});
+  if (kv_indptr.size(0) < 1) throw InvalidArgument("kv_indptr: expected batch + 1 >= 1 entries, got 0");
+  const int64_t batch = kv_indptr.size(0) - 1;
+  check_shape("kv_last_page_len", kv_last_page_len, {batch});
+  if (kv.num_pages() > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument("kv: expected fewer than 2^31 pages, got " + str(kv.num_pages()));
+
+  if (!dev.is_cuda())
+    return append_cpu(append_key, append_value, batch_indices, positions, kv, kv_indices, kv_indptr, kv_last_page_len);
+
+  detail::check_cuda_vectors("kv", kv.k());
+  detail::check_cuda_vectors("kv", kv.v());
+  if (nnz == 0) return;
+  AppendKVParams p{};
+  p.append_k = append_key.data;
+  p.append_v = append_value.data;
+  p.k_stride_n = append_key.stride(0);
+  p.k_stride_h = append_key.stride(1);
+  p.v_stride_n = append_value.stride(0);
+  p.v_stride_h = append_value.stride(1);
+  p.k = kv.k().data;
+  p.v = kv.v().data;
+  p.page_stride = kv.page_stride();
+  p.head_stride = kv.head_stride();
+  p.token_stride = kv.token_stride();
+  p.batch_indices = ints(batch_indices);
+  p.positions = ints(positions);
+  p.kv_indices = ints(kv_indices);
+  p.kv_indptr = ints(kv_indptr);
+  p.kv_last_page_len = ints(kv_last_page_len);
+  p.nnz = nnz;
+  p.batch = static_cast<int>(batch);
+  p.num_indices = static_cast<int>(kv_indices.size(0));
+  p.num_pages = static_cast<int>(kv.num_pages());
+  p.page_size = kv.page_size();
+  p.num_heads = kv.num_kv_heads();
+  p.head_dim = kv.head_dim();
+  const int64_t vecs = nnz * kv.num_kv_heads() * (kv.head_dim() / (16 / static_cast<int64_t>(dtype_size(kv.dtype()))));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((vecs + kThreads - 1) / kThreads, kMaxBlocks));
+  detail::require_gpu("append_paged_kv_cache");
+  cuda::DeviceGuard guard(dev.index);
+  const auto& kernel = jit::KernelCache::global().kernel(catalog::append_paged_kv(kv.dtype()), dev.index);
+  kernel.launch(dim3(blocks), dim3(kThreads), 0, stream, &p);
+  detail::check_launch("append_paged_kv_cache");
+}
+
+}  // namespace tessera

@@ -1,0 +1,260 @@
+#include "tessera/api/prefill.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "checks.hpp"
+#include "tessera/device/primitives/variant.cuh"
+
+namespace tessera {
+
+using detail::str;
+
+namespace {
+int ctas_per_head_for(const TaskInfo& task, int num_sms, int ctas_per_sm, int max_sms) {
+  const int sms = max_sms > 0 ? std::min(max_sms, num_sms) : num_sms;
+  return std::max(1, sms * ctas_per_sm / task.num_kv_heads);
+}
+}  // namespace
+
+BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int cta_q) {
+  const int group = task.num_qo_heads / task.num_kv_heads;
+  const int64_t tiles = prefill_max_tiles(task.max_total_q, task.max_batch, group, cta_q);
+  Layout l;
+  WorkspaceLayout w;
+  l.qo_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
+  l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
+  l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
+  l.last = w.add(sizeof(int32_t) * task.max_batch);
+  l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_head + 1));
+  l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_head));
+  l.staged = w.total();
+  l.counters = w.add(sizeof(int32_t) * max_split_tiles(ctas_per_head) * task.num_kv_heads);
+  const int64_t rows = max_split_slots(ctas_per_head) * task.num_kv_heads * cta_q;
+  l.partial_lse = w.add(sizeof(float) * rows);
+  l.partial_o = w.add(sizeof(float) * rows * spec.head_dim);
+  l.total = w.total();
+  return l;
+}
+
+BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                                 const PrefillOptions& opt) {
+  validate_task(task, spec);
+  if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)
+    throw InvalidArgument("task: expected max_batch, max_total_q and max_pages >= 1 to size the workspace");
+  Sizes s;
+  for (int q : {16, 32, 64, 128}) {
+    if (opt.cta_q && q != opt.cta_q) continue;
+    const PrefillConfig c = catalog::prefill_config(spec, q);
+    const Layout l = layout_for(spec, task, ctas_per_head_for(task, num_sms, c.ctas_per_sm, opt.max_sms), q);
+    s.device_bytes = std::max(s.device_bytes, l.total);
+    s.host_bytes = std::max(s.host_bytes, l.staged);
+  }
+  return s;
+}
+
+BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspace, PrefillOptions opt)
+    : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(opt) {
+  validate_task(task_, spec_);
+  if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
+  else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
+  if (spec_.variant == variants::causal()) opt_.causal_schedule = true;
+}
+
+void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                              std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                              cudaStream_t stream) {
+  if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
+  PageTable table({kv_indptr.begin(), kv_indptr.end()}, {kv_indices.begin(), kv_indices.end()},
+                  {kv_last_page_len.begin(), kv_last_page_len.end()}, task_.page_size, INT32_MAX);
+  kv_lens_.resize(table.num_requests());
+  for (int64_t i = 0; i < table.num_requests(); ++i) kv_lens_[i] = static_cast<int32_t>(table.kv_len(i));
+  plan_common(Source::kPaged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_lens_, stream);
+}
+
+void BatchPrefill::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream) {
+  validate_indptr("kv_indptr", kv_indptr);
+  kv_lens_.resize(kv_indptr.empty() ? 0 : kv_indptr.size() - 1);
+  for (size_t i = 0; i < kv_lens_.size(); ++i) kv_lens_[i] = kv_indptr[i + 1] - kv_indptr[i];
+  plan_common(Source::kRagged, qo_indptr, kv_indptr, {}, {}, kv_lens_, stream);
+}
+
+void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
+  if (bsr.block_cols() != task_.page_size)
+    throw InvalidArgument("bsr: expected Bc = task.page_size (" + str(task_.page_size) + "), got " + str(bsr.block_cols()));
+  // Block row r is a request of Br queries whose pages are its column blocks.
+  const int64_t R = bsr.num_block_rows();
+  std::vector<int32_t> qo(R + 1), last(R);
+  for (int64_t r = 0; r <= R; ++r) qo[r] = static_cast<int32_t>(r * bsr.block_rows());
+  for (int64_t r = 0; r < R; ++r) {
+    const bool empty = bsr.indptr()[r + 1] == bsr.indptr()[r];
+    last[r] = empty ? 0 : (bsr.has_last_block_len() ? bsr.last_block_len()[r] : bsr.block_cols());
+  }
+  plan_paged(qo, bsr.indptr(), bsr.indices(), last, stream);
+}
+
+void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                               std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                               std::span<const int32_t> kv_lens, cudaStream_t stream) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (qo_indptr.empty()) throw InvalidArgument("qo_indptr: expected batch + 1 elements, got 0");
+  validate_indptr("qo_indptr", qo_indptr);
+  const int64_t batch = static_cast<int64_t>(qo_indptr.size()) - 1;
+  if (static_cast<int64_t>(kv_lens.size()) != batch)
+    throw InvalidArgument("kv_indptr: expected " + str(batch + 1) + " elements (like qo_indptr), got " + str(kv_lens.size() + 1));
+  const int64_t total_q = qo_indptr.back();
+  const int group = task_.num_qo_heads / task_.num_kv_heads;
+
+  if (!kernel_) {  // first plan: choose the tile, load the kernel, fix grid and sections
+    detail::require_gpu("BatchPrefill::plan");
+    if (!opt_.cta_q) config_ = catalog::prefill_config(spec_, catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0));
+    source_ = catalog::batch_prefill(spec_, config_.cta_q);
+    cuda::DeviceGuard guard(ws_->device());
+    kernel_ = &jit::KernelCache::global().kernel(source_, ws_->device());
+    if (config_.smem_bytes > 48 * 1024) kernel_->set_max_dynamic_smem(config_.smem_bytes);
+    int occ = 0;
+    TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &occ, reinterpret_cast<const void*>(kernel_->handle()), config_.threads, config_.smem_bytes));
+    if (occ < 1) throw CudaError("BatchPrefill: the prefill kernel cannot run with its tile configuration on this GPU");
+    ctas_per_head_ = ctas_per_head_for(task_, cuda::device_info(ws_->device()).sm_count, std::min(occ, config_.ctas_per_sm),
+                                       opt_.max_sms);
+    if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
+    if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
+    if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
+    layout_ = layout_for(spec_, task_, ctas_per_head_, config_.cta_q);
+    if (ws_->device_bytes() < layout_.total || ws_->host_bytes() < layout_.staged)
+      throw InvalidArgument("workspace: expected at least " + str(layout_.total) + " device bytes and " + str(layout_.staged) +
+                            " pinned host bytes, got " + str(ws_->device_bytes()) + " and " + str(ws_->host_bytes()));
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
+                                       layout_.partial_lse - layout_.counters, stream));
+  }
+  if (batch > task_.max_batch)
+    throw InvalidArgument("qo_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" + str(task_.max_batch));
+  if (total_q > task_.max_total_q)
+    throw InvalidArgument("qo_indptr: total query length " + str(total_q) + " exceeds the workspace bound max_total_q=" +
+                          str(task_.max_total_q));
+  if (static_cast<int64_t>(kv_indices.size()) > task_.max_pages)
+    throw InvalidArgument("kv_indices: " + str(kv_indices.size()) + " pages exceed the workspace bound max_pages=" +
+                          str(task_.max_pages));
+
+  qo_lens_.resize(batch);
+  for (int64_t i = 0; i < batch; ++i) qo_lens_[i] = qo_indptr[i + 1] - qo_indptr[i];
+  PlannerOptions popt = opt_.planner;
+  popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
+  planner_.plan_prefill(qo_lens_, kv_lens, group, config_.cta_q, opt_.causal_schedule, ctas_per_head_, popt, plan_);
+
+  ws_->stage_begin();
+  char* host = static_cast<char*>(ws_->host_ptr());
+  std::memcpy(host + layout_.qo_indptr, qo_indptr.data(), sizeof(int32_t) * (batch + 1));
+  std::memcpy(host + layout_.kv_indptr, kv_indptr.data(), sizeof(int32_t) * (batch + 1));
+  if (!kv_indices.empty()) std::memcpy(host + layout_.indices, kv_indices.data(), sizeof(int32_t) * kv_indices.size());
+  if (!kv_last_page_len.empty()) std::memcpy(host + layout_.last, kv_last_page_len.data(), sizeof(int32_t) * batch);
+  std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
+  std::memcpy(host + layout_.items, plan_.items.data(), sizeof(PrefillWorkItem) * plan_.items.size());
+  ws_->upload(layout_.staged, stream);
+
+  source_kind_ = src;
+  batch_ = batch;
+  total_q_ = total_q;
+  total_kv_ = src == Source::kRagged ? kv_indptr.back() : 0;
+  max_page_index_ = -1;
+  for (int32_t p : kv_indices) max_page_index_ = std::max<int64_t>(max_page_index_, p);
+  plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void BatchPrefill::check_qo(const TensorView& q, const TensorView& o, const TensorView& lse) const {
+  check_dim("q", q, 3);
+  check_dtype("q", q, spec_.q_dtype);
+  if (q.size(0) != total_q_) throw InvalidArgument("q: expected " + str(total_q_) + " rows (qo_indptr of the last plan), got " + str(q.size(0)));
+  if (q.size(1) != task_.num_qo_heads) throw InvalidArgument("q: expected " + str(task_.num_qo_heads) + " heads, got " + str(q.size(1)));
+  if (q.size(2) != spec_.head_dim) throw InvalidArgument("q: expected head_dim " + str(spec_.head_dim) + ", got " + str(q.size(2)));
+  check_shape("o", o, {q.size(0), q.size(1), q.size(2)});
+  check_dtype("o", o, spec_.o_dtype);
+  if (lse.defined() && lse.data) {
+    check_shape("lse", lse, {q.size(0), q.size(1)});
+    check_dtype("lse", lse, DType::kFloat32);
+    check_contiguous("lse", lse);
+    check_same_device("q", q, "lse", lse);
+  }
+  detail::check_cuda_vectors("q", q);
+  detail::check_cuda_vectors("o", o);
+  check_same_device("q", q, "o", o);
+  if (q.device.index != ws_->device())
+    throw TypeMismatch("q: expected the workspace's device cuda:" + str(ws_->device()) + ", got " + q.device.str());
+}
+
+void BatchPrefill::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+                       cudaStream_t stream, const RunOptions& opt) const {
+  if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
+  if (source_kind_ != Source::kPaged) throw InvalidArgument("run: the last plan was ragged; call run_ragged()");
+  check_qo(q, o, lse);
+  if (kv.dtype() != spec_.kv_dtype)
+    throw TypeMismatch(std::string("kv: expected dtype ") + dtype_name(spec_.kv_dtype) + ", got " + dtype_name(kv.dtype()));
+  if (kv.num_kv_heads() != task_.num_kv_heads)
+    throw InvalidArgument("kv: expected " + str(task_.num_kv_heads) + " KV heads, got " + str(kv.num_kv_heads()));
+  if (kv.head_dim() != spec_.head_dim) throw InvalidArgument("kv: expected head_dim " + str(spec_.head_dim) + ", got " + str(kv.head_dim()));
+  if (kv.page_size() != task_.page_size)
+    throw InvalidArgument("kv: expected page_size " + str(task_.page_size) + ", got " + str(kv.page_size()));
+  if (max_page_index_ >= kv.num_pages())
+    throw InvalidArgument("kv_indices: page index " + str(max_page_index_) + " is out of range for a cache of " +
+                          str(kv.num_pages()) + " pages");
+  if (!(kv.device() == q.device)) throw TypeMismatch("kv: expected device " + q.device.str() + ", got " + kv.device().str());
+  detail::check_cuda_vectors("kv", kv.k());
+  const char* dev = static_cast<const char*>(ws_->device_ptr());
+  device::PagedKV view{kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
+                       reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
+                       kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
+  launch(q, o, lse, view, stream, opt);
+}
+
+void BatchPrefill::run_ragged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                              const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
+  if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
+  if (source_kind_ != Source::kRagged) throw InvalidArgument("run_ragged: the last plan was paged; call run()");
+  check_qo(q, o, lse);
+  check_shape("k", k, {total_kv_, task_.num_kv_heads, spec_.head_dim});
+  check_shape("v", v, {total_kv_, task_.num_kv_heads, spec_.head_dim});
+  check_dtype("k", k, spec_.kv_dtype);
+  check_dtype("v", v, spec_.kv_dtype);
+  if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1)) throw InvalidArgument("v: expected the same strides as k");
+  detail::check_cuda_vectors("k", k);
+  detail::check_cuda_vectors("v", v);
+  check_same_device("q", q, "k", k);
+  check_same_device("q", q, "v", v);
+  const char* dev = static_cast<const char*>(ws_->device_ptr());
+  device::PagedKV view{k.data, v.data, reinterpret_cast<const int*>(dev + layout_.kv_indptr), nullptr, nullptr,
+                       0, k.stride(1), k.stride(0), 1, task_.num_kv_heads, 0};
+  launch(q, o, lse, view, stream, opt);
+}
+
+void BatchPrefill::launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
+                          cudaStream_t stream, const RunOptions& opt) const {
+  const char* dev = static_cast<const char*>(ws_->device_ptr());
+  PrefillParams<NoExtra> p{};
+  p.q = q.data;
+  p.o = o.data;
+  p.lse = lse.defined() && lse.data ? static_cast<float*>(lse.data) : nullptr;
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.o_stride_n = o.stride(0);
+  p.o_stride_h = o.stride(1);
+  p.qo_indptr = reinterpret_cast<const int*>(dev + layout_.qo_indptr);
+  p.kv = kv;
+  p.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
+  p.work_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.items);
+  p.partial_o = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_o);
+  p.partial_lse = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_lse);
+  p.counters = reinterpret_cast<int*>(const_cast<char*>(dev) + layout_.counters);
+  p.num_qo_heads = task_.num_qo_heads;
+  p.group = task_.num_qo_heads / task_.num_kv_heads;
+  const int ps = kv.page_size;
+  p.page_shift = (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
+  p.sm_scale = opt.sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec_.head_dim)))
+                                : static_cast<float>(opt.sm_scale);
+  cuda::DeviceGuard guard(ws_->device());
+  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);
+  detail::check_launch("BatchPrefill::run");
+}
+
+}  // namespace tessera

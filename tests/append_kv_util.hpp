@@ -1,0 +1,151 @@
+// A paged-KV append problem shared by the CPU and GPU append tests: a cache of
+// shuffled pages (NHD or HND, separate or interleaved K/V), requests that
+// already hold some tokens and receive more, appended rows in shuffled order
+// (optionally with padded strides), and the expected cache computed by
+// logical indexing (page, slot, head, feature), independently of the strides
+// model the library uses.
+#pragma once
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tessera/formats/paged_kv.hpp"
+#include "test_util.hpp"
+
+namespace tessera::test {
+
+struct AppendCase {
+  DType dt = DType::kFloat16;
+  KVLayout layout = KVLayout::kNHD;
+  bool interleaved = false;
+  int page_size = 16;
+  int64_t heads = 2, head_dim = 64;
+  std::vector<int32_t> old_lens, add_lens;  // tokens before the append, tokens appended
+  int64_t spare_pages = 3;                  // pool pages no request uses
+  bool padded_rows = false;                 // append rows with a padded token stride
+};
+
+struct AppendProblem {
+  HostTensor k, v, kv;  // k, v when separate; kv when interleaved
+  HostTensor key, value;
+  std::vector<int32_t> batch_indices, positions, indptr{0}, indices, last;
+  int64_t num_pages = 0;
+
+  PagedKVStorage storage(const AppendCase& c) const {
+    return c.interleaved ? PagedKVStorage(kv.view, c.layout) : PagedKVStorage(k.view, v.view, c.layout);
+  }
+  // Host views of the index arrays (they must outlive the call using them).
+  static TensorView ints(const std::vector<int32_t>& x) {
+    return TensorView(const_cast<int32_t*>(x.data()), DType::kInt32, Device{}, {static_cast<int64_t>(x.size())});
+  }
+};
+
+inline std::vector<int64_t> page_shape(const AppendCase& c, int64_t pages) {
+  return c.layout == KVLayout::kNHD ? std::vector<int64_t>{pages, c.page_size, c.heads, c.head_dim}
+                                    : std::vector<int64_t>{pages, c.heads, c.page_size, c.head_dim};
+}
+
+inline AppendProblem make_append_problem(const AppendCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  AppendProblem p;
+  const int64_t batch = static_cast<int64_t>(c.old_lens.size());
+  int64_t used = 0;
+  std::vector<int32_t> lens(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    lens[b] = c.old_lens[b] + c.add_lens[b];
+    used += (lens[b] + c.page_size - 1) / c.page_size;
+  }
+  p.num_pages = used + c.spare_pages;
+  std::vector<int32_t> perm(p.num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int64_t next = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int32_t pages = (lens[b] + c.page_size - 1) / c.page_size;
+    for (int32_t i = 0; i < pages; ++i) p.indices.push_back(perm[next++]);
+    p.indptr.push_back(static_cast<int32_t>(p.indices.size()));
+    p.last.push_back(pages ? lens[b] - (pages - 1) * c.page_size : 0);
+    for (int32_t pos = c.old_lens[b]; pos < lens[b]; ++pos) {
+      p.batch_indices.push_back(static_cast<int32_t>(b));
+      p.positions.push_back(pos);
+    }
+  }
+  // Appended rows in shuffled order: the kernel must not assume grouping.
+  std::vector<size_t> order(p.positions.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int32_t> bi(order.size()), po(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    bi[i] = p.batch_indices[order[i]];
+    po[i] = p.positions[order[i]];
+  }
+  p.batch_indices = bi;
+  p.positions = po;
+
+  const int64_t nnz = static_cast<int64_t>(p.positions.size()), H = c.heads, D = c.head_dim;
+  if (c.padded_rows) {  // [nnz, H, D] inside a [nnz, H + 1, D + 8] buffer
+    p.key = make_host_strided(c.dt, {nnz, H, D}, {(H + 1) * (D + 8), D + 8, 1});
+    p.value = make_host_strided(c.dt, {nnz, H, D}, {(H + 1) * (D + 8), D + 8, 1});
+  } else {
+    p.key = make_host(c.dt, {nnz, H, D});
+    p.value = make_host(c.dt, {nnz, H, D});
+  }
+  fill_random(p.key, rng());
+  fill_random(p.value, rng());
+  if (c.interleaved) {
+    std::vector<int64_t> s = page_shape(c, p.num_pages);
+    s.insert(s.begin() + 1, 2);
+    p.kv = make_host(c.dt, s);
+    fill_random(p.kv, rng(), 5.f, 6.f);  // old contents, distinguishable from appended values
+  } else {
+    p.k = make_host(c.dt, page_shape(c, p.num_pages));
+    p.v = make_host(c.dt, page_shape(c, p.num_pages));
+    fill_random(p.k, rng(), 5.f, 6.f);
+    fill_random(p.v, rng(), 5.f, 6.f);
+  }
+  return p;
+}
+
+// The cache after the append, written element by element through logical
+// indices; only the tokens for which `keep(i)` holds are written.
+template <typename Keep>
+AppendProblem expected_after_append(const AppendCase& c, const AppendProblem& p, Keep keep) {
+  AppendProblem e = p;
+  for (size_t i = 0; i < e.positions.size(); ++i) {
+    if (!keep(i)) continue;
+    const int32_t b = e.batch_indices[i], pos = e.positions[i];
+    const int64_t page = e.indices[e.indptr[b] + pos / c.page_size], slot = pos % c.page_size;
+    for (int64_t h = 0; h < c.heads; ++h) {
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        const int64_t n = static_cast<int64_t>(i);
+        const float kx = load(e.key.view, {n, h, d}), vx = load(e.value.view, {n, h, d});
+        const int64_t a = c.layout == KVLayout::kNHD ? slot : h, bb = c.layout == KVLayout::kNHD ? h : slot;
+        if (c.interleaved) {
+          store(e.kv.view, {page, 0, a, bb, d}, kx);
+          store(e.kv.view, {page, 1, a, bb, d}, vx);
+        } else {
+          store(e.k.view, {page, a, bb, d}, kx);
+          store(e.v.view, {page, a, bb, d}, vx);
+        }
+      }
+    }
+  }
+  return e;
+}
+
+inline AppendProblem expected_after_append(const AppendCase& c, const AppendProblem& p) {
+  return expected_after_append(c, p, [](size_t) { return true; });
+}
+
+// The whole storage (padding included) compared bit for bit.
+inline void expect_same_cache(const AppendCase& c, const AppendProblem& got, const AppendProblem& want) {
+  if (c.interleaved) {
+    EXPECT_TRUE(got.kv.storage == want.kv.storage);
+  } else {
+    EXPECT_TRUE(got.k.storage == want.k.storage);
+    EXPECT_TRUE(got.v.storage == want.v.storage);
+  }
+}
+
+}  // namespace tessera::test
