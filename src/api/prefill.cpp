@@ -112,7 +112,8 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     source_ = catalog::batch_prefill(spec_, config_.cta_q);
     cuda::DeviceGuard guard(ws_->device());
     kernel_ = &jit::KernelCache::global().kernel(source_, ws_->device());
-    if (config_.smem_bytes > 48 * 1024) kernel_->set_max_dynamic_smem(config_.smem_bytes);
+    // Always raise the limit: static shared memory counts against the 48 KB default too.
+    kernel_->set_max_dynamic_smem(config_.smem_bytes);
     int occ = 0;
     TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &occ, reinterpret_cast<const void*>(kernel_->handle()), config_.threads, config_.smem_bytes));
