@@ -26,10 +26,6 @@ void validate_task(const TaskInfo& task, const AttentionSpec& spec) {
 
 namespace {
 
-float resolve_scale(double sm_scale, int head_dim) {
-  return sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))) : static_cast<float>(sm_scale);
-}
-
 RowwiseParams<NoExtra> rowwise_params(const TensorView& q, const TensorView& o, const TensorView& lse, float sm_scale) {
   RowwiseParams<NoExtra> p{};
   p.q = q.data;
@@ -43,28 +39,6 @@ RowwiseParams<NoExtra> rowwise_params(const TensorView& q, const TensorView& o, 
   p.num_qo_heads = static_cast<int>(q.size(1));
   p.sm_scale = sm_scale;
   return p;
-}
-
-void check_q_o_lse(const AttentionSpec& spec, const TensorView& q, const TensorView& o, const TensorView& lse,
-                   int64_t num_qo_heads) {
-  // Shapes and dtypes first, devices last: the most specific complaint wins.
-  check_dim("q", q, 3);
-  check_dtype("q", q, spec.q_dtype);
-  if (q.size(1) != num_qo_heads) throw InvalidArgument("q: expected " + str(num_qo_heads) + " heads, got " + str(q.size(1)));
-  if (q.size(2) != spec.head_dim) throw InvalidArgument("q: expected head_dim " + str(spec.head_dim) + ", got " + str(q.size(2)));
-  if (q.size(0) > INT32_MAX) throw InvalidArgument("q: expected fewer than 2^31 rows, got " + str(q.size(0)));
-  check_shape("o", o, {q.size(0), q.size(1), q.size(2)});
-  check_dtype("o", o, spec.o_dtype);
-  const bool has_lse = lse.defined() && lse.data;
-  if (has_lse) {
-    check_shape("lse", lse, {q.size(0), q.size(1)});
-    check_dtype("lse", lse, DType::kFloat32);
-    check_contiguous("lse", lse);
-  }
-  detail::check_cuda_vectors("q", q);
-  detail::check_cuda_vectors("o", o);
-  check_same_device("q", q, "o", o);
-  if (has_lse) check_same_device("q", q, "lse", lse);
 }
 
 void launch_rowwise(const jit::LoadedKernel& k, RowwiseParams<NoExtra>& p, cudaStream_t stream) {
@@ -148,28 +122,11 @@ void BatchAttention::plan(const PagedPlanInput& in, cudaStream_t stream) {
 void BatchAttention::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                          cudaStream_t stream, const RunOptions& opt) const {
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
-  check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads);
-  if (q.size(0) != total_q_)
-    throw InvalidArgument("q: expected " + str(total_q_) + " rows (qo_indptr of the last plan), got " + str(q.size(0)));
-  if (kv.dtype() != spec_.kv_dtype)
-    throw TypeMismatch(std::string("kv: expected dtype ") + dtype_name(spec_.kv_dtype) + ", got " + dtype_name(kv.dtype()));
-  if (!(kv.device() == q.device)) throw TypeMismatch("kv: expected device " + q.device.str() + ", got " + kv.device().str());
-  if (q.device.index != ws_->device())
-    throw TypeMismatch("q: expected the workspace's device cuda:" + str(ws_->device()) + ", got " + q.device.str());
-  if (kv.num_kv_heads() != task_.num_kv_heads)
-    throw InvalidArgument("kv: expected " + str(task_.num_kv_heads) + " KV heads, got " + str(kv.num_kv_heads()));
-  if (kv.head_dim() != spec_.head_dim)
-    throw InvalidArgument("kv: expected head_dim " + str(spec_.head_dim) + ", got " + str(kv.head_dim()));
-  if (kv.page_size() != task_.page_size)
-    throw InvalidArgument("kv: expected page_size " + str(task_.page_size) + ", got " + str(kv.page_size()));
-  if (kv.layout() != task_.layout)
-    throw InvalidArgument(std::string("kv: expected layout ") + kv_layout_name(task_.layout) + ", got " + kv_layout_name(kv.layout()));
-  if (max_page_index_ >= kv.num_pages())
-    throw InvalidArgument("kv_indices: page index " + str(max_page_index_) + " is out of range for a cache of " +
-                          str(kv.num_pages()) + " pages");
-  detail::check_cuda_vectors("kv", kv.k());
+  detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
+  detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
+  detail::check_workspace_device(q.device, ws_->device());
 
-  auto p = rowwise_params(q, o, lse, resolve_scale(opt.sm_scale, spec_.head_dim));
+  auto p = rowwise_params(q, o, lse, detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim));
   auto* dev = static_cast<char*>(ws_->device_ptr());
   p.qo_indptr = reinterpret_cast<const int*>(dev + off_qo_indptr_);
   p.batch_size = static_cast<int>(batch_);
@@ -212,7 +169,7 @@ void single_decode(const AttentionSpec& spec, const TensorView& q, const TensorV
     check_dim("lse", lse, 1);
     lse2 = TensorView(lse.data, lse.dtype, lse.device, {1, lse.size(0)});
   }
-  check_q_o_lse(spec, q3, o3, lse2, q.size(0));
+  detail::check_q_o_lse(spec, q3, o3, lse2, q.size(0));
   detail::check_cuda_vectors("k", k);
   detail::check_cuda_vectors("v", v);
   check_same_device("q", q, "k", k);
@@ -220,7 +177,7 @@ void single_decode(const AttentionSpec& spec, const TensorView& q, const TensorV
   detail::require_gpu("single_decode");
   cuda::DeviceGuard guard(q.device.index);
   const auto& kernel = jit::KernelCache::global().kernel(catalog::attention_rowwise(spec), q.device.index);
-  auto p = rowwise_params(q3, o3, lse2, resolve_scale(opt.sm_scale, spec.head_dim));
+  auto p = rowwise_params(q3, o3, lse2, detail::resolve_sm_scale(opt.sm_scale, spec.head_dim));
   p.qo_indptr = nullptr;
   p.batch_size = 1;
   const int64_t token_stride = layout == KVLayout::kNHD ? k.stride(0) : k.stride(1);

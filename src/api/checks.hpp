@@ -3,8 +3,11 @@
 #include <cstdint>
 #include <string>
 
+#include "tessera/api/attention.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/formats/paged_kv.hpp"
 #include "tessera/runtime/cuda.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
 
 namespace tessera::detail {
 
@@ -12,20 +15,31 @@ inline std::string str(int64_t v) { return std::to_string(v); }
 
 // A CUDA tensor whose rows are 16-byte aligned vectors: last dim contiguous,
 // data pointer and every other stride 16-byte aligned.
-inline void check_cuda_vectors(const char* name, const TensorView& t) {
-  if (!t.device.is_cuda()) throw TypeMismatch(std::string(name) + ": expected a CUDA tensor, got " + t.device.str());
-  check_last_dim_contiguous(name, t, 16 / static_cast<int64_t>(dtype_size(t.dtype)));
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    throw InvalidArgument(std::string(name) + ": expected a 16-byte aligned data pointer");
-}
+void check_cuda_vectors(const char* name, const TensorView& t);
 
-inline void require_gpu(const char* what) {
-  if (!cuda::gpu_available()) throw CudaError(std::string(what) + ": " + cuda::no_gpu_reason());
-}
+void require_gpu(const char* what);
+void check_launch(const char* what);
 
-inline void check_launch(const char* what) {
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) cuda::throw_cuda_error(err, what, __FILE__, __LINE__);
-}
+// q [rows, num_qo_heads, head_dim] of spec.q_dtype, o like q of spec.o_dtype,
+// lse [rows, num_qo_heads] float32 (or undefined), all CUDA, one device.
+// rows < 0: any number of rows. Shapes and dtypes are checked before devices,
+// so the most specific complaint wins.
+void check_q_o_lse(const AttentionSpec& spec, const TensorView& q, const TensorView& o, const TensorView& lse,
+                   int64_t num_qo_heads, int64_t rows = -1);
+
+// Paged KV storage against the task (dtype, heads, head_dim, page size,
+// layout), the largest page index a plan names, and q's device.
+void check_paged_storage(const PagedKVStorage& kv, const AttentionSpec& spec, const TaskInfo& task,
+                         int64_t max_page_index, const Device& device);
+
+// The workspace's device must be the tensors'.
+void check_workspace_device(const Device& device, int workspace_device);
+
+// 1/sqrt(head_dim) when sm_scale < 0.
+float resolve_sm_scale(double sm_scale, int head_dim);
+// log2(page_size) when a power of two, else -1 (kernels then divide).
+int page_shift(int page_size);
+
+inline bool has(const TensorView& t) { return t.defined() && t.data != nullptr; }
 
 }  // namespace tessera::detail

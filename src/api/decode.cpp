@@ -134,45 +134,15 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
 void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                       cudaStream_t stream, const RunOptions& opt) const {
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
-  check_dim("q", q, 3);
-  check_dtype("q", q, spec_.q_dtype);
-  if (q.size(0) != batch_) throw InvalidArgument("q: expected " + str(batch_) + " rows (the planned batch), got " + str(q.size(0)));
-  if (q.size(1) != task_.num_qo_heads)
-    throw InvalidArgument("q: expected " + str(task_.num_qo_heads) + " heads, got " + str(q.size(1)));
-  if (q.size(2) != spec_.head_dim) throw InvalidArgument("q: expected head_dim " + str(spec_.head_dim) + ", got " + str(q.size(2)));
-  check_shape("o", o, {q.size(0), q.size(1), q.size(2)});
-  check_dtype("o", o, spec_.o_dtype);
-  const bool has_lse = lse.defined() && lse.data;
-  if (has_lse) {
-    check_shape("lse", lse, {q.size(0), q.size(1)});
-    check_dtype("lse", lse, DType::kFloat32);
-    check_contiguous("lse", lse);
-  }
-  if (kv.dtype() != spec_.kv_dtype)
-    throw TypeMismatch(std::string("kv: expected dtype ") + dtype_name(spec_.kv_dtype) + ", got " + dtype_name(kv.dtype()));
-  if (kv.num_kv_heads() != task_.num_kv_heads)
-    throw InvalidArgument("kv: expected " + str(task_.num_kv_heads) + " KV heads, got " + str(kv.num_kv_heads()));
-  if (kv.head_dim() != spec_.head_dim) throw InvalidArgument("kv: expected head_dim " + str(spec_.head_dim) + ", got " + str(kv.head_dim()));
-  if (kv.page_size() != task_.page_size)
-    throw InvalidArgument("kv: expected page_size " + str(task_.page_size) + ", got " + str(kv.page_size()));
-  if (kv.layout() != task_.layout)
-    throw InvalidArgument(std::string("kv: expected layout ") + kv_layout_name(task_.layout) + ", got " + kv_layout_name(kv.layout()));
-  if (max_page_index_ >= kv.num_pages())
-    throw InvalidArgument("kv_indices: page index " + str(max_page_index_) + " is out of range for a cache of " +
-                          str(kv.num_pages()) + " pages");
-  detail::check_cuda_vectors("q", q);
-  detail::check_cuda_vectors("o", o);
-  detail::check_cuda_vectors("kv", kv.k());
-  if (q.device.index != ws_->device() || !(o.device == q.device) || !(kv.device() == q.device) ||
-      (has_lse && !(lse.device == q.device)))
-    throw TypeMismatch("q, o, lse, kv: expected all on the workspace's device cuda:" + str(ws_->device()) + ", got q on " +
-                       q.device.str() + ", o on " + o.device.str() + ", kv on " + kv.device().str());
+  detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, batch_);
+  detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
+  detail::check_workspace_device(q.device, ws_->device());
 
   char* dev = static_cast<char*>(ws_->device_ptr());
   DecodeParams<NoExtra> p{};
   p.q = q.data;
   p.o = o.data;
-  p.lse = has_lse ? static_cast<float*>(lse.data) : nullptr;
+  p.lse = detail::has(lse) ? static_cast<float*>(lse.data) : nullptr;
   p.q_stride_n = q.stride(0);
   p.q_stride_h = q.stride(1);
   p.o_stride_n = o.stride(0);
@@ -186,10 +156,8 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   p.partial_lse = reinterpret_cast<float*>(dev + layout_.partial_lse);
   p.counters = reinterpret_cast<int*>(dev + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
-  const int ps = task_.page_size;
-  p.page_shift = (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
-  p.sm_scale = opt.sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec_.head_dim)))
-                                : static_cast<float>(opt.sm_scale);
+  p.page_shift = detail::page_shift(task_.page_size);
+  p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
   cuda::DeviceGuard guard(ws_->device());
   // The grid is the same every step (persistent CTAs): graph-capturable.
   kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);

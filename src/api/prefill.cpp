@@ -164,44 +164,13 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void BatchPrefill::check_qo(const TensorView& q, const TensorView& o, const TensorView& lse) const {
-  check_dim("q", q, 3);
-  check_dtype("q", q, spec_.q_dtype);
-  if (q.size(0) != total_q_) throw InvalidArgument("q: expected " + str(total_q_) + " rows (qo_indptr of the last plan), got " + str(q.size(0)));
-  if (q.size(1) != task_.num_qo_heads) throw InvalidArgument("q: expected " + str(task_.num_qo_heads) + " heads, got " + str(q.size(1)));
-  if (q.size(2) != spec_.head_dim) throw InvalidArgument("q: expected head_dim " + str(spec_.head_dim) + ", got " + str(q.size(2)));
-  check_shape("o", o, {q.size(0), q.size(1), q.size(2)});
-  check_dtype("o", o, spec_.o_dtype);
-  if (lse.defined() && lse.data) {
-    check_shape("lse", lse, {q.size(0), q.size(1)});
-    check_dtype("lse", lse, DType::kFloat32);
-    check_contiguous("lse", lse);
-    check_same_device("q", q, "lse", lse);
-  }
-  detail::check_cuda_vectors("q", q);
-  detail::check_cuda_vectors("o", o);
-  check_same_device("q", q, "o", o);
-  if (q.device.index != ws_->device())
-    throw TypeMismatch("q: expected the workspace's device cuda:" + str(ws_->device()) + ", got " + q.device.str());
-}
-
 void BatchPrefill::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                        cudaStream_t stream, const RunOptions& opt) const {
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kPaged) throw InvalidArgument("run: the last plan was ragged; call run_ragged()");
-  check_qo(q, o, lse);
-  if (kv.dtype() != spec_.kv_dtype)
-    throw TypeMismatch(std::string("kv: expected dtype ") + dtype_name(spec_.kv_dtype) + ", got " + dtype_name(kv.dtype()));
-  if (kv.num_kv_heads() != task_.num_kv_heads)
-    throw InvalidArgument("kv: expected " + str(task_.num_kv_heads) + " KV heads, got " + str(kv.num_kv_heads()));
-  if (kv.head_dim() != spec_.head_dim) throw InvalidArgument("kv: expected head_dim " + str(spec_.head_dim) + ", got " + str(kv.head_dim()));
-  if (kv.page_size() != task_.page_size)
-    throw InvalidArgument("kv: expected page_size " + str(task_.page_size) + ", got " + str(kv.page_size()));
-  if (max_page_index_ >= kv.num_pages())
-    throw InvalidArgument("kv_indices: page index " + str(max_page_index_) + " is out of range for a cache of " +
-                          str(kv.num_pages()) + " pages");
-  if (!(kv.device() == q.device)) throw TypeMismatch("kv: expected device " + q.device.str() + ", got " + kv.device().str());
-  detail::check_cuda_vectors("kv", kv.k());
+  detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
+  detail::check_workspace_device(q.device, ws_->device());
+  detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
   const char* dev = static_cast<const char*>(ws_->device_ptr());
   device::PagedKV view{kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
                        reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
@@ -213,7 +182,8 @@ void BatchPrefill::run_ragged(const TensorView& q, const TensorView& k, const Te
                               const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kRagged) throw InvalidArgument("run_ragged: the last plan was paged; call run()");
-  check_qo(q, o, lse);
+  detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
+  detail::check_workspace_device(q.device, ws_->device());
   check_shape("k", k, {total_kv_, task_.num_kv_heads, spec_.head_dim});
   check_shape("v", v, {total_kv_, task_.num_kv_heads, spec_.head_dim});
   check_dtype("k", k, spec_.kv_dtype);
@@ -235,7 +205,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   PrefillParams<NoExtra> p{};
   p.q = q.data;
   p.o = o.data;
-  p.lse = lse.defined() && lse.data ? static_cast<float*>(lse.data) : nullptr;
+  p.lse = detail::has(lse) ? static_cast<float*>(lse.data) : nullptr;
   p.q_stride_n = q.stride(0);
   p.q_stride_h = q.stride(1);
   p.o_stride_n = o.stride(0);
@@ -249,10 +219,8 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.counters = reinterpret_cast<int*>(const_cast<char*>(dev) + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
   p.group = task_.num_qo_heads / task_.num_kv_heads;
-  const int ps = kv.page_size;
-  p.page_shift = (ps & (ps - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(ps)) : -1;
-  p.sm_scale = opt.sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec_.head_dim)))
-                                : static_cast<float>(opt.sm_scale);
+  p.page_shift = detail::page_shift(kv.page_size);
+  p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
   cuda::DeviceGuard guard(ws_->device());
   kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);
   detail::check_launch("BatchPrefill::run");

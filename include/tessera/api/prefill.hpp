@@ -83,7 +83,6 @@ class BatchPrefill {
                    std::span<const int32_t> kv_lens, cudaStream_t stream);
   void launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
               cudaStream_t stream, const RunOptions& opt) const;
-  void check_qo(const TensorView& q, const TensorView& o, const TensorView& lse) const;
 
   AttentionSpec spec_;
   TaskInfo task_;

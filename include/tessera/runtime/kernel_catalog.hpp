@@ -50,6 +50,16 @@ struct DecodeConfig {
 
 namespace catalog {
 constexpr int kRowwiseWarps = 4;
+// The translation unit of an attention kernel: includes `header`, puts the
+// variant's code in namespace tessera_variant (with #line so compile errors
+// point at the user's lines), and defines the extern "C" entry
+// `entry(const params_type<Extra> p)` calling
+// `fn<Variant, DQ, DKV, DO, head_dim, template_tail>(p)`.
+jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
+                                   const char* header, const char* params_type, const char* fn, int threads,
+                                   const std::string& template_tail);
+// Short dtype tag for kernel names: f16, bf16, f32.
+std::string dtype_tag(DType t);
 // Heuristic: a tile of ~16 KB of K+V per stage (enough bytes in flight per SM
 // to cover HBM latency with a few CTAs), 4 stages, 128 threads or more.
 DecodeConfig decode_config(const AttentionSpec& spec, int group);

@@ -1,0 +1,76 @@
+#include "checks.hpp"
+
+#include <cmath>
+
+namespace tessera::detail {
+
+void check_cuda_vectors(const char* name, const TensorView& t) {
+  if (!t.device.is_cuda()) throw TypeMismatch(std::string(name) + ": expected a CUDA tensor, got " + t.device.str());
+  check_last_dim_contiguous(name, t, 16 / static_cast<int64_t>(dtype_size(t.dtype)));
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    throw InvalidArgument(std::string(name) + ": expected a 16-byte aligned data pointer");
+}
+
+void require_gpu(const char* what) {
+  if (!cuda::gpu_available()) throw CudaError(std::string(what) + ": " + cuda::no_gpu_reason());
+}
+
+void check_launch(const char* what) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) cuda::throw_cuda_error(err, what, __FILE__, __LINE__);
+}
+
+void check_q_o_lse(const AttentionSpec& spec, const TensorView& q, const TensorView& o, const TensorView& lse,
+                   int64_t num_qo_heads, int64_t rows) {
+  check_dim("q", q, 3);
+  check_dtype("q", q, spec.q_dtype);
+  if (rows >= 0 && q.size(0) != rows)
+    throw InvalidArgument("q: expected " + str(rows) + " rows (the lengths of the last plan), got " + str(q.size(0)));
+  if (q.size(1) != num_qo_heads) throw InvalidArgument("q: expected " + str(num_qo_heads) + " heads, got " + str(q.size(1)));
+  if (q.size(2) != spec.head_dim) throw InvalidArgument("q: expected head_dim " + str(spec.head_dim) + ", got " + str(q.size(2)));
+  if (q.size(0) > INT32_MAX) throw InvalidArgument("q: expected fewer than 2^31 rows, got " + str(q.size(0)));
+  check_shape("o", o, {q.size(0), q.size(1), q.size(2)});
+  check_dtype("o", o, spec.o_dtype);
+  if (has(lse)) {
+    check_shape("lse", lse, {q.size(0), q.size(1)});
+    check_dtype("lse", lse, DType::kFloat32);
+    check_contiguous("lse", lse);
+  }
+  check_cuda_vectors("q", q);
+  check_cuda_vectors("o", o);
+  check_same_device("q", q, "o", o);
+  if (has(lse)) check_same_device("q", q, "lse", lse);
+}
+
+void check_paged_storage(const PagedKVStorage& kv, const AttentionSpec& spec, const TaskInfo& task,
+                         int64_t max_page_index, const Device& device) {
+  if (kv.dtype() != spec.kv_dtype)
+    throw TypeMismatch(std::string("kv: expected dtype ") + dtype_name(spec.kv_dtype) + ", got " + dtype_name(kv.dtype()));
+  if (kv.num_kv_heads() != task.num_kv_heads)
+    throw InvalidArgument("kv: expected " + str(task.num_kv_heads) + " KV heads, got " + str(kv.num_kv_heads()));
+  if (kv.head_dim() != spec.head_dim) throw InvalidArgument("kv: expected head_dim " + str(spec.head_dim) + ", got " + str(kv.head_dim()));
+  if (kv.page_size() != task.page_size)
+    throw InvalidArgument("kv: expected page_size " + str(task.page_size) + ", got " + str(kv.page_size()));
+  if (kv.layout() != task.layout)
+    throw InvalidArgument(std::string("kv: expected layout ") + kv_layout_name(task.layout) + ", got " + kv_layout_name(kv.layout()));
+  if (max_page_index >= kv.num_pages())
+    throw InvalidArgument("kv_indices: page index " + str(max_page_index) + " is out of range for a cache of " +
+                          str(kv.num_pages()) + " pages");
+  if (!(kv.device() == device)) throw TypeMismatch("kv: expected device " + device.str() + ", got " + kv.device().str());
+  check_cuda_vectors("kv", kv.k());
+}
+
+void check_workspace_device(const Device& device, int workspace_device) {
+  if (device.index != workspace_device)
+    throw TypeMismatch("q: expected the workspace's device cuda:" + str(workspace_device) + ", got " + device.str());
+}
+
+float resolve_sm_scale(double sm_scale, int head_dim) {
+  return sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))) : static_cast<float>(sm_scale);
+}
+
+int page_shift(int page_size) {
+  return (page_size & (page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(page_size)) : -1;
+}
+
+}  // namespace tessera::detail
