@@ -14,16 +14,21 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "tensor_convert.hpp"
+#include "tessera/api/append_kv.hpp"
 #include "tessera/api/attention.hpp"
+#include "tessera/api/decode.hpp"
 #include "tessera/api/merge.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/formats/paged_kv.hpp"
@@ -152,6 +157,113 @@ std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::v
   return {owned_array(std::move(r.o), {rows, heads, dim}), owned_array(std::move(r.lse), {rows, heads})};
 }
 
+// ---------------------------------------------------------------- paged KV cache
+// k: [pages, ...] (4-D, with v) or the interleaved [pages, 2, ...] (5-D, v None).
+PagedKVStorage to_storage(const Arg& k, const Arg& v, bool has_v, KVLayout layout) {
+  return has_v ? PagedKVStorage(k.view, v.view, layout) : PagedKVStorage(k.view, layout);
+}
+
+void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb::handle batch_indices,
+                              nb::handle positions, nb::handle k, nb::handle v, nb::handle kv_indices,
+                              nb::handle kv_indptr, nb::handle kv_last_page_len, const std::string& kv_layout,
+                              uintptr_t stream) {
+  const KVLayout layout = parse_kv_layout(kv_layout.c_str());
+  Arg ak = to_arg("append_key", append_key), av = to_arg("append_value", append_value);
+  Arg bi = to_arg("batch_indices", batch_indices), pos = to_arg("positions", positions);
+  Arg ka = to_arg(v.is_none() ? "kv" : "k", k, true), va = to_optional_arg("v", v, true);
+  Arg idx = to_arg("kv_indices", kv_indices), ptr = to_arg("kv_indptr", kv_indptr);
+  Arg last = to_arg("kv_last_page_len", kv_last_page_len);
+  const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout);
+  nb::gil_scoped_release release;
+  append_paged_kv_cache(ak.view, av.view, bi.view, pos.view, storage, idx.view, ptr.view, last.view,
+                        to_stream(stream));
+}
+
+// A host int32 vector argument of plan() as a span over the caller's buffer
+// (kept alive by the Arg).
+std::span<const int32_t> host_ints(const char* name, const Arg& a) {
+  check_dim(name, a.view, 1);
+  check_dtype(name, a.view, DType::kInt32);
+  check_device(name, a.view, Device{});
+  check_contiguous(name, a.view);
+  return {static_cast<const int32_t*>(a.view.data), static_cast<size_t>(a.view.size(0))};
+}
+
+AttentionSpec decode_spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
+                          int head_dim) {
+  AttentionSpec spec;
+  spec.q_dtype = parse_dtype("q_dtype", q_dtype);
+  spec.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
+  spec.o_dtype = parse_dtype("o_dtype", o_dtype);
+  spec.head_dim = head_dim;
+  return spec;
+}
+
+// BatchDecode over a borrowed workspace (the Python wrapper owns both buffers
+// and keeps them alive as long as this object).
+class PyBatchDecode {
+ public:
+  PyBatchDecode(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype, int head_dim,
+                int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
+                int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
+                int device, bool split_kv, int max_sms)
+      : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
+        dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim),
+             TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
+             options(split_kv, max_sms)),
+        layout_(parse_kv_layout(layout.c_str())) {}
+
+  static DecodeOptions options(bool split_kv, int max_sms) {
+    DecodeOptions opt;
+    opt.planner.split_kv = split_kv;
+    opt.max_sms = max_sms;
+    return opt;
+  }
+
+  static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
+                                                   const std::string& o_dtype, int head_dim, int num_qo_heads,
+                                                   int num_kv_heads, int page_size, const std::string& layout,
+                                                   int64_t max_batch, int64_t max_pages, int num_sms, int device,
+                                                   bool split_kv, int max_sms) {
+    const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
+    if (num_sms <= 0) {
+      if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
+      num_sms = cuda::device_info(device).sm_count;
+    }
+    const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim), task, num_sms,
+                                               options(split_kv, max_sms));
+    return {s.device_bytes, s.host_bytes};
+  }
+
+  void plan(nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len, uintptr_t stream) {
+    Arg ip = to_arg("kv_indptr", kv_indptr), idx = to_arg("kv_indices", kv_indices);
+    Arg last = to_arg("kv_last_page_len", kv_last_page_len);
+    const auto ip_s = host_ints("kv_indptr", ip), idx_s = host_ints("kv_indices", idx);
+    const auto last_s = host_ints("kv_last_page_len", last);
+    nb::gil_scoped_release release;
+    dec_.plan(ip_s, idx_s, last_s, to_stream(stream));
+  }
+
+  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
+    Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
+    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+    const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
+    RunOptions opt;
+    opt.sm_scale = sm_scale;
+    nb::gil_scoped_release release;
+    dec_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
+  }
+
+  double last_plan_us() const { return dec_.last_plan_us(); }
+  int ctas_per_head() const { return dec_.ctas_per_head(); }
+  int num_split_requests() const { return dec_.last_plan().num_split_requests; }
+
+ private:
+  Workspace ws_;     // declared before dec_, which keeps a pointer to it
+  BatchDecode dec_;
+  KVLayout layout_;
+};
+
 // ---------------------------------------------------------------- JIT
 // Compiles every built-in kernel for `arch` (no GPU needed) and reports, per
 // kernel, how long NVRTC took and whether the cubin came from the disk cache.
@@ -193,6 +305,30 @@ NB_MODULE(_C, m) {
   m.def("reference_attention_ragged", &py_reference_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a,
         "kv_indptr"_a, "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
         "CPU reference attention in float64: returns (o [rows, H, D], lse [rows, H] base 2) as numpy.");
+  m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
+        "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
+        "stream"_a = 0,
+        "Writes rows [nnz, H, D] into the paged cache (k, v) or interleaved k (v None); int32 index tensors.");
+  nb::class_<PyBatchDecode>(m, "BatchDecode",
+                            "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
+      .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
+                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int>(),
+           "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
+           "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
+           "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0,
+           "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive.")
+      .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
+                  "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
+                  "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
+                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+      .def("plan", &PyBatchDecode::plan, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
+           "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
+      .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
+           "stream"_a = 0, "Decode attention for the planned step; sm_scale < 0 means 1/sqrt(head_dim).")
+      .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
+      .def_prop_ro("ctas_per_head", &PyBatchDecode::ctas_per_head, "Persistent CTAs per KV head (0 before plan).")
+      .def_prop_ro("num_split_requests", &PyBatchDecode::num_split_requests,
+                   "Requests the last plan split over several CTAs.");
   m.def("gpu_available", &tessera::cuda::gpu_available, "True when a usable CUDA device is present.");
   m.def("no_gpu_reason", &tessera::cuda::no_gpu_reason, "Why no GPU is usable ('' when one is).");
   m.def("device_count", &tessera::cuda::device_count, "Number of usable CUDA devices (0 without a driver).");

@@ -5,7 +5,10 @@ The public functions mirror FlashInfer's Python API names and signatures:
 * tessera.merge_state, merge_state_in_place, merge_states,
   merge_states_ragged (flashinfer.cascade): combine partial attention states;
   LSE values are in base 2 throughout.
-* tessera.single_decode_with_kv_cache (flashinfer.decode).
+* tessera.single_decode_with_kv_cache and
+  BatchDecodeWithPagedKVCacheWrapper (flashinfer.decode).
+* tessera.append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+  (flashinfer.page).
 
 Inputs are torch tensors (CPU or CUDA) or numpy arrays; results come back in
 the same framework, on the same device. torch is optional: with numpy alone
@@ -15,8 +18,9 @@ device can be used, no_gpu_reason() why not.
 
 from ._native import _C
 from .cascade import merge_state, merge_state_in_place, merge_states, merge_states_ragged
-from .decode import single_decode_with_kv_cache
+from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .jit import cache_dir, compile_builtin
+from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 
 __version__ = "0.1.0"
 
@@ -37,6 +41,10 @@ __all__ = [
     "merge_states",
     "merge_states_ragged",
     "single_decode_with_kv_cache",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "get_seq_lens",
     "gpu_available",
     "no_gpu_reason",
     "compile_builtin",

@@ -20,7 +20,9 @@ using detail::str;
 namespace {
 
 constexpr int kThreads = 256;          // must match kAppendThreads (device/kernels/append_kv.cuh)
-constexpr int64_t kMaxBlocks = 65536;  // the kernel's grid-stride loop covers the rest
+// 4096 blocks of 256 threads are several waves on any current GPU, enough to
+// keep the copy bandwidth-bound; the kernel's grid-stride loop covers the rest.
+constexpr int64_t kMaxBlocks = 4096;
 
 void check_index(const char* name, const TensorView& t, const Device& dev) {
   check_dim(name, t, 1);

@@ -194,4 +194,32 @@ TEST(AppendCpuExtra, RejectsNonContiguousRows) {
                    InvalidArgument, "append_key");
 }
 
+// The CUDA-only checks run before any device access, so views marked as CUDA
+// tensors (over host memory) exercise them without a GPU.
+TEST(AppendCpuExtra, CudaRowsMustBeVectorAligned) {
+  AppendCase c;
+  c.old_lens = {1};
+  c.add_lens = {2};
+  AppendProblem p = make_append_problem(c, 6);
+  const Device gpu{DeviceType::kCUDA, 0};
+  auto on_gpu = [&](TensorView t) {
+    t.device = gpu;
+    return t;
+  };
+  const PagedKVStorage kv(on_gpu(p.k.view), on_gpu(p.v.view), c.layout);
+  TensorView odd = on_gpu(p.key.view);
+  odd.strides = {c.heads * c.head_dim + 4, c.head_dim, 1};  // 2 rows: the token stride matters
+  EXPECT_THROW_MSG(append_paged_kv_cache(odd, on_gpu(p.value.view), on_gpu(AppendProblem::ints(p.batch_indices)),
+                                         on_gpu(AppendProblem::ints(p.positions)), kv,
+                                         on_gpu(AppendProblem::ints(p.indices)), on_gpu(AppendProblem::ints(p.indptr)),
+                                         on_gpu(AppendProblem::ints(p.last))),
+                   InvalidArgument, "append_key");
+  // Host index tensors with a CUDA cache.
+  EXPECT_THROW_MSG(append_paged_kv_cache(on_gpu(p.key.view), on_gpu(p.value.view), AppendProblem::ints(p.batch_indices),
+                                         on_gpu(AppendProblem::ints(p.positions)), kv,
+                                         on_gpu(AppendProblem::ints(p.indices)), on_gpu(AppendProblem::ints(p.indptr)),
+                                         on_gpu(AppendProblem::ints(p.last))),
+                   TypeMismatch, "batch_indices");
+}
+
 }  // namespace

@@ -1,0 +1,329 @@
+"""tessera.BatchDecodeWithPagedKVCacheWrapper against a float64 reference
+computed from the paged cache itself (pages gathered through the page table,
+then the decode formula of conftest.ref_decode).
+
+GPU tests cover float16/bfloat16 x NHD/HND x (k, v) tuple / interleaved cache
+x page sizes 1/16, with GQA group 4 and KV lengths 0, 1, short and long (long
+ones are split over CTAs); outputs start as NaN. Also: CUDA-graph capture of
+run() for two layers replayed after re-planning with new lengths, workspace
+bounds, growth without CUDA graphs, and bad input. CPU-only tests check option
+validation and the workspace-size query; GPU tests skip with "skipped: no GPU".
+"""
+
+import numpy as np
+import pytest
+
+import tessera
+from conftest import TOL, assert_lse_close, ref_decode, rel_error, to_np
+from tessera import _C
+
+HKV, GROUP, HEAD_DIM = 2, 4, 128
+HQ = HKV * GROUP
+WORKSPACE_BYTES = 128 << 20  # what FlashInfer users allocate
+
+
+def make_table(rng, lens, page_size, spare=3):
+    """A page table over shuffled pages: (indptr, indices, last_page_len, num_pages) as int32 numpy."""
+    pages = [(n + page_size - 1) // page_size for n in lens]
+    num_pages = sum(pages) + spare
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
+    last = np.array([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages)], dtype=np.int32)
+    return indptr, indices, last, num_pages
+
+
+def ref_batch_decode(q, k_cache, v_cache, layout, indptr, indices, last, page_size, sm_scale=None):
+    """float64 (o [B, Hq, D], lse [B, Hq]) from numpy caches [P, ps, H, D] (NHD) or [P, H, ps, D] (HND)."""
+    q, k_cache, v_cache = (np.asarray(x, dtype=np.float64) for x in (q, k_cache, v_cache))
+    if layout == "HND":
+        k_cache, v_cache = k_cache.transpose(0, 2, 1, 3), v_cache.transpose(0, 2, 1, 3)
+    hkv, d = k_cache.shape[2], k_cache.shape[3]
+    o, lse = np.zeros(q.shape), np.zeros(q.shape[:2])
+    for b in range(q.shape[0]):
+        pages = indices[indptr[b]: indptr[b + 1]]
+        n = 0 if len(pages) == 0 else (len(pages) - 1) * page_size + int(last[b])
+        k = k_cache[pages].reshape(-1, hkv, d)[:n]
+        v = v_cache[pages].reshape(-1, hkv, d)[:n]
+        o[b], lse[b] = ref_decode(q[b], k, v, "NHD", sm_scale)
+    return o, lse
+
+
+def page_shape(layout, num_pages, page_size, heads=HKV, head_dim=HEAD_DIM):
+    return (num_pages, page_size, heads, head_dim) if layout == "NHD" else (num_pages, heads, page_size, head_dim)
+
+
+def random_cache(torch, rng, layout, num_pages, page_size, dtype, interleaved):
+    """(paged_kv_cache as run() takes it, k_cache, v_cache) on the GPU."""
+    shape = page_shape(layout, num_pages, page_size)
+    if interleaved:
+        kv = rng.standard_normal((shape[0], 2) + shape[1:]).astype(np.float32)
+        cache = torch.from_numpy(kv).to("cuda").to(dtype)
+        return cache, cache[:, 0], cache[:, 1]
+    k, v = (torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to("cuda").to(dtype) for _ in range(2))
+    return (k, v), k, v
+
+
+def random_q(torch, rng, batch, dtype):
+    return torch.from_numpy(rng.standard_normal((batch, HQ, HEAD_DIM)).astype(np.float32) * 2).to("cuda").to(dtype)
+
+
+def workspace(torch):
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+
+def check(o, lse, ref_o, ref_lse, dtype):
+    err = rel_error(to_np(o), ref_o)
+    assert err < TOL[dtype], f"error {err}"
+    if lse is not None:
+        assert_lse_close(to_np(lse), ref_lse, 1e-3)
+
+
+# ======================================================================= GPU
+LENS = [0, 1, 7, 300, 2900, 33, 129, 1]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_batch_decode_gpu(torch_cuda, rng, poison, dtype, layout, interleaved, page_size):
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    indptr, indices, last, num_pages = make_table(rng, LENS, page_size)
+    cache, k, v = random_cache(torch, rng, layout, num_pages, page_size, tdt, interleaved)
+    q = random_q(torch, rng, len(LENS), tdt)
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), kv_layout=layout)
+    # FlashInfer users often keep the page table on the GPU: plan copies it.
+    wrapper.plan(torch.from_numpy(indptr).cuda(), torch.from_numpy(indices).cuda(), torch.from_numpy(last).cuda(),
+                 HQ, HKV, HEAD_DIM, page_size, q_data_type=tdt)
+    o, lse = wrapper.run(q, cache, return_lse=True)
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and o.dtype == tdt and o.is_cuda
+    assert lse.shape == (len(LENS), HQ) and lse.dtype == torch.float32
+    ref_o, ref_lse = ref_batch_decode(to_np(q), to_np(k), to_np(v), layout, indptr, indices, last, page_size)
+    check(o, lse, ref_o, ref_lse, dtype)
+    assert np.all(to_np(o)[0] == 0) and np.all(np.isneginf(to_np(lse)[0]))  # the empty request
+
+
+def test_batch_decode_gpu_out_lse_and_sm_scale(torch_cuda, rng):
+    """Caller-provided (NaN-filled) out and lse; sm_scale from plan; return_lse=False returns out only."""
+    torch = torch_cuda
+    indptr, indices, last, num_pages = make_table(rng, [5, 600, 64], 16)
+    cache, k, v = random_cache(torch, rng, "NHD", num_pages, 16, torch.float16, False)
+    q = random_q(torch, rng, 3, torch.float16)
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch))
+    wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16, q_data_type="float16", sm_scale=0.05)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((3, HQ), float("nan"), device="cuda")
+    got = wrapper.run(q, cache, out=out, lse=lse)
+    torch.cuda.synchronize()
+    assert got is out
+    ref_o, ref_lse = ref_batch_decode(to_np(q), to_np(k), to_np(v), "NHD", indptr, indices, last, 16, sm_scale=0.05)
+    check(out, lse, ref_o, ref_lse, "float16")
+    o2, lse2 = wrapper.run_return_lse(q, cache)
+    torch.cuda.synchronize()
+    assert torch.equal(o2, out) and torch.equal(lse2, lse)  # deterministic
+
+
+def test_batch_decode_gpu_cuda_graph_replay(torch_cuda, rng):
+    """Capture run() for two layers once; re-plan with new lengths and replay."""
+    torch = torch_cuda
+    batch, page_size, pool = 6, 16, 700
+    indptr_buf = torch.empty(batch + 1, dtype=torch.int32, device="cuda")
+    indices_buf = torch.empty(pool, dtype=torch.int32, device="cuda")
+    last_buf = torch.empty(batch, dtype=torch.int32, device="cuda")
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "HND", use_cuda_graph=True,
+                                                         paged_kv_indptr_buffer=indptr_buf,
+                                                         paged_kv_indices_buffer=indices_buf,
+                                                         paged_kv_last_page_len_buffer=last_buf)
+    layers = [random_cache(torch, rng, "HND", pool, page_size, torch.bfloat16, False) for _ in range(2)]
+    qs = [random_q(torch, rng, batch, torch.bfloat16) for _ in range(2)]
+
+    def step_table(step):
+        lens = list(rng.integers(0, 500, size=batch))
+        lens[step % batch] = 3000 + 700 * step  # one long, split request
+        return make_table(rng, lens, page_size, spare=pool - sum((n + 15) // 16 for n in lens))
+
+    def plan(table):
+        indptr, indices, last, _ = table
+        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, page_size, q_data_type=torch.bfloat16)
+
+    table = step_table(0)
+    plan(table)
+    for l in range(2):  # eager warm-up outside the capture
+        wrapper.run(qs[l], layers[l][0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [wrapper.run(qs[l], layers[l][0]) for l in range(2)]
+    for step in range(3):
+        if step > 0:
+            table = step_table(step)
+            plan(table)
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        indptr, indices, last, _ = table
+        for l in range(2):
+            _, k, v = layers[l]
+            ref_o, _ = ref_batch_decode(to_np(qs[l]), to_np(k), to_np(v), "HND", indptr, indices, last, page_size)
+            check(outs[l], None, ref_o, None, "bfloat16")
+
+
+def test_batch_decode_gpu_grows_without_cuda_graph(torch_cuda, rng):
+    """Without CUDA graphs a later, larger plan re-sizes the workspace sections."""
+    torch = torch_cuda
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch))
+    for lens in ([3, 9], [100, 2000, 5, 0, 77, 64, 1]):
+        indptr, indices, last, num_pages = make_table(rng, lens, 16)
+        cache, k, v = random_cache(torch, rng, "NHD", num_pages, 16, torch.float16, True)
+        q = random_q(torch, rng, len(lens), torch.float16)
+        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16)
+        o = wrapper.run(q, cache)
+        torch.cuda.synchronize()
+        ref_o, _ = ref_batch_decode(to_np(q), to_np(k), to_np(v), "NHD", indptr, indices, last, 16)
+        check(o, None, ref_o, None, "float16")
+
+
+def test_batch_decode_gpu_after_append(torch_cuda, rng):
+    """End to end: a decode step's new tokens are appended, then attended to."""
+    torch = torch_cuda
+    page_size, old = 16, [15, 0, 40]
+    new = [n + 1 for n in old]
+    indptr, indices, last, num_pages = make_table(rng, new, page_size)
+    cache, k, v = random_cache(torch, rng, "NHD", num_pages, page_size, torch.float16, False)
+    key = torch.from_numpy(rng.standard_normal((3, HKV, HEAD_DIM)).astype(np.float32)).cuda().half()
+    value = torch.from_numpy(rng.standard_normal((3, HKV, HEAD_DIM)).astype(np.float32)).cuda().half()
+    t = {name: torch.from_numpy(x).cuda() for name, x in (("indptr", indptr), ("indices", indices), ("last", last))}
+    batch_indices, positions = tessera.get_batch_indices_positions(
+        torch.arange(4, dtype=torch.int32, device="cuda"), torch.tensor(new, dtype=torch.int32, device="cuda"), 3)
+    tessera.append_paged_kv_cache(key, value, batch_indices, positions, cache, t["indices"], t["indptr"], t["last"])
+    q = random_q(torch, rng, 3, torch.float16)
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch))
+    wrapper.plan(t["indptr"], t["indices"], t["last"], HQ, HKV, HEAD_DIM, page_size)
+    o = wrapper.run(q, cache)
+    torch.cuda.synchronize()
+    ref_o, _ = ref_batch_decode(to_np(q), to_np(k), to_np(v), "NHD", indptr, indices, last, page_size)
+    check(o, None, ref_o, None, "float16")
+    # The appended token is the last one of each request.
+    for b in range(3):
+        page = indices[indptr[b + 1] - 1]
+        assert torch.equal(k[page, last[b] - 1], key[b]) and torch.equal(v[page, last[b] - 1], value[b])
+
+
+def test_batch_decode_gpu_bad_input(torch_cuda, rng):
+    torch = torch_cuda
+    indptr, indices, last, num_pages = make_table(rng, [4, 20], 16)
+    cache, _, _ = random_cache(torch, rng, "NHD", num_pages + 4, 16, torch.float16, False)
+    q = random_q(torch, rng, 2, torch.float16)
+
+    graph_wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_cuda_graph=True)
+    graph_wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16)
+    big = make_table(rng, [4, 20, 1], 16)
+    with pytest.raises(ValueError, match="max_batch"):
+        graph_wrapper.plan(big[0], big[1], big[2], HQ, HKV, HEAD_DIM, 16)
+    more_pages = make_table(rng, [4, 200], 16)
+    with pytest.raises(ValueError, match="max_pages"):
+        graph_wrapper.plan(more_pages[0], more_pages[1], more_pages[2], HQ, HKV, HEAD_DIM, 16)
+
+    buffered = tessera.BatchDecodeWithPagedKVCacheWrapper(
+        workspace(torch), paged_kv_indptr_buffer=torch.empty(3, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="max_batch"):
+        buffered.plan(big[0], big[1], big[2], HQ, HKV, HEAD_DIM, 16)
+
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch))
+    wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16, q_data_type=torch.float16)
+    with pytest.raises(TypeError, match="q"):
+        wrapper.run(q.bfloat16(), cache)
+    with pytest.raises(TypeError, match="kv"):
+        wrapper.run(q, (cache[0].bfloat16(), cache[1].bfloat16()))
+    with pytest.raises(ValueError, match="q"):
+        wrapper.run(q[:1], cache)
+    with pytest.raises(ValueError, match="paged_kv_cache"):
+        wrapper.run(q, (cache[0],))
+    with pytest.raises(TypeError, match="q"):
+        wrapper.run(q.cpu(), cache)
+    with pytest.raises(ValueError, match="not supported yet"):
+        wrapper.run(q, cache, k_scale=2.0)
+    with pytest.raises(ValueError, match="kv_indices"):  # the cache is smaller than the page table says
+        wrapper.run(q, (cache[0][:2], cache[1][:2]))
+    small = tessera.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device="cuda"))
+    with pytest.raises(ValueError, match="float_workspace_buffer"):
+        small.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16)
+
+
+# ======================================================================= CPU
+def cpu_wrapper(**kwargs):
+    return tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, dtype=np.uint8), **kwargs)
+
+
+def plan_args(**kwargs):
+    args = dict(indptr=[0, 1, 3], indices=[0, 2, 1], last_page_len=[5, 16], num_qo_heads=HQ, num_kv_heads=HKV,
+                head_dim=HEAD_DIM, page_size=16)
+    args.update(kwargs)
+    return args
+
+
+def test_wrapper_constructor_options():
+    with pytest.raises(ValueError, match="kv_layout"):
+        cpu_wrapper(kv_layout="NDH")
+    with pytest.raises(ValueError, match="not supported yet"):
+        cpu_wrapper(backend="trtllm-gen")
+    with pytest.raises(ValueError, match="not supported yet"):
+        cpu_wrapper(jit_args=["x"])
+    with pytest.raises(TypeError, match="float_workspace_buffer"):
+        tessera.BatchDecodeWithPagedKVCacheWrapper([0] * 16)
+    with pytest.raises(ValueError, match="paged_kv_last_page_len_buffer"):
+        cpu_wrapper(paged_kv_indptr_buffer=np.zeros(5, np.int32), paged_kv_last_page_len_buffer=np.zeros(3, np.int32))
+    w = cpu_wrapper(use_cuda_graph=True, use_tensor_cores=True, backend="fa2")
+    assert w.is_cuda_graph_enabled and w.use_tensor_cores
+
+
+@pytest.mark.parametrize("option, value", [("pos_encoding_mode", "ROPE_LLAMA"), ("window_left", 128),
+                                           ("logits_soft_cap", 30.0), ("rope_scale", 2.0), ("rope_theta", 1e4)])
+def test_wrapper_plan_rejects_unsupported_options(option, value):
+    with pytest.raises(ValueError, match="not supported yet"):
+        cpu_wrapper().plan(**plan_args(**{option: value}))
+
+
+def test_wrapper_plan_validation_without_gpu():
+    w = cpu_wrapper()
+    with pytest.raises(TypeError, match="q_data_type"):
+        w.plan(**plan_args(q_data_type="float32"))
+    with pytest.raises(TypeError, match="kv_data_type"):
+        w.plan(**plan_args(kv_data_type=np.float64))
+    with pytest.raises(ValueError, match="head_dim"):
+        w.plan(**plan_args(head_dim=80))
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(**plan_args(num_qo_heads=6, num_kv_heads=4))
+    with pytest.raises(ValueError, match="page_size"):
+        w.plan(**plan_args(page_size=0))
+    with pytest.raises(ValueError, match="sm_scale"):
+        w.plan(**plan_args(sm_scale=-1.0))
+    with pytest.raises(TypeError, match="indptr"):
+        w.plan(**plan_args(indptr=np.array([0.0, 1.0, 3.0])))
+    with pytest.raises(ValueError, match="indices"):
+        w.plan(**plan_args(indices=np.zeros((3, 1), np.int32)))
+    # Valid options (dtype aliases included): the workspace is what is wrong.
+    for dt in ("half", "bfloat16", np.float16):
+        with pytest.raises(TypeError, match="float_workspace_buffer"):
+            w.plan(**plan_args(q_data_type=dt))
+    with pytest.raises(ValueError, match="plan"):
+        w.run(np.zeros((2, HQ, HEAD_DIM), np.float16), (None, None))
+
+
+def test_workspace_size_query():
+    def size(batch, pages, sms=132):
+        return _C.BatchDecode.workspace_size("float16", "float16", "float16", 128, 32, 8, 16, "NHD", batch, pages,
+                                             num_sms=sms)
+
+    dev, host = size(64, 4096)
+    assert 0 < host <= dev
+    assert size(256, 4096)[0] > dev and size(64, 65536)[0] > dev
+    assert size(64, 4096, sms=16)[0] < dev  # fewer CTAs, fewer partial-state slots
+    assert size(64, 4096)[0] < WORKSPACE_BYTES
+    with pytest.raises(ValueError, match="max_batch"):
+        size(0, 16)
+    with pytest.raises(ValueError, match="kv_layout"):
+        _C.BatchDecode.workspace_size("float16", "float16", "float16", 128, 32, 8, 16, "XYZ", 1, 1, num_sms=1)
