@@ -34,6 +34,17 @@ def hbm_ceilings():
     return read, copy
 
 
+def read_probe_best():
+    """The best of a few read-only reductions over 4 GiB (TB/s of bytes read)."""
+    x = torch.empty(1 << 31, dtype=torch.float16, device="cuda").uniform_(-1, 1)
+    best = 0.0
+    for fn in (lambda: x.view(torch.int64).amax(), lambda: x.view(torch.float32).sum()):
+        best = max(best, x.numel() * 2 / (bench_ms(fn, warmup=5, rep=30) * 1e-3) / 1e12)
+    del x
+    torch.cuda.empty_cache()
+    return best
+
+
 def matmul_ceiling_tflops():
     a = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")

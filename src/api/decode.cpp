@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "checks.hpp"
@@ -12,6 +13,19 @@ namespace tessera {
 using detail::str;
 
 namespace {
+
+// Tuning knobs for benchmarks and experiments, below the API: the tile and
+// pipeline depth may be forced with TESSERA_DECODE_TILE / TESSERA_DECODE_STAGES
+// when the options leave them to the heuristic.
+DecodeOptions with_env_overrides(DecodeOptions opt) {
+  auto env_int = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atoi(v) : 0;
+  };
+  if (!opt.tile) opt.tile = env_int("TESSERA_DECODE_TILE");
+  if (!opt.stages) opt.stages = env_int("TESSERA_DECODE_STAGES");
+  return opt;
+}
 
 int ctas_per_head_for(const TaskInfo& task, int num_sms, int ctas_per_sm, const DecodeOptions& opt) {
   const int sms = opt.max_sms > 0 ? std::min(opt.max_sms, num_sms) : num_sms;
@@ -38,24 +52,25 @@ BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const Tas
 }
 
 BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
-                                               const DecodeOptions& opt) {
+                                               const DecodeOptions& opt_in) {
+  const DecodeOptions opt = with_env_overrides(opt_in);
   validate_task(task, spec);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
-  const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads);
+  const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
   const Layout l = layout_for(spec, task, ctas_per_head_for(task, num_sms, per_sm, opt));
   return {l.total, l.staged};
 }
 
 BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace, DecodeOptions opt)
-    : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(opt) {
+    : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(with_env_overrides(opt)) {
   validate_task(task_, spec_);
   if (opt_.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0, got " + str(opt_.max_sms));
   if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
   const int group = task_.num_qo_heads / task_.num_kv_heads;
-  config_ = catalog::decode_config(spec_, group);
-  source_ = catalog::batch_decode(spec_, group);
+  config_ = catalog::decode_config(spec_, group, opt_.tile, opt_.stages);
+  source_ = catalog::batch_decode(spec_, group, opt_.tile, opt_.stages);
 }
 
 void BatchDecode::plan(const BSRMatrix& bsr, cudaStream_t stream) {

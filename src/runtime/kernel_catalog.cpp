@@ -82,27 +82,29 @@ jit::KernelSource attention_rowwise(const AttentionSpec& spec) {
                           "RowwiseParams", "attention_rowwise", kRowwiseWarps * 32, std::to_string(kRowwiseWarps));
 }
 
-DecodeConfig decode_config(const AttentionSpec& spec, int group) {
+DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int stages) {
   validate_spec(spec);
   if (group < 1 || group > 64) throw InvalidArgument("group: expected 1..64 query heads per KV head, got " + std::to_string(group));
   DecodeConfig c;
   const int elem = static_cast<int>(dtype_size(spec.kv_dtype));
-  c.tile = std::max(16, 16384 / (spec.head_dim * elem * 2));
-  c.stages = 4;
+  if (tile < 0 || stages < 0 || stages == 1) throw InvalidArgument("tile/stages: expected 0 (heuristic), tile >= 1, stages >= 2");
+  c.tile = tile ? tile : std::max(16, 16384 / (spec.head_dim * elem * 2));
+  c.stages = stages ? stages : 2;  // 2 x 16 KB: more CTAs per SM beat deeper pipelines (bench/decode_sweep.py)
   // Mirror of DecodeShape (device/kernels/decode_mainloop.cuh).
   const int vec = 16 / elem, tx = spec.head_dim / vec;
   const int hpt = group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
   const int ty = group / hpt;
   const int tz = tx * ty >= c.min_threads ? 1 : c.min_threads / (tx * ty);
   c.threads = tx * ty * tz;
-  if (c.tile % tz != 0) c.tile = (c.tile + tz - 1) / tz * tz;
+  // Every thread copies whole chunks and every token group whole tokens.
+  if (c.tile % (ty * tz) != 0) c.tile = (c.tile + ty * tz - 1) / (ty * tz) * (ty * tz);
   c.smem_bytes = c.stages * 2 * c.tile * spec.head_dim * elem;
   c.ctas_per_sm = std::max(1, std::min({(227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads, 8}));
   return c;
 }
 
-jit::KernelSource batch_decode(const AttentionSpec& spec, int group) {
-  const DecodeConfig c = decode_config(spec, group);
+jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile, int stages) {
+  const DecodeConfig c = decode_config(spec, group, tile, stages);
   std::ostringstream entry, tail;
   entry << "tessera_decode_" << spec.variant.name << "_" << dtype_tag(spec.q_dtype) << "_" << dtype_tag(spec.kv_dtype) << "_"
         << dtype_tag(spec.o_dtype) << "_d" << spec.head_dim << "_g" << group << "_t" << c.tile << "_s" << c.stages;

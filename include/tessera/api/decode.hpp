@@ -27,6 +27,8 @@ struct DecodeOptions {
   PlannerOptions planner;
   int max_sms = 0;      // use at most this many SMs (0: all), e.g. to overlap other streams (paper Appendix E)
   int ctas_per_sm = 0;  // 0: from the tile configuration and the kernel's occupancy
+  int tile = 0;         // KV tokens per pipeline stage (0: heuristic)
+  int stages = 0;       // pipeline depth (0: heuristic)
 };
 
 class BatchDecode {

@@ -42,7 +42,7 @@ void validate_spec(const AttentionSpec& spec);
 struct DecodeConfig {
   int min_threads = 128;
   int tile = 32;    // KV tokens per pipeline stage
-  int stages = 4;   // pipeline depth
+  int stages = 2;   // pipeline depth
   int threads = 0;  // derived: the kernel's block size
   int smem_bytes = 0;
   int ctas_per_sm = 0;  // from shared memory and threads (occupancy may lower it)
@@ -60,11 +60,13 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
                                    const std::string& template_tail);
 // Short dtype tag for kernel names: f16, bf16, f32.
 std::string dtype_tag(DType t);
-// Heuristic: a tile of ~16 KB of K+V per stage (enough bytes in flight per SM
-// to cover HBM latency with a few CTAs), 4 stages, 128 threads or more.
-DecodeConfig decode_config(const AttentionSpec& spec, int group);
+// Heuristic: a tile of ~16 KB of K+V per stage, 2 stages, 128 threads or more:
+// 32 KB of shared memory lets 7 CTAs share an SM, which on an H100 covered HBM
+// latency better than deeper pipelines (see bench/decode_sweep.py).
+// tile / stages > 0 override the heuristic (tuning, benchmarks).
+DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile = 0, int stages = 0);
 // Persistent batch decode with head-group fusion for `group` query heads per KV head.
-jit::KernelSource batch_decode(const AttentionSpec& spec, int group);
+jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile = 0, int stages = 0);
 // Row-wise (query tile 1, CUDA cores) attention over a paged KV cache.
 jit::KernelSource attention_rowwise(const AttentionSpec& spec);
 // State merges; dtype of the values (fp16, bf16, fp32).

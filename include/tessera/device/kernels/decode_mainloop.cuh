@@ -34,20 +34,37 @@ struct DecodeShape {
 };
 
 // Issues the copies of one tile (K and V) into a pipeline stage.
+//
+// Each thread copies PER_THREAD 16-byte chunks of K and of V. The 16 (or 8,
+// 32) threads copying one token share its address, so instead of every thread
+// resolving the page table, one lane per token does (lane j of a warp owns the
+// j-th token that warp touches) and the offsets travel by shuffle: 1/TX of the
+// index loads and address arithmetic.
 template <typename Shape, typename DKV>
 __device__ __forceinline__ void decode_load_tile(DKV* k_stage, DKV* v_stage, const device::PagedKV& kv, int page_base,
                                                  int tile_start, int kv_end, int h, int shift) {
-  constexpr int CHUNKS = Shape::TILE_ELEMS / Shape::VEC;
+  constexpr int TX = Shape::TX, VEC = Shape::VEC, THREADS = Shape::THREADS;
+  constexpr int PER_THREAD = Shape::TILE_ELEMS / VEC / THREADS;
+  constexpr int TPB = 32 / TX;  // tokens a warp touches per chunk round
+  static_assert(Shape::TILE_ELEMS / VEC % THREADS == 0, "chunks must split evenly over threads");
+  static_assert(TPB * PER_THREAD <= 32, "one lane per token of the warp");
+  const int lane = threadIdx.x % 32, warp_token0 = (threadIdx.x / 32) * TPB;
+  i64 my_off = -1;
+  if (lane < TPB * PER_THREAD) {
+    const int pos = tile_start + warp_token0 + lane % TPB + (lane / TPB) * (THREADS / TX);
+    if (pos < kv_end) my_off = device::kv_token_offset(kv, page_base, pos, h, shift);
+  }
   const DKV* k_base = static_cast<const DKV*>(kv.k);
   const DKV* v_base = static_cast<const DKV*>(kv.v);
+  const int col = (lane % TX) * VEC;
 #pragma unroll
-  for (int c = threadIdx.x; c < CHUNKS; c += Shape::THREADS) {
-    const int token = c / Shape::TX, col = (c % Shape::TX) * Shape::VEC;
-    const int pos = tile_start + token;
-    const bool valid = pos < kv_end;
-    const i64 off = valid ? device::kv_token_offset(kv, page_base, pos, h, shift) + col : 0;
-    cp_async_16(k_stage + c * Shape::VEC, k_base + off, valid);
-    cp_async_16(v_stage + c * Shape::VEC, v_base + off, valid);
+  for (int k = 0; k < PER_THREAD; ++k) {
+    const int src = lane / TX + k * TPB;
+    const i64 off = static_cast<i64>(__shfl_sync(0xffffffffu, static_cast<unsigned long long>(my_off), src));
+    const int c = threadIdx.x + k * THREADS;
+    const bool valid = off >= 0;
+    cp_async_16(k_stage + c * VEC, valid ? k_base + off + col : k_base, valid);
+    cp_async_16(v_stage + c * VEC, valid ? v_base + off + col : v_base, valid);
   }
 }
 
