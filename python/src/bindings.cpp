@@ -30,7 +30,9 @@
 #include "tessera/api/attention.hpp"
 #include "tessera/api/decode.hpp"
 #include "tessera/api/merge.hpp"
+#include "tessera/api/prefill.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/formats/bsr.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/reference/attention.hpp"
@@ -264,6 +266,116 @@ class PyBatchDecode {
   KVLayout layout_;
 };
 
+// BatchPrefill over a borrowed workspace, like PyBatchDecode. One object
+// serves one KV source kind per plan: plan_paged / plan_bsr pair with run(),
+// plan_ragged with run_ragged() (the C++ side rejects a mismatch by name).
+class PyBatchPrefill {
+ public:
+  PyBatchPrefill(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype, int head_dim,
+                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, bool causal,
+                 int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
+                 uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms)
+      : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
+        pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal),
+             task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
+             options(cta_q, max_sms)),
+        layout_(parse_kv_layout(layout.c_str())) {}
+
+  static AttentionSpec spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
+                            int head_dim, bool causal) {
+    AttentionSpec s = decode_spec(q_dtype, kv_dtype, o_dtype, head_dim);
+    s.variant = causal ? variants::causal() : variants::standard();
+    return s;
+  }
+  static TaskInfo task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
+                       int64_t max_total_q, int64_t max_pages) {
+    TaskInfo t{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
+    t.max_total_q = max_total_q;
+    return t;
+  }
+  static PrefillOptions options(int cta_q, int max_sms) {
+    PrefillOptions opt;
+    opt.cta_q = cta_q;
+    opt.max_sms = max_sms;
+    return opt;
+  }
+
+  static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
+                                                   const std::string& o_dtype, int head_dim, int num_qo_heads,
+                                                   int num_kv_heads, int page_size, const std::string& layout,
+                                                   bool causal, int64_t max_batch, int64_t max_total_q,
+                                                   int64_t max_pages, int num_sms, int device, int cta_q, int max_sms) {
+    const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
+    if (num_sms <= 0) {
+      if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
+      num_sms = cuda::device_info(device).sm_count;
+    }
+    const AttentionSpec sp = spec(q_dtype, kv_dtype, o_dtype, head_dim, causal);
+    // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
+    // invalid one would size nothing; reject it as the constructor would.
+    if (cta_q) (void)catalog::prefill_config(sp, cta_q);
+    const auto s = BatchPrefill::workspace_size(sp, t, num_sms, options(cta_q, max_sms));
+    return {s.device_bytes, s.host_bytes};
+  }
+
+  void plan_paged(nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len,
+                  uintptr_t stream) {
+    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
+    Arg idx = to_arg("kv_indices", kv_indices), last = to_arg("kv_last_page_len", kv_last_page_len);
+    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
+    const auto idx_s = host_ints("kv_indices", idx), last_s = host_ints("kv_last_page_len", last);
+    nb::gil_scoped_release release;
+    pre_.plan_paged(qo_s, ip_s, idx_s, last_s, to_stream(stream));
+  }
+
+  void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream) {
+    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
+    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
+    nb::gil_scoped_release release;
+    pre_.plan_ragged(qo_s, ip_s, to_stream(stream));
+  }
+
+  // Every block row holds R queries and full column blocks of C tokens
+  // (FlashInfer's BSR has no partial last block).
+  void plan_bsr(nb::handle indptr, nb::handle indices, int64_t M, int64_t N, int R, int C, uintptr_t stream) {
+    Arg ip = to_arg("indptr", indptr), idx = to_arg("indices", indices);
+    const auto ip_s = host_ints("indptr", ip), idx_s = host_ints("indices", idx);
+    nb::gil_scoped_release release;
+    const BSRMatrix bsr(M, N, R, C, {ip_s.begin(), ip_s.end()}, {idx_s.begin(), idx_s.end()});
+    pre_.plan_bsr(bsr, to_stream(stream));
+  }
+
+  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
+    Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
+    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+    const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
+    RunOptions opt;
+    opt.sm_scale = sm_scale;
+    nb::gil_scoped_release release;
+    pre_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
+  }
+
+  void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
+                  uintptr_t stream) {
+    Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
+    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+    RunOptions opt;
+    opt.sm_scale = sm_scale;
+    nb::gil_scoped_release release;
+    pre_.run_ragged(qa.view, ka.view, va.view, oa.view, la.view, to_stream(stream), opt);
+  }
+
+  double last_plan_us() const { return pre_.last_plan_us(); }
+  // The query tile is only fixed by the first plan (ctas_per_head is 0 before).
+  int cta_q() const { return pre_.ctas_per_head() ? pre_.config().cta_q : 0; }
+  int ctas_per_head() const { return pre_.ctas_per_head(); }
+
+ private:
+  Workspace ws_;  // declared before pre_, which keeps a pointer to it
+  BatchPrefill pre_;
+  KVLayout layout_;
+};
+
 // ---------------------------------------------------------------- JIT
 // Compiles every built-in kernel for `arch` (no GPU needed) and reports, per
 // kernel, how long NVRTC took and whether the cubin came from the disk cache.
@@ -329,6 +441,32 @@ NB_MODULE(_C, m) {
       .def_prop_ro("ctas_per_head", &PyBatchDecode::ctas_per_head, "Persistent CTAs per KV head (0 before plan).")
       .def_prop_ro("num_split_requests", &PyBatchDecode::num_split_requests,
                    "Requests the last plan split over several CTAs.");
+  nb::class_<PyBatchPrefill>(m, "BatchPrefill",
+                             "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
+      .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
+                    bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int>(),
+           "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
+           "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
+           "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
+           "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
+           "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile.")
+      .def_static("workspace_size", &PyBatchPrefill::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
+                  "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
+                  "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
+                  "max_sms"_a = 0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+      .def("plan_paged", &PyBatchPrefill::plan_paged, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a,
+           "kv_last_page_len"_a, "stream"_a = 0, "Plans a paged step from host int32 arrays (kv_indptr in pages).")
+      .def("plan_ragged", &PyBatchPrefill::plan_ragged, "qo_indptr"_a, "kv_indptr"_a, "stream"_a = 0,
+           "Plans a ragged step from host int32 arrays (kv_indptr in tokens).")
+      .def("plan_bsr", &PyBatchPrefill::plan_bsr, "indptr"_a, "indices"_a, "M"_a, "N"_a, "R"_a, "C"_a,
+           "stream"_a = 0, "Plans a block-sparse step: M x N matrix of R x C blocks (C must equal page_size).")
+      .def("run", &PyBatchPrefill::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
+           "stream"_a = 0, "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D).")
+      .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
+           "sm_scale"_a = -1.0, "stream"_a = 0, "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides).")
+      .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
+      .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
+      .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per KV head (0 before plan).");
   m.def("gpu_available", &tessera::cuda::gpu_available, "True when a usable CUDA device is present.");
   m.def("no_gpu_reason", &tessera::cuda::no_gpu_reason, "Why no GPU is usable ('' when one is).");
   m.def("device_count", &tessera::cuda::device_count, "Number of usable CUDA devices (0 without a driver).");

@@ -7,6 +7,9 @@ The public functions mirror FlashInfer's Python API names and signatures:
   LSE values are in base 2 throughout.
 * tessera.single_decode_with_kv_cache and
   BatchDecodeWithPagedKVCacheWrapper (flashinfer.decode).
+* tessera.single_prefill_with_kv_cache, BatchPrefillWithPagedKVCacheWrapper,
+  BatchPrefillWithRaggedKVCacheWrapper and BlockSparseAttentionWrapper
+  (flashinfer.prefill, flashinfer.sparse).
 * tessera.append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
   (flashinfer.page).
 
@@ -21,6 +24,13 @@ from .cascade import merge_state, merge_state_in_place, merge_states, merge_stat
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .jit import cache_dir, compile_builtin
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    BlockSparseAttentionWrapper,
+    single_prefill_with_kv_cache,
+    single_prefill_with_kv_cache_return_lse,
+)
 
 __version__ = "0.1.0"
 
@@ -42,6 +52,11 @@ __all__ = [
     "merge_states_ragged",
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "single_prefill_with_kv_cache",
+    "single_prefill_with_kv_cache_return_lse",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "BlockSparseAttentionWrapper",
     "append_paged_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",

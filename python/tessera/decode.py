@@ -12,32 +12,17 @@ on machines without a GPU (slowly: it is meant for tests and tools).
 """
 
 import functools
-import math
-import numbers
-
-import numpy as np
 
 from . import _tensors as T
+from . import _wrapper_util as W
 from ._native import _C
-
-_LAYOUTS = ("NHD", "HND")
-
-
-def _reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale,
-                        rope_theta):
-    """Raises ValueError for FlashInfer options whose non-default values Tessera cannot honour yet."""
-    if pos_encoding_mode != "NONE":
-        raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is supported; RoPE is not supported yet")
-    if window_left != -1:
-        raise ValueError(f"window_left={window_left}: sliding-window attention is not supported yet (use -1)")
-    if logits_soft_cap is not None and logits_soft_cap != 0.0:
-        raise ValueError(f"logits_soft_cap={logits_soft_cap}: logits soft-capping is not supported yet")
-    for name, value in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
-        if value is not None:
-            raise ValueError(f"{name}={value}: RoPE is not supported yet")
-    for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
-        if value is not None:
-            raise ValueError(f"{name}: quantization scales are not supported yet")
+# Shared with prefill.py; re-exported under the old names (page.py imports them from here).
+from ._wrapper_util import LAYOUTS as _LAYOUTS
+from ._wrapper_util import dtype_arg as _dtype_arg
+from ._wrapper_util import host_ints as _host_ints
+from ._wrapper_util import positive_int as _positive_int
+from ._wrapper_util import reject_unsupported as _reject_unsupported
+from ._wrapper_util import unpack_paged_kv_cache as _unpack_paged_kv_cache
 
 
 def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NONE", use_tensor_cores=False,
@@ -80,9 +65,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     for name, x in (("k", k), ("v", v)):
         if len(x.shape) != 3:
             raise ValueError(f"{name}: expected a 3-D tensor ({kv_layout}), got shape {tuple(x.shape)}")
-    if sm_scale is not None and not (isinstance(sm_scale, numbers.Real) and 0 < sm_scale < math.inf):
-        raise ValueError(f"sm_scale: expected a positive finite number or None, got {sm_scale!r}")
-    scale = -1.0 if sm_scale is None else float(sm_scale)
+    scale = W.sm_scale_arg(sm_scale)
 
     if T.is_cuda(q):
         o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse)
@@ -118,68 +101,6 @@ def _decode_cpu(q, k, v, kv_layout, scale):
 
 
 # ======================================================================= batch decode
-_INT32_MAX = 2**31 - 1
-_DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}
-
-
-def _dtype_arg(value, name):
-    """A data type given as a torch dtype, numpy dtype or string, as 'float16' or 'bfloat16'."""
-    if isinstance(value, str):
-        s = value
-    elif type(value).__module__ == "torch":  # torch.dtype, without importing torch
-        s = str(value)
-    else:
-        try:
-            s = np.dtype(value).name
-        except TypeError:
-            raise TypeError(f"{name}: expected a data type (torch dtype or name), got {value!r}") from None
-    s = s.replace("torch.", "")
-    s = _DTYPE_ALIASES.get(s, s)
-    if s not in ("float16", "bfloat16"):
-        raise TypeError(f"{name}: expected float16 or bfloat16, got {s} (other data types are not supported yet)")
-    return s
-
-
-def _host_ints(x, name):
-    """A 1-D index array (torch tensor on any device, numpy array, list) as contiguous CPU int32 numpy."""
-    if T.is_torch(x):
-        if x.is_floating_point() or x.is_complex():
-            raise TypeError(f"{name}: expected an integer tensor, got {str(x.dtype).replace('torch.', '')}")
-        arr = x.detach().cpu().numpy()  # a GPU tensor is copied (synchronously) to the host, as FlashInfer does
-    elif isinstance(x, np.ndarray):
-        arr = x
-    elif isinstance(x, (list, tuple)):
-        arr = np.asarray(x, dtype=np.int64)
-    else:
-        raise TypeError(f"{name}: expected a torch.Tensor, numpy.ndarray or list of ints, got {type(x).__name__}")
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer dtype, got {arr.dtype.name}")
-    if arr.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array, got shape {tuple(arr.shape)}")
-    if arr.size and (int(arr.min()) < -_INT32_MAX - 1 or int(arr.max()) > _INT32_MAX):
-        raise ValueError(f"{name}: expected values that fit in int32")
-    return np.ascontiguousarray(arr, dtype=np.int32)
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    return int(value)
-
-
-def _unpack_paged_kv_cache(paged_kv_cache):
-    """(k, v) for a (k_cache, v_cache) pair, (kv, None) for one interleaved [num_pages, 2, ...] tensor."""
-    if isinstance(paged_kv_cache, (tuple, list)):
-        if len(paged_kv_cache) != 2:
-            raise ValueError(f"paged_kv_cache: expected a (k_cache, v_cache) pair, got {len(paged_kv_cache)} items")
-        k, v = paged_kv_cache
-        T.framework(k, "paged_kv_cache[0]")
-        T.framework(v, "paged_kv_cache[1]")
-        return k, v
-    T.framework(paged_kv_cache, "paged_kv_cache")
-    return paged_kv_cache, None
-
-
 class BatchDecodeWithPagedKVCacheWrapper:
     """Batch decode attention over a paged KV cache (FlashInfer's wrapper of the same name).
 
@@ -223,10 +144,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """
         if kv_layout not in _LAYOUTS:
             raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-        if backend not in ("auto", "fa2"):
-            raise ValueError(f"backend={backend!r}: not supported yet (only 'auto' / 'fa2', Tessera's own kernel)")
-        if jit_args is not None:
-            raise ValueError("jit_args: custom JIT variants are not supported yet")
+        W.check_backend(backend, jit_args)
         T.framework(float_workspace_buffer, "float_workspace_buffer")
         self._float_workspace_buffer = float_workspace_buffer
         self._kv_layout = kv_layout
@@ -294,8 +212,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         o_dt = q_dt if o_data_type is None else _dtype_arg(o_data_type, "o_data_type")
         shape = tuple(_positive_int(x, n) for x, n in ((num_qo_heads, "num_qo_heads"), (num_kv_heads, "num_kv_heads"),
                                                        (head_dim, "head_dim"), (page_size, "page_size")))
-        if sm_scale is not None and not (isinstance(sm_scale, numbers.Real) and 0 < sm_scale < math.inf):
-            raise ValueError(f"sm_scale: expected a positive finite number or None, got {sm_scale!r}")
+        scale = W.sm_scale_arg(sm_scale)
         # The C++ checks of dtypes, heads and head_dim, without touching a GPU.
         _C.BatchDecode.workspace_size(q_dt, kv_dt, o_dt, shape[2], shape[0], shape[1], shape[3], self._kv_layout, 1, 1,
                                       num_sms=1)
@@ -308,18 +225,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if indices.size > indptr[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
             indices = indices[: indptr[-1]]
         buf = self._float_workspace_buffer
-        if not (T.is_cuda(buf) and str(buf.dtype) == "torch.uint8"):
-            raise TypeError(f"float_workspace_buffer: expected a torch uint8 CUDA tensor, got "
-                            f"{type(buf).__name__} of {getattr(buf, 'dtype', '?')} on {T.device_of(buf)}")
-        if not buf.is_contiguous():
-            raise ValueError("float_workspace_buffer: expected a contiguous tensor")
-
+        W.check_workspace_buffer(buf)
         self._ensure_native((q_dt, kv_dt, o_dt) + shape, max(batch, 1), max(int(indices.size), 1))
         torch = T._torch()
         with torch.cuda.device(buf.device):
             self._native.plan(indptr, indices, last_page_len, torch.cuda.current_stream(buf.device).cuda_stream)
         self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
-                         "head_dim": shape[2], "sm_scale": -1.0 if sm_scale is None else float(sm_scale)}
+                         "head_dim": shape[2], "sm_scale": scale}
 
     begin_forward = plan
 
@@ -330,48 +242,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def _ensure_native(self, config, batch, pages):
         """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts."""
-        key = self._native_key
-        same = key is not None and key[0] == config
-        if same and batch <= key[1] and pages <= key[2]:
-            return
-        # Bounds that cannot move: the caller's buffers, and in CUDA-graph mode
-        # the first plan's (a captured run() holds the workspace addresses).
-        fixed_batch, fixed_pages = self._fixed_batch, self._fixed_pages
-        if same and self._use_cuda_graph:
-            fixed_batch, fixed_pages = key[1], key[2]
-        if fixed_batch is not None and batch > fixed_batch:
-            raise ValueError(f"indptr: batch size {batch} exceeds the workspace bound max_batch={fixed_batch} "
-                             "(fixed by paged_kv_indptr_buffer, or by the first plan() with use_cuda_graph=True)")
-        if fixed_pages is not None and pages > fixed_pages:
-            raise ValueError(f"indices: {pages} pages exceed the workspace bound max_pages={fixed_pages} "
-                             "(fixed by paged_kv_indices_buffer, or by the first plan() with use_cuda_graph=True)")
-        need = (fixed_batch or batch, fixed_pages or pages)
-        # Growing without fixed bounds: double, so a slowly growing workload
-        # re-sizes rarely (each re-size waits for the GPU once).
-        want = (fixed_batch or max(batch, 2 * key[1]), fixed_pages or max(pages, 2 * key[2])) if same else need
-        torch = T._torch()
-        buf = self._float_workspace_buffer
-        device = buf.device.index or 0
+        bounds = (W.Bound("max_batch", "indptr", "batch size", self._fixed_batch, "paged_kv_indptr_buffer"),
+                  W.Bound("max_pages", "indices", "page count", self._fixed_pages, "paged_kv_indices_buffer"))
         q_dt, kv_dt, o_dt, hq, hkv, d, ps = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
-        have = buf.numel()
-        dev_bytes, host_bytes = _C.BatchDecode.workspace_size(*args, *want, device=device)
-        if dev_bytes > have and want != need:
-            want = need
-            dev_bytes, host_bytes = _C.BatchDecode.workspace_size(*args, *want, device=device)
-        if dev_bytes > have:
-            raise ValueError(f"float_workspace_buffer: expected at least {dev_bytes} bytes for max_batch={want[0]}, "
-                             f"max_pages={want[1]}, got {have}")
-        if self._native is not None:
-            # Queued kernels may still read the old schedule, and a queued
-            # upload may still read the pinned staging buffer.
-            torch.cuda.synchronize(buf.device)
-        if self._pinned is None or self._pinned.numel() < host_bytes:
-            self._pinned = torch.empty(max(host_bytes, 1), dtype=torch.uint8, pin_memory=True)
-        self._native = None
-        self._native = _C.BatchDecode(*args, *want, buf.data_ptr(), have, self._pinned.data_ptr(),
-                                      self._pinned.numel(), device, split_kv=self._split_kv, max_sms=self._max_sms)
-        self._native_key = (config, want[0], want[1])
+
+        def size(want, device):
+            return _C.BatchDecode.workspace_size(*args, *want, device=device)
+
+        def make(want, ws, ws_bytes, host, host_bytes, device):
+            return _C.BatchDecode(*args, *want, ws, ws_bytes, host, host_bytes, device, split_kv=self._split_kv,
+                                  max_sms=self._max_sms)
+
+        W.ensure_native(self, config, (batch, pages), bounds, size, make)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
             return_lse=False, enable_pdl=None, window_left=None):

@@ -43,6 +43,7 @@ BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, cons
   validate_task(task, spec);
   if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch, max_total_q and max_pages >= 1 to size the workspace");
+  if (opt.cta_q) (void)catalog::prefill_config(spec, opt.cta_q);  // rejects an invalid cta_q
   Sizes s;
   for (int q : {16, 32, 64, 128}) {
     if (opt.cta_q && q != opt.cta_q) continue;

@@ -1,0 +1,192 @@
+"""Argument checks and workspace management shared by the plan/run wrappers
+(decode.py, prefill.py).
+
+The wrappers keep FlashInfer's signatures; what they share is how they turn
+FlashInfer-style arguments (torch dtypes or names, index tensors on any
+device) into what the C++ bindings take, and how they size the C++ object's
+fixed workspace sections (ensure_native). Messages name the argument, as the
+C++ checks do.
+"""
+
+import math
+import numbers
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import _tensors as T
+
+LAYOUTS = ("NHD", "HND")
+INT32_MAX = 2**31 - 1
+_DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale,
+                       rope_theta):
+    """Raises ValueError for FlashInfer options whose non-default values Tessera cannot honour yet."""
+    if pos_encoding_mode != "NONE":
+        raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is supported; RoPE is not supported yet")
+    if window_left != -1:
+        raise ValueError(f"window_left={window_left}: sliding-window attention is not supported yet (use -1)")
+    if logits_soft_cap is not None and logits_soft_cap != 0.0:
+        raise ValueError(f"logits_soft_cap={logits_soft_cap}: logits soft-capping is not supported yet")
+    for name, value in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
+        if value is not None:
+            raise ValueError(f"{name}={value}: RoPE is not supported yet")
+    for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if value is not None:
+            raise ValueError(f"{name}: quantization scales are not supported yet")
+
+
+def check_backend(backend, jit_args):
+    """Only Tessera's own kernels exist: 'auto' / 'fa2' select them; custom JIT variants are not exposed yet."""
+    if backend not in ("auto", "fa2"):
+        raise ValueError(f"backend={backend!r}: not supported yet (only 'auto' / 'fa2', Tessera's own kernel)")
+    if jit_args is not None:
+        raise ValueError("jit_args: custom JIT variants are not supported yet")
+
+
+def dtype_arg(value, name):
+    """A data type given as a torch dtype, numpy dtype or string, as 'float16' or 'bfloat16'."""
+    if isinstance(value, str):
+        s = value
+    elif type(value).__module__ == "torch":  # torch.dtype, without importing torch
+        s = str(value)
+    else:
+        try:
+            s = np.dtype(value).name
+        except TypeError:
+            raise TypeError(f"{name}: expected a data type (torch dtype or name), got {value!r}") from None
+    s = s.replace("torch.", "")
+    s = _DTYPE_ALIASES.get(s, s)
+    if s not in ("float16", "bfloat16"):
+        raise TypeError(f"{name}: expected float16 or bfloat16, got {s} (other data types are not supported yet)")
+    return s
+
+
+def host_ints(x, name):
+    """A 1-D index array (torch tensor on any device, numpy array, list) as contiguous CPU int32 numpy."""
+    if T.is_torch(x):
+        if x.is_floating_point() or x.is_complex():
+            raise TypeError(f"{name}: expected an integer tensor, got {str(x.dtype).replace('torch.', '')}")
+        arr = x.detach().cpu().numpy()  # a GPU tensor is copied (synchronously) to the host, as FlashInfer does
+    elif isinstance(x, np.ndarray):
+        arr = x
+    elif isinstance(x, (list, tuple)):
+        arr = np.asarray(x, dtype=np.int64)
+    else:
+        raise TypeError(f"{name}: expected a torch.Tensor, numpy.ndarray or list of ints, got {type(x).__name__}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer dtype, got {arr.dtype.name}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {tuple(arr.shape)}")
+    if arr.size and (int(arr.min()) < -INT32_MAX - 1 or int(arr.max()) > INT32_MAX):
+        raise ValueError(f"{name}: expected values that fit in int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    return int(value)
+
+
+def sm_scale_arg(sm_scale):
+    """The softmax scale as the bindings take it: -1.0 (None: 1/sqrt(head_dim)) or a positive finite float."""
+    if sm_scale is None:
+        return -1.0
+    if isinstance(sm_scale, bool) or not (isinstance(sm_scale, numbers.Real) and 0 < sm_scale < math.inf):
+        raise ValueError(f"sm_scale: expected a positive finite number or None, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+def unpack_paged_kv_cache(paged_kv_cache):
+    """(k, v) for a (k_cache, v_cache) pair, (kv, None) for one interleaved [num_pages, 2, ...] tensor."""
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(f"paged_kv_cache: expected a (k_cache, v_cache) pair, got {len(paged_kv_cache)} items")
+        k, v = paged_kv_cache
+        T.framework(k, "paged_kv_cache[0]")
+        T.framework(v, "paged_kv_cache[1]")
+        return k, v
+    T.framework(paged_kv_cache, "paged_kv_cache")
+    return paged_kv_cache, None
+
+
+def check_workspace_buffer(buf):
+    """float_workspace_buffer must be a contiguous torch uint8 CUDA tensor (checked at plan(), not in the
+    constructor, so option errors surface first on machines without a GPU)."""
+    if not (T.is_cuda(buf) and str(buf.dtype) == "torch.uint8"):
+        raise TypeError(f"float_workspace_buffer: expected a torch uint8 CUDA tensor, got "
+                        f"{type(buf).__name__} of {getattr(buf, 'dtype', '?')} on {T.device_of(buf)}")
+    if not buf.is_contiguous():
+        raise ValueError("float_workspace_buffer: expected a contiguous tensor")
+
+
+def buffer_length(buf, name):
+    """The length of a FlashInfer CUDA-graph index buffer (a positive count), or None when not given."""
+    return None if buf is None else positive_int(len(buf), f"{name} length")
+
+
+class Bound(NamedTuple):
+    """One workspace bound of a C++ wrapper (e.g. max_batch) and how plan() arguments reach it."""
+    name: str  # the C++ bound, as messages name it: max_batch, max_total_q, max_pages
+    arg: str  # the plan() argument that brings the count
+    what: str  # what is counted, for messages ("batch size", "page count")
+    fixed: Optional[int] = None  # fixed by a caller's buffer, else None
+    fixed_by: str = ""  # that buffer's argument name
+
+
+def ensure_native(owner, config, counts, bounds, size, make):
+    """Builds (or re-sizes) owner's C++ plan/run object for `config` and these counts.
+
+    owner: the wrapper; reads _float_workspace_buffer, _use_cuda_graph and
+        keeps _native, _native_key and _pinned (the pinned staging buffer).
+    counts: one count per bound (what this plan() needs).
+    size(want, device) -> (device_bytes, host_bytes) for the bounds `want`.
+    make(want, ws_ptr, ws_bytes, host_ptr, host_bytes, device) -> the object.
+
+    Bounds that cannot move are the caller's buffers and, in CUDA-graph
+    mode, those of the object already built (a captured run() holds the
+    workspace addresses); a count beyond one is a ValueError naming it.
+    """
+    key = owner._native_key
+    same = key is not None and key[0] == config
+    if same and all(c <= b for c, b in zip(counts, key[1])):
+        return
+    fixed = [b.fixed for b in bounds]
+    if same and owner._use_cuda_graph:
+        fixed = list(key[1])
+    for b, c, f in zip(bounds, counts, fixed):
+        if f is not None and c > f:
+            by = f"{b.fixed_by}, or by " if b.fixed_by else ""
+            raise ValueError(f"{b.arg}: {b.what} {c} exceeds the workspace bound {b.name}={f} "
+                             f"(fixed by {by}the first plan() with use_cuda_graph=True)")
+    need = tuple(c if f is None else f for c, f in zip(counts, fixed))
+    # Growing without fixed bounds: double, so a slowly growing workload
+    # re-sizes rarely (each re-size waits for the GPU once).
+    if same:
+        grown = (max(c, 2 * b) for c, b in zip(counts, key[1]))
+        want = tuple(g if f is None else f for g, f in zip(grown, fixed))
+    else:
+        want = need
+    torch = T._torch()
+    buf = owner._float_workspace_buffer
+    device = buf.device.index or 0
+    have = buf.numel()
+    dev_bytes, host_bytes = size(want, device)
+    if dev_bytes > have and want != need:
+        want = need
+        dev_bytes, host_bytes = size(want, device)
+    if dev_bytes > have:
+        bounds_text = ", ".join(f"{b.name}={w}" for b, w in zip(bounds, want))
+        raise ValueError(f"float_workspace_buffer: expected at least {dev_bytes} bytes for {bounds_text}, got {have}")
+    if owner._native is not None:
+        # Queued kernels may still read the old schedule, and a queued
+        # upload may still read the pinned staging buffer.
+        torch.cuda.synchronize(buf.device)
+    if owner._pinned is None or owner._pinned.numel() < host_bytes:
+        owner._pinned = torch.empty(max(host_bytes, 1), dtype=torch.uint8, pin_memory=True)
+    owner._native = None  # release the old object (and its claim on the workspace) first
+    owner._native = make(want, buf.data_ptr(), have, owner._pinned.data_ptr(), owner._pinned.numel(), device)
+    owner._native_key = (config, tuple(want))
