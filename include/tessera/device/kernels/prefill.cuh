@@ -209,17 +209,18 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
           auto slot_base = [&](int c) {
             return (static_cast<i64>(w.first_slot + c) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
           };
+          // Unrolled, branch-free: many chunk loads in flight (empty chunks
+          // hold finite zeros with lse = -inf, i.e. weight 0).
           float m = neg_inf();
-          if (Variant::use_softmax)
+          if (Variant::use_softmax) {
+#pragma unroll 8
             for (int c = 0; c < w.num_chunks; ++c) m = fmaxf(m, __ldcg(p.partial_lse + slot_base(c)));
+          }
           const float m_safe = m == neg_inf() ? 0.f : m;
           float acc[4] = {0.f, 0.f, 0.f, 0.f}, denom = 0.f;
+#pragma unroll 4
           for (int c = 0; c < w.num_chunks; ++c) {
-            float wgt = 1.f;
-            if (Variant::use_softmax) {
-              wgt = exp2f(__ldcg(p.partial_lse + slot_base(c)) - m_safe);
-              if (wgt == 0.f) continue;
-            }
+            const float wgt = Variant::use_softmax ? exp2f(__ldcg(p.partial_lse + slot_base(c)) - m_safe) : 1.f;
             const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c) * HEAD_DIM + col));
             acc[0] += wgt * v.x; acc[1] += wgt * v.y; acc[2] += wgt * v.z; acc[3] += wgt * v.w;
             denom += wgt;
