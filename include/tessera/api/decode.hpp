@@ -35,9 +35,7 @@ class BatchDecode {
  public:
   BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace, DecodeOptions opt = {});
 
-  struct Sizes {
-    size_t device_bytes = 0, host_bytes = 0;
-  };
+  using Sizes = WorkspaceSizes;
   // Workspace needed for these bounds (task.max_batch, task.max_pages > 0)
   // on a GPU with `num_sms` multiprocessors.
   static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const DecodeOptions& opt = {});

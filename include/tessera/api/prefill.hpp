@@ -39,9 +39,7 @@ class BatchPrefill {
  public:
   BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspace, PrefillOptions opt = {});
 
-  struct Sizes {
-    size_t device_bytes = 0, host_bytes = 0;
-  };
+  using Sizes = WorkspaceSizes;
   // Workspace for the bounds in `task` (max_batch, max_total_q, max_pages > 0)
   // on a GPU with num_sms multiprocessors, whatever query tile is chosen.
   static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt = {});

@@ -48,6 +48,11 @@ class Workspace {
   cudaEvent_t upload_done_ = nullptr;
 };
 
+// Bytes a wrapper needs: device workspace and pinned host staging buffer.
+struct WorkspaceSizes {
+  size_t device_bytes = 0, host_bytes = 0;
+};
+
 // Lays out fixed sections in a workspace: each add() returns an offset,
 // aligned so every section can hold 16-byte vectors.
 class WorkspaceLayout {
