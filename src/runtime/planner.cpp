@@ -13,9 +13,9 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
   int64_t L = INT32_MAX;
   if (opt.split_kv) {
-    const int64_t align = std::max(1, opt.chunk_align);
+    const int64_t a = std::max(1, opt.chunk_align);
     L = std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk));
-    L = (L + align - 1) / align * align;
+    L = (L + a - 1) / a * a;
   }
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
 
@@ -26,18 +26,24 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   num_chunks_.assign(n_tiles, 1);
   counter_.assign(n_tiles, -1);
   int32_t slots = 0, split = 0;
+  const int64_t align = std::max(1, opt.chunk_align);
   for (size_t i = 0; i < n_tiles; ++i) {
     const int64_t len = tiles_[i].kv_len;
     const int64_t n = std::max<int64_t>(1, (len + L - 1) / L);
-    num_chunks_[i] = static_cast<int32_t>(n);
-    if (n > 1) {
+    // n near-equal chunks (aligned), not L-sized ones plus a remainder: a
+    // tiny tail chunk costs a whole work item's fixed overhead.
+    const int64_t step = n == 1 ? std::max<int64_t>(len, 1) : std::min(L, ((len + n - 1) / n + align - 1) / align * align);
+    const int64_t used = (len + step - 1) / step;
+    const int64_t chunks = std::max<int64_t>(1, used);
+    num_chunks_[i] = static_cast<int32_t>(chunks);
+    if (chunks > 1) {
       first_slot_[i] = slots;
-      slots += static_cast<int32_t>(n);
+      slots += static_cast<int32_t>(chunks);
       counter_[i] = split++;
     }
-    for (int64_t c = 0; c < n; ++c)
-      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c * L),
-                         static_cast<int32_t>(std::min(len, (c + 1) * L)), static_cast<int32_t>(c)});
+    for (int64_t c = 0; c < chunks; ++c)
+      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c * step),
+                         static_cast<int32_t>(std::min(len, (c + 1) * step)), static_cast<int32_t>(c)});
   }
   out.num_slots = slots;
   out.num_split = split;

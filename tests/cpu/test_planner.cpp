@@ -22,6 +22,7 @@ void check_plan(const std::vector<int32_t>& lens, int ctas, const PlannerOptions
   ASSERT_EQ(plan.work_indptr.back(), static_cast<int32_t>(plan.items.size()));
   std::vector<std::vector<std::pair<int, int>>> covered(lens.size());
   std::vector<int> seen_chunks(lens.size(), 0);
+  std::vector<std::vector<std::pair<int, int>>> slots(lens.size());  // (kv_start, slot - first_slot)
   double max_cost = 0, max_item = 0, total = 0;
   for (int c = 0; c < ctas; ++c) {
     double cost = 0;
@@ -39,12 +40,16 @@ void check_plan(const std::vector<int32_t>& lens, int ctas, const PlannerOptions
       } else {
         EXPECT_GE(w.partial_slot, w.first_slot);
         EXPECT_LT(w.partial_slot, w.first_slot + w.num_chunks);
-        EXPECT_EQ(w.partial_slot - w.first_slot, w.kv_start / plan.chunk_size);
+        slots[w.request].push_back({w.kv_start, w.partial_slot - w.first_slot});
         EXPECT_LT(w.partial_slot, plan.num_slots);
       }
     }
     max_cost = std::max(max_cost, cost);
     total += cost;
+  }
+  for (auto& v : slots) {  // a split request's chunks take consecutive slots in KV order
+    std::sort(v.begin(), v.end());
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i].second, static_cast<int>(i));
   }
   for (size_t r = 0; r < lens.size(); ++r) {  // exact cover of [0, len)
     auto& v = covered[r];
@@ -91,6 +96,17 @@ TEST(Planner, SplitsOnlyLongRequests) {
   planner.plan_decode(one, 132, {}, plan);
   EXPECT_GE(plan.items.size(), 100u);
   for (int c = 0; c < 132; ++c) EXPECT_LE(plan.work_indptr[c + 1] - plan.work_indptr[c], 2);
+}
+
+TEST(Planner, NearEqualChunks) {
+  // 64 x 1024 on 99 CTAs: L = 672, so each request splits in two; the halves
+  // must be near-equal (512 + 512), not 672 + 352 (a tail chunk costs a whole
+  // work item's fixed overhead).
+  Planner planner;
+  DecodePlan plan;
+  std::vector<int32_t> lens(64, 1024);
+  planner.plan_decode(lens, 99, {}, plan);
+  for (const auto& w : plan.items) EXPECT_EQ(w.kv_end - w.kv_start, 512);
 }
 
 TEST(Planner, NoSplitAblation) {
