@@ -11,11 +11,31 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   for (const Tile& t : tiles_) total += t.kv_len;
 
   // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
+  // Refinement (as FlashInfer's implementation does): grow L, by binary
+  // search, to the smallest size whose chunks fit in one wave of CTAs, so a
+  // batch that barely overflows the CTAs is not cut into one extra round of
+  // chunks. When even unsplit tiles outnumber the CTAs, line 3's L stands.
   int64_t L = INT32_MAX;
   if (opt.split_kv) {
     const int64_t a = std::max(1, opt.chunk_align);
-    L = std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk));
-    L = (L + a - 1) / a * a;
+    auto aligned = [a](int64_t x) { return (x + a - 1) / a * a; };
+    L = aligned(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)));
+    auto chunks_at = [&](int64_t len) {
+      int64_t n = 0;
+      for (const Tile& t : tiles_) n += std::max<int64_t>(1, (t.kv_len + len - 1) / len);
+      return n;
+    };
+    int64_t longest = 1;
+    for (const Tile& t : tiles_) longest = std::max<int64_t>(longest, t.kv_len);
+    if (chunks_at(L) > ctas && chunks_at(aligned(longest)) <= ctas) {
+      int64_t lo = L, hi = aligned(longest);  // chunks_at(lo) > ctas >= chunks_at(hi)
+      while (hi - lo > a) {
+        const int64_t mid = aligned(lo + (hi - lo) / 2);
+        if (mid >= hi) break;
+        if (chunks_at(mid) <= ctas) hi = mid; else lo = mid;
+      }
+      L = hi;
+    }
   }
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
 

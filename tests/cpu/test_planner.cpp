@@ -98,15 +98,26 @@ TEST(Planner, SplitsOnlyLongRequests) {
   for (int c = 0; c < 132; ++c) EXPECT_LE(plan.work_indptr[c + 1] - plan.work_indptr[c], 2);
 }
 
-TEST(Planner, NearEqualChunks) {
-  // 64 x 1024 on 99 CTAs: L = 672, so each request splits in two; the halves
-  // must be near-equal (512 + 512), not 672 + 352 (a tail chunk costs a whole
-  // work item's fixed overhead).
+TEST(Planner, ChunksFitOneWaveAndHaveNoTinyTails) {
   Planner planner;
   DecodePlan plan;
-  std::vector<int32_t> lens(64, 1024);
-  planner.plan_decode(lens, 99, {}, plan);
-  for (const auto& w : plan.items) EXPECT_EQ(w.kv_end - w.kv_start, 512);
+  // 64 x 1024 on 99 CTAs: unsplit requests already fit one wave; splitting
+  // (L = 672 by line 3) would only add work items.
+  std::vector<int32_t> even(64, 1024);
+  planner.plan_decode(even, 99, {}, plan);
+  EXPECT_EQ(plan.items.size(), 64u);
+  EXPECT_EQ(plan.num_split_requests, 0);
+  // 4 x 32768 on 99 CTAs: 24 near-equal chunks per request (one wave), none
+  // shorter than half the largest.
+  std::vector<int32_t> longs(4, 32768);
+  planner.plan_decode(longs, 99, {}, plan);
+  EXPECT_LE(plan.items.size(), 99u);
+  int lo = INT32_MAX, hi = 0;
+  for (const auto& w : plan.items) {
+    lo = std::min(lo, w.kv_end - w.kv_start);
+    hi = std::max(hi, w.kv_end - w.kv_start);
+  }
+  EXPECT_GE(2 * lo, hi);
 }
 
 TEST(Planner, NoSplitAblation) {
