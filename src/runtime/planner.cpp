@@ -6,67 +6,32 @@
 
 namespace tessera {
 
-void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
-  int64_t total = 0;
-  for (const Tile& t : tiles_) total += t.kv_len;
-
-  // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
-  // Refinement (as FlashInfer's implementation does): grow L, by binary
-  // search, to the smallest size whose chunks fit in one wave of CTAs, so a
-  // batch that barely overflows the CTAs is not cut into one extra round of
-  // chunks. When even unsplit tiles outnumber the CTAs, line 3's L stands.
-  int64_t L = INT32_MAX;
-  if (opt.split_kv) {
-    const int64_t a = std::max(1, opt.chunk_align);
-    auto aligned = [a](int64_t x) { return (x + a - 1) / a * a; };
-    L = aligned(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)));
-    auto chunks_at = [&](int64_t len) {
-      int64_t n = 0;
-      for (const Tile& t : tiles_) n += std::max<int64_t>(1, (t.kv_len + len - 1) / len);
-      return n;
-    };
-    int64_t longest = 1;
-    for (const Tile& t : tiles_) longest = std::max<int64_t>(longest, t.kv_len);
-    if (chunks_at(L) > ctas && chunks_at(aligned(longest)) <= ctas) {
-      int64_t lo = L, hi = aligned(longest);  // chunks_at(lo) > ctas >= chunks_at(hi)
-      while (hi - lo > a) {
-        const int64_t mid = aligned(lo + (hi - lo) / 2);
-        if (mid >= hi) break;
-        if (chunks_at(mid) <= ctas) hi = mid; else lo = mid;
-      }
-      L = hi;
-    }
-  }
-  out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
-
-  // Line 4: chunks; a split tile gets consecutive partial slots and a counter.
+double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt) {
+  // Line 4: chunks. A tile of n chunks is cut into n near-equal aligned
+  // pieces, not L-sized ones plus a tail: a tiny tail costs a whole item's
+  // fixed overhead. A split tile gets consecutive partial slots and a counter.
+  const int64_t align = std::max(1, opt.chunk_align);
   const size_t n_tiles = tiles_.size();
   chunks_.clear();
   first_slot_.assign(n_tiles, -1);
   num_chunks_.assign(n_tiles, 1);
   counter_.assign(n_tiles, -1);
-  int32_t slots = 0, split = 0;
-  const int64_t align = std::max(1, opt.chunk_align);
+  slots_ = split_ = 0;
   for (size_t i = 0; i < n_tiles; ++i) {
     const int64_t len = tiles_[i].kv_len;
     const int64_t n = std::max<int64_t>(1, (len + L - 1) / L);
-    // n near-equal chunks (aligned), not L-sized ones plus a remainder: a
-    // tiny tail chunk costs a whole work item's fixed overhead.
     const int64_t step = n == 1 ? std::max<int64_t>(len, 1) : std::min(L, ((len + n - 1) / n + align - 1) / align * align);
-    const int64_t used = (len + step - 1) / step;
-    const int64_t chunks = std::max<int64_t>(1, used);
+    const int64_t chunks = std::max<int64_t>(1, (len + step - 1) / step);
     num_chunks_[i] = static_cast<int32_t>(chunks);
     if (chunks > 1) {
-      first_slot_[i] = slots;
-      slots += static_cast<int32_t>(chunks);
-      counter_[i] = split++;
+      first_slot_[i] = slots_;
+      slots_ += static_cast<int32_t>(chunks);
+      counter_[i] = split_++;
     }
     for (int64_t c = 0; c < chunks; ++c)
       chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c * step),
                          static_cast<int32_t>(std::min(len, (c + 1) * step)), static_cast<int32_t>(c)});
   }
-  out.num_slots = slots;
-  out.num_split = split;
 
   // Line 5: longest first; ties by tile, then chunk (deterministic).
   order_.resize(chunks_.size());
@@ -91,12 +56,56 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
     cost += opt.alpha * tile_rows + opt.beta * (chunks_[w].end - chunks_[w].start);
     std::push_heap(heap_.begin(), heap_.end(), min_heap);
   }
-  double max_cost = 0, sum_cost = 0;
-  for (auto& [cost, cta] : heap_) {
-    max_cost = std::max(max_cost, cost);
-    sum_cost += cost;
+  double max_cost = 0;
+  for (auto& [cost, cta] : heap_) max_cost = std::max(max_cost, cost);
+  return max_cost;
+}
+
+void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
+  int64_t total = 0, longest = 1;
+  for (const Tile& t : tiles_) {
+    total += t.kv_len;
+    longest = std::max<int64_t>(longest, t.kv_len);
   }
-  out.max_cta_cost = max_cost;
+  // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
+  int64_t L = INT32_MAX;
+  const int64_t a = std::max(1, opt.chunk_align);
+  auto aligned = [a](int64_t x) { return (x + a - 1) / a * a; };
+  if (opt.split_kv) L = aligned(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)));
+  double best = assign(L, ctas, tile_rows, opt);
+
+  // Refinement (FlashInfer's implementation does likewise): the smallest L
+  // whose chunks fit one wave of CTAs, found by binary search. It avoids an
+  // extra round of chunks when a batch barely overflows the CTAs, but can lose
+  // on skewed batches, so the plan with the lower cost wins (ties: line 3's).
+  if (opt.split_kv) {
+    auto chunks_at = [&](int64_t len) {
+      int64_t n = 0;
+      for (const Tile& t : tiles_) n += std::max<int64_t>(1, (t.kv_len + len - 1) / len);
+      return n;
+    };
+    if (chunks_at(L) > ctas && chunks_at(aligned(longest)) <= ctas) {
+      int64_t lo = L, hi = aligned(longest);  // chunks_at(lo) > ctas >= chunks_at(hi)
+      while (hi - lo > a) {
+        const int64_t mid = aligned(lo + (hi - lo) / 2);
+        if (mid >= hi) break;
+        if (chunks_at(mid) <= ctas) hi = mid; else lo = mid;
+      }
+      const double fit = assign(hi, ctas, tile_rows, opt);
+      if (fit < best) {
+        best = fit;
+        L = hi;
+      } else {
+        assign(L, ctas, tile_rows, opt);  // restore line 3's plan
+      }
+    }
+  }
+  out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
+  out.num_slots = slots_;
+  out.num_split = split_;
+  double sum_cost = 0;
+  for (auto& [cost, cta] : heap_) sum_cost += cost;
+  out.max_cta_cost = best;
   out.mean_cta_cost = sum_cost / ctas;
 
   // Per-CTA queues (counting sort by owner, keeping assignment order): queue_

@@ -118,6 +118,13 @@ TEST(Planner, ChunksFitOneWaveAndHaveNoTinyTails) {
     hi = std::max(hi, w.kv_end - w.kv_start);
   }
   EXPECT_GE(2 * lo, hi);
+  // Skewed: one request holds most of the KV. Whichever L wins, no CTA may
+  // carry more than the mean plus one chunk.
+  std::vector<int32_t> skew(64, 300);
+  skew[7] = 40000;
+  planner.plan_decode(skew, 99, {}, plan);
+  check_plan(skew, 99, {}, plan);
+  EXPECT_GT(plan.num_split_requests, 0);
 }
 
 TEST(Planner, NoSplitAblation) {

@@ -81,11 +81,15 @@ class Planner {
   // Chunks the tiles, assigns chunks to CTAs; fills stats and, per chunk in
   // queue order, the chunk and its owning CTA (order_).
   void schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out);
+  // Chunks every tile at most L long and assigns the chunks greedily; returns
+  // the largest CTA cost.
+  double assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt);
 
   std::vector<Tile> tiles_;
   std::vector<Chunk> chunks_;
   std::vector<int32_t> first_slot_, num_chunks_, counter_, owner_, order_, fill_, queue_;
   std::vector<std::pair<double, int32_t>> heap_;
+  int32_t slots_ = 0, split_ = 0;
 };
 
 }  // namespace tessera
