@@ -1,5 +1,6 @@
 #include "checks.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tessera::detail {
@@ -71,6 +72,32 @@ float resolve_sm_scale(double sm_scale, int head_dim) {
 
 int page_shift(int page_size) {
   return (page_size & (page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(page_size)) : -1;
+}
+
+int ctas_per_head(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms) {
+  const int sms = max_sms > 0 ? std::min(max_sms, num_sms) : num_sms;
+  return std::max(1, sms * ctas_per_sm / num_kv_heads);
+}
+
+PersistentKernel load_persistent(const jit::KernelSource& src, int device, int threads, int smem_bytes,
+                                 int ctas_per_sm_cap, int num_kv_heads, int max_sms, const char* what) {
+  require_gpu(what);
+  cuda::DeviceGuard guard(device);
+  PersistentKernel pk;
+  pk.kernel = &jit::KernelCache::global().kernel(src, device);
+  pk.kernel->set_max_dynamic_smem(smem_bytes);
+  int occ = 0;
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &occ, reinterpret_cast<const void*>(pk.kernel->handle()), threads, smem_bytes));
+  if (occ < 1) throw CudaError(std::string(what) + ": the kernel cannot run with its tile configuration on this GPU");
+  pk.ctas_per_head = ctas_per_head(num_kv_heads, cuda::device_info(device).sm_count, std::min(occ, ctas_per_sm_cap), max_sms);
+  return pk;
+}
+
+void check_workspace_size(const Workspace& ws, size_t device_bytes, size_t host_bytes) {
+  if (ws.device_bytes() < device_bytes || ws.host_bytes() < host_bytes)
+    throw InvalidArgument("workspace: expected at least " + str(device_bytes) + " device bytes and " + str(host_bytes) +
+                          " pinned host bytes, got " + str(ws.device_bytes()) + " and " + str(ws.host_bytes()));
 }
 
 }  // namespace tessera::detail

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "tessera/api/attention.hpp"
+#include "tessera/api/workspace.hpp"
+#include "tessera/runtime/jit.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/runtime/cuda.hpp"
@@ -41,5 +43,22 @@ float resolve_sm_scale(double sm_scale, int head_dim);
 int page_shift(int page_size);
 
 inline bool has(const TensorView& t) { return t.defined() && t.data != nullptr; }
+
+// CTA columns per KV head of a persistent grid: the SMs used (all, or at most
+// max_sms > 0) times CTAs per SM, shared by the KV heads (grid.y).
+int ctas_per_head(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms);
+
+struct PersistentKernel {
+  const jit::LoadedKernel* kernel = nullptr;
+  int ctas_per_head = 0;
+};
+// Loads `src` on `device`, raises its shared-memory limit (static shared
+// memory counts against the 48 KB default too) and sizes the persistent grid
+// from its occupancy, at most ctas_per_sm_cap CTAs per SM.
+PersistentKernel load_persistent(const jit::KernelSource& src, int device, int threads, int smem_bytes,
+                                 int ctas_per_sm_cap, int num_kv_heads, int max_sms, const char* what);
+
+// The workspace must hold a wrapper's sections: throws InvalidArgument otherwise.
+void check_workspace_size(const Workspace& ws, size_t device_bytes, size_t host_bytes);
 
 }  // namespace tessera::detail

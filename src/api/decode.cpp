@@ -27,10 +27,6 @@ DecodeOptions with_env_overrides(DecodeOptions opt) {
   return opt;
 }
 
-int ctas_per_head_for(const TaskInfo& task, int num_sms, int ctas_per_sm, const DecodeOptions& opt) {
-  const int sms = opt.max_sms > 0 ? std::min(opt.max_sms, num_sms) : num_sms;
-  return std::max(1, sms * ctas_per_sm / task.num_kv_heads);
-}
 
 }  // namespace
 
@@ -59,7 +55,7 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
   const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
-  const Layout l = layout_for(spec, task, ctas_per_head_for(task, num_sms, per_sm, opt));
+  const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms));
   return {l.total, l.staged};
 }
 
@@ -98,25 +94,17 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
   const int64_t n_indices = static_cast<int64_t>(kv_indices.size());
 
   if (!kernel_) {  // first plan: load the kernel, fix the grid and the workspace sections
-    detail::require_gpu("BatchDecode::plan");
-    cuda::DeviceGuard guard(ws_->device());
-    kernel_ = &jit::KernelCache::global().kernel(source_, ws_->device());
-    // Always raise the limit: static shared memory counts against the 48 KB default too.
-    kernel_->set_max_dynamic_smem(config_.smem_bytes);
-    int occ = 0;
-    TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ, reinterpret_cast<const void*>(kernel_->handle()), config_.threads, config_.smem_bytes));
-    if (occ < 1) throw CudaError("BatchDecode: the decode kernel cannot run with its tile configuration on this GPU");
-    const int per_sm = opt_.ctas_per_sm > 0 ? std::min(opt_.ctas_per_sm, occ) : std::min(config_.ctas_per_sm, occ);
-    ctas_per_head_ = ctas_per_head_for(task_, cuda::device_info(ws_->device()).sm_count, per_sm, opt_);
+    const int cap = opt_.ctas_per_sm > 0 ? opt_.ctas_per_sm : config_.ctas_per_sm;
+    const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, cap,
+                                            task_.num_kv_heads, opt_.max_sms, "BatchDecode::plan");
+    kernel_ = pk.kernel;
+    ctas_per_head_ = pk.ctas_per_head;
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
     layout_ = layout_for(spec_, task_, ctas_per_head_);
-    if (ws_->device_bytes() < layout_.total || ws_->host_bytes() < layout_.staged)
-      throw InvalidArgument("workspace: expected at least " + str(layout_.total) + " device bytes and " + str(layout_.staged) +
-                            " pinned host bytes for max_batch=" + str(task_.max_batch) + ", max_pages=" +
-                            str(task_.max_pages) + ", got " + str(ws_->device_bytes()) + " and " + str(ws_->host_bytes()));
+    detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
     // Merge counters start at zero; every run leaves them at zero.
+    cuda::DeviceGuard guard(ws_->device());
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
                                        sizeof(int32_t) * task_.max_batch * task_.num_kv_heads, stream));
   }

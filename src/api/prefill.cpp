@@ -11,12 +11,6 @@ namespace tessera {
 
 using detail::str;
 
-namespace {
-int ctas_per_head_for(const TaskInfo& task, int num_sms, int ctas_per_sm, int max_sms) {
-  const int sms = max_sms > 0 ? std::min(max_sms, num_sms) : num_sms;
-  return std::max(1, sms * ctas_per_sm / task.num_kv_heads);
-}
-}  // namespace
 
 BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int cta_q) {
   const int group = task.num_qo_heads / task.num_kv_heads;
@@ -48,7 +42,7 @@ BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, cons
   for (int q : {16, 32, 64, 128}) {
     if (opt.cta_q && q != opt.cta_q) continue;
     const PrefillConfig c = catalog::prefill_config(spec, q);
-    const Layout l = layout_for(spec, task, ctas_per_head_for(task, num_sms, c.ctas_per_sm, opt.max_sms), q);
+    const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, c.ctas_per_sm, opt.max_sms), q);
     s.device_bytes = std::max(s.device_bytes, l.total);
     s.host_bytes = std::max(s.host_bytes, l.staged);
   }
@@ -108,26 +102,18 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   const int group = task_.num_qo_heads / task_.num_kv_heads;
 
   if (!kernel_) {  // first plan: choose the tile, load the kernel, fix grid and sections
-    detail::require_gpu("BatchPrefill::plan");
     if (!opt_.cta_q) config_ = catalog::prefill_config(spec_, catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0));
     source_ = catalog::batch_prefill(spec_, config_.cta_q);
-    cuda::DeviceGuard guard(ws_->device());
-    kernel_ = &jit::KernelCache::global().kernel(source_, ws_->device());
-    // Always raise the limit: static shared memory counts against the 48 KB default too.
-    kernel_->set_max_dynamic_smem(config_.smem_bytes);
-    int occ = 0;
-    TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ, reinterpret_cast<const void*>(kernel_->handle()), config_.threads, config_.smem_bytes));
-    if (occ < 1) throw CudaError("BatchPrefill: the prefill kernel cannot run with its tile configuration on this GPU");
-    ctas_per_head_ = ctas_per_head_for(task_, cuda::device_info(ws_->device()).sm_count, std::min(occ, config_.ctas_per_sm),
-                                       opt_.max_sms);
+    const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, config_.ctas_per_sm,
+                                            task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
+    kernel_ = pk.kernel;
+    ctas_per_head_ = pk.ctas_per_head;
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
     layout_ = layout_for(spec_, task_, ctas_per_head_, config_.cta_q);
-    if (ws_->device_bytes() < layout_.total || ws_->host_bytes() < layout_.staged)
-      throw InvalidArgument("workspace: expected at least " + str(layout_.total) + " device bytes and " + str(layout_.staged) +
-                            " pinned host bytes, got " + str(ws_->device_bytes()) + " and " + str(ws_->host_bytes()));
+    detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
+    cuda::DeviceGuard guard(ws_->device());  // merge counters start at zero; runs leave them at zero
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
                                        layout_.partial_lse - layout_.counters, stream));
   }
