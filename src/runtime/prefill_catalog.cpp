@@ -1,6 +1,8 @@
 #include "tessera/runtime/prefill_catalog.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "tessera/core/error.hpp"
@@ -12,6 +14,22 @@ int choose_cta_q(double avg_fused_q_len) {
   return 128;
 }
 
+// Tuning override, "cta_kv,warps_q,warps_kv,stages" (benchmarks and sweeps
+// only; zero fields keep the heuristic's choice).
+static void apply_override(PrefillConfig& c, int head_dim) {
+  const char* env = std::getenv("TESSERA_PREFILL_TILE");
+  if (env == nullptr || *env == 0) return;
+  int v[4] = {0, 0, 0, 0};
+  if (std::sscanf(env, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) != 4)
+    throw InvalidArgument(std::string("TESSERA_PREFILL_TILE: expected \"cta_kv,warps_q,warps_kv,stages\", got ") + env);
+  if (v[0]) c.cta_kv = v[0];
+  if (v[1]) c.warps_q = v[1];
+  if (v[2]) c.warps_kv = v[2];
+  if (v[3]) c.stages = v[3];
+  if (c.cta_q % (16 * c.warps_q) != 0 || c.cta_kv % (16 * c.warps_kv) != 0 || c.stages < 2 || head_dim <= 0)
+    throw InvalidArgument(std::string("TESSERA_PREFILL_TILE: inconsistent tile ") + env);
+}
+
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q) {
   validate_spec(spec);
   if (spec.q_dtype != spec.kv_dtype)
@@ -19,16 +37,21 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q) {
                        dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));
   PrefillConfig c;
   c.cta_q = cta_q;
-  switch (cta_q) {  // four warps (eight for 128 rows), split over rows first
+  // Four warps. Small tiles split the KV tile over warps; large ones give each
+  // warp 32 rows (two m-tiles) so every K/V fragment read from shared memory
+  // feeds two mma's. head_dim 256 keeps 16 rows per warp: 32 rows of O would
+  // need 256 accumulator registers.
+  switch (cta_q) {
     case 16: c.warps_q = 1; c.warps_kv = 4; break;
     case 32: c.warps_q = 2; c.warps_kv = 2; break;
     case 64: c.warps_q = 4; c.warps_kv = 1; break;
-    case 128: c.warps_q = 8; c.warps_kv = 1; break;
+    case 128: c.warps_q = spec.head_dim == 256 ? 8 : 4; c.warps_kv = 1; break;
     default: throw InvalidArgument("cta_q: expected 16, 32, 64 or 128, got " + std::to_string(cta_q));
   }
   // A head_dim-256 row of O takes 128 accumulator registers: keep S small.
   c.cta_kv = spec.head_dim == 256 && c.warps_kv == 1 ? 32 : 64;
   c.stages = 2;
+  apply_override(c, spec.head_dim);
   c.threads = 32 * c.warps_q * c.warps_kv;
   c.smem_bytes = 2 * (c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim);
   c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
@@ -39,7 +62,8 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q) {
   const PrefillConfig c = prefill_config(spec, cta_q);
   std::ostringstream entry, tail;
   entry << "tessera_prefill_" << spec.variant.name << "_" << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
-        << "_d" << spec.head_dim << "_q" << c.cta_q << "_kv" << c.cta_kv;
+        << "_d" << spec.head_dim << "_q" << c.cta_q << "_kv" << c.cta_kv << "_w" << c.warps_q << "x" << c.warps_kv
+        << "_s" << c.stages;
   tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
   return attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " + std::to_string(c.cta_q) + "x" +
                           std::to_string(c.cta_kv), "tessera/device/kernels/prefill.cuh", "PrefillParams",

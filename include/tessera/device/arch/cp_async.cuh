@@ -9,10 +9,11 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-// Shared-memory address of a generic pointer into shared memory.
+// Shared-memory address of a generic pointer into shared memory (pure: the
+// compiler may reuse it).
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   u32 addr;
-  asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
   return addr;
 }
 

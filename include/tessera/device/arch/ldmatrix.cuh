@@ -9,16 +9,23 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* row_addr) {
+// Shared-space byte addresses (32-bit): the form hot loops should use, so
+// per-thread offsets cost one register each instead of a 64-bit pointer.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 row_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row_addr)));
+               : "r"(row_addr));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* row_addr) {
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 row_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row_addr)));
+               : "r"(row_addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* row_addr) { ldmatrix_x4(r, smem_addr(row_addr)); }
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* row_addr) {
+  ldmatrix_x4_trans(r, smem_addr(row_addr));
 }
 
 #endif

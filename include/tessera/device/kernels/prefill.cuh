@@ -19,7 +19,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && sizeof(DO) == 2, "16-bit q, kv and o");
   static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM + 2) * 4 <= STAGES * 2 * Shape::KV_ELEMS * 2,
                 "the KV-warp merge scratch must fit in the KV pipeline buffers");
-  constexpr int NT_O = Shape::NT_O;
+  constexpr int MT = Shape::MT, NT_O = Shape::NT_O;
   extern __shared__ uint4 smem_raw[];
   DKV* q_smem = reinterpret_cast<DKV*>(smem_raw);  // q is stored as DKV: the mma needs one operand type
   DKV* kv_smem = q_smem + Shape::Q_ELEMS;
@@ -47,6 +47,8 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     });
     cp_async_commit();
     const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
+    const DKV* k_base = static_cast<const DKV*>(p.kv.k);
+    const DKV* v_base = static_cast<const DKV*>(p.kv.v);
     auto kv_row = [&](int tile) {
       const int start = w.kv_start + tile * CTA_KV;
       return [&, start](int r) -> i64 {
@@ -57,20 +59,22 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < n_tiles) {
-        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * s) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.k), kv_row(s));
-        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * s + 1) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.v), kv_row(s));
+        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * s) * Shape::KV_ELEMS, kv_smem + (2 * s + 1) * Shape::KV_ELEMS,
+                                                       k_base, v_base, kv_row(s));
       }
       cp_async_commit();
     }
 
-    RowInfo rows;
+    RowInfo<MT> rows;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int f = row0 + wq * 16 + g + 8 * r;
-      rows.qo_idx[r] = f / p.group;
-      rows.head[r] = kv_head * p.group + f % p.group;
-      rows.valid[r] = rows.qo_idx[r] < qo_len;
-    }
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int f = row0 + wq * Shape::WARP_ROWS + t * 16 + g + 8 * r;
+        rows.qo_idx[t][r] = f / p.group;
+        rows.head[t][r] = kv_head * p.group + f % p.group;
+        rows.valid[t][r] = rows.qo_idx[t][r] < qo_len;
+      }
     if constexpr (Traits::query_transform) {
       cp_async_wait<STAGES - 1>();  // the Q group is complete
       __syncthreads();
@@ -80,15 +84,15 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
       });
     }
 
-    PrefillState<NT_O> st;
+    PrefillState<MT, NT_O> st;
     st.init();
     for (int t = 0; t < n_tiles; ++t) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
       const int nt = t + STAGES - 1, ns = nt % STAGES;
       if (nt < n_tiles) {
-        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * ns) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.k), kv_row(nt));
-        load_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * ns + 1) * Shape::KV_ELEMS, static_cast<const DKV*>(p.kv.v), kv_row(nt));
+        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * ns) * Shape::KV_ELEMS, kv_smem + (2 * ns + 1) * Shape::KV_ELEMS,
+                                                       k_base, v_base, kv_row(nt));
       }
       cp_async_commit();
       DKV* k_tile = kv_smem + (2 * (t % STAGES)) * Shape::KV_ELEMS;
@@ -105,90 +109,100 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
           });
         __syncthreads();
       }
-      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, q_smem, k_tile, v_tile, tile_start,
-                                                          w.kv_end, b, kv_head, wq, wk);
+      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, smem_addr(q_smem), smem_addr(k_tile),
+                                                          smem_addr(v_tile), tile_start, w.kv_end, b, kv_head, wq, wk);
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free
 
     // Full row sums (each quad lane summed a quarter of the columns).
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      st.d[r] += __shfl_xor_sync(0xffffffffu, st.d[r], 1);
-      st.d[r] += __shfl_xor_sync(0xffffffffu, st.d[r], 2);
-    }
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        st.d[t][r] += __shfl_xor_sync(0xffffffffu, st.d[t][r], 1);
+        st.d[t][r] += __shfl_xor_sync(0xffffffffu, st.d[t][r], 2);
+      }
     // Merge the KV-split warps into warp column wk == 0, in wk order.
     if constexpr (WARPS_KV > 1) {
       float* scratch = reinterpret_cast<float*>(kv_smem);  // [WARPS_KV][CTA_Q][HEAD_DIM + 2]
       constexpr int LD = HEAD_DIM + 2;
       auto at = [&](int k, int row) { return scratch + (k * CTA_Q + row) * LD; };
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float* dst = at(wk, wq * 16 + g + 8 * r);
+      for (int t = 0; t < MT; ++t)
 #pragma unroll
-        for (int n = 0; n < NT_O; ++n) {
-          dst[n * 8 + quad * 2] = st.o[n][2 * r];
-          dst[n * 8 + quad * 2 + 1] = st.o[n][2 * r + 1];
+        for (int r = 0; r < 2; ++r) {
+          float* dst = at(wk, wq * Shape::WARP_ROWS + t * 16 + g + 8 * r);
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n) {
+            dst[n * 8 + quad * 2] = st.o[t][n][2 * r];
+            dst[n * 8 + quad * 2 + 1] = st.o[t][n][2 * r + 1];
+          }
+          if (quad == 0) { dst[HEAD_DIM] = st.m[t][r]; dst[HEAD_DIM + 1] = st.d[t][r]; }
         }
-        if (quad == 0) { dst[HEAD_DIM] = st.m[r]; dst[HEAD_DIM + 1] = st.d[r]; }
-      }
       __syncthreads();
       if (wk == 0) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          OnlineSoftmax acc;
-          acc.m = st.m[r];
-          acc.d = st.d[r];
-          for (int k = 1; k < WARPS_KV; ++k) {
-            const float* src = at(k, wq * 16 + g + 8 * r);
-            if (Variant::use_softmax) {
-              const float2 f = acc.merge(src[HEAD_DIM], src[HEAD_DIM + 1]);
+        for (int t = 0; t < MT; ++t)
 #pragma unroll
-              for (int n = 0; n < NT_O; ++n) {
-                st.o[n][2 * r] = st.o[n][2 * r] * f.x + src[n * 8 + quad * 2] * f.y;
-                st.o[n][2 * r + 1] = st.o[n][2 * r + 1] * f.x + src[n * 8 + quad * 2 + 1] * f.y;
-              }
-            } else {
+          for (int r = 0; r < 2; ++r) {
+            OnlineSoftmax acc;
+            acc.m = st.m[t][r];
+            acc.d = st.d[t][r];
+            for (int k = 1; k < WARPS_KV; ++k) {
+              const float* src = at(k, wq * Shape::WARP_ROWS + t * 16 + g + 8 * r);
+              if (Variant::use_softmax) {
+                const float2 f = acc.merge(src[HEAD_DIM], src[HEAD_DIM + 1]);
 #pragma unroll
-              for (int n = 0; n < NT_O; ++n) {
-                st.o[n][2 * r] += src[n * 8 + quad * 2];
-                st.o[n][2 * r + 1] += src[n * 8 + quad * 2 + 1];
+                for (int n = 0; n < NT_O; ++n) {
+                  st.o[t][n][2 * r] = st.o[t][n][2 * r] * f.x + src[n * 8 + quad * 2] * f.y;
+                  st.o[t][n][2 * r + 1] = st.o[t][n][2 * r + 1] * f.x + src[n * 8 + quad * 2 + 1] * f.y;
+                }
+              } else {
+#pragma unroll
+                for (int n = 0; n < NT_O; ++n) {
+                  st.o[t][n][2 * r] += src[n * 8 + quad * 2];
+                  st.o[t][n][2 * r + 1] += src[n * 8 + quad * 2 + 1];
+                }
               }
             }
+            st.m[t][r] = acc.m;
+            st.d[t][r] = acc.d;
           }
-          st.m[r] = acc.m;
-          st.d[r] = acc.d;
-        }
       }
     }
 
     if (wk == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (!rows.valid[r]) continue;
-        const bool empty = st.d[r] == 0.f;
-        const float inv = Variant::use_softmax ? (empty ? 0.f : 1.f / st.d[r]) : 1.f;
-        const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[r] + log2f(st.d[r])) : 0.f;
-        const int tile_row = wq * 16 + g + 8 * r;
-        if (w.partial_slot < 0) {
-          DO* dst = static_cast<DO*>(p.o) + (qo_start + rows.qo_idx[r]) * p.o_stride_n + rows.head[r] * p.o_stride_h;
+      for (int t = 0; t < MT; ++t)
 #pragma unroll
-          for (int n = 0; n < NT_O; ++n) {
-            const int col = n * 8 + quad * 2;
-            float pair[2] = {variant.OutputTransform(p, st.o[n][2 * r] * inv, b, rows.qo_idx[r], rows.head[r], col),
-                             variant.OutputTransform(p, st.o[n][2 * r + 1] * inv, b, rows.qo_idx[r], rows.head[r], col + 1)};
-            store_vec<2>(dst + col, pair);
+        for (int r = 0; r < 2; ++r) {
+          if (!rows.valid[t][r]) continue;
+          const int qo = rows.qo_idx[t][r], head = rows.head[t][r];
+          const bool empty = st.d[t][r] == 0.f;
+          const float inv = Variant::use_softmax ? (empty ? 0.f : 1.f / st.d[t][r]) : 1.f;
+          const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[t][r] + log2f(st.d[t][r])) : 0.f;
+          const int tile_row = wq * Shape::WARP_ROWS + t * 16 + g + 8 * r;
+          if (w.partial_slot < 0) {
+            DO* dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h;
+#pragma unroll
+            for (int n = 0; n < NT_O; ++n) {
+              const int col = n * 8 + quad * 2;
+              float pair[2] = {variant.OutputTransform(p, st.o[t][n][2 * r] * inv, b, qo, head, col),
+                               variant.OutputTransform(p, st.o[t][n][2 * r + 1] * inv, b, qo, head, col + 1)};
+              store_vec<2>(dst + col, pair);
+            }
+            if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
+          } else {
+            const i64 base = (static_cast<i64>(w.partial_slot) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
+            float* dst = p.partial_o + base * HEAD_DIM;
+#pragma unroll
+            for (int n = 0; n < NT_O; ++n)
+              *reinterpret_cast<float2*>(dst + n * 8 + quad * 2) =
+                  make_float2(st.o[t][n][2 * r] * inv, st.o[t][n][2 * r + 1] * inv);
+            if (quad == 0) p.partial_lse[base] = lse;
           }
-          if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + rows.qo_idx[r]) * p.num_qo_heads + rows.head[r]] = lse;
-        } else {
-          const i64 base = (static_cast<i64>(w.partial_slot) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
-          float* dst = p.partial_o + base * HEAD_DIM;
-#pragma unroll
-          for (int n = 0; n < NT_O; ++n)
-            *reinterpret_cast<float2*>(dst + n * 8 + quad * 2) = make_float2(st.o[n][2 * r] * inv, st.o[n][2 * r + 1] * inv);
-          if (quad == 0) p.partial_lse[base] = lse;
         }
-      }
     }
 
     if (w.partial_slot >= 0) {

@@ -23,6 +23,8 @@ namespace tessera {
 template <int HEAD_DIM, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES>
 struct PrefillShape {
   static constexpr int THREADS = 32 * WARPS_Q * WARPS_KV;
+  static constexpr int MT = CTA_Q / (16 * WARPS_Q);  // 16-row m-tiles per warp
+  static constexpr int WARP_ROWS = 16 * MT;
   static constexpr int KV_PER_WARP = CTA_KV / WARPS_KV;
   static constexpr int NT_S = KV_PER_WARP / 8;  // S n-tiles per warp
   static constexpr int NT_O = HEAD_DIM / 8;     // O n-tiles per warp
@@ -30,7 +32,7 @@ struct PrefillShape {
   static constexpr int Q_ELEMS = CTA_Q * HEAD_DIM;
   static constexpr int KV_ELEMS = CTA_KV * HEAD_DIM;
   static constexpr int SMEM_BYTES = 2 * (Q_ELEMS + STAGES * 2 * KV_ELEMS);
-  static_assert(CTA_Q == 16 * WARPS_Q, "16 query rows per warp");
+  static_assert(MT >= 1 && CTA_Q == WARP_ROWS * WARPS_Q, "whole 16-row m-tiles per warp");
   static_assert(KV_PER_WARP % 16 == 0, "each warp needs whole 16-column k-steps for P*V");
   static_assert(HEAD_DIM % 64 == 0, "head_dim must be 64, 128 or 256");
 };
@@ -56,6 +58,28 @@ __device__ __forceinline__ void load_tile(T* smem, const T* base, RowOffset row_
   }
 }
 
+// Copies one KV tile (K and V rows share their address) into swizzled shared
+// memory. Fully unrolled: thread t always copies chunk t % CH of rows
+// t / CH + i * (THREADS / CH), so each row's address (a page-table lookup for
+// paged KV) is resolved once for K and V together.
+template <int HEAD_DIM, int ROWS, int THREADS, typename T, typename RowOffset>
+__device__ __forceinline__ void load_kv_tile(T* k_smem, T* v_smem, const T* k_base, const T* v_base,
+                                             RowOffset row_offset) {
+  constexpr int CH = HEAD_DIM / 8;
+  static_assert(THREADS % CH == 0 && ROWS * CH % THREADS == 0, "whole rows per pass");
+  constexpr int ROWS_PER_PASS = THREADS / CH, PASSES = ROWS / ROWS_PER_PASS;
+  const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
+#pragma unroll
+  for (int i = 0; i < PASSES; ++i) {
+    const int row = row0 + i * ROWS_PER_PASS;
+    const i64 off = row_offset(row);
+    const bool ok = off >= 0;
+    const int dst = swz<HEAD_DIM>(row, ch);
+    cp_async_16(k_smem + dst, ok ? k_base + off + ch * 8 : k_base, ok);
+    cp_async_16(v_smem + dst, ok ? v_base + off + ch * 8 : v_base, ok);
+  }
+}
+
 // Applies an element-wise transform in place to a swizzled tile (only for
 // variants that override the slot; see VariantTraits).
 template <int HEAD_DIM, int ROWS, int THREADS, typename T, typename Fn>
@@ -67,106 +91,148 @@ __device__ __forceinline__ void transform_tile(T* smem, Fn fn) {
   }
 }
 
-// Per-thread softmax state for its two rows (g and g + 8 of the warp's 16).
-template <int NT_O>
+// Per-thread softmax state: for each of the warp's MT m-tiles, the thread's
+// two rows (g and g + 8 of the m-tile).
+template <int MT, int NT_O>
 struct PrefillState {
-  float m[2], d[2];
-  float o[NT_O][4];
+  float m[MT][2], d[MT][2];
+  float o[MT][NT_O][4];
   __device__ __forceinline__ void init() {
-    m[0] = m[1] = neg_inf();
-    d[0] = d[1] = 0.f;
 #pragma unroll
-    for (int n = 0; n < NT_O; ++n)
+    for (int t = 0; t < MT; ++t) {
+      m[t][0] = m[t][1] = neg_inf();
+      d[t][0] = d[t][1] = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+      for (int n = 0; n < NT_O; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[t][n][e] = 0.f;
+    }
   }
 };
 
-// The two rows this thread owns, resolved once per work item.
+// The rows this thread owns, resolved once per work item.
+template <int MT>
 struct RowInfo {
-  int qo_idx[2];  // position within the request
-  int head[2];    // query head
-  bool valid[2];
+  int qo_idx[MT][2];  // position within the request
+  int head[MT][2];    // query head
+  bool valid[MT][2];
 };
 
 // One KV tile: S = Q K^T, variant logits/mask, online softmax, O += P V.
+// Each K/V fragment loaded from shared memory feeds all MT m-tiles of the
+// warp: with 32 rows per warp, shared-memory traffic per FLOP halves, which is
+// what limits an mma.sync kernel on Hopper.
 template <typename Variant, typename Shape, typename T, int HEAD_DIM, typename Params>
-__device__ __forceinline__ void prefill_compute_tile(const Params& p, const Variant& variant, PrefillState<Shape::NT_O>& st,
-                                                     const RowInfo& rows, const T* q_smem, const T* k_smem,
-                                                     const T* v_smem, int tile_start, int kv_end, int b, int kv_head,
+__device__ __forceinline__ void prefill_compute_tile(const Params& p, const Variant& variant,
+                                                     PrefillState<Shape::MT, Shape::NT_O>& st,
+                                                     const RowInfo<Shape::MT>& rows, u32 q_smem, u32 k_smem,
+                                                     u32 v_smem, int tile_start, int kv_end, int b, int kv_head,
                                                      int wq, int wk) {
-  constexpr int NT_S = Shape::NT_S, NT_O = Shape::NT_O;
+  constexpr int MT = Shape::MT, NT_S = Shape::NT_S, NT_O = Shape::NT_O;
+  constexpr u32 ROW_BYTES = HEAD_DIM * 2;
   const int lane = threadIdx.x % 32, m = lane / 8, quad = lane % 4;
-  float s[NT_S][4];
+  // ldmatrix row addresses as 32-bit byte offsets. Every row an ldmatrix lane
+  // addresses has row % 8 == lane % 8, so the swizzled chunk of k-step kk is
+  // (2 kk + c) ^ (lane % 8) = 2 kk ^ x with x per thread: one XOR with a
+  // constant per step, no 64-bit pointers kept live across the loop.
+  const u32 xa = (m / 2) ^ (lane % 8);  // Q (A operand) and V (.trans B operand)
+  const u32 xk = (m % 2) ^ (lane % 8);  // K (B operand)
+  const u32 q_row = q_smem + (wq * Shape::WARP_ROWS + (m % 2) * 8 + lane % 8) * ROW_BYTES;
+  const u32 k_row = k_smem + (wk * Shape::KV_PER_WARP + (m / 2) * 8 + lane % 8) * ROW_BYTES;
+  const u32 v_row = v_smem + (wk * Shape::KV_PER_WARP + (m % 2) * 8 + lane % 8) * ROW_BYTES;
+  float s[MT][NT_S][4];
 #pragma unroll
-  for (int n = 0; n < NT_S; ++n)
+  for (int t = 0; t < MT; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][n][e] = 0.f;
 
 #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-    u32 a[4];
-    ldmatrix_x4(a, q_smem + swz<HEAD_DIM>(wq * 16 + (m % 2) * 8 + lane % 8, kk * 2 + m / 2));
+    u32 a[MT][4];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+      ldmatrix_x4(a[t], q_row + t * 16 * ROW_BYTES + (((2 * kk) ^ xa) << 4));
 #pragma unroll
     for (int np = 0; np < NT_S / 2; ++np) {
       u32 r[4];
-      ldmatrix_x4(r, k_smem + swz<HEAD_DIM>(wk * Shape::KV_PER_WARP + np * 16 + (m / 2) * 8 + lane % 8, kk * 2 + m % 2));
+      ldmatrix_x4(r, k_row + np * 16 * ROW_BYTES + (((2 * kk) ^ xk) << 4));
       const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-      mma_16816(s[2 * np], a, b0, T{});
-      mma_16816(s[2 * np + 1], a, b1, T{});
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        mma_16816(s[t][2 * np], a[t], b0, T{});
+        mma_16816(s[t][2 * np + 1], a[t], b1, T{});
+      }
     }
   }
 
   // Logits through the variant, masked, in base 2.
+  const int col0 = tile_start + wk * Shape::KV_PER_WARP + quad * 2;
 #pragma unroll
-  for (int n = 0; n < NT_S; ++n)
+  for (int t = 0; t < MT; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e / 2;
-      const int pos = tile_start + wk * Shape::KV_PER_WARP + n * 8 + quad * 2 + (e & 1);
-      float logit = variant.LogitsTransform(p, s[n][e] * p.sm_scale, b, rows.qo_idx[r], pos, rows.head[r], kv_head);
-      const bool keep = rows.valid[r] && pos < kv_end && variant.LogitsMask(p, b, rows.qo_idx[r], pos, rows.head[r], kv_head);
-      s[n][e] = Variant::use_softmax ? (keep ? logit * kLog2e : neg_inf()) : (keep ? logit : 0.f);
-    }
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        const int pos = col0 + n * 8 + (e & 1);
+        const float logit = variant.LogitsTransform(p, s[t][n][e] * p.sm_scale, b, rows.qo_idx[t][r], pos,
+                                                    rows.head[t][r], kv_head);
+        const bool keep = rows.valid[t][r] && pos < kv_end &&
+                          variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
+        s[t][n][e] = Variant::use_softmax ? (keep ? logit * kLog2e : neg_inf()) : (keep ? logit : 0.f);
+      }
 
   if (Variant::use_softmax) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = st.m[r];
+    for (int t = 0; t < MT; ++t)
 #pragma unroll
-      for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_safe = mx == neg_inf() ? 0.f : mx;
-      const float scale = exp2f(st.m[r] - m_safe);
-      float sum = 0.f;
+      for (int r = 0; r < 2; ++r) {
+        float mx = st.m[t][r];
 #pragma unroll
-      for (int n = 0; n < NT_S; ++n) {
-        s[n][2 * r] = exp2f(s[n][2 * r] - m_safe);
-        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - m_safe);
-        sum += s[n][2 * r] + s[n][2 * r + 1];
+        for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[t][n][2 * r], s[t][n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_safe = mx == neg_inf() ? 0.f : mx;
+        const float scale = exp2f(st.m[t][r] - m_safe);
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n) {
+          s[t][n][2 * r] = exp2f(s[t][n][2 * r] - m_safe);
+          s[t][n][2 * r + 1] = exp2f(s[t][n][2 * r + 1] - m_safe);
+          sum += s[t][n][2 * r] + s[t][n][2 * r + 1];
+        }
+        st.d[t][r] = st.d[t][r] * scale + sum;  // a quarter of the row: quads are summed at the end
+        st.m[t][r] = mx;
+#pragma unroll
+        for (int n = 0; n < NT_O; ++n) {
+          st.o[t][n][2 * r] *= scale;
+          st.o[t][n][2 * r + 1] *= scale;
+        }
       }
-      st.d[r] = st.d[r] * scale + sum;  // a quarter of the row: quads are summed at the end
-      st.m[r] = mx;
-#pragma unroll
-      for (int n = 0; n < NT_O; ++n) {
-        st.o[n][2 * r] *= scale;
-        st.o[n][2 * r + 1] *= scale;
-      }
-    }
   }
 
 #pragma unroll
   for (int j = 0; j < NT_S / 2; ++j) {
-    const u32 a[4] = {pack2(s[2 * j][0], s[2 * j][1], T{}), pack2(s[2 * j][2], s[2 * j][3], T{}),
-                      pack2(s[2 * j + 1][0], s[2 * j + 1][1], T{}), pack2(s[2 * j + 1][2], s[2 * j + 1][3], T{})};
+    u32 a[MT][4];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      a[t][0] = pack2(s[t][2 * j][0], s[t][2 * j][1], T{});
+      a[t][1] = pack2(s[t][2 * j][2], s[t][2 * j][3], T{});
+      a[t][2] = pack2(s[t][2 * j + 1][0], s[t][2 * j + 1][1], T{});
+      a[t][3] = pack2(s[t][2 * j + 1][2], s[t][2 * j + 1][3], T{});
+    }
 #pragma unroll
     for (int dp = 0; dp < NT_O / 2; ++dp) {
       u32 r[4];
-      ldmatrix_x4_trans(r, v_smem + swz<HEAD_DIM>(wk * Shape::KV_PER_WARP + j * 16 + (m % 2) * 8 + lane % 8, dp * 2 + m / 2));
+      ldmatrix_x4_trans(r, v_row + j * 16 * ROW_BYTES + (((2 * dp) ^ xa) << 4));
       const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-      mma_16816(st.o[2 * dp], a, b0, T{});
-      mma_16816(st.o[2 * dp + 1], a, b1, T{});
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        mma_16816(st.o[t][2 * dp], a[t], b0, T{});
+        mma_16816(st.o[t][2 * dp + 1], a[t], b1, T{});
+      }
     }
   }
 }
