@@ -67,6 +67,11 @@ void check_workspace_device(const Device& device, int workspace_device) {
 }
 
 float resolve_sm_scale(double sm_scale, int head_dim) {
+  // Kernels take the row maximum of raw scores and scale it afterwards, which
+  // needs a positive, finite scale (negative values select the default).
+  if (sm_scale == 0 || !std::isfinite(sm_scale))
+    throw InvalidArgument("sm_scale: expected a positive finite value (or < 0 for 1/sqrt(head_dim)), got " +
+                          std::to_string(sm_scale));
   return sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))) : static_cast<float>(sm_scale);
 }
 

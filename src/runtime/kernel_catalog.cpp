@@ -18,10 +18,7 @@ VariantSpec causal() {
           "struct CausalAttention : tessera::VariantBase {\n"
           "  using tessera::VariantBase::VariantBase;\n"
           "  // Bottom-right aligned: the last query sees every key.\n"
-          "  template <typename Params>\n"
-          "  __device__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
-          "    return kv_idx <= qo_idx + (kv_len - qo_len);\n"
-          "  }\n"
+          "  static constexpr bool causal = true;\n"
           "};\n"};
 }
 }  // namespace variants

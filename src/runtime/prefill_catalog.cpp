@@ -16,18 +16,20 @@ int choose_cta_q(double avg_fused_q_len) {
 
 // Tuning override, "cta_kv,warps_q,warps_kv,stages" (benchmarks and sweeps
 // only; zero fields keep the heuristic's choice).
-static void apply_override(PrefillConfig& c, int head_dim) {
+static void apply_override(PrefillConfig& c) {
   const char* env = std::getenv("TESSERA_PREFILL_TILE");
   if (env == nullptr || *env == 0) return;
   int v[4] = {0, 0, 0, 0};
   if (std::sscanf(env, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) != 4)
     throw InvalidArgument(std::string("TESSERA_PREFILL_TILE: expected \"cta_kv,warps_q,warps_kv,stages\", got ") + env);
-  if (v[0]) c.cta_kv = v[0];
-  if (v[1]) c.warps_q = v[1];
-  if (v[2]) c.warps_kv = v[2];
-  if (v[3]) c.stages = v[3];
-  if (c.cta_q % (16 * c.warps_q) != 0 || c.cta_kv % (16 * c.warps_kv) != 0 || c.stages < 2 || head_dim <= 0)
-    throw InvalidArgument(std::string("TESSERA_PREFILL_TILE: inconsistent tile ") + env);
+  PrefillConfig t = c;
+  if (v[0]) t.cta_kv = v[0];
+  if (v[1]) t.warps_q = v[1];
+  if (v[2]) t.warps_kv = v[2];
+  if (v[3]) t.stages = v[3];
+  if (t.stages < 2) throw InvalidArgument(std::string("TESSERA_PREFILL_TILE: stages must be >= 2, got ") + env);
+  // Applies to the query tiles it fits (workspace sizing visits all of them).
+  if (t.cta_q % (16 * t.warps_q) == 0 && t.cta_kv % (16 * t.warps_kv) == 0) c = t;
 }
 
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q) {
@@ -51,7 +53,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q) {
   // A head_dim-256 row of O takes 128 accumulator registers: keep S small.
   c.cta_kv = spec.head_dim == 256 && c.warps_kv == 1 ? 32 : 64;
   c.stages = 2;
-  apply_override(c, spec.head_dim);
+  apply_override(c);
   c.threads = 32 * c.warps_q * c.warps_kv;
   c.smem_bytes = 2 * (c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim);
   c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));

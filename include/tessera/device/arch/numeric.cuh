@@ -44,6 +44,15 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); 
 // log2(e): softmax runs in base 2 (exp2 is one MUFU op); see attention_state.cuh.
 constexpr float kLog2e = 1.4426950408889634f;
 
+// 2^x as the bare MUFU op: exp2f() adds denormal handling around it (extra
+// FMULs and a compare per element), which softmax weights in [0, 1] do not
+// need. ex2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 #endif
 
 }  // namespace tessera

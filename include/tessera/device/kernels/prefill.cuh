@@ -84,6 +84,12 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
       });
     }
 
+    // Per-warp facts for skipping masks on interior tiles (warp-uniform).
+    const int causal_shift = kv_len - qo_len;
+    const int warp_row0 = row0 + wq * Shape::WARP_ROWS;
+    const bool warp_rows_valid = (warp_row0 + Shape::WARP_ROWS - 1) / p.group < qo_len;
+    const int warp_min_qo = warp_row0 / p.group;
+
     PrefillState<MT, NT_O> st;
     st.init();
     for (int t = 0; t < n_tiles; ++t) {
@@ -109,8 +115,12 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
           });
         __syncthreads();
       }
+      const int tile_last = tile_start + CTA_KV - 1;
+      const bool masked = Traits::logits_mask || !warp_rows_valid || tile_last >= w.kv_end ||
+                          (Variant::causal && tile_last > warp_min_qo + causal_shift);
       prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, smem_addr(q_smem), smem_addr(k_tile),
-                                                          smem_addr(v_tile), tile_start, w.kv_end, b, kv_head, wq, wk);
+                                                          smem_addr(v_tile), tile_start, w.kv_end, b, kv_head, wq, wk,
+                                                          masked, causal_shift);
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free
@@ -234,7 +244,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
           float acc[4] = {0.f, 0.f, 0.f, 0.f}, denom = 0.f;
 #pragma unroll 4
           for (int c = 0; c < w.num_chunks; ++c) {
-            const float wgt = Variant::use_softmax ? exp2f(__ldcg(p.partial_lse + slot_base(c)) - m_safe) : 1.f;
+            const float wgt = Variant::use_softmax ? fast_exp2(__ldcg(p.partial_lse + slot_base(c)) - m_safe) : 1.f;
             const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c) * HEAD_DIM + col));
             acc[0] += wgt * v.x; acc[1] += wgt * v.y; acc[2] += wgt * v.z; acc[3] += wgt * v.w;
             denom += wgt;

@@ -127,7 +127,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
                                                      PrefillState<Shape::MT, Shape::NT_O>& st,
                                                      const RowInfo<Shape::MT>& rows, u32 q_smem, u32 k_smem,
                                                      u32 v_smem, int tile_start, int kv_end, int b, int kv_head,
-                                                     int wq, int wk) {
+                                                     int wq, int wk, bool masked, int causal_shift) {
   constexpr int MT = Shape::MT, NT_S = Shape::NT_S, NT_O = Shape::NT_O;
   constexpr u32 ROW_BYTES = HEAD_DIM * 2;
   const int lane = threadIdx.x % 32, m = lane / 8, quad = lane % 4;
@@ -167,21 +167,36 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
     }
   }
 
-  // Logits through the variant, masked, in base 2.
+  // Logits. Plain softmax variants keep S raw and fold sm_scale * log2(e)
+  // into the exponent (one FFMA + MUFU per element); others run the variant's
+  // LogitsTransform and move to base 2. Masks run only on tiles that need one
+  // (`masked`: crosses kv_end, the causal diagonal or the last query row, or
+  // the variant has its own LogitsMask).
+  using Traits = VariantTraits<Variant, Params>;
+  constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
+  const float scale_log2 = p.sm_scale * kLog2e;
   const int col0 = tile_start + wk * Shape::KV_PER_WARP + quad * 2;
+  auto keep = [&](int t, int r, int pos) {
+    bool k = rows.valid[t][r] && pos < kv_end;
+    if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
+    if constexpr (Traits::logits_mask) k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
+    return k;
+  };
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int n = 0; n < NT_S; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const int pos = col0 + n * 8 + (e & 1);
-        const float logit = variant.LogitsTransform(p, s[t][n][e] * p.sm_scale, b, rows.qo_idx[t][r], pos,
-                                                    rows.head[t][r], kv_head);
-        const bool keep = rows.valid[t][r] && pos < kv_end &&
-                          variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
-        s[t][n][e] = Variant::use_softmax ? (keep ? logit * kLog2e : neg_inf()) : (keep ? logit : 0.f);
+        const int r = e / 2, pos = col0 + n * 8 + (e & 1);
+        if constexpr (kPlain) {
+          if (masked && !keep(t, r, pos)) s[t][n][e] = neg_inf();
+        } else {
+          const float logit = variant.LogitsTransform(p, s[t][n][e] * p.sm_scale, b, rows.qo_idx[t][r], pos,
+                                                      rows.head[t][r], kv_head);
+          const bool k = !masked || keep(t, r, pos);
+          s[t][n][e] = Variant::use_softmax ? (k ? logit * kLog2e : neg_inf()) : (k ? logit : 0.f);
+        }
       }
 
   if (Variant::use_softmax) {
@@ -189,20 +204,24 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
     for (int t = 0; t < MT; ++t)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = st.m[t][r];
+        float mx = neg_inf();
 #pragma unroll
         for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[t][n][2 * r], s[t][n][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
+        mx = fmaxf(mx, st.m[t][r]);
         const float m_safe = mx == neg_inf() ? 0.f : mx;
-        const float scale = exp2f(st.m[t][r] - m_safe);
+        const float scale = fast_exp2(st.m[t][r] - m_safe);
         float sum = 0.f;
 #pragma unroll
-        for (int n = 0; n < NT_S; ++n) {
-          s[t][n][2 * r] = exp2f(s[t][n][2 * r] - m_safe);
-          s[t][n][2 * r + 1] = exp2f(s[t][n][2 * r + 1] - m_safe);
-          sum += s[t][n][2 * r] + s[t][n][2 * r + 1];
-        }
+        for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = s[t][n][2 * r + c];
+            x = kPlain ? fast_exp2(fmaf(x, scale_log2, -m_safe)) : fast_exp2(x - m_safe);
+            sum += x;
+          }
         st.d[t][r] = st.d[t][r] * scale + sum;  // a quarter of the row: quads are summed at the end
         st.m[t][r] = mx;
 #pragma unroll

@@ -15,6 +15,10 @@
 //   OutputTransform(params, o, batch_idx, qo_idx, qo_head_idx, feat_idx) -> float
 //   use_softmax: true  -> O = softmax(logits) V, LSE reported (base 2);
 //                false -> O = sum_j logit_j V_j (e.g. FlashSigmoid), LSE = 0.
+//   causal:      true  -> also mask keys after the bottom-right-aligned
+//                diagonal (kv_idx > qo_idx + kv_len - qo_len). Declared rather
+//                than written as a LogitsMask so kernels test it only on tiles
+//                that cross the diagonal and skip the tiles above it.
 //
 // The logit handed to LogitsTransform is q.k * sm_scale. qo_idx / kv_idx are
 // positions within the request. Indices are ints; feat_idx is the position
@@ -32,6 +36,7 @@ namespace tessera {
 
 struct VariantBase {
   static constexpr bool use_softmax = true;
+  static constexpr bool causal = false;
   int qo_len;
   int kv_len;
 

@@ -17,6 +17,11 @@ struct VariantTraits {
       !SameType<decltype(&V::template KeyTransform<P>), float (VariantBase::*)(const P&, float, int, int, int, int) const>::value;
   static constexpr bool value_transform =
       !SameType<decltype(&V::template ValueTransform<P>), float (VariantBase::*)(const P&, float, int, int, int, int) const>::value;
+  static constexpr bool logits_transform =
+      !SameType<decltype(&V::template LogitsTransform<P>),
+                float (VariantBase::*)(const P&, float, int, int, int, int, int) const>::value;
+  static constexpr bool logits_mask =
+      !SameType<decltype(&V::template LogitsMask<P>), bool (VariantBase::*)(const P&, int, int, int, int, int) const>::value;
 };
 
 }  // namespace tessera
