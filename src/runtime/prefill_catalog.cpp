@@ -50,8 +50,11 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q) {
     case 128: c.warps_q = spec.head_dim == 256 ? 8 : 4; c.warps_kv = 1; break;
     default: throw InvalidArgument("cta_q: expected 16, 32, 64 or 128, got " + std::to_string(cta_q));
   }
-  // A head_dim-256 row of O takes 128 accumulator registers: keep S small.
-  c.cta_kv = spec.head_dim == 256 && c.warps_kv == 1 ? 32 : 64;
+  // Keep S small where O is large: a head_dim-256 row of O takes 128
+  // accumulator registers, and 32 rows x 128 features per warp as many (the
+  // H100 sweep, bench/prefill_sweep.py, also measured 32 ahead of 64 there).
+  const bool big_o = spec.head_dim == 256 || (spec.head_dim == 128 && cta_q / c.warps_q == 32);
+  c.cta_kv = big_o && c.warps_kv == 1 ? 32 : 64;
   c.stages = 2;
   apply_override(c);
   c.threads = 32 * c.warps_q * c.warps_kv;

@@ -49,11 +49,17 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
     const DKV* k_base = static_cast<const DKV*>(p.kv.k);
     const DKV* v_base = static_cast<const DKV*>(p.kv.v);
+    // Row addresses of a KV tile. Contiguous sources (ragged, single) are
+    // affine in the position: one 64-bit multiply per tile, then adds; paged
+    // and BSR sources look each row up in the page table.
+    const bool affine = p.kv.indices == nullptr;
     auto kv_row = [&](int tile) {
       const int start = w.kv_start + tile * CTA_KV;
-      return [&, start](int r) -> i64 {
+      const i64 base = affine ? device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift) : 0;
+      return [&, start, base](int r) -> i64 {
         const int pos = start + r;
-        return pos < w.kv_end ? device::kv_token_offset(p.kv, page_base, pos, kv_head, p.page_shift) : -1;
+        if (pos >= w.kv_end) return -1;
+        return affine ? base + r * p.kv.token_stride : device::kv_token_offset(p.kv, page_base, pos, kv_head, p.page_shift);
       };
     };
 #pragma unroll

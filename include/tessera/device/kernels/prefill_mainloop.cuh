@@ -200,6 +200,11 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
       }
 
   if (Variant::use_softmax) {
+    // New row maxima first; O and d are rescaled only when some row of the
+    // warp raised its maximum (after the first tiles of a long row this is
+    // rare, and the rescale is MT x NT_O x 4 multiplies).
+    float m_new[MT][2];
+    bool raised = false;
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -210,9 +215,30 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
-        mx = fmaxf(mx, st.m[t][r]);
-        const float m_safe = mx == neg_inf() ? 0.f : mx;
-        const float scale = fast_exp2(st.m[t][r] - m_safe);
+        m_new[t][r] = fmaxf(mx, st.m[t][r]);
+        raised |= m_new[t][r] > st.m[t][r];
+      }
+    if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m_safe = m_new[t][r] == neg_inf() ? 0.f : m_new[t][r];
+          const float scale = fast_exp2(st.m[t][r] - m_safe);
+          st.d[t][r] *= scale;
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n) {
+            st.o[t][n][2 * r] *= scale;
+            st.o[t][n][2 * r + 1] *= scale;
+          }
+          st.m[t][r] = m_new[t][r];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_safe = st.m[t][r] == neg_inf() ? 0.f : st.m[t][r];  // all masked so far: weights 0, not NaN
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < NT_S; ++n)
@@ -222,13 +248,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
             x = kPlain ? fast_exp2(fmaf(x, scale_log2, -m_safe)) : fast_exp2(x - m_safe);
             sum += x;
           }
-        st.d[t][r] = st.d[t][r] * scale + sum;  // a quarter of the row: quads are summed at the end
-        st.m[t][r] = mx;
-#pragma unroll
-        for (int n = 0; n < NT_O; ++n) {
-          st.o[t][n][2 * r] *= scale;
-          st.o[t][n][2 * r + 1] *= scale;
-        }
+        st.d[t][r] += sum;  // a quarter of the row: quads are summed at the end
       }
   }
 
