@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "tessera/api/prefill.hpp"
 
 #include <chrono>
@@ -79,14 +80,34 @@ void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
   if (bsr.block_cols() != task_.page_size)
     throw InvalidArgument("bsr: expected Bc = task.page_size (" + str(task_.page_size) + "), got " + str(bsr.block_cols()));
   // Block row r is a request of Br queries whose pages are its column blocks.
+  // Consecutive block rows with the same column blocks become one request of
+  // k * Br queries, so a KV tile loaded once feeds up to a whole query tile
+  // (small Br would otherwise reload the same KV per block row). Only for the
+  // position-independent standard variant: positions inside a request (qo_idx,
+  // causal alignment) would change.
+  const bool merge = spec_.variant == variants::standard();
+  const auto ip = bsr.indptr();
+  const auto ix = bsr.indices();
   const int64_t R = bsr.num_block_rows();
-  std::vector<int32_t> qo(R + 1), last(R);
-  for (int64_t r = 0; r <= R; ++r) qo[r] = static_cast<int32_t>(r * bsr.block_rows());
-  for (int64_t r = 0; r < R; ++r) {
-    const bool empty = bsr.indptr()[r + 1] == bsr.indptr()[r];
-    last[r] = empty ? 0 : (bsr.has_last_block_len() ? bsr.last_block_len()[r] : bsr.block_cols());
+  auto last_of = [&](int64_t r) {
+    const bool empty = ip[r + 1] == ip[r];
+    return empty ? 0 : (bsr.has_last_block_len() ? bsr.last_block_len()[r] : bsr.block_cols());
+  };
+  auto same = [&](int64_t a, int64_t b) {
+    return ip[a + 1] - ip[a] == ip[b + 1] - ip[b] && last_of(a) == last_of(b) &&
+           std::equal(ix.begin() + ip[a], ix.begin() + ip[a + 1], ix.begin() + ip[b]);
+  };
+  std::vector<int32_t> qo{0}, kv_indptr{0}, indices, last;
+  for (int64_t r = 0; r < R;) {
+    int64_t e = r + 1;
+    while (merge && e < R && same(r, e)) ++e;
+    qo.push_back(static_cast<int32_t>(e * bsr.block_rows()));
+    indices.insert(indices.end(), ix.begin() + ip[r], ix.begin() + ip[r + 1]);
+    kv_indptr.push_back(static_cast<int32_t>(indices.size()));
+    last.push_back(last_of(r));
+    r = e;
   }
-  plan_paged(qo, bsr.indptr(), bsr.indices(), last, stream);
+  plan_paged(qo, kv_indptr, indices, last, stream);
 }
 
 void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
