@@ -51,19 +51,20 @@ def tflops(fl, ms):
     return fl / (ms * 1e-3) / 1e12
 
 
-def tessera_ragged(q_lens, kv_lens, hq, hkv, causal):
+def tessera_ragged(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
     qo = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     kvp = torch.tensor([0] + kv_lens).cumsum(0).to(torch.int32)
     q = torch.randn(int(qo[-1]), hq, D, dtype=DT, device="cuda")
     k = torch.randn(int(kvp[-1]), hkv, D, dtype=DT, device="cuda")
     v = torch.randn_like(k)
-    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(), "NHD")
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(), "NHD", backend=backend)
+    w._cta_q = cta_q  # Tessera-only knob: 0 = the heuristic's query tile
     w.plan(qo, kvp, hq, hkv, D, causal=causal, q_data_type=DT)
     out = torch.empty_like(q)
     return common.bench_ms(lambda: w.run(q, k, v, out=out))
 
 
-def tessera_paged(q_lens, kv_lens, hq, hkv, causal, page_size):
+def tessera_paged(q_lens, kv_lens, hq, hkv, causal, page_size, backend="auto"):
     qo = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     pages = [(n + page_size - 1) // page_size for n in kv_lens]
     indptr = torch.tensor([0] + pages).cumsum(0).to(torch.int32)
@@ -72,7 +73,7 @@ def tessera_paged(q_lens, kv_lens, hq, hkv, causal, page_size):
     q = torch.randn(int(qo[-1]), hq, D, dtype=DT, device="cuda")
     kc = torch.randn(sum(pages), page_size, hkv, D, dtype=DT, device="cuda")
     vc = torch.randn_like(kc)
-    w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD")
+    w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD", backend=backend)
     w.plan(qo, indptr, indices, last, hq, hkv, D, page_size, causal=causal, q_data_type=DT)
     out = torch.empty_like(q)
     return common.bench_ms(lambda: w.run(q, (kc, vc), out=out))

@@ -1,7 +1,9 @@
 """Tile sweep of Tessera's tensor-core prefill on the paper's Table-1 setting
 (batch 16, 16 heads, head dim 128, causal, fp16) next to SDPA's flash and
 cuDNN backends. Used to pick the heuristic's defaults.
-Usage: python bench/prefill_sweep.py [CTA_KV,WARPS_Q,WARPS_KV,STAGES ...]   (0,0,0,0 = heuristic)"""
+Usage: python bench/prefill_sweep.py [BACKEND:CTA_KV,WARPS_Q,WARPS_KV,STAGES ...]
+  BACKEND fa2 / fa3 / auto (default fa2); 0,0,0,0 = the heuristic's tile; a suffix @N forces
+  the query tile to N rows (Tessera-only knob)."""
 import os
 import sys
 
@@ -10,7 +12,7 @@ import prefill as pf  # noqa: E402
 
 
 def main():
-    configs = sys.argv[1:] or ["0,0,0,0", "32,0,0,0", "32,0,0,3", "64,8,0,0", "32,8,0,3"]
+    configs = sys.argv[1:] or ["fa2:0,0,0,0", "fa3:0,0,0,0"]
     lens = [1024, 4096, 16384]
     print(f"{'L':>6} | {'flash':>6} | {'cudnn':>6} | " + " | ".join(f"{c:>9}" for c in configs))
     for L in lens:
@@ -20,9 +22,12 @@ def main():
         cd = pf.sdpa(b, 16, 16, L, L, True, "cudnn")
         cells = []
         for c in configs:
-            os.environ["TESSERA_PREFILL_TILE"] = c
+            backend, _, tile = c.rpartition(":")
+            tile, _, cta_q = tile.partition("@")
+            os.environ["TESSERA_PREFILL_TILE"] = tile
             try:
-                cells.append(f"{pf.tflops(fl, pf.tessera_ragged([L] * b, [L] * b, 16, 16, True)):9.0f}")
+                ms = pf.tessera_ragged([L] * b, [L] * b, 16, 16, True, backend=backend or "fa2", cta_q=int(cta_q or 0))
+                cells.append(f"{pf.tflops(fl, ms):9.0f}")
             except Exception as e:  # noqa: BLE001 - a config may not fit; show why and go on
                 cells.append(f"{'err':>9}")
                 print(f"# {c}: {e}", file=sys.stderr)

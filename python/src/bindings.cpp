@@ -208,17 +208,18 @@ class PyBatchDecode {
   PyBatchDecode(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype, int head_dim,
                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
-                int device, bool split_kv, int max_sms)
+                int device, bool split_kv, int max_sms, bool use_tensor_cores)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
-             options(split_kv, max_sms)),
+             options(split_kv, max_sms, use_tensor_cores)),
         layout_(parse_kv_layout(layout.c_str())) {}
 
-  static DecodeOptions options(bool split_kv, int max_sms) {
+  static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores) {
     DecodeOptions opt;
     opt.planner.split_kv = split_kv;
     opt.max_sms = max_sms;
+    opt.use_tensor_cores = use_tensor_cores;
     return opt;
   }
 
@@ -226,14 +227,14 @@ class PyBatchDecode {
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
-                                                   bool split_kv, int max_sms) {
+                                                   bool split_kv, int max_sms, bool use_tensor_cores) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
     const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim), task, num_sms,
-                                               options(split_kv, max_sms));
+                                               options(split_kv, max_sms, use_tensor_cores));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -258,7 +259,13 @@ class PyBatchDecode {
 
   double last_plan_us() const { return dec_.last_plan_us(); }
   int ctas_per_head() const { return dec_.ctas_per_head(); }
-  int num_split_requests() const { return dec_.last_plan().num_split_requests; }
+  // With tensor cores every request is one query tile (the tile covers the
+  // group), so split tiles are split requests.
+  int num_split_requests() const {
+    const BatchPrefill* tc = dec_.tensor_core_prefill();
+    return tc ? tc->last_plan().num_split : dec_.last_plan().num_split_requests;
+  }
+  bool use_tensor_cores() const { return dec_.tensor_core_prefill() != nullptr; }
 
  private:
   Workspace ws_;     // declared before dec_, which keeps a pointer to it
@@ -274,11 +281,11 @@ class PyBatchPrefill {
   PyBatchPrefill(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype, int head_dim,
                  int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, bool causal,
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
-                 uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms)
+                 uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
-             options(cta_q, max_sms)),
+             options(cta_q, max_sms, backend)),
         layout_(parse_kv_layout(layout.c_str())) {}
 
   static AttentionSpec spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
@@ -293,10 +300,13 @@ class PyBatchPrefill {
     t.max_total_q = max_total_q;
     return t;
   }
-  static PrefillOptions options(int cta_q, int max_sms) {
+  // backend: 0 auto, 1 fa2, 2 fa3 (the Python wrapper maps FlashInfer's names).
+  static PrefillOptions options(int cta_q, int max_sms, int backend) {
     PrefillOptions opt;
     opt.cta_q = cta_q;
     opt.max_sms = max_sms;
+    if (backend < 0 || backend > 2) throw InvalidArgument("backend: expected 0 (auto), 1 (fa2) or 2 (fa3), got " + std::to_string(backend));
+    opt.backend = static_cast<PrefillBackend>(backend);
     return opt;
   }
 
@@ -304,7 +314,8 @@ class PyBatchPrefill {
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    bool causal, int64_t max_batch, int64_t max_total_q,
-                                                   int64_t max_pages, int num_sms, int device, int cta_q, int max_sms) {
+                                                   int64_t max_pages, int num_sms, int device, int cta_q, int max_sms,
+                                                   int backend) {
     const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -314,7 +325,7 @@ class PyBatchPrefill {
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
-    const auto s = BatchPrefill::workspace_size(sp, t, num_sms, options(cta_q, max_sms));
+    const auto s = BatchPrefill::workspace_size(sp, t, num_sms, options(cta_q, max_sms, backend));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -424,15 +435,16 @@ NB_MODULE(_C, m) {
   nb::class_<PyBatchDecode>(m, "BatchDecode",
                             "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
-                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int>(),
+                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
-           "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0,
-           "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive.")
+           "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
+           "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
+           "use_tensor_cores runs decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype).")
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
-                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+                  "use_tensor_cores"_a = false, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan", &PyBatchDecode::plan, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
@@ -440,20 +452,24 @@ NB_MODULE(_C, m) {
       .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("ctas_per_head", &PyBatchDecode::ctas_per_head, "Persistent CTAs per KV head (0 before plan).")
       .def_prop_ro("num_split_requests", &PyBatchDecode::num_split_requests,
-                   "Requests the last plan split over several CTAs.");
+                   "Requests the last plan split over several CTAs.")
+      .def_prop_ro("use_tensor_cores", &PyBatchDecode::use_tensor_cores,
+                   "Whether decode runs on the tensor-core prefill kernel.");
   nb::class_<PyBatchPrefill>(m, "BatchPrefill",
                              "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
-                    bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int>(),
+                    bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
+           "backend"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
-           "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile.")
+           "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
+           "backend 0 auto, 1 fa2, 2 fa3 (Hopper).")
       .def_static("workspace_size", &PyBatchPrefill::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
-                  "max_sms"_a = 0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+                  "max_sms"_a = 0, "backend"_a = 0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged", &PyBatchPrefill::plan_paged, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a,
            "kv_last_page_len"_a, "stream"_a = 0, "Plans a paged step from host int32 arrays (kv_indptr in pages).")
       .def("plan_ragged", &PyBatchPrefill::plan_ragged, "qo_indptr"_a, "kv_indptr"_a, "stream"_a = 0,

@@ -38,10 +38,13 @@ def reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, window_left
             raise ValueError(f"{name}: quantization scales are not supported yet")
 
 
-def check_backend(backend, jit_args):
-    """Only Tessera's own kernels exist: 'auto' / 'fa2' select them; custom JIT variants are not exposed yet."""
-    if backend not in ("auto", "fa2"):
-        raise ValueError(f"backend={backend!r}: not supported yet (only 'auto' / 'fa2', Tessera's own kernel)")
+BACKENDS = {"auto": 0, "fa2": 1, "fa3": 2}
+
+
+def check_backend(backend, jit_args, allowed=("auto", "fa2")):
+    """Selects among Tessera's own kernels ('fa3' = the Hopper template, prefill only); custom JIT variants are not exposed yet."""
+    if backend not in allowed:
+        raise ValueError(f"backend={backend!r}: not supported yet (expected one of {', '.join(repr(a) for a in allowed)})")
     if jit_args is not None:
         raise ValueError("jit_args: custom JIT variants are not supported yet")
 

@@ -46,8 +46,9 @@ class _PrefillWrapper:
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
         if kv_layout not in W.LAYOUTS:
             raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-        W.check_backend(backend, jit_args)
+        W.check_backend(backend, jit_args, allowed=("auto", "fa2", "fa3"))
         T.framework(float_workspace_buffer, "float_workspace_buffer")
+        self._backend = W.BACKENDS[backend]
         self._float_workspace_buffer = float_workspace_buffer
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
@@ -106,7 +107,7 @@ class _PrefillWrapper:
         """Builds the C++ object if needed, then plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer(buf)
-        knobs = {"cta_q": self._cta_q, "max_sms": self._max_sms}
+        knobs = {"cta_q": self._cta_q, "max_sms": self._max_sms, "backend": self._backend}
 
         def size(want, device):
             return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
@@ -193,7 +194,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                 max_pages (indices length).
             custom_mask_buf, mask_indptr_buf: accepted and kept; plan()
                 rejects custom masks (not supported yet).
-            backend: "auto" or "fa2" (both mean Tessera's kernel).
+            backend: "auto" (Hopper template on sm_90 where it applies, else FA2), "fa2" or "fa3".
             jit_args: must be None (custom variants are not supported yet).
         """
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
@@ -309,7 +310,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
             qo_indptr_buf, kv_indptr_buf: optional 1-D tensors whose length - 1 fixes max_batch.
             custom_mask_buf, mask_indptr_buf: accepted and kept; plan()
                 rejects custom masks (not supported yet).
-            backend: "auto" or "fa2". jit_args: must be None.
+            backend: "auto", "fa2" or "fa3" (as above). jit_args: must be None.
         """
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         self._buffers = (qo_indptr_buf, kv_indptr_buf, custom_mask_buf, mask_indptr_buf)

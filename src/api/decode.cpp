@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #include "checks.hpp"
 #include "tessera/device/primitives/variant.cuh"
@@ -25,6 +26,30 @@ DecodeOptions with_env_overrides(DecodeOptions opt) {
   if (!opt.tile) opt.tile = env_int("TESSERA_DECODE_TILE");
   if (!opt.stages) opt.stages = env_int("TESSERA_DECODE_STAGES");
   return opt;
+}
+
+// use_tensor_cores: decode as a prefill whose requests each have one query,
+// so the total query length is at most the batch size.
+TaskInfo tensor_core_task(TaskInfo task) {
+  task.max_total_q = task.max_batch;
+  return task;
+}
+
+// Checked on the caller's options (before environment overrides, which only
+// tune the CUDA-core kernel).
+PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOptions& opt) {
+  if (spec.q_dtype != spec.kv_dtype)
+    throw TypeMismatch(std::string("q_dtype: use_tensor_cores runs decode on the tensor-core prefill kernel, which "
+                                   "needs q_dtype == kv_dtype (") +
+                       dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));
+  for (auto [name, v] : {std::pair{"ctas_per_sm", opt.ctas_per_sm}, {"tile", opt.tile}, {"stages", opt.stages}})
+    if (v != 0)
+      throw InvalidArgument(std::string(name) + ": tunes the CUDA-core decode kernel; expected 0 with use_tensor_cores, got " +
+                            str(v));
+  PrefillOptions p;
+  p.planner = opt.planner;
+  p.max_sms = opt.max_sms;
+  return p;
 }
 
 
@@ -53,6 +78,8 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
   validate_task(task, spec);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
+  if (opt_in.use_tensor_cores)
+    return BatchPrefill::workspace_size(spec, tensor_core_task(task), num_sms, tensor_core_options(spec, opt_in));
   const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
   const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms));
@@ -64,6 +91,10 @@ BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace
   validate_task(task_, spec_);
   if (opt_.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0, got " + str(opt_.max_sms));
   if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
+  if (opt.use_tensor_cores) {  // the prefill wrapper owns kernel, schedule and workspace sections
+    tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), workspace, tensor_core_options(spec_, opt));
+    return;
+  }
   const int group = task_.num_qo_heads / task_.num_kv_heads;
   config_ = catalog::decode_config(spec_, group, opt_.tile, opt_.stages);
   source_ = catalog::batch_decode(spec_, group, opt_.tile, opt_.stages);
@@ -86,6 +117,11 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
                        std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
   const auto t0 = std::chrono::steady_clock::now();
   if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
+  if (tc_) {
+    plan_tensor_cores(kv_indptr, kv_indices, kv_last_page_len, stream);
+    plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
   const int64_t batch = static_cast<int64_t>(kv_indptr.size()) - 1;
   // Validates monotonicity, sizes, index signs and last_page_len ranges; the
   // storage size is checked against the largest index at run().
@@ -134,9 +170,35 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Request i is query row i: qo_indptr = [0, 1, ..., batch]. The prefill
+// wrapper validates the page table, fixes its bounds (max_total_q = max_batch)
+// and loads its kernel at the first plan, exactly as the CUDA-core path does.
+void BatchDecode::plan_tensor_cores(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+                                    std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
+  const int64_t batch = static_cast<int64_t>(kv_indptr.size()) - 1;
+  const int64_t n_indices = static_cast<int64_t>(kv_indices.size());
+  // The prefill wrapper checks these bounds too, but names qo_indptr.
+  if (task_.max_batch && batch > task_.max_batch)
+    throw InvalidArgument("kv_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" +
+                          str(task_.max_batch) + " fixed at the first plan()");
+  if (task_.max_pages && n_indices > task_.max_pages)
+    throw InvalidArgument("kv_indices: " + str(n_indices) + " pages exceed the workspace bound max_pages=" +
+                          str(task_.max_pages) + " fixed at the first plan()");
+  tc_qo_indptr_.resize(batch + 1);  // grows to max_batch + 1 once, then reused
+  std::iota(tc_qo_indptr_.begin(), tc_qo_indptr_.end(), 0);
+  tc_->plan_paged(tc_qo_indptr_, kv_indptr, kv_indices, kv_last_page_len, stream);
+  if (!task_.max_batch) task_.max_batch = std::max<int64_t>(batch, 1);  // as the prefill wrapper fixed them
+  if (!task_.max_pages) task_.max_pages = std::max<int64_t>(n_indices, 1);
+  batch_ = batch;
+}
+
 void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                       cudaStream_t stream, const RunOptions& opt) const {
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
+  if (tc_) {  // q [batch, Hq, D] is the prefill's [total_q, Hq, D]: same checks, same graph-capturable launch
+    tc_->run(q, kv, o, lse, stream, opt);
+    return;
+  }
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, batch_);
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
   detail::check_workspace_device(q.device, ws_->device());

@@ -1,6 +1,6 @@
-#include <algorithm>
 #include "tessera/api/prefill.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -42,10 +42,13 @@ BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, cons
   Sizes s;
   for (int q : {16, 32, 64, 128}) {
     if (opt.cta_q && q != opt.cta_q) continue;
-    const PrefillConfig c = catalog::prefill_config(spec, q);
-    const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, c.ctas_per_sm, opt.max_sms), q);
-    s.device_bytes = std::max(s.device_bytes, l.total);
-    s.host_bytes = std::max(s.host_bytes, l.staged);
+    for (bool hopper : {false, true}) {  // whichever backend the first plan picks
+      if (hopper && !catalog::hopper_supported(spec, q)) continue;
+      const PrefillConfig c = catalog::prefill_config(spec, q, hopper);
+      const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, c.ctas_per_sm, opt.max_sms), q);
+      s.device_bytes = std::max(s.device_bytes, l.total);
+      s.host_bytes = std::max(s.host_bytes, l.staged);
+    }
   }
   return s;
 }
@@ -110,6 +113,23 @@ void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
   plan_paged(qo, kv_indptr, indices, last, stream);
 }
 
+// Backend of the first plan: the Hopper (wgmma) template on sm_90 where it
+// covers the head dim and query tile ("auto"), or as the user forces it.
+bool BatchPrefill::use_hopper(int cta_q) const {
+  const bool sm90 = jit::Arch::of_device(ws_->device()).major == 9;
+  switch (opt_.backend) {
+    case PrefillBackend::kFA2: return false;
+    case PrefillBackend::kFA3:
+      if (!sm90) throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
+      if (!catalog::hopper_supported(spec_, cta_q))
+        throw InvalidArgument("backend: fa3 needs head_dim 64 or 128 and a query tile of 64 or 128 rows (cta_q " +
+                              str(cta_q) + ", head_dim " + str(spec_.head_dim) + "); use fa2 or auto");
+      return true;
+    case PrefillBackend::kAuto: return sm90 && catalog::hopper_supported(spec_, cta_q);
+  }
+  return false;
+}
+
 void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                                std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                                std::span<const int32_t> kv_lens, cudaStream_t stream) {
@@ -123,8 +143,9 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   const int group = task_.num_qo_heads / task_.num_kv_heads;
 
   if (!kernel_) {  // first plan: choose the tile, load the kernel, fix grid and sections
-    if (!opt_.cta_q) config_ = catalog::prefill_config(spec_, catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0));
-    source_ = catalog::batch_prefill(spec_, config_.cta_q);
+    const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
+    config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q));
+    source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper);
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, config_.ctas_per_sm,
                                             task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
     kernel_ = pk.kernel;

@@ -32,13 +32,36 @@ static void apply_override(PrefillConfig& c) {
   if (t.cta_q % (16 * t.warps_q) == 0 && t.cta_kv % (16 * t.warps_kv) == 0) c = t;
 }
 
-PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q) {
+bool hopper_supported(const AttentionSpec& spec, int cta_q) {
+  return (spec.head_dim == 64 || spec.head_dim == 128) && (cta_q == 64 || cta_q == 128);
+}
+
+PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) {
   validate_spec(spec);
   if (spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: the tensor-core prefill kernel needs q_dtype == kv_dtype (") +
                        dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));
   PrefillConfig c;
   c.cta_q = cta_q;
+  if (hopper) {
+    if (!hopper_supported(spec, cta_q))
+      throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64 or 128 and a query tile of 64 or 128 rows, got head_dim " +
+                            std::to_string(spec.head_dim) + ", tile " + std::to_string(cta_q));
+    // One warpgroup per 64 query rows, the whole KV tile per warpgroup.
+    c.hopper = true;
+    c.warps_q = cta_q / 16;
+    c.warps_kv = 1;
+    c.cta_kv = 64;
+    c.stages = 2;
+    apply_override(c);
+    c.warps_q = cta_q / 16;  // the override may change only the KV tile and the stages here
+    c.warps_kv = 1;
+    if (c.cta_kv != 64 && c.cta_kv != 128) c.cta_kv = 64;
+    c.threads = 32 * c.warps_q;
+    c.smem_bytes = 2 * (c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim) + 1024;  // + alignment slack
+    c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
+    return c;
+  }
   // Four warps. Small tiles split the KV tile over warps; large ones give each
   // warp 32 rows (two m-tiles) so every K/V fragment read from shared memory
   // feeds two mma's. head_dim 256 keeps 16 rows per warp: 32 rows of O would
@@ -63,16 +86,17 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q) {
   return c;
 }
 
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q) {
-  const PrefillConfig c = prefill_config(spec, cta_q);
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper) {
+  const PrefillConfig c = prefill_config(spec, cta_q, hopper);
   std::ostringstream entry, tail;
   entry << "tessera_prefill_" << spec.variant.name << "_" << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
         << "_d" << spec.head_dim << "_q" << c.cta_q << "_kv" << c.cta_kv << "_w" << c.warps_q << "x" << c.warps_kv
-        << "_s" << c.stages;
-  tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
-  return attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " + std::to_string(c.cta_q) + "x" +
+        << "_s" << c.stages << (c.hopper ? "_sm90" : "");
+  tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages << ", "
+       << (c.hopper ? "true" : "false");
+  return attention_source(spec, entry.str(), std::string("batch prefill (") + (c.hopper ? "Hopper" : "FA2") + " template), tile " + std::to_string(c.cta_q) + "x" +
                           std::to_string(c.cta_kv), "tessera/device/kernels/prefill.cuh", "PrefillParams",
-                          "batch_prefill", c.threads, tail.str());
+                          "batch_prefill", c.threads, tail.str(), c.hopper ? std::min(c.ctas_per_sm, 2) : 0);
 }
 
 std::vector<jit::KernelSource> builtin_prefill_kernels() {
@@ -80,7 +104,10 @@ std::vector<jit::KernelSource> builtin_prefill_kernels() {
   for (const VariantSpec& v : {variants::standard(), variants::causal()})
     for (DType t : {DType::kFloat16, DType::kBFloat16})
       for (int d : {64, 128, 256})
-        for (int q : {16, 32, 64, 128}) out.push_back(batch_prefill({v, t, t, t, d}, q));
+        for (int q : {16, 32, 64, 128}) {
+          out.push_back(batch_prefill({v, t, t, t, d}, q));
+          if (hopper_supported({v, t, t, t, d}, q)) out.push_back(batch_prefill({v, t, t, t, d}, q, true));
+        }
   return out;
 }
 

@@ -66,11 +66,13 @@ Out run_and_fetch(RunFn run, DType dt, int64_t rows, int64_t hq, int64_t d) {
   return out;
 }
 
-class PrefillPaged : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool, int>> {};
+// backend: kAuto picks the Hopper (wgmma) template on sm_90 for head_dim
+// 64/128 and query tiles of 64/128 rows; kFA2 keeps the FA2 template tested there.
+class PrefillPaged : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool, int, PrefillBackend>> {};
 
 TEST_P(PrefillPaged, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  const auto [dt, D, group, page_size, causal, cta_q] = GetParam();
+  const auto [dt, D, group, page_size, causal, cta_q, backend] = GetParam();
   const int64_t Hkv = 2, Hq = Hkv * group;
   std::mt19937_64 rng(D + group * 10 + page_size * 100 + cta_q);
   Batch b = make_batch(page_size, rng);
@@ -89,6 +91,7 @@ TEST_P(PrefillPaged, MatchesReference) {
   task.max_total_q = 1024;
   PrefillOptions opt;
   opt.cta_q = cta_q;
+  opt.backend = backend;
   Workspace ws = prefill_workspace(spec, task, opt);
   BatchPrefill pre(spec, task, ws, opt);
   pre.plan_paged(b.qo, b.kv_pages, b.indices, b.last);
@@ -105,13 +108,14 @@ TEST_P(PrefillPaged, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(All, PrefillPaged,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
                                             ::testing::Values(1, 4, 8), ::testing::Values(1, 16), ::testing::Bool(),
-                                            ::testing::Values(16, 64, 128)));
+                                            ::testing::Values(16, 64, 128),
+                                            ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
-class PrefillRagged : public ::testing::TestWithParam<std::tuple<DType, int, bool, int>> {};
+class PrefillRagged : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, PrefillBackend>> {};
 
 TEST_P(PrefillRagged, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  const auto [dt, group, causal, cta_q] = GetParam();
+  const auto [dt, group, causal, cta_q, backend] = GetParam();
   const int64_t D = 128, Hkv = 2, Hq = Hkv * group;
   std::mt19937_64 rng(group + cta_q);
   Batch b = make_batch(16, rng);
@@ -128,6 +132,7 @@ TEST_P(PrefillRagged, MatchesReference) {
   task.max_total_q = 1024;
   PrefillOptions opt;
   opt.cta_q = cta_q;
+  opt.backend = backend;
   Workspace ws = prefill_workspace(spec, task, opt);
   BatchPrefill pre(spec, task, ws, opt);
   pre.plan_ragged(b.qo, b.kv_tokens);
@@ -140,7 +145,8 @@ TEST_P(PrefillRagged, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillRagged,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(1, 4, 8),
-                                            ::testing::Bool(), ::testing::Values(16, 32, 64, 128)));
+                                            ::testing::Bool(), ::testing::Values(16, 32, 64, 128),
+                                            ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
 class PrefillBsr : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
@@ -190,3 +196,36 @@ TEST_P(PrefillBsr, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(All, PrefillBsr, ::testing::Combine(::testing::Values(1, 4, 16), ::testing::Values(1, 4, 16)));
 
 }  // namespace
+
+// Forcing the Hopper template where it does not apply is an error naming the
+// option, raised at the first plan (where the GPU and query tile are known).
+TEST(PrefillBackendErrors, Fa3RejectsUnsupportedShapes) {
+  SKIP_WITHOUT_GPU();
+  const bool sm90 = jit::Arch::of_device(0).major == 9;
+  const DType dt = DType::kFloat16;
+  for (int D : {128, 256}) {
+    const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
+    TaskInfo task{4, 4, 16, KVLayout::kNHD, 4, 64};
+    task.max_total_q = 512;
+    PrefillOptions opt;
+    opt.backend = PrefillBackend::kFA3;
+    opt.cta_q = 128;
+    Workspace ws = prefill_workspace(spec, task, opt);
+    BatchPrefill pre(spec, task, ws, opt);
+    const std::vector<int32_t> qo{0, 200}, kv{0, 13}, idx(13), last{16};
+    if (sm90 && D == 128) {
+      EXPECT_NO_THROW(pre.plan_paged(qo, kv, idx, last));
+    } else {
+      EXPECT_THROW(
+          {
+            try {
+              pre.plan_paged(qo, kv, idx, last);
+            } catch (const InvalidArgument& e) {
+              EXPECT_NE(std::string(e.what()).find("backend"), std::string::npos);
+              throw;
+            }
+          },
+          InvalidArgument);
+    }
+  }
+}

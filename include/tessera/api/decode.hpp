@@ -12,12 +12,23 @@
 // graph and replayed after plan() is called again with new lengths.
 // Workspace bounds (max batch, max pages) come from the task, or else from the
 // first plan(); a later plan beyond them is an error.
+//
+// DecodeOptions::use_tensor_cores (FlashInfer's option of the same name) runs
+// the step on the tensor-core prefill kernel instead, as a prefill whose
+// requests each have one query: head-group fusion packs a request's group of
+// query heads into rows of one query tile, so every K/V tile read feeds the
+// whole group through mma. It pays off for GQA (group >= 4), where the
+// CUDA-core kernel's per-head dot products make decode compute-bound. The
+// contract (bounds, graph capture, errors) is the same on both paths.
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "tessera/api/attention.hpp"
+#include "tessera/api/prefill.hpp"
 #include "tessera/formats/bsr.hpp"
 #include "tessera/runtime/planner.hpp"
 
@@ -26,9 +37,13 @@ namespace tessera {
 struct DecodeOptions {
   PlannerOptions planner;
   int max_sms = 0;      // use at most this many SMs (0: all), e.g. to overlap other streams (paper Appendix E)
+  // Tuning of the CUDA-core kernel (must stay 0 with use_tensor_cores):
   int ctas_per_sm = 0;  // 0: from the tile configuration and the kernel's occupancy
   int tile = 0;         // KV tokens per pipeline stage (0: heuristic)
   int stages = 0;       // pipeline depth (0: heuristic)
+  // Run on the tensor-core prefill kernel (see the file comment). Needs
+  // q_dtype == kv_dtype; planner and max_sms apply as on the CUDA-core path.
+  bool use_tensor_cores = false;
 };
 
 class BatchDecode {
@@ -37,7 +52,8 @@ class BatchDecode {
 
   using Sizes = WorkspaceSizes;
   // Workspace needed for these bounds (task.max_batch, task.max_pages > 0)
-  // on a GPU with `num_sms` multiprocessors.
+  // on a GPU with `num_sms` multiprocessors; with use_tensor_cores, the
+  // prefill wrapper's (BatchPrefill::workspace_size, max_total_q = max_batch).
   static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const DecodeOptions& opt = {});
 
   void plan(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
@@ -50,11 +66,15 @@ class BatchDecode {
   void run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
            cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
 
+  // The CUDA-core path's schedule and tile; with use_tensor_cores see
+  // tensor_core_prefill()->last_plan() and ->config() instead.
   const DecodePlan& last_plan() const { return plan_; }
-  double last_plan_us() const { return plan_us_; }  // host time of the last plan()
-  int ctas_per_head() const { return ctas_per_head_; }
   const DecodeConfig& config() const { return config_; }
-  const jit::KernelSource& kernel_source() const { return source_; }
+  double last_plan_us() const { return plan_us_; }  // host time of the last plan()
+  int ctas_per_head() const { return tc_ ? tc_->ctas_per_head() : ctas_per_head_; }
+  const jit::KernelSource& kernel_source() const { return tc_ ? tc_->kernel_source() : source_; }
+  // The prefill wrapper that runs decode with use_tensor_cores, else nullptr.
+  const BatchPrefill* tensor_core_prefill() const { return tc_.get(); }
 
  private:
   struct Layout {
@@ -62,6 +82,8 @@ class BatchDecode {
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
   };
   static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head);
+  void plan_tensor_cores(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+                         std::span<const int32_t> kv_last_page_len, cudaStream_t stream);
 
   AttentionSpec spec_;
   TaskInfo task_;
@@ -77,6 +99,10 @@ class BatchDecode {
   std::vector<int32_t> kv_lens_;
   double plan_us_ = 0;
   int64_t batch_ = -1, max_page_index_ = -1;
+  // use_tensor_cores: the prefill wrapper on the same workspace, and the
+  // [0, 1, ..., batch] query indptr it is planned with.
+  std::unique_ptr<BatchPrefill> tc_;
+  std::vector<int32_t> tc_qo_indptr_;
 };
 
 }  // namespace tessera

@@ -25,7 +25,12 @@
 
 namespace tessera {
 
+// Which kernel template runs prefill: auto = the Hopper (wgmma) template on
+// sm_90 where it supports the head dim and query tile, else FA2 (mma.sync).
+enum class PrefillBackend { kAuto, kFA2, kFA3 };
+
 struct PrefillOptions {
+  PrefillBackend backend = PrefillBackend::kAuto;
   PlannerOptions planner;
   int max_sms = 0;   // use at most this many SMs (0: all)
   int cta_q = 0;     // 0: chosen by the heuristic at the first plan
@@ -79,6 +84,7 @@ class BatchPrefill {
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, cudaStream_t stream);
+  bool use_hopper(int cta_q) const;
   void launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
               cudaStream_t stream, const RunOptions& opt) const;
 

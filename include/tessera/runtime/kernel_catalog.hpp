@@ -54,10 +54,11 @@ constexpr int kRowwiseWarps = 4;
 // variant's code in namespace tessera_variant (with #line so compile errors
 // point at the user's lines), and defines the extern "C" entry
 // `entry(const params_type<Extra> p)` calling
-// `fn<Variant, DQ, DKV, DO, head_dim, template_tail>(p)`.
+// `fn<Variant, DQ, DKV, DO, head_dim, template_tail>(p)`; min_blocks > 1 asks
+// the compiler to fit that many CTAs per SM (__launch_bounds__).
 jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
                                    const char* header, const char* params_type, const char* fn, int threads,
-                                   const std::string& template_tail);
+                                   const std::string& template_tail, int min_blocks = 0);
 // Short dtype tag for kernel names: f16, bf16, f32.
 std::string dtype_tag(DType t);
 // Heuristic: a tile of ~16 KB of K+V per stage, 2 stages, 128 threads or more:

@@ -15,6 +15,7 @@ struct PrefillConfig {
   int threads = 128;
   int smem_bytes = 0;
   int ctas_per_sm = 1;  // from shared memory (occupancy may lower it)
+  bool hopper = false;  // wgmma mainloop (sm_90a), else the FA2 mma.sync one
 };
 
 namespace catalog {
@@ -23,8 +24,11 @@ namespace catalog {
 int choose_cta_q(double avg_fused_q_len);
 // Step 2: KV tile and warp layout for that query tile from register and
 // shared-memory limits of the head dimension.
-PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q);
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q);
+// hopper: the sm_90a wgmma mainloop (warpgroups of 64 query rows); needs
+// hopper_supported().
+PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false);
+bool hopper_supported(const AttentionSpec& spec, int cta_q);
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false);
 std::vector<jit::KernelSource> builtin_prefill_kernels();
 }  // namespace catalog
 

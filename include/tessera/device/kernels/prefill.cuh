@@ -5,14 +5,24 @@
 // the last finisher of a split tile merging its partials in chunk order
 // (same contract as batch decode: deterministic, no atomics on values).
 #pragma once
-#include "tessera/device/kernels/prefill_mainloop.cuh"
+#include "tessera/device/kernels/prefill_mainloop_sm90.cuh"
 
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
+// Shared-memory layout of each template: ldmatrix rows (FA2) or wgmma blocks.
+template <bool HOPPER> struct PrefillLayouts {
+  template <int D, int R> using Layout = RowSwizzle<D, R>;
+};
+template <> struct PrefillLayouts<true> {
+  template <int D, int R> using Layout = Swizzle128<D, R>;
+};
+
+// HOPPER: wgmma mainloop (sm_90a; warpgroups of 64 rows, WARPS_KV == 1),
+// else the FA2 mma.sync mainloop. Everything else is shared.
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int WARPS_Q,
-          int WARPS_KV, int STAGES, typename Params>
+          int WARPS_KV, int STAGES, bool HOPPER, typename Params>
 __device__ __forceinline__ void batch_prefill(const Params& p) {
   using Shape = PrefillShape<HEAD_DIM, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES>;
   using Traits = VariantTraits<Variant, Params>;
@@ -20,8 +30,13 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM + 2) * 4 <= STAGES * 2 * Shape::KV_ELEMS * 2,
                 "the KV-warp merge scratch must fit in the KV pipeline buffers");
   constexpr int MT = Shape::MT, NT_O = Shape::NT_O;
+  static_assert(!HOPPER || (WARPS_KV == 1 && WARPS_Q % 4 == 0), "Hopper tiles are whole warpgroups along the query tile");
   extern __shared__ uint4 smem_raw[];
-  DKV* q_smem = reinterpret_cast<DKV*>(smem_raw);  // q is stored as DKV: the mma needs one operand type
+  // wgmma's swizzle pattern repeats every 1024 bytes: blocks start aligned
+  // (the host adds 1024 bytes of slack to the dynamic shared memory).
+  constexpr size_t kAlign = HOPPER ? 1024 : 16;
+  DKV* q_smem = reinterpret_cast<DKV*>((reinterpret_cast<size_t>(smem_raw) + kAlign - 1) & ~(kAlign - 1));
+  // q is stored as DKV: the mma needs one operand type
   DKV* kv_smem = q_smem + Shape::Q_ELEMS;
   __shared__ int s_is_last;
 
@@ -40,7 +55,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     Variant variant(p, b, qo_len, kv_len);
 
     // Q tile: fused row f -> (query qo = f / group, head = kv_head * group + f % group).
-    load_tile<HEAD_DIM, CTA_Q, Shape::THREADS>(q_smem, static_cast<const DKV*>(p.q), [&](int r) -> i64 {
+    load_tile<HEAD_DIM, CTA_Q, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(q_smem, static_cast<const DKV*>(p.q), [&](int r) -> i64 {
       const int f = row0 + r, qo = f / p.group;
       if (qo >= qo_len) return -1;
       return (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
@@ -65,7 +80,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < n_tiles) {
-        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * s) * Shape::KV_ELEMS, kv_smem + (2 * s + 1) * Shape::KV_ELEMS,
+        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(kv_smem + (2 * s) * Shape::KV_ELEMS, kv_smem + (2 * s + 1) * Shape::KV_ELEMS,
                                                        k_base, v_base, kv_row(s));
       }
       cp_async_commit();
@@ -84,7 +99,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     if constexpr (Traits::query_transform) {
       cp_async_wait<STAGES - 1>();  // the Q group is complete
       __syncthreads();
-      transform_tile<HEAD_DIM, CTA_Q, Shape::THREADS>(q_smem, [&](int r, int col, float x) {
+      transform_tile<HEAD_DIM, CTA_Q, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(q_smem, [&](int r, int col, float x) {
         const int f = row0 + r;
         return variant.QueryTransform(p, x, b, f / p.group, kv_head * p.group + f % p.group, col);
       });
@@ -100,10 +115,11 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     st.init();
     for (int t = 0; t < n_tiles; ++t) {
       cp_async_wait<STAGES - 2>();
+      if constexpr (HOPPER) fence_proxy_async();  // cp.async wrote what wgmma reads
       __syncthreads();
       const int nt = t + STAGES - 1, ns = nt % STAGES;
       if (nt < n_tiles) {
-        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(kv_smem + (2 * ns) * Shape::KV_ELEMS, kv_smem + (2 * ns + 1) * Shape::KV_ELEMS,
+        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(kv_smem + (2 * ns) * Shape::KV_ELEMS, kv_smem + (2 * ns + 1) * Shape::KV_ELEMS,
                                                        k_base, v_base, kv_row(nt));
       }
       cp_async_commit();
@@ -112,21 +128,27 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
       const int tile_start = w.kv_start + t * CTA_KV;
       if constexpr (Traits::key_transform || Traits::value_transform) {
         if constexpr (Traits::key_transform)
-          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(k_tile, [&](int r, int col, float x) {
+          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(k_tile, [&](int r, int col, float x) {
             return variant.KeyTransform(p, x, b, tile_start + r, kv_head, col);
           });
         if constexpr (Traits::value_transform)
-          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS>(v_tile, [&](int r, int col, float x) {
+          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(v_tile, [&](int r, int col, float x) {
             return variant.ValueTransform(p, x, b, tile_start + r, kv_head, col);
           });
+        if constexpr (HOPPER) fence_proxy_async();
         __syncthreads();
       }
       const int tile_last = tile_start + CTA_KV - 1;
       const bool masked = Traits::logits_mask || !warp_rows_valid || tile_last >= w.kv_end ||
                           (Variant::causal && tile_last > warp_min_qo + causal_shift);
-      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, smem_addr(q_smem), smem_addr(k_tile),
-                                                          smem_addr(v_tile), tile_start, w.kv_end, b, kv_head, wq, wk,
-                                                          masked, causal_shift);
+      if constexpr (HOPPER)
+        prefill_compute_tile_sm90<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, smem_addr(q_smem), smem_addr(k_tile),
+                                                                 smem_addr(v_tile), tile_start, w.kv_end, b, kv_head,
+                                                                 masked, causal_shift);
+      else
+        prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, smem_addr(q_smem), smem_addr(k_tile),
+                                                            smem_addr(v_tile), tile_start, w.kv_end, b, kv_head, wq, wk,
+                                                            masked, causal_shift);
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free

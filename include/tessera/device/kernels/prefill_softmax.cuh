@@ -1,0 +1,134 @@
+// Prefill softmax: per-thread running state of the rows a thread owns, and
+// the per-tile logits / mask / online-softmax step (base 2, paper §3.2.1).
+#pragma once
+#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/device/primitives/attention_state.cuh"
+#include "tessera/device/primitives/variant_traits.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Per-thread softmax state: for each of the warp's MT m-tiles, the thread's
+// two rows (g and g + 8 of the m-tile).
+template <int MT, int NT_O>
+struct PrefillState {
+  float m[MT][2], d[MT][2];
+  float o[MT][NT_O][4];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      m[t][0] = m[t][1] = neg_inf();
+      d[t][0] = d[t][1] = 0.f;
+#pragma unroll
+      for (int n = 0; n < NT_O; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[t][n][e] = 0.f;
+    }
+  }
+};
+
+// The rows this thread owns, resolved once per work item.
+template <int MT>
+struct RowInfo {
+  int qo_idx[MT][2];  // position within the request
+  int head[MT][2];    // query head
+  bool valid[MT][2];
+};
+
+// Variant logits, masks and the online-softmax update of one S tile held in
+// mma-layout fragments (s[MT][NT_S][4], columns from col0), shared by the
+// FA2 and Hopper templates. Leaves P (unnormalized weights) in s.
+template <typename Variant, int MT, int NT_S, int NT_O, typename Params>
+__device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Variant& variant, PrefillState<MT, NT_O>& st,
+                                                     const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
+                                                     int kv_end, int b, int kv_head, bool masked, int causal_shift) {
+  // Logits. Plain softmax variants keep S raw and fold sm_scale * log2(e)
+  // into the exponent (one FFMA + MUFU per element); others run the variant's
+  // LogitsTransform and move to base 2. Masks run only on tiles that need one
+  // (`masked`: crosses kv_end, the causal diagonal or the last query row, or
+  // the variant has its own LogitsMask).
+  using Traits = VariantTraits<Variant, Params>;
+  constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
+  const float scale_log2 = p.sm_scale * kLog2e;
+  auto keep = [&](int t, int r, int pos) {
+    bool k = rows.valid[t][r] && pos < kv_end;
+    if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
+    if constexpr (Traits::logits_mask) k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
+    return k;
+  };
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, pos = col0 + n * 8 + (e & 1);
+        if constexpr (kPlain) {
+          if (masked && !keep(t, r, pos)) s[t][n][e] = neg_inf();
+        } else {
+          const float logit = variant.LogitsTransform(p, s[t][n][e] * p.sm_scale, b, rows.qo_idx[t][r], pos,
+                                                      rows.head[t][r], kv_head);
+          const bool k = !masked || keep(t, r, pos);
+          s[t][n][e] = Variant::use_softmax ? (k ? logit * kLog2e : neg_inf()) : (k ? logit : 0.f);
+        }
+      }
+
+  if (Variant::use_softmax) {
+    // New row maxima first; O and d are rescaled only when some row of the
+    // warp raised its maximum (after the first tiles of a long row this is
+    // rare, and the rescale is MT x NT_O x 4 multiplies).
+    float m_new[MT][2];
+    bool raised = false;
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[t][n][2 * r], s[t][n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
+        m_new[t][r] = fmaxf(mx, st.m[t][r]);
+        raised |= m_new[t][r] > st.m[t][r];
+      }
+    if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m_safe = m_new[t][r] == neg_inf() ? 0.f : m_new[t][r];
+          const float scale = fast_exp2(st.m[t][r] - m_safe);
+          st.d[t][r] *= scale;
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n) {
+            st.o[t][n][2 * r] *= scale;
+            st.o[t][n][2 * r + 1] *= scale;
+          }
+          st.m[t][r] = m_new[t][r];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_safe = st.m[t][r] == neg_inf() ? 0.f : st.m[t][r];  // all masked so far: weights 0, not NaN
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = s[t][n][2 * r + c];
+            x = kPlain ? fast_exp2(fmaf(x, scale_log2, -m_safe)) : fast_exp2(x - m_safe);
+            sum += x;
+          }
+        st.d[t][r] += sum;  // a quarter of the row: quads are summed at the end
+      }
+  }
+
+}
+
+#endif
+
+}  // namespace tessera
