@@ -51,6 +51,12 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     c.hopper = true;
     c.warps_q = cta_q / 16;
     c.warps_kv = 1;
+    // Two stages and two CTAs per SM (four warpgroups, their softmax and
+    // wgmma interleaving across CTAs) measured ahead of three stages with the
+    // softmax overlapped inside the warpgroup (prefill_kv_loop_sm90), which
+    // fits one CTA per SM: 221/281/294 vs 169/242/256 TFLOP/s on the H100
+    // Table-1 setting at 1k/4k/16k (bench/prefill_sweep.py). stages >= 3
+    // (TESSERA_PREFILL_TILE) selects the overlapped loop.
     c.cta_kv = 64;
     c.stages = 2;
     apply_override(c);

@@ -61,7 +61,10 @@ template __global__ void append_kv_k<tessera::bf16_t>(const tessera::AppendKVPar
 using PP = tessera::PrefillParams<tessera::NoExtra>;
 template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK, bool HOPPER = false>
 __global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2, HOPPER>(p); }
+template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>  // Hopper, softmax overlapped (3 stages)
+__global__ void prefill_k3(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 3, true>(p); }
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 128, 64, 8, 1, true>(const PP);
+template __global__ void prefill_k3<CausalAttention, tessera::half_t, 128, 128, 64, 8, 1>(const PP);
 template __global__ void prefill_k<StandardAttention, tessera::bf16_t, 64, 64, 64, 4, 1, true>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 16, 64, 1, 4>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 32, 64, 2, 2>(const PP);

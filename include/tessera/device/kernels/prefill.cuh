@@ -113,7 +113,24 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
 
     PrefillState<MT, NT_O> st;
     st.init();
-    for (int t = 0; t < n_tiles; ++t) {
+    auto masked_tile = [&](int t) {
+      const int tile_last = w.kv_start + t * CTA_KV + CTA_KV - 1;
+      return Traits::logits_mask || !warp_rows_valid || tile_last >= w.kv_end ||
+             (Variant::causal && tile_last > warp_min_qo + causal_shift);
+    };
+    constexpr bool kOverlap = HOPPER && STAGES >= 3 && !Traits::key_transform && !Traits::value_transform;
+    if constexpr (kOverlap) {
+      prefill_kv_loop_sm90<Variant, Shape, DKV, HEAD_DIM, STAGES>(
+          p, variant, st, rows, smem_addr(q_smem), smem_addr(kv_smem), n_tiles, w.kv_start, w.kv_end, b, kv_head,
+          causal_shift,
+          [&](int tile, int stage) {
+            load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(
+                kv_smem + (2 * stage) * Shape::KV_ELEMS, kv_smem + (2 * stage + 1) * Shape::KV_ELEMS, k_base, v_base,
+                kv_row(tile));
+          },
+          masked_tile);
+    }
+    for (int t = 0; t < (kOverlap ? 0 : n_tiles); ++t) {
       cp_async_wait<STAGES - 2>();
       if constexpr (HOPPER) fence_proxy_async();  // cp.async wrote what wgmma reads
       __syncthreads();
@@ -138,9 +155,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
         if constexpr (HOPPER) fence_proxy_async();
         __syncthreads();
       }
-      const int tile_last = tile_start + CTA_KV - 1;
-      const bool masked = Traits::logits_mask || !warp_rows_valid || tile_last >= w.kv_end ||
-                          (Variant::causal && tile_last > warp_min_qo + causal_shift);
+      const bool masked = masked_tile(t);
       if constexpr (HOPPER)
         prefill_compute_tile_sm90<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, smem_addr(q_smem), smem_addr(k_tile),
                                                                  smem_addr(v_tile), tile_start, w.kv_end, b, kv_head,
