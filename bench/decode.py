@@ -5,6 +5,9 @@ Reports per workload: time (us), achieved TB/s counting only the KV bytes the
 batch needs (each request's K and V once, plus q and o), the fraction of the
 HBM read ceiling measured in the same run, and speedups of Tessera over each
 peer (and over its own no-split ablation, which shows what load balancing buys).
+Each row also times Tessera with use_tensor_cores=True (decode on the
+tensor-core prefill kernel; fields tessera-tc_*), so one run compares the
+CUDA-core and tensor-core decode paths.
 
 FlashInfer itself is not run: its PyPI wheel (flashinfer-python 0.7.2.post1)
 is 62 MB before its dependencies (apache-tvm-ffi, nvidia-cutlass-dsl,
@@ -47,10 +50,10 @@ def needed_bytes(lens, hq, hkv):
     return sum(lens) * hkv * D * 2 * 2 + 2 * len(lens) * hq * D * 2
 
 
-def run_tessera(lens, page_size, hq, hkv, q, split=True, check=False, shuffle=True):
+def run_tessera(lens, page_size, hq, hkv, q, split=True, check=False, shuffle=True, tensor_cores=False):
     k, v, indptr, indices, last = paged_cache(lens, page_size, hkv, seed=len(lens) + page_size, shuffle=shuffle)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
     if not split:
         w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
     w.plan(indptr, indices, last, hq, hkv, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
@@ -147,7 +150,8 @@ def main():
 
     rows = []
     hdr = (f"{'Hq/Hkv':>6} {'lengths':>16} {'B':>4} {'pg':>3} {'us':>8} {'TB/s':>5} {'ceil':>5} | "
-           f"{'nosplit':>7} {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}  (x = Tessera speedup)")
+           f"{'tc us':>8} {'TB/s':>5} | {'tc':>7} {'nosplit':>7} {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}"
+           f"  (x = Tessera (CUDA cores) speedup; tc = use_tensor_cores=True)")
     print(hdr)
     checked = set()
     for (hq, hkv), dist, b in work:
@@ -165,16 +169,25 @@ def main():
             if err is not None and err > 1e-3:
                 raise SystemExit(f"Tessera decode spot check failed: rel err {err:.2e}")
             ms_ns = run_tessera(lens, ps, hq, hkv, q, split=False)[0] if ps == 16 else None
+            ms_tc, err_tc, plan_us_tc = run_tessera(lens, ps, hq, hkv, q, check=check, tensor_cores=True)
+            if err_tc is not None and err_tc > 1e-3:
+                raise SystemExit(f"Tessera tensor-core decode spot check failed: rel err {err_tc:.2e}")
             tbps = nb / (ms * 1e-3) / 1e12
+            tbps_tc = nb / (ms_tc * 1e-3) / 1e12
             row = dict(hq=hq, hkv=hkv, lengths=dist, batch=b, page_size=ps, us=ms * 1e3, tbps=tbps,
                        frac_ceiling=tbps / ceiling, plan_us=plan_us, spot_check_err=err,
                        no_split_us=ms_ns * 1e3 if ms_ns else None, max_len=max(lens), mean_len=sum(lens) / b)
+            # The tensor-core path, under the same field names with the "tessera-tc_" prefix.
+            row.update({"tessera-tc_us": ms_tc * 1e3, "tessera-tc_tbps": tbps_tc,
+                        "tessera-tc_frac_ceiling": tbps_tc / ceiling, "tessera-tc_plan_us": plan_us_tc,
+                        "tessera-tc_spot_check_err": err_tc})
             for name, (pms, why) in peers.items():
                 row[name + "_us"] = pms * 1e3 if pms else None
                 row[name + "_note"] = why
             rows.append(row)
             ratio = lambda other: f"{other / ms:6.2f}x" if other else f"{'-':>7}"  # noqa: E731
             print(f"{hq:>3}/{hkv:<2} {dist:>16} {b:>4} {ps:>3} {ms * 1e3:8.1f} {tbps:5.2f} {tbps / ceiling:5.0%} | "
+                  f"{ms_tc * 1e3:8.1f} {tbps_tc:5.2f} | {ratio(ms_tc)} "
                   f"{ratio(ms_ns)} {ratio(peers['sdpa-flash'][0])} {ratio(peers['sdpa-cudnn'][0])} {ratio(peers['flex'][0])}",
                   flush=True)
         del q
@@ -184,10 +197,14 @@ def main():
     lens = [4096] * 128
     q = torch.randn(128, 32, D, dtype=DTYPE, device="cuda")
     ms_seq = run_tessera(lens, 16, 32, 32, q, shuffle=False)[0]
+    ms_seq_tc = run_tessera(lens, 16, 32, 32, q, shuffle=False, tensor_cores=True)[0]
     tb = needed_bytes(lens, 32, 32) / (ms_seq * 1e-3) / 1e12
-    print(f"# 32/32 const:4096 B128 pg16 with pages in order: {ms_seq * 1e3:.1f} us, {tb:.2f} TB/s, {tb / ceiling:.0%} of ceiling")
-    rows.append(dict(hq=32, hkv=32, lengths="const:4096", batch=128, page_size=16, pages="in order", us=ms_seq * 1e3,
-                     tbps=tb, frac_ceiling=tb / ceiling))
+    tb_tc = needed_bytes(lens, 32, 32) / (ms_seq_tc * 1e-3) / 1e12
+    print(f"# 32/32 const:4096 B128 pg16 with pages in order: {ms_seq * 1e3:.1f} us, {tb:.2f} TB/s, {tb / ceiling:.0%} of "
+          f"ceiling; tensor cores {ms_seq_tc * 1e3:.1f} us, {tb_tc:.2f} TB/s")
+    rows.append({"hq": 32, "hkv": 32, "lengths": "const:4096", "batch": 128, "page_size": 16, "pages": "in order",
+                 "us": ms_seq * 1e3, "tbps": tb, "frac_ceiling": tb / ceiling, "tessera-tc_us": ms_seq_tc * 1e3,
+                 "tessera-tc_tbps": tb_tc, "tessera-tc_frac_ceiling": tb_tc / ceiling})
     path = common.save_results("decode", dict(read_ceiling_tbps=read_tbps, copy_tbps=copy_tbps, ceiling_tbps=ceiling,
                                               head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")

@@ -133,8 +133,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 alive and unused by anything else while the wrapper is in use.
             kv_layout: "NHD" or "HND".
             use_cuda_graph: fix the workspace bounds (see the class doc).
-            use_tensor_cores: accepted for compatibility; Tessera picks its
-                decode kernel itself and the result does not depend on it.
+            use_tensor_cores: run decode on the tensor-core prefill kernel
+                (each request a query of length 1, its group of query heads
+                packed into rows of one query tile), as FlashInfer does. It
+                pays off for grouped-query attention (num_qo_heads /
+                num_kv_heads >= 4), where the default CUDA-core kernel turns
+                compute-bound. Needs q_data_type == kv_data_type.
             paged_kv_indptr_buffer, paged_kv_indices_buffer,
             paged_kv_last_page_len_buffer: optional 1-D tensors whose lengths
                 fix max_batch (indptr length - 1, or last_page_len length) and
@@ -215,7 +219,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         scale = W.sm_scale_arg(sm_scale)
         # The C++ checks of dtypes, heads and head_dim, without touching a GPU.
         _C.BatchDecode.workspace_size(q_dt, kv_dt, o_dt, shape[2], shape[0], shape[1], shape[3], self._kv_layout, 1, 1,
-                                      num_sms=1)
+                                      num_sms=1, use_tensor_cores=self._use_tensor_cores)
         indptr = _host_ints(indptr, "indptr")
         indices = _host_ints(indices, "indices")
         last_page_len = _host_ints(last_page_len, "last_page_len")
@@ -247,12 +251,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
         q_dt, kv_dt, o_dt, hq, hkv, d, ps = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
 
+        tc = self._use_tensor_cores
+
         def size(want, device):
-            return _C.BatchDecode.workspace_size(*args, *want, device=device)
+            return _C.BatchDecode.workspace_size(*args, *want, device=device, split_kv=self._split_kv,
+                                                 max_sms=self._max_sms, use_tensor_cores=tc)
 
         def make(want, ws, ws_bytes, host, host_bytes, device):
             return _C.BatchDecode(*args, *want, ws, ws_bytes, host, host_bytes, device, split_kv=self._split_kv,
-                                  max_sms=self._max_sms)
+                                  max_sms=self._max_sms, use_tensor_cores=tc)
 
         W.ensure_native(self, config, (batch, pages), bounds, size, make)
 

@@ -1,11 +1,13 @@
 // Bad input at the API boundary, caught before any GPU work (so these run on
 // machines without a GPU): task/spec validation, plan() validation of lengths
-// and page tables, workspace bounds, and single_decode argument checks.
+// and page tables, workspace bounds, single_decode argument checks, and
+// BatchDecode's use_tensor_cores option.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "tessera/api/attention.hpp"
+#include "tessera/api/decode.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
@@ -99,6 +101,55 @@ TEST(ApiErrors, SingleDecodeArguments) {
   HostTensor k64 = make_host(DType::kFloat16, {10, 2, 64});
   EXPECT_THROW_MSG(single_decode(spec, q.view, k64.view, k64.view, KVLayout::kNHD, o.view, TensorView()),
                    InvalidArgument, "head_dim");
+}
+
+DecodeOptions tensor_cores() {
+  DecodeOptions opt;
+  opt.use_tensor_cores = true;
+  return opt;
+}
+
+// use_tensor_cores runs decode on the tensor-core prefill kernel: its
+// constraints (q_dtype == kv_dtype), its workspace, and decode's own bound
+// messages, all checked before any GPU work.
+TEST(ApiErrors, DecodeTensorCoreOptions) {
+  FakeWorkspace f;
+  AttentionSpec mixed;
+  mixed.kv_dtype = DType::kBFloat16;  // q float16
+  EXPECT_THROW_MSG(BatchDecode(mixed, task(), f.ws, tensor_cores()), TypeMismatch, "q_dtype");
+  EXPECT_THROW_MSG(BatchDecode::workspace_size(mixed, task(), 132, tensor_cores()), TypeMismatch, "q_dtype");
+  for (int DecodeOptions::*knob : {&DecodeOptions::tile, &DecodeOptions::stages, &DecodeOptions::ctas_per_sm}) {
+    DecodeOptions opt = tensor_cores();
+    opt.*knob = 2;
+    EXPECT_THROW(BatchDecode({}, task(), f.ws, opt), InvalidArgument);
+  }
+  DecodeOptions neg = tensor_cores();
+  neg.max_sms = -1;
+  EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, neg), InvalidArgument, "max_sms");
+
+  // The prefill wrapper's sections with one query per request.
+  const AttentionSpec spec{variants::standard(), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 128};
+  TaskInfo t{32, 8, 16, KVLayout::kHND, 64, 4096};
+  TaskInfo as_prefill = t;
+  as_prefill.max_total_q = 64;
+  const auto tc = BatchDecode::workspace_size(spec, t, 132, tensor_cores());
+  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132);
+  EXPECT_EQ(tc.device_bytes, pre.device_bytes);
+  EXPECT_EQ(tc.host_bytes, pre.host_bytes);
+  EXPECT_GT(tc.device_bytes, 0u);
+  t.max_batch = 0;
+  EXPECT_THROW_MSG(BatchDecode::workspace_size(spec, t, 132, tensor_cores()), InvalidArgument, "max_batch");
+
+  BatchDecode dec({}, task(), f.ws, tensor_cores());  // max_batch 4, max_pages 16
+  ASSERT_NE(dec.tensor_core_prefill(), nullptr);
+  HostTensor q = make_host(DType::kFloat16, {1, 8, 128});
+  EXPECT_THROW_MSG(dec.run(q.view, PagedKVStorage(), q.view, TensorView()), InvalidArgument, "plan");
+  std::vector<int32_t> ip5 = {0, 1, 2, 3, 4, 5}, idx5 = {0, 1, 2, 3, 4}, last5 = {1, 1, 1, 1, 1};
+  EXPECT_THROW_MSG(dec.plan(ip5, idx5, last5), InvalidArgument, "max_batch");
+  std::vector<int32_t> ip1 = {0, 17}, idx17(17, 0), last1 = {1};
+  EXPECT_THROW_MSG(dec.plan(ip1, idx17, last1), InvalidArgument, "max_pages");
+  EXPECT_THROW_MSG(dec.plan(BSRMatrix(4, 64, 2, 16, {0, 1, 2}, {0, 1})), InvalidArgument, "Br");
+  EXPECT_EQ(BatchDecode({}, task(), f.ws).tensor_core_prefill(), nullptr);
 }
 
 }  // namespace

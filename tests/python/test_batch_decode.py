@@ -6,8 +6,10 @@ GPU tests cover float16/bfloat16 x NHD/HND x (k, v) tuple / interleaved cache
 x page sizes 1/16, with GQA group 4 and KV lengths 0, 1, short and long (long
 ones are split over CTAs); outputs start as NaN. Also: CUDA-graph capture of
 run() for two layers replayed after re-planning with new lengths, workspace
-bounds, growth without CUDA graphs, and bad input. CPU-only tests check option
-validation and the workspace-size query; GPU tests skip with "skipped: no GPU".
+bounds, growth without CUDA graphs, and bad input. use_tensor_cores=True
+(decode on the tensor-core prefill kernel) gets the same checks over groups
+1/4/8 and head dims 64/128/256. CPU-only tests check option validation and the
+workspace-size query; GPU tests skip with "skipped: no GPU".
 """
 
 import numpy as np
@@ -253,6 +255,120 @@ def test_batch_decode_gpu_bad_input(torch_cuda, rng):
         small.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16)
 
 
+# ------------------------------------------------------------ use_tensor_cores
+def random_problem(torch, rng, lens, layout, page_size, dtype, hkv, group, head_dim, interleaved=False):
+    """(indptr, indices, last, cache, k, v, q) on the GPU for hkv KV heads and group * hkv query heads."""
+    indptr, indices, last, num_pages = make_table(rng, lens, page_size)
+    shape = page_shape(layout, num_pages, page_size, hkv, head_dim)
+    rand = lambda shp: torch.from_numpy(rng.standard_normal(shp).astype(np.float32)).to("cuda").to(dtype)  # noqa: E731
+    if interleaved:
+        cache = rand((shape[0], 2) + shape[1:])
+        k, v = cache[:, 0], cache[:, 1]
+    else:
+        k, v = rand(shape), rand(shape)
+        cache = (k, v)
+    q = rand((len(lens), hkv * group, head_dim)) * 2
+    return indptr, indices, last, cache, k, v, q
+
+
+TC_LENS = [0, 1, 7, 300, 6000, 33, 129, 1, 513]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("group, head_dim", [(1, 128), (4, 64), (4, 128), (8, 256)])
+def test_batch_decode_gpu_tensor_cores(torch_cuda, rng, poison, dtype, layout, page_size, group, head_dim):
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    hkv = 2
+    indptr, indices, last, cache, k, v, q = random_problem(torch, rng, TC_LENS, layout, page_size, tdt, hkv, group,
+                                                           head_dim, interleaved=page_size == 1)
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, False, True)  # FlashInfer's order
+    assert wrapper.use_tensor_cores
+    wrapper.plan(indptr, indices, last, hkv * group, hkv, head_dim, page_size, q_data_type=tdt)
+    assert wrapper._native.use_tensor_cores and wrapper.last_plan_us > 0
+    o, lse = wrapper.run(q, cache, return_lse=True)
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and o.dtype == tdt
+    ref_o, ref_lse = ref_batch_decode(to_np(q), to_np(k), to_np(v), layout, indptr, indices, last, page_size)
+    check(o, lse, ref_o, ref_lse, dtype)
+    assert np.all(to_np(o)[0] == 0) and np.all(np.isneginf(to_np(lse)[0]))  # the empty request
+    o2, lse2 = wrapper.run(q, cache, return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.equal(o2, o) and torch.equal(lse2, lse)  # bitwise deterministic
+    # Same attention as the CUDA-core path, to rounding.
+    cuda_cores = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
+    cuda_cores.plan(indptr, indices, last, hkv * group, hkv, head_dim, page_size, q_data_type=tdt)
+    check(o, None, to_np(cuda_cores.run(q, cache)), None, dtype)
+
+
+def test_batch_decode_gpu_tensor_cores_cuda_graph_replay(torch_cuda, rng):
+    """use_tensor_cores: capture run() for two layers; re-plan with new lengths and replay."""
+    torch = torch_cuda
+    batch, page_size, pool = 6, 16, 700
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(
+        workspace(torch), "NHD", use_cuda_graph=True, use_tensor_cores=True,
+        paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indices_buffer=torch.empty(pool, dtype=torch.int32, device="cuda"))
+    layers = [random_cache(torch, rng, "NHD", pool, page_size, torch.float16, False) for _ in range(2)]
+    qs = [random_q(torch, rng, batch, torch.float16) for _ in range(2)]
+
+    def step_table(step):
+        lens = list(rng.integers(0, 500, size=batch))
+        lens[(step + 1) % batch] = 0
+        lens[step % batch] = 3000 + 700 * step  # one long, split request
+        return make_table(rng, lens, page_size, spare=pool - sum((n + 15) // 16 for n in lens))
+
+    def plan(table):
+        indptr, indices, last, _ = table
+        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, page_size, q_data_type=torch.float16)
+
+    table = step_table(0)
+    plan(table)
+    for l in range(2):  # eager warm-up outside the capture
+        wrapper.run(qs[l], layers[l][0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [wrapper.run(qs[l], layers[l][0], return_lse=True) for l in range(2)]
+    for step in range(3):
+        if step > 0:
+            table = step_table(step)
+            plan(table)
+        for o, lse in outs:
+            o.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        indptr, indices, last, _ = table
+        for l in range(2):
+            _, k, v = layers[l]
+            ref_o, ref_lse = ref_batch_decode(to_np(qs[l]), to_np(k), to_np(v), "NHD", indptr, indices, last, page_size)
+            check(outs[l][0], outs[l][1], ref_o, ref_lse, "float16")
+    with pytest.raises(ValueError, match="max_batch"):
+        big = make_table(rng, [5] * (batch + 1), page_size)
+        wrapper.plan(big[0], big[1], big[2], HQ, HKV, HEAD_DIM, page_size)
+
+
+def test_batch_decode_gpu_tensor_cores_grows_and_rejects_mixed_dtypes(torch_cuda, rng):
+    torch = torch_cuda
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_tensor_cores=True)
+    for lens in ([3, 9], [100, 2000, 5, 0, 77, 64, 1]):  # the second plan re-sizes the sections
+        indptr, indices, last, num_pages = make_table(rng, lens, 16)
+        cache, k, v = random_cache(torch, rng, "NHD", num_pages, 16, torch.bfloat16, True)
+        q = random_q(torch, rng, len(lens), torch.bfloat16)
+        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16, q_data_type="bfloat16")
+        o = wrapper.run(q, cache)
+        torch.cuda.synchronize()
+        ref_o, _ = ref_batch_decode(to_np(q), to_np(k), to_np(v), "NHD", indptr, indices, last, 16)
+        check(o, None, ref_o, None, "bfloat16")
+    with pytest.raises(TypeError, match="q_dtype"):
+        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16, q_data_type="float16", kv_data_type="bfloat16")
+    with pytest.raises(TypeError, match="q"):
+        wrapper.run(q.half(), cache)
+
+
 # ======================================================================= CPU
 def cpu_wrapper(**kwargs):
     return tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, dtype=np.uint8), **kwargs)
@@ -278,6 +394,21 @@ def test_wrapper_constructor_options():
         cpu_wrapper(paged_kv_indptr_buffer=np.zeros(5, np.int32), paged_kv_last_page_len_buffer=np.zeros(3, np.int32))
     w = cpu_wrapper(use_cuda_graph=True, use_tensor_cores=True, backend="fa2")
     assert w.is_cuda_graph_enabled and w.use_tensor_cores
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, dtype=np.uint8), "HND", False, True)
+    assert w.use_tensor_cores and not w.is_cuda_graph_enabled  # FlashInfer's positional order
+    assert not cpu_wrapper().use_tensor_cores
+
+
+def test_wrapper_tensor_cores_validation_without_gpu():
+    w = cpu_wrapper(use_tensor_cores=True)
+    # The tensor-core prefill kernel reads q and KV with one mma type.
+    with pytest.raises(TypeError, match="q_dtype"):
+        w.plan(**plan_args(q_data_type="float16", kv_data_type="bfloat16"))
+    with pytest.raises(ValueError, match="head_dim"):
+        w.plan(**plan_args(head_dim=80))
+    for dt in ("float16", "bfloat16"):  # valid: the workspace is what is wrong
+        with pytest.raises(TypeError, match="float_workspace_buffer"):
+            w.plan(**plan_args(q_data_type=dt))
 
 
 @pytest.mark.parametrize("option, value", [("pos_encoding_mode", "ROPE_LLAMA"), ("window_left", 128),
@@ -327,3 +458,20 @@ def test_workspace_size_query():
         size(0, 16)
     with pytest.raises(ValueError, match="kv_layout"):
         _C.BatchDecode.workspace_size("float16", "float16", "float16", 128, 32, 8, 16, "XYZ", 1, 1, num_sms=1)
+
+
+def test_workspace_size_query_tensor_cores():
+    """use_tensor_cores sizes the prefill wrapper's sections: max_total_q = max_batch."""
+    def size(batch, pages, **kw):
+        return _C.BatchDecode.workspace_size("bfloat16", "bfloat16", "bfloat16", 128, 32, 8, 16, "HND", batch, pages,
+                                             num_sms=132, use_tensor_cores=True, **kw)
+
+    prefill = _C.BatchPrefill.workspace_size("bfloat16", "bfloat16", "bfloat16", 128, 32, 8, 16, "HND", False, 64, 64,
+                                             4096, num_sms=132)
+    assert size(64, 4096) == prefill
+    assert size(256, 4096)[0] > size(64, 4096)[0]
+    assert size(64, 4096, max_sms=16)[0] < size(64, 4096)[0]
+    assert size(256, 65536)[0] < WORKSPACE_BYTES
+    with pytest.raises(TypeError, match="q_dtype"):
+        _C.BatchDecode.workspace_size("float16", "bfloat16", "float16", 128, 32, 8, 16, "NHD", 1, 1, num_sms=1,
+                                      use_tensor_cores=True)
