@@ -9,9 +9,11 @@
       bottom-right); SDPA runs without a mask (its best case);
   (d) dense (ragged) vs paged (page size 1 and 16) vs BSR (Bc = 1) KV at the
       same shapes (paper Appendix B: sparse gathering overhead).
-TFLOP/s count causal attention as half of the full square. FlashInfer is not
-run (see bench/decode.py for why).
-Usage: python bench/prefill.py [--quick] [--no-flex]
+TFLOP/s count causal attention as half of the full square. Tessera runs with
+each backend given (fa2: the mma.sync template; fa3: the Hopper wgmma
+template, sm_90 only); rows carry the backend. FlashInfer is not run (see
+bench/decode.py for why).
+Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3]
 """
 import argparse
 import os
@@ -79,7 +81,7 @@ def tessera_paged(q_lens, kv_lens, hq, hkv, causal, page_size, backend="auto"):
     return common.bench_ms(lambda: w.run(q, (kc, vc), out=out))
 
 
-def tessera_bsr_vector(q_len, kv_len, batch, hq, hkv):
+def tessera_bsr_vector(q_len, kv_len, batch, hq, hkv, backend="auto"):
     """Each request as BSR block rows of Br = 16 queries over Bc = 1 columns
     (vector sparsity), its KV columns shuffled: the same work as dense."""
     br = 16
@@ -90,7 +92,7 @@ def tessera_bsr_vector(q_len, kv_len, batch, hq, hkv):
     q = torch.randn(batch * q_len, hq, D, dtype=DT, device="cuda")
     k = torch.randn(batch * kv_len, hkv, D, dtype=DT, device="cuda")
     v = torch.randn_like(k)
-    w = tessera.BlockSparseAttentionWrapper(workspace())
+    w = tessera.BlockSparseAttentionWrapper(workspace(), backend=backend)
     w.plan(indptr, indices, batch * q_len, batch * kv_len, br, 1, hq, hkv, D, q_data_type=DT)
     out = torch.empty_like(q)
     return common.bench_ms(lambda: w.run(q, k, v, out=out))
@@ -143,56 +145,64 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
     args = ap.parse_args()
+    backends = args.backends.split(",")
     peak = common.matmul_ceiling_tflops()
     print(f"# {common.device_name()}: dense fp16 matmul ceiling {peak:.0f} TFLOP/s")
     rows = []
 
     print("# (a) Table-1: batch 16, 16 heads, d 128, causal")
-    print(f"{'seq':>6} {'us':>9} {'TFLOP/s':>8} {'ceil':>5} | {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}")
+    print(f"{'seq':>6} {'be':>3} {'us':>9} {'TFLOP/s':>8} {'ceil':>5} | {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}")
     seqs = [512, 1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096]
     for L in seqs:
-        ms = tessera_ragged([L] * 16, [L] * 16, 16, 16, True)
         fl = 4 * 16 * 16 * D * L * L / 2
         fa, cd = sdpa(16, 16, 16, L, L, True, "flash"), sdpa(16, 16, 16, L, L, True, "cudnn")
         fx = None if args.no_flex else flex(16, 16, 16, L, L, True)
-        rows.append(dict(part="a", seq=L, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
-                         sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3))
-        print(f"{L:>6} {ms * 1e3:9.1f} {tflops(fl, ms):8.1f} {tflops(fl, ms) / peak:5.0%} | {ratio(fa, ms)} {ratio(cd, ms)} {ratio(fx, ms)}",
-              flush=True)
+        for be in backends:
+            ms = tessera_ragged([L] * 16, [L] * 16, 16, 16, True, backend=be)
+            rows.append(dict(part="a", backend=be, seq=L, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
+                             sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3))
+            print(f"{L:>6} {be} {ms * 1e3:9.1f} {tflops(fl, ms):8.1f} {tflops(fl, ms) / peak:5.0%} | {ratio(fa, ms)} {ratio(cd, ms)} "
+                  f"{ratio(fx, ms)}", flush=True)
 
     print("# (b) batch prefill, batch 16, 32/8 heads, causal (SDPA padded)")
     for dist in ["const:1024", "uniform:512-1024", "zipf:1024"]:
         lens = common.kv_lengths(dist, 16, seed=3)
-        ms = tessera_ragged(lens, lens, 32, 8, True)
         fl = flops(lens, lens, 32, True)
         fa, cd = sdpa(16, 32, 8, max(lens), max(lens), True, "flash"), sdpa(16, 32, 8, max(lens), max(lens), True, "cudnn")
-        rows.append(dict(part="b", lengths=dist, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
-                         sdpa_cudnn_us=cd and cd * 1e3))
-        print(f"{dist:>16} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash {ratio(fa, ms)} cudnn {ratio(cd, ms)}", flush=True)
+        for be in backends:
+            ms = tessera_ragged(lens, lens, 32, 8, True, backend=be)
+            rows.append(dict(part="b", backend=be, lengths=dist, us=ms * 1e3, tflops=tflops(fl, ms),
+                             sdpa_flash_us=fa and fa * 1e3, sdpa_cudnn_us=cd and cd * 1e3))
+            print(f"{dist:>16} {be} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash {ratio(fa, ms)} cudnn {ratio(cd, ms)}",
+                  flush=True)
 
     print("# (c) chunked prefill, batch 4, 32/8 heads, causal bottom-right, paged (page 16)")
     for qc in [128, 512]:
         for kv in ([4096, 16384, 32768] if not args.quick else [16384]):
-            ms = tessera_paged([qc] * 4, [kv] * 4, 32, 8, True, 16)
             fl = flops([qc] * 4, [kv] * 4, 32, True)
             fa, cd = sdpa(4, 32, 8, qc, kv, False, "flash"), sdpa(4, 32, 8, qc, kv, False, "cudnn")
-            rows.append(dict(part="c", q_chunk=qc, kv=kv, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
-                             sdpa_cudnn_us=cd and cd * 1e3))
-            print(f"q {qc:>4} kv {kv:>6} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash {ratio(fa, ms)} cudnn {ratio(cd, ms)}",
-                  flush=True)
+            for be in backends:
+                ms = tessera_paged([qc] * 4, [kv] * 4, 32, 8, True, 16, backend=be)
+                rows.append(dict(part="c", backend=be, q_chunk=qc, kv=kv, us=ms * 1e3, tflops=tflops(fl, ms),
+                                 sdpa_flash_us=fa and fa * 1e3, sdpa_cudnn_us=cd and cd * 1e3))
+                print(f"q {qc:>4} kv {kv:>6} {be} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash {ratio(fa, ms)} "
+                      f"cudnn {ratio(cd, ms)}", flush=True)
 
     print("# (d) dense vs paged vs BSR (Bc = 1), 32/32 heads, non-causal")
     for b, L in ([(8, 2048), (4, 8192)] if not args.quick else [(8, 2048)]):
-        dense = tessera_ragged([L] * b, [L] * b, 32, 32, False)
-        p1 = tessera_paged([L] * b, [L] * b, 32, 32, False, 1)
-        p16 = tessera_paged([L] * b, [L] * b, 32, 32, False, 16)
-        bsr = tessera_bsr_vector(L, L, b, 32, 32)
-        fl = 4 * b * 32 * D * L * L
-        rows.append(dict(part="d", batch=b, seq=L, dense_us=dense * 1e3, paged1_us=p1 * 1e3, paged16_us=p16 * 1e3,
-                         bsr1_us=bsr * 1e3))
-        print(f"B {b} L {L}: dense {tflops(fl, dense):.0f}, paged-1 {tflops(fl, p1):.0f} ({p1 / dense - 1:+.0%}), paged-16 "
-              f"{tflops(fl, p16):.0f} ({p16 / dense - 1:+.0%}), BSR Bc=1 {tflops(fl, bsr):.0f} ({bsr / dense - 1:+.0%}) TFLOP/s", flush=True)
+        for be in backends:
+            dense = tessera_ragged([L] * b, [L] * b, 32, 32, False, backend=be)
+            p1 = tessera_paged([L] * b, [L] * b, 32, 32, False, 1, backend=be)
+            p16 = tessera_paged([L] * b, [L] * b, 32, 32, False, 16, backend=be)
+            bsr = tessera_bsr_vector(L, L, b, 32, 32, backend=be)
+            fl = 4 * b * 32 * D * L * L
+            rows.append(dict(part="d", backend=be, batch=b, seq=L, dense_us=dense * 1e3, paged1_us=p1 * 1e3,
+                             paged16_us=p16 * 1e3, bsr1_us=bsr * 1e3))
+            print(f"B {b} L {L} {be}: dense {tflops(fl, dense):.0f}, paged-1 {tflops(fl, p1):.0f} ({p1 / dense - 1:+.0%}), "
+                  f"paged-16 {tflops(fl, p16):.0f} ({p16 / dense - 1:+.0%}), BSR Bc=1 {tflops(fl, bsr):.0f} "
+                  f"({bsr / dense - 1:+.0%}) TFLOP/s", flush=True)
     path = common.save_results("prefill", dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")
 
