@@ -13,7 +13,7 @@ TFLOP/s count causal attention as half of the full square. Tessera runs with
 each backend given (fa2: the mma.sync template; fa3: the Hopper wgmma
 template, sm_90 only); rows carry the backend. FlashInfer is not run (see
 bench/decode.py for why).
-Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3]
+Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd]
 """
 import argparse
 import os
@@ -145,8 +145,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--parts", default="abcd", help="which of the parts (a)-(d) to run")
     ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
     args = ap.parse_args()
+    ap_parts = args.parts
     backends = args.backends.split(",")
     peak = common.matmul_ceiling_tflops()
     print(f"# {common.device_name()}: dense fp16 matmul ceiling {peak:.0f} TFLOP/s")
@@ -154,7 +156,7 @@ def main():
 
     print("# (a) Table-1: batch 16, 16 heads, d 128, causal")
     print(f"{'seq':>6} {'be':>3} {'us':>9} {'TFLOP/s':>8} {'ceil':>5} | {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}")
-    seqs = [512, 1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096]
+    seqs = ([512, 1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096]) if "a" in ap_parts else []
     for L in seqs:
         fl = 4 * 16 * 16 * D * L * L / 2
         fa, cd = sdpa(16, 16, 16, L, L, True, "flash"), sdpa(16, 16, 16, L, L, True, "cudnn")
@@ -167,7 +169,7 @@ def main():
                   f"{ratio(fx, ms)}", flush=True)
 
     print("# (b) batch prefill, batch 16, 32/8 heads, causal (SDPA padded)")
-    for dist in ["const:1024", "uniform:512-1024", "zipf:1024"]:
+    for dist in ["const:1024", "uniform:512-1024", "zipf:1024"] if "b" in ap_parts else []:
         lens = common.kv_lengths(dist, 16, seed=3)
         fl = flops(lens, lens, 32, True)
         fa, cd = sdpa(16, 32, 8, max(lens), max(lens), True, "flash"), sdpa(16, 32, 8, max(lens), max(lens), True, "cudnn")
@@ -179,7 +181,7 @@ def main():
                   flush=True)
 
     print("# (c) chunked prefill, batch 4, 32/8 heads, causal bottom-right, paged (page 16)")
-    for qc in [128, 512]:
+    for qc in [128, 512] if "c" in ap_parts else []:
         for kv in ([4096, 16384, 32768] if not args.quick else [16384]):
             fl = flops([qc] * 4, [kv] * 4, 32, True)
             fa, cd = sdpa(4, 32, 8, qc, kv, False, "flash"), sdpa(4, 32, 8, qc, kv, False, "cudnn")
@@ -191,7 +193,7 @@ def main():
                       f"cudnn {ratio(cd, ms)}", flush=True)
 
     print("# (d) dense vs paged vs BSR (Bc = 1), 32/32 heads, non-causal")
-    for b, L in ([(8, 2048), (4, 8192)] if not args.quick else [(8, 2048)]):
+    for b, L in ([(8, 2048), (4, 8192)] if not args.quick else [(8, 2048)]) if "d" in ap_parts else []:
         for be in backends:
             dense = tessera_ragged([L] * b, [L] * b, 32, 32, False, backend=be)
             p1 = tessera_paged([L] * b, [L] * b, 32, 32, False, 1, backend=be)
@@ -203,6 +205,9 @@ def main():
             print(f"B {b} L {L} {be}: dense {tflops(fl, dense):.0f}, paged-1 {tflops(fl, p1):.0f} ({p1 / dense - 1:+.0%}), "
                   f"paged-16 {tflops(fl, p16):.0f} ({p16 / dense - 1:+.0%}), BSR Bc=1 {tflops(fl, bsr):.0f} "
                   f"({bsr / dense - 1:+.0%}) TFLOP/s", flush=True)
+    if ap_parts != "abcd":
+        print("# partial run: results not saved")
+        return
     path = common.save_results("prefill", dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")
 

@@ -39,6 +39,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   // q is stored as DKV: the mma needs one operand type
   DKV* kv_smem = q_smem + Shape::Q_ELEMS;
   __shared__ int s_is_last;
+  __shared__ int s_page_ids[2 * CTA_KV];  // KVTileLoader's next-tile page ids
 
   const int kv_head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -62,27 +63,18 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     });
     cp_async_commit();
     const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
-    const DKV* k_base = static_cast<const DKV*>(p.kv.k);
-    const DKV* v_base = static_cast<const DKV*>(p.kv.v);
-    // Row addresses of a KV tile. Contiguous sources (ragged, single) are
-    // affine in the position: one 64-bit multiply per tile, then adds; paged
-    // and BSR sources look each row up in the page table.
-    const bool affine = p.kv.indices == nullptr;
-    auto kv_row = [&](int tile) {
-      const int start = w.kv_start + tile * CTA_KV;
-      const i64 base = affine ? device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift) : 0;
-      return [&, start, base](int r) -> i64 {
-        const int pos = start + r;
-        if (pos >= w.kv_end) return -1;
-        return affine ? base + r * p.kv.token_stride : device::kv_token_offset(p.kv, page_base, pos, kv_head, p.page_shift);
-      };
+    KVTileLoader<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout, DKV> kv_loader(
+        p.kv, s_page_ids, page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
+    auto load_kv = [&](int tile, int stage) {
+      kv_loader.load(tile, kv_smem + (2 * stage) * Shape::KV_ELEMS, kv_smem + (2 * stage + 1) * Shape::KV_ELEMS);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < n_tiles) {
-        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(kv_smem + (2 * s) * Shape::KV_ELEMS, kv_smem + (2 * s + 1) * Shape::KV_ELEMS,
-                                                       k_base, v_base, kv_row(s));
+      if (s > 0 && !kv_loader.affine) {  // tile s needs the page ids tile s - 1 brought (loader contract)
+        cp_async_wait<0>();
+        __syncthreads();
       }
+      if (s < n_tiles) load_kv(s, s);
       cp_async_commit();
     }
 
@@ -122,23 +114,19 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     if constexpr (kOverlap) {
       prefill_kv_loop_sm90<Variant, Shape, DKV, HEAD_DIM, STAGES>(
           p, variant, st, rows, smem_addr(q_smem), smem_addr(kv_smem), n_tiles, w.kv_start, w.kv_end, b, kv_head,
-          causal_shift,
-          [&](int tile, int stage) {
-            load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(
-                kv_smem + (2 * stage) * Shape::KV_ELEMS, kv_smem + (2 * stage + 1) * Shape::KV_ELEMS, k_base, v_base,
-                kv_row(tile));
-          },
-          masked_tile);
+          causal_shift, load_kv, masked_tile);
     }
     for (int t = 0; t < (kOverlap ? 0 : n_tiles); ++t) {
-      cp_async_wait<STAGES - 2>();
+      // Tile t's copies are done. Deeper pipelines over paged KV wait for all:
+      // the next load needs the page ids that tile t + STAGES - 2 brought.
+      if (STAGES > 2 && !kv_loader.affine)
+        cp_async_wait<0>();
+      else
+        cp_async_wait<STAGES - 2>();
       if constexpr (HOPPER) fence_proxy_async();  // cp.async wrote what wgmma reads
       __syncthreads();
       const int nt = t + STAGES - 1, ns = nt % STAGES;
-      if (nt < n_tiles) {
-        load_kv_tile<HEAD_DIM, CTA_KV, Shape::THREADS, PrefillLayouts<HOPPER>::template Layout>(kv_smem + (2 * ns) * Shape::KV_ELEMS, kv_smem + (2 * ns + 1) * Shape::KV_ELEMS,
-                                                       k_base, v_base, kv_row(nt));
-      }
+      if (nt < n_tiles) load_kv(nt, ns);
       cp_async_commit();
       DKV* k_tile = kv_smem + (2 * (t % STAGES)) * Shape::KV_ELEMS;
       DKV* v_tile = k_tile + Shape::KV_ELEMS;

@@ -5,6 +5,7 @@
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/numeric.cuh"
+#include "tessera/device/primitives/kv_view.cuh"
 
 namespace tessera {
 
@@ -47,27 +48,71 @@ __device__ __forceinline__ void load_tile(T* smem, const T* base, RowOffset row_
   }
 }
 
-// Copies one KV tile (K and V rows share their address) into swizzled shared
-// memory. Fully unrolled: thread t always copies chunk t % CH of rows
-// t / CH + i * (THREADS / CH), so each row's address (a page-table lookup for
-// paged KV) is resolved once for K and V together.
-template <int HEAD_DIM, int ROWS, int THREADS, template <int, int> class Layout, typename T, typename RowOffset>
-__device__ __forceinline__ void load_kv_tile(T* k_smem, T* v_smem, const T* k_base, const T* v_base,
-                                             RowOffset row_offset) {
-  constexpr int CH = HEAD_DIM / 8;
+// Loads the KV tiles of one work item, in order (tile 0, 1, 2, ...), into
+// swizzled shared memory; K and V rows share their address. Thread t always
+// copies chunk t % CH of rows t / CH + i * (THREADS / CH) (fully unrolled).
+// Contiguous sources (ragged, single) are affine in the position: one 64-bit
+// multiply per tile. Paged and BSR sources need a page-table read per row:
+// tile t's copies also bring the page ids of tile t + 1 into `ids` (one
+// cp.async per row, double-buffered, 2 * ROWS ints of shared memory), so
+// that read's latency hides behind a tile of compute instead of stalling the
+// next copies, without holding registers (page size 1 otherwise cost ~20%).
+// Contract: load(t + 1) follows the completion of load(t)'s copies and a
+// barrier (every pipeline step has both); tile 0 reads the table directly.
+template <int HEAD_DIM, int ROWS, int THREADS, template <int, int> class Layout, typename T>
+struct KVTileLoader {
+  static constexpr int CH = HEAD_DIM / 8, ROWS_PER_PASS = THREADS / CH, PASSES = ROWS / ROWS_PER_PASS;
   static_assert(THREADS % CH == 0 && ROWS * CH % THREADS == 0, "whole rows per pass");
-  constexpr int ROWS_PER_PASS = THREADS / CH, PASSES = ROWS / ROWS_PER_PASS;
-  const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
+  const device::PagedKV& kv;
+  int* ids;  // [2][ROWS] page ids of the next tile's rows
+  int page_base, kv_start, kv_end, head, shift;
+  bool affine;
+
+  __device__ __forceinline__ KVTileLoader(const device::PagedKV& kv_, int* ids_, int page_base_, int kv_start_,
+                                          int kv_end_, int head_, int shift_)
+      : kv(kv_), ids(ids_), page_base(page_base_), kv_start(kv_start_), kv_end(kv_end_), head(head_), shift(shift_),
+        affine(kv_.indices == nullptr) {}
+
+  __device__ __forceinline__ int page_of(int pos) const { return shift >= 0 ? pos >> shift : pos / kv.page_size; }
+
+  __device__ __forceinline__ void load(int tile, T* k_smem, T* v_smem) {
+    const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
+    const int start = kv_start + tile * ROWS;
+    const i64 affine_base = affine ? device::kv_token_offset(kv, page_base, start, head, shift) : 0;
+    const int* my_ids = ids + (tile & 1) * ROWS;
+    i64 off[PASSES];
 #pragma unroll
-  for (int i = 0; i < PASSES; ++i) {
-    const int row = row0 + i * ROWS_PER_PASS;
-    const i64 off = row_offset(row);
-    const bool ok = off >= 0;
-    const int dst = Layout<HEAD_DIM, ROWS>::at(row, ch);
-    cp_async_16(k_smem + dst, ok ? k_base + off + ch * 8 : k_base, ok);
-    cp_async_16(v_smem + dst, ok ? v_base + off + ch * 8 : v_base, ok);
+    for (int i = 0; i < PASSES; ++i) {
+      const int r = row0 + i * ROWS_PER_PASS, pos = start + r;
+      if (pos >= kv_end) {
+        off[i] = -1;
+      } else if (affine) {
+        off[i] = affine_base + r * kv.token_stride;
+      } else {
+        const int page_idx = page_of(pos);
+        const int page = tile == 0 ? kv.indices[page_base + page_idx] : my_ids[r];
+        off[i] = static_cast<i64>(page) * kv.page_stride + head * kv.head_stride + (pos - page_idx * kv.page_size) * kv.token_stride;
+      }
+    }
+    const T* k_base = static_cast<const T*>(kv.k);
+    const T* v_base = static_cast<const T*>(kv.v);
+#pragma unroll
+    for (int i = 0; i < PASSES; ++i) {
+      const bool ok = off[i] >= 0;
+      const int dst = Layout<HEAD_DIM, ROWS>::at(row0 + i * ROWS_PER_PASS, ch);
+      cp_async_16(k_smem + dst, ok ? k_base + off[i] + ch * 8 : k_base, ok);
+      cp_async_16(v_smem + dst, ok ? v_base + off[i] + ch * 8 : v_base, ok);
+    }
+    if (!affine) {  // page ids of tile + 1, one thread per row, in this tile's commit group
+      int* next = ids + ((tile + 1) & 1) * ROWS;
+      for (int r = threadIdx.x; r < ROWS; r += THREADS) {
+        const int pos = start + ROWS + r;
+        const bool ok = pos < kv_end;
+        cp_async_4(next + r, ok ? kv.indices + page_base + page_of(pos) : kv.indices, ok);
+      }
+    }
   }
-}
+};
 
 // Applies an element-wise transform in place to a swizzled tile (only for
 // variants that override the slot; see VariantTraits).
