@@ -8,6 +8,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/formats/bsr.hpp"
+#include "tessera/formats/custom_mask.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/reference/attention.hpp"

@@ -141,7 +141,8 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
 // CPU reference over ragged q / KV; returns float64 numpy (o [rows, H, D], lse [rows, H], base 2).
 std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::vector<int32_t> qo_indptr, nb::handle k,
                                                             nb::handle v, std::vector<int32_t> kv_indptr,
-                                                            double sm_scale, bool causal, double logits_soft_cap) {
+                                                            double sm_scale, bool causal, double logits_soft_cap,
+                                                            nb::handle custom_mask) {
   Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
   RaggedIndex qo(std::move(qo_indptr), -1, "qo_indptr");
   RaggedIndex kv(std::move(kv_indptr), -1, "kv_indptr");
@@ -149,6 +150,15 @@ std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::v
   opt.sm_scale = sm_scale;
   opt.causal = causal;
   opt.logits_soft_cap = logits_soft_cap;
+  if (!custom_mask.is_none()) {  // flat 0/1 bytes, requests' [q_len, kv_len] blocks concatenated
+    Arg m = to_arg("custom_mask", custom_mask);
+    check_dim("custom_mask", m.view, 1);
+    check_dtype_in("custom_mask", m.view, {DType::kUInt8, DType::kBool});
+    check_device("custom_mask", m.view, Device{});
+    check_contiguous("custom_mask", m.view);
+    const auto* bytes = static_cast<const uint8_t*>(m.view.data);
+    opt.custom_mask.assign(bytes, bytes + m.view.numel());  // empty: no position to mask either way
+  }
   reference::Result r;
   {
     nb::gil_scoped_release release;
@@ -281,17 +291,22 @@ class PyBatchPrefill {
   PyBatchPrefill(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype, int head_dim,
                  int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, bool causal,
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
-                 uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend)
+                 uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
+                 bool custom_mask)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
-        pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal),
+        pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
              options(cta_q, max_sms, backend)),
         layout_(parse_kv_layout(layout.c_str())) {}
 
+  // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
+  // part belongs in the mask itself).
   static AttentionSpec spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
-                            int head_dim, bool causal) {
+                            int head_dim, bool causal, bool custom_mask) {
+    if (causal && custom_mask)
+      throw InvalidArgument("causal: expected False with a custom mask (put the causal part into the mask)");
     AttentionSpec s = decode_spec(q_dtype, kv_dtype, o_dtype, head_dim);
-    s.variant = causal ? variants::causal() : variants::standard();
+    s.variant = custom_mask ? variants::custom_mask() : causal ? variants::causal() : variants::standard();
     return s;
   }
   static TaskInfo task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
@@ -315,13 +330,13 @@ class PyBatchPrefill {
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    bool causal, int64_t max_batch, int64_t max_total_q,
                                                    int64_t max_pages, int num_sms, int device, int cta_q, int max_sms,
-                                                   int backend) {
+                                                   int backend, bool custom_mask) {
     const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
-    const AttentionSpec sp = spec(q_dtype, kv_dtype, o_dtype, head_dim, causal);
+    const AttentionSpec sp = spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask);
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
@@ -329,21 +344,31 @@ class PyBatchPrefill {
     return {s.device_bytes, s.host_bytes};
   }
 
+  // mask_indptr (None: no custom mask): host int32 byte offsets of each
+  // request's packed mask bits.
   void plan_paged(nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len,
-                  uintptr_t stream) {
+                  uintptr_t stream, nb::handle mask_indptr) {
     Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
     Arg idx = to_arg("kv_indices", kv_indices), last = to_arg("kv_last_page_len", kv_last_page_len);
+    Arg mip = to_optional_arg("mask_indptr", mask_indptr);
     const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
     const auto idx_s = host_ints("kv_indices", idx), last_s = host_ints("kv_last_page_len", last);
+    const bool masked = !mask_indptr.is_none();
+    const auto mip_s = masked ? host_ints("mask_indptr", mip) : std::span<const int32_t>();
     nb::gil_scoped_release release;
-    pre_.plan_paged(qo_s, ip_s, idx_s, last_s, to_stream(stream));
+    if (masked) pre_.plan_paged(qo_s, ip_s, idx_s, last_s, mip_s, to_stream(stream));
+    else pre_.plan_paged(qo_s, ip_s, idx_s, last_s, to_stream(stream));
   }
 
-  void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream) {
+  void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {
     Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
+    Arg mip = to_optional_arg("mask_indptr", mask_indptr);
     const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
+    const bool masked = !mask_indptr.is_none();
+    const auto mip_s = masked ? host_ints("mask_indptr", mip) : std::span<const int32_t>();
     nb::gil_scoped_release release;
-    pre_.plan_ragged(qo_s, ip_s, to_stream(stream));
+    if (masked) pre_.plan_ragged(qo_s, ip_s, mip_s, to_stream(stream));
+    else pre_.plan_ragged(qo_s, ip_s, to_stream(stream));
   }
 
   // Every block row holds R queries and full column blocks of C tokens
@@ -356,24 +381,31 @@ class PyBatchPrefill {
     pre_.plan_bsr(bsr, to_stream(stream));
   }
 
-  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
+  // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
+  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
+           nb::handle packed_custom_mask) {
     Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
     Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+    Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
     RunOptions opt;
     opt.sm_scale = sm_scale;
     nb::gil_scoped_release release;
-    pre_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
+    if (!packed_custom_mask.is_none()) pre_.run(qa.view, storage, ma.view, oa.view, la.view, to_stream(stream), opt);
+    else pre_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
   }
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
-                  uintptr_t stream) {
+                  uintptr_t stream, nb::handle packed_custom_mask) {
     Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
     Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+    Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     RunOptions opt;
     opt.sm_scale = sm_scale;
     nb::gil_scoped_release release;
-    pre_.run_ragged(qa.view, ka.view, va.view, oa.view, la.view, to_stream(stream), opt);
+    if (!packed_custom_mask.is_none())
+      pre_.run_ragged(qa.view, ka.view, va.view, ma.view, oa.view, la.view, to_stream(stream), opt);
+    else pre_.run_ragged(qa.view, ka.view, va.view, oa.view, la.view, to_stream(stream), opt);
   }
 
   double last_plan_us() const { return pre_.last_plan_us(); }
@@ -427,7 +459,9 @@ NB_MODULE(_C, m) {
         "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim).");
   m.def("reference_attention_ragged", &py_reference_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a,
         "kv_indptr"_a, "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
-        "CPU reference attention in float64: returns (o [rows, H, D], lse [rows, H] base 2) as numpy.");
+        "custom_mask"_a.none() = nb::none(),
+        "CPU reference attention in float64: returns (o [rows, H, D], lse [rows, H] base 2) as numpy. "
+        "custom_mask: flat uint8/bool 0/1 mask, each request's row-major [q_len, kv_len] block in turn.");
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
         "stream"_a = 0,
@@ -458,28 +492,36 @@ NB_MODULE(_C, m) {
   nb::class_<PyBatchPrefill>(m, "BatchPrefill",
                              "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
-                    bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int>(),
+                    bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
-           "backend"_a = 0,
+           "backend"_a = 0, "custom_mask"_a = false,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
-           "backend 0 auto, 1 fa2, 2 fa3 (Hopper).")
+           "backend 0 auto, 1 fa2, 2 fa3 (Hopper); custom_mask selects the packed custom-mask variant "
+           "(plan takes mask_indptr, run packed_custom_mask).")
       .def_static("workspace_size", &PyBatchPrefill::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
-                  "max_sms"_a = 0, "backend"_a = 0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+                  "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false,
+                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged", &PyBatchPrefill::plan_paged, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a,
-           "kv_last_page_len"_a, "stream"_a = 0, "Plans a paged step from host int32 arrays (kv_indptr in pages).")
+           "kv_last_page_len"_a, "stream"_a = 0, "mask_indptr"_a.none() = nb::none(),
+           "Plans a paged step from host int32 arrays (kv_indptr in pages; mask_indptr: byte offsets of the "
+           "requests' packed masks, custom_mask objects only).")
       .def("plan_ragged", &PyBatchPrefill::plan_ragged, "qo_indptr"_a, "kv_indptr"_a, "stream"_a = 0,
-           "Plans a ragged step from host int32 arrays (kv_indptr in tokens).")
+           "mask_indptr"_a.none() = nb::none(),
+           "Plans a ragged step from host int32 arrays (kv_indptr in tokens; mask_indptr as for plan_paged).")
       .def("plan_bsr", &PyBatchPrefill::plan_bsr, "indptr"_a, "indices"_a, "M"_a, "N"_a, "R"_a, "C"_a,
            "stream"_a = 0, "Plans a block-sparse step: M x N matrix of R x C blocks (C must equal page_size).")
       .def("run", &PyBatchPrefill::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
-           "stream"_a = 0, "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D).")
+           "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(),
+           "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D); "
+           "packed_custom_mask: uint8 CUDA bits (custom_mask objects only).")
       .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
-           "sm_scale"_a = -1.0, "stream"_a = 0, "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides).")
+           "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(),
+           "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask as for run.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per KV head (0 before plan).");

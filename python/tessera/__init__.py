@@ -12,6 +12,8 @@ The public functions mirror FlashInfer's Python API names and signatures:
   (flashinfer.prefill, flashinfer.sparse).
 * tessera.append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
   (flashinfer.page).
+* tessera.packbits, segment_packbits (flashinfer.quantization): pack custom
+  attention masks (bitorder="little" is the order the kernels read).
 
 Inputs are torch tensors (CPU or CUDA) or numpy arrays; results come back in
 the same framework, on the same device. torch is optional: with numpy alone
@@ -31,6 +33,7 @@ from .prefill import (
     single_prefill_with_kv_cache,
     single_prefill_with_kv_cache_return_lse,
 )
+from .quantization import packbits, segment_packbits
 
 __version__ = "0.1.0"
 
@@ -60,6 +63,8 @@ __all__ = [
     "append_paged_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",
+    "packbits",
+    "segment_packbits",
     "gpu_available",
     "no_gpu_reason",
     "compile_builtin",

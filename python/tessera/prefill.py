@@ -5,18 +5,29 @@ BlockSparseAttentionWrapper and single_prefill_with_kv_cache keep FlashInfer's
 signatures. All four run one tensor-core kernel family (the FA2 template of
 the C++ BatchPrefill): only the addresses of the KV rows differ between a
 paged cache, ragged KV and a block-sparse matrix (paper section 3.2.1).
-Options Tessera does not implement yet (custom masks, sliding windows,
-soft-capping, RoPE, a value head dimension different from the query/key one,
-quantization scales) raise ValueError instead of being silently ignored.
+Options Tessera does not implement yet (sliding windows, soft-capping, RoPE,
+a value head dimension different from the query/key one, quantization scales,
+masks for block-sparse attention) raise ValueError instead of being silently
+ignored.
 
 ``causal=True`` is FlashInfer's bottom-right aligned mask: in a request with
 q_len queries and kv_len keys, query i sees keys j <= i + kv_len - q_len (a
 query that sees no key gets o = 0 and lse = -inf). All LSEs are in **base 2**.
+
+Custom masks (``custom_mask=`` / ``packed_custom_mask=`` of the paged and
+ragged plan() and of single_prefill, as FlashInfer): request i's boolean mask
+[qo_len_i, kv_len_i] (True = visible), ``custom_mask`` the flat concatenation
+over requests, ``packed_custom_mask`` the same bits packed per request with
+``tessera.packbits(m.reshape(-1), bitorder="little")`` (bytes concatenated;
+``segment_packbits`` packs a whole batch). plan() derives the byte offsets from
+the lengths and checks the sizes; with a mask, causal must be False (put the
+causal part into the mask). Rows that see no key get o = 0 and lse = -inf.
 """
 
 import functools
 import numbers
 
+from . import _masks as M
 from . import _tensors as T
 from . import _wrapper_util as W
 from ._native import _C
@@ -61,6 +72,7 @@ class _PrefillWrapper:
         self._native_key = None  # what it was built for: configuration, bounds
         self._pinned = None  # the pinned host staging buffer it borrows
         self._planned = None  # what the last plan() fixed for run()
+        self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
 
     @property
     def is_cuda_graph_enabled(self):
@@ -103,11 +115,13 @@ class _PrefillWrapper:
         _C.BatchPrefill.workspace_size(*config, 1, 1, 1, num_sms=1)
         return config, scale
 
-    def _plan(self, config, scale, counts, bounds, plan_fn, **planned):
-        """Builds the C++ object if needed, then plan_fn(native, stream) on torch's current stream."""
+    def _plan(self, config, scale, counts, bounds, plan_fn, mask=None, **planned):
+        """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
+        plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer(buf)
-        knobs = {"cta_q": self._cta_q, "max_sms": self._max_sms, "backend": self._backend}
+        knobs = {"cta_q": self._cta_q, "max_sms": self._max_sms, "backend": self._backend,
+                 "custom_mask": mask is not None}
 
         def size(want, device):
             return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
@@ -115,11 +129,12 @@ class _PrefillWrapper:
         def make(want, ws, ws_bytes, host, host_bytes, device):
             return _C.BatchPrefill(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
 
-        W.ensure_native(self, config, counts, bounds, size, make)
+        W.ensure_native(self, config + (mask is not None,), counts, bounds, size, make)
         torch = T._torch()
         with torch.cuda.device(buf.device):
+            bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, torch.cuda.current_stream(buf.device).cuda_stream)
-        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale)
+        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits)
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None):
         if self._planned is None:
@@ -192,8 +207,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             paged_kv_last_page_len_buf: optional 1-D tensors whose lengths fix
                 max_batch (indptr length - 1, or last_page_len length) and
                 max_pages (indices length).
-            custom_mask_buf, mask_indptr_buf: accepted and kept; plan()
-                rejects custom masks (not supported yet).
+            custom_mask_buf: uint8 CUDA tensor that CUDA-graph mode copies
+                each step's packed custom mask into (needed there for masks).
+            mask_indptr_buf: its length - 1 fixes max_batch, as qo_indptr_buf.
             backend: "auto" (Hopper template on sm_90 where it applies, else FA2), "fa2" or "fa3".
             jit_args: must be None (custom variants are not supported yet).
         """
@@ -202,7 +218,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         self._buffers = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf,
                          custom_mask_buf, mask_indptr_buf)
         self._fix_batch((("qo_indptr_buf", qo_indptr_buf, 1), ("paged_kv_indptr_buf", paged_kv_indptr_buf, 1),
-                         ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf, 0)))
+                         ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf, 0),
+                         ("mask_indptr_buf", mask_indptr_buf, 1)))
+        self._mask_buf = custom_mask_buf
         self._fixed_pages = W.buffer_length(paged_kv_indices_buf, "paged_kv_indices_buf")
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
@@ -224,8 +242,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             head_dim_qk: 64, 128 or 256; head_dim_vo must be None or equal.
             page_size: tokens per page.
             causal: bottom-right aligned causal mask (see the module doc).
-            custom_mask, packed_custom_mask, window_left, logits_soft_cap,
-            pos_encoding_mode, rope_scale, rope_theta: only the defaults.
+            custom_mask: bool [sum(qo_len * kv_len)], each request's
+                row-major [qo_len, kv_len] mask in turn (any device; packed
+                here), or packed_custom_mask: those bits packed per request
+                with little bit order (uint8). At most one; causal=False.
+            window_left, logits_soft_cap, pos_encoding_mode, rope_scale,
+            rope_theta: only the defaults.
             use_fp16_qk_reduction: accepted; Tessera always accumulates q.k
                 in float32.
             sm_scale: softmax scale; None means 1 / sqrt(head_dim_qk).
@@ -234,8 +256,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             non_blocking: accepted; the schedule upload is always asynchronous.
         """
         self._planned = None  # a failed plan() leaves nothing to run
-        _reject_prefill_options(("custom_mask", "packed_custom_mask"), (custom_mask, packed_custom_mask), head_dim_qk,
-                                head_dim_vo, pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
+        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, window_left, logits_soft_cap,
+                                rope_scale, rope_theta)
         config, scale = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
                                      self._kv_layout, causal, sm_scale, q_data_type, kv_data_type, o_data_type)
         qo = _indptr(qo_indptr, "qo_indptr")
@@ -247,13 +269,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             raise ValueError(f"paged_kv_indptr: expected {qo.size} entries (like qo_indptr), got {kv.size}")
         if indices.size > kv[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
             indices = indices[: kv[-1]]
+        mask = None
+        if custom_mask is not None or packed_custom_mask is not None:
+            mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, M.indptr_lengths(qo, "qo_indptr"),
+                              M.paged_kv_lengths(kv, last, config[6]))
         bounds = (W.Bound("max_batch", "qo_indptr", "batch size", self._fixed_batch,
                           "qo_indptr_buf / paged_kv_indptr_buf / paged_kv_last_page_len_buf"),
                   W.Bound("max_total_q", "qo_indptr", "total query length"),
                   W.Bound("max_pages", "paged_kv_indices", "page count", self._fixed_pages, "paged_kv_indices_buf"))
         counts = (max(batch, 1), max(total_q, 1), max(int(indices.size), 1))
-        self._plan(config, scale, counts, bounds, lambda n, s: n.plan_paged(qo, kv, indices, last, s),
-                   total_q=total_q)
+        self._plan(config, scale, counts, bounds,
+                   lambda n, s: n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr),
+                   mask=mask, total_q=total_q)
 
     begin_forward = plan
 
@@ -283,7 +310,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         n = plan["total_q"]
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
-                             plan["sm_scale"], T.stream_of(q))
+                             plan["sm_scale"], T.stream_of(q), plan["mask"])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -307,14 +334,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
             float_workspace_buffer: a torch uint8 CUDA tensor used as the device workspace.
             kv_layout: "NHD" or "HND".
             use_cuda_graph: fix the workspace bounds at the first plan().
-            qo_indptr_buf, kv_indptr_buf: optional 1-D tensors whose length - 1 fixes max_batch.
-            custom_mask_buf, mask_indptr_buf: accepted and kept; plan()
-                rejects custom masks (not supported yet).
+            qo_indptr_buf, kv_indptr_buf, mask_indptr_buf: optional 1-D tensors whose length - 1 fixes max_batch.
+            custom_mask_buf: where CUDA-graph mode copies the packed custom mask (as the paged wrapper).
             backend: "auto", "fa2" or "fa3" (as above). jit_args: must be None.
         """
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         self._buffers = (qo_indptr_buf, kv_indptr_buf, custom_mask_buf, mask_indptr_buf)
-        self._fix_batch((("qo_indptr_buf", qo_indptr_buf, 1), ("kv_indptr_buf", kv_indptr_buf, 1)))
+        self._fix_batch((("qo_indptr_buf", qo_indptr_buf, 1), ("kv_indptr_buf", kv_indptr_buf, 1),
+                         ("mask_indptr_buf", mask_indptr_buf, 1)))
+        self._mask_buf = custom_mask_buf
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None, custom_mask=None,
              packed_custom_mask=None, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
@@ -322,11 +350,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
              q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True):
         """Plans one step: qo_indptr / kv_indptr are int [batch + 1] row pointers into q and k / v.
 
-        The other arguments are as for BatchPrefillWithPagedKVCacheWrapper.plan.
+        The other arguments (custom masks included) are as for BatchPrefillWithPagedKVCacheWrapper.plan.
         """
         self._planned = None  # a failed plan() leaves nothing to run
-        _reject_prefill_options(("custom_mask", "packed_custom_mask"), (custom_mask, packed_custom_mask), head_dim_qk,
-                                head_dim_vo, pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
+        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, window_left, logits_soft_cap,
+                                rope_scale, rope_theta)
         # Ragged KV has no pages: the C++ object sees page size 1 and NHD rows
         # (run() hands HND over as a strided NHD view).
         config, scale = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", 1, "NHD", causal,
@@ -336,11 +364,16 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         if kv.size != qo.size:
             raise ValueError(f"kv_indptr: expected {qo.size} entries (like qo_indptr), got {kv.size}")
         batch, total_q = qo.size - 1, int(qo[-1])
+        mask = None
+        if custom_mask is not None or packed_custom_mask is not None:
+            mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, M.indptr_lengths(qo, "qo_indptr"),
+                              M.indptr_lengths(kv, "kv_indptr"))
         bounds = (W.Bound("max_batch", "qo_indptr", "batch size", self._fixed_batch, "qo_indptr_buf / kv_indptr_buf"),
                   W.Bound("max_total_q", "qo_indptr", "total query length"),
                   W.Bound("max_pages", "kv_indptr", "page count"))
         self._plan(config, scale, (max(batch, 1), max(total_q, 1), 1), bounds,
-                   lambda n, s: n.plan_ragged(qo, kv, s), total_q=total_q, total_kv=int(kv[-1]))
+                   lambda n, s: n.plan_ragged(qo, kv, s, None if mask is None else mask.indptr), mask=mask,
+                   total_q=total_q, total_kv=int(kv[-1]))
 
     begin_forward = plan
 
@@ -362,7 +395,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         n, nk = plan["total_q"], plan["total_kv"]
         with T.on_device_of(q):
             self._native.run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
-                                    self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q))
+                                    self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
+                                    plan["mask"])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -449,11 +483,11 @@ class BlockSparseAttentionWrapper(_PrefillWrapper):
 _SINGLE = {}
 
 
-def _single_wrapper(q, config_args):
+def _single_wrapper(q, config_args, masked):
     """The cached ragged wrapper of q's device, its workspace large enough for config_args' bounds."""
     torch = T._torch()
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    need, _ = _C.BatchPrefill.workspace_size(*config_args, device=dev)
+    need, _ = _C.BatchPrefill.workspace_size(*config_args, device=dev, custom_mask=masked)
     entry = _SINGLE.get(dev)
     if entry is None or entry[0].numel() < need:
         if entry is not None:
@@ -478,8 +512,12 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
             view, no copy); same shape and dtype.
         causal: bottom-right aligned causal mask (query i sees keys
             j <= i + kv_len - qo_len).
-        custom_mask, packed_custom_mask, window_left, logits_soft_cap,
-        pos_encoding_mode, rope_scale, rope_theta: only the defaults.
+        custom_mask: bool [qo_len, kv_len] (True = visible), or
+            packed_custom_mask: its flattened bits packed with little bit
+            order (uint8, packbits(m.reshape(-1), bitorder="little")). At
+            most one, and causal=False.
+        window_left, logits_soft_cap, pos_encoding_mode, rope_scale,
+        rope_theta: only the defaults.
         use_fp16_qk_reduction: accepted; q.k is always accumulated in float32.
         sm_scale: softmax scale; None means 1 / sqrt(head_dim).
         return_lse: also return the log-sum-exp.
@@ -495,8 +533,8 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
     """
     if kv_layout not in W.LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-    _reject_prefill_options(("custom_mask", "packed_custom_mask"), (custom_mask, packed_custom_mask), None, None,
-                            pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
+    _reject_prefill_options((), (), None, None, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
+                            rope_theta)
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 3:
         raise ValueError(f"q: expected a 3-D tensor [qo_len, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
@@ -506,10 +544,14 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
     scale = W.sm_scale_arg(sm_scale)
     if kv_layout == "HND":  # strided NHD views, no copy
         k, v = k.swapaxes(0, 1), v.swapaxes(0, 1)
+    masks = dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    mask = None
+    if custom_mask is not None or packed_custom_mask is not None:  # checked here, before any GPU work
+        mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, [int(q.shape[0])], [int(k.shape[0])])
     if T.is_cuda(q):
-        o, lse = _single_prefill_gpu(q, k, v, bool(causal), sm_scale, return_lse)
+        o, lse = _single_prefill_gpu(q, k, v, bool(causal), sm_scale, return_lse, masks)
     else:
-        o, lse = _single_prefill_cpu(q, k, v, bool(causal), scale)
+        o, lse = _single_prefill_cpu(q, k, v, bool(causal), scale, mask)
     return (o, lse) if return_lse else o
 
 
@@ -518,7 +560,7 @@ def single_prefill_with_kv_cache_return_lse(q, k, v, **kwargs):
     return single_prefill_with_kv_cache(q, k, v, **dict(kwargs, return_lse=True))
 
 
-def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse):
+def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks):
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
     kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
     for name, x in (("k", k), ("v", v)):
@@ -528,13 +570,13 @@ def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse):
     hq, d, hkv = int(q.shape[1]), int(q.shape[2]), int(k.shape[1])
     # Checks heads, head_dim and dtypes (the C++ messages name them) before anything is allocated.
     config_args = (qd, kd, qd, d, hq, hkv, 1, "NHD", causal, 1, max(qo_len, 1), 1)
-    wrapper = _single_wrapper(q, config_args)
+    wrapper = _single_wrapper(q, config_args, any(m is not None for m in masks.values()))
     wrapper.plan([0, qo_len], [0, kv_len], hq, hkv, d, causal=causal, sm_scale=sm_scale, q_data_type=qd,
-                 kv_data_type=kd)
+                 kv_data_type=kd, **masks)
     return wrapper.run(q, k, v, return_lse=True) if return_lse else (wrapper.run(q, k, v), None)
 
 
-def _single_prefill_cpu(q, k, v, causal, scale):
+def _single_prefill_cpu(q, k, v, causal, scale, mask):
     """CPU path: the float64 C++ reference, result cast to q's dtype."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
@@ -542,5 +584,6 @@ def _single_prefill_cpu(q, k, v, causal, scale):
     for name, x in (("q", q), ("k", k), ("v", v)):
         T.dtype_name(x, name)
     qo_len, kv_len = int(q.shape[0]), int(k.shape[0])
-    o64, lse64 = _C.reference_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], scale, causal)
+    o64, lse64 = _C.reference_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], scale, causal,
+                                               custom_mask=None if mask is None else mask.host_mask())
     return T.from_float64(o64, q), T.from_float64(lse64, q, "float32")

@@ -7,6 +7,7 @@
 
 #include "checks.hpp"
 #include "tessera/device/primitives/variant.cuh"
+#include "tessera/formats/custom_mask.hpp"
 
 namespace tessera {
 
@@ -22,6 +23,7 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.last = w.add(sizeof(int32_t) * task.max_batch);
+  if (spec.variant == variants::custom_mask()) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_head + 1));
   l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_head));
   l.staged = w.total();
@@ -59,27 +61,70 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
   if (spec_.variant == variants::causal()) opt_.causal_schedule = true;
+  // Custom masks keep the full schedule: a masked-out tile only costs time,
+  // a skipped visible one would be wrong (causal_schedule is the caller's call).
+  custom_mask_ = spec_.variant == variants::custom_mask();
 }
 
-void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
-                              std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
-                              cudaStream_t stream) {
+// A custom-mask wrapper needs the mask at every plan and run; any other
+// variant would silently ignore one, so it is refused.
+void BatchPrefill::check_mask_given(bool given, const char* name, const char* how) const {
+  if (custom_mask_ && !given)
+    throw InvalidArgument(std::string(name) + ": the custom_mask variant needs one; call the " + how +
+                          " overload that takes " + name);
+  if (!custom_mask_ && given)
+    throw InvalidArgument(std::string(name) + ": given, but the variant is " + spec_.variant.name +
+                          "; construct BatchPrefill with variants::custom_mask() to use a custom mask");
+}
+
+void BatchPrefill::paged_lengths(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+                                 std::span<const int32_t> kv_last_page_len) {
   if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
   PageTable table({kv_indptr.begin(), kv_indptr.end()}, {kv_indices.begin(), kv_indices.end()},
                   {kv_last_page_len.begin(), kv_last_page_len.end()}, task_.page_size, INT32_MAX);
   kv_lens_.resize(table.num_requests());
   for (int64_t i = 0; i < table.num_requests(); ++i) kv_lens_[i] = static_cast<int32_t>(table.kv_len(i));
-  plan_common(Source::kPaged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_lens_, stream);
 }
 
-void BatchPrefill::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream) {
+void BatchPrefill::ragged_lengths(std::span<const int32_t> kv_indptr) {
   validate_indptr("kv_indptr", kv_indptr);
   kv_lens_.resize(kv_indptr.empty() ? 0 : kv_indptr.size() - 1);
   for (size_t i = 0; i < kv_lens_.size(); ++i) kv_lens_[i] = kv_indptr[i + 1] - kv_indptr[i];
-  plan_common(Source::kRagged, qo_indptr, kv_indptr, {}, {}, kv_lens_, stream);
+}
+
+void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                              std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                              cudaStream_t stream) {
+  check_mask_given(false, "mask_indptr", "plan_paged");
+  paged_lengths(kv_indptr, kv_indices, kv_last_page_len);
+  plan_common(Source::kPaged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_lens_, {}, stream);
+}
+
+void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                              std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                              std::span<const int32_t> mask_indptr, cudaStream_t stream) {
+  check_mask_given(true, "mask_indptr", "plan_paged");
+  paged_lengths(kv_indptr, kv_indices, kv_last_page_len);
+  plan_common(Source::kPaged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_lens_, mask_indptr, stream);
+}
+
+void BatchPrefill::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream) {
+  check_mask_given(false, "mask_indptr", "plan_ragged");
+  ragged_lengths(kv_indptr);
+  plan_common(Source::kRagged, qo_indptr, kv_indptr, {}, {}, kv_lens_, {}, stream);
+}
+
+void BatchPrefill::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                               std::span<const int32_t> mask_indptr, cudaStream_t stream) {
+  check_mask_given(true, "mask_indptr", "plan_ragged");
+  ragged_lengths(kv_indptr);
+  plan_common(Source::kRagged, qo_indptr, kv_indptr, {}, {}, kv_lens_, mask_indptr, stream);
 }
 
 void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
+  if (custom_mask_)
+    throw InvalidArgument("bsr: the custom_mask variant takes no BSR plan (the BSR matrix is the mask); "
+                          "use plan_paged or plan_ragged with mask_indptr");
   if (bsr.block_cols() != task_.page_size)
     throw InvalidArgument("bsr: expected Bc = task.page_size (" + str(task_.page_size) + "), got " + str(bsr.block_cols()));
   // Block row r is a request of Br queries whose pages are its column blocks.
@@ -132,7 +177,8 @@ bool BatchPrefill::use_hopper(int cta_q) const {
 
 void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                                std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
-                               std::span<const int32_t> kv_lens, cudaStream_t stream) {
+                               std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr,
+                               cudaStream_t stream) {
   const auto t0 = std::chrono::steady_clock::now();
   if (qo_indptr.empty()) throw InvalidArgument("qo_indptr: expected batch + 1 elements, got 0");
   validate_indptr("qo_indptr", qo_indptr);
@@ -141,6 +187,9 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     throw InvalidArgument("kv_indptr: expected " + str(batch + 1) + " elements (like qo_indptr), got " + str(kv_lens.size() + 1));
   const int64_t total_q = qo_indptr.back();
   const int group = task_.num_qo_heads / task_.num_kv_heads;
+  qo_lens_.resize(batch);
+  for (int64_t i = 0; i < batch; ++i) qo_lens_[i] = qo_indptr[i + 1] - qo_indptr[i];
+  if (custom_mask_) validate_mask_indptr(mask_indptr, qo_lens_, kv_lens);  // before any GPU work
 
   if (!kernel_) {  // first plan: choose the tile, load the kernel, fix grid and sections
     const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
@@ -168,8 +217,6 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     throw InvalidArgument("kv_indices: " + str(kv_indices.size()) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages));
 
-  qo_lens_.resize(batch);
-  for (int64_t i = 0; i < batch; ++i) qo_lens_[i] = qo_indptr[i + 1] - qo_indptr[i];
   PlannerOptions popt = opt_.planner;
   popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
   planner_.plan_prefill(qo_lens_, kv_lens, group, config_.cta_q, opt_.causal_schedule, ctas_per_head_, popt, plan_);
@@ -180,6 +227,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   std::memcpy(host + layout_.kv_indptr, kv_indptr.data(), sizeof(int32_t) * (batch + 1));
   if (!kv_indices.empty()) std::memcpy(host + layout_.indices, kv_indices.data(), sizeof(int32_t) * kv_indices.size());
   if (!kv_last_page_len.empty()) std::memcpy(host + layout_.last, kv_last_page_len.data(), sizeof(int32_t) * batch);
+  if (custom_mask_) std::memcpy(host + layout_.mask_indptr, mask_indptr.data(), sizeof(int32_t) * (batch + 1));
   std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
   std::memcpy(host + layout_.items, plan_.items.data(), sizeof(PrefillWorkItem) * plan_.items.size());
   ws_->upload(layout_.staged, stream);
@@ -188,6 +236,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   batch_ = batch;
   total_q_ = total_q;
   total_kv_ = src == Source::kRagged ? kv_indptr.back() : 0;
+  mask_bytes_ = custom_mask_ ? mask_indptr.back() : 0;
   max_page_index_ = -1;
   for (int32_t p : kv_indices) max_page_index_ = std::max<int64_t>(max_page_index_, p);
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -195,20 +244,58 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
 
 void BatchPrefill::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                        cudaStream_t stream, const RunOptions& opt) const {
+  run_paged(q, kv, nullptr, o, lse, stream, opt);
+}
+
+void BatchPrefill::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& packed_custom_mask,
+                       const TensorView& o, const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
+  run_paged(q, kv, &packed_custom_mask, o, lse, stream, opt);
+}
+
+void BatchPrefill::run_ragged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                              const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
+  run_ragged_impl(q, k, v, nullptr, o, lse, stream, opt);
+}
+
+void BatchPrefill::run_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& packed_custom_mask, const TensorView& o, const TensorView& lse,
+                              cudaStream_t stream, const RunOptions& opt) const {
+  run_ragged_impl(q, k, v, &packed_custom_mask, o, lse, stream, opt);
+}
+
+// The bits the kernel reads: uint8, 1-D, contiguous, on q's GPU, covering
+// every request's bytes of the last plan.
+void BatchPrefill::check_mask_tensor(const TensorView* mask, const TensorView& q) const {
+  if (mask == nullptr) return;
+  check_dtype("packed_custom_mask", *mask, DType::kUInt8);
+  check_dim("packed_custom_mask", *mask, 1);
+  check_contiguous("packed_custom_mask", *mask);
+  if (mask->numel() < mask_bytes_)
+    throw InvalidArgument("packed_custom_mask: expected at least mask_indptr[batch] = " + str(mask_bytes_) +
+                          " bytes (the last plan's), got " + str(mask->numel()));
+  if (mask->numel() > 0) check_same_device("q", q, "packed_custom_mask", *mask);
+}
+
+void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, const TensorView* mask, const TensorView& o,
+                             const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
+  check_mask_given(mask != nullptr, "packed_custom_mask", "run");
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kPaged) throw InvalidArgument("run: the last plan was ragged; call run_ragged()");
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
   detail::check_workspace_device(q.device, ws_->device());
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
+  check_mask_tensor(mask, q);
   const char* dev = static_cast<const char*>(ws_->device_ptr());
   device::PagedKV view{kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
                        reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
                        kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
-  launch(q, o, lse, view, stream, opt);
+  launch(q, o, lse, view, mask, stream, opt);
 }
 
-void BatchPrefill::run_ragged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                              const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
+void BatchPrefill::run_ragged_impl(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* mask,
+                                   const TensorView& o, const TensorView& lse, cudaStream_t stream,
+                                   const RunOptions& opt) const {
+  check_mask_given(mask != nullptr, "packed_custom_mask", "run_ragged");
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kRagged) throw InvalidArgument("run_ragged: the last plan was paged; call run()");
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
@@ -222,14 +309,15 @@ void BatchPrefill::run_ragged(const TensorView& q, const TensorView& k, const Te
   detail::check_cuda_vectors("v", v);
   check_same_device("q", q, "k", k);
   check_same_device("q", q, "v", v);
+  check_mask_tensor(mask, q);
   const char* dev = static_cast<const char*>(ws_->device_ptr());
   device::PagedKV view{k.data, v.data, reinterpret_cast<const int*>(dev + layout_.kv_indptr), nullptr, nullptr,
                        0, k.stride(1), k.stride(0), 1, task_.num_kv_heads, 0};
-  launch(q, o, lse, view, stream, opt);
+  launch(q, o, lse, view, mask, stream, opt);
 }
 
 void BatchPrefill::launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
-                          cudaStream_t stream, const RunOptions& opt) const {
+                          const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const {
   const char* dev = static_cast<const char*>(ws_->device_ptr());
   PrefillParams<NoExtra> p{};
   p.q = q.data;
@@ -250,6 +338,8 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.group = task_.num_qo_heads / task_.num_kv_heads;
   p.page_shift = detail::page_shift(kv.page_size);
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
+  p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
+  p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;
   cuda::DeviceGuard guard(ws_->device());
   kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);
   detail::check_launch("BatchPrefill::run");

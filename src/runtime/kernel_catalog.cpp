@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "tessera/core/error.hpp"
+#include "tessera/runtime/prefill_catalog.hpp"
 
 namespace tessera {
 
@@ -19,6 +20,23 @@ VariantSpec causal() {
           "  using tessera::VariantBase::VariantBase;\n"
           "  // Bottom-right aligned: the last query sees every key.\n"
           "  static constexpr bool causal = true;\n"
+          "};\n"};
+}
+// Reads PrefillParams::custom_mask / mask_indptr, so prefill only. The
+// constructor resolves the request's first byte once per work item; the bit
+// index is 64-bit because qo_len * kv_len may pass 2^31.
+VariantSpec custom_mask() {
+  return {"CustomMaskAttention",
+          "struct CustomMaskAttention : tessera::VariantBase {\n"
+          "  const tessera::u8* mask;  // this request's packed bits\n"
+          "  template <typename Params>\n"
+          "  __device__ __forceinline__ CustomMaskAttention(const Params& p, int batch_idx, int qo_len_, int kv_len_)\n"
+          "      : tessera::VariantBase(p, batch_idx, qo_len_, kv_len_), mask(p.custom_mask + p.mask_indptr[batch_idx]) {}\n"
+          "  template <typename Params>\n"
+          "  __device__ __forceinline__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
+          "    const long long bit = static_cast<long long>(qo_idx) * kv_len + kv_idx;\n"
+          "    return (mask[bit >> 3] >> (bit & 7)) & 1;\n"
+          "  }\n"
           "};\n"};
 }
 }  // namespace variants
@@ -41,6 +59,14 @@ void validate_spec(const AttentionSpec& spec) {
 }
 
 namespace catalog {
+
+// The custom mask's bits live in PrefillParams only: say so instead of
+// failing in NVRTC on a missing member.
+static void require_non_mask_variant(const AttentionSpec& spec, const char* kernel) {
+  if (spec.variant == variants::custom_mask())
+    throw InvalidArgument(std::string("variant: custom_mask runs on the tensor-core prefill kernel (BatchPrefill) only, not ") +
+                          kernel);
+}
 
 std::string dtype_tag(DType t) {
   switch (t) {
@@ -74,6 +100,7 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
 
 jit::KernelSource attention_rowwise(const AttentionSpec& spec) {
   validate_spec(spec);
+  require_non_mask_variant(spec, "the row-wise kernel");
   const std::string entry = "tessera_rowwise_" + spec.variant.name + "_" + dtype_tag(spec.q_dtype) + "_" +
                             dtype_tag(spec.kv_dtype) + "_" + dtype_tag(spec.o_dtype) + "_d" + std::to_string(spec.head_dim);
   return attention_source(spec, entry, "row-wise attention", "tessera/device/kernels/attention_rowwise.cuh",
@@ -82,6 +109,7 @@ jit::KernelSource attention_rowwise(const AttentionSpec& spec) {
 
 DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int stages) {
   validate_spec(spec);
+  require_non_mask_variant(spec, "batch decode");
   if (group < 1 || group > 64) throw InvalidArgument("group: expected 1..64 query heads per KV head, got " + std::to_string(group));
   DecodeConfig c;
   const int elem = static_cast<int>(dtype_size(spec.kv_dtype));

@@ -105,15 +105,22 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
                           "batch_prefill", c.threads, tail.str(), c.hopper ? std::min(c.ctas_per_sm, 2) : 0);
 }
 
+std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& v) {
+  std::vector<jit::KernelSource> out;
+  for (DType t : {DType::kFloat16, DType::kBFloat16})
+    for (int d : {64, 128, 256})
+      for (int q : {16, 32, 64, 128}) {
+        const AttentionSpec spec{v, t, t, t, d};
+        out.push_back(batch_prefill(spec, q));
+        if (hopper_supported(spec, q)) out.push_back(batch_prefill(spec, q, true));
+      }
+  return out;
+}
+
 std::vector<jit::KernelSource> builtin_prefill_kernels() {
   std::vector<jit::KernelSource> out;
-  for (const VariantSpec& v : {variants::standard(), variants::causal()})
-    for (DType t : {DType::kFloat16, DType::kBFloat16})
-      for (int d : {64, 128, 256})
-        for (int q : {16, 32, 64, 128}) {
-          out.push_back(batch_prefill({v, t, t, t, d}, q));
-          if (hopper_supported({v, t, t, t, d}, q)) out.push_back(batch_prefill({v, t, t, t, d}, q, true));
-        }
+  for (const VariantSpec& v : {variants::standard(), variants::causal(), variants::custom_mask()})
+    for (auto& k : builtin_prefill_kernels(v)) out.push_back(std::move(k));
   return out;
 }
 

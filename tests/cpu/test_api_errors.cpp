@@ -8,18 +8,13 @@
 
 #include "tessera/api/attention.hpp"
 #include "tessera/api/decode.hpp"
+#include "fake_workspace.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
 using namespace tessera::test;
 
 namespace {
-
-// A borrowed workspace over host memory: plan() validation never touches it.
-struct FakeWorkspace {
-  alignas(256) static inline char buf[1 << 16];
-  Workspace ws{buf, sizeof buf, buf, sizeof buf, 0};
-};
 
 TaskInfo task(int hq = 8, int hkv = 2, int page = 16) { return {hq, hkv, page, KVLayout::kNHD, 4, 16}; }
 

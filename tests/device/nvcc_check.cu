@@ -72,3 +72,21 @@ template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 64, 64
 template __global__ void prefill_k<StandardAttention, tessera::bf16_t, 128, 128, 64, 8, 1>(const PP);
 template __global__ void prefill_k<StandardAttention, tessera::half_t, 256, 64, 32, 4, 1>(const PP);
 template __global__ void prefill_k<StandardAttention, tessera::half_t, 64, 128, 64, 8, 1>(const PP);
+
+// Custom mask (variants::custom_mask(), same code): a LogitsMask reading the
+// packed bits through PrefillParams, on both templates.
+namespace {
+struct CustomMaskAttention : tessera::VariantBase {
+  const tessera::u8* mask;
+  template <typename Params>
+  __device__ __forceinline__ CustomMaskAttention(const Params& p, int batch_idx, int qo_len_, int kv_len_)
+      : tessera::VariantBase(p, batch_idx, qo_len_, kv_len_), mask(p.custom_mask + p.mask_indptr[batch_idx]) {}
+  template <typename Params>
+  __device__ __forceinline__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {
+    const long long bit = static_cast<long long>(qo_idx) * kv_len + kv_idx;
+    return (mask[bit >> 3] >> (bit & 7)) & 1;
+  }
+};
+}  // namespace
+template __global__ void prefill_k<CustomMaskAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);
+template __global__ void prefill_k<CustomMaskAttention, tessera::bf16_t, 128, 128, 64, 8, 1, true>(const PP);

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <random>
 
-#include "gpu_util.hpp"
+#include "prefill_util.hpp"
 #include "tessera/api/prefill.hpp"
 #include "tessera/reference/attention.hpp"
 
@@ -44,26 +44,6 @@ Batch make_batch(int page_size, std::mt19937_64& rng) {
     b.last.push_back(pages[r] ? b.kv_len[r] - (pages[r] - 1) * page_size : 0);
   }
   return b;
-}
-
-Workspace prefill_workspace(const AttentionSpec& spec, const TaskInfo& task, const PrefillOptions& opt) {
-  auto s = BatchPrefill::workspace_size(spec, task, cuda::device_info(cuda::current_device()).sm_count, opt);
-  return Workspace::allocate(s.device_bytes, s.host_bytes);
-}
-
-struct Out {
-  HostTensor o, lse;
-};
-
-template <typename RunFn>
-Out run_and_fetch(RunFn run, DType dt, int64_t rows, int64_t hq, int64_t d) {
-  Out out{make_host(dt, {rows, hq, d}), make_host(DType::kFloat32, {rows, hq})};
-  auto d_o = poisoned_like(out.o), dlse = poisoned_like(out.lse);
-  run(d_o.view, dlse.view);
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-  out.o = to_host(d_o, out.o);
-  out.lse = to_host(dlse, out.lse);
-  return out;
 }
 
 // backend: kAuto picks the Hopper (wgmma) template on sm_90 for head_dim

@@ -127,28 +127,29 @@ def test_batch_decode_gpu_out_lse_and_sm_scale(torch_cuda, rng):
     assert torch.equal(o2, out) and torch.equal(lse2, lse)  # deterministic
 
 
-def test_batch_decode_gpu_cuda_graph_replay(torch_cuda, rng):
-    """Capture run() for two layers once; re-plan with new lengths and replay."""
-    torch = torch_cuda
-    batch, page_size, pool = 6, 16, 700
-    indptr_buf = torch.empty(batch + 1, dtype=torch.int32, device="cuda")
-    indices_buf = torch.empty(pool, dtype=torch.int32, device="cuda")
-    last_buf = torch.empty(batch, dtype=torch.int32, device="cuda")
-    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "HND", use_cuda_graph=True,
-                                                         paged_kv_indptr_buffer=indptr_buf,
-                                                         paged_kv_indices_buffer=indices_buf,
-                                                         paged_kv_last_page_len_buffer=last_buf)
-    layers = [random_cache(torch, rng, "HND", pool, page_size, torch.bfloat16, False) for _ in range(2)]
-    qs = [random_q(torch, rng, batch, torch.bfloat16) for _ in range(2)]
+GRAPH_BATCH, GRAPH_PAGE_SIZE, GRAPH_POOL = 6, 16, 700
+
+
+def check_cuda_graph_replay(torch, rng, wrapper, layout, dtype, return_lse, empty_request):
+    """Captures wrapper.run() (a use_cuda_graph wrapper with buffers for GRAPH_BATCH requests over GRAPH_POOL
+    pages) for two layers once, then re-plans with new lengths and replays three steps, checking o (and lse
+    with return_lse) against the reference. Every step holds one long, split request and, with empty_request,
+    an empty one."""
+    batch, page_size, pool = GRAPH_BATCH, GRAPH_PAGE_SIZE, GRAPH_POOL
+    tdt = getattr(torch, dtype)
+    layers = [random_cache(torch, rng, layout, pool, page_size, tdt, False) for _ in range(2)]
+    qs = [random_q(torch, rng, batch, tdt) for _ in range(2)]
 
     def step_table(step):
         lens = list(rng.integers(0, 500, size=batch))
+        if empty_request:
+            lens[(step + 1) % batch] = 0
         lens[step % batch] = 3000 + 700 * step  # one long, split request
-        return make_table(rng, lens, page_size, spare=pool - sum((n + 15) // 16 for n in lens))
+        return make_table(rng, lens, page_size, spare=pool - sum((n + page_size - 1) // page_size for n in lens))
 
     def plan(table):
         indptr, indices, last, _ = table
-        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, page_size, q_data_type=torch.bfloat16)
+        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, page_size, q_data_type=tdt)
 
     table = step_table(0)
     plan(table)
@@ -157,20 +158,36 @@ def test_batch_decode_gpu_cuda_graph_replay(torch_cuda, rng):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [wrapper.run(qs[l], layers[l][0]) for l in range(2)]
+        outs = [wrapper.run(qs[l], layers[l][0], return_lse=return_lse) for l in range(2)]
+    if not return_lse:
+        outs = [(o, None) for o in outs]
     for step in range(3):
         if step > 0:
             table = step_table(step)
             plan(table)
-        for o in outs:
+        for o, lse in outs:
             o.fill_(float("nan"))
+            if lse is not None:
+                lse.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         indptr, indices, last, _ = table
         for l in range(2):
             _, k, v = layers[l]
-            ref_o, _ = ref_batch_decode(to_np(qs[l]), to_np(k), to_np(v), "HND", indptr, indices, last, page_size)
-            check(outs[l], None, ref_o, None, "bfloat16")
+            ref_o, ref_lse = ref_batch_decode(to_np(qs[l]), to_np(k), to_np(v), layout, indptr, indices, last,
+                                              page_size)
+            check(outs[l][0], outs[l][1], ref_o, ref_lse, dtype)
+
+
+def test_batch_decode_gpu_cuda_graph_replay(torch_cuda, rng):
+    """Capture run() for two layers once; re-plan with new lengths and replay."""
+    torch = torch_cuda
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(
+        workspace(torch), "HND", use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.empty(GRAPH_BATCH + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indices_buffer=torch.empty(GRAPH_POOL, dtype=torch.int32, device="cuda"),
+        paged_kv_last_page_len_buffer=torch.empty(GRAPH_BATCH, dtype=torch.int32, device="cuda"))
+    check_cuda_graph_replay(torch, rng, wrapper, "HND", "bfloat16", return_lse=False, empty_request=False)
 
 
 def test_batch_decode_gpu_grows_without_cuda_graph(torch_cuda, rng):
@@ -306,46 +323,12 @@ def test_batch_decode_gpu_tensor_cores(torch_cuda, rng, poison, dtype, layout, p
 def test_batch_decode_gpu_tensor_cores_cuda_graph_replay(torch_cuda, rng):
     """use_tensor_cores: capture run() for two layers; re-plan with new lengths and replay."""
     torch = torch_cuda
-    batch, page_size, pool = 6, 16, 700
+    batch, page_size = GRAPH_BATCH, GRAPH_PAGE_SIZE
     wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(
         workspace(torch), "NHD", use_cuda_graph=True, use_tensor_cores=True,
         paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
-        paged_kv_indices_buffer=torch.empty(pool, dtype=torch.int32, device="cuda"))
-    layers = [random_cache(torch, rng, "NHD", pool, page_size, torch.float16, False) for _ in range(2)]
-    qs = [random_q(torch, rng, batch, torch.float16) for _ in range(2)]
-
-    def step_table(step):
-        lens = list(rng.integers(0, 500, size=batch))
-        lens[(step + 1) % batch] = 0
-        lens[step % batch] = 3000 + 700 * step  # one long, split request
-        return make_table(rng, lens, page_size, spare=pool - sum((n + 15) // 16 for n in lens))
-
-    def plan(table):
-        indptr, indices, last, _ = table
-        wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, page_size, q_data_type=torch.float16)
-
-    table = step_table(0)
-    plan(table)
-    for l in range(2):  # eager warm-up outside the capture
-        wrapper.run(qs[l], layers[l][0])
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [wrapper.run(qs[l], layers[l][0], return_lse=True) for l in range(2)]
-    for step in range(3):
-        if step > 0:
-            table = step_table(step)
-            plan(table)
-        for o, lse in outs:
-            o.fill_(float("nan"))
-            lse.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        indptr, indices, last, _ = table
-        for l in range(2):
-            _, k, v = layers[l]
-            ref_o, ref_lse = ref_batch_decode(to_np(qs[l]), to_np(k), to_np(v), "NHD", indptr, indices, last, page_size)
-            check(outs[l][0], outs[l][1], ref_o, ref_lse, "float16")
+        paged_kv_indices_buffer=torch.empty(GRAPH_POOL, dtype=torch.int32, device="cuda"))
+    check_cuda_graph_replay(torch, rng, wrapper, "NHD", "float16", return_lse=True, empty_request=True)
     with pytest.raises(ValueError, match="max_batch"):
         big = make_table(rng, [5] * (batch + 1), page_size)
         wrapper.plan(big[0], big[1], big[2], HQ, HKV, HEAD_DIM, page_size)

@@ -465,8 +465,7 @@ def test_constructor_options():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("custom_mask", np.ones(10, bool)), ("packed_custom_mask", np.ones(2, np.uint8)), ("window_left", 64),
-    ("logits_soft_cap", 30.0), ("pos_encoding_mode", "ROPE_LLAMA"), ("rope_scale", 2.0), ("rope_theta", 1e4),
+    ("window_left", 64), ("logits_soft_cap", 30.0), ("pos_encoding_mode", "ROPE_LLAMA"), ("rope_scale", 2.0), ("rope_theta", 1e4),
     ("head_dim_vo", 64)])
 def test_plan_rejects_unsupported_options(option, value):
     expect(ValueError, "not supported yet", lambda: cpu_paged().plan(**paged_args(**{option: value})))

@@ -13,6 +13,22 @@
 // merges split tiles, so it can be captured in a CUDA graph. The query tile
 // (16/32/64/128 fused rows) is chosen at the first plan from the average query
 // length x group size and then kept, so captured graphs stay valid.
+//
+// Custom masks (FlashInfer's custom_mask / packed_custom_mask): construct with
+// spec.variant = variants::custom_mask(), then use the plan and run overloads
+// that take the mask (see formats/custom_mask.hpp for the packed format):
+//
+//   PackedMask m = pack_custom_mask(flat_bool_mask, qo_lens, kv_lens);        // or your own bytes
+//   pre.plan_ragged(qo_indptr, kv_indptr, m.indptr, stream);                   // byte offsets, host
+//   pre.run_ragged(q, k, v, packed_custom_mask, o, lse, stream);              // the bytes, uint8 on the GPU
+//
+// plan() checks mask_indptr against the lengths and stages it with the
+// schedule; run() reads the bits from the caller's device tensor (like q, its
+// address is baked into a captured graph). A custom-mask BatchPrefill needs a
+// mask at every plan and run; other variants reject one. The schedule is not
+// clipped causally unless PrefillOptions::causal_schedule is set (only valid
+// when every mask is causal or stricter, as tree-attention masks are).
+// Rows that see no key get o = 0 and lse = -inf. No BSR with custom masks.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -55,6 +71,14 @@ class BatchPrefill {
                   cudaStream_t stream = nullptr);
   // Ragged KV: kv_indptr counts tokens of one [total_kv, Hkv, D] tensor.
   void plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream = nullptr);
+  // Custom mask (variants::custom_mask()): as above, plus mask_indptr
+  // [batch + 1], the byte offset of each request's packed bits in the tensor
+  // run() takes: request i spans ceil(qo_len_i * kv_len_i / 8) bytes.
+  void plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                  std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                  std::span<const int32_t> mask_indptr, cudaStream_t stream = nullptr);
+  void plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                   std::span<const int32_t> mask_indptr, cudaStream_t stream = nullptr);
   // Block-sparse: q has bsr.rows() rows; block row r (Br rows) attends to its
   // column blocks (Bc tokens each) of a [bsr.cols(), Hkv, D] KV, viewed by
   // run() as pages of Bc tokens. Requires task.page_size == Bc.
@@ -67,26 +91,45 @@ class BatchPrefill {
   // Ragged: k, v [total_kv, Hkv, D].
   void run_ragged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                   const TensorView& lse, cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
+  // Custom mask: packed_custom_mask is a 1-D contiguous uint8 CUDA tensor on
+  // q's device holding at least mask_indptr[batch] bytes (of the last plan).
+  void run(const TensorView& q, const PagedKVStorage& kv, const TensorView& packed_custom_mask, const TensorView& o,
+           const TensorView& lse, cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
+  void run_ragged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& packed_custom_mask,
+                  const TensorView& o, const TensorView& lse, cudaStream_t stream = nullptr,
+                  const RunOptions& opt = {}) const;
 
   const PrefillPlan& last_plan() const { return plan_; }
   double last_plan_us() const { return plan_us_; }
   const PrefillConfig& config() const { return config_; }
   int ctas_per_head() const { return ctas_per_head_; }
   const jit::KernelSource& kernel_source() const { return source_; }
+  bool uses_custom_mask() const { return custom_mask_; }
 
  private:
   enum class Source { kNone, kPaged, kRagged };
   struct Layout {
-    size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, work_indptr = 0, items = 0, staged = 0;
+    size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0, staged = 0;
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
   };
   static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int cta_q);
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
-                   std::span<const int32_t> kv_lens, cudaStream_t stream);
+                   std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
   bool use_hopper(int cta_q) const;
+  // Whether a mask was given where one is needed (and only there).
+  void check_mask_given(bool given, const char* name, const char* how) const;
+  void check_mask_tensor(const TensorView* packed_custom_mask, const TensorView& q) const;
+  // Validate the KV page table / indptr and fill kv_lens_.
+  void paged_lengths(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+                     std::span<const int32_t> kv_last_page_len);
+  void ragged_lengths(std::span<const int32_t> kv_indptr);
+  void run_paged(const TensorView& q, const PagedKVStorage& kv, const TensorView* mask, const TensorView& o,
+                 const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const;
+  void run_ragged_impl(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* mask,
+                       const TensorView& o, const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const;
   void launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
-              cudaStream_t stream, const RunOptions& opt) const;
+              const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const;
 
   AttentionSpec spec_;
   TaskInfo task_;
@@ -102,7 +145,8 @@ class BatchPrefill {
   std::vector<int32_t> qo_lens_, kv_lens_;
   double plan_us_ = 0;
   Source source_kind_ = Source::kNone;
-  int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1;
+  bool custom_mask_ = false;  // spec.variant is variants::custom_mask()
+  int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1, mask_bytes_ = 0;
 };
 
 }  // namespace tessera

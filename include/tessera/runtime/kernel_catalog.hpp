@@ -22,6 +22,9 @@ struct VariantSpec {
 namespace variants {
 VariantSpec standard();  // plain softmax attention
 VariantSpec causal();    // bottom-right aligned causal mask
+// FlashInfer's custom mask: a bit per (query, key) of each request, packed
+// (see BatchPrefill::plan_paged / run with a mask). Prefill kernels only.
+VariantSpec custom_mask();
 }  // namespace variants
 
 // What a kernel computes: the variant, data types and head dimension.

@@ -29,6 +29,10 @@ int choose_cta_q(double avg_fused_q_len);
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false);
 bool hopper_supported(const AttentionSpec& spec, int cta_q);
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false);
+// Every prefill kernel of one variant: fp16/bf16, head dims 64/128/256, each
+// query tile, and the Hopper template where it applies.
+std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& variant);
+// Those of the built-in variants (standard, causal, custom mask).
 std::vector<jit::KernelSource> builtin_prefill_kernels();
 }  // namespace catalog
 

@@ -37,6 +37,12 @@ struct PrefillParams {
   int group;  // num_qo_heads / num_kv_heads
   int page_shift;
   float sm_scale;
+  // Custom mask (variants::custom_mask(), else null): request b's
+  // [qo_len, kv_len] boolean mask, row-major, packed 8 positions per byte
+  // with little bit order (numpy packbits(bitorder="little")), starting at
+  // byte custom_mask[mask_indptr[b]].
+  const u8* custom_mask;
+  const int* mask_indptr;  // [batch + 1] byte offsets
   Extra extra;  // keep last
 };
 
