@@ -1,7 +1,8 @@
 // `tessera demo`: one serving-style attention step. A batch mixes decode
 // requests (one query each) and chunked-prefill requests (many queries over a
-// longer KV history) in one paged KV cache with shuffled pages; the step runs
-// through BatchAttention plan/run, is verified against the CPU reference on
+// longer KV history) in one paged KV cache with shuffled pages; decode runs
+// on BatchDecode and chunked prefill on BatchPrefill (tensor cores; the
+// Hopper template on sm_90), each plan/run, verified against the CPU reference on
 // sampled rows, and is timed with device events (median), reporting achieved
 // bandwidth (KV bytes the batch needs) and FLOP rate.
 //
@@ -169,13 +170,19 @@ int demo_without_gpu(const DemoOptions& opt) {
   std::printf("plan: %zu requests (3 decode, 2 prefill), %lld query rows, %lld pages\n", b.q_len.size(),
               (long long)b.total_q(), (long long)b.num_pages);
   std::printf("plan: decode -> %zu work items on %d x %d CTAs (chunk %d tokens, %d split requests); prefill -> "
-              "row-wise grid %lld x %d\n",
+              "%lld query rows on the tensor-core prefill kernel\n",
               plan.items.size(), ctas_per_head, kHkv, plan.chunk_size, plan.num_split_requests,
-              (long long)(b.total_q() - static_cast<int64_t>(decode_lens.size())), kHq);
+              (long long)(b.total_q() - static_cast<int64_t>(decode_lens.size())));
 
+  // The kernels a GPU run would launch: decode, and prefill with the FA2
+  // template (sm_80) or the Hopper one (sm_90a).
   const AttentionSpec spec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, kHeadDim};
-  for (const jit::KernelSource& src : {catalog::batch_decode(decode_spec, kHq / kHkv), catalog::attention_rowwise(spec)})
-    for (const char* arch : {"sm_80", "sm_90a"}) {
+  const std::pair<jit::KernelSource, const char*> kernels[] = {
+      {catalog::batch_decode(decode_spec, kHq / kHkv), "sm_80"},
+      {catalog::batch_decode(decode_spec, kHq / kHkv), "sm_90a"},
+      {catalog::batch_prefill(spec, 64), "sm_80"},
+      {catalog::batch_prefill(spec, 64, true), "sm_90a"}};
+  for (const auto& [src, arch] : kernels) {
       auto bin = jit::KernelCache::global().cubin(src, jit::Arch::parse(arch));
       std::printf("jit: %s for %s: %zu-byte cubin (%s)\n", src.entry.c_str(), arch, bin->image.size(),
                   bin->from_disk ? "disk cache" : (std::to_string(bin->compile_ms) + " ms compile").c_str());
@@ -225,8 +232,7 @@ struct StepResult {
 
 // Plans, verifies against the reference and times one batch. Decode-only
 // batches run on BatchDecode (planner + persistent split-KV kernel); batches
-// with longer queries run on the row-wise kernel (the tensor-core prefill
-// kernels are later work).
+// with longer queries on BatchPrefill (tensor cores, causal).
 StepResult run_step(const char* label, const Batch& b, const HostBuf& q_host, HostBuf& k_host, HostBuf& v_host,
                     const cuda::DeviceBuffer& k_dev, const cuda::DeviceBuffer& v_dev, const DemoOptions& opt,
                     std::mt19937_64& rng) {
@@ -242,7 +248,7 @@ StepResult run_step(const char* label, const Batch& b, const HostBuf& q_host, Ho
   // The engine for this batch: plan once, then a run closure.
   std::optional<Workspace> ws;
   std::optional<BatchDecode> dec;
-  std::optional<BatchAttention> attn;
+  std::optional<BatchPrefill> pre;
   std::string kernel_name;
   const auto t_plan = std::chrono::steady_clock::now();
   if (decode_only) {
@@ -252,11 +258,12 @@ StepResult run_step(const char* label, const Batch& b, const HostBuf& q_host, Ho
     dec->plan(b.kv_indptr, b.kv_indices, b.last_page_len, stream);
     kernel_name = dec->kernel_source().entry;
   } else {
-    const size_t bytes = BatchAttention::workspace_bytes(task.max_batch, task.max_pages);
-    ws.emplace(Workspace::allocate(bytes, bytes));
-    attn.emplace(spec, task, *ws);
-    attn->plan({b.qo_indptr, b.kv_indptr, b.kv_indices, b.last_page_len}, stream);
-    kernel_name = attn->kernel_source().entry;
+    task.max_total_q = b.total_q();
+    auto sizes = BatchPrefill::workspace_size(spec, task, cuda::device_info(dev.index).sm_count);
+    ws.emplace(Workspace::allocate(sizes.device_bytes, sizes.host_bytes));
+    pre.emplace(spec, task, *ws);
+    pre->plan_paged(b.qo_indptr, b.kv_indptr, b.kv_indices, b.last_page_len, stream);
+    kernel_name = pre->kernel_source().entry;
   }
   const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan).count();
 
@@ -272,7 +279,7 @@ StepResult run_step(const char* label, const Batch& b, const HostBuf& q_host, Ho
   TensorView lse(lse_dev.get(), DType::kFloat32, dev, {rows, kHq});
   auto run = [&] {
     if (dec) dec->run(q, kv, o, lse, stream);
-    else attn->run(q, kv, o, lse, stream);
+    else pre->run(q, kv, o, lse, stream);
   };
   run();
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
