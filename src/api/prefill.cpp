@@ -60,7 +60,7 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   validate_task(task_, spec_);
   if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
-  if (spec_.variant == variants::causal()) opt_.causal_schedule = true;
+  if (variants::is_causal(spec_.variant)) opt_.causal_schedule = true;
   // Custom masks keep the full schedule: a masked-out tile only costs time,
   // a skipped visible one would be wrong (causal_schedule is the caller's call).
   custom_mask_ = spec_.variant == variants::custom_mask();

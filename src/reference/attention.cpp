@@ -120,6 +120,10 @@ QueryInfo check_query(const TensorView& q, int64_t total_rows, const char* rows_
                           ", got " + str(q.size(1)));
   if (!(opt.logits_soft_cap >= 0.0))
     throw InvalidArgument("logits_soft_cap: expected >= 0, got " + std::to_string(opt.logits_soft_cap));
+  if (!std::isfinite(opt.logits_soft_cap))
+    throw InvalidArgument("logits_soft_cap: expected a finite value, got " + std::to_string(opt.logits_soft_cap));
+  if (opt.window_left < -1)
+    throw InvalidArgument("window_left: expected -1 (off) or >= 0, got " + std::to_string(opt.window_left));
   QueryInfo qi{&q, q.size(1), q.size(2), kv_heads, opt.sm_scale};
   if (qi.sm_scale < 0.0) qi.sm_scale = 1.0 / std::sqrt(static_cast<double>(qi.head_dim));
   return qi;
@@ -147,7 +151,7 @@ class RequestMasks {
       throw InvalidArgument("custom_mask: expected " + str(need) + " entries (sum of q_len * kv_len), got " +
                             str(static_cast<int64_t>(opt.custom_mask.size())));
   }
-  bool any() const { return opt_.causal || !opt_.custom_mask.empty(); }
+  bool any() const { return opt_.causal || !opt_.custom_mask.empty() || opt_.window_left >= 0; }
   // Fills the [q_len, kv_len] visibility block of the next request (in order).
   void next(int64_t q_len, int64_t kv_len, std::vector<uint8_t>& vis) {
     vis.assign(q_len * kv_len, 1);
@@ -159,6 +163,10 @@ class RequestMasks {
       for (int64_t i = 0; i < q_len; ++i)
         for (int64_t j = i + kv_len - q_len + 1; j < kv_len; ++j)
           if (j >= 0) vis[i * kv_len + j] = 0;
+    }
+    if (opt_.window_left >= 0) {
+      for (int64_t i = 0; i < q_len; ++i)
+        for (int64_t j = 0; j < std::min(kv_len, i + kv_len - q_len - opt_.window_left); ++j) vis[i * kv_len + j] = 0;
     }
   }
 
@@ -238,6 +246,9 @@ Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView
   if (!opt.custom_mask.empty())
     throw InvalidArgument("opt.custom_mask: expected empty for BSR attention (the BSR matrix is the mask), got " +
                           str(static_cast<int64_t>(opt.custom_mask.size())) + " entries");
+  if (opt.window_left != -1)
+    throw InvalidArgument("opt.window_left: expected -1 for BSR attention (the BSR matrix is the mask), got " +
+                          std::to_string(opt.window_left));
   check_host_float("k", k);
   check_host_float("v", v);
   check_dim("k", k, 3);

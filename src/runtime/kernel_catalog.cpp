@@ -1,6 +1,8 @@
 #include "tessera/runtime/kernel_catalog.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "tessera/core/error.hpp"
@@ -38,6 +40,70 @@ VariantSpec custom_mask() {
           "    return (mask[bit >> 3] >> (bit & 7)) & 1;\n"
           "  }\n"
           "};\n"};
+}
+
+// Identifier-safe rendering of a value for variant names: '.' -> 'p',
+// '-' -> 'm', '+' dropped (e.g. 30 -> "30", 2.5 -> "2p5", 1e-05 -> "1em05").
+static std::string name_token(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '.') out += 'p';
+    else if (c == '-') out += 'm';
+    else if (c == '+') continue;
+    else out += c;
+  }
+  return out;
+}
+
+VariantSpec soft_cap(float cap, bool causal) {
+  if (!(cap > 0.f) || !std::isfinite(cap)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(cap));
+    throw InvalidArgument(std::string("cap: expected a finite soft cap > 0, got ") + buf);
+  }
+  char lit[64], shown[64];
+  std::snprintf(lit, sizeof lit, "%a", static_cast<double>(cap));  // hex float: exact round trip
+  std::snprintf(shown, sizeof shown, "%.9g", static_cast<double>(cap));
+  const std::string name = std::string(causal ? "CausalSoftCap_" : "SoftCap_") + name_token(shown);
+  std::ostringstream code;
+  code << "struct " << name << " : tessera::VariantBase {\n"
+       << "  using tessera::VariantBase::VariantBase;\n"
+       << (causal ? "  static constexpr bool causal = true;\n" : "")
+       << "  // logits soft cap " << shown << ": cap * tanh(logit / cap), logit = q.k * sm_scale\n"
+       << "  template <typename Params>\n"
+       << "  __device__ __forceinline__ float LogitsTransform(const Params&, float logit, int, int, int, int, int) const {\n"
+       << "    const float cap = " << lit << "f;\n"
+       << "    return cap * tanhf(logit * (1.0f / cap));\n"
+       << "  }\n"
+       << "};\n";
+  return {name, code.str()};
+}
+
+VariantSpec sliding_window(int window_left, bool causal) {
+  if (window_left < 0)
+    throw InvalidArgument("window_left: expected >= 0 (keys a query sees to its left), got " + std::to_string(window_left));
+  const std::string name =
+      std::string(causal ? "CausalSlidingWindow_" : "SlidingWindow_") + std::to_string(window_left);
+  std::ostringstream code;
+  code << "struct " << name << " : tessera::VariantBase {\n"
+       << "  using tessera::VariantBase::VariantBase;\n"
+       << (causal ? "  static constexpr bool causal = true;\n" : "")
+       << "  // Sliding window: the query at bottom-right-aligned position p sees keys >= p - " << window_left << ".\n"
+       << "  template <typename Params>\n"
+       << "  __device__ __forceinline__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
+       << "    return kv_idx >= qo_idx + (kv_len - qo_len) - " << window_left << ";\n"
+       << "  }\n"
+       << "};\n";
+  return {name, code.str()};
+}
+
+bool is_causal(const VariantSpec& v) {
+  if (v == causal()) return true;
+  auto starts = [&](const char* p) { return v.name.rfind(p, 0) == 0; };
+  // The built-in causal specs; the code is checked too so that a user variant
+  // that merely shares the name prefix is not scheduled causally.
+  return (starts("CausalSoftCap_") || starts("CausalSlidingWindow_")) &&
+         v.code.find("static constexpr bool causal = true;") != std::string::npos;
 }
 }  // namespace variants
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <thread>
 
@@ -130,4 +131,53 @@ TEST(Jit, SpecValidation) {
   spec.q_dtype = DType::kFloat32;
   EXPECT_THROW_MSG(catalog::attention_rowwise(spec), TypeMismatch, "q_dtype");
   EXPECT_THROW_MSG(catalog::merge_pair(DType::kInt32), TypeMismatch, "v");
+}
+
+// soft_cap / sliding_window: value-specific specs (name and code carry the
+// value), argument validation, which ones count as causal.
+TEST(Jit, SoftCapAndSlidingWindowSpecs) {
+  const VariantSpec a = variants::soft_cap(30.f, true), b = variants::soft_cap(30.f, false);
+  EXPECT_EQ(a.name, "CausalSoftCap_30");
+  EXPECT_EQ(b.name, "SoftCap_30");
+  EXPECT_NE(a.code.find("static constexpr bool causal = true;"), std::string::npos);
+  EXPECT_EQ(b.code.find("causal = true"), std::string::npos);
+  EXPECT_NE(a.code.find("0x1.ep+4f"), std::string::npos) << a.code;  // 30 as a hex float
+  EXPECT_EQ(variants::soft_cap(2.5f).name, "SoftCap_2p5");
+  EXPECT_EQ(variants::soft_cap(1e-5f).name, "SoftCap_9p99999975em06");
+  EXPECT_NE(variants::soft_cap(30.f), variants::soft_cap(30.000002f));  // adjacent floats: different kernels
+  EXPECT_EQ(variants::sliding_window(128, true).name, "CausalSlidingWindow_128");
+  EXPECT_EQ(variants::sliding_window(0).name, "SlidingWindow_0");
+  EXPECT_THROW_MSG(variants::soft_cap(0.f), InvalidArgument, "cap");
+  EXPECT_THROW_MSG(variants::soft_cap(-1.f), InvalidArgument, "cap");
+  EXPECT_THROW_MSG(variants::soft_cap(std::numeric_limits<float>::infinity()), InvalidArgument, "cap");
+  EXPECT_THROW_MSG(variants::soft_cap(std::numeric_limits<float>::quiet_NaN()), InvalidArgument, "cap");
+  EXPECT_THROW_MSG(variants::sliding_window(-1), InvalidArgument, "window_left");
+
+  EXPECT_TRUE(variants::is_causal(variants::causal()));
+  EXPECT_TRUE(variants::is_causal(a));
+  EXPECT_TRUE(variants::is_causal(variants::sliding_window(7, true)));
+  EXPECT_FALSE(variants::is_causal(b));
+  EXPECT_FALSE(variants::is_causal(variants::sliding_window(7, false)));
+  EXPECT_FALSE(variants::is_causal(variants::standard()));
+  EXPECT_FALSE(variants::is_causal(variants::custom_mask()));
+  EXPECT_FALSE(variants::is_causal({"CausalSoftCap_1", "struct CausalSoftCap_1 : tessera::VariantBase {};"}));
+}
+
+// The new variants compile into the prefill (FA2 on sm_80 and sm_90a, Hopper
+// on sm_90a) and decode kernels.
+TEST(Jit, SoftCapAndSlidingWindowKernelsCompile) {
+  jit::KernelCache cache(fresh_dir("capwindow").string());
+  for (const VariantSpec& v : {variants::soft_cap(30.f, true), variants::sliding_window(128, true)}) {
+    const AttentionSpec spec{v, DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
+    std::vector<jit::KernelSource> both{catalog::batch_prefill(spec, 128, false), catalog::batch_decode(spec, 4)};
+    for (const char* arch : {"sm_80", "sm_90a"})
+      for (const auto& k : both) EXPECT_TRUE(is_elf(cache.cubin(k, jit::Arch::parse(arch))->image)) << k.entry << " " << arch;
+    ASSERT_TRUE(catalog::hopper_supported(spec, 128));
+    const auto hopper = catalog::batch_prefill(spec, 128, true);
+    EXPECT_TRUE(is_elf(cache.cubin(hopper, jit::Arch::parse("sm_90a"))->image)) << hopper.entry;
+  }
+  // A soft cap without causal on bf16 / d64, too.
+  const AttentionSpec bf{variants::soft_cap(5.f), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 64};
+  EXPECT_TRUE(is_elf(cache.cubin(catalog::batch_prefill(bf, 64), jit::Arch::parse("sm_80"))->image));
+  EXPECT_TRUE(is_elf(cache.cubin(catalog::batch_decode(bf, 1), jit::Arch::parse("sm_80"))->image));
 }

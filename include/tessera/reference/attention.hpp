@@ -28,6 +28,10 @@ struct Options {
   // Empty = no custom mask. Combined with causal by AND when both are set.
   std::vector<uint8_t> custom_mask;
   double logits_soft_cap = 0.0;  // > 0: logit = cap * tanh(logit / cap) (after sm_scale)
+  // Sliding window (FlashInfer's window_left): >= 0: query i of a request sees
+  // keys j >= i + kv_len - q_len - window_left; -1 = off. ANDed with causal
+  // and the custom mask. Ragged and paged only.
+  int window_left = -1;
 };
 
 struct Result {
@@ -49,7 +53,7 @@ Result attention_paged(const TensorView& q, const RaggedIndex& qo, const PagedKV
 
 // Block-sparse: q [M, Hq, D]; k, v [N, Hkv, D]; query row m attends to the
 // valid columns of its block row (in block order). The BSR matrix is the mask:
-// `causal` and `custom_mask` are not allowed here (InvalidArgument).
+// `causal`, `custom_mask` and `window_left` are not allowed here (InvalidArgument).
 Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView& k,
                      const TensorView& v, const Options& opt = {});
 

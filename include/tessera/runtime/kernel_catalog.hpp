@@ -25,6 +25,18 @@ VariantSpec causal();    // bottom-right aligned causal mask
 // FlashInfer's custom mask: a bit per (query, key) of each request, packed
 // (see BatchPrefill::plan_paged / run with a mask). Prefill kernels only.
 VariantSpec custom_mask();
+// FlashInfer's logits soft cap: logit = cap * tanh(logit / cap), where the
+// logit is q.k * sm_scale. `cap` (> 0, finite) is baked into the code and the
+// name (one kernel per value); `causal` adds the bottom-right causal mask.
+VariantSpec soft_cap(float cap, bool causal = false);
+// FlashInfer's sliding window: a query at bottom-right-aligned position
+// p = qo_idx + kv_len - qo_len sees keys kv_idx >= p - window_left (>= 0);
+// with `causal` also kv_idx <= p. Baked into the code and name like soft_cap.
+VariantSpec sliding_window(int window_left, bool causal = false);
+// True for variants whose mask is causal or stricter: causal() and the
+// causal soft_cap / sliding_window specs (BatchPrefill schedules these with
+// causal tile clipping).
+bool is_causal(const VariantSpec& v);
 }  // namespace variants
 
 // What a kernel computes: the variant, data types and head dimension.
