@@ -5,23 +5,33 @@
 # JIT cold compile / warm disk load / load onto the GPU, run the demo, and
 # print a short summary last.
 #
-#   scripts/gpu_suite.sh [--cache TGZ] [--out DIR] [--sanitize]
+#   scripts/gpu_suite.sh [--cache TGZ] [--out DIR] [--sanitize] [--filter GTEST_FILTER]
+#                        [--pytest EXPR] [--quick] [--bench "SCRIPT ARGS"]...
 #     --cache TGZ   restore the JIT disk cache from TGZ first (if it exists)
 #                   and save it back to DIR/jitcache.tgz at the end
 #     --out DIR     where logs.tgz, summary.txt and jitcache.tgz go (default: $OUT or ./gpu-out)
 #     --sanitize    also run a GPU subset under compute-sanitizer (memcheck)
+#     --filter F    run only the C++ tests matching the GoogleTest filter F
+#     --pytest E    run only the Python tests matching pytest's -k expression E
+#     --quick       skip the JIT timing and the demo (iteration runs)
+#     --bench CMD   after the tests, run a benchmark script (repeatable), e.g.
+#                   --bench "bench/prefill.py --parts a"; its JSON lands in DIR too
 # GoogleTest: the system's, else Debian's libgtest-dev .deb unpacked from .deps/
 # (fetch it once with: mkdir -p .deps && cd .deps && apt-get download libgtest-dev).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-cache_tgz=""; out="${OUT:-$root/gpu-out}"; sanitize=0
+cache_tgz=""; out="${OUT:-$root/gpu-out}"; sanitize=0; filter="*"; pyexpr=""; quick=0; benches=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --cache) cache_tgz="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
-    *) echo "usage: $0 [--cache TGZ] [--out DIR] [--sanitize]"; exit 2 ;;
+    --filter) filter="$2"; shift 2 ;;
+    --pytest) pyexpr="$2"; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --bench) benches+=("$2"); shift 2 ;;
+    *) echo "usage: $0 [--cache TGZ] [--out DIR] [--sanitize] [--filter F] [--pytest E] [--quick] [--bench CMD]..."; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -50,18 +60,21 @@ fi
 note "build: $(( $(date +%s) - t0 )) s"
 
 # JIT: cold compile into an empty cache, then a second process loads from disk.
-cold=/tmp/tessera-cold; rm -rf "$cold"
-TESSERA_CACHE_DIR=$cold ./build-gpu/tessera compile --arch sm_90a | tee "$logs/jit_cold.txt"
-TESSERA_CACHE_DIR=$cold ./build-gpu/tessera compile --arch sm_90a --load | tee "$logs/jit_warm.txt"
-note "jit cold: $(grep -o 'compiled [0-9]* (mean [0-9.]* ms, max [0-9.]* ms' "$logs/jit_cold.txt")"
-note "jit warm: $(grep -o 'from disk [0-9]* (mean [0-9.]* ms, max [0-9.]* ms' "$logs/jit_warm.txt")"
-note "jit load: $(grep -o 'mean [0-9.]* ms, max [0-9.]* ms per kernel (cubin.*' "$logs/jit_warm.txt")"
+if [ "$quick" = 0 ]; then
+  cold=/tmp/tessera-cold; rm -rf "$cold"
+  TESSERA_CACHE_DIR=$cold ./build-gpu/tessera compile --arch sm_90a | tee "$logs/jit_cold.txt"
+  TESSERA_CACHE_DIR=$cold ./build-gpu/tessera compile --arch sm_90a --load | tee "$logs/jit_warm.txt"
+  note "jit cold: $(grep -o 'compiled [0-9]* (mean [0-9.]* ms, max [0-9.]* ms' "$logs/jit_cold.txt")"
+  note "jit warm: $(grep -o 'from disk [0-9]* (mean [0-9.]* ms, max [0-9.]* ms' "$logs/jit_warm.txt")"
+  note "jit load: $(grep -o 'mean [0-9.]* ms, max [0-9.]* ms per kernel (cubin.*' "$logs/jit_warm.txt")"
+fi
 
 # C++ suite, sharded over 8 processes on the one GPU.
 t0=$(date +%s)
 shards=8; pids=()
 for i in $(seq 0 $((shards - 1))); do
-  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i ./build-gpu/tessera_tests --gtest_brief=1 >"$logs/gtest_$i.log" 2>&1 &
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i ./build-gpu/tessera_tests --gtest_brief=1 --gtest_filter="$filter" \
+    >"$logs/gtest_$i.log" 2>&1 &
   pids+=($!)
 done
 gfail=0; for p in "${pids[@]}"; do wait "$p" || gfail=1; done
@@ -77,13 +90,26 @@ cat "$logs"/gtest_*.log | grep -E "FAILED|Failure|error|Expected|Which is|rel er
 note "C++ tests: $gp passed, $gf failed, $gs skipped ($(( $(date +%s) - t0 )) s)"
 
 t0=$(date +%s)
-PYTHONPATH="$root/python" "$TESSERA_PYTHON" -m pytest -q -rs -x tests/python 2>&1 | tee "$logs/pytest.log" | tail -15
-[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
-note "Python tests: $(grep -E '[0-9]+ (passed|failed)' "$logs/pytest.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
+if [ "$pyexpr" != "-" ]; then
+  PYTHONPATH="$root/python" "$TESSERA_PYTHON" -m pytest -q -rs -x tests/python ${pyexpr:+-k "$pyexpr"} 2>&1 | \
+    tee "$logs/pytest.log" | tail -15
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+  note "Python tests: $(grep -E '[0-9]+ (passed|failed)' "$logs/pytest.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
+fi
 
-./build-gpu/tessera demo 2>&1 | tee "$logs/demo.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
-while read -r line; do note "demo $line"; done < <(grep -E "^(decode|prefill|step) " "$logs/demo.txt" | cut -c1-150)
+if [ "$quick" = 0 ]; then
+  ./build-gpu/tessera demo 2>&1 | tee "$logs/demo.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+  while read -r line; do note "demo $line"; done < <(grep -E "^(decode|prefill|step) " "$logs/demo.txt" | cut -c1-150)
+fi
+
+# Benchmarks (their JSON goes to bench/results/ and, via OUT, to DIR).
+for b in "${benches[@]}"; do
+  echo "### $b"
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 OUT="$out" PYTHONPATH="$root/python" "$TESSERA_PYTHON" $b 2>&1 | tee -a "$logs/bench.log" | \
+    grep -vE "^(W|I)[0-9]{4} " || failed=1
+done
 
 if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 ./build-gpu/tessera_tests \

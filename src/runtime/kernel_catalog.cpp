@@ -155,7 +155,7 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
       << spec.variant.code << "\n"
       << "}  // namespace tessera_variant\n"
       << "extern \"C\" __global__ void __launch_bounds__(" << threads
-      << (min_blocks > 1 ? ", " + std::to_string(min_blocks) : std::string()) << ") " << entry << "(const tessera::" << params_type
+      << (min_blocks > 0 ? ", " + std::to_string(min_blocks) : std::string()) << ") " << entry << "(const tessera::" << params_type
       << "<tessera_variant::Extra> p) {\n"
       << "  tessera::" << fn << "<tessera_variant::" << spec.variant.name << ", " << dtype_device_name(spec.q_dtype) << ", "
       << dtype_device_name(spec.kv_dtype) << ", " << dtype_device_name(spec.o_dtype) << ", " << spec.head_dim << ", "

@@ -47,25 +47,30 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     if (!hopper_supported(spec, cta_q))
       throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64 or 128 and a query tile of 64 or 128 rows, got head_dim " +
                             std::to_string(spec.head_dim) + ", tile " + std::to_string(cta_q));
-    // One warpgroup per 64 query rows, the whole KV tile per warpgroup.
+    // Warp-specialized (prefill_sm90.cuh): one producer warpgroup plus one
+    // consumer warpgroup per 64 query rows. 128-row tiles: 128-token KV
+    // tiles, 2 stages, one CTA per SM (FA3's choice for head_dim 128; S and
+    // O of 64 x 128 each fit the consumers' 224 registers). 64-row tiles:
+    // 64-token KV tiles at head_dim 128 so two CTAs share an SM and their
+    // consumer warpgroups overlap each other's softmax.
     c.hopper = true;
     c.warps_q = cta_q / 16;
     c.warps_kv = 1;
-    // Two stages and two CTAs per SM (four warpgroups, their softmax and
-    // wgmma interleaving across CTAs) measured ahead of three stages with the
-    // softmax overlapped inside the warpgroup (prefill_kv_loop_sm90), which
-    // fits one CTA per SM: 221/281/294 vs 169/242/256 TFLOP/s on the H100
-    // Table-1 setting at 1k/4k/16k (bench/prefill_sweep.py). stages >= 3
-    // (TESSERA_PREFILL_TILE) selects the overlapped loop.
-    c.cta_kv = 64;
+    c.cta_kv = cta_q == 128 || spec.head_dim == 64 ? 128 : 64;
     c.stages = 2;
     apply_override(c);
     c.warps_q = cta_q / 16;  // the override may change only the KV tile and the stages here
     c.warps_kv = 1;
-    if (c.cta_kv != 64 && c.cta_kv != 128) c.cta_kv = 64;
-    c.threads = 32 * c.warps_q;
-    c.smem_bytes = 2 * (c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim) + 1024;  // + alignment slack
-    c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
+    if (c.cta_kv != 64 && c.cta_kv != 128) c.cta_kv = 128;
+    c.threads = 128 * (cta_q / 64 + 1);
+    // Two Q buffers and `stages` K and V tiles (mirror of Sm90Shape), + 1024
+    // bytes of alignment slack, + the static pipeline barriers and page ids.
+    c.smem_bytes = 2 * (2 * c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim) + 1024;
+    const int per_cta = c.smem_bytes + 2048;
+    c.ctas_per_sm = cta_q == 64 && 2 * per_cta <= 228 * 1024 ? 2 : 1;
+    if (per_cta > 227 * 1024)
+      throw InvalidArgument("TESSERA_PREFILL_TILE: the Hopper tile needs " + std::to_string(per_cta) +
+                            " bytes of shared memory (at most 232448)");
     return c;
   }
   // Four warps. Small tiles split the KV tile over warps; large ones give each
@@ -96,13 +101,21 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
   const PrefillConfig c = prefill_config(spec, cta_q, hopper);
   std::ostringstream entry, tail;
   entry << "tessera_prefill_" << spec.variant.name << "_" << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
-        << "_d" << spec.head_dim << "_q" << c.cta_q << "_kv" << c.cta_kv << "_w" << c.warps_q << "x" << c.warps_kv
-        << "_s" << c.stages << (c.hopper ? "_sm90" : "");
-  tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages << ", "
-       << (c.hopper ? "true" : "false");
-  return attention_source(spec, entry.str(), std::string("batch prefill (") + (c.hopper ? "Hopper" : "FA2") + " template), tile " + std::to_string(c.cta_q) + "x" +
+        << "_d" << spec.head_dim << "_q" << c.cta_q << "_kv" << c.cta_kv;
+  if (c.hopper) {
+    // The warp-specialized kernel: its register split (setmaxnreg) needs the
+    // register cap that __launch_bounds__(threads, ctas_per_sm) sets.
+    entry << "_s" << c.stages << "_c" << c.ctas_per_sm << "_sm90ws";
+    tail << c.cta_q << ", " << c.cta_kv << ", " << c.stages << ", " << c.ctas_per_sm;
+    return attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
+                            std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv), "tessera/device/kernels/prefill_sm90.cuh",
+                            "PrefillParams", "batch_prefill_sm90", c.threads, tail.str(), c.ctas_per_sm);
+  }
+  entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
+  tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
+  return attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " + std::to_string(c.cta_q) + "x" +
                           std::to_string(c.cta_kv), "tessera/device/kernels/prefill.cuh", "PrefillParams",
-                          "batch_prefill", c.threads, tail.str(), c.hopper ? std::min(c.ctas_per_sm, 2) : 0);
+                          "batch_prefill", c.threads, tail.str());
 }
 
 std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& v) {

@@ -56,16 +56,21 @@ __global__ void append_kv_k(const tessera::AppendKVParams p) { tessera::append_p
 template __global__ void append_kv_k<tessera::half_t>(const tessera::AppendKVParams);
 template __global__ void append_kv_k<tessera::bf16_t>(const tessera::AppendKVParams);
 
-// Prefill: the FA2 template's four query tile shapes and the Hopper template.
+// Prefill: the FA2 template's four query tile shapes and the Hopper
+// warp-specialized template (two consumer warpgroups, and one with two CTAs
+// per SM).
 #include "tessera/device/kernels/prefill.cuh"
+#include "tessera/device/kernels/prefill_sm90.cuh"
 using PP = tessera::PrefillParams<tessera::NoExtra>;
-template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK, bool HOPPER = false>
-__global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2, HOPPER>(p); }
-template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>  // Hopper, softmax overlapped (3 stages)
-__global__ void prefill_k3(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 3, true>(p); }
-template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 128, 64, 8, 1, true>(const PP);
-template __global__ void prefill_k3<CausalAttention, tessera::half_t, 128, 128, 64, 8, 1>(const PP);
-template __global__ void prefill_k<StandardAttention, tessera::bf16_t, 64, 64, 64, 4, 1, true>(const PP);
+template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>
+__global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2>(p); }
+template <typename V, typename T, int D, int CQ, int CKV, int CTAS>
+__global__ void __launch_bounds__(128 * (CQ / 64 + 1), CTAS) prefill_sm90_k(const PP p) {
+  tessera::batch_prefill_sm90<V, T, T, T, D, CQ, CKV, 2, CTAS>(p);
+}
+template __global__ void prefill_sm90_k<CausalAttention, tessera::half_t, 128, 128, 128, 1>(const PP);
+template __global__ void prefill_sm90_k<StandardAttention, tessera::bf16_t, 64, 128, 128, 1>(const PP);
+template __global__ void prefill_sm90_k<StandardAttention, tessera::half_t, 128, 64, 64, 2>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 16, 64, 1, 4>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 32, 64, 2, 2>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);
@@ -89,4 +94,4 @@ struct CustomMaskAttention : tessera::VariantBase {
 };
 }  // namespace
 template __global__ void prefill_k<CustomMaskAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);
-template __global__ void prefill_k<CustomMaskAttention, tessera::bf16_t, 128, 128, 64, 8, 1, true>(const PP);
+template __global__ void prefill_sm90_k<CustomMaskAttention, tessera::bf16_t, 128, 128, 128, 1>(const PP);

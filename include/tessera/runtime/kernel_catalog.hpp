@@ -69,7 +69,7 @@ constexpr int kRowwiseWarps = 4;
 // variant's code in namespace tessera_variant (with #line so compile errors
 // point at the user's lines), and defines the extern "C" entry
 // `entry(const params_type<Extra> p)` calling
-// `fn<Variant, DQ, DKV, DO, head_dim, template_tail>(p)`; min_blocks > 1 asks
+// `fn<Variant, DQ, DKV, DO, head_dim, template_tail>(p)`; min_blocks > 0 asks
 // the compiler to fit that many CTAs per SM (__launch_bounds__).
 jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
                                    const char* header, const char* params_type, const char* fn, int threads,

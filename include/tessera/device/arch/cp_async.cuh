@@ -37,6 +37,17 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Waits for all of this thread's copies, committed or not.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Makes the mbarrier at shared address `bar` receive one arrival when all of
+// this thread's earlier cp.async copies have landed (without raising its
+// expected count: a barrier fed this way by N threads is initialized with N).
+// Lets a producer warp stream tiles without waiting for its own copies.
+__device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 #endif
 
 }  // namespace tessera

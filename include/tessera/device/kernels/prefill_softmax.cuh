@@ -38,11 +38,16 @@ struct RowInfo {
 
 // Variant logits, masks and the online-softmax update of one S tile held in
 // mma-layout fragments (s[MT][NT_S][4], columns from col0), shared by the
-// FA2 and Hopper templates. Leaves P (unnormalized weights) in s.
+// FA2 and Hopper templates. Leaves P (unnormalized weights) in s and updates
+// the row maxima m and sums d, but not O: O's rescale factors go to `scale`
+// and the return value says whether any row of the warp needs one (warp
+// uniform). Split from the rescale so the Hopper mainloop can run this step
+// while the previous tile's O += P V is still in flight on the tensor cores.
 template <typename Variant, int MT, int NT_S, int NT_O, typename Params>
-__device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Variant& variant, PrefillState<MT, NT_O>& st,
+__device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, PrefillState<MT, NT_O>& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
-                                                     int kv_end, int b, int kv_head, bool masked, int causal_shift) {
+                                                     int kv_end, int b, int kv_head, bool masked, int causal_shift,
+                                                     float (&scale)[MT][2]) {
   // Logits. Plain softmax variants keep S raw and fold sm_scale * log2(e)
   // into the exponent (one FFMA + MUFU per element); others run the variant's
   // LogitsTransform and move to base 2. Masks run only on tiles that need one
@@ -74,12 +79,11 @@ __device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Vari
         }
       }
 
+  bool raised = false;
   if (Variant::use_softmax) {
-    // New row maxima first; O and d are rescaled only when some row of the
+    // New row maxima first; O and d need a rescale only when some row of the
     // warp raised its maximum (after the first tiles of a long row this is
     // rare, and the rescale is MT x NT_O x 4 multiplies).
-    float m_new[MT][2];
-    bool raised = false;
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -90,25 +94,13 @@ __device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Vari
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
-        m_new[t][r] = fmaxf(mx, st.m[t][r]);
-        raised |= m_new[t][r] > st.m[t][r];
+        const float m_new = fmaxf(mx, st.m[t][r]);
+        raised |= m_new > st.m[t][r];
+        const float m_safe = m_new == neg_inf() ? 0.f : m_new;
+        scale[t][r] = fast_exp2(st.m[t][r] - m_safe);
+        st.m[t][r] = m_new;
       }
-    if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float m_safe = m_new[t][r] == neg_inf() ? 0.f : m_new[t][r];
-          const float scale = fast_exp2(st.m[t][r] - m_safe);
-          st.d[t][r] *= scale;
-#pragma unroll
-          for (int n = 0; n < NT_O; ++n) {
-            st.o[t][n][2 * r] *= scale;
-            st.o[t][n][2 * r + 1] *= scale;
-          }
-          st.m[t][r] = m_new[t][r];
-        }
-    }
+    raised = __any_sync(0xffffffffu, raised);
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -123,10 +115,36 @@ __device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Vari
             x = kPlain ? fast_exp2(fmaf(x, scale_log2, -m_safe)) : fast_exp2(x - m_safe);
             sum += x;
           }
-        st.d[t][r] += sum;  // a quarter of the row: quads are summed at the end
+        // A quarter of the row (quads are summed at the end); d at the old
+        // maximum is rescaled here, O by the caller.
+        st.d[t][r] = (raised ? st.d[t][r] * scale[t][r] : st.d[t][r]) + sum;
       }
   }
+  return raised;
+}
 
+// O *= scale row by row (after prefill_softmax_step raised a maximum).
+template <int MT, int NT_O>
+__device__ __forceinline__ void prefill_rescale_o(PrefillState<MT, NT_O>& st, const float (&scale)[MT][2]) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int n = 0; n < NT_O; ++n) {
+        st.o[t][n][2 * r] *= scale[t][r];
+        st.o[t][n][2 * r + 1] *= scale[t][r];
+      }
+}
+
+// The whole update for kernels whose O is not in flight: step + rescale.
+template <typename Variant, int MT, int NT_S, int NT_O, typename Params>
+__device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Variant& variant, PrefillState<MT, NT_O>& st,
+                                                     const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
+                                                     int kv_end, int b, int kv_head, bool masked, int causal_shift) {
+  float scale[MT][2];
+  if (prefill_softmax_step<Variant>(p, variant, st, rows, s, col0, kv_end, b, kv_head, masked, causal_shift, scale))
+    prefill_rescale_o(st, scale);
 }
 
 #endif

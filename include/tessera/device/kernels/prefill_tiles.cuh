@@ -114,15 +114,22 @@ struct KVTileLoader {
   }
 };
 
-// Applies an element-wise transform in place to a swizzled tile (only for
-// variants that override the slot; see VariantTraits).
-template <int HEAD_DIM, int ROWS, int THREADS, template <int, int> class Layout, typename T, typename Fn>
-__device__ __forceinline__ void transform_tile(T* smem, Fn fn) {
-  for (int i = threadIdx.x; i < ROWS * HEAD_DIM; i += THREADS) {
+// Applies an element-wise transform in place to rows [row_begin, row_end) of
+// a swizzled tile (only for variants that override the slot; see
+// VariantTraits), spread over threads tid = 0..nthreads-1: the FA2 template
+// uses the whole CTA, the Hopper one a warpgroup.
+template <int HEAD_DIM, int ROWS, template <int, int> class Layout, typename T, typename Fn>
+__device__ __forceinline__ void transform_rows(T* smem, int row_begin, int row_end, int tid, int nthreads, Fn fn) {
+  for (int i = row_begin * HEAD_DIM + tid; i < row_end * HEAD_DIM; i += nthreads) {
     const int row = i / HEAD_DIM, col = i % HEAD_DIM;
     T* e = smem + Layout<HEAD_DIM, ROWS>::at(row, col / 8) + col % 8;
     *e = from_float<T>(fn(row, col, to_float(*e)));
   }
+}
+
+template <int HEAD_DIM, int ROWS, int THREADS, template <int, int> class Layout, typename T, typename Fn>
+__device__ __forceinline__ void transform_tile(T* smem, Fn fn) {
+  transform_rows<HEAD_DIM, ROWS, Layout>(smem, 0, ROWS, threadIdx.x, THREADS, fn);
 }
 
 #endif

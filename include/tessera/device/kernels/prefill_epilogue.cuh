@@ -1,0 +1,122 @@
+// Prefill epilogue, shared by the FA2 and Hopper templates: a finished query
+// tile's rows go to the output (unsplit tile) or to the workspace as a
+// partial state, and the last CTA to finish a split tile merges its partials
+// in chunk order (same contract as batch decode: deterministic, no atomics on
+// values; one counter per split tile says who is last).
+#pragma once
+#include "tessera/device/arch/vector_io.cuh"
+#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/device/kernels/prefill_softmax.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Full row sums: each quad lane summed a quarter of the columns.
+template <int MT, int NT_O>
+__device__ __forceinline__ void prefill_sum_quads(PrefillState<MT, NT_O>& st) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      st.d[t][r] += __shfl_xor_sync(0xffffffffu, st.d[t][r], 1);
+      st.d[t][r] += __shfl_xor_sync(0xffffffffu, st.d[t][r], 2);
+    }
+}
+
+// Writes this thread's rows of a finished tile (d already quad-summed):
+// normalized output + LSE for an unsplit tile, else the partial state into
+// the workspace slot. warp_row0: the warp's first row within the query tile.
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int MT, int NT_O, typename Params>
+__device__ __forceinline__ void prefill_store_rows(const Params& p, const Variant& variant,
+                                                   const PrefillState<MT, NT_O>& st, const RowInfo<MT>& rows,
+                                                   const PrefillWorkItem& w, int qo_start, int b, int kv_head,
+                                                   int warp_row0) {
+  const int g = (threadIdx.x % 32) / 4, quad = threadIdx.x % 4;
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (!rows.valid[t][r]) continue;
+      const int qo = rows.qo_idx[t][r], head = rows.head[t][r];
+      const bool empty = st.d[t][r] == 0.f;
+      const float inv = Variant::use_softmax ? (empty ? 0.f : 1.f / st.d[t][r]) : 1.f;
+      const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[t][r] + log2f(st.d[t][r])) : 0.f;
+      const int tile_row = warp_row0 + t * 16 + g + 8 * r;
+      if (w.partial_slot < 0) {
+        DO* dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h;
+#pragma unroll
+        for (int n = 0; n < NT_O; ++n) {
+          const int col = n * 8 + quad * 2;
+          float pair[2] = {variant.OutputTransform(p, st.o[t][n][2 * r] * inv, b, qo, head, col),
+                           variant.OutputTransform(p, st.o[t][n][2 * r + 1] * inv, b, qo, head, col + 1)};
+          store_vec<2>(dst + col, pair);
+        }
+        if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
+      } else {
+        const i64 base = (static_cast<i64>(w.partial_slot) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
+        float* dst = p.partial_o + base * HEAD_DIM;
+#pragma unroll
+        for (int n = 0; n < NT_O; ++n)
+          *reinterpret_cast<float2*>(dst + n * 8 + quad * 2) =
+              make_float2(st.o[t][n][2 * r] * inv, st.o[t][n][2 * r + 1] * inv);
+        if (quad == 0) p.partial_lse[base] = lse;
+      }
+    }
+}
+
+// After every thread of the group (tid in [0, nthreads)) stored its partial
+// rows of a split tile: count this chunk in, and if it was the tile's last,
+// merge all chunks in chunk order, 4 features per thread. sync() is a barrier
+// over the group; is_last a shared int.
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, typename Params, typename Sync>
+__device__ __forceinline__ void prefill_merge_split(const Params& p, const Variant& variant, const PrefillWorkItem& w,
+                                                    int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
+                                                    int nthreads, int* is_last, Sync sync) {
+  __threadfence();
+  sync();
+  if (tid == 0) {
+    const int done = atomicAdd(p.counters + w.counter * p.kv.num_kv_heads + kv_head, 1);
+    *is_last = done == w.num_chunks - 1;
+  }
+  sync();
+  if (!*is_last) return;
+  __threadfence();
+  for (int idx = tid; idx < CTA_Q * (HEAD_DIM / 4); idx += nthreads) {
+    const int tile_row = idx / (HEAD_DIM / 4), col = (idx % (HEAD_DIM / 4)) * 4;
+    const int f = row0 + tile_row, qo = f / p.group, head = kv_head * p.group + f % p.group;
+    if (qo >= qo_len) continue;
+    auto slot_base = [&](int c) {
+      return (static_cast<i64>(w.first_slot + c) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
+    };
+    // Unrolled, branch-free: many chunk loads in flight (empty chunks hold
+    // finite zeros with lse = -inf, i.e. weight 0).
+    float m = neg_inf();
+    if (Variant::use_softmax) {
+#pragma unroll 8
+      for (int c = 0; c < w.num_chunks; ++c) m = fmaxf(m, __ldcg(p.partial_lse + slot_base(c)));
+    }
+    const float m_safe = m == neg_inf() ? 0.f : m;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, denom = 0.f;
+#pragma unroll 4
+    for (int c = 0; c < w.num_chunks; ++c) {
+      const float wgt = Variant::use_softmax ? fast_exp2(__ldcg(p.partial_lse + slot_base(c)) - m_safe) : 1.f;
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c) * HEAD_DIM + col));
+      acc[0] += wgt * v.x; acc[1] += wgt * v.y; acc[2] += wgt * v.z; acc[3] += wgt * v.w;
+      denom += wgt;
+    }
+    const float inv = Variant::use_softmax ? (denom > 0.f ? 1.f / denom : 0.f) : 1.f;
+    float out[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = variant.OutputTransform(p, acc[i] * inv, b, qo, head, col + i);
+    store_vec<4>(static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col, out);
+    if (col == 0 && p.lse != nullptr)
+      p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] =
+          Variant::use_softmax ? (denom > 0.f ? m + log2f(denom) : neg_inf()) : 0.f;
+  }
+  if (tid == 0) p.counters[w.counter * p.kv.num_kv_heads + kv_head] = 0;
+}
+
+#endif
+
+}  // namespace tessera

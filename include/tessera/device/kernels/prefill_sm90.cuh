@@ -1,0 +1,64 @@
+// Prefill (Hopper template, sm_90a), persistent warp-specialized kernel
+// (paper §3.2 and Appendix B; the FA3 design): CTA (x, kv_head) runs the
+// planner's work queue of (query tile x KV chunk) items with one producer
+// warpgroup (Sm90Producer: cp.async gathers from any KV source into a ring of
+// shared-memory stages) and CTA_Q / 64 consumer warpgroups (Sm90Consumer:
+// wgmma mainloop, softmax overlapped with the tensor cores, shared epilogue
+// and split-KV merge). setmaxnreg moves registers from the producer, which
+// only computes addresses, to the consumers, which hold S, P and O.
+#pragma once
+#include "tessera/device/kernels/prefill_sm90_consumer.cuh"
+#include "tessera/device/kernels/prefill_sm90_producer.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Register split per thread (producer, consumer) for CONSUMERS consumer
+// warpgroups and CTAS CTAs per SM: the whole 64K-register file, the
+// producer keeping what its address arithmetic needs.
+template <int CONSUMERS, int CTAS>
+struct Sm90Registers {
+  static constexpr int PRODUCER = CONSUMERS == 2 ? 56 : 40;
+  static constexpr int CONSUMER = CONSUMERS == 2 ? 224 : (CTAS == 2 ? 208 : 240);
+  static_assert((PRODUCER + CONSUMERS * CONSUMER) * 128 * CTAS <= 65536, "register file");
+};
+
+template <int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES>
+struct Sm90Shape {
+  static constexpr int THREADS = 128 * (CTA_Q / 64 + 1);
+  static constexpr int Q_ELEMS = CTA_Q * HEAD_DIM, KV_ELEMS = CTA_KV * HEAD_DIM;
+  // Dynamic shared memory: two Q buffers, STAGES K and V tiles, + 1024 bytes
+  // of alignment slack (wgmma's swizzle repeats every 1024 bytes).
+  static constexpr int SMEM_BYTES = 2 * (2 * Q_ELEMS + 2 * STAGES * KV_ELEMS) + 1024;
+};
+
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES,
+          int CTAS_PER_SM, typename Params>
+__device__ __forceinline__ void batch_prefill_sm90(const Params& p) {
+  using Shape = Sm90Shape<HEAD_DIM, CTA_Q, CTA_KV, STAGES>;
+  using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
+  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && sizeof(DO) == 2, "16-bit q, kv and o");
+  static_assert(CTA_Q == 64 || CTA_Q == 128, "one or two consumer warpgroups of 64 query rows");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "wgmma tiles for head_dim 64 and 128");
+  extern __shared__ uint4 smem_raw[];
+  __shared__ Sm90Pipeline<STAGES> pipe;
+  __shared__ int page_ids[2 * CTA_KV];
+  DKV* q_smem = reinterpret_cast<DKV*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
+  DKV* k_smem = q_smem + 2 * Shape::Q_ELEMS;  // q is stored as DKV: the MMA needs one operand type
+  DKV* v_smem = k_smem + STAGES * Shape::KV_ELEMS;
+  if (threadIdx.x == 0) pipe.init(Shape::THREADS - 128);
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    setmaxnreg_dec<Regs::PRODUCER>();
+    Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, STAGES, Params>(p, pipe, q_smem, k_smem, v_smem, page_ids).run();
+  } else {
+    setmaxnreg_inc<Regs::CONSUMER>();
+    Sm90Consumer<Variant, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, STAGES, Params>(p, pipe, q_smem, k_smem, v_smem).run();
+  }
+}
+
+#endif
+
+}  // namespace tessera

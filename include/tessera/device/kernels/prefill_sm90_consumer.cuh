@@ -1,0 +1,175 @@
+// Prefill (Hopper template), consumer warpgroups: each owns 64 rows of the
+// CTA's query tile and runs, per work item, the FA3 schedule over the KV
+// tiles the producer streams in:
+//
+//   S_0 = Q K_0^T; softmax_0
+//   for t = 1 .. n-1:  issue S_t = Q K_t^T and O += P_{t-1} V_{t-1};
+//                      wait S_t; release K_t; softmax_t (P_t, new maxima)
+//                      wait O; release V_{t-1}; rescale O if a maximum rose
+//   O += P_{n-1} V_{n-1}
+//
+// so each tile's softmax runs while the tensor cores work on the previous
+// tile's P V. With two consumer warpgroups, named barriers make them take
+// turns issuing GEMMs (ping-pong), so one warpgroup's softmax also hides
+// under the other's GEMMs. The epilogue is shared with the FA2 template.
+#pragma once
+#include "tessera/device/arch/warpgroup.cuh"
+#include "tessera/device/kernels/prefill_epilogue.cuh"
+#include "tessera/device/kernels/prefill_sm90_mma.cuh"
+#include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
+#include "tessera/device/kernels/prefill_tiles.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES, typename Params>
+struct Sm90Consumer {
+  static constexpr int CONSUMERS = CTA_Q / 64, THREADS = 128 * CONSUMERS;
+  static constexpr int NT_S = CTA_KV / 8, NT_O = HEAD_DIM / 8;
+  using Traits = VariantTraits<Variant, Params>;
+
+  const Params& p;
+  Sm90Pipeline<STAGES>& pipe;
+  T* q_smem;  // [2][CTA_Q * HEAD_DIM]
+  T* k_smem;  // [STAGES][CTA_KV * HEAD_DIM]
+  T* v_smem;
+  int wg;         // consumer warpgroup: rows wg * 64 .. wg * 64 + 63 of the query tile
+  int tid;        // 0 .. THREADS - 1 over all consumers
+  int warp_row0;  // first tile row of this warp
+
+  __device__ __forceinline__ Sm90Consumer(const Params& p_, Sm90Pipeline<STAGES>& pipe_, T* q, T* k, T* v)
+      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), wg(threadIdx.x / 128 - 1), tid(threadIdx.x - 128),
+        warp_row0(wg * 64 + (threadIdx.x / 32 % 4) * 16) {}
+
+  // Ping-pong: wait for this warpgroup's turn to issue GEMMs / hand it over.
+  __device__ __forceinline__ void take_turn() const {
+    if constexpr (CONSUMERS == 2) named_barrier_sync(kSm90PingPongBar + wg, 256);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if constexpr (CONSUMERS == 2) named_barrier_arrive(kSm90PingPongBar + (1 - wg), 256);
+  }
+
+  __device__ __forceinline__ void run() {
+#if TESSERA_HAS_WGMMA
+    __shared__ int s_is_last;
+    const int kv_head = blockIdx.y;
+    const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+    if (wg == 1) pass_turn();  // warpgroup 0 goes first
+    RingPos<2> q_pos;
+    RingPos<STAGES> kv_pos;
+    for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+      const PrefillWorkItem w = p.work_items[wi];
+      const int b = w.request;
+      const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
+      const int kv_len = device::kv_len(p.kv, b);
+      const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile
+      const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
+      Variant variant(p, b, qo_len, kv_len);
+
+      RowInfo<1> rows;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int f = row0 + warp_row0 + g + 8 * r;
+        rows.qo_idx[0][r] = f / p.group;
+        rows.head[0][r] = kv_head * p.group + f % p.group;
+        rows.valid[0][r] = rows.qo_idx[0][r] < qo_len;
+      }
+      // Per-warp facts for skipping masks on interior tiles (warp-uniform).
+      const int causal_shift = kv_len - qo_len;
+      const bool warp_rows_valid = (row0 + warp_row0 + 15) / p.group < qo_len;
+      const int warp_min_qo = (row0 + warp_row0) / p.group;
+      auto masked = [&](int t) {
+        const int tile_last = w.kv_start + t * CTA_KV + CTA_KV - 1;
+        return Traits::logits_mask || !warp_rows_valid || tile_last >= w.kv_end ||
+               (Variant::causal && tile_last > warp_min_qo + causal_shift);
+      };
+
+      PrefillState<1, NT_O> st;
+      st.init();
+      if (n_tiles > 0) {
+        const int qb = q_pos.index();
+        T* q_tile = q_smem + qb * (CTA_Q * HEAD_DIM);
+        mbarrier_wait(smem_addr(&pipe.q_full[qb]), q_pos.phase());
+        if constexpr (Traits::query_transform) {
+          transform_rows<HEAD_DIM, CTA_Q, Swizzle128>(q_tile, wg * 64, wg * 64 + 64, threadIdx.x % 128, 128,
+                                                      [&](int r, int col, float x) {
+                                                        const int f = row0 + r;
+                                                        return variant.QueryTransform(p, x, b, f / p.group,
+                                                                                      kv_head * p.group + f % p.group, col);
+                                                      });
+          fence_proxy_async();
+          named_barrier_sync(kSm90QueryBar + wg, 128);
+        }
+        const u32 q_rows = smem_addr(q_tile) + wg * (64 * 128);
+        auto k_at = [&](int stage) { return smem_addr(k_smem + stage * (CTA_KV * HEAD_DIM)); };
+        auto v_at = [&](int stage) { return smem_addr(v_smem + stage * (CTA_KV * HEAD_DIM)); };
+        float s[NT_S][4];
+        float(&sf)[NT_S * 4] = reinterpret_cast<float(&)[NT_S * 4]>(s);
+        float(&of)[NT_O * 4] = reinterpret_cast<float(&)[NT_O * 4]>(st.o[0]);
+        float(&s2)[1][NT_S][4] = reinterpret_cast<float(&)[1][NT_S][4]>(s);
+        u32 pa[CTA_KV / 16][4];
+        float scale[1][2];
+
+        // Tile 0: S, softmax (O is still zero: nothing to rescale).
+        RingPos<STAGES> cur = kv_pos;
+        mbarrier_wait(smem_addr(&pipe.k_full[cur.index()]), cur.phase());
+        wgmma_qk<CTA_KV, HEAD_DIM, T>(sf, q_rows, CTA_Q * 128, k_at(cur.index()));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_keep(sf);
+        mbarrier_arrive(smem_addr(&pipe.k_empty[cur.index()]));
+        if (n_tiles == 1) mbarrier_arrive(smem_addr(&pipe.q_empty[qb]));
+        prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head, masked(0),
+                                      causal_shift, scale);
+        pack_p<CTA_KV, T>(pa, s);
+
+        for (int t = 1; t < n_tiles; ++t) {
+          const RingPos<STAGES> prev = cur;
+          cur = cur.next();
+          mbarrier_wait(smem_addr(&pipe.k_full[cur.index()]), cur.phase());
+          take_turn();
+          wgmma_qk<CTA_KV, HEAD_DIM, T>(sf, q_rows, CTA_Q * 128, k_at(cur.index()));
+          wgmma_commit();
+          mbarrier_wait(smem_addr(&pipe.v_full[prev.index()]), prev.phase());
+          wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
+          wgmma_commit();
+          pass_turn();
+          wgmma_wait<1>();  // S_t (the older group) is done
+          wgmma_keep(sf);
+          mbarrier_arrive(smem_addr(&pipe.k_empty[cur.index()]));
+          if (t == n_tiles - 1) mbarrier_arrive(smem_addr(&pipe.q_empty[qb]));
+          const bool raised = prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
+                                                            w.kv_end, b, kv_head, masked(t), causal_shift, scale);
+          wgmma_wait<0>();  // O += P_{t-1} V_{t-1} is done: O may be rescaled, pa rewritten, V released
+          wgmma_keep(of);
+          mbarrier_arrive(smem_addr(&pipe.v_empty[prev.index()]));
+          if (raised) prefill_rescale_o(st, scale);
+          pack_p<CTA_KV, T>(pa, s);
+        }
+        mbarrier_wait(smem_addr(&pipe.v_full[cur.index()]), cur.phase());
+        wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(cur.index()));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_keep(of);
+        mbarrier_arrive(smem_addr(&pipe.v_empty[cur.index()]));
+        kv_pos = cur.next();
+        q_pos = q_pos.next();
+      }
+
+      prefill_sum_quads(st);
+      prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, st, rows, w, qo_start, b, kv_head, warp_row0);
+      if (w.partial_slot >= 0)
+        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS,
+                                                          &s_is_last, [] { named_barrier_sync(kSm90ConsumersBar, THREADS); });
+    }
+    if (wg == 0) take_turn();  // balances warpgroup 1's last hand-over
+#else
+    __trap();  // Hopper kernels are only built for sm_90a
+#endif
+  }
+};
+
+#endif
+
+}  // namespace tessera

@@ -1,0 +1,56 @@
+// Prefill (Hopper template), the two warpgroup GEMMs of a KV tile: S = Q K^T
+// with both operands in 128-byte-swizzled shared memory, and O += P V with P
+// packed from S's accumulators into A fragments (registers) and V read
+// MN-major. Both are asynchronous: the caller commits and waits
+// (arch/wgmma.cuh), so a mainloop can overlap them with the softmax.
+#pragma once
+#include "tessera/device/arch/mma.cuh"
+#include "tessera/device/arch/wgmma.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#if TESSERA_HAS_WGMMA
+
+// S = Q K^T for one warpgroup's 64 query rows. q_rows: shared address of the
+// warpgroup's first row in the Q tile's first 64-column block; q_block: bytes
+// between the Q tile's column blocks (rows x 128). k_smem: a KV_ROWS-row K tile.
+template <int KV_ROWS, int HEAD_DIM, typename T>
+__device__ __forceinline__ void wgmma_qk(float (&s)[KV_ROWS / 2], u32 q_rows, u32 q_block, u32 k_smem) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+    // k-step kk: 16 columns = 32 bytes into column block kk / 4.
+    const u32 q_addr = q_rows + (kk / 4) * q_block + (kk % 4) * 32;
+    const u32 k_addr = k_smem + (kk / 4) * (KV_ROWS * 128) + (kk % 4) * 32;
+    wgmma_ss(s, wgmma_desc(q_addr, 16, 1024), wgmma_desc(k_addr, 16, 1024), kk > 0, T{}, WgmmaN<KV_ROWS>{});
+  }
+}
+
+// P (softmaxed S, fp32 accumulators) -> A fragments of 16-bit T, one per
+// 16-token k-step. Must not run while a wgmma reading `a` is in flight.
+template <int KV_ROWS, typename T>
+__device__ __forceinline__ void pack_p(u32 (&a)[KV_ROWS / 16][4], const float (&s)[KV_ROWS / 8][4]) {
+#pragma unroll
+  for (int j = 0; j < KV_ROWS / 16; ++j) {
+    a[j][0] = pack2(s[2 * j][0], s[2 * j][1], T{});
+    a[j][1] = pack2(s[2 * j][2], s[2 * j][3], T{});
+    a[j][2] = pack2(s[2 * j + 1][0], s[2 * j + 1][1], T{});
+    a[j][3] = pack2(s[2 * j + 1][2], s[2 * j + 1][3], T{});
+  }
+}
+
+// O += P V. k-step j covers 16 tokens (two 8-row groups, SBO apart); V's
+// 64-feature column blocks are KV_ROWS * 128 bytes apart (LBO: MN-major B).
+template <int KV_ROWS, int HEAD_DIM, typename T>
+__device__ __forceinline__ void wgmma_pv(float (&o)[HEAD_DIM / 2], const u32 (&a)[KV_ROWS / 16][4], u32 v_smem) {
+  wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < KV_ROWS / 16; ++j)
+    wgmma_rs_tb(o, a[j], wgmma_desc(v_smem + j * (16 * 128), KV_ROWS * 128, 1024), 1, T{}, WgmmaN<HEAD_DIM>{});
+}
+
+#endif
+#endif
+
+}  // namespace tessera

@@ -1,0 +1,148 @@
+// Prefill (Hopper template), producer warpgroup: walks the CTA's work items
+// in the consumers' order and streams the fused Q tile (double-buffered) and
+// each KV tile (K, then V, into a ring of stages) into 128-byte-swizzled
+// shared memory. Copies are cp.async gathers, so one loader serves ragged,
+// paged (any page size) and BSR KV alike (paper §3.2.1); each thread's copies
+// signal the stage's "full" barrier on landing (cp.async.mbarrier.arrive), so
+// the producer never waits on its own copies, only on "empty" stages.
+// Paged KV: the warpgroup first reads the page ids of a tile's rows into a
+// small shared table (one load per thread, all in flight together), then
+// each thread looks up its rows there; the read's latency is hidden because
+// the producer runs STAGES tiles ahead of the consumers. (Holding each
+// thread's 16 ids in registers made the 56-register producer spill.)
+#pragma once
+#include "tessera/device/arch/warpgroup.cuh"
+#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
+#include "tessera/device/kernels/prefill_tiles.cuh"
+#include "tessera/device/primitives/variant_traits.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES, typename Params>
+struct Sm90Producer {
+  static constexpr int THREADS = 128, CH = HEAD_DIM / 8;
+  static constexpr int RPP = THREADS / CH;  // rows per pass: thread t copies chunk t % CH of rows t / CH + i * RPP
+  static constexpr int Q_PASSES = CTA_Q / RPP, KV_PASSES = CTA_KV / RPP;
+  static_assert(CTA_Q % RPP == 0 && CTA_KV % RPP == 0, "whole rows per pass");
+  using Traits = VariantTraits<Variant, Params>;
+  using QLayout = Swizzle128<HEAD_DIM, CTA_Q>;
+  using KVLayout = Swizzle128<HEAD_DIM, CTA_KV>;
+
+  const Params& p;
+  Sm90Pipeline<STAGES>& pipe;
+  T* q_smem;  // [2][CTA_Q * HEAD_DIM]
+  T* k_smem;  // [STAGES][CTA_KV * HEAD_DIM]
+  T* v_smem;
+  int* page_ids;  // [2][CTA_KV] shared: page ids of the current tile's rows
+  int tid, ch, row0;
+
+  __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<STAGES>& pipe_, T* q, T* k, T* v, int* ids)
+      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), page_ids(ids), tid(threadIdx.x % THREADS), ch(tid % CH),
+        row0(tid / CH) {}
+
+  // Page ids of the tile's rows into ids (paged KV; rows past `end` get 0).
+  // The barrier also orders this write after every thread's reads of the
+  // same table two tiles ago (tables alternate).
+  __device__ __forceinline__ void load_pages(int* ids, int page_base, int start, int end, int shift) const {
+    for (int r = tid; r < CTA_KV; r += THREADS) {
+      const int pos = start + r;
+      const int idx = shift >= 0 ? pos >> shift : pos / p.kv.page_size;
+      ids[r] = pos < end ? p.kv.indices[page_base + idx] : 0;
+    }
+    named_barrier_sync(kSm90ProducerBar, THREADS);
+  }
+
+  // One K or V tile: rows at or past `end` are zero-filled.
+  __device__ __forceinline__ void copy_tile(T* dst, const T* base, const int* ids, i64 affine_base, int start, int end,
+                                            int kv_head, int shift) const {
+    const device::PagedKV& kv = p.kv;
+#pragma unroll
+    for (int i = 0; i < KV_PASSES; ++i) {
+      const int r = row0 + i * RPP, pos = start + r;
+      i64 off;
+      if (kv.indices == nullptr) {
+        off = affine_base + static_cast<i64>(r) * kv.token_stride;
+      } else {
+        const int slot = shift >= 0 ? pos & ((1 << shift) - 1) : pos % kv.page_size;
+        off = static_cast<i64>(ids[r]) * kv.page_stride + kv_head * kv.head_stride + slot * kv.token_stride;
+      }
+      const bool ok = pos < end;
+      cp_async_16(dst + KVLayout::at(r, ch), ok ? base + off + ch * 8 : base, ok);
+    }
+  }
+
+  // Signals a landed K or V tile; variants with a key/value transform apply
+  // it here first (the whole warpgroup waits for its copies, transforms the
+  // tile, and makes the result visible to the tensor cores' async proxy).
+  template <bool TRANSFORM, typename Fn>
+  __device__ __forceinline__ void publish(u64& full, T* tile, Fn fn) const {
+    if constexpr (TRANSFORM) {
+      cp_async_wait_all();
+      named_barrier_sync(kSm90ProducerBar, THREADS);
+      transform_rows<HEAD_DIM, CTA_KV, Swizzle128>(tile, 0, CTA_KV, tid, THREADS, fn);
+      fence_proxy_async();
+      mbarrier_arrive(smem_addr(&full));
+    } else {
+      cp_async_arrive_noinc(smem_addr(&full));
+    }
+  }
+
+  __device__ __forceinline__ void run() {
+    const int kv_head = blockIdx.y;
+    const T* q_base = static_cast<const T*>(p.q);
+    const T* k_base = static_cast<const T*>(p.kv.k);
+    const T* v_base = static_cast<const T*>(p.kv.v);
+    const bool paged = p.kv.indices != nullptr;
+    RingPos<2> q_pos;
+    RingPos<STAGES> kv_pos;
+    for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+      const PrefillWorkItem w = p.work_items[wi];
+      const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
+      if (n_tiles == 0) continue;  // the consumers skip it too
+      const int b = w.request;
+      const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
+      const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;
+      Variant variant(p, b, qo_len, device::kv_len(p.kv, b));
+
+      // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
+      mbarrier_wait(smem_addr(&pipe.q_empty[q_pos.index()]), q_pos.phase() ^ 1);
+      T* q_dst = q_smem + q_pos.index() * (CTA_Q * HEAD_DIM);
+#pragma unroll
+      for (int i = 0; i < Q_PASSES; ++i) {
+        const int r = row0 + i * RPP, f = w.q_tile * CTA_Q + r, qo = f / p.group;
+        const bool ok = qo < qo_len;
+        const i64 off = (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
+        cp_async_16(q_dst + QLayout::at(r, ch), ok ? q_base + off + ch * 8 : q_base, ok);
+      }
+      cp_async_arrive_noinc(smem_addr(&pipe.q_full[q_pos.index()]));
+      q_pos = q_pos.next();
+
+      for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
+        const int start = w.kv_start + t * CTA_KV, stage = kv_pos.index();
+        int* ids = page_ids + (kv_pos.count & 1) * CTA_KV;
+        if (paged) load_pages(ids, page_base, start, w.kv_end, p.page_shift);
+        const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
+        T* k_tile = k_smem + stage * (CTA_KV * HEAD_DIM);
+        T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
+        mbarrier_wait(smem_addr(&pipe.k_empty[stage]), kv_pos.phase() ^ 1);
+        copy_tile(k_tile, k_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
+        publish<Traits::key_transform>(pipe.k_full[stage], k_tile, [&](int r, int col, float x) {
+          return variant.KeyTransform(p, x, b, start + r, kv_head, col);
+        });
+        mbarrier_wait(smem_addr(&pipe.v_empty[stage]), kv_pos.phase() ^ 1);
+        copy_tile(v_tile, v_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
+        publish<Traits::value_transform>(pipe.v_full[stage], v_tile, [&](int r, int col, float x) {
+          return variant.ValueTransform(p, x, b, start + r, kv_head, col);
+        });
+      }
+    }
+    cp_async_wait_all();  // no copy outlives its thread
+  }
+};
+
+#endif
+
+}  // namespace tessera
