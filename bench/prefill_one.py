@@ -1,0 +1,30 @@
+"""One Tessera prefill configuration, run a few times: the target for a
+profiler (ncu -k regex:tessera_prefill ...) or a quick timing.
+Usage: python bench/prefill_one.py [--seq L] [--batch B] [--heads H] [--kv-heads H]
+                                   [--non-causal] [--backend fa3] [--iters N]"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import prefill as pf  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=0)
+    ap.add_argument("--non-causal", action="store_true")
+    ap.add_argument("--backend", default="fa3")
+    args = ap.parse_args()
+    L, b, h = args.seq, args.batch, args.heads
+    causal = not args.non_causal
+    ms = pf.tessera_ragged([L] * b, [L] * b, h, args.kv_heads or h, causal, backend=args.backend)
+    fl = pf.flops([L] * b, [L] * b, h, causal)
+    print(f"seq {L} batch {b} heads {h} causal {causal} {args.backend}: {ms * 1e3:.1f} us, {pf.tflops(fl, ms):.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
