@@ -34,11 +34,33 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   }
 
   // Line 5: longest first; ties by tile, then chunk (deterministic).
+  // Prefill (group_by_request_): requests one after another (the request with
+  // the longest chunk first), each request's chunks longest first. Since the
+  // CTAs drain their queues at about the same pace, they then work on the same
+  // request at the same time and read its KV from L2 instead of each query
+  // tile re-reading it from HBM (all requests' tiles at once made a 4k causal
+  // batch read every KV row from HBM ~16 times: 1.45 TB/s of DRAM traffic in a
+  // compute-bound kernel). Within a request the order is still line 5's.
   order_.resize(chunks_.size());
   for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
+  auto len = [&](int32_t c) { return chunks_[c].end - chunks_[c].start; };
+  if (group_by_request_) {
+    rank_.assign(tiles_.empty() ? 0 : tiles_.back().request + 1, 0);
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      int32_t& r = rank_[tiles_[chunks_[c].tile].request];
+      r = std::max(r, len(static_cast<int32_t>(c)));
+    }
+  }
+  auto request_key = [&](int32_t c) {  // (longest chunk of the request, descending; request)
+    const int32_t r = tiles_[chunks_[c].tile].request;
+    return std::pair<int32_t, int32_t>(-rank_[r], r);
+  };
   std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
-    const int32_t la = chunks_[a].end - chunks_[a].start, lb = chunks_[b].end - chunks_[b].start;
-    return la != lb ? la > lb : a < b;
+    if (group_by_request_) {
+      const auto ka = request_key(a), kb = request_key(b);
+      if (ka != kb) return ka < kb;
+    }
+    return len(a) != len(b) ? len(a) > len(b) : a < b;
   });
 
   // Lines 6-13: each chunk to the cheapest CTA (ties: lowest index).
@@ -121,6 +143,7 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
 void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const PlannerOptions& opt, DecodePlan& out) {
   if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
   tiles_.clear();
+  group_by_request_ = false;  // one tile per request: nothing to share
   for (size_t i = 0; i < kv_lens.size(); ++i) {
     if (kv_lens[i] < 0) throw InvalidArgument("kv_lens: expected values >= 0, got " + std::to_string(kv_lens[i]));
     tiles_.push_back({static_cast<int32_t>(i), 0, kv_lens[i]});
@@ -149,6 +172,7 @@ void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int
                           std::to_string(kv_lens.size()));
   if (group < 1 || cta_q < 1) throw InvalidArgument("group, cta_q: expected >= 1");
   tiles_.clear();
+  group_by_request_ = true;
   for (size_t i = 0; i < qo_lens.size(); ++i) {
     const int64_t q = qo_lens[i], kv = kv_lens[i];
     if (q < 0 || kv < 0) throw InvalidArgument("qo_lens/kv_lens: expected values >= 0");

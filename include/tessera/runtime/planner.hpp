@@ -6,7 +6,9 @@
 // Each tile's KV is cut into chunks of at most L_kv tokens, L_kv = total KV
 // work / #CTA (so only long tiles split); chunks are sorted by length, longest
 // first, and each goes to the currently cheapest CTA (a priority queue on
-// cost = alpha * T_q + beta * l_kv). The result is a work queue per CTA plus
+// cost = alpha * T_q + beta * l_kv). Prefill keeps each request's chunks
+// together in that order (requests with the longest chunks first) so the CTAs
+// share a request's KV through L2. The result is a work queue per CTA plus
 // the partial-state slots and merge counters of split tiles. Identical
 // lengths always give an identical plan (every tie is broken by index), so the
 // merge order, and the output bits, are reproducible.
@@ -87,9 +89,10 @@ class Planner {
 
   std::vector<Tile> tiles_;
   std::vector<Chunk> chunks_;
-  std::vector<int32_t> first_slot_, num_chunks_, counter_, owner_, order_, fill_, queue_;
+  std::vector<int32_t> first_slot_, num_chunks_, counter_, owner_, order_, fill_, queue_, rank_;
   std::vector<std::pair<double, int32_t>> heap_;
   int32_t slots_ = 0, split_ = 0;
+  bool group_by_request_ = false;  // chunk order: by request, then length (prefill), or by length alone
 };
 
 }  // namespace tessera
