@@ -107,9 +107,17 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
     // register cap that __launch_bounds__(threads, ctas_per_sm) sets.
     entry << "_s" << c.stages << "_c" << c.ctas_per_sm << "_sm90ws";
     tail << c.cta_q << ", " << c.cta_kv << ", " << c.stages << ", " << c.ctas_per_sm;
-    return attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
-                            std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv), "tessera/device/kernels/prefill_sm90.cuh",
-                            "PrefillParams", "batch_prefill_sm90", c.threads, tail.str(), c.ctas_per_sm);
+    jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
+                                             std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
+                                             "tessera/device/kernels/prefill_sm90.cuh", "PrefillParams",
+                                             "batch_prefill_sm90", c.threads, tail.str(), c.ctas_per_sm);
+    // Experiments only: extra -D options for the Hopper kernel's switches
+    // (e.g. TESSERA_SM90_PINGPONG=0), space separated; part of the cache key.
+    if (const char* defs = std::getenv("TESSERA_SM90_DEFINES")) {
+      std::istringstream in(defs);
+      for (std::string d; in >> d;) src.options.push_back("-D" + d);
+    }
+    return src;
   }
   entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
   tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;

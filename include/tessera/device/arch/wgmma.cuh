@@ -49,12 +49,33 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // the async proxy that wgmma reads operands through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Keeps accumulators in place across the asynchronous wgmma (the compiler
-// must not move reads of them above the wait).
+// Register fences for values an asynchronous wgmma shares with ordinary
+// code. The compiler sees a wgmma as done when its asm statement is, so:
+//  * after a wait, wgmma_keep(accumulators) stops reads of the results from
+//    moving above the wait;
+//  * after a wait, wgmma_keep(A fragments) keeps the registers an in-flight
+//    wgmma reads from being reused for new values before the wait;
+//  * before a wait, wgmma_keep(values) pins work meant to overlap the wgmma
+//    (e.g. a softmax) above it: asm volatile statements keep their order, but
+//    plain arithmetic may otherwise sink below the wait and serialize.
 template <int N>
 __device__ __forceinline__ void wgmma_keep(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int M, int N>
+__device__ __forceinline__ void wgmma_keep(float (&d)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+template <int M, int N>
+__device__ __forceinline__ void wgmma_keep(u32 (&a)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
 }
 
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d, half_t, WgmmaN<64>) {

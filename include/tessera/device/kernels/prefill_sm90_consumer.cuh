@@ -19,6 +19,11 @@
 #include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
 #include "tessera/device/kernels/prefill_tiles.cuh"
 
+// Switches for experiments (TESSERA_SM90_DEFINES at JIT time).
+#ifndef TESSERA_SM90_PINGPONG
+#define TESSERA_SM90_PINGPONG 1
+#endif
+
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -43,11 +48,12 @@ struct Sm90Consumer {
         warp_row0(wg * 64 + (threadIdx.x / 32 % 4) * 16) {}
 
   // Ping-pong: wait for this warpgroup's turn to issue GEMMs / hand it over.
+  static constexpr bool kPingPong = CONSUMERS == 2 && TESSERA_SM90_PINGPONG;
   __device__ __forceinline__ void take_turn() const {
-    if constexpr (CONSUMERS == 2) named_barrier_sync(kSm90PingPongBar + wg, 256);
+    if constexpr (kPingPong) named_barrier_sync(kSm90PingPongBar + wg, 256);
   }
   __device__ __forceinline__ void pass_turn() const {
-    if constexpr (CONSUMERS == 2) named_barrier_arrive(kSm90PingPongBar + (1 - wg), 256);
+    if constexpr (kPingPong) named_barrier_arrive(kSm90PingPongBar + (1 - wg), 256);
   }
 
   __device__ __forceinline__ void run() {
@@ -141,8 +147,12 @@ struct Sm90Consumer {
           if (t == n_tiles - 1) mbarrier_arrive(smem_addr(&pipe.q_empty[qb]));
           const bool raised = prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
                                                             w.kv_end, b, kv_head, masked(t), causal_shift, scale);
+          wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
+          wgmma_keep(scale);
+          wgmma_keep(st.d);
           wgmma_wait<0>();  // O += P_{t-1} V_{t-1} is done: O may be rescaled, pa rewritten, V released
           wgmma_keep(of);
+          wgmma_keep(pa);  // its registers were in use until now
           mbarrier_arrive(smem_addr(&pipe.v_empty[prev.index()]));
           if (raised) prefill_rescale_o(st, scale);
           pack_p<CTA_KV, T>(pa, s);
@@ -152,6 +162,7 @@ struct Sm90Consumer {
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_keep(of);
+        wgmma_keep(pa);
         mbarrier_arrive(smem_addr(&pipe.v_empty[cur.index()]));
         kv_pos = cur.next();
         q_pos = q_pos.next();
