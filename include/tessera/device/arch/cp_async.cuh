@@ -23,6 +23,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool p
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
 }
 
+// The same with a shared-memory address (for loops that step it themselves).
+__device__ __forceinline__ void cp_async_16(u32 smem, const void* gmem, bool pred) {
+  const int src_bytes = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
+
 // 4 bytes global -> shared through L1 (small tables such as page ids).
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool pred) {
   const int src_bytes = pred ? 4 : 0;

@@ -26,7 +26,7 @@ struct Sm90Producer {
   static constexpr int THREADS = 128, CH = HEAD_DIM / 8;
   static constexpr int RPP = THREADS / CH;  // rows per pass: thread t copies chunk t % CH of rows t / CH + i * RPP
   static constexpr int Q_PASSES = CTA_Q / RPP, KV_PASSES = CTA_KV / RPP;
-  static_assert(CTA_Q % RPP == 0 && CTA_KV % RPP == 0, "whole rows per pass");
+  static_assert(CTA_Q % RPP == 0 && CTA_KV % RPP == 0 && RPP % 8 == 0, "whole rows per pass, one swizzle phase per thread");
   using Traits = VariantTraits<Variant, Params>;
   using QLayout = Swizzle128<HEAD_DIM, CTA_Q>;
   using KVLayout = Swizzle128<HEAD_DIM, CTA_KV>;
@@ -55,22 +55,37 @@ struct Sm90Producer {
     named_barrier_sync(kSm90ProducerBar, THREADS);
   }
 
-  // One K or V tile: rows at or past `end` are zero-filled.
+  // One K or V tile: rows at or past `end` are zero-filled. The thread's rows
+  // are RPP apart (a multiple of 8), so they share the swizzle phase: its
+  // shared-memory destination just steps by RPP rows, and for contiguous KV
+  // so does the source. A few instructions per 16-byte copy keep the
+  // producer from competing with the consumers for issue slots (a generic
+  // address computation per row took ~35 and starved them).
   __device__ __forceinline__ void copy_tile(T* dst, const T* base, const int* ids, i64 affine_base, int start, int end,
                                             int kv_head, int shift) const {
     const device::PagedKV& kv = p.kv;
+    u32 dst_addr = smem_addr(dst + KVLayout::at(row0, ch));
+    constexpr u32 kDstStep = RPP * 64 * sizeof(T);
+    const int valid = end - start - row0;  // rows i * RPP < valid are in range
+    if (kv.indices == nullptr) {
+      const T* src = base + affine_base + static_cast<i64>(row0) * kv.token_stride + ch * 8;
+      const i64 step = static_cast<i64>(RPP) * kv.token_stride;
 #pragma unroll
-    for (int i = 0; i < KV_PASSES; ++i) {
-      const int r = row0 + i * RPP, pos = start + r;
-      i64 off;
-      if (kv.indices == nullptr) {
-        off = affine_base + static_cast<i64>(r) * kv.token_stride;
-      } else {
-        const int slot = shift >= 0 ? pos & ((1 << shift) - 1) : pos % kv.page_size;
-        off = static_cast<i64>(ids[r]) * kv.page_stride + kv_head * kv.head_stride + slot * kv.token_stride;
+      for (int i = 0; i < KV_PASSES; ++i, src += step, dst_addr += kDstStep) {
+        const bool ok = i * RPP < valid;
+        cp_async_16(dst_addr, ok ? src : base, ok);
       }
-      const bool ok = pos < end;
-      cp_async_16(dst + KVLayout::at(r, ch), ok ? base + off + ch * 8 : base, ok);
+    } else {
+      const T* head_base = base + kv_head * kv.head_stride + ch * 8;
+      const int slot_mask = shift >= 0 ? (1 << shift) - 1 : 0;
+#pragma unroll
+      for (int i = 0; i < KV_PASSES; ++i, dst_addr += kDstStep) {
+        const int r = row0 + i * RPP, pos = start + r;
+        const int slot = shift >= 0 ? pos & slot_mask : pos % kv.page_size;
+        const bool ok = i * RPP < valid;
+        const T* src = head_base + static_cast<i64>(ids[r]) * kv.page_stride + static_cast<i64>(slot) * kv.token_stride;
+        cp_async_16(dst_addr, ok ? src : base, ok);
+      }
     }
   }
 
@@ -110,12 +125,13 @@ struct Sm90Producer {
       // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
       mbarrier_wait(smem_addr(&pipe.q_empty[q_pos.index()]), q_pos.phase() ^ 1);
       T* q_dst = q_smem + q_pos.index() * (CTA_Q * HEAD_DIM);
-#pragma unroll
-      for (int i = 0; i < Q_PASSES; ++i) {
-        const int r = row0 + i * RPP, f = w.q_tile * CTA_Q + r, qo = f / p.group;
+      u32 q_addr = smem_addr(q_dst + QLayout::at(row0, ch));
+#pragma unroll 4
+      for (int i = 0; i < Q_PASSES; ++i, q_addr += RPP * 64 * sizeof(T)) {
+        const int f = w.q_tile * CTA_Q + row0 + i * RPP, qo = f / p.group;
         const bool ok = qo < qo_len;
         const i64 off = (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
-        cp_async_16(q_dst + QLayout::at(r, ch), ok ? q_base + off + ch * 8 : q_base, ok);
+        cp_async_16(q_addr, ok ? q_base + off + ch * 8 : q_base, ok);
       }
       cp_async_arrive_noinc(smem_addr(&pipe.q_full[q_pos.index()]));
       q_pos = q_pos.next();
