@@ -62,6 +62,9 @@ struct Sm90Consumer {
     const int kv_head = blockIdx.y;
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
     if (wg == 1) pass_turn();  // warpgroup 0 goes first
+    // 0x3210 (PRMT: the first operand's bytes), from a parameter so that the
+    // compiler cannot fold it (see pack_p_over).
+    const u32 keep_sel = p.group > 0 ? 0x3210u : 0x7654u;
     RingPos<2> q_pos;
     RingPos<STAGES> kv_pos;
     for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
@@ -150,12 +153,24 @@ struct Sm90Consumer {
           wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
           wgmma_keep(scale);
           wgmma_keep(st.d);
-          wgmma_wait<0>();  // O += P_{t-1} V_{t-1} is done: O may be rescaled, pa rewritten, V released
-          wgmma_keep(of);
+          // Wait for O += P_{t-1} V_{t-1}: O may then be rescaled, pa
+          // rewritten and V released. The wait sits in both arms of the
+          // (warp-uniform) branch so that ptxas, which schedules freely
+          // within a basic block, cannot sink the softmax below it.
+          if (raised) {
+            wgmma_wait<0>();
+            wgmma_keep(of);
+            prefill_rescale_o(st, scale);
+          } else {
+            wgmma_wait<0>();
+            wgmma_keep(of);
+          }
           wgmma_keep(pa);  // its registers were in use until now
+          pack_p_over<CTA_KV, T>(pa, s, keep_sel);
+          // V's release comes last: ptxas hoists a wait together with a
+          // shared-memory arrive that follows it, and an early release here
+          // dragged the wait above the softmax.
           mbarrier_arrive(smem_addr(&pipe.v_empty[prev.index()]));
-          if (raised) prefill_rescale_o(st, scale);
-          pack_p<CTA_KV, T>(pa, s);
         }
         mbarrier_wait(smem_addr(&pipe.v_full[cur.index()]), cur.phase());
         wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(cur.index()));
