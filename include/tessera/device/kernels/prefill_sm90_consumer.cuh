@@ -65,6 +65,12 @@ struct Sm90Consumer {
     // 0x3210 (PRMT: the first operand's bytes), from a parameter so that the
     // compiler cannot fold it (see pack_p_over).
     const u32 keep_sel = p.group > 0 ? 0x3210u : 0x7654u;
+    const Sm90Barriers<STAGES> bars(pipe);
+    // Descriptors of the first Q buffer and the first K and V stages; the
+    // loop offsets them (desc_at).
+    const u64 q_desc0 = wgmma_desc(smem_addr(q_smem), 16, 1024);
+    const u64 k_desc0 = wgmma_desc(smem_addr(k_smem), 16, 1024);
+    const u64 v_desc0 = wgmma_desc(smem_addr(v_smem), CTA_KV * 128, 1024);
     RingPos<2> q_pos;
     RingPos<STAGES> kv_pos;
     for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
@@ -99,7 +105,7 @@ struct Sm90Consumer {
       if (n_tiles > 0) {
         const int qb = q_pos.index();
         T* q_tile = q_smem + qb * (CTA_Q * HEAD_DIM);
-        mbarrier_wait(smem_addr(&pipe.q_full[qb]), q_pos.phase());
+        mbarrier_wait(bars.q_full(qb), q_pos.phase());
         if constexpr (Traits::query_transform) {
           transform_rows<HEAD_DIM, CTA_Q, Swizzle128>(q_tile, wg * 64, wg * 64 + 64, threadIdx.x % 128, 128,
                                                       [&](int r, int col, float x) {
@@ -110,9 +116,9 @@ struct Sm90Consumer {
           fence_proxy_async();
           named_barrier_sync(kSm90QueryBar + wg, 128);
         }
-        const u32 q_rows = smem_addr(q_tile) + wg * (64 * 128);
-        auto k_at = [&](int stage) { return smem_addr(k_smem + stage * (CTA_KV * HEAD_DIM)); };
-        auto v_at = [&](int stage) { return smem_addr(v_smem + stage * (CTA_KV * HEAD_DIM)); };
+        const u64 q_desc = desc_at(q_desc0, qb * (CTA_Q * HEAD_DIM * 2) + wg * (64 * 128));
+        auto k_at = [&](int stage) { return desc_at(k_desc0, stage * (CTA_KV * HEAD_DIM * 2)); };
+        auto v_at = [&](int stage) { return desc_at(v_desc0, stage * (CTA_KV * HEAD_DIM * 2)); };
         float s[NT_S][4];
         float(&sf)[NT_S * 4] = reinterpret_cast<float(&)[NT_S * 4]>(s);
         float(&of)[NT_O * 4] = reinterpret_cast<float(&)[NT_O * 4]>(st.o[0]);
@@ -122,13 +128,13 @@ struct Sm90Consumer {
 
         // Tile 0: S, softmax (O is still zero: nothing to rescale).
         RingPos<STAGES> cur = kv_pos;
-        mbarrier_wait(smem_addr(&pipe.k_full[cur.index()]), cur.phase());
-        wgmma_qk<CTA_KV, HEAD_DIM, T>(sf, q_rows, CTA_Q * 128, k_at(cur.index()));
+        mbarrier_wait(bars.k_full(cur.index()), cur.phase());
+        wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_keep(sf);
-        mbarrier_arrive(smem_addr(&pipe.k_empty[cur.index()]));
-        if (n_tiles == 1) mbarrier_arrive(smem_addr(&pipe.q_empty[qb]));
+        mbarrier_arrive(bars.k_empty(cur.index()));
+        if (n_tiles == 1) mbarrier_arrive(bars.q_empty(qb));
         prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head, masked(0),
                                       causal_shift, scale);
         pack_p<CTA_KV, T>(pa, s);
@@ -136,18 +142,18 @@ struct Sm90Consumer {
         for (int t = 1; t < n_tiles; ++t) {
           const RingPos<STAGES> prev = cur;
           cur = cur.next();
-          mbarrier_wait(smem_addr(&pipe.k_full[cur.index()]), cur.phase());
+          mbarrier_wait(bars.k_full(cur.index()), cur.phase());
           take_turn();
-          wgmma_qk<CTA_KV, HEAD_DIM, T>(sf, q_rows, CTA_Q * 128, k_at(cur.index()));
+          wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
           wgmma_commit();
-          mbarrier_wait(smem_addr(&pipe.v_full[prev.index()]), prev.phase());
+          mbarrier_wait(bars.v_full(prev.index()), prev.phase());
           wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
           wgmma_commit();
           pass_turn();
           wgmma_wait<1>();  // S_t (the older group) is done
           wgmma_keep(sf);
-          mbarrier_arrive(smem_addr(&pipe.k_empty[cur.index()]));
-          if (t == n_tiles - 1) mbarrier_arrive(smem_addr(&pipe.q_empty[qb]));
+          mbarrier_arrive(bars.k_empty(cur.index()));
+          if (t == n_tiles - 1) mbarrier_arrive(bars.q_empty(qb));
           const bool raised = prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
                                                             w.kv_end, b, kv_head, masked(t), causal_shift, scale);
           wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
@@ -170,15 +176,15 @@ struct Sm90Consumer {
           // V's release comes last: ptxas hoists a wait together with a
           // shared-memory arrive that follows it, and an early release here
           // dragged the wait above the softmax.
-          mbarrier_arrive(smem_addr(&pipe.v_empty[prev.index()]));
+          mbarrier_arrive(bars.v_empty(prev.index()));
         }
-        mbarrier_wait(smem_addr(&pipe.v_full[cur.index()]), cur.phase());
+        mbarrier_wait(bars.v_full(cur.index()), cur.phase());
         wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(cur.index()));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_keep(of);
         wgmma_keep(pa);
-        mbarrier_arrive(smem_addr(&pipe.v_empty[cur.index()]));
+        mbarrier_arrive(bars.v_empty(cur.index()));
         kv_pos = cur.next();
         q_pos = q_pos.next();
       }

@@ -12,18 +12,29 @@ namespace tessera {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #if TESSERA_HAS_WGMMA
 
-// S = Q K^T for one warpgroup's 64 query rows. q_rows: shared address of the
-// warpgroup's first row in the Q tile's first 64-column block; q_block: bytes
-// between the Q tile's column blocks (rows x 128). k_smem: a KV_ROWS-row K tile.
-template <int KV_ROWS, int HEAD_DIM, typename T>
-__device__ __forceinline__ void wgmma_qk(float (&s)[KV_ROWS / 2], u32 q_rows, u32 q_block, u32 k_smem) {
+// Descriptors of 128-byte-swizzled operands are built once per tile base and
+// moved by adding bytes / 16 (the start-address field, bits 0-13, holds any
+// shared address below 256 KB, so the add never carries into other fields):
+// one integer add per k-step instead of rebuilding the descriptor.
+__device__ __forceinline__ u64 desc_at(u64 desc, u32 bytes) {
+  // 32-bit add on the low word only: no carry chain, and the high word stays
+  // a loop invariant.
+  const u32 lo = static_cast<u32>(desc) + (bytes >> 4), hi = static_cast<u32>(desc >> 32);
+  return (static_cast<u64>(hi) << 32) | lo;
+}
+
+// S = Q K^T for one warpgroup's 64 query rows. q_desc: descriptor of the
+// warpgroup's first row in the Q tile's first 64-column block (K-major, SBO
+// 1024); Q_BLOCK: bytes between the Q tile's column blocks (rows x 128).
+// k_desc: the same for a KV_ROWS-row K tile.
+template <int KV_ROWS, int HEAD_DIM, int Q_BLOCK, typename T>
+__device__ __forceinline__ void wgmma_qk(float (&s)[KV_ROWS / 2], u64 q_desc, u64 k_desc) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
     // k-step kk: 16 columns = 32 bytes into column block kk / 4.
-    const u32 q_addr = q_rows + (kk / 4) * q_block + (kk % 4) * 32;
-    const u32 k_addr = k_smem + (kk / 4) * (KV_ROWS * 128) + (kk % 4) * 32;
-    wgmma_ss(s, wgmma_desc(q_addr, 16, 1024), wgmma_desc(k_addr, 16, 1024), kk > 0, T{}, WgmmaN<KV_ROWS>{});
+    wgmma_ss(s, desc_at(q_desc, (kk / 4) * Q_BLOCK + (kk % 4) * 32),
+             desc_at(k_desc, (kk / 4) * (KV_ROWS * 128) + (kk % 4) * 32), kk > 0, T{}, WgmmaN<KV_ROWS>{});
   }
 }
 
@@ -58,12 +69,12 @@ __device__ __forceinline__ void pack_p_over(u32 (&a)[KV_ROWS / 16][4], const flo
 
 // O += P V. k-step j covers 16 tokens (two 8-row groups, SBO apart); V's
 // 64-feature column blocks are KV_ROWS * 128 bytes apart (LBO: MN-major B).
+// v_desc: wgmma_desc(V tile, KV_ROWS * 128, 1024).
 template <int KV_ROWS, int HEAD_DIM, typename T>
-__device__ __forceinline__ void wgmma_pv(float (&o)[HEAD_DIM / 2], const u32 (&a)[KV_ROWS / 16][4], u32 v_smem) {
+__device__ __forceinline__ void wgmma_pv(float (&o)[HEAD_DIM / 2], const u32 (&a)[KV_ROWS / 16][4], u64 v_desc) {
   wgmma_fence();
 #pragma unroll
-  for (int j = 0; j < KV_ROWS / 16; ++j)
-    wgmma_rs_tb(o, a[j], wgmma_desc(v_smem + j * (16 * 128), KV_ROWS * 128, 1024), 1, T{}, WgmmaN<HEAD_DIM>{});
+  for (int j = 0; j < KV_ROWS / 16; ++j) wgmma_rs_tb(o, a[j], desc_at(v_desc, j * (16 * 128)), 1, T{}, WgmmaN<HEAD_DIM>{});
 }
 
 #endif

@@ -38,13 +38,28 @@ struct Sm90Pipeline {
   }
 };
 
+// Shared addresses of the pipeline's barriers from one base (layout of
+// Sm90Pipeline), so loops add small constants instead of converting a
+// generic pointer per barrier.
+template <int STAGES>
+struct Sm90Barriers {
+  u32 base;
+  __device__ __forceinline__ explicit Sm90Barriers(Sm90Pipeline<STAGES>& p) : base(smem_addr(&p)) {}
+  __device__ __forceinline__ u32 q_full(int i) const { return base + 8 * i; }
+  __device__ __forceinline__ u32 q_empty(int i) const { return base + 16 + 8 * i; }
+  __device__ __forceinline__ u32 k_full(int s) const { return base + 32 + 8 * s; }
+  __device__ __forceinline__ u32 k_empty(int s) const { return base + 32 + 8 * (STAGES + s); }
+  __device__ __forceinline__ u32 v_full(int s) const { return base + 32 + 8 * (2 * STAGES + s); }
+  __device__ __forceinline__ u32 v_empty(int s) const { return base + 32 + 8 * (3 * STAGES + s); }
+};
+
 // Position in a ring of N buffers used in order: buffer index and the parity
 // of its current use (a consumer waits for "full" with `phase`, a producer for
 // "empty" with `phase ^ 1`, which a fresh barrier grants at once).
 template <int N>
 struct RingPos {
-  int count = 0;
-  __device__ __forceinline__ int index() const { return count % N; }
+  unsigned count = 0;
+  __device__ __forceinline__ int index() const { return static_cast<int>(count % N); }
   __device__ __forceinline__ u32 phase() const { return (count / N) & 1; }
   __device__ __forceinline__ RingPos next() const { return RingPos{count + 1}; }
 };

@@ -93,15 +93,15 @@ struct Sm90Producer {
   // it here first (the whole warpgroup waits for its copies, transforms the
   // tile, and makes the result visible to the tensor cores' async proxy).
   template <bool TRANSFORM, typename Fn>
-  __device__ __forceinline__ void publish(u64& full, T* tile, Fn fn) const {
+  __device__ __forceinline__ void publish(u32 full, T* tile, Fn fn) const {
     if constexpr (TRANSFORM) {
       cp_async_wait_all();
       named_barrier_sync(kSm90ProducerBar, THREADS);
       transform_rows<HEAD_DIM, CTA_KV, Swizzle128>(tile, 0, CTA_KV, tid, THREADS, fn);
       fence_proxy_async();
-      mbarrier_arrive(smem_addr(&full));
+      mbarrier_arrive(full);
     } else {
-      cp_async_arrive_noinc(smem_addr(&full));
+      cp_async_arrive_noinc(full);
     }
   }
 
@@ -111,6 +111,7 @@ struct Sm90Producer {
     const T* k_base = static_cast<const T*>(p.kv.k);
     const T* v_base = static_cast<const T*>(p.kv.v);
     const bool paged = p.kv.indices != nullptr;
+    const Sm90Barriers<STAGES> bars(pipe);
     RingPos<2> q_pos;
     RingPos<STAGES> kv_pos;
     for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
@@ -123,7 +124,7 @@ struct Sm90Producer {
       Variant variant(p, b, qo_len, device::kv_len(p.kv, b));
 
       // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
-      mbarrier_wait(smem_addr(&pipe.q_empty[q_pos.index()]), q_pos.phase() ^ 1);
+      mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
       T* q_dst = q_smem + q_pos.index() * (CTA_Q * HEAD_DIM);
       u32 q_addr = smem_addr(q_dst + QLayout::at(row0, ch));
 #pragma unroll 4
@@ -133,7 +134,7 @@ struct Sm90Producer {
         const i64 off = (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
         cp_async_16(q_addr, ok ? q_base + off + ch * 8 : q_base, ok);
       }
-      cp_async_arrive_noinc(smem_addr(&pipe.q_full[q_pos.index()]));
+      cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
 
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
@@ -143,14 +144,14 @@ struct Sm90Producer {
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
         T* k_tile = k_smem + stage * (CTA_KV * HEAD_DIM);
         T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
-        mbarrier_wait(smem_addr(&pipe.k_empty[stage]), kv_pos.phase() ^ 1);
+        mbarrier_wait(bars.k_empty(stage), kv_pos.phase() ^ 1);
         copy_tile(k_tile, k_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
-        publish<Traits::key_transform>(pipe.k_full[stage], k_tile, [&](int r, int col, float x) {
+        publish<Traits::key_transform>(bars.k_full(stage), k_tile, [&](int r, int col, float x) {
           return variant.KeyTransform(p, x, b, start + r, kv_head, col);
         });
-        mbarrier_wait(smem_addr(&pipe.v_empty[stage]), kv_pos.phase() ^ 1);
+        mbarrier_wait(bars.v_empty(stage), kv_pos.phase() ^ 1);
         copy_tile(v_tile, v_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
-        publish<Traits::value_transform>(pipe.v_full[stage], v_tile, [&](int r, int col, float x) {
+        publish<Traits::value_transform>(bars.v_full(stage), v_tile, [&](int r, int col, float x) {
           return variant.ValueTransform(p, x, b, start + r, kv_head, col);
         });
       }

@@ -98,9 +98,15 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
     for (int t = 0; t < MT; ++t)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = neg_inf();
+        // Two chains (even and odd n-tiles) halve the dependent FMNMX latency.
+        float mx = fmaxf(s[t][0][2 * r], s[t][0][2 * r + 1]);
+        float my = NT_S > 1 ? fmaxf(s[t][NT_S - 1][2 * r], s[t][NT_S - 1][2 * r + 1]) : mx;
 #pragma unroll
-        for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[t][n][2 * r], s[t][n][2 * r + 1]));
+        for (int n = 1; n < NT_S - 1; ++n) {
+          if (n % 2) my = fmaxf(my, fmaxf(s[t][n][2 * r], s[t][n][2 * r + 1]));
+          else mx = fmaxf(mx, fmaxf(s[t][n][2 * r], s[t][n][2 * r + 1]));
+        }
+        mx = fmaxf(mx, my);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
@@ -116,15 +122,16 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float m_safe = st.m[t][r] == neg_inf() ? 0.f : st.m[t][r];  // all masked so far: weights 0, not NaN
-        float sum = 0.f;
+        float sums[2] = {0.f, 0.f};  // two chains, as for the maximum
 #pragma unroll
         for (int n = 0; n < NT_S; ++n)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             float& x = s[t][n][2 * r + c];
             x = kPlain ? fast_exp2(fmaf(x, scale_log2, -m_safe)) : fast_exp2(x - m_safe);
-            sum += x;
+            sums[c] += x;
           }
+        const float sum = sums[0] + sums[1];
         // A quarter of the row (quads are summed at the end); d at the old
         // maximum is rescaled here, O by the caller.
         st.d[t][r] = (raised ? st.d[t][r] * scale[t][r] : st.d[t][r]) + sum;
