@@ -62,9 +62,6 @@ struct Sm90Consumer {
     const int kv_head = blockIdx.y;
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
     if (wg == 1) pass_turn();  // warpgroup 0 goes first
-    // 0x3210 (PRMT: the first operand's bytes), from a parameter so that the
-    // compiler cannot fold it (see pack_p_over).
-    const u32 keep_sel = p.group > 0 ? 0x3210u : 0x7654u;
     const Sm90Barriers<STAGES> bars(pipe);
     // Descriptors of the first Q buffer and the first K and V stages; the
     // loop offsets them (desc_at).
@@ -171,8 +168,9 @@ struct Sm90Consumer {
             wgmma_wait<0>();
             wgmma_keep(of);
           }
-          wgmma_keep(pa);  // its registers were in use until now
-          pack_p_over<CTA_KV, T>(pa, s, keep_sel);
+          // With the wait inside the branch, ptxas keeps the registers the
+          // P V wgmma reads untouched until here (SASS: no early wait).
+          pack_p<CTA_KV, T>(pa, s);
           // V's release comes last: ptxas hoists a wait together with a
           // shared-memory arrive that follows it, and an early release here
           // dragged the wait above the softmax.

@@ -51,22 +51,6 @@ __device__ __forceinline__ void pack_p(u32 (&a)[KV_ROWS / 16][4], const float (&
   }
 }
 
-// pack_p for the registers an in-flight O += P V is still reading: each new
-// fragment is merged with the old one by a PRMT whose selector (`keep`,
-// 0x3210 at run time but unknown to the compiler) takes only the new bytes.
-// The old registers are therefore read after the caller's wgmma wait, which
-// keeps ptxas from reusing them for the softmax's temporaries; reusing them
-// made it wait for the P V wgmma before the softmax, serializing the two.
-template <int KV_ROWS, typename T>
-__device__ __forceinline__ void pack_p_over(u32 (&a)[KV_ROWS / 16][4], const float (&s)[KV_ROWS / 8][4], u32 keep) {
-  u32 fresh[KV_ROWS / 16][4];
-  pack_p<KV_ROWS, T>(fresh, s);
-#pragma unroll
-  for (int j = 0; j < KV_ROWS / 16; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) asm("prmt.b32 %0, %1, %0, %2;\n" : "+r"(a[j][k]) : "r"(fresh[j][k]), "r"(keep));
-}
-
 // O += P V. k-step j covers 16 tokens (two 8-row groups, SBO apart); V's
 // 64-feature column blocks are KV_ROWS * 128 bytes apart (LBO: MN-major B).
 // v_desc: wgmma_desc(V tile, KV_ROWS * 128, 1024).
