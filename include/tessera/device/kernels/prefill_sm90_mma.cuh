@@ -10,7 +10,6 @@
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#if TESSERA_HAS_WGMMA
 
 // Descriptors of 128-byte-swizzled operands are built once per tile base and
 // moved by adding bytes / 16 (the start-address field, bits 0-13, holds any
@@ -22,6 +21,8 @@ __device__ __forceinline__ u64 desc_at(u64 desc, u32 bytes) {
   const u32 lo = static_cast<u32>(desc) + (bytes >> 4), hi = static_cast<u32>(desc >> 32);
   return (static_cast<u64>(hi) << 32) | lo;
 }
+
+#if TESSERA_HAS_WGMMA
 
 // S = Q K^T for one warpgroup's 64 query rows. q_desc: descriptor of the
 // warpgroup's first row in the Q tile's first 64-column block (K-major, SBO
