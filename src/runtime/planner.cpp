@@ -1,6 +1,8 @@
 #include "tessera/runtime/planner.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "tessera/core/error.hpp"
 
@@ -172,7 +174,10 @@ void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int
                           std::to_string(kv_lens.size()));
   if (group < 1 || cta_q < 1) throw InvalidArgument("group, cta_q: expected >= 1");
   tiles_.clear();
-  group_by_request_ = true;
+  {
+    const char* order = std::getenv("TESSERA_PLANNER_ORDER");  // experiments: "length" = line 5's global order
+    group_by_request_ = !(order && std::string(order) == "length");
+  }
   for (size_t i = 0; i < qo_lens.size(); ++i) {
     const int64_t q = qo_lens[i], kv = kv_lens[i];
     if (q < 0 || kv < 0) throw InvalidArgument("qo_lens/kv_lens: expected values >= 0");
