@@ -28,16 +28,6 @@ struct PrefillState {
   }
 };
 
-// Running maxima and sums alone (a softmax step whose O starts from zero).
-template <int MT>
-struct RowStats {
-  float m[MT][2], d[MT][2];
-  __device__ __forceinline__ void init() {
-#pragma unroll
-    for (int t = 0; t < MT; ++t) m[t][0] = m[t][1] = neg_inf(), d[t][0] = d[t][1] = 0.f;
-  }
-};
-
 // The rows this thread owns, resolved once per work item.
 template <int MT>
 struct RowInfo {
@@ -53,8 +43,7 @@ struct RowInfo {
 // and the return value says whether any row of the warp needs one (warp
 // uniform). Split from the rescale so the Hopper mainloop can run this step
 // while the previous tile's O += P V is still in flight on the tensor cores.
-// State: anything with m[MT][2] and d[MT][2] (PrefillState, or RowStats for
-// a tile whose O is not the one in flight).
+// State: anything with m[MT][2] and d[MT][2] (a PrefillState).
 template <typename Variant, int MT, int NT_S, typename State, typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
