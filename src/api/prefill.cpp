@@ -8,6 +8,7 @@
 #include "checks.hpp"
 #include "tessera/device/primitives/variant.cuh"
 #include "tessera/formats/custom_mask.hpp"
+#include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
 
@@ -340,8 +341,10 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;
+  ParamBlock block;  // p followed by the variant's extras
+  pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
-  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);
+  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, block.data());
   detail::check_launch("BatchPrefill::run");
 }
 
