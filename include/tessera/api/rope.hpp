@@ -4,7 +4,8 @@
 //
 //   q [nnz, num_q_heads, head_dim], k [nnz, num_k_heads, head_dim]: fp16 or
 //   bf16 (one dtype), head_dim 64 / 128 / 256, last dim contiguous
-//   q_rope, k_rope: like q and k (they may be q and k: in place)
+//   q_rope, k_rope: like q and k (they may be q and k: in place); k may have
+//     zero heads (rotates q alone, e.g. a KV cache's rows)
 //   apply_rope_pos_ids: pos_ids int32 [nnz], the position of each row
 //   apply_rope: indptr int32 [batch + 1] over the rows and offsets int32
 //     [batch]: row n of request b sits at offsets[b] + n - indptr[b]
