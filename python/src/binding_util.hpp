@@ -34,6 +34,24 @@ inline std::span<const int32_t> host_ints(const char* name, const Arg& a) {
   return {static_cast<const int32_t*>(a.view.data), static_cast<size_t>(a.view.size(0))};
 }
 
+// plan()'s host int32 arrays of a paged step, converted once; the Args keep
+// the callers' buffers alive while the spans are in use. mask_indptr may be
+// None (empty span).
+struct PagedPlanArgs {
+  Arg qo, ip, idx, last, mip;
+  std::span<const int32_t> qo_s, ip_s, idx_s, last_s, mask_s;
+  PagedPlanArgs(nanobind::handle qo_indptr, nanobind::handle kv_indptr, nanobind::handle kv_indices,
+                nanobind::handle kv_last_page_len, nanobind::handle mask_indptr)
+      : qo(to_arg("qo_indptr", qo_indptr)), ip(to_arg("kv_indptr", kv_indptr)), idx(to_arg("kv_indices", kv_indices)),
+        last(to_arg("kv_last_page_len", kv_last_page_len)), mip(to_optional_arg("mask_indptr", mask_indptr)) {
+    qo_s = host_ints("qo_indptr", qo);
+    ip_s = host_ints("kv_indptr", ip);
+    idx_s = host_ints("kv_indices", idx);
+    last_s = host_ints("kv_last_page_len", last);
+    if (!mask_indptr.is_none()) mask_s = host_ints("mask_indptr", mip);
+  }
+};
+
 // Defined in bindings_variants.cpp: variant specs, AttentionWrapper, RoPE ops, JIT cost.
 void bind_variants(nanobind::module_& m);
 

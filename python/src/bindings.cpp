@@ -328,16 +328,10 @@ class PyBatchPrefill {
   // request's packed mask bits.
   void plan_paged(nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len,
                   uintptr_t stream, nb::handle mask_indptr) {
-    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
-    Arg idx = to_arg("kv_indices", kv_indices), last = to_arg("kv_last_page_len", kv_last_page_len);
-    Arg mip = to_optional_arg("mask_indptr", mask_indptr);
-    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
-    const auto idx_s = host_ints("kv_indices", idx), last_s = host_ints("kv_last_page_len", last);
-    const bool masked = !mask_indptr.is_none();
-    const auto mip_s = masked ? host_ints("mask_indptr", mip) : std::span<const int32_t>();
+    const PagedPlanArgs a(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask_indptr);
     nb::gil_scoped_release release;
-    if (masked) pre_.plan_paged(qo_s, ip_s, idx_s, last_s, mip_s, to_stream(stream));
-    else pre_.plan_paged(qo_s, ip_s, idx_s, last_s, to_stream(stream));
+    if (!mask_indptr.is_none()) pre_.plan_paged(a.qo_s, a.ip_s, a.idx_s, a.last_s, a.mask_s, to_stream(stream));
+    else pre_.plan_paged(a.qo_s, a.ip_s, a.idx_s, a.last_s, to_stream(stream));
   }
 
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {

@@ -159,14 +159,9 @@ class PyAttentionWrapper {
 
   void plan_paged(nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len,
                   uintptr_t stream, nb::handle mask_indptr) {
-    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
-    Arg idx = to_arg("kv_indices", kv_indices), last = to_arg("kv_last_page_len", kv_last_page_len);
-    Arg mip = to_optional_arg("mask_indptr", mask_indptr);
-    const auto mask = mask_indptr.is_none() ? std::span<const int32_t>() : host_ints("mask_indptr", mip);
-    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
-    const auto idx_s = host_ints("kv_indices", idx), last_s = host_ints("kv_last_page_len", last);
+    const PagedPlanArgs a(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask_indptr);
     nb::gil_scoped_release release;
-    w_.plan(qo_s, ip_s, idx_s, last_s, to_stream(stream), mask);
+    w_.plan(a.qo_s, a.ip_s, a.idx_s, a.last_s, to_stream(stream), a.mask_s);
   }
 
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {

@@ -20,12 +20,9 @@ using detail::str;
 
 namespace {
 
-// 4096 blocks of 256 threads are several waves on any current GPU; the
-// kernel's grid-stride loop covers the rest (as the append kernel).
 constexpr int kThreads = 256;  // must match kRopeThreads (device/kernels/rope.cuh)
-constexpr int64_t kMaxBlocks = 4096;
 
-void check_rows(const char* name, const TensorView& t, const Device& dev) {
+void check_head_rows(const char* name, const TensorView& t, const Device& dev) {
   check_dim(name, t, 3);
   check_dtype_in(name, t, {DType::kFloat16, DType::kBFloat16});
   check_device(name, t, dev);
@@ -40,14 +37,11 @@ void check_out(const char* name, const TensorView& out, const char* in_name, con
   if (out.dtype != in.dtype)
     throw TypeMismatch(std::string(name) + ": expected the dtype of " + in_name + " (" + dtype_name(in.dtype) + "), got " +
                        dtype_name(out.dtype));
-  check_rows(name, out, in.device);
+  check_head_rows(name, out, in.device);
 }
 
 void check_index(const char* name, const TensorView& t, int64_t size, const Device& dev) {
-  check_dim(name, t, 1);
-  check_dtype(name, t, DType::kInt32);
-  check_contiguous(name, t);
-  check_device(name, t, dev);
+  detail::check_index_vector(name, t, dev);
   if (t.size(0) != size)
     throw InvalidArgument(std::string(name) + ": expected " + str(size) + " entries, got " + str(t.size(0)));
 }
@@ -55,8 +49,8 @@ void check_index(const char* name, const TensorView& t, int64_t size, const Devi
 // Validates the tensors and options; returns the rotary dimension.
 int check_common(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
                  const RopeOptions& opt) {
-  check_rows("q", q, q.device);
-  check_rows("k", k, q.device);
+  check_head_rows("q", q, q.device);
+  check_head_rows("k", k, q.device);
   if (k.dtype != q.dtype)
     throw TypeMismatch(std::string("k: expected the dtype of q (") + dtype_name(q.dtype) + "), got " + dtype_name(k.dtype));
   if (k.size(0) != q.size(0) || k.size(2) != q.size(2))
@@ -118,8 +112,7 @@ void launch(const TensorView& q, const TensorView& k, const TensorView& q_rope, 
   cuda::DeviceGuard guard(q.device.index);
   const auto& kernel = jit::KernelCache::global().kernel(
       catalog::apply_rope(q.dtype, static_cast<int>(q.size(2)), opt.interleave), q.device.index);
-  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks);
-  kernel.launch(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, &p);
+  kernel.launch(dim3(detail::grid_stride_blocks(total, kThreads)), dim3(kThreads), 0, stream, &p);
   detail::check_launch("apply_rope");
 }
 

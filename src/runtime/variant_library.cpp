@@ -23,21 +23,26 @@ VariantSpec make(std::string name, std::string code, bool causal) {
   return v;
 }
 
+// A variant whose one slot is LogitsTransform returning `expr` (over p,
+// logit, qo_idx, kv_idx, qo_head and the base's qo_len / kv_len).
+VariantSpec logits_variant(const std::string& name, bool causal, const std::string& decls, const std::string& expr) {
+  return make(name,
+              open_struct(name, causal) + decls +
+                  "  template <typename Params>\n"
+                  "  __device__ __forceinline__ float LogitsTransform(const Params& p, float logit, int, int qo_idx,\n"
+                  "                                                   int kv_idx, int qo_head, int) const {\n"
+                  "    return " + expr + ";\n"
+                  "  }\n"
+                  "};\n",
+              causal);
+}
+
 }  // namespace
 
 VariantSpec alibi(bool causal) {
-  const std::string name = causal ? "CausalAlibi" : "Alibi";
-  VariantSpec v = make(name,
-                       open_struct(name, causal) +
-                           "  // Linear bias by distance: slope * (kv_idx - q_pos), q_pos bottom-right aligned.\n"
-                           "  template <typename Params>\n"
-                           "  __device__ __forceinline__ float LogitsTransform(const Params& p, float logit, int, int qo_idx,\n"
-                           "                                                   int kv_idx, int qo_head, int) const {\n"
-                           "    return logit + __ldg(p.extra.alibi_slopes + qo_head) *\n"
-                           "                       static_cast<float>(kv_idx - (qo_idx + kv_len - qo_len));\n"
-                           "  }\n"
-                           "};\n",
-                       causal);
+  VariantSpec v = logits_variant(causal ? "CausalAlibi" : "Alibi", causal,
+                                 "  // Linear bias by distance: slope * (kv_idx - q_pos), q_pos bottom-right aligned.\n",
+                                 "logit + __ldg(p.extra.alibi_slopes + qo_head) * static_cast<float>(kv_idx - (qo_idx + kv_len - qo_len))");
   v.tensors = {{"alibi_slopes", DType::kFloat32}};
   return v;
 }
@@ -54,18 +59,10 @@ std::vector<float> alibi_slopes(int num_heads) {
 }
 
 VariantSpec flash_sigmoid(bool causal) {
-  const std::string name = causal ? "CausalFlashSigmoid" : "FlashSigmoid";
-  VariantSpec v = make(name,
-                       open_struct(name, causal) +
-                           "  static constexpr bool use_softmax = false;\n"
-                           "  // o = sum_j sigmoid(logit_j * scale + bias) v_j\n"
-                           "  template <typename Params>\n"
-                           "  __device__ __forceinline__ float LogitsTransform(const Params& p, float logit, int, int, int,\n"
-                           "                                                   int, int) const {\n"
-                           "    return 1.f / (1.f + __expf(-(logit * p.extra.sigmoid_scale + p.extra.sigmoid_bias)));\n"
-                           "  }\n"
-                           "};\n",
-                       causal);
+  VariantSpec v = logits_variant(causal ? "CausalFlashSigmoid" : "FlashSigmoid", causal,
+                                 "  static constexpr bool use_softmax = false;\n"
+                                 "  // o = sum_j sigmoid(logit_j * scale + bias) v_j\n",
+                                 "1.f / (1.f + __expf(-(logit * p.extra.sigmoid_scale + p.extra.sigmoid_bias)))");
   v.use_softmax = false;
   v.scalars = {{"sigmoid_scale", DType::kFloat32}, {"sigmoid_bias", DType::kFloat32}};
   return v;

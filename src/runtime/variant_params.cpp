@@ -141,7 +141,8 @@ std::string declared_extras(const VariantSpec& v) {
 const VariantArgs::Arg& require(const VariantSpec& v, const VariantArgs* args, const ExtraParam& e, bool tensor) {
   const VariantArgs::Arg* a = args ? args->find(e.name) : nullptr;
   if (a == nullptr)
-    throw InvalidArgument(e.name + ": missing; variant " + v.name + " declares it as a " + dtype_name(e.dtype) +
+    throw InvalidArgument(e.name + ": missing; variant " + v.name + " declares it as " +
+                          (e.dtype == DType::kInt32 ? "an " : "a ") + dtype_name(e.dtype) +
                           (tensor ? " tensor" : " scalar") + " extra (pass it to run() by name)");
   return *a;
 }

@@ -12,9 +12,10 @@
 // Precision: angles reach thousands of radians, where a float product
 // pos * freq alone would be off by ~1e-4 rad. Angles are carried in turns and
 // the product's rounding error is recovered with an FMA, so what remains is
-// the float frequency's own error (~1e-7 relative: ~1e-4 rad of relative
-// angle between positions 2000 apart, the same for every pair of positions of
-// that distance, as RoPE's relative encoding wants); the reduced angle
+// the float frequency's own error (~1e-7 relative, as in FlashInfer's and
+// PyTorch's float32 RoPE): ~1e-4 rad at position 1000, ~1e-2 rad at 10^5.
+// It is the same error at every position of a pair j, so it shifts q.k of
+// two tokens by ~1e-7 of their distance in turns. The reduced angle
 // (|a| <= pi) goes to the hardware sin/cos (absolute error ~1e-6 there).
 #pragma once
 #include "tessera/device/arch/numeric.cuh"

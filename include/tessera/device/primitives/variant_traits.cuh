@@ -81,21 +81,26 @@ __device__ __forceinline__ void load_partners(const float (&x)[VEC], const T* ro
     for (int i = 0; i < VEC; ++i) partner[i] = x[PAIRING == Pairing::kAdjacent ? (i ^ 1) : i];
   }
 }
-template <typename V, int HEAD_DIM, int VEC, typename T, typename P>
-__device__ __forceinline__ void transform_query_vec(const V& v, const P& p, float (&x)[VEC], const T* row, int feat0,
-                                                    int b, int qo_idx, int qo_head) {
+// KEY: KeyTransform at (kv_idx = idx, kv_head = head), else QueryTransform at (qo_idx, qo_head).
+template <bool KEY, typename V, int HEAD_DIM, int VEC, typename T, typename P>
+__device__ __forceinline__ void transform_vec(const V& v, const P& p, float (&x)[VEC], const T* row, int feat0, int b,
+                                              int idx, int head) {
   float partner[VEC];
   load_partners<V::pairing, HEAD_DIM>(x, row, feat0, partner);
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) x[i] = apply_query_transform(v, p, x[i], partner[i], b, qo_idx, qo_head, feat0 + i);
+  for (int i = 0; i < VEC; ++i)
+    x[i] = KEY ? apply_key_transform(v, p, x[i], partner[i], b, idx, head, feat0 + i)
+               : apply_query_transform(v, p, x[i], partner[i], b, idx, head, feat0 + i);
+}
+template <typename V, int HEAD_DIM, int VEC, typename T, typename P>
+__device__ __forceinline__ void transform_query_vec(const V& v, const P& p, float (&x)[VEC], const T* row, int feat0,
+                                                    int b, int qo_idx, int qo_head) {
+  transform_vec<false, V, HEAD_DIM>(v, p, x, row, feat0, b, qo_idx, qo_head);
 }
 template <typename V, int HEAD_DIM, int VEC, typename T, typename P>
 __device__ __forceinline__ void transform_key_vec(const V& v, const P& p, float (&x)[VEC], const T* row, int feat0,
                                                   int b, int kv_idx, int kv_head) {
-  float partner[VEC];
-  load_partners<V::pairing, HEAD_DIM>(x, row, feat0, partner);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) x[i] = apply_key_transform(v, p, x[i], partner[i], b, kv_idx, kv_head, feat0 + i);
+  transform_vec<true, V, HEAD_DIM>(v, p, x, row, feat0, b, kv_idx, kv_head);
 }
 #endif
 
