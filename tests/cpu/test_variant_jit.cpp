@@ -120,3 +120,43 @@ TEST(VariantJit, DocsShowTheTestedExample) {
   EXPECT_NE(ss.str().find(test::kDocsExampleCode), std::string::npos)
       << "docs/variants.md must contain the example of tests/variant_cases.hpp verbatim";
 }
+
+// Which slots a variant overrides decides what kernels do (skip transforms,
+// masks): the detection must hold under NVRTC, not only nvcc
+// (tests/device/nvcc_check.cu asserts the same there).
+TEST(VariantJit, SlotDetectionHoldsUnderNvrtc) {
+  jit::KernelCache cache(fresh_dir("traits").string());
+  const jit::KernelSource src{"tessera_traits_probe", R"(
+#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/device/primitives/variant_traits.cuh"
+using P = tessera::PrefillParams<tessera::NoExtra>;
+struct Plain : tessera::VariantBase { using tessera::VariantBase::VariantBase; };
+struct Masked : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+  template <typename Params> bool LogitsMask(const Params&, int, int q, int k, int, int) const { return k <= q; }
+};
+struct Logits : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+  template <typename Params> float LogitsTransform(const Params&, float x, int, int, int, int, int) const { return x; }
+};
+struct QElem : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+  template <typename Params> float QueryTransform(const Params&, float x, int, int, int, int) const { return x; }
+};
+struct KPair : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+  static constexpr tessera::Pairing pairing = tessera::Pairing::kAdjacent;
+  template <typename Params> float KeyTransform(const Params&, float x, float, int, int, int, int) const { return x; }
+};
+template <typename V> using T = tessera::VariantTraits<V, P>;
+static_assert(!T<Plain>::query_transform && !T<Plain>::key_transform && !T<Plain>::value_transform &&
+              !T<Plain>::logits_transform && !T<Plain>::logits_mask, "plain");
+static_assert(T<Masked>::logits_mask && !T<Masked>::logits_transform, "mask");
+static_assert(T<Logits>::logits_transform && !T<Logits>::logits_mask, "logits");
+static_assert(T<QElem>::query_transform && !T<QElem>::key_transform, "element-wise query");
+static_assert(T<KPair>::key_transform && !T<KPair>::query_transform, "pairwise key");
+extern "C" __global__ void tessera_traits_probe() {}
+)", {}};
+  for (const char* arch : {"sm_80", "sm_90a"})
+    EXPECT_TRUE(is_elf(cache.cubin(src, jit::Arch::parse(arch))->image)) << arch;
+}
