@@ -19,6 +19,17 @@ def bench_ms(fn, warmup=25, rep=100):
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+_WORKSPACE = None
+
+
+def workspace(nbytes=512 << 20):
+    """One device workspace for every wrapper of a benchmark run (grown when asked for more)."""
+    global _WORKSPACE
+    if _WORKSPACE is None or _WORKSPACE.numel() < nbytes:
+        _WORKSPACE = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    return _WORKSPACE
+
+
 def hbm_ceilings():
     """Returns (read_TBps, copy_TBps). read: bytes read by a float32-accumulated
     sum of a 4 GiB fp16 tensor; copy: (bytes read + written) by a device copy."""

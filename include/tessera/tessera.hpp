@@ -2,8 +2,11 @@
 #pragma once
 #include "tessera/api/append_kv.hpp"
 #include "tessera/api/attention.hpp"
+#include "tessera/api/attention_wrapper.hpp"
 #include "tessera/api/decode.hpp"
 #include "tessera/api/merge.hpp"
+#include "tessera/api/prefill.hpp"
+#include "tessera/api/rope.hpp"
 #include "tessera/api/workspace.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
@@ -17,3 +20,4 @@
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
 #include "tessera/runtime/planner.hpp"
+#include "tessera/runtime/variant_params.hpp"

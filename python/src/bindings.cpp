@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "binding_util.hpp"
 #include "tensor_convert.hpp"
 #include "tessera/api/append_kv.hpp"
 #include "tessera/api/attention.hpp"
@@ -54,12 +55,6 @@ F64Array owned_array(std::vector<double>&& data, std::initializer_list<size_t> s
   auto* buf = new std::vector<double>(std::move(data));
   nb::capsule owner(buf, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
   return F64Array(buf->data(), shape, owner);
-}
-
-DType parse_dtype(const char* what, const std::string& s) {
-  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32, DType::kUInt8, DType::kBool})
-    if (s == dtype_name(t)) return t;
-  throw TypeMismatch(std::string(what) + ": expected a dtype name (float16, bfloat16, float32, ...), got '" + s + "'");
 }
 
 VariantSpec parse_variant(const std::string& s) {
@@ -170,11 +165,6 @@ std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::v
 }
 
 // ---------------------------------------------------------------- paged KV cache
-// k: [pages, ...] (4-D, with v) or the interleaved [pages, 2, ...] (5-D, v None).
-PagedKVStorage to_storage(const Arg& k, const Arg& v, bool has_v, KVLayout layout) {
-  return has_v ? PagedKVStorage(k.view, v.view, layout) : PagedKVStorage(k.view, layout);
-}
-
 void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb::handle batch_indices,
                               nb::handle positions, nb::handle k, nb::handle v, nb::handle kv_indices,
                               nb::handle kv_indptr, nb::handle kv_last_page_len, const std::string& kv_layout,
@@ -189,16 +179,6 @@ void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb
   nb::gil_scoped_release release;
   append_paged_kv_cache(ak.view, av.view, bi.view, pos.view, storage, idx.view, ptr.view, last.view,
                         to_stream(stream));
-}
-
-// A host int32 vector argument of plan() as a span over the caller's buffer
-// (kept alive by the Arg).
-std::span<const int32_t> host_ints(const char* name, const Arg& a) {
-  check_dim(name, a.view, 1);
-  check_dtype(name, a.view, DType::kInt32);
-  check_device(name, a.view, Device{});
-  check_contiguous(name, a.view);
-  return {static_cast<const int32_t*>(a.view.data), static_cast<size_t>(a.view.size(0))};
 }
 
 AttentionSpec decode_spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
@@ -348,16 +328,10 @@ class PyBatchPrefill {
   // request's packed mask bits.
   void plan_paged(nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len,
                   uintptr_t stream, nb::handle mask_indptr) {
-    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
-    Arg idx = to_arg("kv_indices", kv_indices), last = to_arg("kv_last_page_len", kv_last_page_len);
-    Arg mip = to_optional_arg("mask_indptr", mask_indptr);
-    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
-    const auto idx_s = host_ints("kv_indices", idx), last_s = host_ints("kv_last_page_len", last);
-    const bool masked = !mask_indptr.is_none();
-    const auto mip_s = masked ? host_ints("mask_indptr", mip) : std::span<const int32_t>();
+    const PagedPlanArgs a(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask_indptr);
     nb::gil_scoped_release release;
-    if (masked) pre_.plan_paged(qo_s, ip_s, idx_s, last_s, mip_s, to_stream(stream));
-    else pre_.plan_paged(qo_s, ip_s, idx_s, last_s, to_stream(stream));
+    if (!mask_indptr.is_none()) pre_.plan_paged(a.qo_s, a.ip_s, a.idx_s, a.last_s, a.mask_s, to_stream(stream));
+    else pre_.plan_paged(a.qo_s, a.ip_s, a.idx_s, a.last_s, to_stream(stream));
   }
 
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {
@@ -443,6 +417,7 @@ nb::list py_compile_builtin(const std::string& arch, int threads) {
 
 NB_MODULE(_C, m) {
   using namespace tessera::python;
+  bind_variants(m);  // bindings_variants.cpp
   m.doc() = "Low-level bindings of the Tessera C++ API (use the `tessera` package instead).";
   nb::register_exception_translator(translate);
 

@@ -14,6 +14,11 @@ The public functions mirror FlashInfer's Python API names and signatures:
   (flashinfer.page).
 * tessera.packbits, segment_packbits (flashinfer.quantization): pack custom
   attention masks (bitorder="little" is the order the kernels read).
+* tessera.apply_rope, apply_rope_pos_ids and their _inplace forms
+  (flashinfer.rope).
+* tessera.AttentionWrapper with tessera.AttentionSpec / VariantSpec /
+  TaskInfo: any attention variant as CUDA code with extra parameters (the
+  paper's Listing 1); tessera.variants holds the built-in variants.
 
 Inputs are torch tensors (CPU or CUDA) or numpy arrays; results come back in
 the same framework, on the same device. torch is optional: with numpy alone
@@ -34,6 +39,9 @@ from .prefill import (
     single_prefill_with_kv_cache_return_lse,
 )
 from .quantization import packbits, segment_packbits
+from . import variants
+from .rope import apply_rope, apply_rope_inplace, apply_rope_pos_ids, apply_rope_pos_ids_inplace
+from .variants import AttentionSpec, AttentionWrapper, TaskInfo, VariantSpec
 
 __version__ = "0.1.0"
 
@@ -65,6 +73,15 @@ __all__ = [
     "get_seq_lens",
     "packbits",
     "segment_packbits",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "AttentionSpec",
+    "AttentionWrapper",
+    "TaskInfo",
+    "VariantSpec",
+    "variants",
     "gpu_available",
     "no_gpu_reason",
     "compile_builtin",

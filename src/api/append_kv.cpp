@@ -20,18 +20,6 @@ using detail::str;
 namespace {
 
 constexpr int kThreads = 256;          // must match kAppendThreads (device/kernels/append_kv.cuh)
-// 4096 blocks of 256 threads are several waves on any current GPU, enough to
-// keep the copy bandwidth-bound; the kernel's grid-stride loop covers the rest.
-constexpr int64_t kMaxBlocks = 4096;
-
-void check_index(const char* name, const TensorView& t, const Device& dev) {
-  check_dim(name, t, 1);
-  check_dtype(name, t, DType::kInt32);
-  check_contiguous(name, t);
-  check_device(name, t, dev);
-  if (t.size(0) > std::numeric_limits<int32_t>::max())
-    throw InvalidArgument(std::string(name) + ": expected fewer than 2^31 entries, got " + str(t.size(0)));
-}
 
 void check_rows(const char* name, const TensorView& t, const PagedKVStorage& kv) {
   check_dim(name, t, 3);
@@ -107,11 +95,11 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   check_rows("append_value", append_value, kv);
   const int64_t nnz = append_key.size(0);
   check_shape("append_value", append_value, {nnz, kv.num_kv_heads(), kv.head_dim()});
-  check_index("batch_indices", batch_indices, dev);
-  check_index("positions", positions, dev);
-  check_index("kv_indices", kv_indices, dev);
-  check_index("kv_indptr", kv_indptr, dev);
-  check_index("kv_last_page_len", kv_last_page_len, dev);
+  detail::check_index_vector("batch_indices", batch_indices, dev);
+  detail::check_index_vector("positions", positions, dev);
+  detail::check_index_vector("kv_indices", kv_indices, dev);
+  detail::check_index_vector("kv_indptr", kv_indptr, dev);
+  detail::check_index_vector("kv_last_page_len", kv_last_page_len, dev);
   check_shape("batch_indices", batch_indices, {nnz});
   check_shape("positions", positions, {nnz});
   if (kv_indptr.size(0) < 1) throw InvalidArgument("kv_indptr: expected batch + 1 >= 1 entries, got 0");
@@ -151,7 +139,7 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   p.num_heads = kv.num_kv_heads();
   p.head_dim = kv.head_dim();
   const int64_t vecs = nnz * kv.num_kv_heads() * (kv.head_dim() / (16 / static_cast<int64_t>(dtype_size(kv.dtype()))));
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((vecs + kThreads - 1) / kThreads, kMaxBlocks));
+  const unsigned blocks = detail::grid_stride_blocks(vecs, kThreads);
   detail::require_gpu("append_paged_kv_cache");
   cuda::DeviceGuard guard(dev.index);
   const auto& kernel = jit::KernelCache::global().kernel(catalog::append_paged_kv(kv.dtype()), dev.index);

@@ -7,6 +7,7 @@
 #include "tessera/device/kernels/attention_rowwise_params.cuh"
 #include "tessera/device/primitives/variant.cuh"
 #include "tessera/formats/ragged.hpp"
+#include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
 
@@ -41,10 +42,15 @@ RowwiseParams<NoExtra> rowwise_params(const TensorView& q, const TensorView& o, 
   return p;
 }
 
-void launch_rowwise(const jit::LoadedKernel& k, RowwiseParams<NoExtra>& p, cudaStream_t stream) {
+// Packs the parameters with the variant's extras (checked even when there
+// is nothing to launch) and launches one CTA per (query row, head).
+void launch_rowwise(const jit::LoadedKernel& k, const RowwiseParams<NoExtra>& p, const VariantSpec& variant,
+                    const RunOptions& opt, const Device& device, cudaStream_t stream) {
+  ParamBlock block;
+  pack_params(block, ParamsKind::kRowwise, &p, variant, opt.extras, device);
   if (p.total_q == 0) return;
   dim3 grid(static_cast<unsigned>(p.total_q), static_cast<unsigned>(p.num_qo_heads));
-  k.launch(grid, dim3(catalog::kRowwiseWarps * 32), 0, stream, &p);
+  k.launch(grid, dim3(catalog::kRowwiseWarps * 32), 0, stream, block.data());
 }
 
 }  // namespace
@@ -137,7 +143,7 @@ void BatchAttention::run(const TensorView& q, const PagedKVStorage& kv, const Te
           kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
   if (batch_ == 0) return;
   cuda::DeviceGuard guard(ws_->device());
-  launch_rowwise(*kernel_, p, stream);
+  launch_rowwise(*kernel_, p, spec_.variant, opt, q.device, stream);
   detail::check_launch("BatchAttention::run");
 }
 
@@ -184,7 +190,7 @@ void single_decode(const AttentionSpec& spec, const TensorView& q, const TensorV
   const int64_t head_stride = layout == KVLayout::kNHD ? k.stride(1) : k.stride(0);
   p.kv = {k.data, v.data, nullptr, nullptr, nullptr, 0, head_stride, token_stride,
           static_cast<int>(std::max<int64_t>(kv_len, 1)), static_cast<int>(num_kv_heads), static_cast<int>(kv_len)};
-  launch_rowwise(kernel, p, stream);
+  launch_rowwise(kernel, p, spec.variant, opt, q.device, stream);
   detail::check_launch("single_decode");
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace tessera::detail {
 
@@ -10,6 +11,19 @@ void check_cuda_vectors(const char* name, const TensorView& t) {
   check_last_dim_contiguous(name, t, 16 / static_cast<int64_t>(dtype_size(t.dtype)));
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
     throw InvalidArgument(std::string(name) + ": expected a 16-byte aligned data pointer");
+}
+
+void check_index_vector(const char* name, const TensorView& t, const Device& dev) {
+  check_dim(name, t, 1);
+  check_dtype(name, t, DType::kInt32);
+  check_contiguous(name, t);
+  check_device(name, t, dev);
+  if (t.size(0) > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument(std::string(name) + ": expected fewer than 2^31 entries, got " + std::to_string(t.size(0)));
+}
+
+unsigned grid_stride_blocks(int64_t work, int threads) {
+  return static_cast<unsigned>(std::min<int64_t>((work + threads - 1) / threads, 4096));
 }
 
 void require_gpu(const char* what) {

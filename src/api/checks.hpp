@@ -19,6 +19,14 @@ inline std::string str(int64_t v) { return std::to_string(v); }
 // data pointer and every other stride 16-byte aligned.
 void check_cuda_vectors(const char* name, const TensorView& t);
 
+// A 1-D contiguous int32 tensor on `dev` with fewer than 2^31 entries.
+void check_index_vector(const char* name, const TensorView& t, const Device& dev);
+
+// Blocks of a grid-stride kernel over `work` items, `threads` per block:
+// enough for the work, at most 4096 (several waves on any current GPU keep a
+// copy-like kernel bandwidth-bound; the loop covers the rest).
+unsigned grid_stride_blocks(int64_t work, int threads);
+
 void require_gpu(const char* what);
 void check_launch(const char* what);
 

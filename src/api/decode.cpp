@@ -8,6 +8,7 @@
 
 #include "checks.hpp"
 #include "tessera/device/primitives/variant.cuh"
+#include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
 
@@ -226,9 +227,11 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   p.num_qo_heads = task_.num_qo_heads;
   p.page_shift = detail::page_shift(task_.page_size);
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
+  ParamBlock block;  // p followed by the variant's extras
+  pack_params(block, ParamsKind::kDecode, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
   // The grid is the same every step (persistent CTAs): graph-capturable.
-  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);
+  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, block.data());
   detail::check_launch("BatchDecode::run");
 }
 

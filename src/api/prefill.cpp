@@ -8,6 +8,7 @@
 #include "checks.hpp"
 #include "tessera/device/primitives/variant.cuh"
 #include "tessera/formats/custom_mask.hpp"
+#include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
 
@@ -192,7 +193,12 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   if (custom_mask_) validate_mask_indptr(mask_indptr, qo_lens_, kv_lens);  // before any GPU work
 
   if (!kernel_) {  // first plan: choose the tile, load the kernel, fix grid and sections
-    const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
+    int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
+    // On sm_90 the Hopper kernel's 64-row tiles beat the FA2 template's 16- and
+    // 32-row ones even where most rows go unused: short queries are memory
+    // bound, and its producer streams KV faster (H100, bench/decode_one.py:
+    // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
+    if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
     config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q));
     source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper);
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, config_.ctas_per_sm,
@@ -340,8 +346,10 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;
+  ParamBlock block;  // p followed by the variant's extras
+  pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
-  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, &p);
+  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, block.data());
   detail::check_launch("BatchPrefill::run");
 }
 

@@ -21,6 +21,17 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 std::string str(int64_t x) { return std::to_string(x); }
 
+void check_rope(const RopeOptions& r, int64_t head_dim) {
+  const int64_t dim = r.rotary_dim < 0 ? head_dim : r.rotary_dim;
+  if (dim < 2 || dim > head_dim || dim % 2 != 0)
+    throw InvalidArgument("rotary_dim: expected an even number in [2, head_dim=" + str(head_dim) + "] (or < 0 for all), got " +
+                          str(r.rotary_dim));
+  if (!(r.rope_scale > 0.0) || !std::isfinite(r.rope_scale))
+    throw InvalidArgument("rope_scale: expected a finite value > 0, got " + std::to_string(r.rope_scale));
+  if (!(r.rope_theta > 0.0) || !std::isfinite(r.rope_theta))
+    throw InvalidArgument("rope_theta: expected a finite value > 0, got " + std::to_string(r.rope_theta));
+}
+
 // Where the tokens of one group live: token j's head h vector starts at
 // k_base + k_off[j] + h * k_head_stride (elements), likewise for V.
 struct KVSource {
@@ -44,10 +55,14 @@ struct QueryInfo {
 
 double read(const void* base, DType t, int64_t off) { return load_as_float(base, t, static_cast<size_t>(off)); }
 
-// Computes rows [row_begin, row_begin + n_rows) of the result from `tokens`.
-// visible (if non-null) is row-major [n_rows, tokens.size()].
-void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<Token>& tokens, int64_t row_begin,
-                  int64_t n_rows, const uint8_t* visible, const Options& opt, Result& out) {
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// Computes rows [row_begin, row_begin + n_rows) of the result from `tokens`:
+// the queries and keys of request `request` (its positions: query r at
+// r + n_kv - n_rows, token j at j). visible (if non-null) is row-major
+// [n_rows, tokens.size()].
+void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<Token>& tokens, int64_t request,
+                  int64_t row_begin, int64_t n_rows, const uint8_t* visible, const Options& opt, Result& out) {
   const int64_t n_kv = static_cast<int64_t>(tokens.size());
   const int64_t D = qi.head_dim, Hkv = qi.kv_heads, group = qi.heads / qi.kv_heads;
   if (n_rows == 0) return;
@@ -60,6 +75,9 @@ void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<To
         kd[idx] = read(src.k, src.k_dtype, tokens[j].k_off + h * src.k_head_stride + d * src.k_dim_stride);
         vd[idx] = read(src.v, src.v_dtype, tokens[j].v_off + h * src.v_head_stride + d * src.v_dim_stride);
       }
+  if (opt.rope)
+    for (int64_t j = 0; j < n_kv; ++j)
+      for (int64_t h = 0; h < Hkv; ++h) rope_rotate(&kd[(j * Hkv + h) * D], D, static_cast<double>(j), *opt.rope);
 
   const TensorView& q = *qi.q;
   std::vector<double> qrow(D), score(n_kv);
@@ -70,6 +88,8 @@ void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<To
       const int64_t hk = h / group;
       for (int64_t d = 0; d < D; ++d)
         qrow[d] = read(q.data, q.dtype, row * q.stride(0) + h * q.stride(1) + d * q.stride(2));
+      const int64_t q_pos = r + n_kv - n_rows;
+      if (opt.rope) rope_rotate(qrow.data(), D, static_cast<double>(q_pos), *opt.rope);
       // Scores in base 2: s = logit * log2(e), so softmax weights are 2^(s - max).
       double max_s = kNegInf;
       for (int64_t j = 0; j < n_kv; ++j) {
@@ -79,10 +99,20 @@ void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<To
         for (int64_t d = 0; d < D; ++d) dot += qrow[d] * kj[d];
         double logit = dot * qi.sm_scale;
         if (opt.logits_soft_cap > 0.0) logit = opt.logits_soft_cap * std::tanh(logit / opt.logits_soft_cap);
-        score[j] = logit * kLog2e;
+        if (!opt.alibi_slopes.empty()) logit += opt.alibi_slopes[h] * static_cast<double>(j - q_pos);
+        if (opt.logits_fn) logit = opt.logits_fn(logit, LogitContext{request, r, j, h, hk, n_rows, n_kv});
+        score[j] = opt.flash_sigmoid ? sigmoid(logit * opt.sigmoid_scale + opt.sigmoid_bias) : logit * kLog2e;
         max_s = std::max(max_s, score[j]);
       }
       double* o = &out.o[(row * qi.heads + h) * D];
+      if (opt.flash_sigmoid) {  // weights are the sigmoids themselves; no normalization, lse = 0
+        for (int64_t j = 0; j < n_kv; ++j) {
+          if (vis && !vis[j]) continue;
+          const double* vj = &vd[(j * Hkv + hk) * D];
+          for (int64_t d = 0; d < D; ++d) o[d] += score[j] * vj[d];
+        }
+        continue;
+      }
       if (max_s == kNegInf) continue;  // nothing visible: O stays 0, LSE -inf
       double denom = 0.0;
       for (int64_t j = 0; j < n_kv; ++j) {
@@ -124,18 +154,23 @@ QueryInfo check_query(const TensorView& q, int64_t total_rows, const char* rows_
     throw InvalidArgument("logits_soft_cap: expected a finite value, got " + std::to_string(opt.logits_soft_cap));
   if (opt.window_left < -1)
     throw InvalidArgument("window_left: expected -1 (off) or >= 0, got " + std::to_string(opt.window_left));
+  if (opt.sink_size < 0) throw InvalidArgument("sink_size: expected >= 0, got " + std::to_string(opt.sink_size));
+  if (!opt.alibi_slopes.empty() && static_cast<int64_t>(opt.alibi_slopes.size()) != q.size(1))
+    throw InvalidArgument("alibi_slopes: expected one slope per query head (" + str(q.size(1)) + "), got " +
+                          str(static_cast<int64_t>(opt.alibi_slopes.size())));
+  if (opt.rope) check_rope(*opt.rope, q.size(2));
   QueryInfo qi{&q, q.size(1), q.size(2), kv_heads, opt.sm_scale};
   if (qi.sm_scale < 0.0) qi.sm_scale = 1.0 / std::sqrt(static_cast<double>(qi.head_dim));
   return qi;
 }
 
-Result make_result(const QueryInfo& qi) {
+Result make_result(const QueryInfo& qi, const Options& opt) {
   Result r;
   r.rows = qi.q->size(0);
   r.heads = qi.heads;
   r.head_dim = qi.head_dim;
   r.o.assign(r.rows * r.heads * r.head_dim, 0.0);
-  r.lse.assign(r.rows * r.heads, kNegInf);
+  r.lse.assign(r.rows * r.heads, opt.flash_sigmoid ? 0.0 : kNegInf);  // no softmax: no LSE, reported as 0
   return r;
 }
 
@@ -166,7 +201,8 @@ class RequestMasks {
     }
     if (opt_.window_left >= 0) {
       for (int64_t i = 0; i < q_len; ++i)
-        for (int64_t j = 0; j < std::min(kv_len, i + kv_len - q_len - opt_.window_left); ++j) vis[i * kv_len + j] = 0;
+        for (int64_t j = opt_.sink_size; j < std::min(kv_len, i + kv_len - q_len - opt_.window_left); ++j)
+          vis[i * kv_len + j] = 0;
     }
   }
 
@@ -176,6 +212,37 @@ class RequestMasks {
 };
 
 }  // namespace
+
+void rope_rotate(double* x, int64_t head_dim, double pos, const RopeOptions& opt) {
+  const int64_t dim = opt.rotary_dim < 0 ? head_dim : opt.rotary_dim, half = dim / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    const double angle = pos / opt.rope_scale * std::pow(opt.rope_theta, -2.0 * static_cast<double>(j) / dim);
+    const double c = std::cos(angle), s = std::sin(angle);
+    double& a = opt.interleave ? x[2 * j] : x[j];
+    double& b = opt.interleave ? x[2 * j + 1] : x[j + half];
+    const double a0 = a, b0 = b;
+    a = a0 * c - b0 * s;
+    b = b0 * c + a0 * s;
+  }
+}
+
+std::vector<double> apply_rope(const TensorView& x, const std::vector<int64_t>& pos, const RopeOptions& opt) {
+  check_host_float("x", x);
+  check_dim("x", x, 3);
+  check_rope(opt, x.size(2));
+  if (static_cast<int64_t>(pos.size()) != x.size(0))
+    throw InvalidArgument("pos: expected one position per row (" + str(x.size(0)) + "), got " +
+                          str(static_cast<int64_t>(pos.size())));
+  const int64_t H = x.size(1), D = x.size(2);
+  std::vector<double> out(x.size(0) * H * D);
+  for (int64_t n = 0; n < x.size(0); ++n)
+    for (int64_t h = 0; h < H; ++h) {
+      double* row = &out[(n * H + h) * D];
+      for (int64_t d = 0; d < D; ++d) row[d] = read(x.data, x.dtype, n * x.stride(0) + h * x.stride(1) + d * x.stride(2));
+      rope_rotate(row, D, static_cast<double>(pos[n]), opt);
+    }
+  return out;
+}
 
 Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const TensorView& k, const TensorView& v,
                         const RaggedIndex& kv, const Options& opt) {
@@ -196,7 +263,7 @@ Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const Tensor
   for (int64_t i = 0; i < kv.num_sequences(); ++i) kv_lens[i] = kv.length(i);
   RequestMasks masks(qo, kv_lens, opt);
 
-  Result out = make_result(qi);
+  Result out = make_result(qi, opt);
   KVSource src{k.data, v.data, k.dtype, v.dtype, k.stride(1), v.stride(1), k.stride(2), v.stride(2)};
   std::vector<Token> tokens;
   std::vector<uint8_t> vis;
@@ -204,7 +271,7 @@ Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const Tensor
     tokens.clear();
     for (int64_t j = kv.begin(i); j < kv.begin(i) + kv.length(i); ++j) tokens.push_back({j * k.stride(0), j * v.stride(0)});
     if (masks.any()) masks.next(qo.length(i), kv.length(i), vis);
-    attend_group(qi, src, tokens, qo.begin(i), qo.length(i), masks.any() ? vis.data() : nullptr, opt, out);
+    attend_group(qi, src, tokens, i, qo.begin(i), qo.length(i), masks.any() ? vis.data() : nullptr, opt, out);
   }
   return out;
 }
@@ -222,7 +289,7 @@ Result attention_paged(const TensorView& q, const RaggedIndex& qo, const PagedKV
   for (int64_t i = 0; i < table.num_requests(); ++i) kv_lens[i] = table.kv_len(i);
   RequestMasks masks(qo, kv_lens, opt);
 
-  Result out = make_result(qi);
+  Result out = make_result(qi, opt);
   // Both K and V use the storage's strides; only the base pointers differ.
   KVSource src{st.k().data, st.v().data, st.dtype(), st.dtype(), st.head_stride(), st.head_stride(), 1, 1};
   std::vector<Token> tokens;
@@ -234,7 +301,7 @@ Result attention_paged(const TensorView& q, const RaggedIndex& qo, const PagedKV
       tokens.push_back({off, off});
     }
     if (masks.any()) masks.next(qo.length(i), kv_lens[i], vis);
-    attend_group(qi, src, tokens, qo.begin(i), qo.length(i), masks.any() ? vis.data() : nullptr, opt, out);
+    attend_group(qi, src, tokens, i, qo.begin(i), qo.length(i), masks.any() ? vis.data() : nullptr, opt, out);
   }
   return out;
 }
@@ -259,7 +326,7 @@ Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView
     throw InvalidArgument("k: expected " + str(bsr.cols()) + " rows (BSR columns N), got shape " + k.shape_str());
   QueryInfo qi = check_query(q, bsr.rows(), "BSR rows M", k.size(1), k.size(2), "k", opt);
 
-  Result out = make_result(qi);
+  Result out = make_result(qi, opt);
   KVSource src{k.data, v.data, k.dtype, v.dtype, k.stride(1), v.stride(1), k.stride(2), v.stride(2)};
   const int64_t Bc = bsr.block_cols();
   std::vector<Token> tokens;
@@ -271,7 +338,7 @@ Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView
         const int64_t col = int64_t{bsr.indices()[b]} * Bc + c;
         tokens.push_back({col * k.stride(0), col * v.stride(0)});
       }
-    attend_group(qi, src, tokens, r * bsr.block_rows(), bsr.block_rows(), nullptr, opt, out);
+    attend_group(qi, src, tokens, r, r * bsr.block_rows(), bsr.block_rows(), nullptr, opt, out);
   }
   return out;
 }

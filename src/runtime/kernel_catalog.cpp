@@ -1,12 +1,14 @@
 #include "tessera/runtime/kernel_catalog.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "tessera/core/error.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
+#include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
 
@@ -17,12 +19,14 @@ VariantSpec standard() {
                                "};\n"};
 }
 VariantSpec causal() {
-  return {"CausalAttention",
-          "struct CausalAttention : tessera::VariantBase {\n"
-          "  using tessera::VariantBase::VariantBase;\n"
-          "  // Bottom-right aligned: the last query sees every key.\n"
-          "  static constexpr bool causal = true;\n"
-          "};\n"};
+  VariantSpec v{"CausalAttention",
+                "struct CausalAttention : tessera::VariantBase {\n"
+                "  using tessera::VariantBase::VariantBase;\n"
+                "  // Bottom-right aligned: the last query sees every key.\n"
+                "  static constexpr bool causal = true;\n"
+                "};\n"};
+  v.causal = true;
+  return v;
 }
 // Reads PrefillParams::custom_mask / mask_indptr, so prefill only. The
 // constructor resolves the request's first byte once per work item; the bit
@@ -76,7 +80,9 @@ VariantSpec soft_cap(float cap, bool causal) {
        << "    return cap * tanhf(logit * (1.0f / cap));\n"
        << "  }\n"
        << "};\n";
-  return {name, code.str()};
+  VariantSpec v{name, code.str()};
+  v.causal = causal;
+  return v;
 }
 
 VariantSpec sliding_window(int window_left, bool causal) {
@@ -94,17 +100,12 @@ VariantSpec sliding_window(int window_left, bool causal) {
        << "    return kv_idx >= qo_idx + (kv_len - qo_len) - " << window_left << ";\n"
        << "  }\n"
        << "};\n";
-  return {name, code.str()};
+  VariantSpec v{name, code.str()};
+  v.causal = causal;
+  return v;
 }
 
-bool is_causal(const VariantSpec& v) {
-  if (v == causal()) return true;
-  auto starts = [&](const char* p) { return v.name.rfind(p, 0) == 0; };
-  // The built-in causal specs; the code is checked too so that a user variant
-  // that merely shares the name prefix is not scheduled causally.
-  return (starts("CausalSoftCap_") || starts("CausalSlidingWindow_")) &&
-         v.code.find("static constexpr bool causal = true;") != std::string::npos;
-}
+bool is_causal(const VariantSpec& v) { return v.causal; }
 }  // namespace variants
 
 std::string AttentionSpec::str() const {
@@ -121,7 +122,35 @@ void validate_spec(const AttentionSpec& spec) {
   if (!half(spec.o_dtype)) throw TypeMismatch(std::string("o_dtype: expected float16 or bfloat16, got ") + dtype_name(spec.o_dtype));
   if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256)
     throw InvalidArgument("head_dim: expected 64, 128 or 256, got " + std::to_string(spec.head_dim));
-  if (spec.variant.name.empty()) throw InvalidArgument("variant.name: expected a C++ identifier, got an empty string");
+  validate_variant(spec.variant);
+}
+
+static bool is_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+void validate_variant(const VariantSpec& v) {
+  if (!is_identifier(v.name)) throw InvalidArgument("variant.name: expected a C++ identifier, got '" + v.name + "'");
+  std::vector<std::string> seen;
+  for (const auto* list : {&v.tensors, &v.scalars})
+    for (const ExtraParam& e : *list) {
+      if (!is_identifier(e.name) || e.name.rfind("__", 0) == 0)
+        throw InvalidArgument("variant." + std::string(list == &v.tensors ? "tensors" : "scalars") +
+                              ": expected C++ identifiers as extra names, got '" + e.name + "'");
+      if (std::find(seen.begin(), seen.end(), e.name) != seen.end())
+        throw InvalidArgument(e.name + ": declared twice among the extras of variant " + v.name);
+      seen.push_back(e.name);
+    }
+  for (const ExtraParam& e : v.scalars)
+    if (e.dtype != DType::kFloat32 && e.dtype != DType::kInt32)
+      throw TypeMismatch(e.name + ": expected a float32 or int32 scalar type, got " + dtype_name(e.dtype));
+  const ParamsLayout largest = params_layout(ParamsKind::kPrefill, v);
+  if (largest.total > kMaxParamBytes)
+    throw InvalidArgument("variant: the extras of " + v.name + " need a " + std::to_string(largest.total) +
+                          "-byte parameter block, over the " + std::to_string(kMaxParamBytes) + "-byte launch limit");
 }
 
 namespace catalog {
@@ -143,21 +172,48 @@ std::string dtype_tag(DType t) {
   }
 }
 
+// The parts of a generated kernel around the variant's code.
+static std::string generated_checks(const AttentionSpec& spec, const char* params_type) {
+  const VariantSpec& v = spec.variant;
+  const ParamsLayout l = params_layout(params_kind(params_type), v);
+  const std::string P = std::string("tessera::") + params_type + "<tessera_variant::Extra>";
+  std::ostringstream os;
+  os << "// The spec's use_softmax / causal on top of the code's.\n"
+     << "struct tessera_spec_variant : tessera_variant::" << v.name << " {\n"
+     << "  using tessera_variant::" << v.name << "::" << v.name << ";\n"
+     << "  static constexpr bool use_softmax = " << (v.use_softmax ? "true" : "false") << " && tessera_variant::" << v.name
+     << "::use_softmax;\n"
+     << "  static constexpr bool causal = " << (v.causal ? "true" : "false") << " || tessera_variant::" << v.name
+     << "::causal;\n"
+     << "};\n"
+     << "// The host packs the parameters with this layout (runtime/variant_params.hpp).\n"
+     << "static_assert(sizeof(" << P << ") == " << l.total;
+  if (!v.tensors.empty() || !v.scalars.empty())  // an 8-aligned Extra ends the block: its offset follows
+    os << " && sizeof(" << P << ") - sizeof(tessera_variant::Extra) == " << l.extra_offset;
+  os << ", \"kernel parameter layout differs from the host's\");\n";
+  return os.str();
+}
+
 jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
                                    const char* header, const char* params_type, const char* fn, int threads,
                                    const std::string& template_tail, int min_blocks) {
+  validate_variant(spec.variant);
   std::ostringstream src;
   src << "// Generated by tessera: " << comment << ", " << spec.str() << "\n"
+      << "#include \"tessera/device/primitives/rope.cuh\"\n"  // for RoPE variants
       << "#include \"" << header << "\"\n"
       << "namespace tessera_variant {\n"
-      << "typedef tessera::NoExtra Extra;\n"
+      << "constexpr int kHeadDim = " << spec.head_dim << ";\n"
+      << extra_struct_source(spec.variant)
       << "#line 1 \"variant:" << spec.variant.name << "\"\n"
       << spec.variant.code << "\n"
       << "}  // namespace tessera_variant\n"
+      << "#line 1 \"generated:" << entry << "\"\n"
+      << generated_checks(spec, params_type)
       << "extern \"C\" __global__ void __launch_bounds__(" << threads
       << (min_blocks > 0 ? ", " + std::to_string(min_blocks) : std::string()) << ") " << entry << "(const tessera::" << params_type
       << "<tessera_variant::Extra> p) {\n"
-      << "  tessera::" << fn << "<tessera_variant::" << spec.variant.name << ", " << dtype_device_name(spec.q_dtype) << ", "
+      << "  tessera::" << fn << "<tessera_spec_variant, " << dtype_device_name(spec.q_dtype) << ", "
       << dtype_device_name(spec.kv_dtype) << ", " << dtype_device_name(spec.o_dtype) << ", " << spec.head_dim << ", "
       << template_tail << ">(p);\n"
       << "}\n";
@@ -236,6 +292,25 @@ jit::KernelSource append_paged_kv(DType t) {
   return {entry, src.str(), {}};
 }
 
+jit::KernelSource apply_rope(DType t, int head_dim, bool interleave) {
+  if (t != DType::kFloat16 && t != DType::kBFloat16)
+    throw TypeMismatch(std::string("q: expected float16 or bfloat16, got ") + dtype_name(t));
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    throw InvalidArgument("head_dim: expected 64, 128 or 256, got " + std::to_string(head_dim));
+  const std::string entry =
+      "tessera_apply_rope_" + dtype_tag(t) + "_d" + std::to_string(head_dim) + (interleave ? "_interleave" : "");
+  std::ostringstream src;
+  src << "// Generated by tessera: RoPE over " << dtype_name(t) << " rows of head_dim " << head_dim
+      << (interleave ? ", interleaved pairs" : ", half-split pairs") << "\n"
+      << "#include \"tessera/device/kernels/rope.cuh\"\n"
+      << "extern \"C\" __global__ void __launch_bounds__(tessera::kRopeThreads) " << entry
+      << "(const tessera::RopeParams p) {\n"
+      << "  tessera::apply_rope<" << dtype_device_name(t) << ", " << head_dim << ", " << (interleave ? "true" : "false")
+      << ">(p);\n"
+      << "}\n";
+  return {entry, src.str(), {}};
+}
+
 std::vector<jit::KernelSource> builtin_kernels() {
   std::vector<jit::KernelSource> out;
   for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
@@ -249,6 +324,9 @@ std::vector<jit::KernelSource> builtin_kernels() {
     for (int d : {64, 128, 256})
       for (int g : {1, 4, 8}) out.push_back(batch_decode({variants::standard(), t, t, t, d}, g));
   for (DType t : {DType::kFloat16, DType::kBFloat16}) out.push_back(append_paged_kv(t));
+  for (DType t : {DType::kFloat16, DType::kBFloat16})
+    for (int d : {64, 128, 256})
+      for (bool interleave : {false, true}) out.push_back(apply_rope(t, d, interleave));
   return out;
 }
 

@@ -13,21 +13,14 @@
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
+#include "jit_util.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace tessera;
 
-namespace {
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
-bool is_elf(const std::vector<char>& image) {
-  return image.size() > 4 && image[0] == 0x7f && image[1] == 'E' && image[2] == 'L' && image[3] == 'F';
-}
-}  // namespace
+using test::fresh_dir;
+using test::is_elf;
 
 TEST(Jit, ArchParse) {
   EXPECT_EQ(jit::Arch::parse("sm_90a").str(), "sm_90a");

@@ -95,3 +95,65 @@ struct CustomMaskAttention : tessera::VariantBase {
 }  // namespace
 template __global__ void prefill_k<CustomMaskAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);
 template __global__ void prefill_sm90_k<CustomMaskAttention, tessera::bf16_t, 128, 128, 128, 1>(const PP);
+
+// Variant extras and pairwise Q/K transforms (fused RoPE): decode and the
+// row-wise kernel apply them in registers, the tile helpers in shared memory
+// (what the prefill kernels call), on both swizzled layouts; the standalone
+// RoPE kernel shares the rotation math.
+#include "tessera/device/kernels/rope.cuh"
+namespace {
+struct alignas(8) RopeExtra {
+  float rope_scale, rope_theta;
+};
+struct PairRope : tessera::VariantBase {
+  static constexpr tessera::Pairing pairing = tessera::Pairing::kHalves;
+  tessera::RopeFreqs freqs;
+  template <typename Params>
+  __device__ PairRope(const Params& p, int b, int qo_len_, int kv_len_)
+      : tessera::VariantBase(p, b, qo_len_, kv_len_), freqs(p.extra.rope_scale, p.extra.rope_theta, 128) {}
+  template <typename Params>
+  __device__ float QueryTransform(const Params&, float q, float partner, int, int qo_idx, int, int feat) const {
+    return tessera::rope_rotate<false>(freqs, q, partner, qo_idx + kv_len - qo_len, feat, 128);
+  }
+  template <typename Params>
+  __device__ float KeyTransform(const Params&, float k, float partner, int, int kv_idx, int, int feat) const {
+    return tessera::rope_rotate<false>(freqs, k, partner, kv_idx, feat, 128);
+  }
+};
+struct ScaleV : tessera::VariantBase {
+  using tessera::VariantBase::VariantBase;
+  template <typename Params>
+  __device__ float ValueTransform(const Params&, float v, int, int, int, int) const { return 2.f * v; }
+};
+using DPR = tessera::DecodeParams<RopeExtra>;
+using RPR = tessera::RowwiseParams<RopeExtra>;
+using PPR = tessera::PrefillParams<RopeExtra>;
+}  // namespace
+static_assert(tessera::VariantTraits<PairRope, DPR>::query_transform && tessera::VariantTraits<PairRope, DPR>::key_transform,
+              "pair-form overrides are detected");
+static_assert(!tessera::VariantTraits<PairRope, DPR>::value_transform && !tessera::VariantTraits<PairRope, DPR>::logits_mask,
+              "slots a pair variant does not override stay off");
+static_assert(!tessera::VariantTraits<StandardAttention, DP>::query_transform &&
+                  !tessera::VariantTraits<StandardAttention, DP>::key_transform,
+              "the base's element and pair forms are not overrides");
+static_assert(tessera::VariantTraits<ScaleV, DP>::value_transform && !tessera::VariantTraits<ScaleV, DP>::key_transform,
+              "element-form overrides are detected");
+template <typename V, typename T>
+__global__ void decode_pair_k(const DPR p) { tessera::batch_decode<V, T, T, T, 128, 4, 128, 32, 2>(p); }
+template __global__ void decode_pair_k<PairRope, tessera::half_t>(const DPR);
+template __global__ void decode_pair_k<PairRope, tessera::bf16_t>(const DPR);
+__global__ void rowwise_pair_k(const RPR p) { tessera::attention_rowwise<PairRope, tessera::half_t, tessera::half_t, tessera::half_t, 128, 4>(p); }
+template <template <int, int> class Layout>
+__global__ void tile_transforms_k(const PPR p, int tid, int nthreads) {
+  __shared__ __align__(1024) tessera::half_t tile[64 * 128];
+  const PairRope v(p, 0, 64, 64);
+  tessera::transform_q_tile<PairRope, 128, 64, Layout>(v, p, tile, tid, nthreads, 0, 32, 0, 0, 1, 0, 64);
+  tessera::transform_kv_tile<PairRope, true, 128, 64, Layout>(v, p, tile, tid, nthreads, 0, 64, 0, 0, 64, 0);
+  tessera::transform_kv_tile<PairRope, false, 128, 64, Layout>(v, p, tile, tid, nthreads, 32, 64, 0, 0, 64, 0);
+}
+template __global__ void tile_transforms_k<tessera::RowSwizzle>(const PPR, int, int);
+template __global__ void tile_transforms_k<tessera::Swizzle128>(const PPR, int, int);
+template <typename T, int D, bool IL>
+__global__ void rope_k(const tessera::RopeParams p) { tessera::apply_rope<T, D, IL>(p); }
+template __global__ void rope_k<tessera::half_t, 128, false>(const tessera::RopeParams);
+template __global__ void rope_k<tessera::bf16_t, 64, true>(const tessera::RopeParams);

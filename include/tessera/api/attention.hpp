@@ -45,8 +45,13 @@ struct PagedPlanInput {
   std::span<const int32_t> kv_last_page_len;  // [batch]
 };
 
+class VariantArgs;
+
 struct RunOptions {
   double sm_scale = -1.0;  // < 0: 1/sqrt(head_dim)
+  // Values of the variant's extra scalars and tensors, by name (null: none;
+  // a variant that declares extras needs them). Read during run() only.
+  const VariantArgs* extras = nullptr;
 };
 
 class BatchAttention {

@@ -9,6 +9,8 @@
 // a row that sees no key gets O = 0 and LSE = -inf.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "tessera/core/tensor.hpp"
@@ -17,6 +19,24 @@
 #include "tessera/formats/ragged.hpp"
 
 namespace tessera::reference {
+
+// Llama-style rotary embedding (see device/primitives/rope.cuh for the
+// formula): the first rotary_dim features (all when < 0), pairs (j, j +
+// rotary_dim / 2) or, interleaved, (2j, 2j + 1); pair j turns by
+// pos / rope_scale * rope_theta^(-2j / rotary_dim) radians.
+struct RopeOptions {
+  bool interleave = false;
+  double rope_scale = 1.0;
+  double rope_theta = 1e4;
+  int64_t rotary_dim = -1;
+};
+// Rotates x[0 .. head_dim) (in place) as a row at position pos.
+void rope_rotate(double* x, int64_t head_dim, double pos, const RopeOptions& opt);
+
+// Where a logit sits, for Options::logits_fn. q_pos = qo_idx + kv_len - qo_len.
+struct LogitContext {
+  int64_t request, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len;
+};
 
 struct Options {
   double sm_scale = -1.0;  // < 0: 1/sqrt(head_dim)
@@ -32,6 +52,21 @@ struct Options {
   // keys j >= i + kv_len - q_len - window_left; -1 = off. ANDed with causal
   // and the custom mask. Ragged and paged only.
   int window_left = -1;
+  // Attention sink (Streaming-LLM), with window_left >= 0: keys j < sink_size
+  // stay visible whatever the window says.
+  int sink_size = 0;
+  // ALiBi: logit += alibi_slopes[qo_head] * (kv_idx - q_pos) after the soft
+  // cap, q_pos = qo_idx + kv_len - q_len. Empty = off; else one per qo head.
+  std::vector<double> alibi_slopes;
+  // Fused RoPE: q rotated at q_pos, k at kv_idx (its position in the request),
+  // before q.k.
+  std::optional<RopeOptions> rope;
+  // Any further logits transform (a user variant's), applied last.
+  std::function<double(double logit, const LogitContext&)> logits_fn;
+  // FlashSigmoid: no softmax; o = sum over visible keys of
+  // sigmoid(logit * sigmoid_scale + sigmoid_bias) v, lse = 0 for every row.
+  bool flash_sigmoid = false;
+  double sigmoid_scale = 1.0, sigmoid_bias = 0.0;
 };
 
 struct Result {
@@ -54,6 +89,9 @@ Result attention_paged(const TensorView& q, const RaggedIndex& qo, const PagedKV
 // Block-sparse: q [M, Hq, D]; k, v [N, Hkv, D]; query row m attends to the
 // valid columns of its block row (in block order). The BSR matrix is the mask:
 // `causal`, `custom_mask` and `window_left` are not allowed here (InvalidArgument).
+// Position-dependent options (ALiBi, RoPE, logits_fn) see each block row as a
+// request of Br queries over the keys it gathers, in block order (as the
+// BatchPrefill kernels do).
 Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView& k,
                      const TensorView& v, const Options& opt = {});
 
@@ -65,5 +103,10 @@ void dense_attention(const std::vector<double>& q, const std::vector<double>& k,
                      const std::vector<double>& v, int64_t n_q, int64_t n_kv, int64_t d,
                      double sm_scale, const std::vector<uint8_t>& mask, std::vector<double>& o,
                      std::vector<double>& lse);
+
+// apply_rope / apply_rope_pos_ids reference: x [nnz, heads, head_dim]
+// (host, fp16/bf16/fp32) rotated row by row at positions pos[nnz]; returns
+// [nnz, heads, head_dim] doubles.
+std::vector<double> apply_rope(const TensorView& x, const std::vector<int64_t>& pos, const RopeOptions& opt);
 
 }  // namespace tessera::reference

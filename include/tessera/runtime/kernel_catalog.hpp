@@ -10,12 +10,32 @@
 
 namespace tessera {
 
+// An extra parameter of a variant: a scalar (float32 or int32) or a tensor
+// (any dtype; its device pointer). Values are passed to run() by name (see
+// VariantArgs in runtime/variant_params.hpp).
+struct ExtraParam {
+  std::string name;  // a C++ identifier, unique within the variant
+  DType dtype;
+  bool operator==(const ExtraParam&) const = default;
+};
+
 // A variant as code: `code` defines `struct <name> : tessera::VariantBase`
 // overriding any functor slots (see device/primitives/variant.cuh). Built-in
 // variants are specs of exactly this form.
+//
+// The JIT turns the extras into `struct Extra` in the variant's namespace:
+// the tensors as `const T* <name>` (in order), then the scalars as `float` /
+// `int` (in order); the code reads them as params.extra.<name>. It also
+// defines `constexpr int kHeadDim`. use_softmax = false or causal = true
+// take effect whether the spec or the code says so; the host schedules
+// causally (skipping tiles above the diagonal) only when the spec says so.
 struct VariantSpec {
   std::string name;
   std::string code;
+  std::vector<ExtraParam> scalars = {};
+  std::vector<ExtraParam> tensors = {};
+  bool use_softmax = true;
+  bool causal = false;
   bool operator==(const VariantSpec&) const = default;
 };
 
@@ -33,10 +53,33 @@ VariantSpec soft_cap(float cap, bool causal = false);
 // p = qo_idx + kv_len - qo_len sees keys kv_idx >= p - window_left (>= 0);
 // with `causal` also kv_idx <= p. Baked into the code and name like soft_cap.
 VariantSpec sliding_window(int window_left, bool causal = false);
-// True for variants whose mask is causal or stricter: causal() and the
-// causal soft_cap / sliding_window specs (BatchPrefill schedules these with
-// causal tile clipping).
+// True for variants whose spec declares causal (BatchPrefill schedules them
+// with causal tile clipping).
 bool is_causal(const VariantSpec& v);
+
+// ALiBi (Press et al.): logit += alibi_slopes[qo_head] * (kv_idx - q_pos),
+// q_pos = qo_idx + kv_len - qo_len (bottom-right aligned), after sm_scale.
+// Extra tensor alibi_slopes: float32 [num_qo_heads] (alibi_slopes() below
+// gives the paper's).
+VariantSpec alibi(bool causal = false);
+// The standard ALiBi slopes of `num_heads` heads: 2^(-8 (h + 1) / n) for a
+// power of two n; otherwise those of the nearest lower power of two m,
+// followed by every other slope of 2m.
+std::vector<float> alibi_slopes(int num_heads);
+// FlashSigmoid (Ramapuram et al.): no softmax, o = sum_j sigmoid(logit_j *
+// sigmoid_scale + sigmoid_bias) v_j over visible keys (logit = q.k *
+// sm_scale), lse reported as 0. Extra float32 scalars sigmoid_scale, sigmoid_bias.
+VariantSpec flash_sigmoid(bool causal = false);
+// Attention sink (Streaming-LLM): the query at q_pos sees keys kv_idx <
+// sink_size and keys q_pos - window_left <= kv_idx, causal (kv_idx <= q_pos).
+// Extra int32 scalars sink_size, window_left (>= 0).
+VariantSpec attention_sink();
+// Fused Llama-style RoPE on q and k before q.k (see device/primitives/rope.cuh):
+// q at q_pos = qo_idx + kv_len - qo_len, k at kv_idx, over the whole head
+// dimension, pairs half-split (interleave = false) or adjacent. Extra float32
+// scalars rope_scale, rope_theta. Every kernel family (the tensor-core
+// prefill kernels through the pairwise tile transforms).
+VariantSpec rope(bool interleave = false, bool causal = false);
 }  // namespace variants
 
 // What a kernel computes: the variant, data types and head dimension.
@@ -49,8 +92,11 @@ struct AttentionSpec {
   bool operator==(const AttentionSpec&) const = default;
   std::string str() const;  // e.g. "standard/q=float16/kv=float16/o=float16/d=128"
 };
-// Validates dtypes (fp16/bf16) and head_dim (64/128/256); throws InvalidArgument / TypeMismatch.
+// Validates dtypes (fp16/bf16), head_dim (64/128/256) and the variant (name
+// and extras: identifiers, unique, scalar dtypes float32/int32, parameter
+// block within the launch limit); throws InvalidArgument / TypeMismatch.
 void validate_spec(const AttentionSpec& spec);
+void validate_variant(const VariantSpec& variant);
 
 // Tile configuration of the batch-decode kernel (see device/kernels/decode*.cuh),
 // chosen by decode_config() from head dim, group size and data type.
@@ -90,6 +136,8 @@ jit::KernelSource merge_pair(DType v_dtype);
 jit::KernelSource merge_many(DType v_dtype);
 // Paged-KV append (a raw copy); dtype of the cache (fp16, bf16).
 jit::KernelSource append_paged_kv(DType kv_dtype);
+// Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256.
+jit::KernelSource apply_rope(DType dtype, int head_dim, bool interleave);
 // Every built-in kernel (all dtypes, head dims and built-in variants).
 std::vector<jit::KernelSource> builtin_kernels();
 }  // namespace catalog

@@ -13,21 +13,12 @@
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/kernels/attention_rowwise_params.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/device/primitives/ragged.cuh"
+#include "tessera/device/primitives/variant_traits.cuh"
 
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-
-// Index of the request holding query row `row` (qo_indptr is non-decreasing).
-__device__ __forceinline__ int find_request(const int* indptr, int batch, int row) {
-  int lo = 0, hi = batch - 1;
-  while (lo < hi) {  // last b with indptr[b] <= row, skipping empty requests
-    int mid = (lo + hi + 1) >> 1;
-    if (indptr[mid] <= row) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
 
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int NUM_WARPS, typename Params>
 __device__ __forceinline__ void attention_rowwise(const Params& p) {
@@ -49,9 +40,9 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
   Variant variant(p, b, qo_len, kv_len);
 
   float q[VEC];
-  load_vec<VEC>(static_cast<const DQ*>(p.q) + row * p.q_stride_n + qo_head * p.q_stride_h + feat0, q);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) q[i] = variant.QueryTransform(p, q[i], b, qo_idx, qo_head, feat0 + i);
+  const DQ* q_row = static_cast<const DQ*>(p.q) + row * p.q_stride_n + qo_head * p.q_stride_h;
+  load_vec<VEC>(q_row + feat0, q);
+  transform_query_vec<Variant, HEAD_DIM>(variant, p, q, q_row, feat0, b, qo_idx, qo_head);
 
   OnlineSoftmax st;
   st.init();
@@ -65,13 +56,14 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
   const int kv_stop = Variant::causal ? min(kv_len, qo_idx + kv_len - variant.qo_len + 1) : kv_len;
   for (int t = warp; t < kv_stop; t += NUM_WARPS) {
     if (!variant.LogitsMask(p, b, qo_idx, t, qo_head, kv_head)) continue;  // warp-uniform
-    const i64 off = device::kv_offset(p.kv, b, t, kv_head) + feat0;
+    const i64 off = device::kv_offset(p.kv, b, t, kv_head);
     float k[VEC], v[VEC];
-    load_vec<VEC>(k_base + off, k);
-    load_vec<VEC>(v_base + off, v);
+    load_vec<VEC>(k_base + off + feat0, k);
+    load_vec<VEC>(v_base + off + feat0, v);
+    transform_key_vec<Variant, HEAD_DIM>(variant, p, k, k_base + off, feat0, b, t, kv_head);
     float dot = 0.f;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) dot += q[i] * variant.KeyTransform(p, k[i], b, t, kv_head, feat0 + i);
+    for (int i = 0; i < VEC; ++i) dot += q[i] * k[i];
     float logit = warp_sum(dot) * p.sm_scale;
     logit = variant.LogitsTransform(p, logit, b, qo_idx, t, qo_head, kv_head);
     if (Variant::use_softmax) {

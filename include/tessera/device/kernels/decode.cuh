@@ -102,9 +102,9 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
     float q[HPT][VEC];
 #pragma unroll
     for (int j = 0; j < HPT; ++j) {
-      load_vec<VEC>(static_cast<const DQ*>(p.q) + b * p.q_stride_n + (qo_head0 + j) * p.q_stride_h + feat0, q[j]);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) q[j][i] = variant.QueryTransform(p, q[j][i], b, 0, qo_head0 + j, feat0 + i);
+      const DQ* q_row = static_cast<const DQ*>(p.q) + b * p.q_stride_n + (qo_head0 + j) * p.q_stride_h;
+      load_vec<VEC>(q_row + feat0, q[j]);
+      transform_query_vec<Variant, HEAD_DIM>(variant, p, q[j], q_row, feat0, b, 0, qo_head0 + j);
     }
     DecodeState<Shape> st;
     st.init();

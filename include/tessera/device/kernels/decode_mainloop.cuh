@@ -12,7 +12,7 @@
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/kernels/decode_params.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/device/primitives/variant_traits.cuh"
 
 namespace tessera {
 
@@ -97,8 +97,9 @@ __device__ __forceinline__ void decode_compute_tile(const Params& p, const Varia
     const int token = z * R + r, pos = tile_start + token;
     float k[VEC];
     load_vec<VEC>(k_stage + token * (TX * VEC) + feat0, k);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) k[i] = variant.KeyTransform(p, k[i], b, pos, h, feat0 + i);
+    // Tokens past kv_end are zero-filled and masked below; a transform (which
+    // may read per-token extras) sees only real ones.
+    if (pos < kv_end) transform_key_vec<Variant, TX * VEC>(variant, p, k, k_stage + token * (TX * VEC), feat0, b, pos, h);
 #pragma unroll
     for (int j = 0; j < HPT; ++j) {
       float part = 0.f;

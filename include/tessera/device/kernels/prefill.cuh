@@ -77,10 +77,8 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     if constexpr (Traits::query_transform) {
       cp_async_wait<STAGES - 1>();  // the Q group is complete
       __syncthreads();
-      transform_tile<HEAD_DIM, CTA_Q, Shape::THREADS, RowSwizzle>(q_smem, [&](int r, int col, float x) {
-        const int f = row0 + r;
-        return variant.QueryTransform(p, x, b, f / p.group, kv_head * p.group + f % p.group, col);
-      });
+      transform_q_tile<Variant, HEAD_DIM, CTA_Q, RowSwizzle>(variant, p, q_smem, threadIdx.x, Shape::THREADS, 0, CTA_Q, b,
+                                                           row0, p.group, kv_head, qo_len);
     }
 
     // Per-warp facts for skipping masks on interior tiles (warp-uniform).
@@ -112,13 +110,11 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
       const int tile_start = w.kv_start + t * CTA_KV;
       if constexpr (Traits::key_transform || Traits::value_transform) {
         if constexpr (Traits::key_transform)
-          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS, RowSwizzle>(k_tile, [&](int r, int col, float x) {
-            return variant.KeyTransform(p, x, b, tile_start + r, kv_head, col);
-          });
+          transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, RowSwizzle>(variant, p, k_tile, threadIdx.x, Shape::THREADS, 0,
+                                                                         CTA_KV, b, tile_start, w.kv_end, kv_head);
         if constexpr (Traits::value_transform)
-          transform_tile<HEAD_DIM, CTA_KV, Shape::THREADS, RowSwizzle>(v_tile, [&](int r, int col, float x) {
-            return variant.ValueTransform(p, x, b, tile_start + r, kv_head, col);
-          });
+          transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, RowSwizzle>(variant, p, v_tile, threadIdx.x, Shape::THREADS, 0,
+                                                                          CTA_KV, b, tile_start, w.kv_end, kv_head);
         __syncthreads();
       }
       const bool masked = masked_tile(t);

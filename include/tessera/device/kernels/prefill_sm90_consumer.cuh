@@ -104,12 +104,8 @@ struct Sm90Consumer {
         T* q_tile = q_smem + qb * (CTA_Q * HEAD_DIM);
         mbarrier_wait(bars.q_full(qb), q_pos.phase());
         if constexpr (Traits::query_transform) {
-          transform_rows<HEAD_DIM, CTA_Q, Swizzle128>(q_tile, wg * 64, wg * 64 + 64, threadIdx.x % 128, 128,
-                                                      [&](int r, int col, float x) {
-                                                        const int f = row0 + r;
-                                                        return variant.QueryTransform(p, x, b, f / p.group,
-                                                                                      kv_head * p.group + f % p.group, col);
-                                                      });
+          transform_q_tile<Variant, HEAD_DIM, CTA_Q, Swizzle128>(variant, p, q_tile, threadIdx.x % 128, 128, wg * 64,
+                                                                 wg * 64 + 64, b, row0, p.group, kv_head, qo_len);
           fence_proxy_async();
           named_barrier_sync(kSm90QueryBar + wg, 128);
         }

@@ -93,11 +93,11 @@ struct Sm90Producer {
   // it here first (the whole warpgroup waits for its copies, transforms the
   // tile, and makes the result visible to the tensor cores' async proxy).
   template <bool TRANSFORM, typename Fn>
-  __device__ __forceinline__ void publish(u32 full, T* tile, Fn fn) const {
+  __device__ __forceinline__ void publish(u32 full, Fn transform) const {
     if constexpr (TRANSFORM) {
       cp_async_wait_all();
       named_barrier_sync(kSm90ProducerBar, THREADS);
-      transform_rows<HEAD_DIM, CTA_KV, Swizzle128>(tile, 0, CTA_KV, tid, THREADS, fn);
+      transform();
       fence_proxy_async();
       mbarrier_arrive(full);
     } else {
@@ -146,13 +146,15 @@ struct Sm90Producer {
         T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
         mbarrier_wait(bars.k_empty(stage), kv_pos.phase() ^ 1);
         copy_tile(k_tile, k_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
-        publish<Traits::key_transform>(bars.k_full(stage), k_tile, [&](int r, int col, float x) {
-          return variant.KeyTransform(p, x, b, start + r, kv_head, col);
+        publish<Traits::key_transform>(bars.k_full(stage), [&] {
+          transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, k_tile, tid, THREADS, 0, CTA_KV, b,
+                                                                         start, w.kv_end, kv_head);
         });
         mbarrier_wait(bars.v_empty(stage), kv_pos.phase() ^ 1);
         copy_tile(v_tile, v_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
-        publish<Traits::value_transform>(bars.v_full(stage), v_tile, [&](int r, int col, float x) {
-          return variant.ValueTransform(p, x, b, start + r, kv_head, col);
+        publish<Traits::value_transform>(bars.v_full(stage), [&] {
+          transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, v_tile, tid, THREADS, 0, CTA_KV, b,
+                                                                          start, w.kv_end, kv_head);
         });
       }
     }

@@ -5,7 +5,9 @@
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/numeric.cuh"
+#include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/primitives/kv_view.cuh"
+#include "tessera/device/primitives/variant_traits.cuh"
 
 namespace tessera {
 
@@ -114,22 +116,92 @@ struct KVTileLoader {
   }
 };
 
-// Applies an element-wise transform in place to rows [row_begin, row_end) of
-// a swizzled tile (only for variants that override the slot; see
-// VariantTraits), spread over threads tid = 0..nthreads-1: the FA2 template
-// uses the whole CTA, the Hopper one a warpgroup.
-template <int HEAD_DIM, int ROWS, template <int, int> class Layout, typename T, typename Fn>
-__device__ __forceinline__ void transform_rows(T* smem, int row_begin, int row_end, int tid, int nthreads, Fn fn) {
-  for (int i = row_begin * HEAD_DIM + tid; i < row_end * HEAD_DIM; i += nthreads) {
-    const int row = i / HEAD_DIM, col = i % HEAD_DIM;
-    T* e = smem + Layout<HEAD_DIM, ROWS>::at(row, col / 8) + col % 8;
-    *e = from_float<T>(fn(row, col, to_float(*e)));
+// ---------------------------------------------------------------------------
+// Q/K/V transforms of tiles in shared memory (variant slots; see
+// primitives/variant.cuh). All take the thread's index and the number of
+// threads sharing the work, and a range of rows, so any thread group can
+// transform any rows (a warpgroup its own query rows, a producer warpgroup a
+// whole KV tile). The caller synchronizes the group before (the tile has
+// landed) and after (others read the result).
+
+// Applies fn in place to rows [row_begin, row_end) of a [ROWS][HEAD_DIM] tile
+// stored in Layout, one 16-byte chunk (or, for Pairing::kHalves, the chunk
+// and its partner chunk) per step; thread tid of nthreads takes steps tid,
+// tid + nthreads, ... (a thread's columns stay fixed when nthreads is a
+// multiple of the steps per row, so per-column work hoists out of the loop).
+//   fn(int row, int col, float x, float partner) -> float
+// partner is element col ^ PairStride<PAIRING, HEAD_DIM> of the row, read
+// before the transform (x itself for Pairing::kNone).
+template <int HEAD_DIM, int ROWS, template <int, int> class Layout, Pairing PAIRING, typename T, typename Fn>
+__device__ __forceinline__ void transform_tile_rows(T* smem, int tid, int nthreads, int row_begin, int row_end, Fn fn) {
+  constexpr int CH = HEAD_DIM / 8;                                  // 16-byte chunks per row
+  constexpr int STEPS = PAIRING == Pairing::kHalves ? CH / 2 : CH;  // per row
+  const int n = (row_end - row_begin) * STEPS;
+  for (int u = tid; u < n; u += nthreads) {
+    const int row = row_begin + u / STEPS, c = u % STEPS;
+    T* lo = smem + Layout<HEAD_DIM, ROWS>::at(row, c);
+    float a[8], ra[8];
+    load_vec<8>(lo, a);
+    if constexpr (PAIRING == Pairing::kHalves) {
+      T* hi = smem + Layout<HEAD_DIM, ROWS>::at(row, c + CH / 2);
+      float h[8], rh[8];
+      load_vec<8>(hi, h);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        ra[i] = fn(row, c * 8 + i, a[i], h[i]);
+        rh[i] = fn(row, HEAD_DIM / 2 + c * 8 + i, h[i], a[i]);
+      }
+      store_vec<8>(hi, rh);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ra[i] = fn(row, c * 8 + i, a[i], a[PAIRING == Pairing::kAdjacent ? (i ^ 1) : i]);
+    }
+    store_vec<8>(lo, ra);
   }
 }
 
+// The whole tile, element-wise, by a CTA of THREADS threads:
+//   fn(int row, int col, float x) -> float
 template <int HEAD_DIM, int ROWS, int THREADS, template <int, int> class Layout, typename T, typename Fn>
 __device__ __forceinline__ void transform_tile(T* smem, Fn fn) {
-  transform_rows<HEAD_DIM, ROWS, Layout>(smem, 0, ROWS, threadIdx.x, THREADS, fn);
+  transform_tile_rows<HEAD_DIM, ROWS, Layout, Pairing::kNone>(
+      smem, threadIdx.x, THREADS, 0, ROWS, [&](int row, int col, float x, float) { return fn(row, col, x); });
+}
+
+// Variant's QueryTransform on rows [row_begin, row_end) of a query tile of
+// fused rows (row r is fused row f = row0 + r: query f / group of request b,
+// head kv_head * group + f % group); rows past qo_len are left alone.
+template <typename Variant, int HEAD_DIM, int ROWS, template <int, int> class Layout, typename T, typename Params>
+__device__ __forceinline__ void transform_q_tile(const Variant& variant, const Params& p, T* q_smem, int tid,
+                                                 int nthreads, int row_begin, int row_end, int b, int row0, int group,
+                                                 int kv_head, int qo_len) {
+  const int end = min(row_end, max(row_begin, qo_len * group - row0));
+  transform_tile_rows<HEAD_DIM, ROWS, Layout, Variant::pairing>(
+      q_smem, tid, nthreads, row_begin, end, [&](int r, int col, float x, float partner) {
+        const int f = row0 + r;
+        return apply_query_transform(variant, p, x, partner, b, f / group, kv_head * group + f % group, col);
+      });
+}
+
+// Variant's KeyTransform (KEY) or ValueTransform on rows [row_begin, row_end)
+// of a KV tile whose row r is token tile_start + r of request b; tokens at or
+// past kv_end are left alone.
+template <typename Variant, bool KEY, int HEAD_DIM, int ROWS, template <int, int> class Layout, typename T,
+          typename Params>
+__device__ __forceinline__ void transform_kv_tile(const Variant& variant, const Params& p, T* smem, int tid,
+                                                  int nthreads, int row_begin, int row_end, int b, int tile_start,
+                                                  int kv_end, int kv_head) {
+  const int end = min(row_end, max(row_begin, kv_end - tile_start));
+  if constexpr (KEY) {
+    transform_tile_rows<HEAD_DIM, ROWS, Layout, Variant::pairing>(
+        smem, tid, nthreads, row_begin, end, [&](int r, int col, float x, float partner) {
+          return apply_key_transform(variant, p, x, partner, b, tile_start + r, kv_head, col);
+        });
+  } else {
+    transform_tile_rows<HEAD_DIM, ROWS, Layout, Pairing::kNone>(
+        smem, tid, nthreads, row_begin, end,
+        [&](int r, int col, float x, float) { return variant.ValueTransform(p, x, b, tile_start + r, kv_head, col); });
+  }
 }
 
 #endif

@@ -9,6 +9,11 @@
 //
 //   QueryTransform (params, q, batch_idx, qo_idx, qo_head_idx, feat_idx) -> float
 //   KeyTransform   (params, k, batch_idx, kv_idx, kv_head_idx, feat_idx) -> float
+//     or, with `pairing` set (transforms that mix two features, e.g. RoPE),
+//   QueryTransform (params, q, q_partner, batch_idx, qo_idx, qo_head_idx, feat_idx) -> float
+//   KeyTransform   (params, k, k_partner, batch_idx, kv_idx, kv_head_idx, feat_idx) -> float
+//     where the partner is the untransformed feature feat_idx ^ 1 (Pairing::
+//     kAdjacent) or feat_idx ^ (head_dim / 2) (Pairing::kHalves) of the same row.
 //   ValueTransform (params, v, batch_idx, kv_idx, kv_head_idx, feat_idx) -> float
 //   LogitsTransform(params, logit, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx) -> float
 //   LogitsMask     (params, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx) -> bool (true = keep)
@@ -22,7 +27,9 @@
 //
 // The logit handed to LogitsTransform is q.k * sm_scale. qo_idx / kv_idx are
 // positions within the request. Indices are ints; feat_idx is the position
-// along the head dimension.
+// along the head dimension. A JIT-generated kernel also defines, in the
+// variant's namespace, `Extra` (the variant's extra scalars and tensor
+// pointers, read as params.extra.<name>) and `kHeadDim`.
 #pragma once
 #include "tessera/device/arch/numeric.cuh"
 
@@ -34,9 +41,25 @@ namespace tessera {
 #define TESSERA_VARIANT_FN inline
 #endif
 
+// How the Q/K transform slots see the head dimension. Pairwise transforms
+// get each feature together with its partner, read before either is
+// transformed, so a kernel can apply them in place (one thread owns a pair).
+enum class Pairing : int {
+  kNone,      // element-wise slots
+  kAdjacent,  // features f and f ^ 1 (interleaved RoPE)
+  kHalves,    // features f and f ^ (head_dim / 2) (half-split RoPE)
+};
+
+// Distance (as an XOR mask) between a feature and its partner.
+template <Pairing P, int HEAD_DIM>
+struct PairStride {
+  static constexpr int value = P == Pairing::kAdjacent ? 1 : (P == Pairing::kHalves ? HEAD_DIM / 2 : 0);
+};
+
 struct VariantBase {
   static constexpr bool use_softmax = true;
   static constexpr bool causal = false;
+  static constexpr Pairing pairing = Pairing::kNone;
   int qo_len;
   int kv_len;
 
@@ -48,6 +71,11 @@ struct VariantBase {
   TESSERA_VARIANT_FN float QueryTransform(const Params&, float q, int, int, int, int) const { return q; }
   template <typename Params>
   TESSERA_VARIANT_FN float KeyTransform(const Params&, float k, int, int, int, int) const { return k; }
+  // Pair forms (called instead of the above when pairing != kNone).
+  template <typename Params>
+  TESSERA_VARIANT_FN float QueryTransform(const Params&, float q, float, int, int, int, int) const { return q; }
+  template <typename Params>
+  TESSERA_VARIANT_FN float KeyTransform(const Params&, float k, float, int, int, int, int) const { return k; }
   template <typename Params>
   TESSERA_VARIANT_FN float ValueTransform(const Params&, float v, int, int, int, int) const { return v; }
   template <typename Params>

@@ -1,0 +1,69 @@
+// Rotary position embedding (RoPE, Llama style) math, shared by the fused
+// RoPE variants (variants::rope) and the standalone apply_rope kernels, so a
+// fused and an unfused pipeline rotate identically.
+//
+// Feature pair j of the first rotary_dim features turns by pos * freq_j
+// radians, freq_j = rope_theta^(-2j / rotary_dim) / rope_scale (rope_scale
+// stretches positions, "linear" scaling). Pairs are (j, j + rotary_dim / 2)
+// (half-split, GPT-NeoX / Llama layout) or (2j, 2j + 1) (interleaved, GPT-J
+// layout). The pair's first feature becomes x cos - partner sin, the second
+// x cos + partner sin.
+//
+// Precision: angles reach thousands of radians, where a float product
+// pos * freq alone would be off by ~1e-4 rad. Angles are carried in turns and
+// the product's rounding error is recovered with an FMA, so what remains is
+// the float frequency's own error (~1e-7 relative, as in FlashInfer's and
+// PyTorch's float32 RoPE): ~1e-4 rad at position 1000, ~1e-2 rad at 10^5.
+// It is the same error at every position of a pair j, so it shifts q.k of
+// two tokens by ~1e-7 of their distance in turns. The reduced angle
+// (|a| <= pi) goes to the hardware sin/cos (absolute error ~1e-6 there).
+#pragma once
+#include "tessera/device/arch/numeric.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+struct RopeFreqs {
+  float log2_step;      // -2 log2(rope_theta) / rotary_dim
+  float turns_per_pos;  // 1 / (2 pi rope_scale): turns of pair 0 per position
+
+  __device__ __forceinline__ RopeFreqs(float rope_scale, float rope_theta, int rotary_dim)
+      : log2_step(-2.f * log2f(rope_theta) / static_cast<float>(rotary_dim)),
+        turns_per_pos(0.159154943091895335769f / rope_scale) {}
+
+  // Turns per position of pair j.
+  __device__ __forceinline__ float turns(int j) const { return exp2f(static_cast<float>(j) * log2_step) * turns_per_pos; }
+};
+
+// sin and cos of 2 pi * pos * turns, with pos * turns reduced exactly (see above).
+__device__ __forceinline__ void rope_sincos(float turns, int pos, float& s, float& c) {
+  const float p = static_cast<float>(pos);  // exact below 2^24
+  const float hi = p * turns;
+  const float lo = fmaf(p, turns, -hi);  // hi + lo == p * turns exactly
+  const float r = (hi - rintf(hi)) + lo;  // the fraction of a turn, in [-0.5, 0.5]
+  __sincosf(r * 6.28318530717958647692f, &s, &c);
+}
+
+// Pair index and side of feature f under a layout (INTERLEAVE: pairs
+// (2j, 2j + 1), else (j, j + rotary_dim / 2)); f < rotary_dim.
+template <bool INTERLEAVE>
+__device__ __forceinline__ int rope_pair(int f, int rotary_dim) {
+  return INTERLEAVE ? f >> 1 : (f < rotary_dim / 2 ? f : f - rotary_dim / 2);
+}
+template <bool INTERLEAVE>
+__device__ __forceinline__ bool rope_first(int f, int rotary_dim) {
+  return INTERLEAVE ? (f & 1) == 0 : f < rotary_dim / 2;
+}
+
+// Feature f of a row at position pos, its pair partner holding `partner`.
+template <bool INTERLEAVE>
+__device__ __forceinline__ float rope_rotate(const RopeFreqs& fr, float x, float partner, int pos, int f, int rotary_dim) {
+  float s, c;
+  rope_sincos(fr.turns(rope_pair<INTERLEAVE>(f, rotary_dim)), pos, s, c);
+  return rope_first<INTERLEAVE>(f, rotary_dim) ? x * c - partner * s : x * c + partner * s;
+}
+
+#endif
+
+}  // namespace tessera

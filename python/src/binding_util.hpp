@@ -1,0 +1,58 @@
+// Helpers shared by the binding files (bindings.cpp, bindings_variants.cpp).
+#pragma once
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "tensor_convert.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/formats/paged_kv.hpp"
+
+namespace tessera::python {
+
+inline DType parse_dtype(const char* what, const std::string& s) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32, DType::kUInt8, DType::kBool})
+    if (s == dtype_name(t)) return t;
+  throw TypeMismatch(std::string(what) + ": expected a dtype name (float16, bfloat16, float32, ...), got '" + s + "'");
+}
+
+// k: [pages, ...] (4-D, with v) or the interleaved [pages, 2, ...] (5-D, v None).
+inline PagedKVStorage to_storage(const Arg& k, const Arg& v, bool has_v, KVLayout layout) {
+  return has_v ? PagedKVStorage(k.view, v.view, layout) : PagedKVStorage(k.view, layout);
+}
+
+// A host int32 vector argument of plan() as a span over the caller's buffer
+// (kept alive by the Arg).
+inline std::span<const int32_t> host_ints(const char* name, const Arg& a) {
+  check_dim(name, a.view, 1);
+  check_dtype(name, a.view, DType::kInt32);
+  check_device(name, a.view, Device{});
+  check_contiguous(name, a.view);
+  return {static_cast<const int32_t*>(a.view.data), static_cast<size_t>(a.view.size(0))};
+}
+
+// plan()'s host int32 arrays of a paged step, converted once; the Args keep
+// the callers' buffers alive while the spans are in use. mask_indptr may be
+// None (empty span).
+struct PagedPlanArgs {
+  Arg qo, ip, idx, last, mip;
+  std::span<const int32_t> qo_s, ip_s, idx_s, last_s, mask_s;
+  PagedPlanArgs(nanobind::handle qo_indptr, nanobind::handle kv_indptr, nanobind::handle kv_indices,
+                nanobind::handle kv_last_page_len, nanobind::handle mask_indptr)
+      : qo(to_arg("qo_indptr", qo_indptr)), ip(to_arg("kv_indptr", kv_indptr)), idx(to_arg("kv_indices", kv_indices)),
+        last(to_arg("kv_last_page_len", kv_last_page_len)), mip(to_optional_arg("mask_indptr", mask_indptr)) {
+    qo_s = host_ints("qo_indptr", qo);
+    ip_s = host_ints("kv_indptr", ip);
+    idx_s = host_ints("kv_indices", idx);
+    last_s = host_ints("kv_last_page_len", last);
+    if (!mask_indptr.is_none()) mask_s = host_ints("mask_indptr", mip);
+  }
+};
+
+// Defined in bindings_variants.cpp: variant specs, AttentionWrapper, RoPE ops, JIT cost.
+void bind_variants(nanobind::module_& m);
+
+}  // namespace tessera::python

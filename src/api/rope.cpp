@@ -1,0 +1,163 @@
+// apply_rope / apply_rope_pos_ids: shared validation, then the CPU reference
+// math for host tensors or one JIT kernel launch for CUDA tensors.
+#include "tessera/api/rope.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "checks.hpp"
+#include "tessera/device/kernels/rope_params.cuh"
+#include "tessera/formats/ragged.hpp"
+#include "tessera/reference/attention.hpp"
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+
+namespace tessera {
+
+using detail::str;
+
+namespace {
+
+constexpr int kThreads = 256;  // must match kRopeThreads (device/kernels/rope.cuh)
+
+void check_head_rows(const char* name, const TensorView& t, const Device& dev) {
+  check_dim(name, t, 3);
+  check_dtype_in(name, t, {DType::kFloat16, DType::kBFloat16});
+  check_device(name, t, dev);
+  if (dev.is_cuda()) detail::check_cuda_vectors(name, t);
+  else check_last_dim_contiguous(name, t);
+}
+
+void check_out(const char* name, const TensorView& out, const char* in_name, const TensorView& in) {
+  if (out.shape != in.shape)
+    throw InvalidArgument(std::string(name) + ": expected the shape of " + in_name + " " + in.shape_str() + ", got " +
+                          out.shape_str());
+  if (out.dtype != in.dtype)
+    throw TypeMismatch(std::string(name) + ": expected the dtype of " + in_name + " (" + dtype_name(in.dtype) + "), got " +
+                       dtype_name(out.dtype));
+  check_head_rows(name, out, in.device);
+}
+
+void check_index(const char* name, const TensorView& t, int64_t size, const Device& dev) {
+  detail::check_index_vector(name, t, dev);
+  if (t.size(0) != size)
+    throw InvalidArgument(std::string(name) + ": expected " + str(size) + " entries, got " + str(t.size(0)));
+}
+
+// Validates the tensors and options; returns the rotary dimension.
+int check_common(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
+                 const RopeOptions& opt) {
+  check_head_rows("q", q, q.device);
+  check_head_rows("k", k, q.device);
+  if (k.dtype != q.dtype)
+    throw TypeMismatch(std::string("k: expected the dtype of q (") + dtype_name(q.dtype) + "), got " + dtype_name(k.dtype));
+  if (k.size(0) != q.size(0) || k.size(2) != q.size(2))
+    throw InvalidArgument("k: expected [nnz=" + str(q.size(0)) + ", num_k_heads, head_dim=" + str(q.size(2)) + "] like q, got " +
+                          k.shape_str());
+  const int64_t d = q.size(2);
+  if (d != 64 && d != 128 && d != 256) throw InvalidArgument("q: expected head_dim 64, 128 or 256, got " + q.shape_str());
+  if (q.size(0) > std::numeric_limits<int32_t>::max()) throw InvalidArgument("q: expected fewer than 2^31 rows");
+  check_out("q_rope", q_rope, "q", q);
+  check_out("k_rope", k_rope, "k", k);
+  const int64_t rd = opt.rotary_dim < 0 ? d : opt.rotary_dim;
+  if (rd < 16 || rd > d || rd % 16 != 0)
+    throw InvalidArgument("rotary_dim: expected a multiple of 16 in [16, head_dim=" + str(d) + "] (or < 0 for all), got " +
+                          str(opt.rotary_dim));
+  for (auto [name, v] : {std::pair{"rope_scale", opt.rope_scale}, {"rope_theta", opt.rope_theta}})
+    if (!(v > 0.0) || !std::isfinite(v))
+      throw InvalidArgument(std::string(name) + ": expected a finite value > 0, got " + std::to_string(v));
+  return static_cast<int>(rd);
+}
+
+void rotate_cpu(const TensorView& x, const TensorView& out, const std::vector<int64_t>& pos, const RopeOptions& opt,
+                int rotary_dim) {
+  const reference::RopeOptions r{opt.interleave, opt.rope_scale, opt.rope_theta, rotary_dim};
+  const std::vector<double> y = reference::apply_rope(x, pos, r);
+  const int64_t H = x.size(1), D = x.size(2);
+  for (int64_t n = 0; n < x.size(0); ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d)
+        store_from_float(out.data, out.dtype, static_cast<size_t>(n * out.stride(0) + h * out.stride(1) + d),
+                         static_cast<float>(y[(n * H + h) * D + d]));
+}
+
+void launch(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
+            const int* pos_ids, const int* indptr, const int* offsets, int64_t batch, const RopeOptions& opt,
+            int rotary_dim, cudaStream_t stream) {
+  detail::require_gpu("apply_rope");
+  check_same_device("q", q, "k", k);
+  RopeParams p{};
+  p.q = q.data;
+  p.k = k.data;
+  p.q_out = q_rope.data;
+  p.k_out = k_rope.data;
+  p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
+  p.k_stride_n = k.stride(0), p.k_stride_h = k.stride(1);
+  p.qo_stride_n = q_rope.stride(0), p.qo_stride_h = q_rope.stride(1);
+  p.ko_stride_n = k_rope.stride(0), p.ko_stride_h = k_rope.stride(1);
+  p.pos_ids = pos_ids;
+  p.indptr = indptr;
+  p.offsets = offsets;
+  p.nnz = q.size(0);
+  p.batch = static_cast<int>(batch);
+  p.num_q_heads = static_cast<int>(q.size(1));
+  p.num_k_heads = static_cast<int>(k.size(1));
+  p.rotary_dim = rotary_dim;
+  p.rope_scale = static_cast<float>(opt.rope_scale);
+  p.rope_theta = static_cast<float>(opt.rope_theta);
+  const int64_t total = p.nnz * (p.num_q_heads + p.num_k_heads) * (q.size(2) / 8);
+  if (total == 0) return;
+  cuda::DeviceGuard guard(q.device.index);
+  const auto& kernel = jit::KernelCache::global().kernel(
+      catalog::apply_rope(q.dtype, static_cast<int>(q.size(2)), opt.interleave), q.device.index);
+  kernel.launch(dim3(detail::grid_stride_blocks(total, kThreads)), dim3(kThreads), 0, stream, &p);
+  detail::check_launch("apply_rope");
+}
+
+}  // namespace
+
+void apply_rope_pos_ids(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
+                        const TensorView& pos_ids, const RopeOptions& opt, cudaStream_t stream) {
+  const int rd = check_common(q, k, q_rope, k_rope, opt);
+  check_index("pos_ids", pos_ids, q.size(0), q.device);
+  if (q.device.is_cuda()) {
+    launch(q, k, q_rope, k_rope, static_cast<const int*>(pos_ids.data), nullptr, nullptr, 0, opt, rd, stream);
+    return;
+  }
+  const int32_t* ids = static_cast<const int32_t*>(pos_ids.data);
+  const std::vector<int64_t> pos(ids, ids + q.size(0));
+  rotate_cpu(q, q_rope, pos, opt, rd);
+  rotate_cpu(k, k_rope, pos, opt, rd);
+}
+
+void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
+                const TensorView& indptr, const TensorView& offsets, const RopeOptions& opt, cudaStream_t stream) {
+  const int rd = check_common(q, k, q_rope, k_rope, opt);
+  check_dim("indptr", indptr, 1);
+  if (indptr.size(0) < 1) throw InvalidArgument("indptr: expected batch + 1 >= 1 entries, got 0");
+  const int64_t batch = indptr.size(0) - 1;
+  check_index("indptr", indptr, batch + 1, q.device);
+  check_index("offsets", offsets, batch, q.device);
+  if (batch == 0 && q.size(0) > 0) throw InvalidArgument("indptr: expected at least one request for " + str(q.size(0)) + " rows");
+  if (q.device.is_cuda()) {
+    // The GPU copies are not read back (that would synchronize): a row
+    // outside indptr's range takes the first or last request's offset.
+    launch(q, k, q_rope, k_rope, nullptr, static_cast<const int*>(indptr.data), static_cast<const int*>(offsets.data),
+           batch, opt, rd, stream);
+    return;
+  }
+  const int32_t* ip = static_cast<const int32_t*>(indptr.data);
+  const int32_t* off = static_cast<const int32_t*>(offsets.data);
+  validate_indptr("indptr", {ip, static_cast<size_t>(batch + 1)});
+  if (ip[batch] != q.size(0))
+    throw InvalidArgument("indptr: expected indptr[batch] = " + str(q.size(0)) + " (rows of q), got " + str(ip[batch]));
+  std::vector<int64_t> pos(q.size(0));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t n = ip[b]; n < ip[b + 1]; ++n) pos[n] = off[b] + (n - ip[b]);
+  rotate_cpu(q, q_rope, pos, opt, rd);
+  rotate_cpu(k, k_rope, pos, opt, rd);
+}
+
+}  // namespace tessera
