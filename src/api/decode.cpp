@@ -95,6 +95,7 @@ BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace
   validate_task(task_, spec_);
   if (opt_.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0, got " + str(opt_.max_sms));
   if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
+  opt_.planner.window_left = spec_.variant.window_left;  // keys left of a declared window are never loaded
   if (opt.use_tensor_cores) {  // the prefill wrapper owns kernel, schedule and workspace sections
     tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), workspace, tensor_core_options(spec_, opt));
     return;

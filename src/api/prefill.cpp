@@ -225,6 +225,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
 
   PlannerOptions popt = opt_.planner;
   popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
+  popt.window_left = spec_.variant.window_left;
   planner_.plan_prefill(qo_lens_, kv_lens, group, config_.cta_q, opt_.causal_schedule, ctas_per_head_, popt, plan_);
 
   ws_->stage_begin();

@@ -102,6 +102,7 @@ VariantSpec sliding_window(int window_left, bool causal) {
        << "};\n";
   VariantSpec v{name, code.str()};
   v.causal = causal;
+  v.window_left = window_left;
   return v;
 }
 

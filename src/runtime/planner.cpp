@@ -30,9 +30,10 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
       slots_ += static_cast<int32_t>(chunks);
       counter_[i] = split_++;
     }
+    const int64_t begin = tiles_[i].kv_begin;
     for (int64_t c = 0; c < chunks; ++c)
-      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c * step),
-                         static_cast<int32_t>(std::min(len, (c + 1) * step)), static_cast<int32_t>(c)});
+      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin + c * step),
+                         static_cast<int32_t>(begin + std::min(len, (c + 1) * step)), static_cast<int32_t>(c)});
   }
 
   // Line 5: longest first; ties by tile, then chunk (deterministic).
@@ -142,6 +143,13 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   for (int32_t w : order_) queue_[fill_[owner_[w]]++] = w;
 }
 
+void Planner::clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt) {
+  const int64_t align = std::max(1, opt.chunk_align);
+  const int64_t begin = std::clamp<int64_t>(first_key, 0, tile.kv_len) / align * align;
+  tile.kv_begin = static_cast<int32_t>(begin);
+  tile.kv_len -= static_cast<int32_t>(begin);
+}
+
 void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const PlannerOptions& opt, DecodePlan& out) {
   if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
   tiles_.clear();
@@ -149,6 +157,7 @@ void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const Plan
   for (size_t i = 0; i < kv_lens.size(); ++i) {
     if (kv_lens[i] < 0) throw InvalidArgument("kv_lens: expected values >= 0, got " + std::to_string(kv_lens[i]));
     tiles_.push_back({static_cast<int32_t>(i), 0, kv_lens[i]});
+    if (opt.window_left >= 0) clip_to_window(tiles_.back(), kv_lens[i] - 1 - opt.window_left, opt);
   }
   schedule(ctas, 1.0, opt, out);
   out.num_split_requests = out.num_split;
@@ -189,6 +198,9 @@ void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int
         visible = std::clamp<int64_t>(last_q + kv - q + 1, 0, kv);
       }
       tiles_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(t), static_cast<int32_t>(visible)});
+      // The tile's first row (query first_q, bottom-right position
+      // first_q + kv - q) sees the fewest keys on the left.
+      if (opt.window_left >= 0) clip_to_window(tiles_.back(), (t * cta_q) / group + kv - q - opt.window_left, opt);
     }
   }
   schedule(ctas, static_cast<double>(cta_q), opt, out);

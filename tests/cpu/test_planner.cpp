@@ -171,3 +171,41 @@ TEST(Planner, BadInput) {
 }
 
 }  // namespace
+
+// A declared sliding window: tiles start at the first key their first row can
+// see (rounded down to chunk_align), so keys left of every window are never
+// visited; the visited ranges still cover every visible key.
+TEST(Planner, SlidingWindowSkipsKeysLeftOfTheWindow) {
+  Planner planner;
+  PlannerOptions opt;
+  opt.window_left = 100;
+  opt.chunk_align = 64;
+  PrefillPlan plan;
+  const std::vector<int32_t> q{1000, 5}, kv{1000, 5000};
+  planner.plan_prefill(q, kv, /*group=*/1, /*cta_q=*/128, /*causal=*/true, /*ctas=*/16, opt, plan);
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> ranges;  // (request, q tile) -> chunks
+  for (const PrefillWorkItem& w : plan.items) ranges[{w.request, w.q_tile}].push_back({w.kv_start, w.kv_end});
+  for (auto& [key, chunks] : ranges) {
+    std::sort(chunks.begin(), chunks.end());
+    const auto [r, t] = key;
+    const int first_row = t * 128, last_row = std::min(q[r], (t + 1) * 128) - 1;
+    const int shift = kv[r] - q[r];
+    const int lo = std::max(0, first_row + shift - 100), hi = last_row + shift + 1;  // keys the tile's rows see
+    EXPECT_EQ(chunks.front().first, lo / 64 * 64) << "request " << r << " tile " << t;
+    EXPECT_EQ(chunks.back().second, hi) << "request " << r << " tile " << t;
+    for (size_t i = 1; i < chunks.size(); ++i) EXPECT_EQ(chunks[i].first, chunks[i - 1].second);
+  }
+  // Decode: one query at kv - 1 sees keys from kv - 1 - window_left.
+  DecodePlan dp;
+  const std::vector<int32_t> lens{50, 4096};
+  planner.plan_decode(lens, 8, opt, dp);
+  int min_start[2] = {INT32_MAX, INT32_MAX}, max_end[2] = {0, 0};
+  for (const DecodeWorkItem& w : dp.items) {
+    min_start[w.request] = std::min(min_start[w.request], w.kv_start);
+    max_end[w.request] = std::max(max_end[w.request], w.kv_end);
+  }
+  EXPECT_EQ(min_start[0], 0);
+  EXPECT_EQ(max_end[0], 50);
+  EXPECT_EQ(min_start[1], (4096 - 1 - 100) / 64 * 64);
+  EXPECT_EQ(max_end[1], 4096);
+}

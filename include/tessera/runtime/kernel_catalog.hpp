@@ -36,6 +36,10 @@ struct VariantSpec {
   std::vector<ExtraParam> tensors = {};
   bool use_softmax = true;
   bool causal = false;
+  // A sliding window the variant's LogitsMask implements (keys >= bottom-right
+  // position - window_left), declared so the planners skip the keys left of
+  // it instead of loading and masking them; -1: none.
+  int window_left = -1;
   bool operator==(const VariantSpec&) const = default;
 };
 

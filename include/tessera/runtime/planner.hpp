@@ -28,6 +28,10 @@ struct PlannerOptions {
   double beta = 1.0;     // cost per KV token
   int min_chunk = 64;    // chunks are never cut shorter than this many tokens
   int chunk_align = 16;  // L_kv is rounded up to a multiple of this
+  // Sliding window (the variant's declared window_left, >= 0; -1 = none):
+  // keys left of every row's window are not visited at all (tiles start at the
+  // first key their first row sees, rounded down to chunk_align).
+  int window_left = -1;
 };
 
 // What every plan reports besides its work items.
@@ -75,7 +79,8 @@ class Planner {
 
  private:
   struct Tile {
-    int32_t request, q_tile, kv_len;
+    int32_t request, q_tile, kv_len;  // kv_len keys from kv_begin are visited
+    int32_t kv_begin = 0;
   };
   struct Chunk {
     int32_t tile, start, end, index;
@@ -83,6 +88,8 @@ class Planner {
   // Chunks the tiles, assigns chunks to CTAs; fills stats and, per chunk in
   // queue order, the chunk and its owning CTA (order_).
   void schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out);
+  // Drops the keys before first_key (rounded down to chunk_align) from a tile.
+  static void clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt);
   // Chunks every tile at most L long and assigns the chunks greedily; returns
   // the largest CTA cost.
   double assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt);
