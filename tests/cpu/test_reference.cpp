@@ -61,9 +61,11 @@ Masks make_masks(const std::vector<int32_t>& q_lens, const std::vector<int32_t>&
   return m;
 }
 
-// Expected result: dense_attention per request and qo head.
-Result expected_dense(const TensorView& q, const RaggedIndex& qo, const LogicalKV& kv, int64_t Hkv,
-                      const Masks& masks, double sm_scale) {
+// Expected result built per request and qo head by
+// fn(request, qh [nq, D], kh [nk, D], vh [nk, D], nq, nk, D, o, lse), with the
+// head's K/V taken from its KV head (GQA).
+template <typename Fn>
+Result expected_per_head(const TensorView& q, const RaggedIndex& qo, const LogicalKV& kv, int64_t Hkv, Fn fn) {
   const int64_t Hq = q.size(1), D = q.size(2), group = Hq / Hkv;
   const std::vector<double> qd = test::to_doubles(q);
   Result r;
@@ -83,7 +85,7 @@ Result expected_dense(const TensorView& q, const RaggedIndex& qo, const LogicalK
           kh[j * D + d] = kv.k[i][(j * Hkv + h / group) * D + d];
           vh[j * D + d] = kv.v[i][(j * Hkv + h / group) * D + d];
         }
-      reference::dense_attention(qh, kh, vh, nq, nk, D, sm_scale, masks.per_request[i], o, lse);
+      fn(i, qh, kh, vh, nq, nk, D, o, lse);
       for (int64_t a = 0; a < nq; ++a) {
         const int64_t row = qo.begin(i) + a;
         for (int64_t d = 0; d < D; ++d) r.o[(row * Hq + h) * D + d] = o[a * D + d];
@@ -92,6 +94,17 @@ Result expected_dense(const TensorView& q, const RaggedIndex& qo, const LogicalK
     }
   }
   return r;
+}
+
+// Expected result: dense_attention per request and qo head.
+Result expected_dense(const TensorView& q, const RaggedIndex& qo, const LogicalKV& kv, int64_t Hkv,
+                      const Masks& masks, double sm_scale) {
+  return expected_per_head(q, qo, kv, Hkv,
+                           [&](int64_t i, const std::vector<double>& qh, const std::vector<double>& kh,
+                               const std::vector<double>& vh, int64_t nq, int64_t nk, int64_t D, std::vector<double>& o,
+                               std::vector<double>& lse) {
+                             reference::dense_attention(qh, kh, vh, nq, nk, D, sm_scale, masks.per_request[i], o, lse);
+                           });
 }
 
 void expect_same(const Result& got, const Result& want, double tol = 1e-10) {
@@ -461,7 +474,7 @@ class CapWindowVsNaive : public ::testing::TestWithParam<CapWindowParam> {};
 
 TEST_P(CapWindowVsNaive, RaggedAndPaged) {
   const CapWindowParam p = GetParam();
-  const int64_t Hq = 4, Hkv = 2, D = 64, group = Hq / Hkv;
+  const int64_t Hq = 4, Hkv = 2, D = 64;
   std::mt19937_64 rng(77 + p.window_left * 3 + p.causal + static_cast<int>(p.cap * 10));
   // Lengths: no queries, no keys, more queries than keys, the usual q < kv.
   std::vector<int32_t> q_lens{0, 3, 6, 4, 1, 5}, kv_lens{4, 0, 3, 17, 9, 12};
@@ -477,29 +490,18 @@ TEST_P(CapWindowVsNaive, RaggedAndPaged) {
   opt.window_left = p.window_left;
 
   // Expected, from the naive loop.
-  const std::vector<double> qd = test::to_doubles(q.view), kd = test::to_doubles(k.view), vd = test::to_doubles(v.view);
-  Result want;
-  want.rows = qo.total(), want.heads = Hq, want.head_dim = D;
-  want.o.assign(want.rows * Hq * D, 0.0);
-  want.lse.assign(want.rows * Hq, 0.0);
-  for (int64_t i = 0; i < qo.num_sequences(); ++i) {
-    const int64_t nq = qo.length(i), nk = kv.length(i);
-    for (int64_t h = 0; h < Hq; ++h) {
-      std::vector<double> qh(nq * D), kh(nk * D), vh(nk * D), o, lse;
-      for (int64_t a = 0; a < nq; ++a)
-        for (int64_t d = 0; d < D; ++d) qh[a * D + d] = qd[((qo.begin(i) + a) * Hq + h) * D + d];
-      for (int64_t j = 0; j < nk; ++j)
-        for (int64_t d = 0; d < D; ++d) {
-          kh[j * D + d] = kd[((kv.begin(i) + j) * Hkv + h / group) * D + d];
-          vh[j * D + d] = vd[((kv.begin(i) + j) * Hkv + h / group) * D + d];
-        }
-      naive_capped_window(qh, kh, vh, nq, nk, D, 1.0 / std::sqrt(double(D)), p.cap, p.causal, p.window_left, o, lse);
-      for (int64_t a = 0; a < nq; ++a) {
-        for (int64_t d = 0; d < D; ++d) want.o[((qo.begin(i) + a) * Hq + h) * D + d] = o[a * D + d];
-        want.lse[(qo.begin(i) + a) * Hq + h] = lse[a];
-      }
-    }
+  const std::vector<double> kd = test::to_doubles(k.view), vd = test::to_doubles(v.view);
+  LogicalKV logical;
+  for (int64_t i = 0; i < kv.num_sequences(); ++i) {
+    logical.k.emplace_back(kd.begin() + kv.begin(i) * Hkv * D, kd.begin() + (kv.begin(i) + kv.length(i)) * Hkv * D);
+    logical.v.emplace_back(vd.begin() + kv.begin(i) * Hkv * D, vd.begin() + (kv.begin(i) + kv.length(i)) * Hkv * D);
   }
+  const Result want = expected_per_head(
+      q.view, qo, logical, Hkv,
+      [&](int64_t, const std::vector<double>& qh, const std::vector<double>& kh, const std::vector<double>& vh,
+          int64_t nq, int64_t nk, int64_t d, std::vector<double>& o, std::vector<double>& lse) {
+        naive_capped_window(qh, kh, vh, nq, nk, d, 1.0 / std::sqrt(double(d)), p.cap, p.causal, p.window_left, o, lse);
+      });
   expect_same(reference::attention_ragged(q.view, qo, k.view, v.view, kv, opt), want, 1e-12);
 
   // Paged with page size 1, token t in page t: storage [total_kv, 1, Hkv, D]
