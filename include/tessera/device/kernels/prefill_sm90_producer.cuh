@@ -5,12 +5,12 @@
 // paged (any page size) and BSR KV alike (paper §3.2.1); each thread's copies
 // signal the stage's "full" barrier on landing (cp.async.mbarrier.arrive), so
 // the producer never waits on its own copies, only on "empty" stages.
-// Paged KV: the warpgroup reads the page ids of the next tile's rows (one
-// load per thread) while it issues the current tile, into a double-buffered
-// shared table; each thread then looks up its own rows there. (Holding each
-// thread's 16 ids in registers made the 56-register producer spill, and
-// reading a tile's ids right before its copies put an L2 round trip on every
-// tile: paged KV ran ~50% slower than contiguous.)
+// Paged KV: while the warpgroup issues a tile, each thread resolves one row
+// of the next tile (page-table load, page / head / slot arithmetic) into a
+// double-buffered shared table of element offsets; a copy then costs one
+// shared load and an add. (Resolving every row per copy, K and V alike, made
+// paged KV ~60% slower than contiguous: the producer competes with the
+// consumers for issue slots.)
 #pragma once
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
@@ -37,21 +37,24 @@ struct Sm90Producer {
   T* q_smem;  // [2][CTA_Q * HEAD_DIM]
   T* k_smem;  // [STAGES][CTA_KV * HEAD_DIM]
   T* v_smem;
-  int* page_ids;  // [2][CTA_KV] shared: page ids of the current tile's rows
+  i64* row_offs;  // [2][CTA_KV] shared: element offsets of a tile's rows (paged KV)
   int tid, ch, row0;
 
-  __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<STAGES>& pipe_, T* q, T* k, T* v, int* ids)
-      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), page_ids(ids), tid(threadIdx.x % THREADS), ch(tid % CH),
+  __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<STAGES>& pipe_, T* q, T* k, T* v, i64* offs)
+      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % CH),
         row0(tid / CH) {}
 
-  // Page id of row `tid` of the tile starting at `start` (paged KV; 0 past
-  // `end` or for threads beyond the tile's rows). A plain load: the caller
-  // stores it into the shared table only after issuing a tile's copies, so
-  // its latency hides behind them and the waits for free stages.
-  __device__ __forceinline__ int page_of_row(int page_base, int start, int end, int shift) const {
+  // Element offset of row `tid` of the tile starting at `start` (paged KV:
+  // page, head and slot resolved; 0 past `end` or for threads beyond the
+  // tile's rows). The caller stores it into the shared table only after
+  // issuing a tile's copies, so the page-table load hides behind them.
+  __device__ __forceinline__ i64 row_offset(int page_base, int start, int end, int kv_head, int shift) const {
     const int pos = start + tid;
     if (tid >= CTA_KV || pos >= end) return 0;
-    return p.kv.indices[page_base + (shift >= 0 ? pos >> shift : pos / p.kv.page_size)];
+    const int idx = shift >= 0 ? pos >> shift : pos / p.kv.page_size;
+    const int slot = pos - idx * p.kv.page_size;
+    return static_cast<i64>(p.kv.indices[page_base + idx]) * p.kv.page_stride + kv_head * p.kv.head_stride +
+           static_cast<i64>(slot) * p.kv.token_stride;
   }
 
   // One K or V tile: rows at or past `end` are zero-filled. The thread's rows
@@ -60,8 +63,8 @@ struct Sm90Producer {
   // so does the source. A few instructions per 16-byte copy keep the
   // producer from competing with the consumers for issue slots (a generic
   // address computation per row took ~35 and starved them).
-  __device__ __forceinline__ void copy_tile(T* dst, const T* base, const int* ids, i64 affine_base, int start, int end,
-                                            int kv_head, int shift) const {
+  __device__ __forceinline__ void copy_tile(T* dst, const T* base, const i64* offs, i64 affine_base, int start,
+                                            int end) const {
     const device::PagedKV& kv = p.kv;
     u32 dst_addr = smem_addr(dst + KVLayout::at(row0, ch));
     constexpr u32 kDstStep = RPP * 64 * sizeof(T);
@@ -75,15 +78,11 @@ struct Sm90Producer {
         cp_async_16(dst_addr, ok ? src : base, ok);
       }
     } else {
-      const T* head_base = base + kv_head * kv.head_stride + ch * 8;
-      const int slot_mask = shift >= 0 ? (1 << shift) - 1 : 0;
+      const T* chunk_base = base + ch * 8;
 #pragma unroll
       for (int i = 0; i < KV_PASSES; ++i, dst_addr += kDstStep) {
-        const int r = row0 + i * RPP, pos = start + r;
-        const int slot = shift >= 0 ? pos & slot_mask : pos % kv.page_size;
         const bool ok = i * RPP < valid;
-        const T* src = head_base + static_cast<i64>(ids[r]) * kv.page_stride + static_cast<i64>(slot) * kv.token_stride;
-        cp_async_16(dst_addr, ok ? src : base, ok);
+        cp_async_16(dst_addr, ok ? chunk_base + offs[row0 + i * RPP] : base, ok);
       }
     }
   }
@@ -136,36 +135,36 @@ struct Sm90Producer {
       cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
 
-      // Paged KV: tile t's page ids sit in table t % 2, written by the whole
-      // warpgroup (one row each) while tile t - 1 was issued; the barrier at
-      // the top of each tile publishes them and also tells every thread that
-      // the others are done reading the table it is about to refill.
+      // Paged KV: tile t's row offsets sit in table t % 2, written by the
+      // whole warpgroup (one row each) while tile t - 1 was issued; the
+      // barrier at the top of each tile publishes them and also tells every
+      // thread that the others are done reading the table it will refill.
       if (paged && tid < CTA_KV)
-        page_ids[(kv_pos.count & 1) * CTA_KV + tid] = page_of_row(page_base, w.kv_start, w.kv_end, p.page_shift);
+        row_offs[(kv_pos.count & 1) * CTA_KV + tid] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
         const int start = w.kv_start + t * CTA_KV, stage = kv_pos.index();
-        const int* ids = page_ids + (kv_pos.count & 1) * CTA_KV;
-        int next_id = 0;
+        const i64* offs = row_offs + (kv_pos.count & 1) * CTA_KV;
+        i64 next_off = 0;
         if (paged) {
           named_barrier_sync(kSm90ProducerBar, THREADS);
-          if (t + 1 < n_tiles) next_id = page_of_row(page_base, start + CTA_KV, w.kv_end, p.page_shift);
+          if (t + 1 < n_tiles) next_off = row_offset(page_base, start + CTA_KV, w.kv_end, kv_head, p.page_shift);
         }
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
         T* k_tile = k_smem + stage * (CTA_KV * HEAD_DIM);
         T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
         mbarrier_wait(bars.k_empty(stage), kv_pos.phase() ^ 1);
-        copy_tile(k_tile, k_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
+        copy_tile(k_tile, k_base, offs, affine_base, start, w.kv_end);
         publish<Traits::key_transform>(bars.k_full(stage), [&] {
           transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, k_tile, tid, THREADS, 0, CTA_KV, b,
                                                                          start, w.kv_end, kv_head);
         });
         mbarrier_wait(bars.v_empty(stage), kv_pos.phase() ^ 1);
-        copy_tile(v_tile, v_base, ids, affine_base, start, w.kv_end, kv_head, p.page_shift);
+        copy_tile(v_tile, v_base, offs, affine_base, start, w.kv_end);
         publish<Traits::value_transform>(bars.v_full(stage), [&] {
           transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, v_tile, tid, THREADS, 0, CTA_KV, b,
                                                                           start, w.kv_end, kv_head);
         });
-        if (paged && t + 1 < n_tiles && tid < CTA_KV) page_ids[((kv_pos.count + 1) & 1) * CTA_KV + tid] = next_id;
+        if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 1) * CTA_KV + tid] = next_off;
       }
     }
     cp_async_wait_all();  // no copy outlives its thread
