@@ -1,7 +1,7 @@
 """One Tessera prefill configuration, run a few times: the target for a
 profiler (ncu -k regex:tessera_prefill ...) or a quick timing.
 Usage: python bench/prefill_one.py [--seq L] [--batch B] [--heads H] [--kv-heads H]
-                                   [--non-causal] [--backend fa3] [--iters N]"""
+                                   [--non-causal] [--backend fa3] [--kv ragged|paged:P|bsr]"""
 import argparse
 import os
 import sys
@@ -18,12 +18,20 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=0)
     ap.add_argument("--non-causal", action="store_true")
     ap.add_argument("--backend", default="fa3")
+    ap.add_argument("--kv", default="ragged", help="ragged, paged:PAGE_SIZE or bsr (Br 16, Bc 1; non-causal)")
     args = ap.parse_args()
     L, b, h = args.seq, args.batch, args.heads
     causal = not args.non_causal
-    ms = pf.tessera_ragged([L] * b, [L] * b, h, args.kv_heads or h, causal, backend=args.backend)
+    hkv = args.kv_heads or h
+    if args.kv.startswith("paged:"):
+        ms = pf.tessera_paged([L] * b, [L] * b, h, hkv, causal, int(args.kv[6:]), backend=args.backend)
+    elif args.kv == "bsr":
+        causal = False  # block-sparse masks are the sparsity pattern: no causal flag
+        ms = pf.tessera_bsr_vector(L, L, b, h, hkv, backend=args.backend)
+    else:
+        ms = pf.tessera_ragged([L] * b, [L] * b, h, hkv, causal, backend=args.backend)
     fl = pf.flops([L] * b, [L] * b, h, causal)
-    print(f"seq {L} batch {b} heads {h} causal {causal} {args.backend}: {ms * 1e3:.1f} us, {pf.tflops(fl, ms):.1f} TFLOP/s")
+    print(f"seq {L} batch {b} heads {h} causal {causal} {args.backend} {args.kv}: {ms * 1e3:.1f} us, {pf.tflops(fl, ms):.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

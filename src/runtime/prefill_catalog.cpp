@@ -66,7 +66,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     // Two Q buffers and `stages` K and V tiles (mirror of Sm90Shape), + 1024
     // bytes of alignment slack, + the static pipeline barriers and page ids.
     c.smem_bytes = 2 * (2 * c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim) + 1024;
-    const int per_cta = c.smem_bytes + 3072;  // + static: barriers, 2 x CTA_KV row offsets
+    const int per_cta = c.smem_bytes + 5120;  // + static: barriers, 4 x CTA_KV row offsets
     c.ctas_per_sm = cta_q == 64 && 2 * per_cta <= 228 * 1024 ? 2 : 1;
     if (per_cta > 227 * 1024)
       throw InvalidArgument("TESSERA_PREFILL_TILE: the Hopper tile needs " + std::to_string(per_cta) +

@@ -1,13 +1,13 @@
 // Prefill (Hopper template), producer warpgroup: walks the CTA's work items
 // in the consumers' order and streams the fused Q tile (double-buffered) and
-// each KV tile (K, then V, into a ring of stages) into 128-byte-swizzled
+// each KV tile (K and V rings of stages, K a tile ahead) into 128-byte-swizzled
 // shared memory. Copies are cp.async gathers, so one loader serves ragged,
 // paged (any page size) and BSR KV alike (paper §3.2.1); each thread's copies
 // signal the stage's "full" barrier on landing (cp.async.mbarrier.arrive), so
 // the producer never waits on its own copies, only on "empty" stages.
 // Paged KV: while the warpgroup issues a tile, each thread resolves one row
 // of the next tile (page-table load, page / head / slot arithmetic) into a
-// double-buffered shared table of element offsets; a copy then costs one
+// ring of shared tables of element offsets; a copy then costs one
 // shared load and an add. (Resolving every row per copy, K and V alike, made
 // paged KV ~60% slower than contiguous: the producer competes with the
 // consumers for issue slots.)
@@ -37,7 +37,7 @@ struct Sm90Producer {
   T* q_smem;  // [2][CTA_Q * HEAD_DIM]
   T* k_smem;  // [STAGES][CTA_KV * HEAD_DIM]
   T* v_smem;
-  i64* row_offs;  // [2][CTA_KV] shared: element offsets of a tile's rows (paged KV)
+  i64* row_offs;  // [4][CTA_KV] shared: element offsets of a tile's rows (paged KV)
   int tid, ch, row0;
 
   __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<STAGES>& pipe_, T* q, T* k, T* v, i64* offs)
@@ -135,15 +135,33 @@ struct Sm90Producer {
       cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
 
-      // Paged KV: tile t's row offsets sit in table t % 2, written by the
-      // whole warpgroup (one row each) while tile t - 1 was issued; the
-      // barrier at the top of each tile publishes them and also tells every
-      // thread that the others are done reading the table it will refill.
+      // Order: K_0, then K_t and V_{t-1} for t = 1 .. n-1, then V_{n-1}: the
+      // consumers issue S_t together with P_{t-1} V_{t-1}, so they need K_t
+      // before V_{t-1}. V stages are released only at the end of a consumer
+      // step (after P V), so issuing K_t behind V_t made every K tile wait
+      // for that release and land barely in time (ncu: consumers spinning on
+      // K's full barrier ~26 times per tile, the producer parked on V's empty
+      // one). K now runs a tile ahead.
+      // Paged KV: tile c's row offsets sit in table c % 4, written by the
+      // whole warpgroup (one row each) during the previous step; the barrier
+      // at the top of each step publishes them and tells every thread that
+      // the others are done with the step before (tables c - 1 and c - 2 are
+      // still read by this step's V and K copies, so the ring has 4 tables).
       if (paged && tid < CTA_KV)
-        row_offs[(kv_pos.count & 1) * CTA_KV + tid] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
+        row_offs[(kv_pos.count & 3) * CTA_KV + tid] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
+      auto issue_v = [&](RingPos<STAGES> pos, int t) {
+        const int start = w.kv_start + t * CTA_KV, stage = pos.index();
+        const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
+        T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
+        mbarrier_wait(bars.v_empty(stage), pos.phase() ^ 1);
+        copy_tile(v_tile, v_base, row_offs + (pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
+        publish<Traits::value_transform>(bars.v_full(stage), [&] {
+          transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, v_tile, tid, THREADS, 0, CTA_KV, b,
+                                                                          start, w.kv_end, kv_head);
+        });
+      };
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
         const int start = w.kv_start + t * CTA_KV, stage = kv_pos.index();
-        const i64* offs = row_offs + (kv_pos.count & 1) * CTA_KV;
         i64 next_off = 0;
         if (paged) {
           named_barrier_sync(kSm90ProducerBar, THREADS);
@@ -151,21 +169,16 @@ struct Sm90Producer {
         }
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
         T* k_tile = k_smem + stage * (CTA_KV * HEAD_DIM);
-        T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
         mbarrier_wait(bars.k_empty(stage), kv_pos.phase() ^ 1);
-        copy_tile(k_tile, k_base, offs, affine_base, start, w.kv_end);
+        copy_tile(k_tile, k_base, row_offs + (kv_pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
         publish<Traits::key_transform>(bars.k_full(stage), [&] {
           transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, k_tile, tid, THREADS, 0, CTA_KV, b,
                                                                          start, w.kv_end, kv_head);
         });
-        mbarrier_wait(bars.v_empty(stage), kv_pos.phase() ^ 1);
-        copy_tile(v_tile, v_base, offs, affine_base, start, w.kv_end);
-        publish<Traits::value_transform>(bars.v_full(stage), [&] {
-          transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, v_tile, tid, THREADS, 0, CTA_KV, b,
-                                                                          start, w.kv_end, kv_head);
-        });
-        if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 1) * CTA_KV + tid] = next_off;
+        if (t > 0) issue_v(RingPos<STAGES>{kv_pos.count - 1}, t - 1);
+        if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + tid] = next_off;
       }
+      issue_v(RingPos<STAGES>{kv_pos.count - 1}, n_tiles - 1);
     }
     cp_async_wait_all();  // no copy outlives its thread
   }
