@@ -63,10 +63,32 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     c.warps_kv = 1;
     if (c.cta_kv != 64 && c.cta_kv != 128) c.cta_kv = 128;
     c.threads = 128 * (cta_q / 64 + 1);
-    // Two Q buffers and `stages` K and V tiles (mirror of Sm90Shape), + 1024
-    // bytes of alignment slack, + the static pipeline barriers and page ids.
-    c.smem_bytes = 2 * (2 * c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim) + 1024;
-    const int per_cta = c.smem_bytes + 5120;  // + static: barriers, 4 x CTA_KV row offsets
+    // Ring depths: V gets one stage more than K (it is consumed a step later
+    // and released only after P V: with 2 V stages the consumers waited on V
+    // ~13 times per tile, ncu), then a second Q buffer if it still fits.
+    c.v_stages = c.stages + 1;
+    c.q_bufs = 2;
+    if (const char* env = std::getenv("TESSERA_SM90_RINGS"); env && *env) {  // experiments: "k,v,q"
+      if (std::sscanf(env, "%d,%d,%d", &c.stages, &c.v_stages, &c.q_bufs) != 3 || c.stages < 2 || c.v_stages < 2 ||
+          c.q_bufs < 1 || c.q_bufs > 2)
+        throw InvalidArgument(std::string("TESSERA_SM90_RINGS: expected \"k_stages,v_stages,q_bufs\" (>= 2, >= 2, 1 or 2), got ") + env);
+    }
+    // Mirror of Sm90Shape: Q buffers, K and V stages, + 1024 bytes of
+    // alignment slack; + the static pipeline barriers and 4 x CTA_KV paged
+    // row offsets.
+    auto bytes = [&](int q_bufs) {
+      return 2 * (q_bufs * c.cta_q * spec.head_dim + (c.stages + c.v_stages) * c.cta_kv * spec.head_dim) + 1024;
+    };
+    const int static_bytes = 5120;
+    // 64-row tiles aim at two CTAs per SM (their consumers hide each other's
+    // softmax), 128-row ones at one.
+    auto fits = [&](int q_bufs) {
+      const int per = bytes(q_bufs) + static_bytes;
+      return per <= 227 * 1024 && (cta_q != 64 || 2 * per <= 228 * 1024);
+    };
+    if (c.q_bufs == 2 && !fits(2)) c.q_bufs = 1;
+    c.smem_bytes = bytes(c.q_bufs);
+    const int per_cta = c.smem_bytes + static_bytes;
     c.ctas_per_sm = cta_q == 64 && 2 * per_cta <= 228 * 1024 ? 2 : 1;
     if (per_cta > 227 * 1024)
       throw InvalidArgument("TESSERA_PREFILL_TILE: the Hopper tile needs " + std::to_string(per_cta) +
@@ -105,8 +127,9 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
   if (c.hopper) {
     // The warp-specialized kernel: its register split (setmaxnreg) needs the
     // register cap that __launch_bounds__(threads, ctas_per_sm) sets.
-    entry << "_s" << c.stages << "_c" << c.ctas_per_sm << "_sm90ws";
-    tail << c.cta_q << ", " << c.cta_kv << ", " << c.stages << ", " << c.ctas_per_sm;
+    entry << "_k" << c.stages << "v" << c.v_stages << "q" << c.q_bufs << "_c" << c.ctas_per_sm << "_sm90ws";
+    tail << c.cta_q << ", " << c.cta_kv << ", " << c.stages << ", " << c.v_stages << ", " << c.q_bufs << ", "
+         << c.ctas_per_sm;
     jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
                                              std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
                                              "tessera/device/kernels/prefill_sm90.cuh", "PrefillParams",

@@ -66,7 +66,7 @@ template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>
 __global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2>(p); }
 template <typename V, typename T, int D, int CQ, int CKV, int CTAS>
 __global__ void __launch_bounds__(128 * (CQ / 64 + 1), CTAS) prefill_sm90_k(const PP p) {
-  tessera::batch_prefill_sm90<V, T, T, T, D, CQ, CKV, 2, CTAS>(p);
+  tessera::batch_prefill_sm90<V, T, T, T, D, CQ, CKV, 2, 3, 1, CTAS>(p);
 }
 template __global__ void prefill_sm90_k<CausalAttention, tessera::half_t, 128, 128, 128, 1>(const PP);
 template __global__ void prefill_sm90_k<StandardAttention, tessera::bf16_t, 64, 128, 128, 1>(const PP);

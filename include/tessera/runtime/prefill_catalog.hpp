@@ -11,7 +11,9 @@ struct PrefillConfig {
   int cta_kv = 64;   // KV tokens per tile
   int warps_q = 4;   // warps along the query tile (16 rows each)
   int warps_kv = 1;  // warps along the KV tile
-  int stages = 2;    // cp.async pipeline depth
+  int stages = 2;    // cp.async pipeline depth (Hopper: of the K ring)
+  int v_stages = 2;  // Hopper: V ring depth
+  int q_bufs = 1;    // Hopper: Q buffers (2: the next item's Q loads during this one)
   int threads = 128;
   int smem_bytes = 0;
   int ctas_per_sm = 1;  // from shared memory (occupancy may lower it)

@@ -24,38 +24,41 @@ struct Sm90Registers {
   static_assert((PRODUCER + CONSUMERS * CONSUMER) * 128 * CTAS <= 65536, "register file");
 };
 
-template <int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES>
+template <int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings>
 struct Sm90Shape {
   static constexpr int THREADS = 128 * (CTA_Q / 64 + 1);
   static constexpr int Q_ELEMS = CTA_Q * HEAD_DIM, KV_ELEMS = CTA_KV * HEAD_DIM;
-  // Dynamic shared memory: two Q buffers, STAGES K and V tiles, + 1024 bytes
-  // of alignment slack (wgmma's swizzle repeats every 1024 bytes).
-  static constexpr int SMEM_BYTES = 2 * (2 * Q_ELEMS + 2 * STAGES * KV_ELEMS) + 1024;
+  // Dynamic shared memory (mirrored by prefill_config on the host): the Q
+  // buffers, the K and V stages, + 1024 bytes of alignment slack (wgmma's
+  // swizzle repeats every 1024 bytes).
+  static constexpr int SMEM_BYTES =
+      2 * (Rings::Q_BUFS * Q_ELEMS + (Rings::K_STAGES + Rings::V_STAGES) * KV_ELEMS) + 1024;
 };
 
-template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES,
-          int CTAS_PER_SM, typename Params>
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
+          int V_STAGES, int Q_BUFS, int CTAS_PER_SM, typename Params>
 __device__ __forceinline__ void batch_prefill_sm90(const Params& p) {
-  using Shape = Sm90Shape<HEAD_DIM, CTA_Q, CTA_KV, STAGES>;
+  using Rings = Sm90Rings<K_STAGES, V_STAGES, Q_BUFS>;
+  using Shape = Sm90Shape<HEAD_DIM, CTA_Q, CTA_KV, Rings>;
   using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
   static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && sizeof(DO) == 2, "16-bit q, kv and o");
   static_assert(CTA_Q == 64 || CTA_Q == 128, "one or two consumer warpgroups of 64 query rows");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "wgmma tiles for head_dim 64 and 128");
   extern __shared__ uint4 smem_raw[];
-  __shared__ Sm90Pipeline<STAGES> pipe;
+  __shared__ Sm90Pipeline<Rings> pipe;
   __shared__ i64 row_offs[4 * CTA_KV];  // the producer's paged row-offset tables
   DKV* q_smem = reinterpret_cast<DKV*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
-  DKV* k_smem = q_smem + 2 * Shape::Q_ELEMS;  // q is stored as DKV: the MMA needs one operand type
-  DKV* v_smem = k_smem + STAGES * Shape::KV_ELEMS;
+  DKV* k_smem = q_smem + Q_BUFS * Shape::Q_ELEMS;  // q is stored as DKV: the MMA needs one operand type
+  DKV* v_smem = k_smem + K_STAGES * Shape::KV_ELEMS;
   if (threadIdx.x == 0) pipe.init(Shape::THREADS - 128);
   __syncthreads();
 
   if (threadIdx.x < 128) {
     setmaxnreg_dec<Regs::PRODUCER>();
-    Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, STAGES, Params>(p, pipe, q_smem, k_smem, v_smem, row_offs).run();
+    Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, Params>(p, pipe, q_smem, k_smem, v_smem, row_offs).run();
   } else {
     setmaxnreg_inc<Regs::CONSUMER>();
-    Sm90Consumer<Variant, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, STAGES, Params>(p, pipe, q_smem, k_smem, v_smem).run();
+    Sm90Consumer<Variant, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, Params>(p, pipe, q_smem, k_smem, v_smem).run();
   }
 }
 

@@ -28,22 +28,22 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES, typename Params>
+template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, typename Params>
 struct Sm90Consumer {
   static constexpr int CONSUMERS = CTA_Q / 64, THREADS = 128 * CONSUMERS;
   static constexpr int NT_S = CTA_KV / 8, NT_O = HEAD_DIM / 8;
   using Traits = VariantTraits<Variant, Params>;
 
   const Params& p;
-  Sm90Pipeline<STAGES>& pipe;
-  T* q_smem;  // [2][CTA_Q * HEAD_DIM]
-  T* k_smem;  // [STAGES][CTA_KV * HEAD_DIM]
-  T* v_smem;
+  Sm90Pipeline<Rings>& pipe;
+  T* q_smem;  // [Q_BUFS][CTA_Q * HEAD_DIM]
+  T* k_smem;  // [K_STAGES][CTA_KV * HEAD_DIM]
+  T* v_smem;  // [V_STAGES][CTA_KV * HEAD_DIM]
   int wg;         // consumer warpgroup: rows wg * 64 .. wg * 64 + 63 of the query tile
   int tid;        // 0 .. THREADS - 1 over all consumers
   int warp_row0;  // first tile row of this warp
 
-  __device__ __forceinline__ Sm90Consumer(const Params& p_, Sm90Pipeline<STAGES>& pipe_, T* q, T* k, T* v)
+  __device__ __forceinline__ Sm90Consumer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v)
       : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), wg(threadIdx.x / 128 - 1), tid(threadIdx.x - 128),
         warp_row0(wg * 64 + (threadIdx.x / 32 % 4) * 16) {}
 
@@ -62,14 +62,15 @@ struct Sm90Consumer {
     const int kv_head = blockIdx.y;
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
     if (wg == 1) pass_turn();  // warpgroup 0 goes first
-    const Sm90Barriers<STAGES> bars(pipe);
+    const Sm90Barriers<Rings> bars(pipe);
     // Descriptors of the first Q buffer and the first K and V stages; the
     // loop offsets them (desc_at).
     const u64 q_desc0 = wgmma_desc(smem_addr(q_smem), 16, 1024);
     const u64 k_desc0 = wgmma_desc(smem_addr(k_smem), 16, 1024);
     const u64 v_desc0 = wgmma_desc(smem_addr(v_smem), CTA_KV * 128, 1024);
-    RingPos<2> q_pos;
-    RingPos<STAGES> kv_pos;
+    RingPos<Rings::Q_BUFS> q_pos;
+    RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
+    using VPos = RingPos<Rings::V_STAGES>;
     for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
       const PrefillWorkItem w = p.work_items[wi];
       const int b = w.request;
@@ -120,7 +121,7 @@ struct Sm90Consumer {
         float scale[1][2];
 
         // Tile 0: S, softmax (O is still zero: nothing to rescale).
-        RingPos<STAGES> cur = kv_pos;
+        RingPos<Rings::K_STAGES> cur = kv_pos;
         mbarrier_wait(bars.k_full(cur.index()), cur.phase());
         wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
         wgmma_commit();
@@ -133,7 +134,7 @@ struct Sm90Consumer {
         pack_p<CTA_KV, T>(pa, s);
 
         for (int t = 1; t < n_tiles; ++t) {
-          const RingPos<STAGES> prev = cur;
+          const VPos prev{cur.count};
           cur = cur.next();
           mbarrier_wait(bars.k_full(cur.index()), cur.phase());
           take_turn();
@@ -172,13 +173,14 @@ struct Sm90Consumer {
           // dragged the wait above the softmax.
           mbarrier_arrive(bars.v_empty(prev.index()));
         }
-        mbarrier_wait(bars.v_full(cur.index()), cur.phase());
-        wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(cur.index()));
+        const VPos last{cur.count};
+        mbarrier_wait(bars.v_full(last.index()), last.phase());
+        wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(last.index()));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_keep(of);
         wgmma_keep(pa);
-        mbarrier_arrive(bars.v_empty(cur.index()));
+        mbarrier_arrive(bars.v_empty(last.index()));
         kv_pos = cur.next();
         q_pos = q_pos.next();
       }

@@ -1,6 +1,9 @@
 // Prefill (Hopper template), the shared-memory pipeline between the producer
-// warpgroup and the consumer warpgroups: mbarriers of the double-buffered Q
-// tile and of each K and V stage, and the running position in those rings.
+// warpgroup and the consumer warpgroups: mbarriers of the Q buffers and of
+// each K and V stage, and the running position in those rings. The rings
+// have their own depths: V is consumed a step later than K (P V runs with
+// the next tile's Q K^T) and released only after it, so it needs one stage
+// more to stay ahead of the consumers.
 // K and V have separate barriers so a consumer can start S = Q K^T while V is
 // still landing, and release K as soon as S is done (FA3's schedule).
 #pragma once
@@ -17,22 +20,32 @@ constexpr int kSm90PingPongBar = 2;   // 2, 3: consumer warpgroup 0 / 1 may issu
 constexpr int kSm90QueryBar = 4;      // 4, 5: one consumer warpgroup (query transform)
 constexpr int kSm90ProducerBar = 6;   // the producer warpgroup (key / value transforms)
 
-template <int STAGES>
+// Ring depths of the Hopper prefill pipeline: K stages, V stages, Q buffers.
+template <int K, int V, int Q>
+struct Sm90Rings {
+  static constexpr int K_STAGES = K, V_STAGES = V, Q_BUFS = Q;
+  static_assert(K >= 2 && V >= 2 && (Q == 1 || Q == 2), "at least double-buffered K and V, one or two Q buffers");
+};
+
+template <typename Rings>
 struct Sm90Pipeline {
-  u64 q_full[2], q_empty[2];
-  u64 k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES];
+  static constexpr int KS = Rings::K_STAGES, VS = Rings::V_STAGES, QB = Rings::Q_BUFS;
+  u64 q_full[QB], q_empty[QB];
+  u64 k_full[KS], k_empty[KS], v_full[VS], v_empty[VS];
 
   // Full barriers count the producer warpgroup's 128 arrivals (one per
   // thread, when its copies landed); empty ones every consumer thread's.
   __device__ __forceinline__ void init(int consumer_threads) {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < QB; ++i) {
       mbarrier_init(smem_addr(&q_full[i]), 128);
       mbarrier_init(smem_addr(&q_empty[i]), consumer_threads);
     }
-    for (int i = 0; i < STAGES; ++i) {
+    for (int i = 0; i < KS; ++i) {
       mbarrier_init(smem_addr(&k_full[i]), 128);
-      mbarrier_init(smem_addr(&v_full[i]), 128);
       mbarrier_init(smem_addr(&k_empty[i]), consumer_threads);
+    }
+    for (int i = 0; i < VS; ++i) {
+      mbarrier_init(smem_addr(&v_full[i]), 128);
       mbarrier_init(smem_addr(&v_empty[i]), consumer_threads);
     }
   }
@@ -41,16 +54,17 @@ struct Sm90Pipeline {
 // Shared addresses of the pipeline's barriers from one base (layout of
 // Sm90Pipeline), so loops add small constants instead of converting a
 // generic pointer per barrier.
-template <int STAGES>
+template <typename Rings>
 struct Sm90Barriers {
+  static constexpr int KS = Rings::K_STAGES, VS = Rings::V_STAGES, QB = Rings::Q_BUFS;
   u32 base;
-  __device__ __forceinline__ explicit Sm90Barriers(Sm90Pipeline<STAGES>& p) : base(smem_addr(&p)) {}
+  __device__ __forceinline__ explicit Sm90Barriers(Sm90Pipeline<Rings>& p) : base(smem_addr(&p)) {}
   __device__ __forceinline__ u32 q_full(int i) const { return base + 8 * i; }
-  __device__ __forceinline__ u32 q_empty(int i) const { return base + 16 + 8 * i; }
-  __device__ __forceinline__ u32 k_full(int s) const { return base + 32 + 8 * s; }
-  __device__ __forceinline__ u32 k_empty(int s) const { return base + 32 + 8 * (STAGES + s); }
-  __device__ __forceinline__ u32 v_full(int s) const { return base + 32 + 8 * (2 * STAGES + s); }
-  __device__ __forceinline__ u32 v_empty(int s) const { return base + 32 + 8 * (3 * STAGES + s); }
+  __device__ __forceinline__ u32 q_empty(int i) const { return base + 8 * (QB + i); }
+  __device__ __forceinline__ u32 k_full(int s) const { return base + 8 * (2 * QB + s); }
+  __device__ __forceinline__ u32 k_empty(int s) const { return base + 8 * (2 * QB + KS + s); }
+  __device__ __forceinline__ u32 v_full(int s) const { return base + 8 * (2 * QB + 2 * KS + s); }
+  __device__ __forceinline__ u32 v_empty(int s) const { return base + 8 * (2 * QB + 2 * KS + VS + s); }
 };
 
 // Position in a ring of N buffers used in order: buffer index and the parity

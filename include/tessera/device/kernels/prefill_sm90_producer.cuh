@@ -22,7 +22,7 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, int STAGES, typename Params>
+template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, typename Params>
 struct Sm90Producer {
   static constexpr int THREADS = 128, CH = HEAD_DIM / 8;
   static constexpr int RPP = THREADS / CH;  // rows per pass: thread t copies chunk t % CH of rows t / CH + i * RPP
@@ -33,14 +33,14 @@ struct Sm90Producer {
   using KVLayout = Swizzle128<HEAD_DIM, CTA_KV>;
 
   const Params& p;
-  Sm90Pipeline<STAGES>& pipe;
-  T* q_smem;  // [2][CTA_Q * HEAD_DIM]
-  T* k_smem;  // [STAGES][CTA_KV * HEAD_DIM]
-  T* v_smem;
+  Sm90Pipeline<Rings>& pipe;
+  T* q_smem;  // [Q_BUFS][CTA_Q * HEAD_DIM]
+  T* k_smem;  // [K_STAGES][CTA_KV * HEAD_DIM]
+  T* v_smem;  // [V_STAGES][CTA_KV * HEAD_DIM]
   i64* row_offs;  // [4][CTA_KV] shared: element offsets of a tile's rows (paged KV)
   int tid, ch, row0;
 
-  __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<STAGES>& pipe_, T* q, T* k, T* v, i64* offs)
+  __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, i64* offs)
       : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % CH),
         row0(tid / CH) {}
 
@@ -109,9 +109,9 @@ struct Sm90Producer {
     const T* k_base = static_cast<const T*>(p.kv.k);
     const T* v_base = static_cast<const T*>(p.kv.v);
     const bool paged = p.kv.indices != nullptr;
-    const Sm90Barriers<STAGES> bars(pipe);
-    RingPos<2> q_pos;
-    RingPos<STAGES> kv_pos;
+    const Sm90Barriers<Rings> bars(pipe);
+    RingPos<Rings::Q_BUFS> q_pos;
+    RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
     for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
       const PrefillWorkItem w = p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
@@ -149,7 +149,7 @@ struct Sm90Producer {
       // still read by this step's V and K copies, so the ring has 4 tables).
       if (paged && tid < CTA_KV)
         row_offs[(kv_pos.count & 3) * CTA_KV + tid] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
-      auto issue_v = [&](RingPos<STAGES> pos, int t) {
+      auto issue_v = [&](RingPos<Rings::V_STAGES> pos, int t) {
         const int start = w.kv_start + t * CTA_KV, stage = pos.index();
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
         T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
@@ -175,10 +175,10 @@ struct Sm90Producer {
           transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, k_tile, tid, THREADS, 0, CTA_KV, b,
                                                                          start, w.kv_end, kv_head);
         });
-        if (t > 0) issue_v(RingPos<STAGES>{kv_pos.count - 1}, t - 1);
+        if (t > 0) issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
         if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + tid] = next_off;
       }
-      issue_v(RingPos<STAGES>{kv_pos.count - 1}, n_tiles - 1);
+      issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
     }
     cp_async_wait_all();  // no copy outlives its thread
   }
