@@ -46,7 +46,7 @@ __device__ __forceinline__ void batch_prefill_sm90(const Params& p) {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "wgmma tiles for head_dim 64 and 128");
   extern __shared__ uint4 smem_raw[];
   __shared__ Sm90Pipeline<Rings> pipe;
-  __shared__ i64 row_offs[4 * CTA_KV];  // the producer's paged row-offset tables
+  __shared__ __align__(16) i64 row_offs[4 * CTA_KV];  // the producer's paged row-offset tables
   DKV* q_smem = reinterpret_cast<DKV*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
   DKV* k_smem = q_smem + Q_BUFS * Shape::Q_ELEMS;  // q is stored as DKV: the MMA needs one operand type
   DKV* v_smem = k_smem + K_STAGES * Shape::KV_ELEMS;

@@ -28,6 +28,7 @@ struct Sm90Producer {
   static constexpr int RPP = THREADS / CH;  // rows per pass: thread t copies chunk t % CH of rows t / CH + i * RPP
   static constexpr int Q_PASSES = CTA_Q / RPP, KV_PASSES = CTA_KV / RPP;
   static_assert(CTA_Q % RPP == 0 && CTA_KV % RPP == 0 && RPP % 8 == 0, "whole rows per pass, one swizzle phase per thread");
+  static_assert(KV_PASSES % 2 == 0, "a thread reads its rows' offsets two at a time");
   using Traits = VariantTraits<Variant, Params>;
   using QLayout = Swizzle128<HEAD_DIM, CTA_Q>;
   using KVLayout = Swizzle128<HEAD_DIM, CTA_KV>;
@@ -37,25 +38,29 @@ struct Sm90Producer {
   T* q_smem;  // [Q_BUFS][CTA_Q * HEAD_DIM]
   T* k_smem;  // [K_STAGES][CTA_KV * HEAD_DIM]
   T* v_smem;  // [V_STAGES][CTA_KV * HEAD_DIM]
-  i64* row_offs;  // [4][CTA_KV] shared: element offsets of a tile's rows (paged KV)
+  i64* row_offs;  // [4][CTA_KV] shared: byte offsets of a tile's rows (paged KV)
   int tid, ch, row0;
 
   __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, i64* offs)
       : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % CH),
         row0(tid / CH) {}
 
-  // Element offset of row `tid` of the tile starting at `start` (paged KV:
-  // page, head and slot resolved; 0 past `end` or for threads beyond the
-  // tile's rows). The caller stores it into the shared table only after
+  // Byte offset of row `tid` of the tile starting at `start` (paged KV:
+  // page, head and slot resolved; 0 past `end`, so every table entry is a
+  // valid address). The caller stores it into the shared table only after
   // issuing a tile's copies, so the page-table load hides behind them.
   __device__ __forceinline__ i64 row_offset(int page_base, int start, int end, int kv_head, int shift) const {
     const int pos = start + tid;
     if (tid >= CTA_KV || pos >= end) return 0;
     const int idx = shift >= 0 ? pos >> shift : pos / p.kv.page_size;
     const int slot = pos - idx * p.kv.page_size;
-    return static_cast<i64>(p.kv.indices[page_base + idx]) * p.kv.page_stride + kv_head * p.kv.head_stride +
-           static_cast<i64>(slot) * p.kv.token_stride;
+    return (static_cast<i64>(p.kv.indices[page_base + idx]) * p.kv.page_stride + kv_head * p.kv.head_stride +
+            static_cast<i64>(slot) * p.kv.token_stride) *
+           static_cast<i64>(sizeof(T));
   }
+  // Where row r's offset sits in a table: the rows one thread copies
+  // (r = row0 + i * RPP) are adjacent, so it reads two per 16-byte load.
+  __device__ __forceinline__ static int table_slot(int r) { return (r % RPP) * KV_PASSES + r / RPP; }
 
   // One K or V tile: rows at or past `end` are zero-filled. The thread's rows
   // are RPP apart (a multiple of 8), so they share the swizzle phase: its
@@ -78,11 +83,13 @@ struct Sm90Producer {
         cp_async_16(dst_addr, ok ? src : base, ok);
       }
     } else {
-      const T* chunk_base = base + ch * 8;
+      const char* chunk_base = reinterpret_cast<const char*>(base + ch * 8);
+      const longlong2* mine = reinterpret_cast<const longlong2*>(offs + row0 * KV_PASSES);
 #pragma unroll
-      for (int i = 0; i < KV_PASSES; ++i, dst_addr += kDstStep) {
-        const bool ok = i * RPP < valid;
-        cp_async_16(dst_addr, ok ? chunk_base + offs[row0 + i * RPP] : base, ok);
+      for (int i = 0; i < KV_PASSES; i += 2, dst_addr += 2 * kDstStep) {
+        const longlong2 o = mine[i / 2];
+        cp_async_16(dst_addr, chunk_base + o.x, i * RPP < valid);
+        cp_async_16(dst_addr + kDstStep, chunk_base + o.y, (i + 1) * RPP < valid);
       }
     }
   }
@@ -148,7 +155,7 @@ struct Sm90Producer {
       // the others are done with the step before (tables c - 1 and c - 2 are
       // still read by this step's V and K copies, so the ring has 4 tables).
       if (paged && tid < CTA_KV)
-        row_offs[(kv_pos.count & 3) * CTA_KV + tid] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
+        row_offs[(kv_pos.count & 3) * CTA_KV + table_slot(tid)] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
       auto issue_v = [&](RingPos<Rings::V_STAGES> pos, int t) {
         const int start = w.kv_start + t * CTA_KV, stage = pos.index();
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
@@ -176,7 +183,7 @@ struct Sm90Producer {
                                                                          start, w.kv_end, kv_head);
         });
         if (t > 0) issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
-        if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + tid] = next_off;
+        if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + table_slot(tid)] = next_off;
       }
       issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
     }
