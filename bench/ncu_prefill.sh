@@ -42,32 +42,40 @@ if len(rows) >= 3:
         if name.startswith(("sm__", "smsp__", "l1tex__")):
             print(f"{name} = {val}")
 PY
-# SASS lines by stall samples (warp-level sampling), the top 40.
+# SASS lines by stall samples (warp-level sampling): the stall reasons over
+# the whole kernel, the 30 hottest lines, and every mbarrier wait with its
+# execution count (a wait's retry loop runs once per failed try).
 ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$out/sass.csv" 2>/dev/null || true
 python3 - "$out/sass.csv" <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
-if not rows:
-    sys.exit()
-hdr = rows[0]
-def col(*names):
-    for n in names:
-        for i, h in enumerate(hdr):
-            if h.strip() == n:
-                return i
-    return None
-src, samp, ex = col("Source"), col("Warp Stall Sampling (All Samples)", "Sampling Data (All)"), col("Instructions Executed")
-addr = col("Address")
-if src is None or samp is None:
-    print("sass columns:", hdr[:20]); sys.exit()
-data = []
-for r in rows[1:]:
+hdr_i = next((i for i, r in enumerate(rows[:5]) if "Address" in r and "Source" in r), None)
+if hdr_i is None:
+    print("no SASS table"); sys.exit()
+hdr = rows[hdr_i]
+ix = {h: i for i, h in enumerate(hdr)}
+stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+recs = []
+for r in rows[hdr_i + 1:]:
     try:
-        data.append((float(r[samp] or 0), r[addr] if addr is not None else "", r[src], r[ex] if ex is not None else ""))
+        a = int(r[ix["Address"]], 16)
     except (ValueError, IndexError):
-        pass
-total = sum(d[0] for d in data) or 1
-print(f"stall samples: {total:.0f}")
-for s, a, text, e in sorted(data, reverse=True)[:40]:
-    print(f"{100 * s / total:5.1f}% {a} {text.strip()[:70]} (exec {e})")
+        continue
+    num = lambda k: float(r[ix[k]] or 0) if k in ix else 0.0
+    recs.append((a, r[ix["Source"]].strip(), num("Warp Stall Sampling (All Samples)"),
+                 {k: num(k) for k in stalls}, int(num("Instructions Executed"))))
+if not recs:
+    sys.exit()
+base, total = recs[0][0], sum(r[2] for r in recs) or 1
+agg = {k: sum(r[3][k] for r in recs) for k in stalls}
+print("stall reasons:", ", ".join(f"{k[6:]} {100 * v / total:.1f}%" for k, v in sorted(agg.items(), key=lambda x: -x[1]) if v))
+print("hottest SASS lines (offset, share of samples, instruction, executions, top reason):")
+for a, src, smp, d, e in sorted(recs, key=lambda x: -x[2])[:30]:
+    top = max(d.items(), key=lambda x: x[1])
+    print(f"  {a - base:6x} {100 * smp / total:5.1f}% {src[:64]:64s} x{e} {top[0][6:]}")
+print("mbarrier waits (offset, executions):")
+for a, src, smp, d, e in recs:
+    if "TRYWAIT" in src:
+        print(f"  {a - base:6x} x{e} {src[:70]}")
 PY
+rm -f "$out/sass.csv" "$out/details.csv"

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "checks.hpp"
 #include "tessera/device/primitives/variant.cuh"
 #include "tessera/formats/custom_mask.hpp"
+#include "tessera/runtime/tensor_map.hpp"
 #include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
@@ -65,6 +67,7 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   // Custom masks keep the full schedule: a masked-out tile only costs time,
   // a skipped visible one would be wrong (causal_schedule is the caller's call).
   custom_mask_ = spec_.variant == variants::custom_mask();
+  if (const char* env = std::getenv("TESSERA_SM90_TMA")) tma_enabled_ = std::string(env) != "0";
 }
 
 // A custom-mask wrapper needs the mask at every plan and run; any other
@@ -350,7 +353,22 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   ParamBlock block;  // p followed by the variant's extras
   pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
-  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, block.data());
+  const dim3 grid(ctas_per_head_, task_.num_kv_heads), threads(config_.threads);
+  if (config_.hopper) {
+    // Contiguous K and V: tensor maps for the producer's TMA loads (encoded
+    // per run on the host: pointers may change between runs; no device work).
+    KvTensorMaps maps{};
+    if (kv.indices == nullptr && tma_enabled_) {
+      const int64_t tokens = kv.indptr ? total_kv_ : kv.single_len;
+      maps.on = tma::encode_kv_tiles(maps.k, kv.k, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
+                                     kv.head_stride, config_.cta_kv) &&
+                tma::encode_kv_tiles(maps.v, kv.v, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
+                                     kv.head_stride, config_.cta_kv);
+    }
+    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps);
+  } else {
+    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data());
+  }
   detail::check_launch("BatchPrefill::run");
 }
 

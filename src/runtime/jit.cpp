@@ -187,6 +187,12 @@ void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t
   TESSERA_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), grid, block, args, smem_bytes, stream));
 }
 
+void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params,
+                          void* params2) const {
+  void* args[] = {params, params2};
+  TESSERA_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), grid, block, args, smem_bytes, stream));
+}
+
 void LoadedKernel::set_max_dynamic_smem(int bytes) const {
   TESSERA_CUDA_CHECK(cudaKernelSetAttributeForDevice(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, device_));
 }

@@ -128,6 +128,54 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillRagged,
                                             ::testing::Bool(), ::testing::Values(16, 32, 64, 128),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
+// Contiguous KV on the Hopper kernel is loaded by the TMA (tensor maps, 64 x
+// CTA_KV boxes, rows past a chunk read from the neighbouring keys and masked);
+// the cp.async gather (TESSERA_SM90_TMA=0) must give the very same bits, and
+// both must match the reference.
+class PrefillTma : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, int>> {};
+
+TEST_P(PrefillTma, SameBitsAsCpAsyncAndMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  if (jit::Arch::of_device(0).major != 9) GTEST_SKIP() << "skipped: the TMA path is the Hopper kernel's";
+  const auto [dt, D, causal, group, cta_q] = GetParam();
+  const int64_t Hkv = 2, Hq = Hkv * group;
+  std::mt19937_64 rng(D + group * 7 + cta_q);
+  Batch b = make_batch(12, rng);
+  const int64_t rows = b.qo.back(), total_kv = b.kv_tokens.back();
+  HostTensor k = make_host(dt, {total_kv, Hkv, D}), v = k, q = make_host(dt, {rows, Hq, D});
+  fill_random(k, rng());
+  fill_random(v, rng());
+  fill_random(q, rng(), -2.f, 2.f);
+  reference::Options ro;
+  ro.causal = causal;
+  auto ref = reference::attention_ragged(q.view, RaggedIndex(b.qo), k.view, v.view, RaggedIndex(b.kv_tokens), ro);
+  const AttentionSpec spec{causal ? variants::causal() : variants::standard(), dt, dt, dt, static_cast<int>(D)};
+  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, 16, 1};
+  task.max_total_q = 1024;
+  PrefillOptions opt;
+  opt.cta_q = cta_q;
+  opt.backend = PrefillBackend::kFA3;
+  auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+  auto run_with = [&](const char* tma) {
+    setenv("TESSERA_SM90_TMA", tma, 1);
+    Workspace ws = prefill_workspace(spec, task, opt);
+    BatchPrefill pre(spec, task, ws, opt);
+    unsetenv("TESSERA_SM90_TMA");
+    pre.plan_ragged(b.qo, b.kv_tokens);
+    return run_and_fetch([&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); },
+                         dt, rows, Hq, D);
+  };
+  Out with_tma = run_with("1"), gathered = run_with("0");
+  EXPECT_CLOSE(compare(to_doubles(with_tma.o.view), ref.o), dt);
+  EXPECT_CLOSE(compare(to_doubles(with_tma.lse.view), ref.lse), DType::kFloat16);
+  EXPECT_TRUE(bitwise_equal(with_tma.o, gathered.o));
+  EXPECT_TRUE(bitwise_equal(with_tma.lse, gathered.lse));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PrefillTma,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128),
+                                            ::testing::Bool(), ::testing::Values(1, 4), ::testing::Values(64, 128)));
+
 class PrefillBsr : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(PrefillBsr, MatchesReference) {

@@ -146,6 +146,7 @@ class BatchPrefill {
   double plan_us_ = 0;
   Source source_kind_ = Source::kNone;
   bool custom_mask_ = false;  // spec.variant is variants::custom_mask()
+  bool tma_enabled_ = true;   // Hopper kernel: TMA for contiguous K / V (TESSERA_SM90_TMA=0: cp.async, for comparisons)
   int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1, mask_bytes_ = 0;
 };
 

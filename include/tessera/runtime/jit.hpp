@@ -58,6 +58,8 @@ class LoadedKernel {
   LoadedKernel& operator=(const LoadedKernel&) = delete;
 
   void launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params) const;
+  // Kernels with a second parameter (the Hopper prefill kernel's tensor maps).
+  void launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, void* params2) const;
   void set_max_dynamic_smem(int bytes) const;
   const std::string& entry() const { return entry_; }
   cudaKernel_t handle() const { return kernel_; }

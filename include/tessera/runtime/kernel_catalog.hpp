@@ -121,9 +121,12 @@ constexpr int kRowwiseWarps = 4;
 // `entry(const params_type<Extra> p)` calling
 // `fn<Variant, DQ, DKV, DO, head_dim, template_tail>(p)`; min_blocks > 0 asks
 // the compiler to fit that many CTAs per SM (__launch_bounds__).
+// second_param: an optional second kernel parameter ("Type name"), passed on
+// to fn as its second argument (the Hopper prefill kernel's tensor maps).
 jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
                                    const char* header, const char* params_type, const char* fn, int threads,
-                                   const std::string& template_tail, int min_blocks = 0);
+                                   const std::string& template_tail, int min_blocks = 0,
+                                   const std::string& second_param = "");
 // Short dtype tag for kernel names: f16, bf16, f32.
 std::string dtype_tag(DType t);
 // Heuristic: a tile of ~16 KB of K+V per stage, 2 stages, 128 threads or more:

@@ -1,6 +1,7 @@
 // Parameter block and work items of the persistent tensor-core prefill
 // kernel (FA2 template). Plain data shared by host and device.
 #pragma once
+#include "tessera/device/arch/tma.cuh"
 #include "tessera/device/primitives/kv_view.cuh"
 
 namespace tessera {
@@ -17,6 +18,16 @@ struct PrefillWorkItem {
   int first_slot;    // the tile's chunk 0 slot (its chunks are consecutive)
   int num_chunks;
   int counter;       // merge counter of a split tile (index into counters / num_kv_heads)
+};
+
+// Tensor maps of contiguous K and V for the Hopper kernel's TMA loads (a
+// second, __grid_constant__ kernel parameter): rank 3 (head_dim, token,
+// kv head), boxes of 64 features x CTA_KV tokens, 128-byte swizzle. `on` = 0:
+// the producer gathers with cp.async instead (paged / BSR KV, key or value
+// transforms, or strides the TMA cannot describe).
+struct KvTensorMaps {
+  TensorMap k, v;
+  int on;
 };
 
 template <typename Extra>

@@ -37,7 +37,7 @@ struct Sm90Shape {
 
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
           int V_STAGES, int Q_BUFS, int CTAS_PER_SM, typename Params>
-__device__ __forceinline__ void batch_prefill_sm90(const Params& p) {
+__device__ __forceinline__ void batch_prefill_sm90(const Params& p, const KvTensorMaps& tma) {
   using Rings = Sm90Rings<K_STAGES, V_STAGES, Q_BUFS>;
   using Shape = Sm90Shape<HEAD_DIM, CTA_Q, CTA_KV, Rings>;
   using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
@@ -50,12 +50,14 @@ __device__ __forceinline__ void batch_prefill_sm90(const Params& p) {
   DKV* q_smem = reinterpret_cast<DKV*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
   DKV* k_smem = q_smem + Q_BUFS * Shape::Q_ELEMS;  // q is stored as DKV: the MMA needs one operand type
   DKV* v_smem = k_smem + K_STAGES * Shape::KV_ELEMS;
-  if (threadIdx.x == 0) pipe.init(Shape::THREADS - 128);
+  using Producer = Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, Params>;
+  const bool kv_tma = Producer::uses_tma(tma) && p.kv.indices == nullptr;  // paged KV is gathered
+  if (threadIdx.x == 0) pipe.init(Shape::THREADS - 128, kv_tma ? 1 : 128);
   __syncthreads();
 
   if (threadIdx.x < 128) {
     setmaxnreg_dec<Regs::PRODUCER>();
-    Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, Params>(p, pipe, q_smem, k_smem, v_smem, row_offs).run();
+    Producer(p, pipe, q_smem, k_smem, v_smem, row_offs).run(kv_tma ? &tma : nullptr);
   } else {
     setmaxnreg_inc<Regs::CONSUMER>();
     Sm90Consumer<Variant, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, Params>(p, pipe, q_smem, k_smem, v_smem).run();

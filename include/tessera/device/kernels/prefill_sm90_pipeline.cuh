@@ -34,18 +34,19 @@ struct Sm90Pipeline {
   u64 k_full[KS], k_empty[KS], v_full[VS], v_empty[VS];
 
   // Full barriers count the producer warpgroup's 128 arrivals (one per
-  // thread, when its copies landed); empty ones every consumer thread's.
-  __device__ __forceinline__ void init(int consumer_threads) {
+  // thread, when its copies landed), or for K and V loaded by the TMA one
+  // arrival with the tile's bytes; empty ones every consumer thread's.
+  __device__ __forceinline__ void init(int consumer_threads, int kv_producers) {
     for (int i = 0; i < QB; ++i) {
       mbarrier_init(smem_addr(&q_full[i]), 128);
       mbarrier_init(smem_addr(&q_empty[i]), consumer_threads);
     }
     for (int i = 0; i < KS; ++i) {
-      mbarrier_init(smem_addr(&k_full[i]), 128);
+      mbarrier_init(smem_addr(&k_full[i]), kv_producers);
       mbarrier_init(smem_addr(&k_empty[i]), consumer_threads);
     }
     for (int i = 0; i < VS; ++i) {
-      mbarrier_init(smem_addr(&v_full[i]), 128);
+      mbarrier_init(smem_addr(&v_full[i]), kv_producers);
       mbarrier_init(smem_addr(&v_empty[i]), consumer_threads);
     }
   }

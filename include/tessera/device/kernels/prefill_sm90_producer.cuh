@@ -12,6 +12,7 @@
 // paged KV ~60% slower than contiguous: the producer competes with the
 // consumers for issue slots.)
 #pragma once
+#include "tessera/device/arch/tma.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
 #include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
@@ -94,6 +95,36 @@ struct Sm90Producer {
     }
   }
 
+  // Contiguous K / V go through the TMA (one thread, two instructions per
+  // tile) unless the variant transforms keys or values in shared memory.
+  static constexpr bool kTmaCapable = !Traits::key_transform && !Traits::value_transform;
+  __device__ __forceinline__ static bool uses_tma(const KvTensorMaps& tma) { return kTmaCapable && tma.on != 0; }
+
+  // The TMA path of one item's KV tiles (thread 0 only), in the same order
+  // as the cp.async path below: K_0, then K_t and V_{t-1}, then V_{n-1}.
+  // Rows past the chunk's end hold the next keys of the tensor (or zeros past
+  // its end): the consumers mask those columns, so P is 0 there.
+  __device__ __forceinline__ void tma_item(const KvTensorMaps& tma, const Sm90Barriers<Rings>& bars,
+                                           RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head) const {
+    constexpr u32 kTileBytes = CTA_KV * HEAD_DIM * sizeof(T), kBlockBytes = CTA_KV * 128;
+    auto load = [&](const TensorMap* map, T* tile, u32 full, int t) {
+      mbarrier_arrive_expect_tx(full, kTileBytes);
+#pragma unroll
+      for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
+        tma_load_3d(smem_addr(tile) + cb * kBlockBytes, map, full, cb * 64, token0 + t * CTA_KV, kv_head);
+    };
+    auto load_v = [&](RingPos<Rings::V_STAGES> pos, int t) {
+      mbarrier_wait(bars.v_empty(pos.index()), pos.phase() ^ 1);
+      load(&tma.v, v_smem + pos.index() * (CTA_KV * HEAD_DIM), bars.v_full(pos.index()), t);
+    };
+    for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
+      mbarrier_wait(bars.k_empty(kv_pos.index()), kv_pos.phase() ^ 1);
+      load(&tma.k, k_smem + kv_pos.index() * (CTA_KV * HEAD_DIM), bars.k_full(kv_pos.index()), t);
+      if (t > 0) load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
+    }
+    load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
+  }
+
   // Signals a landed K or V tile; variants with a key/value transform apply
   // it here first (the whole warpgroup waits for its copies, transforms the
   // tile, and makes the result visible to the tensor cores' async proxy).
@@ -110,7 +141,9 @@ struct Sm90Producer {
     }
   }
 
-  __device__ __forceinline__ void run() {
+  // tma: the K / V tensor maps when the TMA loads them (contiguous KV), else
+  // null (cp.async gathers).
+  __device__ __forceinline__ void run(const KvTensorMaps* tma) {
     const int kv_head = blockIdx.y;
     const T* q_base = static_cast<const T*>(p.q);
     const T* k_base = static_cast<const T*>(p.kv.k);
@@ -119,6 +152,10 @@ struct Sm90Producer {
     const Sm90Barriers<Rings> bars(pipe);
     RingPos<Rings::Q_BUFS> q_pos;
     RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
+    if (tma != nullptr && tid == 0) {
+      tma_prefetch_map(&tma->k);
+      tma_prefetch_map(&tma->v);
+    }
     for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
       const PrefillWorkItem w = p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
@@ -142,6 +179,10 @@ struct Sm90Producer {
       cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
 
+      if (tma != nullptr) {
+        if (tid == 0) tma_item(*tma, bars, kv_pos, n_tiles, page_base + w.kv_start, kv_head);
+        continue;
+      }
       // Order: K_0, then K_t and V_{t-1} for t = 1 .. n-1, then V_{n-1}: the
       // consumers issue S_t together with P_{t-1} V_{t-1}, so they need K_t
       // before V_{t-1}. V stages are released only at the end of a consumer
