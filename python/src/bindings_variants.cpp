@@ -32,7 +32,7 @@ namespace {
 
 using Extras = std::vector<std::pair<std::string, std::string>>;  // (name, dtype name)
 // A variant as Python sees it: (name, code, use_softmax, causal, scalars, tensors).
-using SpecTuple = std::tuple<std::string, std::string, bool, bool, Extras, Extras>;
+using SpecTuple = std::tuple<std::string, std::string, bool, bool, Extras, Extras, int>;  // ..., window_left
 
 std::vector<ExtraParam> to_params(const char* what, const Extras& e) {
   std::vector<ExtraParam> out;
@@ -47,7 +47,7 @@ Extras from_params(const std::vector<ExtraParam>& p) {
 }
 
 SpecTuple from_variant(const VariantSpec& v) {
-  return {v.name, v.code, v.use_softmax, v.causal, from_params(v.scalars), from_params(v.tensors)};
+  return {v.name, v.code, v.use_softmax, v.causal, from_params(v.scalars), from_params(v.tensors), v.window_left};
 }
 
 AttentionSpec to_spec(const SpecTuple& t, const std::string& q_dtype, const std::string& kv_dtype,
@@ -55,6 +55,9 @@ AttentionSpec to_spec(const SpecTuple& t, const std::string& q_dtype, const std:
   AttentionSpec s;
   s.variant = VariantSpec{std::get<0>(t), std::get<1>(t), to_params("variant.scalars", std::get<4>(t)),
                           to_params("variant.tensors", std::get<5>(t)), std::get<2>(t), std::get<3>(t)};
+  s.variant.window_left = std::get<6>(t);
+  if (s.variant.window_left < -1)
+    throw InvalidArgument("window_left: expected -1 (no window) or >= 0, got " + std::to_string(s.variant.window_left));
   s.q_dtype = parse_dtype("q_dtype", q_dtype);
   s.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
   s.o_dtype = parse_dtype("o_dtype", o_dtype);

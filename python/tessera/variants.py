@@ -70,7 +70,10 @@ class VariantSpec:
     float32 or int32, tensors any of float16, bfloat16, float32, int32,
     uint8, bool (the kernel sees ``const T*``). use_softmax=False or
     causal=True take effect whether given here or in the code; only causal
-    here lets the scheduler skip tiles above the diagonal.
+    here lets the scheduler skip tiles above the diagonal. window_left >= 0
+    declares that the code's LogitsMask hides keys left of a sliding window
+    (query at bottom-right position p sees keys >= p - window_left), so the
+    scheduler never loads them; -1: no window.
     """
 
     name: str
@@ -79,6 +82,7 @@ class VariantSpec:
     causal: bool = False
     extra_scalars: Tuple = ()
     extra_tensors: Tuple = ()
+    window_left: int = -1
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not isinstance(self.code, str):
@@ -88,12 +92,14 @@ class VariantSpec:
         _C.validate_variant(self._tuple())
 
     def _tuple(self):
+        if isinstance(self.window_left, bool) or not isinstance(self.window_left, int):
+            raise TypeError(f"window_left: expected an int, got {type(self.window_left).__name__}")
         return (self.name, self.code, bool(self.use_softmax), bool(self.causal), list(self.extra_scalars),
-                list(self.extra_tensors))
+                list(self.extra_tensors), int(self.window_left))
 
     @classmethod
     def _from_tuple(cls, t):
-        return cls(t[0], t[1], t[2], t[3], tuple(t[4]), tuple(t[5]))
+        return cls(t[0], t[1], t[2], t[3], tuple(t[4]), tuple(t[5]), t[6])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,6 +83,19 @@ def test_builtin_specs():
     assert docs_spec().extra_scalars == (("decay", "float32"), ("max_distance", "int32"))
 
 
+def test_window_left_reaches_the_scheduler():
+    # The built-in declares its window (the planners skip keys left of it);
+    # a user spec may declare one too, and a bad one is an error.
+    assert tessera.variants.sliding_window(1024, causal=True).window_left == 1024
+    assert tessera.variants.causal().window_left == -1
+    code = "struct V : tessera::VariantBase {};"
+    assert tessera.VariantSpec("V", code, window_left=16).window_left == 16
+    with pytest.raises(ValueError, match="window_left"):
+        tessera.VariantSpec("V", code, window_left=-2)
+    with pytest.raises(TypeError, match="window_left"):
+        tessera.VariantSpec("V", code, window_left=1.5)
+
+
 def test_spec_errors_name_the_argument():
     code = "struct V : tessera::VariantBase {};"
     with pytest.raises(ValueError, match="variant.name"):
@@ -239,6 +252,28 @@ def test_builtin_decode(torch_cuda, poison, rng, variant):
                                    gather(vc, indptr, indices, last, b, 16), fn, **kw)[0] for b in range(3)])
     assert rel_error(to_np(o), want) < TOL["float16"]
     assert not torch.isnan(lse).any()
+
+
+@pytest.mark.parametrize("backend", ["auto", "fa2"])
+def test_sliding_window_prefill_skips_keys_left_of_the_window(torch_cuda, poison, rng, backend):
+    # Long rows with a short window: most tiles left of it are never loaded
+    # (the plan starts each query tile at its window), and the result still
+    # matches attention with the window mask.
+    torch = torch_cuda
+    window = 100
+    spec = tessera.AttentionSpec(tessera.variants.sliding_window(window, causal=True), q_dtype=torch.float16)
+    q_lens, kv_lens = [700, 3, 260], [700, 900, 1000]
+    qo, kvp = np.cumsum([0] + q_lens).astype(np.int32), np.cumsum([0] + kv_lens).astype(np.int32)
+    qp = torch.empty(int(qo[-1]), 8, 128, dtype=torch.float16, device="cuda").uniform_(-2, 2)
+    k = torch.empty(int(kvp[-1]), 2, 128, dtype=torch.float16, device="cuda").uniform_(-1, 1)
+    v = torch.empty_like(k).uniform_(-1, 1)
+    pre = wrapper(torch, spec, backend=backend)
+    pre.plan_ragged(qo, kvp)
+    o = pre.run_ragged(qp, k, v)
+    fn = lambda lg, qpos, kpos: np.where(kpos[None, None, :] >= qpos[None, :, None] - window, lg, -np.inf)  # noqa: E731
+    want = np.concatenate([ref_attention(to_np(qp)[qo[i]:qo[i + 1]], to_np(k)[kvp[i]:kvp[i + 1]],
+                                         to_np(v)[kvp[i]:kvp[i + 1]], fn, causal=True) for i in range(3)])
+    assert rel_error(to_np(o), want) < TOL["float16"]
 
 
 def test_graph_capture_with_extras(torch_cuda, rng):
