@@ -13,6 +13,7 @@
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
+#include "tessera/runtime/tensor_map.hpp"
 #include "jit_util.hpp"
 #include "test_util.hpp"
 
@@ -173,4 +174,78 @@ TEST(Jit, SoftCapAndSlidingWindowKernelsCompile) {
   const AttentionSpec bf{variants::soft_cap(5.f), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 64};
   EXPECT_TRUE(is_elf(cache.cubin(catalog::batch_prefill(bf, 64), jit::Arch::parse("sm_80"))->image));
   EXPECT_TRUE(is_elf(cache.cubin(catalog::batch_decode(bf, 1), jit::Arch::parse("sm_80"))->image));
+}
+
+// The Hopper prefill configuration: V one stage deeper than K, a second Q
+// buffer only where it fits, every tile within the 227 KB a CTA may use, and
+// 64-row tiles at two CTAs per SM.
+TEST(Jit, HopperPrefillRingsFitSharedMemory) {
+  for (int d : {64, 128})
+    for (int cta_q : {64, 128}) {
+      const AttentionSpec spec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, d};
+      const PrefillConfig c = catalog::prefill_config(spec, cta_q, true);
+      SCOPED_TRACE("d " + std::to_string(d) + " cta_q " + std::to_string(cta_q));
+      EXPECT_EQ(c.v_stages, c.stages + 1);
+      const int dynamic = 2 * (c.q_bufs * cta_q * d + (c.stages + c.v_stages) * c.cta_kv * d) + 1024;
+      EXPECT_EQ(c.smem_bytes, dynamic);
+      EXPECT_LE(c.smem_bytes + 5120, 227 * 1024);
+      if (cta_q == 64) {
+        EXPECT_EQ(c.ctas_per_sm, 2);
+        EXPECT_LE(2 * (c.smem_bytes + 5120), 228 * 1024);
+      }
+      // The kernel name carries the ring depths (they change the code).
+      const std::string entry = catalog::batch_prefill(spec, cta_q, true).entry;
+      EXPECT_NE(entry.find("_k" + std::to_string(c.stages) + "v" + std::to_string(c.v_stages) + "q" +
+                           std::to_string(c.q_bufs)),
+                std::string::npos)
+          << entry;
+    }
+  // 128 x 128 tiles at head_dim 128: two Q buffers would not fit next to 2 + 3 stages.
+  const AttentionSpec spec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
+  EXPECT_EQ(catalog::prefill_config(spec, 128, true).q_bufs, 1);
+}
+
+TEST(Jit, HopperRingOverrideIsChecked) {
+  const AttentionSpec spec{variants::standard(), DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
+  setenv("TESSERA_SM90_RINGS", "2,2,2", 1);
+  const PrefillConfig c = catalog::prefill_config(spec, 128, true);
+  EXPECT_EQ(c.stages, 2);
+  EXPECT_EQ(c.v_stages, 2);
+  EXPECT_EQ(c.q_bufs, 2);
+  for (const char* bad : {"2,1,1", "2,3", "2,3,3", "x"}) {
+    setenv("TESSERA_SM90_RINGS", bad, 1);
+    EXPECT_THROW(catalog::prefill_config(spec, 128, true), InvalidArgument) << bad;
+  }
+  setenv("TESSERA_SM90_RINGS", "3,3,2", 1);  // 288 KB: too big for one CTA
+  EXPECT_THROW(catalog::prefill_config(spec, 128, true), InvalidArgument);
+  unsetenv("TESSERA_SM90_RINGS");
+}
+
+// The Hopper kernel takes its K / V tensor maps as a second, grid-constant
+// parameter (the TMA reads them from parameter space); the other families
+// keep one parameter.
+TEST(Jit, HopperPrefillTakesTensorMapsAsGridConstant) {
+  const AttentionSpec spec{variants::causal(), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 128};
+  const std::string hopper = catalog::batch_prefill(spec, 128, true).source;
+  EXPECT_NE(hopper.find("const __grid_constant__ tessera::KvTensorMaps tma)"), std::string::npos);
+  EXPECT_NE(hopper.find(">(p, tma);"), std::string::npos);
+  const std::string fa2 = catalog::batch_prefill(spec, 128, false).source;
+  EXPECT_EQ(fa2.find("KvTensorMaps"), std::string::npos);
+}
+
+// Views the TMA cannot describe are refused before the driver is asked
+// (the caller then gathers with cp.async).
+TEST(Jit, TensorMapRefusesViewsTheTmaCannotDescribe) {
+  alignas(256) static uint16_t buf[64 * 1024];
+  TensorMap m{};
+  // base not 16-byte aligned
+  EXPECT_FALSE(tma::encode_kv_tiles(m, buf + 1, 16, 2, 128, 256, 128, 64));
+  // token stride of 8 bytes (not a multiple of 16)
+  EXPECT_FALSE(tma::encode_kv_tiles(m, buf, 16, 2, 128, 4, 128, 64));
+  // head_dim not a multiple of the 64-feature box
+  EXPECT_FALSE(tma::encode_kv_tiles(m, buf, 16, 2, 96, 192, 96, 64));
+  // box taller than 256 rows, empty tensor
+  EXPECT_FALSE(tma::encode_kv_tiles(m, buf, 16, 2, 128, 256, 128, 512));
+  EXPECT_FALSE(tma::encode_kv_tiles(m, buf, 0, 2, 128, 256, 128, 64));
+  EXPECT_FALSE(tma::encode_kv_tiles(m, nullptr, 16, 2, 128, 256, 128, 64));
 }
