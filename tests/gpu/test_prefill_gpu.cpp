@@ -91,25 +91,42 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillPaged,
                                             ::testing::Values(16, 64, 128),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
+// A ragged batch of n random requests over 2 KV heads (group query heads
+// each), random q / k / v, and the reference result.
+struct RaggedCase {
+  Batch b;
+  HostTensor q, k, v;
+  reference::Result ref;
+  AttentionSpec spec;
+  TaskInfo task;
+
+  RaggedCase(DType dt, int D, int group, bool causal, int n, std::mt19937_64& rng) : b(make_batch(n, rng)) {
+    const int64_t Hkv = 2, Hq = Hkv * group;
+    k = make_host(dt, {b.kv_tokens.back(), Hkv, D});
+    v = k;
+    q = make_host(dt, {rows(), Hq, D});
+    fill_random(k, rng());
+    fill_random(v, rng());
+    fill_random(q, rng(), -2.f, 2.f);
+    reference::Options ro;
+    ro.causal = causal;
+    ref = reference::attention_ragged(q.view, RaggedIndex(b.qo), k.view, v.view, RaggedIndex(b.kv_tokens), ro);
+    spec = AttentionSpec{causal ? variants::causal() : variants::standard(), dt, dt, dt, D};
+    task = TaskInfo{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, 16, 1};
+    task.max_total_q = 1024;
+  }
+  int64_t rows() const { return b.qo.back(); }
+};
+
 class PrefillRagged : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, PrefillBackend>> {};
 
 TEST_P(PrefillRagged, MatchesReference) {
   SKIP_WITHOUT_GPU();
   const auto [dt, group, causal, cta_q, backend] = GetParam();
-  const int64_t D = 128, Hkv = 2, Hq = Hkv * group;
   std::mt19937_64 rng(group + cta_q);
-  Batch b = make_batch(16, rng);
-  const int64_t rows = b.qo.back(), total_kv = b.kv_tokens.back();
-  HostTensor k = make_host(dt, {total_kv, Hkv, D}), v = k, q = make_host(dt, {rows, Hq, D});
-  fill_random(k, rng());
-  fill_random(v, rng());
-  fill_random(q, rng(), -2.f, 2.f);
-  reference::Options ro;
-  ro.causal = causal;
-  auto ref = reference::attention_ragged(q.view, RaggedIndex(b.qo), k.view, v.view, RaggedIndex(b.kv_tokens), ro);
-  const AttentionSpec spec{causal ? variants::causal() : variants::standard(), dt, dt, dt, D};
-  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, 16, 1};
-  task.max_total_q = 1024;
+  const RaggedCase c(dt, 128, group, causal, 16, rng);
+  const auto& [b, q, k, v, ref, spec, task] = c;
+  const int64_t rows = c.rows(), Hq = task.num_qo_heads, D = 128;
   PrefillOptions opt;
   opt.cta_q = cta_q;
   opt.backend = backend;
@@ -138,20 +155,10 @@ TEST_P(PrefillTma, SameBitsAsCpAsyncAndMatchesReference) {
   SKIP_WITHOUT_GPU();
   if (jit::Arch::of_device(0).major != 9) GTEST_SKIP() << "skipped: the TMA path is the Hopper kernel's";
   const auto [dt, D, causal, group, cta_q] = GetParam();
-  const int64_t Hkv = 2, Hq = Hkv * group;
   std::mt19937_64 rng(D + group * 7 + cta_q);
-  Batch b = make_batch(12, rng);
-  const int64_t rows = b.qo.back(), total_kv = b.kv_tokens.back();
-  HostTensor k = make_host(dt, {total_kv, Hkv, D}), v = k, q = make_host(dt, {rows, Hq, D});
-  fill_random(k, rng());
-  fill_random(v, rng());
-  fill_random(q, rng(), -2.f, 2.f);
-  reference::Options ro;
-  ro.causal = causal;
-  auto ref = reference::attention_ragged(q.view, RaggedIndex(b.qo), k.view, v.view, RaggedIndex(b.kv_tokens), ro);
-  const AttentionSpec spec{causal ? variants::causal() : variants::standard(), dt, dt, dt, static_cast<int>(D)};
-  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, 16, 1};
-  task.max_total_q = 1024;
+  const RaggedCase c(dt, D, group, causal, 12, rng);
+  const auto& [b, q, k, v, ref, spec, task] = c;
+  const int64_t rows = c.rows(), Hq = task.num_qo_heads;
   PrefillOptions opt;
   opt.cta_q = cta_q;
   opt.backend = PrefillBackend::kFA3;
