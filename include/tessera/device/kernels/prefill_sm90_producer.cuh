@@ -100,21 +100,30 @@ struct Sm90Producer {
   static constexpr bool kTmaCapable = !Traits::key_transform && !Traits::value_transform;
   __device__ __forceinline__ static bool uses_tma(const KvTensorMaps& tma) { return kTmaCapable && tma.on != 0; }
 
-  // One K or V tile by the TMA (thread 0 only): box rows past the chunk's
-  // end hold the next keys of the tensor (or zeros past its end); the
-  // consumers mask those columns, so P is 0 there.
-  __device__ __forceinline__ void tma_tile(const TensorMap* map, T* tile, u32 full, int token, int kv_head) const {
-    mbarrier_arrive_expect_tx(full, CTA_KV * HEAD_DIM * sizeof(T));
+  // The TMA path of one item's KV tiles (thread 0 only), in the same order
+  // as the cp.async path below: K_0, then K_t and V_{t-1}, then V_{n-1}.
+  // Rows past the chunk's end hold the next keys of the tensor (or zeros past
+  // its end): the consumers mask those columns, so P is 0 there.
+  __device__ __forceinline__ void tma_item(const KvTensorMaps& tma, const Sm90Barriers<Rings>& bars,
+                                           RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head) const {
+    constexpr u32 kTileBytes = CTA_KV * HEAD_DIM * sizeof(T), kBlockBytes = CTA_KV * 128;
+    auto load = [&](const TensorMap* map, T* tile, u32 full, int t) {
+      mbarrier_arrive_expect_tx(full, kTileBytes);
 #pragma unroll
-    for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
-      tma_load_3d(smem_addr(tile) + cb * (CTA_KV * 128), map, full, cb * 64, token, kv_head);
+      for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
+        tma_load_3d(smem_addr(tile) + cb * kBlockBytes, map, full, cb * 64, token0 + t * CTA_KV, kv_head);
+    };
+    auto load_v = [&](RingPos<Rings::V_STAGES> pos, int t) {
+      mbarrier_wait(bars.v_empty(pos.index()), pos.phase() ^ 1);
+      load(&tma.v, v_smem + pos.index() * (CTA_KV * HEAD_DIM), bars.v_full(pos.index()), t);
+    };
+    for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
+      mbarrier_wait(bars.k_empty(kv_pos.index()), kv_pos.phase() ^ 1);
+      load(&tma.k, k_smem + kv_pos.index() * (CTA_KV * HEAD_DIM), bars.k_full(kv_pos.index()), t);
+      if (t > 0) load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
+    }
+    load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
   }
-
-  // Tags of the two KV rings for issue() below.
-  template <bool KEY>
-  struct Ring {
-    static constexpr bool key = KEY;
-  };
 
   // Signals a landed K or V tile; variants with a key/value transform apply
   // it here first (the whole warpgroup waits for its copies, transforms the
@@ -170,8 +179,10 @@ struct Sm90Producer {
       cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
 
-      // Contiguous KV through the TMA: thread 0 issues the item's tiles.
-      if (tma != nullptr && tid != 0) continue;
+      if (tma != nullptr) {
+        if (tid == 0) tma_item(*tma, bars, kv_pos, n_tiles, page_base + w.kv_start, kv_head);
+        continue;
+      }
       // Order: K_0, then K_t and V_{t-1} for t = 1 .. n-1, then V_{n-1}: the
       // consumers issue S_t together with P_{t-1} V_{t-1}, so they need K_t
       // before V_{t-1}. V stages are released only at the end of a consumer
@@ -186,33 +197,36 @@ struct Sm90Producer {
       // still read by this step's V and K copies, so the ring has 4 tables).
       if (paged && tid < CTA_KV)
         row_offs[(kv_pos.count & 3) * CTA_KV + table_slot(tid)] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
-      // Tile t of the item into the K or V ring at ring count `count`.
-      auto issue = [&](auto ring, int t, unsigned count) {
-        constexpr bool kKey = decltype(ring)::key;
-        const RingPos<kKey ? Rings::K_STAGES : Rings::V_STAGES> pos{count};
-        const int stage = pos.index(), start = w.kv_start + t * CTA_KV;
-        T* tile = (kKey ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM);
-        const u32 full = kKey ? bars.k_full(stage) : bars.v_full(stage);
-        mbarrier_wait(kKey ? bars.k_empty(stage) : bars.v_empty(stage), pos.phase() ^ 1);
-        if (tma != nullptr) return tma_tile(kKey ? &tma->k : &tma->v, tile, full, page_base + start, kv_head);
+      auto issue_v = [&](RingPos<Rings::V_STAGES> pos, int t) {
+        const int start = w.kv_start + t * CTA_KV, stage = pos.index();
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
-        copy_tile(tile, kKey ? k_base : v_base, row_offs + (count & 3) * CTA_KV, affine_base, start, w.kv_end);
-        publish<kKey ? Traits::key_transform : Traits::value_transform>(full, [&] {
-          transform_kv_tile<Variant, kKey, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, tile, tid, THREADS, 0, CTA_KV, b, start,
-                                                                         w.kv_end, kv_head);
+        T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
+        mbarrier_wait(bars.v_empty(stage), pos.phase() ^ 1);
+        copy_tile(v_tile, v_base, row_offs + (pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
+        publish<Traits::value_transform>(bars.v_full(stage), [&] {
+          transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, v_tile, tid, THREADS, 0, CTA_KV, b,
+                                                                          start, w.kv_end, kv_head);
         });
       };
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
+        const int start = w.kv_start + t * CTA_KV, stage = kv_pos.index();
         i64 next_off = 0;
         if (paged) {
           named_barrier_sync(kSm90ProducerBar, THREADS);
-          if (t + 1 < n_tiles) next_off = row_offset(page_base, w.kv_start + (t + 1) * CTA_KV, w.kv_end, kv_head, p.page_shift);
+          if (t + 1 < n_tiles) next_off = row_offset(page_base, start + CTA_KV, w.kv_end, kv_head, p.page_shift);
         }
-        issue(Ring<true>{}, t, kv_pos.count);
-        if (t > 0) issue(Ring<false>{}, t - 1, kv_pos.count - 1);
+        const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
+        T* k_tile = k_smem + stage * (CTA_KV * HEAD_DIM);
+        mbarrier_wait(bars.k_empty(stage), kv_pos.phase() ^ 1);
+        copy_tile(k_tile, k_base, row_offs + (kv_pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
+        publish<Traits::key_transform>(bars.k_full(stage), [&] {
+          transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, k_tile, tid, THREADS, 0, CTA_KV, b,
+                                                                         start, w.kv_end, kv_head);
+        });
+        if (t > 0) issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
         if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + table_slot(tid)] = next_off;
       }
-      issue(Ring<false>{}, n_tiles - 1, kv_pos.count - 1);
+      issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
     }
     cp_async_wait_all();  // no copy outlives its thread
   }
