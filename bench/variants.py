@@ -224,6 +224,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--parts", default="abc", help="which of the parts (a)-(c) to run")
+    ap.add_argument("--variants", default="causal,soft_cap,alibi,sliding_window", help="part (a)'s variants")
     ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
     args = ap.parse_args()
     backends = args.backends.split(",")
@@ -234,7 +235,7 @@ def main():
 
     print("# (a) batch 16, 16 heads, d 128, causal: Tessera variants vs compiled FlexAttention")
     seqs = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    for variant in (["causal", "soft_cap", "alibi", "sliding_window"] if "a" in args.parts else []):
+    for variant in (args.variants.split(",") if "a" in args.parts else []):
         for L in seqs:
             fx = None if args.no_flex else flex_variant(variant, 16, 16, L)
             pairs = 16 * 16 * visible_pairs(L, variant)

@@ -72,7 +72,9 @@ def host_ints(x, name):
     if T.is_torch(x):
         if x.is_floating_point() or x.is_complex():
             raise TypeError(f"{name}: expected an integer tensor, got {str(x.dtype).replace('torch.', '')}")
-        arr = x.detach().cpu().numpy()  # a GPU tensor is copied (synchronously) to the host, as FlashInfer does
+        if x.device.type != "cpu":
+            x = x.cpu()  # a GPU tensor is copied (synchronously) to the host, as FlashInfer does
+        arr = x.numpy()  # integer tensors carry no autograd state
     elif isinstance(x, np.ndarray):
         arr = x
     elif isinstance(x, (list, tuple)):
@@ -83,6 +85,8 @@ def host_ints(x, name):
         raise TypeError(f"{name}: expected an integer dtype, got {arr.dtype.name}")
     if arr.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {tuple(arr.shape)}")
+    if arr.dtype == np.int32:  # the common case, once per generation step: no scan, no copy if contiguous
+        return np.ascontiguousarray(arr)
     if arr.size and (int(arr.min()) < -INT32_MAX - 1 or int(arr.max()) > INT32_MAX):
         raise ValueError(f"{name}: expected values that fit in int32")
     return np.ascontiguousarray(arr, dtype=np.int32)

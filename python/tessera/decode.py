@@ -175,6 +175,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._native_key = None  # what it was built for: dtypes, shape, bounds
         self._pinned = None  # the pinned host staging buffer it borrows
         self._planned = None  # what the last plan() fixed for run()
+        self._checked_scalars, self._checked = None, None  # plan()'s scalar arguments, once checked
 
     @property
     def is_cuda_graph_enabled(self):
@@ -207,6 +208,37 @@ class BatchDecodeWithPagedKVCacheWrapper:
             sm_scale: softmax scale; None means 1 / sqrt(head_dim).
             non_blocking: accepted; the schedule upload is always asynchronous.
         """
+        # The scalar arguments rarely change between steps: their checks (and
+        # the C++ workspace_size probe) run when they do, not every step.
+        scalars = (pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
+                   rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
+        scalars = tuple((type(x), x) for x in scalars)
+        if scalars == self._checked_scalars:
+            q_dt, kv_dt, o_dt, shape, scale = self._checked
+        else:
+            q_dt, kv_dt, o_dt, shape, scale = self._check_scalars(
+                pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
+                rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
+            self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale)
+        indptr = _host_ints(indptr, "indptr")
+        indices = _host_ints(indices, "indices")
+        last_page_len = _host_ints(last_page_len, "last_page_len")
+        if indptr.size < 1:
+            raise ValueError("indptr: expected batch_size + 1 >= 1 entries, got 0")
+        batch = indptr.size - 1
+        if indices.size > indptr[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
+            indices = indices[: indptr[-1]]
+        buf = self._float_workspace_buffer
+        W.check_workspace_buffer(buf)
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape, max(batch, 1), max(int(indices.size), 1))
+        # The C++ plan() switches to the workspace's device itself.
+        self._native.plan(indptr, indices, last_page_len, T._torch().cuda.current_stream(buf.device).cuda_stream)
+        self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
+                         "head_dim": shape[2], "sm_scale": scale}
+
+    def _check_scalars(self, pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type,
+                       sm_scale, rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size):
+        """plan()'s checks of its scalar arguments: (q, kv, o dtype names, (hq, hkv, head_dim, page_size), sm_scale)."""
         _reject_unsupported(pos_encoding_mode, None, None, None, window_left, logits_soft_cap, rope_scale, rope_theta)
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
@@ -220,22 +252,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # The C++ checks of dtypes, heads and head_dim, without touching a GPU.
         _C.BatchDecode.workspace_size(q_dt, kv_dt, o_dt, shape[2], shape[0], shape[1], shape[3], self._kv_layout, 1, 1,
                                       num_sms=1, use_tensor_cores=self._use_tensor_cores)
-        indptr = _host_ints(indptr, "indptr")
-        indices = _host_ints(indices, "indices")
-        last_page_len = _host_ints(last_page_len, "last_page_len")
-        if indptr.size < 1:
-            raise ValueError("indptr: expected batch_size + 1 >= 1 entries, got 0")
-        batch = indptr.size - 1
-        if indices.size > indptr[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
-            indices = indices[: indptr[-1]]
-        buf = self._float_workspace_buffer
-        W.check_workspace_buffer(buf)
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape, max(batch, 1), max(int(indices.size), 1))
-        torch = T._torch()
-        with torch.cuda.device(buf.device):
-            self._native.plan(indptr, indices, last_page_len, torch.cuda.current_stream(buf.device).cuda_stream)
-        self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
-                         "head_dim": shape[2], "sm_scale": scale}
+        return q_dt, kv_dt, o_dt, shape, scale
 
     begin_forward = plan
 

@@ -130,10 +130,10 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
   const int64_t batch = static_cast<int64_t>(kv_indptr.size()) - 1;
   // Validates monotonicity, sizes, index signs and last_page_len ranges; the
   // storage size is checked against the largest index at run().
-  PageTable table({kv_indptr.begin(), kv_indptr.end()}, {kv_indices.begin(), kv_indices.end()},
-                  {kv_last_page_len.begin(), kv_last_page_len.end()}, task_.page_size, INT32_MAX);
+  const int32_t max_index = check_page_table(kv_indptr, kv_indices, kv_last_page_len, task_.page_size, kv_lens_);
   const int64_t n_indices = static_cast<int64_t>(kv_indices.size());
 
+  cuda::DeviceGuard guard(ws_->device());  // the upload and its event belong to the workspace's device
   if (!kernel_) {  // first plan: load the kernel, fix the grid and the workspace sections
     const int cap = opt_.ctas_per_sm > 0 ? opt_.ctas_per_sm : config_.ctas_per_sm;
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, cap,
@@ -145,7 +145,6 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
     layout_ = layout_for(spec_, task_, ctas_per_head_);
     detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
     // Merge counters start at zero; every run leaves them at zero.
-    cuda::DeviceGuard guard(ws_->device());
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
                                        sizeof(int32_t) * task_.max_batch * task_.num_kv_heads, stream));
   }
@@ -156,10 +155,6 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
     throw InvalidArgument("kv_indices: " + str(n_indices) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages) + " fixed at the first plan()");
 
-  kv_lens_.resize(batch);
-  int64_t max_index = -1;
-  for (int64_t i = 0; i < batch; ++i) kv_lens_[i] = static_cast<int32_t>(table.kv_len(i));
-  for (int32_t p : kv_indices) max_index = std::max<int64_t>(max_index, p);
   planner_.plan_decode(kv_lens_, ctas_per_head_, opt_.planner, plan_);
 
   ws_->stage_begin();

@@ -83,14 +83,13 @@ void BatchPrefill::check_mask_given(bool given, const char* name, const char* ho
 
 void BatchPrefill::paged_lengths(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
                                  std::span<const int32_t> kv_last_page_len) {
+  plan_t0_ = std::chrono::steady_clock::now();
   if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
-  PageTable table({kv_indptr.begin(), kv_indptr.end()}, {kv_indices.begin(), kv_indices.end()},
-                  {kv_last_page_len.begin(), kv_last_page_len.end()}, task_.page_size, INT32_MAX);
-  kv_lens_.resize(table.num_requests());
-  for (int64_t i = 0; i < table.num_requests(); ++i) kv_lens_[i] = static_cast<int32_t>(table.kv_len(i));
+  checked_max_page_ = check_page_table(kv_indptr, kv_indices, kv_last_page_len, task_.page_size, kv_lens_);
 }
 
 void BatchPrefill::ragged_lengths(std::span<const int32_t> kv_indptr) {
+  plan_t0_ = std::chrono::steady_clock::now();
   validate_indptr("kv_indptr", kv_indptr);
   kv_lens_.resize(kv_indptr.empty() ? 0 : kv_indptr.size() - 1);
   for (size_t i = 0; i < kv_lens_.size(); ++i) kv_lens_[i] = kv_indptr[i + 1] - kv_indptr[i];
@@ -183,7 +182,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
                                std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                                std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr,
                                cudaStream_t stream) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = plan_t0_;  // set by paged_lengths / ragged_lengths, which every plan() calls first
   if (qo_indptr.empty()) throw InvalidArgument("qo_indptr: expected batch + 1 elements, got 0");
   validate_indptr("qo_indptr", qo_indptr);
   const int64_t batch = static_cast<int64_t>(qo_indptr.size()) - 1;
@@ -195,6 +194,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   for (int64_t i = 0; i < batch; ++i) qo_lens_[i] = qo_indptr[i + 1] - qo_indptr[i];
   if (custom_mask_) validate_mask_indptr(mask_indptr, qo_lens_, kv_lens);  // before any GPU work
 
+  cuda::DeviceGuard guard(ws_->device());  // the upload and its event belong to the workspace's device
   if (!kernel_) {  // first plan: choose the tile, load the kernel, fix grid and sections
     int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
     // On sm_90 the Hopper kernel's 64-row tiles beat the FA2 template's 16- and
@@ -213,7 +213,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
     layout_ = layout_for(spec_, task_, ctas_per_head_, config_.cta_q);
     detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
-    cuda::DeviceGuard guard(ws_->device());  // merge counters start at zero; runs leave them at zero
+    // Merge counters start at zero; runs leave them at zero.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
                                        layout_.partial_lse - layout_.counters, stream));
   }
@@ -247,8 +247,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   total_q_ = total_q;
   total_kv_ = src == Source::kRagged ? kv_indptr.back() : 0;
   mask_bytes_ = custom_mask_ ? mask_indptr.back() : 0;
-  max_page_index_ = -1;
-  for (int32_t p : kv_indices) max_page_index_ = std::max<int64_t>(max_page_index_, p);
+  max_page_index_ = kv_indices.empty() ? -1 : checked_max_page_;  // paged_lengths() scanned them
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -48,6 +48,15 @@ class PageTable {
   int64_t num_pages_ = 0;
 };
 
+// Checks a page table the caller keeps (nothing is copied): indptr
+// non-decreasing from 0, one index per page, indices >= 0, last_page_len in
+// range; writes each request's KV length to kv_lens and returns the largest
+// page index (-1 for none). plan() calls this once per generation step, so it
+// is one branch-free pass over the indices; errors name the offending entry
+// as PageTable's constructor does (which calls it).
+int32_t check_page_table(std::span<const int32_t> indptr, std::span<const int32_t> indices,
+                         std::span<const int32_t> last_page_len, int32_t page_size, std::vector<int32_t>& kv_lens);
+
 // The KV storage tensors plus their layout; validated on construction.
 class PagedKVStorage {
  public:

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "tessera/device/kernels/decode_params.cuh"
@@ -98,6 +99,7 @@ class Planner {
   std::vector<Chunk> chunks_;
   std::vector<int32_t> first_slot_, num_chunks_, counter_, owner_, order_, fill_, queue_, rank_;
   std::vector<std::pair<double, int32_t>> heap_;
+  std::vector<std::pair<uint64_t, uint64_t>> keys_;  // packed sort keys of assign()'s order
   int32_t slots_ = 0, split_ = 0;
   bool group_by_request_ = false;  // chunk order: by request, then length (prefill), or by length alone
 };
