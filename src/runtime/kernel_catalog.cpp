@@ -95,10 +95,7 @@ VariantSpec sliding_window(int window_left, bool causal) {
        << "  using tessera::VariantBase::VariantBase;\n"
        << (causal ? "  static constexpr bool causal = true;\n" : "")
        << "  // Sliding window: the query at bottom-right-aligned position p sees keys >= p - " << window_left << ".\n"
-       << "  template <typename Params>\n"
-       << "  __device__ __forceinline__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
-       << "    return kv_idx >= qo_idx + (kv_len - qo_len) - " << window_left << ";\n"
-       << "  }\n"
+       << "  static constexpr int window_left = " << window_left << ";\n"
        << "};\n";
   VariantSpec v{name, code.str()};
   v.causal = causal;

@@ -23,6 +23,12 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
+// Lane 0's value in every lane. For a value already equal across the warp
+// this changes nothing but what ptxas can prove: the result is warp-uniform,
+// so values derived from it may live in uniform registers (wgmma descriptors
+// must; otherwise every use pays R2UR moves).
+__device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(kFullMask, x, 0); }
+
 #endif
 
 }  // namespace tessera

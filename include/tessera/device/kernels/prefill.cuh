@@ -89,10 +89,11 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
 
     PrefillState<MT, NT_O> st;
     st.init();
+    const int warp_max_qo = (warp_row0 + Shape::WARP_ROWS - 1) / p.group;
     auto masked_tile = [&](int t) {
-      const int tile_last = w.kv_start + t * CTA_KV + CTA_KV - 1;
-      return Traits::logits_mask || !warp_rows_valid || tile_last >= w.kv_end ||
-             (Variant::causal && tile_last > warp_min_qo + causal_shift);
+      const int first = w.kv_start + t * CTA_KV;
+      return tile_needs_mask<Variant, Params>(first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo,
+                                              warp_max_qo, causal_shift);
     };
     for (int t = 0; t < n_tiles; ++t) {
       // Tile t's copies are done. Deeper pipelines over paged KV wait for all:

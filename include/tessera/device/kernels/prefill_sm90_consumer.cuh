@@ -13,6 +13,7 @@
 // turns issuing GEMMs (ping-pong), so one warpgroup's softmax also hides
 // under the other's GEMMs. The epilogue is shared with the FA2 template.
 #pragma once
+#include "tessera/device/arch/warp.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/prefill_epilogue.cuh"
 #include "tessera/device/kernels/prefill_sm90_mma.cuh"
@@ -22,6 +23,9 @@
 // Switches for experiments (TESSERA_SM90_DEFINES at JIT time).
 #ifndef TESSERA_SM90_PINGPONG
 #define TESSERA_SM90_PINGPONG 1
+#endif
+#ifndef TESSERA_SM90_UNIFORM
+#define TESSERA_SM90_UNIFORM 1
 #endif
 
 namespace tessera {
@@ -72,7 +76,13 @@ struct Sm90Consumer {
     RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
     using VPos = RingPos<Rings::V_STAGES>;
     for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
-      const PrefillWorkItem w = p.work_items[wi];
+      PrefillWorkItem w = p.work_items[wi];
+#if TESSERA_SM90_UNIFORM
+      // Equal in every lane already; broadcasting makes ptxas see it, so the
+      // tile loop's control and ring positions are warp-uniform.
+      w.kv_start = warp_uniform(w.kv_start);
+      w.kv_end = warp_uniform(w.kv_end);
+#endif
       const int b = w.request;
       const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
       const int kv_len = device::kv_len(p.kv, b);
@@ -91,11 +101,11 @@ struct Sm90Consumer {
       // Per-warp facts for skipping masks on interior tiles (warp-uniform).
       const int causal_shift = kv_len - qo_len;
       const bool warp_rows_valid = (row0 + warp_row0 + 15) / p.group < qo_len;
-      const int warp_min_qo = (row0 + warp_row0) / p.group;
+      const int warp_min_qo = (row0 + warp_row0) / p.group, warp_max_qo = (row0 + warp_row0 + 15) / p.group;
       auto masked = [&](int t) {
-        const int tile_last = w.kv_start + t * CTA_KV + CTA_KV - 1;
-        return Traits::logits_mask || !warp_rows_valid || tile_last >= w.kv_end ||
-               (Variant::causal && tile_last > warp_min_qo + causal_shift);
+        const int first = w.kv_start + t * CTA_KV;
+        return tile_needs_mask<Variant, Params>(first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo,
+                                                warp_max_qo, causal_shift);
       };
 
       PrefillState<1, NT_O> st;
@@ -110,9 +120,14 @@ struct Sm90Consumer {
           fence_proxy_async();
           named_barrier_sync(kSm90QueryBar + wg, 128);
         }
-        const u64 q_desc = desc_at(q_desc0, qb * (CTA_Q * HEAD_DIM * 2) + wg * (64 * 128));
-        auto k_at = [&](int stage) { return desc_at(k_desc0, stage * (CTA_KV * HEAD_DIM * 2)); };
-        auto v_at = [&](int stage) { return desc_at(v_desc0, stage * (CTA_KV * HEAD_DIM * 2)); };
+#if TESSERA_SM90_UNIFORM
+        auto uni = [](u64 d) { return (d >> 32 << 32) | static_cast<u32>(warp_uniform(static_cast<int>(d))); };
+#else
+        auto uni = [](u64 d) { return d; };
+#endif
+        const u64 q_desc = uni(desc_at(q_desc0, qb * (CTA_Q * HEAD_DIM * 2) + wg * (64 * 128)));
+        auto k_at = [&](int stage) { return uni(desc_at(k_desc0, stage * (CTA_KV * HEAD_DIM * 2))); };
+        auto v_at = [&](int stage) { return uni(desc_at(v_desc0, stage * (CTA_KV * HEAD_DIM * 2))); };
         float s[NT_S][4];
         float(&sf)[NT_S * 4] = reinterpret_cast<float(&)[NT_S * 4]>(s);
         float(&of)[NT_O * 4] = reinterpret_cast<float(&)[NT_O * 4]>(st.o[0]);

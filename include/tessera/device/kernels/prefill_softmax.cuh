@@ -44,6 +44,18 @@ struct RowInfo {
 // uniform). Split from the rescale so the Hopper mainloop can run this step
 // while the previous tile's O += P V is still in flight on the tensor cores.
 // State: anything with m[MT][2] and d[MT][2] (a PrefillState).
+// Whether KV tile [first, last] needs the per-element mask for a warp whose
+// rows are queries min_qo..max_qo (all valid when rows_valid): it crosses
+// kv_end, the causal diagonal or the window's left edge, or the variant has a
+// LogitsMask of its own. Warp-uniform.
+template <typename Variant, typename Params>
+__device__ __forceinline__ bool tile_needs_mask(int first, int last, int kv_end, bool rows_valid, int min_qo, int max_qo,
+                                                int causal_shift) {
+  return VariantTraits<Variant, Params>::logits_mask || !rows_valid || last >= kv_end ||
+         (Variant::causal && last > min_qo + causal_shift) ||
+         (Variant::window_left >= 0 && first < max_qo + causal_shift - Variant::window_left);
+}
+
 template <typename Variant, int MT, int NT_S, typename State, typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
@@ -52,14 +64,14 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
   // Logits. Plain softmax variants keep S raw and fold sm_scale * log2(e)
   // into the exponent (one FFMA + MUFU per element); others run the variant's
   // LogitsTransform and move to base 2. Masks run only on tiles that need one
-  // (`masked`: crosses kv_end, the causal diagonal or the last query row, or
-  // the variant has its own LogitsMask).
+  // (`masked`: tile_needs_mask).
   using Traits = VariantTraits<Variant, Params>;
   constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
   const float scale_log2 = p.sm_scale * kLog2e;
   auto keep = [&](int t, int r, int pos) {
     bool k = rows.valid[t][r] && pos < kv_end;
     if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
+    if constexpr (Variant::window_left >= 0) k = k && pos >= rows.qo_idx[t][r] + causal_shift - Variant::window_left;
     if constexpr (Traits::logits_mask) k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
     return k;
   };

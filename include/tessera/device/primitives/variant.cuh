@@ -24,6 +24,11 @@
 //                diagonal (kv_idx > qo_idx + kv_len - qo_len). Declared rather
 //                than written as a LogitsMask so kernels test it only on tiles
 //                that cross the diagonal and skip the tiles above it.
+//   window_left: >= 0 -> also mask keys left of the sliding window
+//                (kv_idx < qo_idx + kv_len - qo_len - window_left); -1 = none.
+//                Declared for the same reason: only tiles crossing the
+//                window's left edge pay for the mask (and the planners, told
+//                by VariantSpec::window_left, never load the keys left of it).
 //
 // The logit handed to LogitsTransform is q.k * sm_scale. qo_idx / kv_idx are
 // positions within the request. Indices are ints; feat_idx is the position
@@ -59,6 +64,7 @@ struct PairStride {
 struct VariantBase {
   static constexpr bool use_softmax = true;
   static constexpr bool causal = false;
+  static constexpr int window_left = -1;
   static constexpr Pairing pairing = Pairing::kNone;
   int qo_len;
   int kv_len;
