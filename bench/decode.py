@@ -63,10 +63,14 @@ def run_tessera(lens, page_size, hq, hkv, q, split=True, check=False, shuffle=Tr
     # plan() runs once per generation step: the first one also loads the
     # kernel and sizes the workspace, so the host time that matters is that of
     # the plans after it (median of re-plans; C++ time inside plan(), and the
-    # whole Python call).
+    # whole Python call). A step ends with the host waiting for its tokens, so
+    # each timed plan starts with the GPU idle: back-to-back plans would
+    # instead time the wait for the previous plan's upload (~10 us), which a
+    # serving loop never sees.
     first_plan_us = w.last_plan_us
     cpp_us, py_us = [], []
     for _ in range(PLAN_REPEATS):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         w.plan(indptr, indices, last, hq, hkv, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
         py_us.append((time.perf_counter() - t0) * 1e6)

@@ -44,9 +44,10 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   // tile re-reading it from HBM (all requests' tiles at once made a 4k causal
   // batch read every KV row from HBM ~16 times: 1.45 TB/s of DRAM traffic in a
   // compute-bound kernel). Within a request the order is still line 5's.
-  // One sort of packed integer keys ((request rank, request), (length, chunk
-  // id)): plan() runs every generation step, and an indirect comparator over
-  // ~500 chunks cost ~10 us of its 30 us budget.
+  // The order is one sort of packed integer keys: (length descending, chunk
+  // id) in 64 bits, behind (request rank, request) for prefill. plan() runs
+  // every generation step, and an indirect comparator over ~500 chunks cost
+  // ~10 us of its 30 us budget.
   auto len = [&](size_t c) { return chunks_[c].end - chunks_[c].start; };
   if (group_by_request_) {
     rank_.assign(tiles_.empty() ? 0 : tiles_.back().request + 1, 0);
@@ -55,34 +56,51 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
       r = std::max(r, len(c));
     }
   }
-  keys_.resize(chunks_.size());
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    const uint64_t request = static_cast<uint32_t>(tiles_[chunks_[c].tile].request);
-    const uint64_t by_request = group_by_request_ ? (uint64_t{uint32_t(INT32_MAX - rank_[request])} << 32) | request : 0;
-    keys_[c] = {by_request, (uint64_t{uint32_t(INT32_MAX - len(c))} << 32) | c};
+  const size_t n = chunks_.size();
+  minor_.resize(n);
+  for (size_t c = 0; c < n; ++c) minor_[c] = (uint64_t{uint32_t(INT32_MAX - len(c))} << 32) | c;
+  if (group_by_request_) {
+    keys_.resize(n);
+    for (size_t c = 0; c < n; ++c) {
+      const uint64_t request = static_cast<uint32_t>(tiles_[chunks_[c].tile].request);
+      keys_[c] = {(uint64_t{uint32_t(INT32_MAX - rank_[request])} << 32) | request, minor_[c]};
+    }
+    std::sort(keys_.begin(), keys_.end());
+    for (size_t i = 0; i < n; ++i) minor_[i] = keys_[i].second;
+  } else {
+    std::sort(minor_.begin(), minor_.end());  // decode: one 64-bit key per chunk
   }
-  std::sort(keys_.begin(), keys_.end());
-  order_.resize(chunks_.size());
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(keys_[i].second & 0xFFFFFFFFu);
+  order_.resize(n);
+  for (size_t i = 0; i < n; ++i) order_[i] = static_cast<int32_t>(minor_[i] & 0xFFFFFFFFu);
 
-  // Lines 6-13: each chunk to the cheapest CTA (ties: lowest index).
-  heap_.clear();
-  for (int c = 0; c < ctas; ++c) heap_.push_back({0.0, c});
-  auto min_heap = [](const std::pair<double, int32_t>& a, const std::pair<double, int32_t>& b) {
-    return a.first != b.first ? a.first > b.first : a.second > b.second;
-  };
-  std::make_heap(heap_.begin(), heap_.end(), min_heap);
+  // Lines 6-13: each chunk to the cheapest CTA (ties: lowest index). A heap
+  // entry packs (cost in 1/16 token units, CTA) into one integer, so the
+  // heap compares integers (doubles and pairs made this half of plan()).
+  if (ctas >= (1 << kCtaBits)) throw InvalidArgument("ctas: expected < 2^20, got " + std::to_string(ctas));
+  heap_.resize(ctas);
+  for (int c = 0; c < ctas; ++c) heap_[c] = static_cast<uint64_t>(c);  // cost 0: already a min-heap
   owner_.resize(chunks_.size());
+  const auto fixed = [](double cost) { return static_cast<uint64_t>(std::max(cost, 0.0) * 16.0 + 0.5); };
+  const uint64_t item_cost = fixed(opt.alpha * tile_rows);
+  const size_t m = heap_.size();
   for (int32_t w : order_) {
-    std::pop_heap(heap_.begin(), heap_.end(), min_heap);
-    auto& [cost, cta] = heap_.back();
-    owner_[w] = cta;
-    cost += opt.alpha * tile_rows + opt.beta * (chunks_[w].end - chunks_[w].start);
-    std::push_heap(heap_.begin(), heap_.end(), min_heap);
+    // The cheapest CTA takes the chunk; its entry grows, so sift it down
+    // (one pass instead of a pop and a push).
+    uint64_t e = heap_[0];
+    owner_[w] = static_cast<int32_t>(e & kCtaMask);
+    e += (item_cost + fixed(opt.beta * (chunks_[w].end - chunks_[w].start))) << kCtaBits;
+    size_t i = 0;
+    for (size_t child = 1; child < m; child = 2 * i + 1) {
+      if (child + 1 < m && heap_[child + 1] < heap_[child]) ++child;
+      if (heap_[child] >= e) break;
+      heap_[i] = heap_[child];
+      i = child;
+    }
+    heap_[i] = e;
   }
-  double max_cost = 0;
-  for (auto& [cost, cta] : heap_) max_cost = std::max(max_cost, cost);
-  return max_cost;
+  uint64_t max_cost = 0;
+  for (uint64_t e : heap_) max_cost = std::max(max_cost, e >> kCtaBits);
+  return static_cast<double>(max_cost) / 16.0;
 }
 
 void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
@@ -128,7 +146,7 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   out.num_slots = slots_;
   out.num_split = split_;
   double sum_cost = 0;
-  for (auto& [cost, cta] : heap_) sum_cost += cost;
+  for (uint64_t e : heap_) sum_cost += static_cast<double>(e >> kCtaBits) / 16.0;
   out.max_cta_cost = best;
   out.mean_cta_cost = sum_cost / ctas;
 

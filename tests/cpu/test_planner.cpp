@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "tessera/runtime/planner.hpp"
 #include "test_util.hpp"
@@ -208,4 +209,40 @@ TEST(Planner, SlidingWindowSkipsKeysLeftOfTheWindow) {
   EXPECT_EQ(max_end[0], 50);
   EXPECT_EQ(min_start[1], (4096 - 1 - 100) / 64 * 64);
   EXPECT_EQ(max_end[1], 4096);
+}
+
+// Line 5's order: each CTA's queue runs in assignment order, which is longest
+// chunk first, ties by request then position (decode); prefill first groups
+// requests by their longest chunk (descending, ties by request). Lengths are
+// drawn from few values so ties are common and the tie-breaks are exercised.
+TEST(Planner, QueuesFollowLongestFirstOrder) {
+  std::mt19937_64 rng(21);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<int32_t> lens(1 + rng() % 300), q(lens.size());
+    for (auto& l : lens) l = static_cast<int32_t>((rng() % 5) * 700 + rng() % 3);
+    for (auto& x : q) x = static_cast<int32_t>(1 + rng() % 300);
+    const int ctas = 1 + static_cast<int>(rng() % 40);
+    Planner planner;
+    DecodePlan dp;
+    planner.plan_decode(lens, ctas, {}, dp);
+    for (int c = 0; c < ctas; ++c)
+      for (int i = dp.work_indptr[c] + 1; i < dp.work_indptr[c + 1]; ++i) {
+        const DecodeWorkItem &a = dp.items[i - 1], &b = dp.items[i];
+        const int la = a.kv_end - a.kv_start, lb = b.kv_end - b.kv_start;
+        ASSERT_TRUE(la > lb || (la == lb && std::make_pair(a.request, a.kv_start) < std::make_pair(b.request, b.kv_start)))
+            << "trial " << trial << " cta " << c << " item " << i;
+      }
+    PrefillPlan pp;
+    PlannerOptions popt;
+    popt.chunk_align = 64;
+    planner.plan_prefill(q, lens, 1, 64, /*causal=*/true, ctas, popt, pp);
+    std::vector<int32_t> longest(lens.size(), 0);
+    for (const PrefillWorkItem& w : pp.items) longest[w.request] = std::max(longest[w.request], w.kv_end - w.kv_start);
+    auto key = [&](const PrefillWorkItem& w) {
+      return std::make_tuple(-longest[w.request], w.request, -(w.kv_end - w.kv_start), w.q_tile, w.kv_start);
+    };
+    for (int c = 0; c < ctas; ++c)
+      for (int i = pp.work_indptr[c] + 1; i < pp.work_indptr[c + 1]; ++i)
+        ASSERT_LT(key(pp.items[i - 1]), key(pp.items[i])) << "trial " << trial << " cta " << c << " item " << i;
+  }
 }

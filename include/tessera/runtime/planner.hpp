@@ -98,8 +98,11 @@ class Planner {
   std::vector<Tile> tiles_;
   std::vector<Chunk> chunks_;
   std::vector<int32_t> first_slot_, num_chunks_, counter_, owner_, order_, fill_, queue_, rank_;
-  std::vector<std::pair<double, int32_t>> heap_;
-  std::vector<std::pair<uint64_t, uint64_t>> keys_;  // packed sort keys of assign()'s order
+  static constexpr int kCtaBits = 20;  // heap_ entries: cost (1/16 token units) << kCtaBits | CTA
+  static constexpr uint64_t kCtaMask = (uint64_t{1} << kCtaBits) - 1;
+  std::vector<uint64_t> heap_;
+  std::vector<uint64_t> minor_;                      // assign()'s sort keys: (length descending, chunk id) ...
+  std::vector<std::pair<uint64_t, uint64_t>> keys_;  // ... behind (request rank, request) for prefill
   int32_t slots_ = 0, split_ = 0;
   bool group_by_request_ = false;  // chunk order: by request, then length (prefill), or by length alone
 };
