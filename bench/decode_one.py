@@ -1,7 +1,10 @@
 """A few batch-decode configurations side by side (experiments): Tessera on
 CUDA cores and on tensor cores (query tile from TESSERA_DECODE_TC_CTA_Q),
 NHD and HND caches, and SDPA-cuDNN on dense KV, with achieved TB/s.
-Usage: python bench/decode_one.py"""
+Usage: python bench/decode_one.py [--tc-sweep]
+  --tc-sweep: the tensor-core path only, under several kernel settings
+  (TESSERA_DECODE_TC_CTA_Q, TESSERA_PREFILL_TILE, TESSERA_SM90_RINGS), on the
+  decode acceptance workloads."""
 import os
 import sys
 
@@ -48,5 +51,40 @@ def main():
         print(f"{hq}/{hkv} {dist:>16} B{b:<4} TB/s: " + " | ".join(cells), flush=True)
 
 
+TC_SETTINGS = [  # name, environment
+    ("default", {}),
+    ("kv128", {"TESSERA_PREFILL_TILE": "128,0,0,0"}),
+    ("k3v4", {"TESSERA_SM90_RINGS": "3,4,1"}),
+    ("k4v5", {"TESSERA_SM90_RINGS": "4,5,1"}),
+    ("q128", {"TESSERA_DECODE_TC_CTA_Q": "128"}),
+]
+
+
+def tc_sweep():
+    ceiling = common.read_probe_best()
+    print(f"# read ceiling {ceiling:.2f} TB/s; tensor-core decode, page 16, TB/s per setting")
+    keys = {k for _, env in TC_SETTINGS for k in env}
+    for (hq, hkv), dist, b in [((32, 32), "const:4096", 128), ((32, 8), "uniform:512-1024", 16),
+                               ((32, 8), "uniform:512-1024", 64), ((32, 8), "zipf:1024", 16), ((32, 8), "const:32768", 2)]:
+        lens = common.kv_lengths(dist, b, seed=b)
+        nb = dec.needed_bytes(lens, hq, hkv)
+        q = torch.randn(b, hq, D, dtype=DT, device="cuda")
+        cells = []
+        for name, env in TC_SETTINGS:
+            for k in keys:
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            try:
+                ms = run(lens, 16, hq, hkv, q, tc=True)
+                cells.append(f"{name} {nb / ms / 1e9:5.2f}")
+            except Exception as e:  # a setting that does not fit must not end the sweep
+                cells.append(f"{name} ({type(e).__name__})")
+        for k in keys:
+            os.environ.pop(k, None)
+        cd = dec.run_sdpa(lens, hq, hkv, "cudnn")[0]
+        cells.append(f"cudnn {nb / cd / 1e9:5.2f}" if cd else "cudnn -")
+        print(f"{hq}/{hkv} {dist:>16} B{b:<4}: " + " | ".join(cells), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    tc_sweep() if "--tc-sweep" in sys.argv[1:] else main()

@@ -205,10 +205,9 @@ def main():
             print(f"B {b} L {L} {be}: dense {tflops(fl, dense):.0f}, paged-1 {tflops(fl, p1):.0f} ({p1 / dense - 1:+.0%}), "
                   f"paged-16 {tflops(fl, p16):.0f} ({p16 / dense - 1:+.0%}), BSR Bc=1 {tflops(fl, bsr):.0f} "
                   f"({bsr / dense - 1:+.0%}) TFLOP/s", flush=True)
-    if ap_parts != "abcd":
-        print("# partial run: results not saved")
-        return
-    path = common.save_results("prefill", dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
+    # A partial run is saved under its own name (prefill-a-...), never over a full one.
+    kind = "prefill" if ap_parts == "abcd" and not args.quick else "prefill-" + ("quick" if args.quick else ap_parts)
+    path = common.save_results(kind, dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")
 
 

@@ -268,11 +268,10 @@ def main():
     if "c" in args.parts:
         print("# (c) JIT cost per kernel (fp16, d 128, group 4)")
         rows += jit_costs()
-    if args.parts != "abc" or args.quick:
-        print("# partial run: results not saved")
-        return
-    path = common.save_results("variants", dict(matmul_ceiling_tflops=peak, read_tbps=read, head_dim=D,
-                                                dtype="float16", rows=rows))
+    # A partial run is saved under its own name (variants-a-..., variants-quick-...), never over a full one.
+    kind = "variants" if args.parts == "abc" and not args.quick else "variants-" + ("quick" if args.quick else args.parts)
+    path = common.save_results(kind, dict(variants=args.variants, backends=args.backends, matmul_ceiling_tflops=peak,
+                                          read_tbps=read, head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")
 
 
