@@ -427,6 +427,24 @@ def test_wrapper_plan_validation_without_gpu():
         w.run(np.zeros((2, HQ, HEAD_DIM), np.float16), (None, None))
 
 
+def test_wrapper_plan_rechecks_changed_arguments_without_gpu():
+    # plan() checks its scalar arguments only when they change between steps:
+    # a valid plan (stopped by the workspace) must not let a later bad one through.
+    w = cpu_wrapper()
+    with pytest.raises(TypeError, match="float_workspace_buffer"):
+        w.plan(**plan_args())
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(**plan_args(num_qo_heads=6, num_kv_heads=4))
+    with pytest.raises(TypeError, match="float_workspace_buffer"):
+        w.plan(**plan_args(page_size=1))
+    with pytest.raises(ValueError, match="page_size"):
+        w.plan(**plan_args(page_size=True))  # == 1, but a bool is not a page size
+    with pytest.raises(TypeError, match="float_workspace_buffer"):
+        w.plan(**plan_args())
+    with pytest.raises(TypeError, match="indptr"):  # index arrays are checked every time
+        w.plan(**plan_args(indptr=np.array([0.0, 1.0, 3.0])))
+
+
 def test_workspace_size_query():
     def size(batch, pages, sms=132):
         return _C.BatchDecode.workspace_size("float16", "float16", "float16", 128, 32, 8, 16, "NHD", batch, pages,
