@@ -23,6 +23,12 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
+// Tag for the producer's issue(): a K tile (true) or a V tile (false).
+template <bool B>
+struct IsKey {
+  static constexpr bool value = B;
+};
+
 template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, typename Params>
 struct Sm90Producer {
   static constexpr int THREADS = 128, CH = HEAD_DIM / 8;
@@ -197,36 +203,33 @@ struct Sm90Producer {
       // still read by this step's V and K copies, so the ring has 4 tables).
       if (paged && tid < CTA_KV)
         row_offs[(kv_pos.count & 3) * CTA_KV + table_slot(tid)] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
-      auto issue_v = [&](RingPos<Rings::V_STAGES> pos, int t) {
+      // One K (IsKey<true>) or V tile at its ring position: wait for the
+      // stage, copy (row offsets from table pos.count % 4), publish it.
+      auto issue = [&](auto key, auto pos, int t) {
+        constexpr bool K = decltype(key)::value;
         const int start = w.kv_start + t * CTA_KV, stage = pos.index();
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
-        T* v_tile = v_smem + stage * (CTA_KV * HEAD_DIM);
-        mbarrier_wait(bars.v_empty(stage), pos.phase() ^ 1);
-        copy_tile(v_tile, v_base, row_offs + (pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
-        publish<Traits::value_transform>(bars.v_full(stage), [&] {
-          transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, v_tile, tid, THREADS, 0, CTA_KV, b,
-                                                                          start, w.kv_end, kv_head);
+        T* tile = (K ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM);
+        mbarrier_wait(K ? bars.k_empty(stage) : bars.v_empty(stage), pos.phase() ^ 1);
+        copy_tile(tile, K ? k_base : v_base, row_offs + (pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
+        publish<K ? Traits::key_transform : Traits::value_transform>(K ? bars.k_full(stage) : bars.v_full(stage), [&] {
+          transform_kv_tile<Variant, K, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, tile, tid, THREADS, 0, CTA_KV, b, start,
+                                                                      w.kv_end, kv_head);
         });
       };
+      using VPos = RingPos<Rings::V_STAGES>;
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
-        const int start = w.kv_start + t * CTA_KV, stage = kv_pos.index();
         i64 next_off = 0;
         if (paged) {
           named_barrier_sync(kSm90ProducerBar, THREADS);
-          if (t + 1 < n_tiles) next_off = row_offset(page_base, start + CTA_KV, w.kv_end, kv_head, p.page_shift);
+          if (t + 1 < n_tiles)
+            next_off = row_offset(page_base, w.kv_start + (t + 1) * CTA_KV, w.kv_end, kv_head, p.page_shift);
         }
-        const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
-        T* k_tile = k_smem + stage * (CTA_KV * HEAD_DIM);
-        mbarrier_wait(bars.k_empty(stage), kv_pos.phase() ^ 1);
-        copy_tile(k_tile, k_base, row_offs + (kv_pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
-        publish<Traits::key_transform>(bars.k_full(stage), [&] {
-          transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, k_tile, tid, THREADS, 0, CTA_KV, b,
-                                                                         start, w.kv_end, kv_head);
-        });
-        if (t > 0) issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
+        issue(IsKey<true>{}, kv_pos, t);
+        if (t > 0) issue(IsKey<false>{}, VPos{kv_pos.count - 1}, t - 1);
         if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + table_slot(tid)] = next_off;
       }
-      issue_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
+      issue(IsKey<false>{}, VPos{kv_pos.count - 1}, n_tiles - 1);
     }
     cp_async_wait_all();  // no copy outlives its thread
   }
