@@ -2,6 +2,8 @@
 // checks, ragged indices, page tables, paged storage and BSR matrices.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -234,6 +236,19 @@ TEST(PageTable, LengthsAndAddressing) {
   EXPECT_EQ(t.page_of(0, 3), 4);
   EXPECT_THROW_MSG(t.kv_len(3), InvalidArgument, "req");
   EXPECT_NO_THROW(PageTable({0, 0}, {}, {4}, 4, 0));  // empty request may pass page_size
+}
+
+// plan()'s one-pass check: lengths and the largest page id, over more ids
+// than one vector lane holds (the negative id sits past the vectorized part).
+TEST(PageTable, CheckReturnsLengthsAndLargestId) {
+  std::vector<int32_t> indptr{0, 3, 3, 21}, indices(21), last{2, 0, 4}, lens;
+  for (int i = 0; i < 21; ++i) indices[i] = (i * 7) % 23;
+  const int32_t expect_max = *std::max_element(indices.begin(), indices.end());
+  EXPECT_EQ(check_page_table(indptr, indices, last, 4, lens), expect_max);
+  EXPECT_EQ(lens, (std::vector<int32_t>{2 * 4 + 2, 0, 17 * 4 + 4}));
+  indices[19] = -3;
+  EXPECT_THROW_MSG(check_page_table(indptr, indices, last, 4, lens), InvalidArgument, "indices[19]=-3");
+  EXPECT_EQ(check_page_table(std::vector<int32_t>{0, 0}, {}, std::vector<int32_t>{0}, 4, lens), -1);
 }
 
 TEST(PageTable, RejectsBadInput) {
