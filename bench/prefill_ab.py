@@ -26,7 +26,9 @@ def parse(cfg):
     name, _, rest = cfg.partition(":")
     env = {}
     for kv in filter(None, rest.split("|")):
-        k, _, v = kv.partition("=")
+        k, eq, v = kv.partition("=")
+        if not k or not eq:
+            raise SystemExit(f"--config {cfg!r}: expected NAME:VAR=VALUE|VAR=VALUE, got {kv!r}")
         env[k] = v
     return name, env
 
