@@ -1,6 +1,7 @@
 // `tessera`: the command-line tool.
 //   tessera demo [--small] [--seed N] [--iters N]   serving-style attention step, verified
 //   tessera compile [--arch sm_80,sm_90a] [--threads N] [--verbose] [--load]
+//   tessera plan-time [--batch N] [--reps N]         host time of BatchDecode::plan()
 //   tessera info                                     GPU, NVRTC and cache
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@ void usage() {
       "usage: tessera <command> [options]\n"
       "  demo     [--small] [--seed N] [--iters N]  run a verified serving-style attention step\n"
       "  compile  [--arch LIST] [--threads N] [--verbose] [--load]  JIT-compile every built-in kernel\n"
+      "  plan-time [--batch N] [--reps N]  host time of steady-state decode plan() calls\n"
       "  info     show the GPU, NVRTC version and kernel cache directory");
 }
 
@@ -66,6 +68,17 @@ int main(int argc, char** argv) {
         else { usage(); return 2; }
       }
       return tessera::tools::run_demo(opt);
+    }
+    if (cmd == "plan-time") {
+      int batch = 256, reps = 200;
+      for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--batch" && i + 1 < argc) batch = std::atoi(argv[++i]);
+        else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+        else { usage(); return 2; }
+      }
+      if (batch < 1 || reps < 1) { usage(); return 2; }
+      return tessera::tools::run_plan_time(batch, reps);
     }
     if (cmd == "compile") {
       std::vector<std::string> archs = {"sm_80", "sm_89", "sm_90a"};

@@ -20,17 +20,20 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   counter_.assign(n_tiles, -1);
   slots_ = split_ = 0;
   for (size_t i = 0; i < n_tiles; ++i) {
-    const int64_t len = tiles_[i].kv_len;
-    const int64_t n = std::max<int64_t>(1, (len + L - 1) / L);
-    const int64_t step = n == 1 ? std::max<int64_t>(len, 1) : std::min(L, ((len + n - 1) / n + align - 1) / align * align);
-    const int64_t chunks = std::max<int64_t>(1, (len + step - 1) / step);
+    const int64_t len = tiles_[i].kv_len, begin = tiles_[i].kv_begin;
+    if (len <= L) {  // most tiles: one chunk, and no divisions (they were a third of plan())
+      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin), static_cast<int32_t>(begin + len), 0});
+      continue;
+    }
+    const int64_t n = (len + L - 1) / L;
+    const int64_t step = std::min(L, ((len + n - 1) / n + align - 1) / align * align);
+    const int64_t chunks = (len + step - 1) / step;
     num_chunks_[i] = static_cast<int32_t>(chunks);
     if (chunks > 1) {
       first_slot_[i] = slots_;
       slots_ += static_cast<int32_t>(chunks);
       counter_[i] = split_++;
     }
-    const int64_t begin = tiles_[i].kv_begin;
     for (int64_t c = 0; c < chunks; ++c)
       chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin + c * step),
                          static_cast<int32_t>(begin + std::min(len, (c + 1) * step)), static_cast<int32_t>(c)});
@@ -68,36 +71,51 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
     std::sort(keys_.begin(), keys_.end());
     for (size_t i = 0; i < n; ++i) minor_[i] = keys_[i].second;
   } else {
-    std::sort(minor_.begin(), minor_.end());  // decode: one 64-bit key per chunk
+    // decode: one 64-bit key per chunk (already in order for equal lengths)
+    if (!std::is_sorted(minor_.begin(), minor_.end())) std::sort(minor_.begin(), minor_.end());
   }
-  order_.resize(n);
-  for (size_t i = 0; i < n; ++i) order_[i] = static_cast<int32_t>(minor_[i] & 0xFFFFFFFFu);
 
   // Lines 6-13: each chunk to the cheapest CTA (ties: lowest index). A heap
   // entry packs (cost in 1/16 token units, CTA) into one integer, so the
   // heap compares integers (doubles and pairs made this half of plan()).
   if (ctas >= (1 << kCtaBits)) throw InvalidArgument("ctas: expected < 2^20, got " + std::to_string(ctas));
-  heap_.resize(ctas);
-  for (int c = 0; c < ctas; ++c) heap_[c] = static_cast<uint64_t>(c);  // cost 0: already a min-heap
-  owner_.resize(chunks_.size());
+  const size_t m = static_cast<size_t>(ctas);
+  heap_.resize(m + 1);
+  for (size_t c = 0; c < m; ++c) heap_[c] = c;  // cost 0: already a min-heap
+  heap_[m] = UINT64_MAX;  // sentinel: a missing right child is never the smaller one
+  owner_.resize(n);
+  order_.resize(n);
   const auto fixed = [](double cost) { return static_cast<uint64_t>(std::max(cost, 0.0) * 16.0 + 0.5); };
   const uint64_t item_cost = fixed(opt.alpha * tile_rows);
-  const size_t m = heap_.size();
-  for (int32_t w : order_) {
-    // The cheapest CTA takes the chunk; its entry grows, so sift it down
-    // (one pass instead of a pop and a push).
+  // beta in whole 1/16 steps (the default 1.0 is): integer costs, same values.
+  const double beta16 = std::max(opt.beta, 0.0) * 16.0;
+  const bool beta_exact = beta16 == static_cast<double>(static_cast<uint64_t>(beta16)) && beta16 < 1e9;
+  const uint64_t beta_fx = beta_exact ? static_cast<uint64_t>(beta16) : 0;
+  for (size_t k = 0; k < n; ++k) {
+    const int32_t w = static_cast<int32_t>(minor_[k] & 0xFFFFFFFFu);
+    order_[k] = w;
+    // The cheapest CTA takes the chunk and its entry grows. Bottom-up sift:
+    // walk the smaller-child path to a leaf (a fixed-length loop with a
+    // branch-free child choice), then climb back to where the entry fits.
+    // Entries are unique (the CTA is in the low bits), so the heap ends up
+    // exactly as a top-down sift would leave it, with fewer instructions.
     uint64_t e = heap_[0];
     owner_[w] = static_cast<int32_t>(e & kCtaMask);
-    e += (item_cost + fixed(opt.beta * (chunks_[w].end - chunks_[w].start))) << kCtaBits;
+    const int64_t len = chunks_[w].end - chunks_[w].start;
+    e += (item_cost + (beta_exact ? beta_fx * static_cast<uint64_t>(len) : fixed(opt.beta * len))) << kCtaBits;
     size_t i = 0;
     for (size_t child = 1; child < m; child = 2 * i + 1) {
-      if (child + 1 < m && heap_[child + 1] < heap_[child]) ++child;
-      if (heap_[child] >= e) break;
+      child += heap_[child + 1] < heap_[child];
       heap_[i] = heap_[child];
       i = child;
     }
+    while (i > 0 && heap_[(i - 1) / 2] > e) {
+      heap_[i] = heap_[(i - 1) / 2];
+      i = (i - 1) / 2;
+    }
     heap_[i] = e;
   }
+  heap_.pop_back();  // the sentinel
   uint64_t max_cost = 0;
   for (uint64_t e : heap_) max_cost = std::max(max_cost, e >> kCtaBits);
   return static_cast<double>(max_cost) / 16.0;
@@ -169,13 +187,16 @@ void Planner::clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions
 
 void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const PlannerOptions& opt, DecodePlan& out) {
   if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
-  tiles_.clear();
   group_by_request_ = false;  // one tile per request: nothing to share
+  tiles_.resize(kv_lens.size());
+  int32_t min_len = 0;
   for (size_t i = 0; i < kv_lens.size(); ++i) {
-    if (kv_lens[i] < 0) throw InvalidArgument("kv_lens: expected values >= 0, got " + std::to_string(kv_lens[i]));
-    tiles_.push_back({static_cast<int32_t>(i), 0, kv_lens[i]});
-    if (opt.window_left >= 0) clip_to_window(tiles_.back(), kv_lens[i] - 1 - opt.window_left, opt);
+    tiles_[i] = {static_cast<int32_t>(i), 0, kv_lens[i]};
+    min_len = std::min(min_len, kv_lens[i]);
   }
+  if (min_len < 0) throw InvalidArgument("kv_lens: expected values >= 0, got " + std::to_string(min_len));
+  if (opt.window_left >= 0)
+    for (Tile& t : tiles_) clip_to_window(t, t.kv_len - 1 - opt.window_left, opt);
   schedule(ctas, 1.0, opt, out);
   out.num_split_requests = out.num_split;
   out.items.resize(queue_.size());
@@ -200,10 +221,13 @@ void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int
                           std::to_string(kv_lens.size()));
   if (group < 1 || cta_q < 1) throw InvalidArgument("group, cta_q: expected >= 1");
   tiles_.clear();
-  {
-    const char* order = std::getenv("TESSERA_PLANNER_ORDER");  // experiments: "length" = line 5's global order
-    group_by_request_ = !(order && std::string(order) == "length");
-  }
+  // Experiments: TESSERA_PLANNER_ORDER=length selects line 5's global order
+  // (read once: getenv scans the environment, and plan() runs every step).
+  static const bool global_order = [] {
+    const char* order = std::getenv("TESSERA_PLANNER_ORDER");
+    return order && std::string(order) == "length";
+  }();
+  group_by_request_ = !global_order;
   for (size_t i = 0; i < qo_lens.size(); ++i) {
     const int64_t q = qo_lens[i], kv = kv_lens[i];
     if (q < 0 || kv < 0) throw InvalidArgument("qo_lens/kv_lens: expected values >= 0");

@@ -52,10 +52,10 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
 
   const DKV* k_base = static_cast<const DKV*>(p.kv.k);
   const DKV* v_base = static_cast<const DKV*>(p.kv.v);
-  // A causal variant sees keys up to its bottom-right-aligned diagonal.
-  const int kv_stop = Variant::causal ? min(kv_len, qo_idx + kv_len - variant.qo_len + 1) : kv_len;
-  // A window starts at the bottom-right-aligned position minus window_left.
-  const int kv_first = Variant::window_left >= 0 ? max(0, qo_idx + kv_len - variant.qo_len - Variant::window_left) : 0;
+  // Declared masks as a key range: up to the diagonal, from the window's start.
+  const int diag = diagonal_key(qo_idx, variant.qo_len, kv_len);
+  const int kv_stop = Variant::causal ? min(kv_len, diag + 1) : kv_len;
+  const int kv_first = Variant::window_left >= 0 ? max(0, window_first_key<Variant>(diag)) : 0;
   for (int t = kv_first + warp; t < kv_stop; t += NUM_WARPS) {
     if (!variant.LogitsMask(p, b, qo_idx, t, qo_head, kv_head)) continue;  // warp-uniform
     const i64 off = device::kv_offset(p.kv, b, t, kv_head);

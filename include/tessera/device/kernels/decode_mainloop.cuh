@@ -108,8 +108,9 @@ __device__ __forceinline__ void decode_compute_tile(const Params& p, const Varia
 #pragma unroll
       for (int off = TX / 2; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
       float logit = variant.LogitsTransform(p, part * p.sm_scale, b, 0, pos, qo_head0 + j, h);
-      // The query is the request's last position: a window keeps keys >= kv_len - 1 - window_left.
-      const bool keep = pos < kv_end && (Variant::window_left < 0 || pos >= variant.kv_len - 1 - Variant::window_left) &&
+      // The query sits on the request's last key (its diagonal is kv_len - 1).
+      const bool keep = pos < kv_end &&
+                        (Variant::window_left < 0 || pos >= window_first_key<Variant>(variant.kv_len - 1)) &&
                         variant.LogitsMask(p, b, 0, pos, qo_head0 + j, h);
       s[j][r] = Variant::use_softmax ? (keep ? logit * kLog2e : neg_inf()) : (keep ? logit : 0.f);
     }

@@ -53,7 +53,7 @@ __device__ __forceinline__ bool tile_needs_mask(int first, int last, int kv_end,
                                                 int causal_shift) {
   return VariantTraits<Variant, Params>::logits_mask || !rows_valid || last >= kv_end ||
          (Variant::causal && last > min_qo + causal_shift) ||
-         (Variant::window_left >= 0 && first < max_qo + causal_shift - Variant::window_left);
+         (Variant::window_left >= 0 && first < window_first_key<Variant>(max_qo + causal_shift));
 }
 
 template <typename Variant, int MT, int NT_S, typename State, typename Params>
@@ -71,7 +71,7 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
   auto keep = [&](int t, int r, int pos) {
     bool k = rows.valid[t][r] && pos < kv_end;
     if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
-    if constexpr (Variant::window_left >= 0) k = k && pos >= rows.qo_idx[t][r] + causal_shift - Variant::window_left;
+    if constexpr (Variant::window_left >= 0) k = k && pos >= window_first_key<Variant>(rows.qo_idx[t][r] + causal_shift);
     if constexpr (Traits::logits_mask) k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
     return k;
   };

@@ -94,6 +94,17 @@ struct VariantBase {
   TESSERA_VARIANT_FN float OutputTransform(const Params&, float o, int, int, int, int) const { return o; }
 };
 
+// The declared masks' one rule, in key positions. Bottom-right alignment puts
+// query qo_idx of a request (qo_len queries, kv_len keys) on the diagonal key
+// diag = qo_idx + kv_len - qo_len: a causal variant keeps keys <= diag, a
+// window keeps keys >= window_first_key<Variant>(diag). Every kernel and
+// mask test goes through these, so the rule is written once.
+TESSERA_VARIANT_FN int diagonal_key(int qo_idx, int qo_len, int kv_len) { return qo_idx + kv_len - qo_len; }
+template <typename Variant>
+TESSERA_VARIANT_FN int window_first_key(int diag) {
+  return diag - Variant::window_left;
+}
+
 // No extra parameters: the default `extra` block of kernel parameters.
 struct NoExtra {
   int unused;
