@@ -7,6 +7,7 @@ setting is a set of environment variables the JIT reads when a wrapper plans
   python bench/prefill_ab.py --seqs 1024,4096,16384 \\
       --config "base:" --config "nochain:TESSERA_SM90_DEFINES=TESSERA_SM90_CHAIN=0"
 
+--window N adds a causal sliding window (window_left = N) to the mask.
 Every setting's output at the first length is checked against PyTorch SDPA
 (max error relative to the reference norm < 1e-3) before it is timed."""
 import argparse
@@ -46,26 +47,48 @@ def with_env(env, fn):
                 os.environ[k] = v
 
 
-def check(L, b, h, env):
+def wrapper(L, b, h, window):
+    """A planned wrapper and its inputs: b requests of L tokens, causal (+ window)."""
     qo = torch.arange(0, b + 1, dtype=torch.int32) * L
     q = torch.randn(b * L, h, pf.D, dtype=pf.DT, device="cuda")
     k, v = torch.randn_like(q), torch.randn_like(q)
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend="fa3")
+    w.plan(qo, qo, h, h, pf.D, causal=True, window_left=window, q_data_type=pf.DT)
+    return w, q, k, v
 
+
+def check(L, b, h, env, window):
     def run():
-        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend="fa3")
-        w.plan(qo, qo, h, h, pf.D, causal=True, q_data_type=pf.DT)
+        w, q, k, v = wrapper(L, b, h, window)
         out = torch.full_like(q, float("nan"))
         w.run(q, k, v, out=out)
-        return out
+        return q, k, v, out
 
-    out = with_env(env, run)
+    q, k, v, out = with_env(env, run)
     t = lambda x: x.view(b, L, h, pf.D).transpose(1, 2)
-    ref = torch.nn.functional.scaled_dot_product_attention(t(q).float(), t(k).float(), t(v).float(), is_causal=True)
+    i = torch.arange(L, device="cuda")
+    keep = i[None, :] <= i[:, None]
+    if window >= 0:
+        keep &= i[None, :] >= i[:, None] - window
+    ref = torch.nn.functional.scaled_dot_product_attention(t(q).float(), t(k).float(), t(v).float(), attn_mask=keep)
     ref = ref.transpose(1, 2).reshape(b * L, h, pf.D)
     err = ((out.float() - ref).abs().max() / ref.norm(dim=-1).max()).item()
     if not err < 1e-3:
         raise SystemExit(f"FAILED: {env} at seq {L}: max error / reference norm = {err}")
     return err
+
+
+def time_ms(L, b, h, window):
+    w, q, k, v = wrapper(L, b, h, window)
+    out = torch.empty_like(q)
+    return common.bench_ms(lambda: w.run(q, k, v, out=out))
+
+
+def flops(L, b, h, window):
+    if window < 0:
+        return pf.flops([L] * b, [L] * b, h, True)
+    keys = sum(min(i + 1, window + 1) for i in range(L))  # row i sees keys max(0, i - window) .. i
+    return 4 * keys * b * h * pf.D
 
 
 def main():
@@ -75,32 +98,31 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--config", action="append", default=[], help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults)")
+    ap.add_argument("--window", type=int, default=-1, help="causal sliding window: window_left (-1: none)")
     ap.add_argument("--tag", default="ab", help="results file: bench/results/prefill-TAG-DEVICE-DATE.json")
     args = ap.parse_args()
     configs = [parse(c) for c in (args.config or ["base:"])]
     seqs = [int(s) for s in args.seqs.split(",")]
     errors = {}
     for name, env in configs:
-        errors[name] = check(seqs[0], args.batch, args.heads, env)
+        errors[name] = check(seqs[0], args.batch, args.heads, env, args.window)
         print(f"check {name}: error {errors[name]:.2e}", flush=True)
     times = {(n, L): [] for n, _ in configs for L in seqs}
     for _ in range(args.rounds):
         for L in seqs:
-            lens = [L] * args.batch
             for name, env in configs:
-                times[(name, L)].append(with_env(env, lambda: pf.tessera_ragged(lens, lens, args.heads, args.heads, True,
-                                                                                backend="fa3")))
+                times[(name, L)].append(with_env(env, lambda: time_ms(L, args.batch, args.heads, args.window)))
     print("TFLOP/s (median of rounds)")
     print("seq      " + "".join(f"{n:>12s}" for n, _ in configs))
     rows = []
     for L in seqs:
-        fl = pf.flops([L] * args.batch, [L] * args.batch, args.heads, True)
+        fl = flops(L, args.batch, args.heads, args.window)
         tf = {n: pf.tflops(fl, statistics.median(times[(n, L)])) for n, _ in configs}
         rows.append(dict(seq=L, tflops=tf, ms_rounds={n: times[(n, L)] for n, _ in configs}))
         print(f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n, _ in configs))
     path = common.save_results(f"prefill-{args.tag}", dict(
         setting=dict(batch=args.batch, heads=args.heads, head_dim=pf.D, dtype="float16", causal=True, backend="fa3",
-                     rounds=args.rounds),
+                     window_left=args.window, rounds=args.rounds),
         configs={n: env for n, env in configs}, check_error=errors, rows=rows))
     print("results:", path)
 

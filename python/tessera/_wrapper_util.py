@@ -21,21 +21,47 @@ INT32_MAX = 2**31 - 1
 _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}
 
 
-def reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale,
-                       rope_theta):
+def reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, rope_scale, rope_theta):
     """Raises ValueError for FlashInfer options whose non-default values Tessera cannot honour yet."""
     if pos_encoding_mode != "NONE":
         raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is supported; RoPE is not supported yet")
-    if window_left != -1:
-        raise ValueError(f"window_left={window_left}: sliding-window attention is not supported yet (use -1)")
-    if logits_soft_cap is not None and logits_soft_cap != 0.0:
-        raise ValueError(f"logits_soft_cap={logits_soft_cap}: logits soft-capping is not supported yet")
     for name, value in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
         if value is not None:
             raise ValueError(f"{name}={value}: RoPE is not supported yet")
     for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
         if value is not None:
             raise ValueError(f"{name}: quantization scales are not supported yet")
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32
+
+
+def plan_options(window_left, logits_soft_cap):
+    """FlashInfer's window_left and logits_soft_cap as the bindings take them: (int, float), (-1, 0.0) = off.
+
+    window_left: -1, or the keys (>= 0) a query sees to the left of its
+    bottom-right-aligned position. logits_soft_cap: None or 0 = off, else a
+    finite cap > 0 (logit = cap * tanh(logit / cap)), applied in float32.
+    """
+    if isinstance(window_left, bool) or not isinstance(window_left, numbers.Integral):
+        raise TypeError(f"window_left: expected an int (-1 = no window), got {type(window_left).__name__}")
+    if not -1 <= window_left <= INT32_MAX:
+        raise ValueError(f"window_left: expected -1 (no window) or 0..{INT32_MAX}, got {window_left}")
+    cap = 0.0
+    if logits_soft_cap is not None:
+        if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real):
+            raise TypeError(f"logits_soft_cap: expected a number or None, got {type(logits_soft_cap).__name__}")
+        cap = float(logits_soft_cap)
+        if not (cap == 0.0 or _FLOAT32_TINY <= cap <= _FLOAT32_MAX):
+            raise ValueError(f"logits_soft_cap: expected None, 0 (off) or a finite float32 > 0, got {logits_soft_cap!r}")
+    return int(window_left), cap
+
+
+def check_run_window(window_left, planned):
+    """run()'s window_left: None or the value plan() was given (the kernel is specialized for it)."""
+    if window_left is not None and window_left != planned:
+        raise ValueError(f"window_left: expected None or {planned} (the value given to plan()), got {window_left!r}")
 
 
 BACKENDS = {"auto": 0, "fa2": 1, "fa3": 2}

@@ -44,8 +44,10 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         use_tensor_cores: accepted for compatibility; the kernel is chosen
             by Tessera and the result does not depend on it.
         q_scale, k_scale, v_scale, rope_scale, rope_theta: must be None.
-        window_left: must be -1 (no sliding window).
-        logits_soft_cap: must be None (or 0.0, which means off).
+        window_left: -1 (no window), or the keys (>= 0) the query sees to the
+            left of its own position (the last key): keys >= kv_len - 1 - window_left.
+        logits_soft_cap: None or 0.0 (off), or a cap > 0: logit = cap *
+            tanh(logit / cap), the logit being q.k * sm_scale.
         sm_scale: softmax scale; None means 1 / sqrt(head_dim).
         return_lse: also return the log-sum-exp.
 
@@ -57,8 +59,8 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     """
     if kv_layout not in _LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-    _reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale,
-                        rope_theta)
+    _reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, rope_scale, rope_theta)
+    window, cap = W.plan_options(window_left, logits_soft_cap)
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 2:
         raise ValueError(f"q: expected a 2-D tensor [num_qo_heads, head_dim], got shape {tuple(q.shape)}")
@@ -68,13 +70,13 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     scale = W.sm_scale_arg(sm_scale)
 
     if T.is_cuda(q):
-        o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse)
+        o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap)
     else:
-        o, lse = _decode_cpu(q, k, v, kv_layout, scale)
+        o, lse = _decode_cpu(q, k, v, kv_layout, scale, window, cap)
     return (o, lse) if return_lse else o
 
 
-def _decode_gpu(q, k, v, kv_layout, scale, return_lse):
+def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap):
     """CUDA path: the C++ single_decode on torch's current stream of q's device."""
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
     kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
@@ -82,11 +84,11 @@ def _decode_gpu(q, k, v, kv_layout, scale, return_lse):
     lse = T.empty(q, q.shape[:1], "float32") if return_lse else None
     with T.on_device_of(q):
         _C.single_decode(T.arg(q), T.arg(k), T.arg(v), o, lse, kv_layout, "standard", qd, kd, qd, int(q.shape[1]),
-                         scale, T.stream_of(q))
+                         scale, T.stream_of(q), window_left=window, logits_soft_cap=cap)
     return o, lse
 
 
-def _decode_cpu(q, k, v, kv_layout, scale):
+def _decode_cpu(q, k, v, kv_layout, scale, window, cap):
     """CPU path: the float64 C++ reference, result cast to q's dtype."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
@@ -96,7 +98,8 @@ def _decode_cpu(q, k, v, kv_layout, scale):
     if kv_layout == "HND":  # strided NHD views, no copy
         k, v = k.swapaxes(0, 1), v.swapaxes(0, 1)
     kv_len = int(k.shape[0])
-    o64, lse64 = _C.reference_attention_ragged(T.arg(q[None]), [0, 1], T.arg(k), T.arg(v), [0, kv_len], scale)
+    o64, lse64 = _C.reference_attention_ragged(T.arg(q[None]), [0, 1], T.arg(k), T.arg(v), [0, kv_len], scale,
+                                               logits_soft_cap=cap, window_left=window)
     return T.from_float64(o64[0], q), T.from_float64(lse64[0], q, "float32")
 
 
@@ -200,8 +203,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             num_qo_heads, num_kv_heads: query heads must be a multiple of KV heads.
             head_dim: 64, 128 or 256.
             page_size: tokens per page.
-            pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
-            rope_theta: only the defaults (no RoPE, no window, no soft cap).
+            window_left: -1 (no window), or the keys (>= 0) each query sees to
+                the left of its own position (its request's last key).
+            logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
+                (cap * tanh(logit / cap)). A window and a cap may be combined.
+            pos_encoding_mode, rope_scale, rope_theta: only the defaults (no RoPE).
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16 (torch
                 dtype or name); kv and o default to q's. data_type
                 (deprecated in FlashInfer) fills kv_data_type when it is None.
@@ -214,12 +220,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
                    rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
         scalars = tuple((type(x), x) for x in scalars)
         if scalars == self._checked_scalars:
-            q_dt, kv_dt, o_dt, shape, scale = self._checked
+            q_dt, kv_dt, o_dt, shape, scale, options = self._checked
         else:
-            q_dt, kv_dt, o_dt, shape, scale = self._check_scalars(
+            q_dt, kv_dt, o_dt, shape, scale, options = self._check_scalars(
                 pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
                 rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
-            self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale)
+            self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale, options)
         indptr = _host_ints(indptr, "indptr")
         indices = _host_ints(indices, "indices")
         last_page_len = _host_ints(last_page_len, "last_page_len")
@@ -230,16 +236,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
             indices = indices[: indptr[-1]]
         buf = self._float_workspace_buffer
         W.check_workspace_buffer(buf)
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape, max(batch, 1), max(int(indices.size), 1))
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options, max(batch, 1), max(int(indices.size), 1))
         # The C++ plan() switches to the workspace's device itself.
         self._native.plan(indptr, indices, last_page_len, T._torch().cuda.current_stream(buf.device).cuda_stream)
         self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
-                         "head_dim": shape[2], "sm_scale": scale}
+                         "head_dim": shape[2], "sm_scale": scale, "window_left": options[0]}
 
     def _check_scalars(self, pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type,
                        sm_scale, rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size):
-        """plan()'s checks of its scalar arguments: (q, kv, o dtype names, (hq, hkv, head_dim, page_size), sm_scale)."""
-        _reject_unsupported(pos_encoding_mode, None, None, None, window_left, logits_soft_cap, rope_scale, rope_theta)
+        """plan()'s checks of its scalar arguments: (q, kv, o dtype names, (hq, hkv, head_dim, page_size), sm_scale,
+        (window_left, logits_soft_cap))."""
+        _reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
+        options = W.plan_options(window_left, logits_soft_cap)
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
@@ -251,8 +259,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         scale = W.sm_scale_arg(sm_scale)
         # The C++ checks of dtypes, heads and head_dim, without touching a GPU.
         _C.BatchDecode.workspace_size(q_dt, kv_dt, o_dt, shape[2], shape[0], shape[1], shape[3], self._kv_layout, 1, 1,
-                                      num_sms=1, use_tensor_cores=self._use_tensor_cores)
-        return q_dt, kv_dt, o_dt, shape, scale
+                                      num_sms=1, use_tensor_cores=self._use_tensor_cores, window_left=options[0],
+                                      logits_soft_cap=options[1])
+        return q_dt, kv_dt, o_dt, shape, scale, options
 
     begin_forward = plan
 
@@ -265,18 +274,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts."""
         bounds = (W.Bound("max_batch", "indptr", "batch size", self._fixed_batch, "paged_kv_indptr_buffer"),
                   W.Bound("max_pages", "indices", "page count", self._fixed_pages, "paged_kv_indices_buffer"))
-        q_dt, kv_dt, o_dt, hq, hkv, d, ps = config
+        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
-
-        tc = self._use_tensor_cores
+        knobs = dict(split_kv=self._split_kv, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
+                     window_left=window, logits_soft_cap=cap)
 
         def size(want, device):
-            return _C.BatchDecode.workspace_size(*args, *want, device=device, split_kv=self._split_kv,
-                                                 max_sms=self._max_sms, use_tensor_cores=tc)
+            return _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
 
         def make(want, ws, ws_bytes, host, host_bytes, device):
-            return _C.BatchDecode(*args, *want, ws, ws_bytes, host, host_bytes, device, split_kv=self._split_kv,
-                                  max_sms=self._max_sms, use_tensor_cores=tc)
+            return _C.BatchDecode(*args, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
 
         W.ensure_native(self, config, (batch, pages), bounds, size, make)
 
@@ -298,7 +305,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 convention, ready for tessera.merge_state).
             enable_pdl: None or False (programmatic dependent launch is not
                 supported yet).
-            window_left: None or -1.
+            window_left: None or the value given to plan().
 
         Returns:
             out, or (out, lse) with return_lse.
@@ -307,8 +314,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError("run: expected plan() to be called first")
         if args:
             raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
-        _reject_unsupported("NONE", q_scale, k_scale, v_scale, -1 if window_left is None else window_left, None,
-                            None, None)
+        _reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
+        W.check_run_window(window_left, self._planned["window_left"])
         if enable_pdl:
             raise ValueError("enable_pdl=True: programmatic dependent launch is not supported yet")
         k, v = _unpack_paged_kv_cache(paged_kv_cache)

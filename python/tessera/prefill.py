@@ -33,15 +33,14 @@ from . import _wrapper_util as W
 from ._native import _C
 
 
-def _reject_prefill_options(mask_names, masks, head_dim_qk, head_dim_vo, pos_encoding_mode, window_left,
-                            logits_soft_cap, rope_scale, rope_theta):
+def _reject_prefill_options(mask_names, masks, head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta):
     for name, value in zip(mask_names, masks):
         if value is not None:
             raise ValueError(f"{name}: custom attention masks are not supported yet")
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise ValueError(f"head_dim_vo={head_dim_vo}: a value head dimension different from head_dim_qk "
                          f"({head_dim_qk}) is not supported yet")
-    W.reject_unsupported(pos_encoding_mode, None, None, None, window_left, logits_soft_cap, rope_scale, rope_theta)
+    W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
 
 
 def _indptr(x, name):
@@ -100,8 +99,11 @@ class _PrefillWrapper:
             self._fixed_batch = n
 
     def _config(self, num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale,
-                q_data_type, kv_data_type, o_data_type):
-        """The C++ configuration tuple (constructor order) and the softmax scale; validates without a GPU."""
+                q_data_type, kv_data_type, o_data_type, window_left=-1, logits_soft_cap=None, masked=False):
+        """The C++ configuration tuple (constructor order), the softmax scale and the variant options
+        {window_left, logits_soft_cap}; validates without a GPU (masked: a custom mask is given)."""
+        window, cap = W.plan_options(window_left, logits_soft_cap)
+        options = dict(window_left=window, logits_soft_cap=cap)
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
         kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
         o_dt = q_dt if o_data_type is None else W.dtype_arg(o_data_type, "o_data_type")
@@ -111,17 +113,17 @@ class _PrefillWrapper:
         ps = W.positive_int(page_size, "page_size")
         scale = W.sm_scale_arg(sm_scale)
         config = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, layout, bool(causal))
-        # The C++ checks of dtypes, heads and head_dim, without touching a GPU.
-        _C.BatchPrefill.workspace_size(*config, 1, 1, 1, num_sms=1)
-        return config, scale
+        # The C++ checks of dtypes, heads, head_dim and options, without touching a GPU.
+        _C.BatchPrefill.workspace_size(*config, 1, 1, 1, num_sms=1, custom_mask=masked, **options)
+        return config, scale, options
 
-    def _plan(self, config, scale, counts, bounds, plan_fn, mask=None, **planned):
+    def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer(buf)
-        knobs = {"cta_q": self._cta_q, "max_sms": self._max_sms, "backend": self._backend,
-                 "custom_mask": mask is not None}
+        knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend,
+                     custom_mask=mask is not None)
 
         def size(want, device):
             return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
@@ -129,20 +131,21 @@ class _PrefillWrapper:
         def make(want, ws, ws_bytes, host, host_bytes, device):
             return _C.BatchPrefill(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
 
-        W.ensure_native(self, config + (mask is not None,), counts, bounds, size, make)
+        W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"]), counts,
+                        bounds, size, make)
         torch = T._torch()
         with torch.cuda.device(buf.device):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, torch.cuda.current_stream(buf.device).cuda_stream)
-        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits)
+        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"])
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None):
         if self._planned is None:
             raise ValueError("run: expected plan() to be called first")
         if args:
             raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
-        W.reject_unsupported("NONE", q_scale, k_scale, v_scale, -1 if window_left is None else window_left, None,
-                             None, None)
+        W.reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
+        W.check_run_window(window_left, self._planned["window_left"])
         if enable_pdl:
             raise ValueError("enable_pdl=True: programmatic dependent launch is not supported yet")
         return self._planned
@@ -246,8 +249,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                 row-major [qo_len, kv_len] mask in turn (any device; packed
                 here), or packed_custom_mask: those bits packed per request
                 with little bit order (uint8). At most one; causal=False.
-            window_left, logits_soft_cap, pos_encoding_mode, rope_scale,
-            rope_theta: only the defaults.
+            window_left: -1 (no window), or the keys (>= 0) a query sees to
+                the left of its bottom-right-aligned position (qo_idx + kv_len
+                - qo_len); with causal a sliding window.
+            logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
+                (cap * tanh(logit / cap), logit = q.k * sm_scale). Window and
+                cap combine (Gemma 2); neither with a custom mask yet.
+            pos_encoding_mode, rope_scale, rope_theta: only the defaults.
             use_fp16_qk_reduction: accepted; Tessera always accumulates q.k
                 in float32.
             sm_scale: softmax scale; None means 1 / sqrt(head_dim_qk).
@@ -256,10 +264,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             non_blocking: accepted; the schedule upload is always asynchronous.
         """
         self._planned = None  # a failed plan() leaves nothing to run
-        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, window_left, logits_soft_cap,
-                                rope_scale, rope_theta)
-        config, scale = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
-                                     self._kv_layout, causal, sm_scale, q_data_type, kv_data_type, o_data_type)
+        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
+        masked = custom_mask is not None or packed_custom_mask is not None
+        config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
+                                              self._kv_layout, causal, sm_scale, q_data_type, kv_data_type,
+                                              o_data_type, window_left, logits_soft_cap, masked)
         qo = _indptr(qo_indptr, "qo_indptr")
         kv = _indptr(paged_kv_indptr, "paged_kv_indptr")
         indices = W.host_ints(paged_kv_indices, "paged_kv_indices")
@@ -278,7 +287,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                   W.Bound("max_total_q", "qo_indptr", "total query length"),
                   W.Bound("max_pages", "paged_kv_indices", "page count", self._fixed_pages, "paged_kv_indices_buf"))
         counts = (max(batch, 1), max(total_q, 1), max(int(indices.size), 1))
-        self._plan(config, scale, counts, bounds,
+        self._plan(config, scale, options, counts, bounds,
                    lambda n, s: n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr),
                    mask=mask, total_q=total_q)
 
@@ -353,12 +362,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         The other arguments (custom masks included) are as for BatchPrefillWithPagedKVCacheWrapper.plan.
         """
         self._planned = None  # a failed plan() leaves nothing to run
-        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, window_left, logits_soft_cap,
-                                rope_scale, rope_theta)
+        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
         # Ragged KV has no pages: the C++ object sees page size 1 and NHD rows
         # (run() hands HND over as a strided NHD view).
-        config, scale = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", 1, "NHD", causal,
-                                     sm_scale, q_data_type, kv_data_type, o_data_type)
+        masked = custom_mask is not None or packed_custom_mask is not None
+        config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", 1, "NHD", causal,
+                                              sm_scale, q_data_type, kv_data_type, o_data_type, window_left,
+                                              logits_soft_cap, masked)
         qo = _indptr(qo_indptr, "qo_indptr")
         kv = _indptr(kv_indptr, "kv_indptr")
         if kv.size != qo.size:
@@ -371,7 +381,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         bounds = (W.Bound("max_batch", "qo_indptr", "batch size", self._fixed_batch, "qo_indptr_buf / kv_indptr_buf"),
                   W.Bound("max_total_q", "qo_indptr", "total query length"),
                   W.Bound("max_pages", "kv_indptr", "page count"))
-        self._plan(config, scale, (max(batch, 1), max(total_q, 1), 1), bounds,
+        self._plan(config, scale, options, (max(batch, 1), max(total_q, 1), 1), bounds,
                    lambda n, s: n.plan_ragged(qo, kv, s, None if mask is None else mask.indptr), mask=mask,
                    total_q=total_q, total_kv=int(kv[-1]))
 
@@ -432,15 +442,16 @@ class BlockSparseAttentionWrapper(_PrefillWrapper):
             The other arguments are as for BatchPrefillWithPagedKVCacheWrapper.plan.
         """
         self._planned = None  # a failed plan() leaves nothing to run
-        _reject_prefill_options(("mask", "packed_mask"), (mask, packed_mask), head_dim, None, pos_encoding_mode, -1,
-                                logits_soft_cap, rope_scale, rope_theta)
+        _reject_prefill_options(("mask", "packed_mask"), (mask, packed_mask), head_dim, None, pos_encoding_mode,
+                                rope_scale, rope_theta)
         R, C = W.positive_int(R, "R"), W.positive_int(C, "C")
         for name, value, block, size in (("M", M, "R", R), ("N", N, "C", C)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0 or value % size:
                 raise ValueError(f"{name}: expected a non-negative multiple of {block}={size}, got {value!r}")
         M, N = int(M), int(N)
-        config, scale = self._config(num_qo_heads, num_kv_heads, head_dim, "head_dim", C, "NHD", causal, sm_scale,
-                                     q_data_type, kv_data_type, o_data_type)
+        config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim, "head_dim", C, "NHD", causal,
+                                              sm_scale, q_data_type, kv_data_type, o_data_type,
+                                              logits_soft_cap=logits_soft_cap)
         ip = _indptr(indptr, "indptr")
         idx = W.host_ints(indices, "indices")
         if ip.size != M // R + 1:
@@ -448,8 +459,8 @@ class BlockSparseAttentionWrapper(_PrefillWrapper):
         bounds = (W.Bound("max_batch", "indptr", "block-row count"), W.Bound("max_total_q", "M", "row count"),
                   W.Bound("max_pages", "indices", "block count"))
         counts = (max(M // R, 1), max(M, 1), max(int(idx.size), 1))
-        self._plan(config, scale, counts, bounds, lambda n, s: n.plan_bsr(ip, idx, M, N, R, C, s), total_q=M, N=N,
-                   C=C)
+        self._plan(config, scale, options, counts, bounds, lambda n, s: n.plan_bsr(ip, idx, M, N, R, C, s), total_q=M,
+                   N=N, C=C)
 
     begin_forward = plan
 
@@ -483,11 +494,11 @@ class BlockSparseAttentionWrapper(_PrefillWrapper):
 _SINGLE = {}
 
 
-def _single_wrapper(q, config_args, masked):
+def _single_wrapper(q, config_args, masked, options):
     """The cached ragged wrapper of q's device, its workspace large enough for config_args' bounds."""
     torch = T._torch()
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    need, _ = _C.BatchPrefill.workspace_size(*config_args, device=dev, custom_mask=masked)
+    need, _ = _C.BatchPrefill.workspace_size(*config_args, device=dev, custom_mask=masked, **options)
     entry = _SINGLE.get(dev)
     if entry is None or entry[0].numel() < need:
         if entry is not None:
@@ -516,8 +527,11 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
             packed_custom_mask: its flattened bits packed with little bit
             order (uint8, packbits(m.reshape(-1), bitorder="little")). At
             most one, and causal=False.
-        window_left, logits_soft_cap, pos_encoding_mode, rope_scale,
-        rope_theta: only the defaults.
+        window_left: -1 (no window), or the keys (>= 0) query i sees to the
+            left of its position i + kv_len - qo_len.
+        logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
+            (cap * tanh(logit / cap)); neither option with a custom mask yet.
+        pos_encoding_mode, rope_scale, rope_theta: only the defaults.
         use_fp16_qk_reduction: accepted; q.k is always accumulated in float32.
         sm_scale: softmax scale; None means 1 / sqrt(head_dim).
         return_lse: also return the log-sum-exp.
@@ -533,8 +547,11 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
     """
     if kv_layout not in W.LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-    _reject_prefill_options((), (), None, None, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
-                            rope_theta)
+    _reject_prefill_options((), (), None, None, pos_encoding_mode, rope_scale, rope_theta)
+    window, cap = W.plan_options(window_left, logits_soft_cap)
+    if (custom_mask is not None or packed_custom_mask is not None) and (window != -1 or cap != 0.0):
+        raise ValueError(f"window_left / logits_soft_cap: expected -1 / None with a custom mask (not supported "
+                         f"together yet), got {window_left} / {logits_soft_cap}")
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 3:
         raise ValueError(f"q: expected a 3-D tensor [qo_len, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
@@ -549,9 +566,9 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
     if custom_mask is not None or packed_custom_mask is not None:  # checked here, before any GPU work
         mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, [int(q.shape[0])], [int(k.shape[0])])
     if T.is_cuda(q):
-        o, lse = _single_prefill_gpu(q, k, v, bool(causal), sm_scale, return_lse, masks)
+        o, lse = _single_prefill_gpu(q, k, v, bool(causal), sm_scale, return_lse, masks, window, cap)
     else:
-        o, lse = _single_prefill_cpu(q, k, v, bool(causal), scale, mask)
+        o, lse = _single_prefill_cpu(q, k, v, bool(causal), scale, mask, window, cap)
     return (o, lse) if return_lse else o
 
 
@@ -560,7 +577,7 @@ def single_prefill_with_kv_cache_return_lse(q, k, v, **kwargs):
     return single_prefill_with_kv_cache(q, k, v, **dict(kwargs, return_lse=True))
 
 
-def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks):
+def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, cap):
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
     kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
     for name, x in (("k", k), ("v", v)):
@@ -570,13 +587,14 @@ def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks):
     hq, d, hkv = int(q.shape[1]), int(q.shape[2]), int(k.shape[1])
     # Checks heads, head_dim and dtypes (the C++ messages name them) before anything is allocated.
     config_args = (qd, kd, qd, d, hq, hkv, 1, "NHD", causal, 1, max(qo_len, 1), 1)
-    wrapper = _single_wrapper(q, config_args, any(m is not None for m in masks.values()))
+    wrapper = _single_wrapper(q, config_args, any(m is not None for m in masks.values()),
+                              dict(window_left=window, logits_soft_cap=cap))
     wrapper.plan([0, qo_len], [0, kv_len], hq, hkv, d, causal=causal, sm_scale=sm_scale, q_data_type=qd,
-                 kv_data_type=kd, **masks)
+                 kv_data_type=kd, window_left=window, logits_soft_cap=cap, **masks)
     return wrapper.run(q, k, v, return_lse=True) if return_lse else (wrapper.run(q, k, v), None)
 
 
-def _single_prefill_cpu(q, k, v, causal, scale, mask):
+def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap):
     """CPU path: the float64 C++ reference, result cast to q's dtype."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
@@ -585,5 +603,6 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask):
         T.dtype_name(x, name)
     qo_len, kv_len = int(q.shape[0]), int(k.shape[0])
     o64, lse64 = _C.reference_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], scale, causal,
-                                               custom_mask=None if mask is None else mask.host_mask())
+                                               custom_mask=None if mask is None else mask.host_mask(),
+                                               logits_soft_cap=cap, window_left=window)
     return T.from_float64(o64, q), T.from_float64(lse64, q, "float32")

@@ -59,48 +59,68 @@ static std::string name_token(const std::string& s) {
   return out;
 }
 
-VariantSpec soft_cap(float cap, bool causal) {
-  if (!(cap > 0.f) || !std::isfinite(cap)) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(cap));
-    throw InvalidArgument(std::string("cap: expected a finite soft cap > 0, got ") + buf);
-  }
+// Every built-in softmax variant with declared masks (causal, a sliding
+// window) and an optional logits soft cap comes from this one generator, so
+// any combination (a Gemma-2 layer uses all three) is a spec like the others.
+// cap <= 0: no soft cap; window_left < 0: no window.
+static VariantSpec declared_masks(bool causal, int window_left, float cap) {
+  std::string name = causal ? "Causal" : "";
   char lit[64], shown[64];
-  std::snprintf(lit, sizeof lit, "%a", static_cast<double>(cap));  // hex float: exact round trip
-  std::snprintf(shown, sizeof shown, "%.9g", static_cast<double>(cap));
-  const std::string name = std::string(causal ? "CausalSoftCap_" : "SoftCap_") + name_token(shown);
+  if (window_left >= 0) name += "SlidingWindow_" + std::to_string(window_left);
+  if (cap > 0.f) {
+    std::snprintf(lit, sizeof lit, "%a", static_cast<double>(cap));  // hex float: exact round trip
+    std::snprintf(shown, sizeof shown, "%.9g", static_cast<double>(cap));
+    name += std::string(window_left >= 0 ? "_" : "") + "SoftCap_" + name_token(shown);
+  }
   std::ostringstream code;
   code << "struct " << name << " : tessera::VariantBase {\n"
        << "  using tessera::VariantBase::VariantBase;\n"
-       << (causal ? "  static constexpr bool causal = true;\n" : "")
-       << "  // logits soft cap " << shown << ": cap * tanh(logit / cap), logit = q.k * sm_scale\n"
-       << "  template <typename Params>\n"
-       << "  __device__ __forceinline__ float LogitsTransform(const Params&, float logit, int, int, int, int, int) const {\n"
-       << "    const float cap = " << lit << "f;\n"
-       << "    return cap * tanhf(logit * (1.0f / cap));\n"
-       << "  }\n"
-       << "};\n";
+       << (causal ? "  static constexpr bool causal = true;\n" : "");
+  if (window_left >= 0)
+    code << "  // Sliding window: the query at bottom-right-aligned position p sees keys >= p - " << window_left << ".\n"
+         << "  static constexpr int window_left = " << window_left << ";\n";
+  if (cap > 0.f)
+    code << "  // logits soft cap " << shown << ": cap * tanh(logit / cap), logit = q.k * sm_scale\n"
+         << "  template <typename Params>\n"
+         << "  __device__ __forceinline__ float LogitsTransform(const Params&, float logit, int, int, int, int, int) const {\n"
+         << "    const float cap = " << lit << "f;\n"
+         << "    return cap * tanhf(logit * (1.0f / cap));\n"
+         << "  }\n";
+  code << "};\n";
   VariantSpec v{name, code.str()};
   v.causal = causal;
+  v.window_left = window_left >= 0 ? window_left : -1;
   return v;
 }
 
+static void check_cap(float cap, const char* arg) {
+  if (!(cap > 0.f) || !std::isfinite(cap)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(cap));
+    throw InvalidArgument(std::string(arg) + ": expected a finite soft cap > 0, got " + buf);
+  }
+}
+
+static void check_window(int window_left, int lowest, const char* expected) {
+  if (window_left < lowest)
+    throw InvalidArgument(std::string("window_left: expected ") + expected + ", got " + std::to_string(window_left));
+}
+
+VariantSpec soft_cap(float cap, bool causal) {
+  check_cap(cap, "cap");
+  return declared_masks(causal, -1, cap);
+}
+
 VariantSpec sliding_window(int window_left, bool causal) {
-  if (window_left < 0)
-    throw InvalidArgument("window_left: expected >= 0 (keys a query sees to its left), got " + std::to_string(window_left));
-  const std::string name =
-      std::string(causal ? "CausalSlidingWindow_" : "SlidingWindow_") + std::to_string(window_left);
-  std::ostringstream code;
-  code << "struct " << name << " : tessera::VariantBase {\n"
-       << "  using tessera::VariantBase::VariantBase;\n"
-       << (causal ? "  static constexpr bool causal = true;\n" : "")
-       << "  // Sliding window: the query at bottom-right-aligned position p sees keys >= p - " << window_left << ".\n"
-       << "  static constexpr int window_left = " << window_left << ";\n"
-       << "};\n";
-  VariantSpec v{name, code.str()};
-  v.causal = causal;
-  v.window_left = window_left;
-  return v;
+  check_window(window_left, 0, ">= 0 (keys a query sees to its left)");
+  return declared_masks(causal, window_left, 0.f);
+}
+
+VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap) {
+  check_window(window_left, -1, "-1 (no window) or >= 0 (keys a query sees to its left)");
+  if (logits_soft_cap != 0.f) check_cap(logits_soft_cap, "logits_soft_cap");
+  if (window_left < 0 && logits_soft_cap == 0.f) return causal ? variants::causal() : standard();
+  return declared_masks(causal, window_left, logits_soft_cap);
 }
 
 bool is_causal(const VariantSpec& v) { return v.causal; }

@@ -147,6 +147,24 @@ TEST(Jit, SoftCapAndSlidingWindowSpecs) {
   EXPECT_THROW_MSG(variants::soft_cap(std::numeric_limits<float>::quiet_NaN()), InvalidArgument, "cap");
   EXPECT_THROW_MSG(variants::sliding_window(-1), InvalidArgument, "window_left");
 
+  // FlashInfer's plan() options: defaults give the plain specs, one option
+  // the single-option spec, both one combined spec.
+  EXPECT_EQ(variants::from_plan_options(false), variants::standard());
+  EXPECT_EQ(variants::from_plan_options(true, -1, 0.f), variants::causal());
+  EXPECT_EQ(variants::from_plan_options(true, 128, 0.f), variants::sliding_window(128, true));
+  EXPECT_EQ(variants::from_plan_options(false, -1, 30.f), variants::soft_cap(30.f, false));
+  const VariantSpec both = variants::from_plan_options(true, 4096, 50.f);
+  EXPECT_EQ(both.name, "CausalSlidingWindow_4096_SoftCap_50");
+  EXPECT_TRUE(both.causal);
+  EXPECT_EQ(both.window_left, 4096);
+  EXPECT_NE(both.code.find("static constexpr int window_left = 4096;"), std::string::npos) << both.code;
+  EXPECT_NE(both.code.find("LogitsTransform"), std::string::npos) << both.code;
+  EXPECT_EQ(variants::from_plan_options(false, 0, 2.5f).name, "SlidingWindow_0_SoftCap_2p5");
+  EXPECT_THROW_MSG(variants::from_plan_options(false, -2, 0.f), InvalidArgument, "window_left");
+  EXPECT_THROW_MSG(variants::from_plan_options(false, -1, -1.f), InvalidArgument, "logits_soft_cap");
+  EXPECT_THROW_MSG(variants::from_plan_options(false, -1, std::numeric_limits<float>::quiet_NaN()), InvalidArgument,
+                   "logits_soft_cap");
+
   EXPECT_TRUE(variants::is_causal(variants::causal()));
   EXPECT_TRUE(variants::is_causal(a));
   EXPECT_TRUE(variants::is_causal(variants::sliding_window(7, true)));
@@ -161,7 +179,8 @@ TEST(Jit, SoftCapAndSlidingWindowSpecs) {
 // on sm_90a) and decode kernels.
 TEST(Jit, SoftCapAndSlidingWindowKernelsCompile) {
   jit::KernelCache cache(fresh_dir("capwindow").string());
-  for (const VariantSpec& v : {variants::soft_cap(30.f, true), variants::sliding_window(128, true)}) {
+  for (const VariantSpec& v : {variants::soft_cap(30.f, true), variants::sliding_window(128, true),
+                               variants::from_plan_options(true, 128, 30.f)}) {
     const AttentionSpec spec{v, DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
     std::vector<jit::KernelSource> both{catalog::batch_prefill(spec, 128, false), catalog::batch_decode(spec, 4)};
     for (const char* arch : {"sm_80", "sm_90a"})

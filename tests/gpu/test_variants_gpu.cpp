@@ -1,5 +1,6 @@
 // Built-in soft-cap and sliding-window variants (variants::soft_cap,
-// variants::sliding_window) against the CPU reference's logits_soft_cap /
+// variants::sliding_window, and both at once through
+// variants::from_plan_options) against the CPU reference's logits_soft_cap /
 // window_left options: batch prefill over paged and ragged KV (FA2 and the
 // auto-chosen template, which is Hopper on sm_90 for d 64/128), and batch
 // decode (split and unsplit KV).
@@ -24,23 +25,27 @@ struct VariantCase {
   int window_left;  // >= 0: sliding window
   bool causal;
   VariantSpec spec() const {
+    if (cap > 0 && window_left >= 0) return variants::from_plan_options(causal, window_left, cap);
     return cap > 0 ? variants::soft_cap(cap, causal) : variants::sliding_window(window_left, causal);
   }
   reference::Options ref() const {
     reference::Options o;
     o.causal = causal;
     o.logits_soft_cap = cap;
-    o.window_left = cap > 0 ? -1 : window_left;
+    o.window_left = window_left;
     return o;
   }
   std::string name() const {
-    return (cap > 0 ? "cap" + std::to_string(static_cast<int>(cap)) : "window" + std::to_string(window_left)) +
-           (causal ? "_causal" : "");
+    std::string n = window_left >= 0 ? "window" + std::to_string(window_left) : "";
+    if (cap > 0) n += (n.empty() ? "cap" : "_cap") + std::to_string(static_cast<int>(cap));
+    return n + (causal ? "_causal" : "");
   }
 };
 
-const VariantCase kCases[] = {{30.f, -1, false}, {30.f, -1, true}, {5.f, -1, false}, {5.f, -1, true},
-                              {0.f, 0, true},    {0.f, 7, true},   {0.f, 100, true}};
+// The last two combine a window with a soft cap (a Gemma-2 layer's options).
+const VariantCase kCases[] = {{30.f, -1, false}, {30.f, -1, true}, {5.f, -1, false}, {5.f, -1, true}, {0.f, 0, true},
+                              {0.f, 7, true},    {0.f, 100, true}, {30.f, 100, true}, {5.f, 7, false}};
+constexpr int kNumCases = sizeof(kCases) / sizeof(kCases[0]);
 
 // Requests: no queries, no keys, one query, q_len > kv_len (causal: early rows
 // see nothing), chunked prefill (q_len < kv_len) with long KV.
@@ -129,7 +134,7 @@ TEST_P(PrefillVariant, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillVariant,
-                         ::testing::Combine(::testing::Range(0, 7), ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         ::testing::Combine(::testing::Range(0, kNumCases), ::testing::Values(DType::kFloat16, DType::kBFloat16),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2),
                                             ::testing::Bool()),
                          [](const auto& info) {
@@ -179,7 +184,7 @@ TEST_P(DecodeVariant, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DecodeVariant,
-                         ::testing::Combine(::testing::Range(0, 7), ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         ::testing::Combine(::testing::Range(0, kNumCases), ::testing::Values(DType::kFloat16, DType::kBFloat16),
                                             ::testing::Values(0, 1)),
                          [](const auto& info) {
                            const auto& t = info.param;

@@ -88,11 +88,13 @@ def ref_merge(values, lses):
     return v, s
 
 
-def ref_decode(q, k, v, kv_layout="NHD", sm_scale=None):
+def ref_decode(q, k, v, kv_layout="NHD", sm_scale=None, window_left=-1, logits_soft_cap=0.0):
     """Decode attention in float64: q [Hq, D]; k, v NHD [L, Hkv, D] or HND [Hkv, L, D].
 
-    Returns (o [Hq, D], lse [Hq]) with lse in base 2; with L = 0, o = 0 and
-    lse = -inf.
+    window_left >= 0 keeps keys j >= L - 1 - window_left (the query is the
+    last position); logits_soft_cap > 0 maps each logit x (after sm_scale) to
+    cap * tanh(x / cap). Returns (o [Hq, D], lse [Hq]) with lse in base 2;
+    with L = 0, o = 0 and lse = -inf.
     """
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
@@ -105,10 +107,15 @@ def ref_decode(q, k, v, kv_layout="NHD", sm_scale=None):
     scale = 1.0 / np.sqrt(d) if sm_scale is None else sm_scale
     o = np.zeros((hq, d))
     lse = np.full(hq, -np.inf)
+    if window_left >= 0:
+        first = max(0, k.shape[0] - 1 - window_left)
+        k, v = k[first:], v[first:]
     if k.shape[0] == 0:
         return o, lse
     for h in range(hq):
         logits = k[:, h // group, :] @ q[h] * scale  # natural-base logits [L]
+        if logits_soft_cap:
+            logits = logits_soft_cap * np.tanh(logits / logits_soft_cap)
         mx = logits.max()
         p = np.exp(logits - mx)
         o[h] = p @ v[:, h // group, :] / p.sum()

@@ -8,7 +8,8 @@ ones are split over CTAs); outputs start as NaN. Also: CUDA-graph capture of
 run() for two layers replayed after re-planning with new lengths, workspace
 bounds, growth without CUDA graphs, and bad input. use_tensor_cores=True
 (decode on the tensor-core prefill kernel) gets the same checks over groups
-1/4/8 and head dims 64/128/256. CPU-only tests check option validation and the
+1/4/8 and head dims 64/128/256, and both paths run FlashInfer's window_left /
+logits_soft_cap options. CPU-only tests check option validation and the
 workspace-size query; GPU tests skip with "skipped: no GPU".
 """
 
@@ -34,7 +35,7 @@ def make_table(rng, lens, page_size, spare=3):
     return indptr, indices, last, num_pages
 
 
-def ref_batch_decode(q, k_cache, v_cache, layout, indptr, indices, last, page_size, sm_scale=None):
+def ref_batch_decode(q, k_cache, v_cache, layout, indptr, indices, last, page_size, sm_scale=None, **options):
     """float64 (o [B, Hq, D], lse [B, Hq]) from numpy caches [P, ps, H, D] (NHD) or [P, H, ps, D] (HND)."""
     q, k_cache, v_cache = (np.asarray(x, dtype=np.float64) for x in (q, k_cache, v_cache))
     if layout == "HND":
@@ -46,7 +47,7 @@ def ref_batch_decode(q, k_cache, v_cache, layout, indptr, indices, last, page_si
         n = 0 if len(pages) == 0 else (len(pages) - 1) * page_size + int(last[b])
         k = k_cache[pages].reshape(-1, hkv, d)[:n]
         v = v_cache[pages].reshape(-1, hkv, d)[:n]
-        o[b], lse[b] = ref_decode(q[b], k, v, "NHD", sm_scale)
+        o[b], lse[b] = ref_decode(q[b], k, v, "NHD", sm_scale, **options)  # options: window_left, logits_soft_cap
     return o, lse
 
 
@@ -320,6 +321,27 @@ def test_batch_decode_gpu_tensor_cores(torch_cuda, rng, poison, dtype, layout, p
     check(o, None, to_np(cuda_cores.run(q, cache)), None, dtype)
 
 
+@pytest.mark.parametrize("tensor_cores", [False, True])
+@pytest.mark.parametrize("window_left, logits_soft_cap", [(100, None), (0, None), (-1, 30.0), (37, 5.0)])
+def test_batch_decode_gpu_window_and_soft_cap(torch_cuda, rng, poison, tensor_cores, window_left, logits_soft_cap):
+    """FlashInfer's plan() options: a sliding window (keys >= kv_len - 1 - window_left), a logits soft cap, both."""
+    torch = torch_cuda
+    indptr, indices, last, cache, k, v, q = random_problem(torch, rng, TC_LENS, "NHD", 16, torch.float16, 2, 4, 128)
+    wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", use_tensor_cores=tensor_cores)
+    wrapper.plan(indptr, indices, last, 8, 2, 128, 16, window_left=window_left, logits_soft_cap=logits_soft_cap,
+                 q_data_type=torch.float16)
+    o, lse = wrapper.run(q, cache, return_lse=True, window_left=window_left)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = ref_batch_decode(to_np(q), to_np(k), to_np(v), "NHD", indptr, indices, last, 16,
+                                      window_left=window_left, logits_soft_cap=logits_soft_cap or 0.0)
+    check(o, lse, ref_o, ref_lse, "float16")
+    plain = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", use_tensor_cores=tensor_cores)
+    plain.plan(indptr, indices, last, 8, 2, 128, 16, q_data_type=torch.float16)
+    assert rel_error(to_np(plain.run(q, cache)), ref_o) > 1e-2  # the options change the result
+    with pytest.raises(ValueError, match="window_left"):
+        wrapper.run(q, cache, window_left=window_left + 1)
+
+
 def test_batch_decode_gpu_tensor_cores_cuda_graph_replay(torch_cuda, rng):
     """use_tensor_cores: capture run() for two layers; re-plan with new lengths and replay."""
     torch = torch_cuda
@@ -394,11 +416,35 @@ def test_wrapper_tensor_cores_validation_without_gpu():
             w.plan(**plan_args(q_data_type=dt))
 
 
-@pytest.mark.parametrize("option, value", [("pos_encoding_mode", "ROPE_LLAMA"), ("window_left", 128),
-                                           ("logits_soft_cap", 30.0), ("rope_scale", 2.0), ("rope_theta", 1e4)])
+@pytest.mark.parametrize("option, value", [("pos_encoding_mode", "ROPE_LLAMA"), ("rope_scale", 2.0),
+                                           ("rope_theta", 1e4)])
 def test_wrapper_plan_rejects_unsupported_options(option, value):
     with pytest.raises(ValueError, match="not supported yet"):
         cpu_wrapper().plan(**plan_args(**{option: value}))
+
+
+WINDOW_CAP_ERRORS = [  # (window_left, logits_soft_cap), error, what the message names
+    ((-2, None), ValueError, "^window_left:"), ((1.5, None), TypeError, "^window_left:"),
+    ((True, None), TypeError, "^window_left:"), ((2**31, None), ValueError, "^window_left:"),
+    ((-1, -1.0), ValueError, "^logits_soft_cap:"), ((-1, float("nan")), ValueError, "^logits_soft_cap:"),
+    ((-1, float("inf")), ValueError, "^logits_soft_cap:"), ((-1, 1e-50), ValueError, "^logits_soft_cap:"),
+    ((-1, "30"), TypeError, "^logits_soft_cap:"),
+]
+
+
+@pytest.mark.parametrize("options, error, name", WINDOW_CAP_ERRORS)
+def test_wrapper_plan_window_and_soft_cap_validation(options, error, name):
+    with pytest.raises(error, match=name):
+        cpu_wrapper().plan(**plan_args(window_left=options[0], logits_soft_cap=options[1]))
+
+
+@pytest.mark.parametrize("window_left, logits_soft_cap", [(128, None), (0, 30.0), (-1, 50.0), (-1, 0.0)])
+def test_wrapper_plan_accepts_window_and_soft_cap(window_left, logits_soft_cap):
+    """Valid options pass every check (a CPU workspace is then what is wrong)."""
+    with pytest.raises(TypeError, match="float_workspace_buffer"):
+        cpu_wrapper().plan(**plan_args(window_left=window_left, logits_soft_cap=logits_soft_cap))
+    with pytest.raises(TypeError, match="float_workspace_buffer"):
+        cpu_wrapper(use_tensor_cores=True).plan(**plan_args(window_left=window_left, logits_soft_cap=logits_soft_cap))
 
 
 def test_wrapper_plan_validation_without_gpu():

@@ -25,8 +25,11 @@ LENS = [(0, 10), (5, 0), (1, 300), (37, 37), (100, 190), (64, 577), (9, 3)]
 
 
 # ======================================================================= reference
-def ref_request(q, k, v, causal, sm_scale=None, visible=None):
-    """float64 (o [n, Hq, D], lse [n, Hq]) of q [n, Hq, D] over k, v [L, Hkv, D]; visible: optional bool [n, L]."""
+def ref_request(q, k, v, causal, sm_scale=None, visible=None, window_left=-1, logits_soft_cap=0.0):
+    """float64 (o [n, Hq, D], lse [n, Hq]) of q [n, Hq, D] over k, v [L, Hkv, D]; visible: optional bool [n, L].
+
+    window_left >= 0: query i sees keys j >= i + L - n - window_left; logits_soft_cap > 0: each logit x (after
+    sm_scale) becomes cap * tanh(x / cap)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     (n, hq, d), L = q.shape, k.shape[0]
     group = hq // k.shape[1]
@@ -34,9 +37,14 @@ def ref_request(q, k, v, causal, sm_scale=None, visible=None):
     vis = np.ones((n, L), dtype=bool) if visible is None else np.asarray(visible, dtype=bool).copy()
     if causal:
         vis &= np.arange(L)[None, :] <= np.arange(n)[:, None] + (L - n)
+    if window_left >= 0:
+        vis &= np.arange(L)[None, :] >= np.arange(n)[:, None] + (L - n) - window_left
     o, lse = np.zeros((n, hq, d)), np.full((n, hq), -np.inf)
     for h in range(hq):
-        s = np.where(vis, q[:, h, :] @ k[:, h // group, :].T * scale, -np.inf)  # natural-base logits
+        s = q[:, h, :] @ k[:, h // group, :].T * scale  # natural-base logits
+        if logits_soft_cap:
+            s = logits_soft_cap * np.tanh(s / logits_soft_cap)
+        s = np.where(vis, s, -np.inf)
         m = s.max(axis=1, initial=-np.inf)
         ok = np.isfinite(m)
         p = np.exp(s - np.where(ok, m, 0.0)[:, None])  # 0 where masked
@@ -46,14 +54,14 @@ def ref_request(q, k, v, causal, sm_scale=None, visible=None):
     return o, lse
 
 
-def ref_batch(q, qo_indptr, kv_of, causal, sm_scale=None):
+def ref_batch(q, qo_indptr, kv_of, causal, sm_scale=None, **options):
     """Concatenated per-request references; kv_of(i) -> (k, v) [kv_len_i, Hkv, D] of request i."""
     q = np.asarray(q, dtype=np.float64)
     o, lse = np.zeros(q.shape), np.full(q.shape[:2], -np.inf)
     for i in range(len(qo_indptr) - 1):
         a, b = qo_indptr[i], qo_indptr[i + 1]
         k, v = kv_of(i)
-        o[a:b], lse[a:b] = ref_request(q[a:b], k, v, causal, sm_scale)
+        o[a:b], lse[a:b] = ref_request(q[a:b], k, v, causal, sm_scale, **options)  # window_left, logits_soft_cap
     return o, lse
 
 
@@ -209,6 +217,56 @@ def test_ragged_gpu(torch_cuda, rng, poison, dtype, head_dim, group, layout, cau
         kn, vn = kn.transpose(1, 0, 2), vn.transpose(1, 0, 2)
     ref_o, ref_lse = ref_batch(to_np(q), qo, lambda i: (kn[kv[i]: kv[i + 1]], vn[kv[i]: kv[i + 1]]), causal)
     check(o, lse, ref_o, ref_lse, dtype)
+
+
+WINDOW_CAP_CASES = [  # source, dtype, head_dim, group, causal, window_left, logits_soft_cap
+    ("paged", "float16", 128, 4, True, 48, 30.0), ("paged", "bfloat16", 64, 1, True, 0, None),
+    ("paged", "float16", 128, 8, False, 100, None), ("ragged", "float16", 128, 1, True, 130, 20.0),
+    ("ragged", "bfloat16", 256, 8, True, -1, 5.0), ("ragged", "float16", 64, 4, False, 7, 2.0),
+    ("single", "float16", 128, 4, True, 37, 20.0), ("single", "bfloat16", 128, 1, False, -1, 3.0),
+]
+
+
+@pytest.mark.parametrize("source, dtype, head_dim, group, causal, window_left, logits_soft_cap", WINDOW_CAP_CASES)
+def test_window_and_soft_cap_gpu(torch_cuda, rng, poison, source, dtype, head_dim, group, causal, window_left,
+                                 logits_soft_cap):
+    """FlashInfer's plan() options window_left / logits_soft_cap, alone and together (Gemma 2), on every source."""
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    hq = HKV * group
+    lens = LENS if source != "single" else [(100, 190)]
+    q_lens, kv_lens = zip(*lens)
+    qo, kv = indptr_of(q_lens), indptr_of(kv_lens)
+    q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), tdt, -3.0, 3.0)
+    opts = dict(window_left=window_left, logits_soft_cap=logits_soft_cap)
+    if source == "paged":
+        table = make_table(rng, kv_lens, 16)
+        cache, k, v = random_cache(torch, rng, "NHD", table[3], 16, head_dim, tdt, False)
+        w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch))
+        w.plan(qo, table[0], table[1], table[2], hq, HKV, head_dim, 16, causal=causal, q_data_type=tdt, **opts)
+        o, lse = w.run(q, cache, return_lse=True, window_left=window_left)
+        kn, vn = to_np(k), to_np(v)
+        kv_of = lambda i: gather_pages(kn, vn, "NHD", table, 16, i)  # noqa: E731
+    else:
+        k, v = (uniform(torch, rng, (int(kv[-1]), HKV, head_dim), tdt) for _ in range(2))
+        if source == "ragged":
+            w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
+            w.plan(qo, kv, hq, HKV, head_dim, causal=causal, q_data_type=tdt, **opts)
+            o, lse = w.run(q, k, v, return_lse=True)
+        else:
+            o, lse = tessera.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, **opts)
+        kn, vn = to_np(k), to_np(v)
+        kv_of = lambda i: (kn[kv[i]: kv[i + 1]], vn[kv[i]: kv[i + 1]])  # noqa: E731
+    torch.cuda.synchronize()
+    ref_o, ref_lse = ref_batch(to_np(q), qo, kv_of, causal, window_left=window_left,
+                               logits_soft_cap=logits_soft_cap or 0.0)
+    check(o, lse, ref_o, ref_lse, dtype)
+    plain_o, _ = ref_batch(to_np(q), qo, kv_of, causal)
+    assert rel_error(ref_o, plain_o) > 1e-2  # the options change the result
+    if source != "single":
+        with pytest.raises(ValueError, match="window_left"):
+            w.run(q, cache, window_left=window_left + 1) if source == "paged" else \
+                w.run(q, k, v, window_left=window_left + 1)
 
 
 def test_ragged_gpu_grows_without_cuda_graph(torch_cuda, rng):
@@ -465,8 +523,7 @@ def test_constructor_options():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("window_left", 64), ("logits_soft_cap", 30.0), ("pos_encoding_mode", "ROPE_LLAMA"), ("rope_scale", 2.0), ("rope_theta", 1e4),
-    ("head_dim_vo", 64)])
+    ("pos_encoding_mode", "ROPE_LLAMA"), ("rope_scale", 2.0), ("rope_theta", 1e4), ("head_dim_vo", 64)])
 def test_plan_rejects_unsupported_options(option, value):
     expect(ValueError, "not supported yet", lambda: cpu_paged().plan(**paged_args(**{option: value})))
     ragged = tessera.BatchPrefillWithRaggedKVCacheWrapper(np.zeros(16, np.uint8))
@@ -475,6 +532,39 @@ def test_plan_rejects_unsupported_options(option, value):
         q = np.zeros((3, 8, 128), np.float32)
         expect(ValueError, "not supported yet",
                lambda: tessera.single_prefill_with_kv_cache(q, q[:, :2], q[:, :2], **{option: value}))
+
+
+def test_plan_window_and_soft_cap_validation_without_gpu():
+    """Bad window_left / logits_soft_cap name the argument on every entry point; valid ones pass every check."""
+    ragged = tessera.BatchPrefillWithRaggedKVCacheWrapper(np.zeros(16, np.uint8))
+    q = np.zeros((3, 8, 128), np.float32)
+    for opts, error, name in [(dict(window_left=-3), ValueError, "^window_left:"),
+                              (dict(window_left=2.0), TypeError, "^window_left:"),
+                              (dict(logits_soft_cap=-5.0), ValueError, "^logits_soft_cap:"),
+                              (dict(logits_soft_cap=float("inf")), ValueError, "^logits_soft_cap:")]:
+        expect(error, name, lambda: cpu_paged().plan(**paged_args(**opts)))
+        expect(error, name, lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, **opts))
+        expect(error, name, lambda: tessera.single_prefill_with_kv_cache(q, q[:, :2], q[:, :2], **opts))
+    mask = np.ones(2 * 4, bool)
+    expect(ValueError, "window_left", lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, custom_mask=mask, window_left=3))
+    expect(ValueError, "window_left", lambda: tessera.single_prefill_with_kv_cache(
+        q[:2], q[:4, :2], q[:4, :2], custom_mask=np.ones((2, 4), bool), logits_soft_cap=5.0))
+    for opts in (dict(window_left=64), dict(logits_soft_cap=30.0), dict(window_left=0, logits_soft_cap=50.0)):
+        expect(TypeError, "float_workspace_buffer", lambda: cpu_paged().plan(**paged_args(causal=True, **opts)))
+        expect(TypeError, "float_workspace_buffer", lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, **opts))
+
+
+@pytest.mark.parametrize("window_left, logits_soft_cap, causal", [(3, None, True), (-1, 2.0, False), (0, 1.5, True),
+                                                                  (5, 4.0, False)])
+def test_single_prefill_cpu_window_and_soft_cap(rng, window_left, logits_soft_cap, causal):
+    q = rng.standard_normal((7, 8, 64)).astype(np.float32) * 3
+    k, v = (rng.standard_normal((12, HKV, 64)).astype(np.float32) for _ in range(2))
+    o, lse = tessera.single_prefill_with_kv_cache(q, k, v, causal=causal, window_left=window_left,
+                                                  logits_soft_cap=logits_soft_cap, return_lse=True)
+    ref_o, ref_lse = ref_request(q, k, v, causal, window_left=window_left, logits_soft_cap=logits_soft_cap or 0.0)
+    assert rel_error(o, ref_o) < 1e-5
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5)
+    assert rel_error(ref_request(q, k, v, causal)[0], ref_o) > 1e-3  # the options change the result
 
 
 PAGED_PLAN_ERRORS = [  # plan() overrides, error, what the message names

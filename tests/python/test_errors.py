@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tessera
+from conftest import ref_decode, rel_error
 from tessera import _C
 
 
@@ -153,8 +154,6 @@ def test_decode_bad_sm_scale():
     "option, value",
     [
         ("pos_encoding_mode", "ROPE_LLAMA"),
-        ("window_left", 16),
-        ("logits_soft_cap", 30.0),
         ("rope_scale", 1.0),
         ("rope_theta", 1e4),
         ("q_scale", 1.0),
@@ -167,6 +166,28 @@ def test_decode_unsupported_option(option, value):
     with pytest.raises(ValueError, match="not supported yet") as info:
         tessera.single_decode_with_kv_cache(q, k, v, **{option: value})
     assert option in str(info.value)
+
+
+@pytest.mark.parametrize("window_left, logits_soft_cap", [(3, None), (-1, 2.0), (0, 1.5), (100, 4.0)])
+def test_decode_window_and_soft_cap_cpu(window_left, logits_soft_cap):
+    """single_decode's CPU path honours FlashInfer's window_left / logits_soft_cap (the numpy formula agrees)."""
+    q, k, v = qkv(kv_len=12, dtype=np.float32)
+    v = np.random.default_rng(1).standard_normal(v.shape).astype(np.float32)
+    o, lse = tessera.single_decode_with_kv_cache(q * 4, k, v, window_left=window_left,
+                                                 logits_soft_cap=logits_soft_cap, return_lse=True)
+    ref_o, ref_lse = ref_decode(q * 4, k, v, window_left=window_left, logits_soft_cap=logits_soft_cap or 0.0)
+    assert rel_error(o, ref_o) < 1e-5
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5)
+    plain = tessera.single_decode_with_kv_cache(q * 4, k, v)
+    assert rel_error(plain, ref_o) > 1e-3  # the options change the result
+
+
+def test_decode_bad_window_and_soft_cap():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="window_left"):
+        tessera.single_decode_with_kv_cache(q, k, v, window_left=-5)
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        tessera.single_decode_with_kv_cache(q, k, v, logits_soft_cap=-2.0)
 
 
 def test_decode_default_options_accepted():

@@ -57,6 +57,11 @@ VariantSpec soft_cap(float cap, bool causal = false);
 // p = qo_idx + kv_len - qo_len sees keys kv_idx >= p - window_left (>= 0);
 // with `causal` also kv_idx <= p. Baked into the code and name like soft_cap.
 VariantSpec sliding_window(int window_left, bool causal = false);
+// The variant FlashInfer's plan() options select: standard() or causal() for
+// the defaults (window_left = -1, logits_soft_cap = 0), else the sliding
+// window and / or soft cap above, combined in one spec when both are set.
+// logits_soft_cap: 0 = off, else finite > 0; window_left: -1 = off, else >= 0.
+VariantSpec from_plan_options(bool causal, int window_left = -1, float logits_soft_cap = 0.f);
 // True for variants whose spec declares causal (BatchPrefill schedules them
 // with causal tile clipping).
 bool is_causal(const VariantSpec& v);
