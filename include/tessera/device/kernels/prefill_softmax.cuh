@@ -9,12 +9,6 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-// Switch for A/B runs (TESSERA_SM90_DEFINES / the FA2 template's defines):
-// 1 = masks as per-row key ranges (below), 0 = the per-element predicate.
-#ifndef TESSERA_MASK_RANGES
-#define TESSERA_MASK_RANGES 1
-#endif
-
 // Per-thread softmax state: for each of the warp's MT m-tiles, the thread's
 // two rows (g and g + 8 of the m-tile).
 template <int MT, int NT_O>
@@ -74,44 +68,17 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
   using Traits = VariantTraits<Variant, Params>;
   constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
   const float scale_log2 = p.sm_scale * kLog2e;
+  auto keep = [&](int t, int r, int pos) {
+    bool k = rows.valid[t][r] && pos < kv_end;
+    if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
+    if constexpr (Variant::window_left >= 0) k = k && pos >= window_first_key<Variant>(rows.qo_idx[t][r] + causal_shift);
+    if constexpr (Traits::logits_mask) k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
+    return k;
+  };
   // The mask is a branch around the whole tile, not a test per element: the
   // compiler if-converts a per-element `masked && !keep` into ~7 predicate
   // instructions per element on every tile (SASS of the Hopper kernel).
   auto apply_mask = [&](float masked_value) {
-#if TESSERA_MASK_RANGES
-    // The declared masks leave each row a key range [lo, hi] (kv_end, the
-    // diagonal, the window's start; empty for an invalid row), taken
-    // relative to col0 once per row: an element then costs one compare with
-    // a constant offset and a select (was two compares, an add and a select).
-#pragma unroll
-    for (int t = 0; t < MT; ++t)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int diag = rows.qo_idx[t][r] + causal_shift;
-        int hi = kv_end - 1;
-        if constexpr (Variant::causal) hi = min(hi, diag);
-        hi = rows.valid[t][r] ? hi - col0 : -1 - (1 << 30);
-        const int lo = Variant::window_left >= 0 ? max(window_first_key<Variant>(diag), 0) - col0 : 0;
-#pragma unroll
-        for (int n = 0; n < NT_S; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int off = n * 8 + c;  // the element's key is col0 + off
-            bool k = off <= hi;
-            if constexpr (Variant::window_left >= 0) k = k && off >= lo;
-            if constexpr (Traits::logits_mask)
-              k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], col0 + off, rows.head[t][r], kv_head);
-            if (!k) s[t][n][2 * r + c] = masked_value;
-          }
-      }
-#else
-    auto keep = [&](int t, int r, int pos) {
-      bool k = rows.valid[t][r] && pos < kv_end;
-      if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
-      if constexpr (Variant::window_left >= 0) k = k && pos >= window_first_key<Variant>(rows.qo_idx[t][r] + causal_shift);
-      if constexpr (Traits::logits_mask) k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
-      return k;
-    };
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -119,7 +86,6 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           if (!keep(t, e / 2, col0 + n * 8 + (e & 1))) s[t][n][e] = masked_value;
-#endif
   };
   if constexpr (!kPlain) {
 #pragma unroll
