@@ -14,11 +14,13 @@ side by side with the peers users would pick instead, in one process.
       pays) and in-memory lookup.
 TFLOP/s count visible query-key pairs only (causal: half the square, the
 sliding window its band); decode reports TB/s of K and V read. Ratios are
-peer time / Tessera time (> 1: Tessera faster).
-Usage: python bench/variants.py [--quick] [--no-flex] [--parts abc] [--backends fa2,fa3]
+peer time / Tessera time (> 1: Tessera faster). Part (a) times the peers of
+each shape in interleaved rounds (--rounds, default 3) and reports medians.
+Usage: python bench/variants.py [--quick] [--no-flex] [--parts abc] [--backends fa2,fa3] [--rounds N]
 """
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 
@@ -55,6 +57,7 @@ def ratio(peer, ms):
 
 # ------------------------------------------------------------------ (a)
 def tessera_variant(variant, B, H, L, backend):
+    """The planned run() of one variant as a callable."""
     spec = {"causal": tessera.variants.causal(), "soft_cap": tessera.variants.soft_cap(CAP, causal=True),
             "alibi": tessera.variants.alibi(causal=True),
             "sliding_window": tessera.variants.sliding_window(WINDOW, causal=True)}[variant]
@@ -67,13 +70,14 @@ def tessera_variant(variant, B, H, L, backend):
     q = torch.randn(B * L, H, D, dtype=DT, device="cuda")
     k, v = torch.randn_like(q), torch.randn_like(q)
     out = torch.empty_like(q)
-    return common.bench_ms(lambda: w.run_ragged(q, k, v, out=out, **extras))
+    return lambda: w.run_ragged(q, k, v, out=out, **extras)
 
 
 _flex = None
 
 
 def flex_variant(variant, B, H, L):
+    """Compiled FlexAttention of one variant as a callable (None when it does not compile)."""
     global _flex
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     if _flex is None:
@@ -105,7 +109,7 @@ def flex_variant(variant, B, H, L):
     try:
         fn = lambda: _flex(q, k, v, score_mod=score_mod, block_mask=bm)  # noqa: E731
         fn()
-        return common.bench_ms(fn)
+        return fn
     except Exception as e:  # a compile failure must not end the run
         print(f"# flex {variant} L={L}: {type(e).__name__}: {e}", flush=True)
         return None
@@ -226,6 +230,9 @@ def main():
     ap.add_argument("--parts", default="abc", help="which of the parts (a)-(c) to run")
     ap.add_argument("--variants", default="causal,soft_cap,alibi,sliding_window", help="part (a)'s variants")
     ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="part (a): timing rounds, peers interleaved; each time is the median of its rounds (clocks "
+                         "drift with the power a run draws, so one timing right after a heavy peer can be ~10%% off)")
     args = ap.parse_args()
     backends = args.backends.split(",")
     peak = common.matmul_ceiling_tflops()
@@ -237,12 +244,22 @@ def main():
     seqs = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     for variant in (args.variants.split(",") if "a" in args.parts else []):
         for L in seqs:
-            fx = None if args.no_flex else flex_variant(variant, 16, 16, L)
+            fns = {be: tessera_variant(variant, 16, 16, L, be) for be in backends}
+            flex_fn = None if args.no_flex else flex_variant(variant, 16, 16, L)
+            if flex_fn is not None:
+                fns["flex"] = flex_fn
+            times = {n: [] for n in fns}
+            for _ in range(args.rounds):  # interleaved: drift hits every peer alike
+                for n, fn in fns.items():
+                    times[n].append(common.bench_ms(fn))
+            med = {n: statistics.median(t) for n, t in times.items()}
+            fx = med.get("flex")
             pairs = 16 * 16 * visible_pairs(L, variant)
             for be in backends:
-                ms = tessera_variant(variant, 16, 16, L, be)
+                ms = med[be]
                 rows.append(dict(part="a", variant=variant, backend=be, seq=L, us=ms * 1e3, tflops=tflops(pairs, ms),
-                                 flex_us=fx and fx * 1e3, flex_tflops=fx and tflops(pairs, fx)))
+                                 flex_us=fx and fx * 1e3, flex_tflops=fx and tflops(pairs, fx),
+                                 rounds_ms={n: times[n] for n in (be, "flex") if n in times}))
                 print(f"{variant:>15} {L:>6} {be} {ms * 1e3:9.1f} us {tflops(pairs, ms):7.1f} TFLOP/s | flex "
                       f"{tflops(pairs, fx) if fx else float('nan'):7.1f} TFLOP/s {ratio(fx, ms)}", flush=True)
 
