@@ -12,9 +12,16 @@ import sys
 
 import numpy as np
 
+_IS_TORCH = {}  # type -> bool: the MRO scan runs once per type (this sits on every plan() / run() call)
+
+
 def is_torch(x):
     """True when x is a torch.Tensor (or a subclass such as Parameter), without importing torch."""
-    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
+    t = type(x)
+    r = _IS_TORCH.get(t)
+    if r is None:
+        r = _IS_TORCH[t] = any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in t.__mro__)
+    return r
 
 
 def _torch():
@@ -110,7 +117,9 @@ def stream_of(x):
     device for CUDA tensors (so work is ordered with the caller's torch work),
     0 (the default stream, unused on the CPU) otherwise."""
     if is_cuda(x):
-        return _torch().cuda.current_stream(x.device).cuda_stream
+        torch = _torch()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle without a Stream object
+        return raw(x.device.index) if raw is not None else torch.cuda.current_stream(x.device).cuda_stream
     return 0
 
 
@@ -118,7 +127,9 @@ def on_device_of(x):
     """Context making x's CUDA device current while launching (the C++ launch
     uses the thread's current device); a no-op for CPU tensors."""
     if is_cuda(x):
-        return _torch().cuda.device(x.device)
+        torch = _torch()
+        if x.device.index != torch.cuda.current_device():  # switching costs a context manager per call
+            return torch.cuda.device(x.device)
     return contextlib.nullcontext()
 
 

@@ -179,6 +179,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._pinned = None  # the pinned host staging buffer it borrows
         self._planned = None  # what the last plan() fixed for run()
         self._checked_scalars, self._checked = None, None  # plan()'s scalar arguments, once checked
+        self._buffer_checked = False
 
     @property
     def is_cuda_graph_enabled(self):
@@ -218,7 +219,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # the C++ workspace_size probe) run when they do, not every step.
         scalars = (pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
                    rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
-        scalars = tuple((type(x), x) for x in scalars)
+        scalars += tuple(map(type, scalars))  # 1, 1.0 and True compare equal; their checks differ
         if scalars == self._checked_scalars:
             q_dt, kv_dt, o_dt, shape, scale, options = self._checked
         else:
@@ -235,10 +236,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if indices.size > indptr[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
             indices = indices[: indptr[-1]]
         buf = self._float_workspace_buffer
-        W.check_workspace_buffer(buf)
+        if not self._buffer_checked:  # the buffer object is fixed at construction; check it once
+            W.check_workspace_buffer(buf)
+            self._buffer_checked = True
         self._ensure_native((q_dt, kv_dt, o_dt) + shape + options, max(batch, 1), max(int(indices.size), 1))
         # The C++ plan() switches to the workspace's device itself.
-        self._native.plan(indptr, indices, last_page_len, T._torch().cuda.current_stream(buf.device).cuda_stream)
+        self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0]}
 

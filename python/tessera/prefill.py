@@ -72,6 +72,7 @@ class _PrefillWrapper:
         self._pinned = None  # the pinned host staging buffer it borrows
         self._planned = None  # what the last plan() fixed for run()
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
+        self._buffer_checked = False
 
     @property
     def is_cuda_graph_enabled(self):
@@ -121,7 +122,9 @@ class _PrefillWrapper:
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
-        W.check_workspace_buffer(buf)
+        if not self._buffer_checked:  # the buffer object is fixed at construction; check it once
+            W.check_workspace_buffer(buf)
+            self._buffer_checked = True
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend,
                      custom_mask=mask is not None)
 
@@ -133,10 +136,9 @@ class _PrefillWrapper:
 
         W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"]), counts,
                         bounds, size, make)
-        torch = T._torch()
-        with torch.cuda.device(buf.device):
+        with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
-            plan_fn(self._native, torch.cuda.current_stream(buf.device).cuda_stream)
+            plan_fn(self._native, T.stream_of(buf))
         self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"])
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None):
