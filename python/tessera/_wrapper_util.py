@@ -96,7 +96,7 @@ def dtype_arg(value, name):
 def host_ints(x, name):
     """A 1-D index array (torch tensor on any device, numpy array, list) as contiguous CPU int32 numpy."""
     if T.is_torch(x):
-        if x.device.type == "cpu" and str(x.dtype) == "torch.int32":  # the common case: no checks to make
+        if x.device.type == "cpu" and str(x.dtype) == "torch.int32" and x.dim() == 1:  # the common case
             return np.ascontiguousarray(x.numpy())
         if x.is_floating_point() or x.is_complex():
             raise TypeError(f"{name}: expected an integer tensor, got {str(x.dtype).replace('torch.', '')}")

@@ -21,7 +21,7 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   slots_ = split_ = 0;
   for (size_t i = 0; i < n_tiles; ++i) {
     const int64_t len = tiles_[i].kv_len, begin = tiles_[i].kv_begin;
-    if (len <= L) {  // most tiles: one chunk, and no divisions (they were a third of plan())
+    if (len <= L) {  // most tiles: one chunk, without the three 64-bit divisions below
       chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin), static_cast<int32_t>(begin + len), 0});
       continue;
     }
