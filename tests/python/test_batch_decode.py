@@ -271,6 +271,19 @@ def test_batch_decode_gpu_bad_input(torch_cuda, rng):
     small = tessera.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device="cuda"))
     with pytest.raises(ValueError, match="float_workspace_buffer"):
         small.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16)
+    # torch index tensors (CPU int32 is the fast path) are still checked for rank and dtype
+    ti = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int32))  # noqa: E731
+    with pytest.raises(ValueError, match="^indptr:"):
+        wrapper.plan(ti(indptr).view(1, -1), ti(indices), ti(last), HQ, HKV, HEAD_DIM, 16)
+    with pytest.raises(ValueError, match="^indices:"):
+        wrapper.plan(ti(indptr), ti(indices).view(-1, 1), ti(last), HQ, HKV, HEAD_DIM, 16)
+    with pytest.raises(TypeError, match="^last_page_len:"):
+        wrapper.plan(ti(indptr), ti(indices), ti(last).float(), HQ, HKV, HEAD_DIM, 16)
+    wrapper.plan(ti(indptr), ti(indices), ti(last), HQ, HKV, HEAD_DIM, 16, q_data_type=torch.float16)
+    o = wrapper.run(q, cache)
+    torch.cuda.synchronize()
+    ref_o, _ = ref_batch_decode(to_np(q), to_np(cache[0]), to_np(cache[1]), "NHD", indptr, indices, last, 16)
+    check(o, None, ref_o, None, "float16")
 
 
 # ------------------------------------------------------------ use_tensor_cores
