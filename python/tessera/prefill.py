@@ -73,6 +73,7 @@ class _PrefillWrapper:
         self._planned = None  # what the last plan() fixed for run()
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
         self._buffer_checked = False
+        self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
 
     @property
     def is_cuda_graph_enabled(self):
@@ -102,7 +103,15 @@ class _PrefillWrapper:
     def _config(self, num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale,
                 q_data_type, kv_data_type, o_data_type, window_left=-1, logits_soft_cap=None, masked=False):
         """The C++ configuration tuple (constructor order), the softmax scale and the variant options
-        {window_left, logits_soft_cap}; validates without a GPU (masked: a custom mask is given)."""
+        {window_left, logits_soft_cap}; validates without a GPU (masked: a custom mask is given).
+
+        The arguments rarely change between steps: the checks (and the C++
+        probe, which builds the variant) run when they do, as in decode."""
+        args = (num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale, q_data_type,
+                kv_data_type, o_data_type, window_left, logits_soft_cap, masked)
+        key = args + tuple(map(type, args))  # 1, 1.0 and True compare equal; their checks differ
+        if key == self._config_key:
+            return self._config_checked
         window, cap = W.plan_options(window_left, logits_soft_cap)
         options = dict(window_left=window, logits_soft_cap=cap)
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
@@ -116,6 +125,7 @@ class _PrefillWrapper:
         config = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, layout, bool(causal))
         # The C++ checks of dtypes, heads, head_dim and options, without touching a GPU.
         _C.BatchPrefill.workspace_size(*config, 1, 1, 1, num_sms=1, custom_mask=masked, **options)
+        self._config_key, self._config_checked = key, (config, scale, options)
         return config, scale, options
 
     def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, **planned):

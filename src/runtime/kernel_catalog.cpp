@@ -62,7 +62,7 @@ static std::string name_token(const std::string& s) {
 // Every built-in softmax variant with declared masks (causal, a sliding
 // window) and an optional logits soft cap comes from this one generator, so
 // any combination (a Gemma-2 layer uses all three) is a spec like the others.
-// cap <= 0: no soft cap; window_left < 0: no window.
+// cap <= 0: no soft cap; window_left = -1: no window.
 static VariantSpec declared_masks(bool causal, int window_left, float cap) {
   std::string name = causal ? "Causal" : "";
   char lit[64], shown[64];
@@ -89,7 +89,7 @@ static VariantSpec declared_masks(bool causal, int window_left, float cap) {
   code << "};\n";
   VariantSpec v{name, code.str()};
   v.causal = causal;
-  v.window_left = window_left >= 0 ? window_left : -1;
+  v.window_left = window_left;
   return v;
 }
 

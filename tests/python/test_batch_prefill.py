@@ -566,6 +566,22 @@ def test_single_prefill_cpu_window_and_soft_cap(rng, window_left, logits_soft_ca
     assert rel_error(ref_request(q, k, v, causal)[0], ref_o) > 1e-3  # the options change the result
 
 
+def test_plan_rechecks_changed_arguments_without_gpu():
+    """plan() checks its scalar arguments only when they change: a valid plan (stopped by the workspace) must not
+    let a later bad one through, on either wrapper."""
+    w = cpu_paged()
+    expect(TypeError, "float_workspace_buffer", lambda: w.plan(**paged_args()))
+    expect(ValueError, "^head_dim", lambda: w.plan(**paged_args(head_dim_qk=80)))
+    expect(TypeError, "float_workspace_buffer", lambda: w.plan(**paged_args(page_size=1)))
+    expect(ValueError, "^page_size", lambda: w.plan(**paged_args(page_size=True)))  # == 1, but not a page size
+    expect(TypeError, "float_workspace_buffer", lambda: w.plan(**paged_args(window_left=8)))
+    expect(ValueError, "^window_left", lambda: w.plan(**paged_args(window_left=-3)))
+    expect(TypeError, "^qo_indptr", lambda: w.plan(**paged_args(qo_indptr=np.array([0.0, 2.0]))))  # every time
+    ragged = tessera.BatchPrefillWithRaggedKVCacheWrapper(np.zeros(16, np.uint8))
+    expect(TypeError, "float_workspace_buffer", lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128))
+    expect(ValueError, "^num_qo_heads", lambda: ragged.plan([0, 2], [0, 4], 6, 4, 128))
+
+
 PAGED_PLAN_ERRORS = [  # plan() overrides, error, what the message names
     (dict(q_data_type="float32"), TypeError, "^q_data_type:"), (dict(head_dim_qk=80), ValueError, "^head_dim:"),
     (dict(kv_data_type="bfloat16"), TypeError, "kv_dtype"),  # the tensor-core kernel needs kv == q
