@@ -23,7 +23,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Lengths as bench/common.py draws them: constant, or Zipf-skewed with the given mean.
+// Constant lengths, or Zipf-like skewed ones (weight 1 / rank^1.1 for a
+// random rank) scaled to the given mean. Not bench/common.py's draws: the
+// planner's time depends on the request count, not on the exact lengths.
 std::vector<int32_t> lengths(bool zipf, int batch, int mean, unsigned seed) {
   std::vector<int32_t> lens(batch, mean);
   if (!zipf) return lens;
