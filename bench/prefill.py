@@ -13,7 +13,8 @@ TFLOP/s count causal attention as half of the full square. Tessera runs with
 each backend given (fa2: the mma.sync template; fa3: the Hopper wgmma
 template, sm_90 only); rows carry the backend. FlashInfer is not run (see
 bench/decode.py for why).
-Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd]
+Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd] [--head-dim 128]
+(--head-dim 64 / 256 runs every part at that head dim; results go to prefill-*-dN-*.json)
 """
 import argparse
 import os
@@ -147,14 +148,17 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--parts", default="abcd", help="which of the parts (a)-(d) to run")
     ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
     args = ap.parse_args()
+    global D
+    D = args.head_dim
     ap_parts = args.parts
     backends = args.backends.split(",")
     peak = common.matmul_ceiling_tflops()
     print(f"# {common.device_name()}: dense fp16 matmul ceiling {peak:.0f} TFLOP/s")
     rows = []
 
-    print("# (a) Table-1: batch 16, 16 heads, d 128, causal")
+    print(f"# (a) Table-1: batch 16, 16 heads, d {D}, causal")
     print(f"{'seq':>6} {'be':>3} {'us':>9} {'TFLOP/s':>8} {'ceil':>5} | {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}")
     seqs = ([512, 1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096]) if "a" in ap_parts else []
     for L in seqs:
@@ -207,6 +211,8 @@ def main():
                   f"({bsr / dense - 1:+.0%}) TFLOP/s", flush=True)
     # A partial run is saved under its own name (prefill-a-...), never over a full one.
     kind = "prefill" if ap_parts == "abcd" and not args.quick else "prefill-" + ("quick" if args.quick else ap_parts)
+    if D != 128:
+        kind += f"-d{D}"
     path = common.save_results(kind, dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")
 

@@ -170,7 +170,7 @@ bool BatchPrefill::use_hopper(int cta_q) const {
     case PrefillBackend::kFA3:
       if (!sm90) throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
       if (!catalog::hopper_supported(spec_, cta_q))
-        throw InvalidArgument("backend: fa3 needs head_dim 64 or 128 and a query tile of 64 or 128 rows (cta_q " +
+        throw InvalidArgument("backend: fa3 needs head_dim 64, 128 or 256 and a query tile of 64 or 128 rows (cta_q " +
                               str(cta_q) + ", head_dim " + str(spec_.head_dim) + "); use fa2 or auto");
       return true;
     case PrefillBackend::kAuto: return sm90 && catalog::hopper_supported(spec_, cta_q);

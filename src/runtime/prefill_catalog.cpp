@@ -33,7 +33,7 @@ static void apply_override(PrefillConfig& c) {
 }
 
 bool hopper_supported(const AttentionSpec& spec, int cta_q) {
-  return (spec.head_dim == 64 || spec.head_dim == 128) && (cta_q == 64 || cta_q == 128);
+  return (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) && (cta_q == 64 || cta_q == 128);
 }
 
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) {
@@ -45,18 +45,20 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
   c.cta_q = cta_q;
   if (hopper) {
     if (!hopper_supported(spec, cta_q))
-      throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64 or 128 and a query tile of 64 or 128 rows, got head_dim " +
+      throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64, 128 or 256 and a query tile of 64 or 128 rows, got head_dim " +
                             std::to_string(spec.head_dim) + ", tile " + std::to_string(cta_q));
     // Warp-specialized (prefill_sm90.cuh): one producer warpgroup plus one
     // consumer warpgroup per 64 query rows. 128-row tiles: 128-token KV
     // tiles, 2 stages, one CTA per SM (FA3's choice for head_dim 128; S and
     // O of 64 x 128 each fit the consumers' 224 registers). 64-row tiles:
     // 64-token KV tiles at head_dim 128 so two CTAs share an SM and their
-    // consumer warpgroups overlap each other's softmax.
+    // consumer warpgroups overlap each other's softmax. Head dim 256: 64-token
+    // KV tiles (a 64-row slice of O already takes 128 registers per consumer
+    // thread, and a K or V stage 32 KB), one CTA per SM.
     c.hopper = true;
     c.warps_q = cta_q / 16;
     c.warps_kv = 1;
-    c.cta_kv = cta_q == 128 || spec.head_dim == 64 ? 128 : 64;
+    c.cta_kv = spec.head_dim == 256 ? 64 : cta_q == 128 || spec.head_dim == 64 ? 128 : 64;
     c.stages = 2;
     apply_override(c);
     c.warps_q = cta_q / 16;  // the override may change only the KV tile and the stages here
@@ -65,13 +67,16 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     c.threads = 128 * (cta_q / 64 + 1);
     // Ring depths: V gets one stage more than K (it is consumed a step later
     // and released only after P V: with 2 V stages the consumers waited on V
-    // ~13 times per tile, ncu), then a second Q buffer if it still fits.
+    // ~13 times per tile, ncu) where it fits, then a second Q buffer if it
+    // still fits.
     c.v_stages = c.stages + 1;
     c.q_bufs = 2;
+    bool rings_forced = false;
     if (const char* env = std::getenv("TESSERA_SM90_RINGS"); env && *env) {  // experiments: "k,v,q"
       if (std::sscanf(env, "%d,%d,%d", &c.stages, &c.v_stages, &c.q_bufs) != 3 || c.stages < 2 || c.v_stages < 2 ||
           c.q_bufs < 1 || c.q_bufs > 2)
         throw InvalidArgument(std::string("TESSERA_SM90_RINGS: expected \"k_stages,v_stages,q_bufs\" (>= 2, >= 2, 1 or 2), got ") + env);
+      rings_forced = true;
     }
     // Mirror of Sm90Shape: Q buffers, K and V stages, + 1024 bytes of
     // alignment slack; + the static pipeline barriers and 4 x CTA_KV paged
@@ -81,15 +86,18 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     };
     const int static_bytes = 5120;
     // 64-row tiles aim at two CTAs per SM (their consumers hide each other's
-    // softmax), 128-row ones at one.
+    // softmax), 128-row ones and head dim 256 (a 64-row tile alone needs
+    // 192 KB) at one.
+    const bool two_ctas = cta_q == 64 && spec.head_dim <= 128;
     auto fits = [&](int q_bufs) {
       const int per = bytes(q_bufs) + static_bytes;
-      return per <= 227 * 1024 && (cta_q != 64 || 2 * per <= 228 * 1024);
+      return per <= 227 * 1024 && (!two_ctas || 2 * per <= 228 * 1024);
     };
     if (c.q_bufs == 2 && !fits(2)) c.q_bufs = 1;
+    if (!rings_forced && !fits(1) && c.v_stages > c.stages) --c.v_stages;  // head dim 256 at 128 x 64
     c.smem_bytes = bytes(c.q_bufs);
     const int per_cta = c.smem_bytes + static_bytes;
-    c.ctas_per_sm = cta_q == 64 && 2 * per_cta <= 228 * 1024 ? 2 : 1;
+    c.ctas_per_sm = two_ctas && 2 * per_cta <= 228 * 1024 ? 2 : 1;
     if (per_cta > 227 * 1024)
       throw InvalidArgument("TESSERA_PREFILL_TILE: the Hopper tile needs " + std::to_string(per_cta) +
                             " bytes of shared memory (at most 232448)");

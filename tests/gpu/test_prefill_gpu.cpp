@@ -47,7 +47,7 @@ Batch make_batch(int page_size, std::mt19937_64& rng) {
 }
 
 // backend: kAuto picks the Hopper (wgmma) template on sm_90 for head_dim
-// 64/128 and query tiles of 64/128 rows; kFA2 keeps the FA2 template tested there.
+// 64/128/256 and query tiles of 64/128 rows; kFA2 keeps the FA2 template tested there.
 class PrefillPaged : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool, int, PrefillBackend>> {};
 
 TEST_P(PrefillPaged, MatchesReference) {
@@ -180,7 +180,7 @@ TEST_P(PrefillTma, SameBitsAsCpAsyncAndMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillTma,
-                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128),
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
                                             ::testing::Bool(), ::testing::Values(1, 4), ::testing::Values(64, 128)));
 
 // One wrapper planned for ragged, then paged, then ragged KV again (the
@@ -287,17 +287,19 @@ TEST(PrefillBackendErrors, Fa3RejectsUnsupportedShapes) {
   SKIP_WITHOUT_GPU();
   const bool sm90 = jit::Arch::of_device(0).major == 9;
   const DType dt = DType::kFloat16;
-  for (int D : {128, 256}) {
+  const std::pair<int, int> shapes[] = {{128, 128}, {256, 128}, {256, 64}, {128, 32}, {256, 16}};  // head_dim, cta_q
+  for (const auto& [D, cta_q] : shapes) {
+    SCOPED_TRACE("head_dim " + std::to_string(D) + ", cta_q " + std::to_string(cta_q));
     const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
     TaskInfo task{4, 4, 16, KVLayout::kNHD, 4, 64};
     task.max_total_q = 512;
     PrefillOptions opt;
     opt.backend = PrefillBackend::kFA3;
-    opt.cta_q = 128;
+    opt.cta_q = cta_q;
     Workspace ws = prefill_workspace(spec, task, opt);
     BatchPrefill pre(spec, task, ws, opt);
     const std::vector<int32_t> qo{0, 200}, kv{0, 13}, idx(13), last{16};
-    if (sm90 && D == 128) {
+    if (sm90 && cta_q >= 64) {
       EXPECT_NO_THROW(pre.plan_paged(qo, kv, idx, last));
     } else {
       EXPECT_THROW(

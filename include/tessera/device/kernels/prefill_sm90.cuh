@@ -43,7 +43,7 @@ __device__ __forceinline__ void batch_prefill_sm90(const Params& p, const KvTens
   using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
   static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && sizeof(DO) == 2, "16-bit q, kv and o");
   static_assert(CTA_Q == 64 || CTA_Q == 128, "one or two consumer warpgroups of 64 query rows");
-  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "wgmma tiles for head_dim 64 and 128");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "wgmma tiles for head_dim 64, 128 and 256");
   extern __shared__ uint4 smem_raw[];
   __shared__ Sm90Pipeline<Rings> pipe;
   __shared__ __align__(16) i64 row_offs[4 * CTA_KV];  // the producer's paged row-offset tables

@@ -54,12 +54,20 @@ __device__ __forceinline__ void pack_p(u32 (&a)[KV_ROWS / 16][4], const float (&
 
 // O += P V. k-step j covers 16 tokens (two 8-row groups, SBO apart); V's
 // 64-feature column blocks are KV_ROWS * 128 bytes apart (LBO: MN-major B).
-// v_desc: wgmma_desc(V tile, KV_ROWS * 128, 1024).
+// v_desc: wgmma_desc(V tile, KV_ROWS * 128, 1024). Head dim 256 takes two
+// N = 128 wgmmas per k-step, one per half of O: the accumulators of feature
+// n-tile j are o[4j..4j+3] either way, so the halves are plain sub-arrays.
 template <int KV_ROWS, int HEAD_DIM, typename T>
 __device__ __forceinline__ void wgmma_pv(float (&o)[HEAD_DIM / 2], const u32 (&a)[KV_ROWS / 16][4], u64 v_desc) {
+  constexpr int N = HEAD_DIM < 128 ? HEAD_DIM : 128, PARTS = HEAD_DIM / N;
+  using Part = float[N / 2];
   wgmma_fence();
 #pragma unroll
-  for (int j = 0; j < KV_ROWS / 16; ++j) wgmma_rs_tb(o, a[j], desc_at(v_desc, j * (16 * 128)), 1, T{}, WgmmaN<HEAD_DIM>{});
+  for (int j = 0; j < KV_ROWS / 16; ++j)
+#pragma unroll
+    for (int h = 0; h < PARTS; ++h)
+      wgmma_rs_tb(reinterpret_cast<Part&>(o[h * (N / 2)]), a[j],
+                  desc_at(v_desc, j * (16 * 128) + h * (N / 64) * (KV_ROWS * 128)), 1, T{}, WgmmaN<N>{});
 }
 
 #endif

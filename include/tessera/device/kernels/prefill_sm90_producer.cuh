@@ -31,9 +31,15 @@ struct IsKey {
 
 template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, typename Params>
 struct Sm90Producer {
+  // Thread t copies 16-byte chunks t % LPR (+ 16, + 32, ...: CPT of them) of
+  // rows t / LPR + i * RPP. At most 16 threads share a row, so a thread's
+  // rows are a multiple of 8 apart and keep one swizzle phase; at head_dim
+  // 256 a thread's second chunk (ch + 16) sits two column blocks further.
   static constexpr int THREADS = 128, CH = HEAD_DIM / 8;
-  static constexpr int RPP = THREADS / CH;  // rows per pass: thread t copies chunk t % CH of rows t / CH + i * RPP
+  static constexpr int LPR = CH < 16 ? CH : 16, CPT = CH / LPR;
+  static constexpr int RPP = THREADS / LPR;  // rows per pass
   static constexpr int Q_PASSES = CTA_Q / RPP, KV_PASSES = CTA_KV / RPP;
+  static_assert(CH % LPR == 0, "whole chunks per thread");
   static_assert(CTA_Q % RPP == 0 && CTA_KV % RPP == 0 && RPP % 8 == 0, "whole rows per pass, one swizzle phase per thread");
   static_assert(KV_PASSES % 2 == 0, "a thread reads its rows' offsets two at a time");
   using Traits = VariantTraits<Variant, Params>;
@@ -49,8 +55,8 @@ struct Sm90Producer {
   int tid, ch, row0;
 
   __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, i64* offs)
-      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % CH),
-        row0(tid / CH) {}
+      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % LPR),
+        row0(tid / LPR) {}
 
   // Byte offset of row `tid` of the tile starting at `start` (paged KV:
   // page, head and slot resolved; 0 past `end`, so every table entry is a
@@ -68,6 +74,10 @@ struct Sm90Producer {
   // Where row r's offset sits in a table: the rows one thread copies
   // (r = row0 + i * RPP) are adjacent, so it reads two per 16-byte load.
   __device__ __forceinline__ static int table_slot(int r) { return (r % RPP) * KV_PASSES + r / RPP; }
+
+  // Shared-memory bytes from a thread's chunk ch to its chunk ch + 16 in a
+  // tile of `rows` rows (two 64-column blocks on).
+  __device__ __forceinline__ static constexpr u32 chunk_step(int rows) { return 2 * rows * 128; }
 
   // One K or V tile: rows at or past `end` are zero-filled. The thread's rows
   // are RPP apart (a multiple of 8), so they share the swizzle phase: its
@@ -87,7 +97,8 @@ struct Sm90Producer {
 #pragma unroll
       for (int i = 0; i < KV_PASSES; ++i, src += step, dst_addr += kDstStep) {
         const bool ok = i * RPP < valid;
-        cp_async_16(dst_addr, ok ? src : base, ok);
+#pragma unroll
+        for (int j = 0; j < CPT; ++j) cp_async_16(dst_addr + j * chunk_step(CTA_KV), ok ? src + j * 128 : base, ok);
       }
     } else {
       const char* chunk_base = reinterpret_cast<const char*>(base + ch * 8);
@@ -95,8 +106,11 @@ struct Sm90Producer {
 #pragma unroll
       for (int i = 0; i < KV_PASSES; i += 2, dst_addr += 2 * kDstStep) {
         const longlong2 o = mine[i / 2];
-        cp_async_16(dst_addr, chunk_base + o.x, i * RPP < valid);
-        cp_async_16(dst_addr + kDstStep, chunk_base + o.y, (i + 1) * RPP < valid);
+#pragma unroll
+        for (int j = 0; j < CPT; ++j) {
+          cp_async_16(dst_addr + j * chunk_step(CTA_KV), chunk_base + o.x + j * 256, i * RPP < valid);
+          cp_async_16(dst_addr + kDstStep + j * chunk_step(CTA_KV), chunk_base + o.y + j * 256, (i + 1) * RPP < valid);
+        }
       }
     }
   }
@@ -180,7 +194,9 @@ struct Sm90Producer {
         const int f = w.q_tile * CTA_Q + row0 + i * RPP, qo = f / p.group;
         const bool ok = qo < qo_len;
         const i64 off = (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
-        cp_async_16(q_addr, ok ? q_base + off + ch * 8 : q_base, ok);
+#pragma unroll
+        for (int j = 0; j < CPT; ++j)
+          cp_async_16(q_addr + j * chunk_step(CTA_Q), ok ? q_base + off + ch * 8 + j * 128 : q_base, ok);
       }
       cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
