@@ -25,7 +25,8 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   DKV* q_smem = reinterpret_cast<DKV*>(smem_raw);  // q is stored as DKV: the mma needs one operand type
   DKV* kv_smem = q_smem + Shape::Q_ELEMS;
   __shared__ int s_is_last;
-  __shared__ int s_page_ids[2 * CTA_KV];  // KVTileLoader's next-tile page ids
+  __shared__ int s_page_ids[2 * CTA_KV];                // KVTileLoader's page ids, two tiles ahead
+  __shared__ __align__(16) i64 s_row_offs[2 * CTA_KV];  // KVTileLoader's row offsets, a tile ahead
 
   const int kv_head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -50,13 +51,13 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     cp_async_commit();
     const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
     KVTileLoader<HEAD_DIM, CTA_KV, Shape::THREADS, RowSwizzle, DKV> kv_loader(
-        p.kv, s_page_ids, page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
+        p.kv, s_page_ids, s_row_offs, page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
     auto load_kv = [&](int tile, int stage) {
       kv_loader.load(tile, kv_smem + (2 * stage) * Shape::KV_ELEMS, kv_smem + (2 * stage + 1) * Shape::KV_ELEMS);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s > 0 && !kv_loader.affine) {  // tile s needs the page ids tile s - 1 brought (loader contract)
+      if (s > 0 && !kv_loader.affine) {  // tile s needs the row offsets tile s - 1 resolved (loader contract)
         cp_async_wait<0>();
         __syncthreads();
       }
@@ -97,7 +98,8 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     };
     for (int t = 0; t < n_tiles; ++t) {
       // Tile t's copies are done. Deeper pipelines over paged KV wait for all:
-      // the next load needs the page ids that tile t + STAGES - 2 brought.
+      // the next load needs the row offsets and page ids that the loads
+      // before it resolved and brought.
       if (STAGES > 2 && !kv_loader.affine)
         cp_async_wait<0>();
       else

@@ -54,46 +54,69 @@ __device__ __forceinline__ void load_tile(T* smem, const T* base, RowOffset row_
 // swizzled shared memory; K and V rows share their address. Thread t always
 // copies chunk t % CH of rows t / CH + i * (THREADS / CH) (fully unrolled).
 // Contiguous sources (ragged, single) are affine in the position: one 64-bit
-// multiply per tile. Paged and BSR sources need a page-table read per row:
-// tile t's copies also bring the page ids of tile t + 1 into `ids` (one
-// cp.async per row, double-buffered, 2 * ROWS ints of shared memory), so
-// that read's latency hides behind a tile of compute instead of stalling the
-// next copies, without holding registers (page size 1 otherwise cost ~20%).
+// multiply per tile. Paged and BSR sources resolve each row once, not once
+// per copying thread: during tile t's load, thread r < ROWS resolves row r of
+// tile t + 1 (page id, page / head / slot arithmetic) into a shared table of
+// element offsets, and tile t + 1's copies read their rows' offsets from it
+// (two per 16-byte load; the 16 threads of a row used to repeat the
+// arithmetic, ~15% of an issue-bound loop's instructions). The page ids that
+// resolution needs arrive a tile earlier still: tile t's copies bring those
+// of tile t + 2 (one cp.async per row), so no thread waits on the page table.
 // Contract: load(t + 1) follows the completion of load(t)'s copies and a
-// barrier (every pipeline step has both); tile 0 reads the table directly.
+// barrier (every pipeline step has both); tile 0 reads the page table
+// directly, and so does the resolution of tile 1.
 template <int HEAD_DIM, int ROWS, int THREADS, template <int, int> class Layout, typename T>
 struct KVTileLoader {
   static constexpr int CH = HEAD_DIM / 8, ROWS_PER_PASS = THREADS / CH, PASSES = ROWS / ROWS_PER_PASS;
   static_assert(THREADS % CH == 0 && ROWS * CH % THREADS == 0, "whole rows per pass");
   const device::PagedKV& kv;
-  int* ids;  // [2][ROWS] page ids of the next tile's rows
+  int* ids;    // [2][ROWS] page ids of tile u's rows in buffer u % 2 (load(t) fills tile t + 2's)
+  i64* offs;   // [2][ROWS] element offsets of tile u's rows in buffer u % 2 (load(t) fills tile t + 1's), -1 past kv_end
   int page_base, kv_start, kv_end, head, shift;
   bool affine;
 
-  __device__ __forceinline__ KVTileLoader(const device::PagedKV& kv_, int* ids_, int page_base_, int kv_start_,
-                                          int kv_end_, int head_, int shift_)
-      : kv(kv_), ids(ids_), page_base(page_base_), kv_start(kv_start_), kv_end(kv_end_), head(head_), shift(shift_),
-        affine(kv_.indices == nullptr) {}
+  __device__ __forceinline__ KVTileLoader(const device::PagedKV& kv_, int* ids_, i64* offs_, int page_base_,
+                                          int kv_start_, int kv_end_, int head_, int shift_)
+      : kv(kv_), ids(ids_), offs(offs_), page_base(page_base_), kv_start(kv_start_), kv_end(kv_end_), head(head_),
+        shift(shift_), affine(kv_.indices == nullptr) {}
 
   __device__ __forceinline__ int page_of(int pos) const { return shift >= 0 ? pos >> shift : pos / kv.page_size; }
+  __device__ __forceinline__ i64 row_offset(int page, int pos, int page_idx) const {
+    return static_cast<i64>(page) * kv.page_stride + head * kv.head_stride + (pos - page_idx * kv.page_size) * kv.token_stride;
+  }
+  // Where row r sits in a table: a thread's PASSES rows are adjacent.
+  __device__ __forceinline__ static int table_slot(int r) { return (r % ROWS_PER_PASS) * PASSES + r / ROWS_PER_PASS; }
 
   __device__ __forceinline__ void load(int tile, T* k_smem, T* v_smem) {
     const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
     const int start = kv_start + tile * ROWS;
-    const i64 affine_base = affine ? device::kv_token_offset(kv, page_base, start, head, shift) : 0;
-    const int* my_ids = ids + (tile & 1) * ROWS;
     i64 off[PASSES];
+    if (affine) {
+      const i64 affine_base = device::kv_token_offset(kv, page_base, start, head, shift);
 #pragma unroll
-    for (int i = 0; i < PASSES; ++i) {
-      const int r = row0 + i * ROWS_PER_PASS, pos = start + r;
-      if (pos >= kv_end) {
-        off[i] = -1;
-      } else if (affine) {
-        off[i] = affine_base + r * kv.token_stride;
-      } else {
+      for (int i = 0; i < PASSES; ++i) {
+        const int r = row0 + i * ROWS_PER_PASS;
+        off[i] = start + r >= kv_end ? -1 : affine_base + r * kv.token_stride;
+      }
+    } else if (tile == 0) {
+#pragma unroll
+      for (int i = 0; i < PASSES; ++i) {
+        const int pos = start + row0 + i * ROWS_PER_PASS;
         const int page_idx = page_of(pos);
-        const int page = tile == 0 ? kv.indices[page_base + page_idx] : my_ids[r];
-        off[i] = static_cast<i64>(page) * kv.page_stride + head * kv.head_stride + (pos - page_idx * kv.page_size) * kv.token_stride;
+        off[i] = pos >= kv_end ? -1 : row_offset(kv.indices[page_base + page_idx], pos, page_idx);
+      }
+    } else {
+      const i64* mine = offs + (tile & 1) * ROWS + row0 * PASSES;
+      if constexpr (PASSES % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < PASSES; i += 2) {
+          const longlong2 o = reinterpret_cast<const longlong2*>(mine)[i / 2];
+          off[i] = o.x;
+          off[i + 1] = o.y;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < PASSES; ++i) off[i] = mine[i];
       }
     }
     const T* k_base = static_cast<const T*>(kv.k);
@@ -105,12 +128,21 @@ struct KVTileLoader {
       cp_async_16(k_smem + dst, ok ? k_base + off[i] + ch * 8 : k_base, ok);
       cp_async_16(v_smem + dst, ok ? v_base + off[i] + ch * 8 : v_base, ok);
     }
-    if (!affine) {  // page ids of tile + 1, one thread per row, in this tile's commit group
-      int* next = ids + ((tile + 1) & 1) * ROWS;
+    if (!affine) {
       for (int r = threadIdx.x; r < ROWS; r += THREADS) {
-        const int pos = start + ROWS + r;
-        const bool ok = pos < kv_end;
-        cp_async_4(next + r, ok ? kv.indices + page_base + page_of(pos) : kv.indices, ok);
+        // Row r of tile + 1 into the table (its page id: from the page table
+        // for tile 1, else brought by the previous load).
+        const int pos = start + ROWS + r, page_idx = page_of(pos);
+        if (pos < kv_end) {
+          const int page = tile == 0 ? kv.indices[page_base + page_idx] : ids[((tile + 1) & 1) * ROWS + r];
+          offs[((tile + 1) & 1) * ROWS + table_slot(r)] = row_offset(page, pos, page_idx);
+        } else {
+          offs[((tile + 1) & 1) * ROWS + table_slot(r)] = -1;
+        }
+        // Page id of row r of tile + 2, in this tile's commit group.
+        const int pos2 = pos + ROWS;
+        const bool ok = pos2 < kv_end;
+        cp_async_4(ids + (tile & 1) * ROWS + r, ok ? kv.indices + page_base + page_of(pos2) : kv.indices, ok);
       }
     }
   }
