@@ -7,7 +7,8 @@ setting is a set of environment variables the JIT reads when a wrapper plans
   python bench/prefill_ab.py --seqs 1024,4096,16384 \\
       --config "base:" --config "nochain:TESSERA_SM90_DEFINES=TESSERA_SM90_CHAIN=0"
 
---window N adds a causal sliding window (window_left = N) to the mask.
+--window N adds a causal sliding window (window_left = N) to the mask. The
+pseudo-variable CTA_Q=64 forces the query tile (Tessera-only wrapper knob).
 Every setting's output at the first length is checked against PyTorch SDPA
 (max error relative to the reference norm < 1e-3) before it is timed."""
 import argparse
@@ -24,6 +25,7 @@ import tessera  # noqa: E402
 
 
 def parse(cfg):
+    """NAME:VAR=VALUE|... -> (name, environment, forced query tile or 0)."""
     name, _, rest = cfg.partition(":")
     env = {}
     for kv in filter(None, rest.split("|")):
@@ -31,7 +33,7 @@ def parse(cfg):
         if not k or not eq:
             raise SystemExit(f"--config {cfg!r}: expected NAME:VAR=VALUE|VAR=VALUE, got {kv!r}")
         env[k] = v
-    return name, env
+    return name, env, int(env.pop("CTA_Q", 0))
 
 
 def with_env(env, fn):
@@ -47,19 +49,20 @@ def with_env(env, fn):
                 os.environ[k] = v
 
 
-def wrapper(L, b, h, window):
+def wrapper(L, b, h, window, cta_q=0):
     """A planned wrapper and its inputs: b requests of L tokens, causal (+ window)."""
     qo = torch.arange(0, b + 1, dtype=torch.int32) * L
     q = torch.randn(b * L, h, pf.D, dtype=pf.DT, device="cuda")
     k, v = torch.randn_like(q), torch.randn_like(q)
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend="fa3")
+    w._cta_q = cta_q
     w.plan(qo, qo, h, h, pf.D, causal=True, window_left=window, q_data_type=pf.DT)
     return w, q, k, v
 
 
-def check(L, b, h, env, window):
+def check(L, b, h, env, window, cta_q):
     def run():
-        w, q, k, v = wrapper(L, b, h, window)
+        w, q, k, v = wrapper(L, b, h, window, cta_q)
         out = torch.full_like(q, float("nan"))
         w.run(q, k, v, out=out)
         return q, k, v, out
@@ -78,8 +81,8 @@ def check(L, b, h, env, window):
     return err
 
 
-def time_ms(L, b, h, window):
-    w, q, k, v = wrapper(L, b, h, window)
+def time_ms(L, b, h, window, cta_q):
+    w, q, k, v = wrapper(L, b, h, window, cta_q)
     out = torch.empty_like(q)
     return common.bench_ms(lambda: w.run(q, k, v, out=out))
 
@@ -100,30 +103,32 @@ def main():
     ap.add_argument("--config", action="append", default=[], help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults)")
     ap.add_argument("--window", type=int, default=-1, help="causal sliding window: window_left (-1: none)")
     ap.add_argument("--tag", default="ab", help="results file: bench/results/prefill-TAG-DEVICE-DATE.json")
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
     args = ap.parse_args()
+    pf.D = args.head_dim
     configs = [parse(c) for c in (args.config or ["base:"])]
     seqs = [int(s) for s in args.seqs.split(",")]
     errors = {}
-    for name, env in configs:
-        errors[name] = check(seqs[0], args.batch, args.heads, env, args.window)
+    for name, env, cta_q in configs:
+        errors[name] = check(seqs[0], args.batch, args.heads, env, args.window, cta_q)
         print(f"check {name}: error {errors[name]:.2e}", flush=True)
-    times = {(n, L): [] for n, _ in configs for L in seqs}
+    times = {(n, L): [] for n, _, _ in configs for L in seqs}
     for _ in range(args.rounds):
         for L in seqs:
-            for name, env in configs:
-                times[(name, L)].append(with_env(env, lambda: time_ms(L, args.batch, args.heads, args.window)))
+            for name, env, cta_q in configs:
+                times[(name, L)].append(with_env(env, lambda: time_ms(L, args.batch, args.heads, args.window, cta_q)))
     print("TFLOP/s (median of rounds)")
-    print("seq      " + "".join(f"{n:>12s}" for n, _ in configs))
+    print("seq      " + "".join(f"{n:>12s}" for n, _, _ in configs))
     rows = []
     for L in seqs:
         fl = flops(L, args.batch, args.heads, args.window)
-        tf = {n: pf.tflops(fl, statistics.median(times[(n, L)])) for n, _ in configs}
-        rows.append(dict(seq=L, tflops=tf, ms_rounds={n: times[(n, L)] for n, _ in configs}))
-        print(f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n, _ in configs))
+        tf = {n: pf.tflops(fl, statistics.median(times[(n, L)])) for n, _, _ in configs}
+        rows.append(dict(seq=L, tflops=tf, ms_rounds={n: times[(n, L)] for n, _, _ in configs}))
+        print(f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n, _, _ in configs))
     path = common.save_results(f"prefill-{args.tag}", dict(
         setting=dict(batch=args.batch, heads=args.heads, head_dim=pf.D, dtype="float16", causal=True, backend="fa3",
                      window_left=args.window, rounds=args.rounds),
-        configs={n: env for n, env in configs}, check_error=errors, rows=rows))
+        configs={n: dict(env, **({"CTA_Q": str(q)} if q else {})) for n, env, q in configs}, check_error=errors, rows=rows))
     print("results:", path)
 
 

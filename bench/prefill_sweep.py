@@ -1,7 +1,7 @@
 """Tile sweep of Tessera's tensor-core prefill on the paper's Table-1 setting
 (batch 16, 16 heads, head dim 128, causal, fp16) next to SDPA's flash and
 cuDNN backends. Used to pick the heuristic's defaults.
-Usage: python bench/prefill_sweep.py [BACKEND:CTA_KV,WARPS_Q,WARPS_KV,STAGES ...]
+Usage: python bench/prefill_sweep.py [--seqs=1024,4096,16384] [BACKEND:CTA_KV,WARPS_Q,WARPS_KV,STAGES ...]
   BACKEND fa2 / fa3 / auto (default fa2); 0,0,0,0 = the heuristic's tile; a suffix @N forces
   the query tile to N rows (Tessera-only knob)."""
 import os
@@ -12,8 +12,11 @@ import prefill as pf  # noqa: E402
 
 
 def main():
-    configs = sys.argv[1:] or ["fa2:0,0,0,0", "fa3:0,0,0,0"]
+    args = sys.argv[1:]
     lens = [1024, 4096, 16384]
+    if args and args[0].startswith("--seqs="):
+        lens = [int(x) for x in args.pop(0).split("=", 1)[1].split(",")]
+    configs = args or ["fa2:0,0,0,0", "fa3:0,0,0,0"]
     print(f"{'L':>6} | {'flash':>6} | {'cudnn':>6} | " + " | ".join(f"{c:>9}" for c in configs))
     for L in lens:
         b = 16
