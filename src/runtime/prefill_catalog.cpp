@@ -14,6 +14,14 @@ int choose_cta_q(double avg_fused_q_len) {
   return 128;
 }
 
+// Whether the variant's code defines any per-element functor (QueryTransform,
+// KeyTransform, ValueTransform, LogitsTransform, LogitsMask, OutputTransform).
+// A textual check, used only to pick a tile size: every tile size is correct
+// for every variant, and a mention in a comment only costs speed.
+static bool has_element_functors(const VariantSpec& v) {
+  return v.code.find("Transform") != std::string::npos || v.code.find("LogitsMask") != std::string::npos;
+}
+
 // Tuning override, "cta_kv,warps_q,warps_kv,stages" (benchmarks and sweeps
 // only; zero fields keep the heuristic's choice).
 static void apply_override(PrefillConfig& c) {
@@ -115,9 +123,14 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     default: throw InvalidArgument("cta_q: expected 16, 32, 64 or 128, got " + std::to_string(cta_q));
   }
   // Keep S small where O is large: a head_dim-256 row of O takes 128
-  // accumulator registers, and 32 rows x 128 features per warp as many (the
-  // H100 sweep, bench/prefill_sweep.py, also measured 32 ahead of 64 there).
-  const bool big_o = spec.head_dim == 256 || (spec.head_dim == 128 && cta_q / c.warps_q == 32);
+  // accumulator registers, and 32 rows x 128 features per warp as many. At
+  // the latter, 64-token KV tiles still fit 255 registers without spills
+  // for variants without per-element functors (halving the per-tile softmax
+  // and barrier overhead: H100 Table-1 setting 195 / 271 / 282 -> 212 / 294 /
+  // 308 TFLOP/s at 1k / 4k / 16k, bench/prefill_sweep.py), while a LogitsMask,
+  // LogitsTransform or Q/K transform spills inside the loop there.
+  const bool rows32_d128 = spec.head_dim == 128 && cta_q / c.warps_q == 32;
+  const bool big_o = spec.head_dim == 256 || (rows32_d128 && has_element_functors(spec.variant));
   c.cta_kv = big_o && c.warps_kv == 1 ? 32 : 64;
   c.stages = 2;
   apply_override(c);

@@ -222,6 +222,40 @@ TEST(Jit, HopperPrefillRingsFitSharedMemory) {
   // 128 x 128 tiles at head_dim 128: two Q buffers would not fit next to 2 + 3 stages.
   const AttentionSpec spec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
   EXPECT_EQ(catalog::prefill_config(spec, 128, true).q_bufs, 1);
+  // Head dim 256: 64-token KV tiles, one CTA per SM; at 128 query rows even
+  // V's third stage does not fit (Q 64 KB + K 2 x 32 KB + V 2 x 32 KB).
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    const AttentionSpec d256{variants::causal(), dt, dt, dt, 256};
+    const PrefillConfig c128 = catalog::prefill_config(d256, 128, true), c64 = catalog::prefill_config(d256, 64, true);
+    EXPECT_EQ(c128.cta_kv, 64);
+    EXPECT_EQ(c128.stages, 2);
+    EXPECT_EQ(c128.v_stages, 2);
+    EXPECT_EQ(c128.q_bufs, 1);
+    EXPECT_EQ(c128.ctas_per_sm, 1);
+    EXPECT_EQ(c128.smem_bytes, 2 * (128 * 256 + 4 * 64 * 256) + 1024);
+    EXPECT_EQ(c64.cta_kv, 64);
+    EXPECT_EQ(c64.v_stages, 3);
+    EXPECT_EQ(c64.q_bufs, 1);
+    EXPECT_EQ(c64.ctas_per_sm, 1);
+    EXPECT_LE(c64.smem_bytes + 5120, 227 * 1024);
+    EXPECT_TRUE(catalog::hopper_supported(d256, 128));
+    EXPECT_FALSE(catalog::hopper_supported(d256, 32));
+  }
+}
+
+// FA2 template, 128-row query tiles at head dim 128 (32 rows per warp):
+// 64-token KV tiles for variants without per-element functors, 32 for the
+// others (they would spill at 64); head dim 256 keeps 32.
+TEST(Jit, Fa2KvTileFollowsTheVariant) {
+  auto kv_tile = [](const VariantSpec& v, int d) {
+    return catalog::prefill_config(AttentionSpec{v, DType::kFloat16, DType::kFloat16, DType::kFloat16, d}, 128).cta_kv;
+  };
+  EXPECT_EQ(kv_tile(variants::standard(), 128), 64);
+  EXPECT_EQ(kv_tile(variants::causal(), 128), 64);
+  EXPECT_EQ(kv_tile(variants::sliding_window(100, true), 128), 64);
+  EXPECT_EQ(kv_tile(variants::soft_cap(30.f, true), 128), 32);
+  EXPECT_EQ(kv_tile(variants::custom_mask(), 128), 32);
+  EXPECT_EQ(kv_tile(variants::standard(), 256), 32);
 }
 
 TEST(Jit, HopperRingOverrideIsChecked) {
