@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 namespace tessera::detail {
 
@@ -98,6 +99,11 @@ int ctas_per_head(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms) {
   return std::max(1, sms * ctas_per_sm / num_kv_heads);
 }
 
+int head_groups(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms) {
+  const int sms = max_sms > 0 ? std::min(max_sms, num_sms) : num_sms;
+  return std::gcd(num_kv_heads, std::max(1, sms * ctas_per_sm));
+}
+
 PersistentKernel load_persistent(const jit::KernelSource& src, int device, int threads, int smem_bytes,
                                  int ctas_per_sm_cap, int num_kv_heads, int max_sms, const char* what) {
   require_gpu(what);
@@ -109,7 +115,8 @@ PersistentKernel load_persistent(const jit::KernelSource& src, int device, int t
   TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &occ, reinterpret_cast<const void*>(pk.kernel->handle()), threads, smem_bytes));
   if (occ < 1) throw CudaError(std::string(what) + ": the kernel cannot run with its tile configuration on this GPU");
-  pk.ctas_per_head = ctas_per_head(num_kv_heads, cuda::device_info(device).sm_count, std::min(occ, ctas_per_sm_cap), max_sms);
+  pk.ctas_per_sm = std::min(occ, ctas_per_sm_cap);
+  pk.ctas_per_head = ctas_per_head(num_kv_heads, cuda::device_info(device).sm_count, pk.ctas_per_sm, max_sms);
   return pk;
 }
 

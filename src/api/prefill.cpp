@@ -17,9 +17,15 @@ namespace tessera {
 using detail::str;
 
 
-BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int cta_q) {
+// Sections for a grid of ctas_per_group x groups CTAs: each group's plan
+// covers its num_kv_heads / groups heads of every request (the tiles and
+// items scale by that), its split tiles' counters and partial states are
+// kept per group.
+BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group,
+                                              int groups, int cta_q) {
   const int group = task.num_qo_heads / task.num_kv_heads;
-  const int64_t tiles = prefill_max_tiles(task.max_total_q, task.max_batch, group, cta_q);
+  const int64_t heads_per_group = task.num_kv_heads / groups;
+  const int64_t tiles = prefill_max_tiles(task.max_total_q * heads_per_group, task.max_batch * heads_per_group, group, cta_q);
   Layout l;
   WorkspaceLayout w;
   l.qo_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
@@ -27,11 +33,11 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.last = w.add(sizeof(int32_t) * task.max_batch);
   if (spec.variant == variants::custom_mask()) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
-  l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_head + 1));
-  l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_head));
+  l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_group + 1));
+  l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_group));
   l.staged = w.total();
-  l.counters = w.add(sizeof(int32_t) * max_split_tiles(ctas_per_head) * task.num_kv_heads);
-  const int64_t rows = max_split_slots(ctas_per_head) * task.num_kv_heads * cta_q;
+  l.counters = w.add(sizeof(int32_t) * max_split_tiles(ctas_per_group) * groups);
+  const int64_t rows = max_split_slots(ctas_per_group) * groups * cta_q;
   l.partial_lse = w.add(sizeof(float) * rows);
   l.partial_o = w.add(sizeof(float) * rows * spec.head_dim);
   l.total = w.total();
@@ -50,7 +56,9 @@ BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, cons
     for (bool hopper : {false, true}) {  // whichever backend the first plan picks
       if (hopper && !catalog::hopper_supported(spec, q)) continue;
       const PrefillConfig c = catalog::prefill_config(spec, q, hopper);
-      const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, c.ctas_per_sm, opt.max_sms), q);
+      const int groups = opt.group_heads ? detail::head_groups(task.num_kv_heads, num_sms, c.ctas_per_sm, opt.max_sms)
+                                         : task.num_kv_heads;
+      const Layout l = layout_for(spec, task, detail::ctas_per_head(groups, num_sms, c.ctas_per_sm, opt.max_sms), groups, q);
       s.device_bytes = std::max(s.device_bytes, l.total);
       s.host_bytes = std::max(s.host_bytes, l.staged);
     }
@@ -207,11 +215,14 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, config_.ctas_per_sm,
                                             task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
     kernel_ = pk.kernel;
-    ctas_per_head_ = pk.ctas_per_head;
+    const int sms = cuda::device_info(ws_->device()).sm_count;
+    head_groups_ = opt_.group_heads ? detail::head_groups(task_.num_kv_heads, sms, pk.ctas_per_sm, opt_.max_sms)
+                                    : task_.num_kv_heads;
+    ctas_per_group_ = detail::ctas_per_head(head_groups_, sms, pk.ctas_per_sm, opt_.max_sms);
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
-    layout_ = layout_for(spec_, task_, ctas_per_head_, config_.cta_q);
+    layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q);
     detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
     // Merge counters start at zero; runs leave them at zero.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
@@ -229,7 +240,20 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   PlannerOptions popt = opt_.planner;
   popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
   popt.window_left = spec_.variant.window_left;
-  planner_.plan_prefill(qo_lens_, kv_lens, group, config_.cta_q, opt_.causal_schedule, ctas_per_head_, popt, plan_);
+  const int heads_per_group = task_.num_kv_heads / head_groups_;
+  if (heads_per_group == 1) {
+    planner_.plan_prefill(qo_lens_, kv_lens, group, config_.cta_q, opt_.causal_schedule, ctas_per_group_, popt, plan_);
+  } else {  // a request per (request b, head h of the group): index b * heads_per_group + h
+    group_qo_lens_.resize(batch * heads_per_group);
+    group_kv_lens_.resize(batch * heads_per_group);
+    for (int64_t i = 0; i < batch; ++i)
+      for (int h = 0; h < heads_per_group; ++h) {
+        group_qo_lens_[i * heads_per_group + h] = qo_lens_[i];
+        group_kv_lens_[i * heads_per_group + h] = kv_lens[i];
+      }
+    planner_.plan_prefill(group_qo_lens_, group_kv_lens_, group, config_.cta_q, opt_.causal_schedule, ctas_per_group_,
+                          popt, plan_);
+  }
 
   ws_->stage_begin();
   char* host = static_cast<char*>(ws_->host_ptr());
@@ -345,6 +369,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.counters = reinterpret_cast<int*>(const_cast<char*>(dev) + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
   p.group = task_.num_qo_heads / task_.num_kv_heads;
+  p.heads_per_group = task_.num_kv_heads / head_groups_;
   p.page_shift = detail::page_shift(kv.page_size);
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
@@ -352,7 +377,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   ParamBlock block;  // p followed by the variant's extras
   pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
-  const dim3 grid(ctas_per_head_, task_.num_kv_heads), threads(config_.threads);
+  const dim3 grid(ctas_per_group_, head_groups_), threads(config_.threads);
   if (config_.hopper) {
     // Contiguous K and V: tensor maps for the producer's TMA loads (encoded
     // per run on the host: pointers may change between runs; no device work).

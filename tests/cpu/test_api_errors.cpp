@@ -122,13 +122,16 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   neg.max_sms = -1;
   EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, neg), InvalidArgument, "max_sms");
 
-  // The prefill wrapper's sections with one query per request.
+  // The prefill wrapper's sections with one query per request, one plan per
+  // KV head (decode's plan() runs every step: no head groups).
   const AttentionSpec spec{variants::standard(), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 128};
   TaskInfo t{32, 8, 16, KVLayout::kHND, 64, 4096};
   TaskInfo as_prefill = t;
   as_prefill.max_total_q = 64;
   const auto tc = BatchDecode::workspace_size(spec, t, 132, tensor_cores());
-  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132);
+  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.group_heads = false});
+  // Grouped heads (8 heads, 132 SMs: 4 groups of 2) plan twice the requests.
+  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132).host_bytes, pre.host_bytes);
   EXPECT_EQ(tc.device_bytes, pre.device_bytes);
   EXPECT_EQ(tc.host_bytes, pre.host_bytes);
   EXPECT_GT(tc.device_bytes, 0u);

@@ -91,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillPaged,
                                             ::testing::Values(16, 64, 128),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
-// A ragged batch of n random requests over 2 KV heads (group query heads
+// A ragged batch of n random requests over Hkv KV heads (group query heads
 // each), random q / k / v, and the reference result.
 struct RaggedCase {
   Batch b;
@@ -100,8 +100,8 @@ struct RaggedCase {
   AttentionSpec spec;
   TaskInfo task;
 
-  RaggedCase(DType dt, int D, int group, bool causal, int n, std::mt19937_64& rng) : b(make_batch(n, rng)) {
-    const int64_t Hkv = 2, Hq = Hkv * group;
+  RaggedCase(DType dt, int D, int group, bool causal, int n, std::mt19937_64& rng, int64_t Hkv = 2) : b(make_batch(n, rng)) {
+    const int64_t Hq = Hkv * group;
     k = make_host(dt, {b.kv_tokens.back(), Hkv, D});
     v = k;
     q = make_host(dt, {rows(), Hq, D});
@@ -117,6 +117,59 @@ struct RaggedCase {
   }
   int64_t rows() const { return b.qo.back(); }
 };
+
+// Head groups: KV heads planned together so the grid fills every SM (8 or
+// 16 heads on 132 SMs: gcd(heads, CTAs) = 4 groups of 2 or 4 heads; max_sms =
+// 3 leaves 1-3 groups of 3-6 CTAs, splitting every long request). Ragged and
+// paged (page size 1) KV, both backends: each run matches the reference and
+// repeats its bits.
+TEST(PrefillHeadGroups, MatchReferenceAndRepeat) {
+  SKIP_WITHOUT_GPU();
+  const DType dt = DType::kFloat16;
+  bool any_grouped = false;
+  for (const PrefillBackend backend : {PrefillBackend::kAuto, PrefillBackend::kFA2})
+    for (const auto& [Hkv, max_sms] : {std::pair{8, 0}, {16, 0}, {8, 3}}) {
+      SCOPED_TRACE("backend " + std::to_string(static_cast<int>(backend)) + ", " + std::to_string(Hkv) +
+                   " KV heads, max_sms " + std::to_string(max_sms));
+      std::mt19937_64 rng(Hkv * 10 + max_sms);
+      const RaggedCase c(dt, 128, 2, true, 12, rng, Hkv);
+      const auto& [b, q, k, v, ref, spec, task] = c;
+      const int64_t rows = c.rows(), Hq = task.num_qo_heads, D = 128, N = b.kv_tokens.back();
+      TaskInfo t = task;
+      t.max_pages = N;
+      PrefillOptions opt;
+      opt.backend = backend;
+      opt.max_sms = max_sms;
+      opt.cta_q = 128;
+      auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+      Workspace ws = prefill_workspace(spec, t, opt);
+      BatchPrefill pre(spec, t, ws, opt);
+      pre.plan_ragged(b.qo, b.kv_tokens);
+      ASSERT_GT(pre.head_groups(), 0);
+      EXPECT_EQ(Hkv % pre.head_groups(), 0);
+      any_grouped |= pre.head_groups() < Hkv;
+      auto ragged = [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); };
+      Out r1 = run_and_fetch(ragged, dt, rows, Hq, D), r2 = run_and_fetch(ragged, dt, rows, Hq, D);
+      EXPECT_CLOSE(compare(to_doubles(r1.o.view), ref.o), dt);
+      EXPECT_CLOSE(compare(to_doubles(r1.lse.view), ref.lse), DType::kFloat16);
+      EXPECT_TRUE(bitwise_equal(r1.o, r2.o));
+      EXPECT_TRUE(bitwise_equal(r1.lse, r2.lse));
+      // The same keys as pages of one token, in order.
+      std::vector<int32_t> indices(N), last;
+      std::iota(indices.begin(), indices.end(), 0);
+      for (size_t r = 0; r + 1 < b.kv_tokens.size(); ++r) last.push_back(b.kv_tokens[r + 1] > b.kv_tokens[r] ? 1 : 0);
+      pre.plan_paged(b.qo, b.kv_tokens, indices, last);
+      TensorView kp = dk.view, vp = dv.view;
+      kp.shape = vp.shape = {N, 1, Hkv, D};
+      kp.strides = vp.strides = {Hkv * D, Hkv * D, D, 1};
+      Out p1 = run_and_fetch([&](const TensorView& o, const TensorView& lse) {
+        pre.run(dq.view, PagedKVStorage(kp, vp, KVLayout::kNHD), o, lse);
+      }, dt, rows, Hq, D);
+      EXPECT_CLOSE(compare(to_doubles(p1.o.view), ref.o), dt);
+      EXPECT_CLOSE(compare(to_doubles(p1.lse.view), ref.lse), DType::kFloat16);
+    }
+  EXPECT_TRUE(any_grouped);
+}
 
 class PrefillRagged : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, PrefillBackend>> {};
 

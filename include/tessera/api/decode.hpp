@@ -71,7 +71,7 @@ class BatchDecode {
   const DecodePlan& last_plan() const { return plan_; }
   const DecodeConfig& config() const { return config_; }
   double last_plan_us() const { return plan_us_; }  // host time of the last plan()
-  int ctas_per_head() const { return tc_ ? tc_->ctas_per_head() : ctas_per_head_; }
+  int ctas_per_head() const { return tc_ ? tc_->ctas_per_group() : ctas_per_head_; }
   const jit::KernelSource& kernel_source() const { return tc_ ? tc_->kernel_source() : source_; }
   // The prefill wrapper that runs decode with use_tensor_cores, else nullptr.
   const BatchPrefill* tensor_core_prefill() const { return tc_.get(); }

@@ -55,6 +55,11 @@ struct PrefillOptions {
   // for the built-in causal variant; a custom variant whose mask is causal
   // (or stricter) may set it too.
   bool causal_schedule = false;
+  // Plan the KV heads together in groups (see head_groups()) so the grid
+  // fills every SM; false: one plan shared by all heads, a CTA column per
+  // head (the tensor-core decode path, whose plan() runs every step, keeps
+  // that: grouping multiplies the planner's input).
+  bool group_heads = true;
 };
 
 class BatchPrefill {
@@ -103,7 +108,10 @@ class BatchPrefill {
   const PrefillPlan& last_plan() const { return plan_; }
   double last_plan_us() const { return plan_us_; }
   const PrefillConfig& config() const { return config_; }
-  int ctas_per_head() const { return ctas_per_head_; }
+  // Persistent grid: ctas_per_group() x head_groups() CTAs; group g runs the
+  // plan over (request, head) pairs of KV heads g * H / groups ... (g + 1) * H / groups - 1.
+  int ctas_per_group() const { return ctas_per_group_; }
+  int head_groups() const { return head_groups_; }
   const jit::KernelSource& kernel_source() const { return source_; }
   bool uses_custom_mask() const { return custom_mask_; }
 
@@ -113,7 +121,7 @@ class BatchPrefill {
     size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0, staged = 0;
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
   };
-  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int cta_q);
+  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q);
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
@@ -139,11 +147,12 @@ class BatchPrefill {
   PrefillConfig config_;
   jit::KernelSource source_;
   const jit::LoadedKernel* kernel_ = nullptr;
-  int ctas_per_head_ = 0;
+  int ctas_per_group_ = 0, head_groups_ = 0;
   Layout layout_;
   Planner planner_;
   PrefillPlan plan_;
   std::vector<int32_t> qo_lens_, kv_lens_;
+  std::vector<int32_t> group_qo_lens_, group_kv_lens_;  // per (request, head of the group) when heads are grouped
   double plan_us_ = 0;
   Source source_kind_ = Source::kNone;
   bool custom_mask_ = false;  // spec.variant is variants::custom_mask()

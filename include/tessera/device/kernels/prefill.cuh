@@ -1,4 +1,4 @@
-// Prefill (FA2 template), persistent kernel: CTA (x, kv_head) runs its queue
+// Prefill (FA2 template), persistent kernel: CTA (x, head group) runs its queue
 // of work items (query tile x KV chunk, from the planner); per item it loads
 // the fused query tile, pipelines KV tiles through shared memory, merges the
 // KV-split warps, and writes the output (unsplit tile) or a partial state,
@@ -28,14 +28,13 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   __shared__ int s_page_ids[2 * CTA_KV];                // KVTileLoader's page ids, two tiles ahead
   __shared__ __align__(16) i64 s_row_offs[2 * CTA_KV];  // KVTileLoader's row offsets, a tile ahead
 
-  const int kv_head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
   const int g = lane / 4, quad = lane % 4;
 
   for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
     const PrefillWorkItem w = p.work_items[wi];
-    const int b = w.request;
+    const int b = item_request(p, w), kv_head = item_kv_head(p, w);
     const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
     const int kv_len = device::kv_len(p.kv, b);
     const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;

@@ -2,7 +2,9 @@
 // tile's rows go to the output (unsplit tile) or to the workspace as a
 // partial state, and the last CTA to finish a split tile merges its partials
 // in chunk order (same contract as batch decode: deterministic, no atomics on
-// values; one counter per split tile says who is last).
+// values; one counter per split tile says who is last). Split tiles' slots
+// and counters come from the plan of the CTA's head group, which every group
+// (blockIdx.y) shares: they are indexed slot * groups + group.
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
@@ -54,7 +56,7 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
         }
         if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
       } else {
-        const i64 base = (static_cast<i64>(w.partial_slot) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
+        const i64 base = (static_cast<i64>(w.partial_slot) * gridDim.y + blockIdx.y) * CTA_Q + tile_row;
         float* dst = p.partial_o + base * HEAD_DIM;
 #pragma unroll
         for (int n = 0; n < NT_O; ++n)
@@ -76,7 +78,7 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
   __threadfence();
   sync();
   if (tid == 0) {
-    const int done = atomicAdd(p.counters + w.counter * p.kv.num_kv_heads + kv_head, 1);
+    const int done = atomicAdd(p.counters + w.counter * gridDim.y + blockIdx.y, 1);
     *is_last = done == w.num_chunks - 1;
   }
   sync();
@@ -87,7 +89,7 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
     const int f = row0 + tile_row, qo = f / p.group, head = kv_head * p.group + f % p.group;
     if (qo >= qo_len) continue;
     auto slot_base = [&](int c) {
-      return (static_cast<i64>(w.first_slot + c) * p.kv.num_kv_heads + kv_head) * CTA_Q + tile_row;
+      return (static_cast<i64>(w.first_slot + c) * gridDim.y + blockIdx.y) * CTA_Q + tile_row;
     };
     // Unrolled, branch-free: many chunk loads in flight (empty chunks hold
     // finite zeros with lse = -inf, i.e. weight 0).
@@ -114,7 +116,7 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
       p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] =
           Variant::use_softmax ? (denom > 0.f ? m + log2f(denom) : neg_inf()) : 0.f;
   }
-  if (tid == 0) p.counters[w.counter * p.kv.num_kv_heads + kv_head] = 0;
+  if (tid == 0) p.counters[w.counter * gridDim.y + blockIdx.y] = 0;
 }
 
 #endif

@@ -8,8 +8,8 @@ namespace tessera {
 
 // One unit of work: query tile `q_tile` of `request` (CTA_Q fused rows, a
 // fused row being (query position, head of the KV head's group), paper
-// Appendix A) against KV tokens [kv_start, kv_end), for the KV head given by
-// blockIdx.y.
+// Appendix A) against KV tokens [kv_start, kv_end); the request field also
+// names the KV head within the CTA group (item_request / item_kv_head).
 struct PrefillWorkItem {
   int request;
   int q_tile;
@@ -17,8 +17,20 @@ struct PrefillWorkItem {
   int partial_slot;  // -1: the tile is not split, write the output directly
   int first_slot;    // the tile's chunk 0 slot (its chunks are consecutive)
   int num_chunks;
-  int counter;       // merge counter of a split tile (index into counters / num_kv_heads)
+  int counter;       // merge counter of a split tile (index into counters / head groups)
 };
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+// The request and KV head a work item of CTA group blockIdx.y covers.
+template <typename Params>
+__device__ __forceinline__ int item_request(const Params& p, const PrefillWorkItem& w) {
+  return p.heads_per_group == 1 ? w.request : w.request / p.heads_per_group;
+}
+template <typename Params>
+__device__ __forceinline__ int item_kv_head(const Params& p, const PrefillWorkItem& w) {
+  return p.heads_per_group == 1 ? blockIdx.y : blockIdx.y * p.heads_per_group + w.request % p.heads_per_group;
+}
+#endif
 
 // Tensor maps of contiguous K and V for the Hopper kernel's TMA loads (a
 // second, __grid_constant__ kernel parameter): rank 3 (head_dim, token,
@@ -41,11 +53,15 @@ struct PrefillParams {
   device::PagedKV kv;
   const int* work_indptr;
   const PrefillWorkItem* work_items;
-  float* partial_o;    // [slots, num_kv_heads, CTA_Q, head_dim]
-  float* partial_lse;  // [slots, num_kv_heads, CTA_Q]
-  int* counters;       // [split tiles * num_kv_heads], zero between runs
+  float* partial_o;    // [slots, head groups, CTA_Q, head_dim]
+  float* partial_lse;  // [slots, head groups, CTA_Q]
+  int* counters;       // [split tiles * head groups], zero between runs
   int num_qo_heads;
   int group;  // num_qo_heads / num_kv_heads
+  // KV heads per CTA group (grid.y): a work item's request field is
+  // b * heads_per_group + h, for request b and KV head blockIdx.y *
+  // heads_per_group + h (see item_request / item_kv_head).
+  int heads_per_group;
   int page_shift;
   float sm_scale;
   // Custom mask (variants::custom_mask(), else null): request b's

@@ -63,7 +63,6 @@ struct Sm90Consumer {
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
     __shared__ int s_is_last;
-    const int kv_head = blockIdx.y;
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
     if (wg == 1) pass_turn();  // warpgroup 0 goes first
     const Sm90Barriers<Rings> bars(pipe);
@@ -83,7 +82,7 @@ struct Sm90Consumer {
       w.kv_start = warp_uniform(w.kv_start);
       w.kv_end = warp_uniform(w.kv_end);
 #endif
-      const int b = w.request;
+      const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
       const int kv_len = device::kv_len(p.kv, b);
       const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile

@@ -164,7 +164,6 @@ struct Sm90Producer {
   // tma: the K / V tensor maps when the TMA loads them (contiguous KV), else
   // null (cp.async gathers).
   __device__ __forceinline__ void run(const KvTensorMaps* tma) {
-    const int kv_head = blockIdx.y;
     const T* q_base = static_cast<const T*>(p.q);
     const T* k_base = static_cast<const T*>(p.kv.k);
     const T* v_base = static_cast<const T*>(p.kv.v);
@@ -180,7 +179,7 @@ struct Sm90Producer {
       const PrefillWorkItem w = p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       if (n_tiles == 0) continue;  // the consumers skip it too
-      const int b = w.request;
+      const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
       const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;
       Variant variant(p, b, qo_len, device::kv_len(p.kv, b));
