@@ -50,7 +50,7 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOption
   PrefillOptions p;
   p.planner = opt.planner;
   p.max_sms = opt.max_sms;
-  p.group_heads = false;  // plan() host time: one plan for every head
+  p.group_heads = false;  // plan() runs every step: one plan for every head keeps it short
   // Experiments: force the prefill query tile (64 / 128 select the Hopper
   // kernel on sm_90; the heuristic's 16 rows run the FA2 template).
   if (const char* q = std::getenv("TESSERA_DECODE_TC_CTA_Q")) p.cta_q = std::atoi(q);

@@ -76,8 +76,8 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   // a skipped visible one would be wrong (causal_schedule is the caller's call).
   custom_mask_ = spec_.variant == variants::custom_mask();
   if (const char* env = std::getenv("TESSERA_SM90_TMA")) tma_enabled_ = std::string(env) != "0";
-  // A/B runs: TESSERA_PREFILL_HEAD_GROUPS=0 plans one head per group.
-  if (const char* env = std::getenv("TESSERA_PREFILL_HEAD_GROUPS"); env && std::string(env) == "0") opt_.group_heads = false;
+  // A/B runs: TESSERA_PREFILL_HEAD_GROUPS=1 / 0 plans heads in groups / one per group.
+  if (const char* env = std::getenv("TESSERA_PREFILL_HEAD_GROUPS"); env && *env) opt_.group_heads = std::string(env) != "0";
 }
 
 // A custom-mask wrapper needs the mask at every plan and run; any other

@@ -129,9 +129,10 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   TaskInfo as_prefill = t;
   as_prefill.max_total_q = 64;
   const auto tc = BatchDecode::workspace_size(spec, t, 132, tensor_cores());
-  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.group_heads = false});
+  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132);
   // Grouped heads (8 heads, 132 SMs: 4 groups of 2) plan twice the requests.
-  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132).host_bytes, pre.host_bytes);
+  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.group_heads = true}).host_bytes,
+            pre.host_bytes);
   EXPECT_EQ(tc.device_bytes, pre.device_bytes);
   EXPECT_EQ(tc.host_bytes, pre.host_bytes);
   EXPECT_GT(tc.device_bytes, 0u);

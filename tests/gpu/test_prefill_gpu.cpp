@@ -118,7 +118,8 @@ struct RaggedCase {
   int64_t rows() const { return b.qo.back(); }
 };
 
-// Head groups: KV heads planned together so the grid fills every SM (8 or
+// Head groups (PrefillOptions::group_heads, off by default): KV heads planned
+// together so the grid fills every SM (8 or
 // 16 heads on 132 SMs: gcd(heads, CTAs) = 4 groups of 2 or 4 heads; max_sms =
 // 3 leaves 1-3 groups of 3-6 CTAs, splitting every long request). Ragged and
 // paged (page size 1) KV, both backends: each run matches the reference and
@@ -141,6 +142,7 @@ TEST(PrefillHeadGroups, MatchReferenceAndRepeat) {
       opt.backend = backend;
       opt.max_sms = max_sms;
       opt.cta_q = 128;
+      opt.group_heads = true;
       auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
       Workspace ws = prefill_workspace(spec, t, opt);
       BatchPrefill pre(spec, t, ws, opt);

@@ -521,18 +521,14 @@ def test_workspace_size_query():
 
 
 def test_workspace_size_query_tensor_cores():
-    """use_tensor_cores sizes the prefill wrapper's sections: max_total_q = max_batch, one plan per KV head."""
-    def size(batch, pages, num_sms=132, **kw):
+    """use_tensor_cores sizes the prefill wrapper's sections: max_total_q = max_batch."""
+    def size(batch, pages, **kw):
         return _C.BatchDecode.workspace_size("bfloat16", "bfloat16", "bfloat16", 128, 32, 8, 16, "HND", batch, pages,
-                                             num_sms=num_sms, use_tensor_cores=True, **kw)
+                                             num_sms=132, use_tensor_cores=True, **kw)
 
-    def prefill(num_sms):
-        return _C.BatchPrefill.workspace_size("bfloat16", "bfloat16", "bfloat16", 128, 32, 8, 16, "HND", False, 64, 64,
-                                              4096, num_sms=num_sms)
-    # 128 SMs: 8 KV heads divide every grid, so prefill plans one head per group too.
-    assert size(64, 4096, num_sms=128) == prefill(128)
-    # 132 SMs: prefill plans 2 heads per group (4 groups of 33 CTAs), decode keeps one plan per head.
-    assert prefill(132)[1] > size(64, 4096)[1]
+    prefill = _C.BatchPrefill.workspace_size("bfloat16", "bfloat16", "bfloat16", 128, 32, 8, 16, "HND", False, 64, 64,
+                                             4096, num_sms=132)
+    assert size(64, 4096) == prefill
     assert size(256, 4096)[0] > size(64, 4096)[0]
     assert size(64, 4096, max_sms=16)[0] < size(64, 4096)[0]
     assert size(256, 65536)[0] < WORKSPACE_BYTES

@@ -56,10 +56,12 @@ struct PrefillOptions {
   // (or stricter) may set it too.
   bool causal_schedule = false;
   // Plan the KV heads together in groups (see head_groups()) so the grid
-  // fills every SM; false: one plan shared by all heads, a CTA column per
-  // head (the tensor-core decode path, whose plan() runs every step, keeps
-  // that: grouping multiplies the planner's input).
-  bool group_heads = true;
+  // fills every SM (8, 16 or 32 heads leave 4 of an H100's 132 idle with one
+  // plan per head). Off by default: measured on the H100 Table-1 setting it
+  // was 10% slower at 1k-4k tokens, 5% faster at 8k, even at 16k
+  // (bench/results/prefill-ab-head-groups-*.json); the cause is not known
+  // yet. TESSERA_PREFILL_HEAD_GROUPS=1 turns it on for experiments.
+  bool group_heads = false;
 };
 
 class BatchPrefill {
