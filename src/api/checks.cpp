@@ -94,14 +94,19 @@ int page_shift(int page_size) {
   return (page_size & (page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(page_size)) : -1;
 }
 
-int ctas_per_head(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms) {
-  const int sms = max_sms > 0 ? std::min(max_sms, num_sms) : num_sms;
-  return std::max(1, sms * ctas_per_sm / num_kv_heads);
+// CTAs of a persistent grid: the SMs used times CTAs per SM.
+static int grid_ctas(int num_sms, int ctas_per_sm, int max_sms) {
+  return std::max(1, (max_sms > 0 ? std::min(max_sms, num_sms) : num_sms) * ctas_per_sm);
 }
 
-int head_groups(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms) {
-  const int sms = max_sms > 0 ? std::min(max_sms, num_sms) : num_sms;
-  return std::gcd(num_kv_heads, std::max(1, sms * ctas_per_sm));
+int ctas_per_head(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms) {
+  return std::max(1, grid_ctas(num_sms, ctas_per_sm, max_sms) / num_kv_heads);
+}
+
+HeadGroups head_groups(int num_kv_heads, bool group_heads, int num_sms, int ctas_per_sm, int max_sms) {
+  const int ctas = grid_ctas(num_sms, ctas_per_sm, max_sms);
+  const int groups = group_heads ? std::gcd(num_kv_heads, ctas) : num_kv_heads;
+  return {std::max(1, ctas / groups), groups};
 }
 
 PersistentKernel load_persistent(const jit::KernelSource& src, int device, int threads, int smem_bytes,

@@ -56,12 +56,16 @@ inline bool has(const TensorView& t) { return t.defined() && t.data != nullptr; 
 // max_sms > 0) times CTAs per SM, shared by the KV heads (grid.y).
 int ctas_per_head(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms);
 
-// Prefill: KV heads planned together per CTA group (grid.y = group). One
-// plan per head leaves sms * ctas_per_sm % num_kv_heads SMs idle (4 of an
-// H100's 132 for 8, 16 or 32 heads); gcd(num_kv_heads, CTAs) groups of
-// num_kv_heads / groups heads each use them all, every group running the same
-// plan over (request, head of the group) pairs.
-int head_groups(int num_kv_heads, int num_sms, int ctas_per_sm, int max_sms);
+// Prefill's grid: ctas_per_group x groups CTAs (grid.y = group). One plan
+// per head (group_heads false: groups = num_kv_heads) leaves sms *
+// ctas_per_sm % num_kv_heads SMs idle (4 of an H100's 132 for 8, 16 or 32
+// heads); gcd(num_kv_heads, CTAs) groups of num_kv_heads / groups heads each
+// use them all, every group running the same plan over (request, head of the
+// group) pairs.
+struct HeadGroups {
+  int ctas_per_group = 0, groups = 0;
+};
+HeadGroups head_groups(int num_kv_heads, bool group_heads, int num_sms, int ctas_per_sm, int max_sms);
 
 struct PersistentKernel {
   const jit::LoadedKernel* kernel = nullptr;

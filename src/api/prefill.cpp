@@ -56,9 +56,8 @@ BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, cons
     for (bool hopper : {false, true}) {  // whichever backend the first plan picks
       if (hopper && !catalog::hopper_supported(spec, q)) continue;
       const PrefillConfig c = catalog::prefill_config(spec, q, hopper);
-      const int groups = opt.group_heads ? detail::head_groups(task.num_kv_heads, num_sms, c.ctas_per_sm, opt.max_sms)
-                                         : task.num_kv_heads;
-      const Layout l = layout_for(spec, task, detail::ctas_per_head(groups, num_sms, c.ctas_per_sm, opt.max_sms), groups, q);
+      const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
+      const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, q);
       s.device_bytes = std::max(s.device_bytes, l.total);
       s.host_bytes = std::max(s.host_bytes, l.staged);
     }
@@ -217,10 +216,10 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, config_.ctas_per_sm,
                                             task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
     kernel_ = pk.kernel;
-    const int sms = cuda::device_info(ws_->device()).sm_count;
-    head_groups_ = opt_.group_heads ? detail::head_groups(task_.num_kv_heads, sms, pk.ctas_per_sm, opt_.max_sms)
-                                    : task_.num_kv_heads;
-    ctas_per_group_ = detail::ctas_per_head(head_groups_, sms, pk.ctas_per_sm, opt_.max_sms);
+    const auto g = detail::head_groups(task_.num_kv_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
+                                       pk.ctas_per_sm, opt_.max_sms);
+    ctas_per_group_ = g.ctas_per_group;
+    head_groups_ = g.groups;
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
