@@ -43,6 +43,19 @@ __device__ __forceinline__ bool mbarrier_try_wait(u32 bar, u32 parity) {
   return done != 0;
 }
 
+// Whether the phase of parity `parity` has completed, without waiting
+// (acquire when it has): a probe whose answer is used later, so its latency
+// hides behind other work.
+__device__ __forceinline__ bool mbarrier_test(u32 bar, u32 parity) {
+  u32 done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // Blocks until the phase of parity `parity` has completed (acquire).
 __device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
   while (!mbarrier_try_wait(bar, parity)) {

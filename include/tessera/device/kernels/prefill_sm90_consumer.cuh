@@ -9,20 +9,37 @@
 //   O += P_{n-1} V_{n-1}
 //
 // so each tile's softmax runs while the tensor cores work on the previous
-// tile's P V. With two consumer warpgroups, named barriers make them take
-// turns issuing GEMMs (ping-pong), so one warpgroup's softmax also hides
-// under the other's GEMMs. The epilogue is shared with the FA2 template.
+// tile's P V. The two consumer warpgroups run their steps independently: a
+// clock trace (bench/prefill_trace.py) shows a warpgroup's 64 x 128 x 16
+// wgmmas take ~130 cycles each whether or not the other warpgroup's run
+// beside them, so the tensor cores only fill when both issue at once, and a
+// ping-pong turn (one warpgroup's GEMMs at a time, TESSERA_SM90_PINGPONG=1)
+// caps the step at twice one warpgroup's GEMM time. Without it the step is
+// one warpgroup's GEMMs plus its softmax and waits, so those are what to
+// shorten: the next K and V barriers are probed during the softmax. The
+// epilogue is shared with the FA2 template.
 #pragma once
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/prefill_epilogue.cuh"
 #include "tessera/device/kernels/prefill_sm90_mma.cuh"
 #include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
+#include "tessera/device/kernels/prefill_sm90_trace.cuh"
 #include "tessera/device/kernels/prefill_tiles.cuh"
 
 // Switches for experiments (TESSERA_SM90_DEFINES at JIT time).
+// PINGPONG: 0 off; 1 a warpgroup hands the turn over after issuing both
+// GEMMs of a tile; 2 after issuing S = Q K^T only. A/B in one process
+// (bench/prefill_ab.py, Table-1 setting, 1k..16k): off + PROBE 2.7-6.7%
+// faster than turns after both GEMMs; turns after S no better.
 #ifndef TESSERA_SM90_PINGPONG
-#define TESSERA_SM90_PINGPONG 1
+#define TESSERA_SM90_PINGPONG 0
+#endif
+// PROBE: test the next K and V tiles' barriers during the softmax, so the
+// waits at the top of the next step cost nothing when they have landed
+// (each wait took ~170 cycles of the step even when the tile was there).
+#ifndef TESSERA_SM90_PROBE
+#define TESSERA_SM90_PROBE 1
 #endif
 #ifndef TESSERA_SM90_UNIFORM
 #define TESSERA_SM90_UNIFORM 1
@@ -52,7 +69,8 @@ struct Sm90Consumer {
         warp_row0(wg * 64 + (threadIdx.x / 32 % 4) * 16) {}
 
   // Ping-pong: wait for this warpgroup's turn to issue GEMMs / hand it over.
-  static constexpr bool kPingPong = CONSUMERS == 2 && TESSERA_SM90_PINGPONG;
+  static constexpr bool kPingPong = CONSUMERS == 2 && TESSERA_SM90_PINGPONG != 0;
+  static constexpr bool kPassAfterS = TESSERA_SM90_PINGPONG == 2;
   __device__ __forceinline__ void take_turn() const {
     if constexpr (kPingPong) named_barrier_sync(kSm90PingPongBar + wg, 256);
   }
@@ -74,7 +92,10 @@ struct Sm90Consumer {
     RingPos<Rings::Q_BUFS> q_pos;
     RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
     using VPos = RingPos<Rings::V_STAGES>;
-    for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+    const int wi0 = p.work_indptr[blockIdx.x];
+    for (int wi = wi0; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+      using Tr = Sm90Trace;
+      Tr::mark(Tr::consumer(), wi - wi0, 0);
       PrefillWorkItem w = p.work_items[wi];
 #if TESSERA_SM90_UNIFORM
       // Equal in every lane already; broadcasting makes ptxas see it, so the
@@ -109,10 +130,13 @@ struct Sm90Consumer {
 
       PrefillState<1, NT_O> st;
       st.init();
+      Tr::value(Tr::consumer(), wi - wi0, 9, n_tiles);
+      Tr::mark(Tr::consumer(), wi - wi0, 1);
       if (n_tiles > 0) {
         const int qb = q_pos.index();
         T* q_tile = q_smem + qb * (CTA_Q * HEAD_DIM);
         mbarrier_wait(bars.q_full(qb), q_pos.phase());
+        Tr::mark(Tr::consumer(), wi - wi0, 2);
         if constexpr (Traits::query_transform) {
           transform_q_tile<Variant, HEAD_DIM, CTA_Q, Swizzle128>(variant, p, q_tile, threadIdx.x % 128, 128, wg * 64,
                                                                  wg * 64 + 64, b, row0, p.group, kv_head, qo_len);
@@ -137,29 +161,41 @@ struct Sm90Consumer {
         // Tile 0: S, softmax (O is still zero: nothing to rescale).
         RingPos<Rings::K_STAGES> cur = kv_pos;
         mbarrier_wait(bars.k_full(cur.index()), cur.phase());
+        Tr::mark(Tr::consumer(), wi - wi0, 3);
         wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_keep(sf);
+        Tr::mark(Tr::consumer(), wi - wi0, 4);
         mbarrier_arrive(bars.k_empty(cur.index()));
         if (n_tiles == 1) mbarrier_arrive(bars.q_empty(qb));
         prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head, masked(0),
                                       causal_shift, scale);
         pack_p<CTA_KV, T>(pa, s);
+        Tr::mark(Tr::consumer(), wi - wi0, 5);
 
+        bool k_ready = false, v_ready = false;  // probes of the next step's barriers (PROBE)
         for (int t = 1; t < n_tiles; ++t) {
           const VPos prev{cur.count};
           cur = cur.next();
-          mbarrier_wait(bars.k_full(cur.index()), cur.phase());
+          Tr::tile(wi - wi0, t, 0);
+          if (!k_ready) mbarrier_wait(bars.k_full(cur.index()), cur.phase());
+          Tr::tile(wi - wi0, t, 1);
           take_turn();
+          Tr::tile(wi - wi0, t, 2);
           wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
           wgmma_commit();
-          mbarrier_wait(bars.v_full(prev.index()), prev.phase());
+          if constexpr (kPassAfterS) pass_turn();
+          Tr::tile(wi - wi0, t, 8);
+          if (!v_ready) mbarrier_wait(bars.v_full(prev.index()), prev.phase());
+          Tr::tile(wi - wi0, t, 9);
           wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
           wgmma_commit();
-          pass_turn();
+          if constexpr (!kPassAfterS) pass_turn();
+          Tr::tile(wi - wi0, t, 3);
           wgmma_wait<1>();  // S_t (the older group) is done
           wgmma_keep(sf);
+          Tr::tile(wi - wi0, t, 4);
           mbarrier_arrive(bars.k_empty(cur.index()));
           if (t == n_tiles - 1) mbarrier_arrive(bars.q_empty(qb));
           const bool raised = prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
@@ -167,6 +203,12 @@ struct Sm90Consumer {
           wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
           wgmma_keep(scale);
           wgmma_keep(st.d);
+          if constexpr (TESSERA_SM90_PROBE) {
+            const RingPos<Rings::K_STAGES> next = cur.next();
+            k_ready = __all_sync(0xffffffffu, mbarrier_test(bars.k_full(next.index()), next.phase()));
+            v_ready = __all_sync(0xffffffffu, mbarrier_test(bars.v_full(VPos{cur.count}.index()), VPos{cur.count}.phase()));
+          }
+          Tr::tile(wi - wi0, t, 5);
           // Wait for O += P_{t-1} V_{t-1}: O may then be rescaled, pa
           // rewritten and V released. The wait sits in both arms of the
           // (warp-uniform) branch so that ptxas, which schedules freely
@@ -181,12 +223,15 @@ struct Sm90Consumer {
           }
           // With the wait inside the branch, ptxas keeps the registers the
           // P V wgmma reads untouched until here (SASS: no early wait).
+          Tr::tile(wi - wi0, t, 6);
           pack_p<CTA_KV, T>(pa, s);
           // V's release comes last: ptxas hoists a wait together with a
           // shared-memory arrive that follows it, and an early release here
           // dragged the wait above the softmax.
           mbarrier_arrive(bars.v_empty(prev.index()));
+          Tr::tile(wi - wi0, t, 7);
         }
+        Tr::mark(Tr::consumer(), wi - wi0, 6);
         const VPos last{cur.count};
         mbarrier_wait(bars.v_full(last.index()), last.phase());
         wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(last.index()));
@@ -195,6 +240,7 @@ struct Sm90Consumer {
         wgmma_keep(of);
         wgmma_keep(pa);
         mbarrier_arrive(bars.v_empty(last.index()));
+        Tr::mark(Tr::consumer(), wi - wi0, 7);
         kv_pos = cur.next();
         q_pos = q_pos.next();
       }
@@ -204,7 +250,9 @@ struct Sm90Consumer {
       if (w.partial_slot >= 0)
         prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS,
                                                           &s_is_last, [] { named_barrier_sync(kSm90ConsumersBar, THREADS); });
+      Tr::mark(Tr::consumer(), wi - wi0, 8);
     }
+    Sm90Trace::print(Sm90Trace::consumer(), p.work_indptr[blockIdx.x + 1] - wi0);
     if (wg == 0) take_turn();  // balances warpgroup 1's last hand-over
 #else
     __trap();  // Hopper kernels are only built for sm_90a

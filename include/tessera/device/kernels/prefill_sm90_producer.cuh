@@ -16,6 +16,7 @@
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
 #include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
+#include "tessera/device/kernels/prefill_sm90_trace.cuh"
 #include "tessera/device/kernels/prefill_tiles.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
@@ -125,7 +126,8 @@ struct Sm90Producer {
   // Rows past the chunk's end hold the next keys of the tensor (or zeros past
   // its end): the consumers mask those columns, so P is 0 there.
   __device__ __forceinline__ void tma_item(const KvTensorMaps& tma, const Sm90Barriers<Rings>& bars,
-                                           RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head) const {
+                                           RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head,
+                                           int trace_item) const {
     constexpr u32 kTileBytes = CTA_KV * HEAD_DIM * sizeof(T), kBlockBytes = CTA_KV * 128;
     auto load = [&](const TensorMap* map, T* tile, u32 full, int t) {
       mbarrier_arrive_expect_tx(full, kTileBytes);
@@ -140,6 +142,7 @@ struct Sm90Producer {
     for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
       mbarrier_wait(bars.k_empty(kv_pos.index()), kv_pos.phase() ^ 1);
       load(&tma.k, k_smem + kv_pos.index() * (CTA_KV * HEAD_DIM), bars.k_full(kv_pos.index()), t);
+      if (t == 0) Sm90Trace::mark(Sm90Trace::kProducer, trace_item, 3);
       if (t > 0) load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
     }
     load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
@@ -175,7 +178,10 @@ struct Sm90Producer {
       tma_prefetch_map(&tma->k);
       tma_prefetch_map(&tma->v);
     }
-    for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+    const int wi0 = p.work_indptr[blockIdx.x];
+    using Tr = Sm90Trace;
+    for (int wi = wi0; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+      Tr::mark(Tr::kProducer, wi - wi0, 0);
       const PrefillWorkItem w = p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       if (n_tiles == 0) continue;  // the consumers skip it too
@@ -186,6 +192,7 @@ struct Sm90Producer {
 
       // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
       mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
+      Tr::mark(Tr::kProducer, wi - wi0, 1);
       T* q_dst = q_smem + q_pos.index() * (CTA_Q * HEAD_DIM);
       u32 q_addr = smem_addr(q_dst + QLayout::at(row0, ch));
 #pragma unroll 4
@@ -199,9 +206,11 @@ struct Sm90Producer {
       }
       cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
+      Tr::mark(Tr::kProducer, wi - wi0, 2);
 
       if (tma != nullptr) {
-        if (tid == 0) tma_item(*tma, bars, kv_pos, n_tiles, page_base + w.kv_start, kv_head);
+        if (tid == 0) tma_item(*tma, bars, kv_pos, n_tiles, page_base + w.kv_start, kv_head, wi - wi0);
+        Tr::mark(Tr::kProducer, wi - wi0, 4);
         continue;
       }
       // Order: K_0, then K_t and V_{t-1} for t = 1 .. n-1, then V_{n-1}: the
@@ -247,6 +256,7 @@ struct Sm90Producer {
       issue(IsKey<false>{}, VPos{kv_pos.count - 1}, n_tiles - 1);
     }
     cp_async_wait_all();  // no copy outlives its thread
+    Tr::print(Tr::kProducer, p.work_indptr[blockIdx.x + 1] - wi0);
   }
 };
 
