@@ -52,7 +52,7 @@ if [ ! -f /usr/include/gtest/gtest.h ]; then
   gtest_args=(-DGTest_DIR=/tmp/gtest-root/usr/lib/x86_64-linux-gnu/cmake/GTest)
 fi
 t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_PYTHON=ON \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_PYTHON=ON -DTESSERA_BUILD_TESTS=ON \
   -DPython_EXECUTABLE="$TESSERA_PYTHON" "${gtest_args[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
 if ! cmake --build build-gpu -j "$(nproc)" >"$logs/build.log" 2>&1; then
   grep -E "error|Error" -A3 "$logs/build.log" | head -60; exit 1
