@@ -23,29 +23,9 @@ __device__ __forceinline__ void mbarrier_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// try_wait (sm_90) suspends the thread for a while in hardware before it
-// reports "not yet"; test_wait (sm_80) polls.
-__device__ __forceinline__ bool mbarrier_try_wait(u32 bar, u32 parity) {
-  u32 done;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-#endif
-  return done != 0;
-}
-
 // Whether the phase of parity `parity` has completed, without waiting
-// (acquire when it has): a probe whose answer is used later, so its latency
-// hides behind other work.
+// (acquire when it has). Also a probe whose answer is used later, so its
+// latency hides behind other work.
 __device__ __forceinline__ bool mbarrier_test(u32 bar, u32 parity) {
   u32 done;
   asm volatile(
@@ -54,6 +34,22 @@ __device__ __forceinline__ bool mbarrier_test(u32 bar, u32 parity) {
       : "r"(bar), "r"(parity)
       : "memory");
   return done != 0;
+}
+
+// try_wait (sm_90) suspends the thread for a while in hardware before it
+// reports "not yet"; sm_80 polls with test_wait.
+__device__ __forceinline__ bool mbarrier_try_wait(u32 bar, u32 parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  u32 done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+#else
+  return mbarrier_test(bar, parity);
+#endif
 }
 
 // Blocks until the phase of parity `parity` has completed (acquire).

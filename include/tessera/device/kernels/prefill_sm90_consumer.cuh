@@ -204,9 +204,10 @@ struct Sm90Consumer {
           wgmma_keep(scale);
           wgmma_keep(st.d);
           if constexpr (TESSERA_SM90_PROBE) {
-            const RingPos<Rings::K_STAGES> next = cur.next();
-            k_ready = __all_sync(0xffffffffu, mbarrier_test(bars.k_full(next.index()), next.phase()));
-            v_ready = __all_sync(0xffffffffu, mbarrier_test(bars.v_full(VPos{cur.count}.index()), VPos{cur.count}.phase()));
+            const RingPos<Rings::K_STAGES> next_k = cur.next();  // K_{t+1}
+            const VPos next_v{cur.count};                          // V_t
+            k_ready = __all_sync(0xffffffffu, mbarrier_test(bars.k_full(next_k.index()), next_k.phase()));
+            v_ready = __all_sync(0xffffffffu, mbarrier_test(bars.v_full(next_v.index()), next_v.phase()));
           }
           Tr::tile(wi - wi0, t, 5);
           // Wait for O += P_{t-1} V_{t-1}: O may then be rescaled, pa
