@@ -75,6 +75,7 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   // a skipped visible one would be wrong (causal_schedule is the caller's call).
   custom_mask_ = spec_.variant == variants::custom_mask();
   if (const char* env = std::getenv("TESSERA_SM90_TMA")) tma_enabled_ = std::string(env) != "0";
+  if (const char* env = std::getenv("TESSERA_SM90_Q_TMA"); env && *env) q_tma_mode_ = std::string(env) == "0" ? 0 : 1;
   // A/B runs: TESSERA_PREFILL_HEAD_GROUPS=1 / 0 plans heads in groups / one per group.
   if (const char* env = std::getenv("TESSERA_PREFILL_HEAD_GROUPS"); env && *env) opt_.group_heads = std::string(env) != "0";
 }
@@ -380,16 +381,24 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   cuda::DeviceGuard guard(ws_->device());
   const dim3 grid(ctas_per_group_, head_groups_), threads(config_.threads);
   if (config_.hopper) {
-    // Contiguous K and V: tensor maps for the producer's TMA loads (encoded
-    // per run on the host: pointers may change between runs; no device work).
-    KvTensorMaps maps{};
+    // Tensor maps for the producer's TMA loads (encoded per run on the host:
+    // pointers may change between runs; no device work). Contiguous K and V;
+    // Q where the group divides the query tile and queries fill their tiles
+    // on average (decode's one-token queries would load mostly unused rows:
+    // cp.async copies only the valid ones).
+    Sm90TensorMaps maps{};
     if (kv.indices == nullptr && tma_enabled_) {
       const int64_t tokens = kv.indptr ? total_kv_ : kv.single_len;
-      maps.on = tma::encode_kv_tiles(maps.k, kv.k, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
-                                     kv.head_stride, config_.cta_kv) &&
-                tma::encode_kv_tiles(maps.v, kv.v, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
-                                     kv.head_stride, config_.cta_kv);
+      maps.kv_on = tma::encode_kv_tiles(maps.k, kv.k, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
+                                        kv.head_stride, config_.cta_kv) &&
+                   tma::encode_kv_tiles(maps.v, kv.v, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
+                                        kv.head_stride, config_.cta_kv);
     }
+    const int group = task_.num_qo_heads / task_.num_kv_heads;
+    const bool q_fill = q_tma_mode_ == 1 || (q_tma_mode_ < 0 && total_q_ >= batch_ * (config_.cta_q / group));
+    if (q_tma_mode_ != 0 && q_fill && config_.cta_q % group == 0)
+      maps.q_on = tma::encode_q_tiles(maps.q, q.data, total_q_, task_.num_kv_heads, group, spec_.head_dim, q.stride(0),
+                                      q.stride(1), config_.cta_q);
     kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps);
   } else {
     kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data());

@@ -155,7 +155,7 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
                                              std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
                                              "tessera/device/kernels/prefill_sm90.cuh", "PrefillParams",
                                              "batch_prefill_sm90", c.threads, tail.str(), c.ctas_per_sm,
-                                             "tessera::KvTensorMaps tma");
+                                             "tessera::Sm90TensorMaps tma");
     // Experiments only: extra -D options for the Hopper kernel's switches
     // (e.g. TESSERA_SM90_PINGPONG=0), space separated; part of the cache key.
     if (const char* defs = std::getenv("TESSERA_SM90_DEFINES")) {

@@ -280,10 +280,10 @@ TEST(Jit, HopperRingOverrideIsChecked) {
 TEST(Jit, HopperPrefillTakesTensorMapsAsGridConstant) {
   const AttentionSpec spec{variants::causal(), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 128};
   const std::string hopper = catalog::batch_prefill(spec, 128, true).source;
-  EXPECT_NE(hopper.find("const __grid_constant__ tessera::KvTensorMaps tma)"), std::string::npos);
+  EXPECT_NE(hopper.find("const __grid_constant__ tessera::Sm90TensorMaps tma)"), std::string::npos);
   EXPECT_NE(hopper.find(">(p, tma);"), std::string::npos);
   const std::string fa2 = catalog::batch_prefill(spec, 128, false).source;
-  EXPECT_EQ(fa2.find("KvTensorMaps"), std::string::npos);
+  EXPECT_EQ(fa2.find("Sm90TensorMaps"), std::string::npos);
 }
 
 // Views the TMA cannot describe are refused before the driver is asked
@@ -301,4 +301,13 @@ TEST(Jit, TensorMapRefusesViewsTheTmaCannotDescribe) {
   EXPECT_FALSE(tma::encode_kv_tiles(m, buf, 16, 2, 128, 256, 128, 512));
   EXPECT_FALSE(tma::encode_kv_tiles(m, buf, 0, 2, 128, 256, 128, 64));
   EXPECT_FALSE(tma::encode_kv_tiles(m, nullptr, 16, 2, 128, 256, 128, 64));
+  // Q tiles (tokens 16, kv heads 2, group 4, head_dim 128, token stride 1024,
+  // head stride 128, 128 fused rows): the group must divide the tile's rows,
+  // strides must be multiples of 16 bytes, the base 16-byte aligned.
+  EXPECT_FALSE(tma::encode_q_tiles(m, buf, 16, 2, 3, 128, 768, 128, 128));
+  EXPECT_FALSE(tma::encode_q_tiles(m, buf, 16, 2, 4, 128, 1024, 4, 128));
+  EXPECT_FALSE(tma::encode_q_tiles(m, buf + 1, 16, 2, 4, 128, 1024, 128, 128));
+  EXPECT_FALSE(tma::encode_q_tiles(m, buf, 16, 2, 4, 96, 768, 96, 128));
+  EXPECT_FALSE(tma::encode_q_tiles(m, buf, 0, 2, 4, 128, 1024, 128, 128));
+  EXPECT_FALSE(tma::encode_q_tiles(m, buf, 16, 2, 512, 128, 1024, 128, 1024));
 }

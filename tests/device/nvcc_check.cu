@@ -66,12 +66,12 @@ template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>
 __global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2>(p); }
 template <typename V, typename T, int D, int CQ, int CKV, int CTAS>
 __global__ void __launch_bounds__(128 * (CQ / 64 + 1), CTAS) prefill_sm90_k(const PP p,
-                                                                           const __grid_constant__ tessera::KvTensorMaps tma) {
+                                                                           const __grid_constant__ tessera::Sm90TensorMaps tma) {
   tessera::batch_prefill_sm90<V, T, T, T, D, CQ, CKV, 2, 3, 1, CTAS>(p, tma);
 }
-template __global__ void prefill_sm90_k<CausalAttention, tessera::half_t, 128, 128, 128, 1>(const PP, const __grid_constant__ tessera::KvTensorMaps);
-template __global__ void prefill_sm90_k<StandardAttention, tessera::bf16_t, 64, 128, 128, 1>(const PP, const __grid_constant__ tessera::KvTensorMaps);
-template __global__ void prefill_sm90_k<StandardAttention, tessera::half_t, 128, 64, 64, 2>(const PP, const __grid_constant__ tessera::KvTensorMaps);
+template __global__ void prefill_sm90_k<CausalAttention, tessera::half_t, 128, 128, 128, 1>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
+template __global__ void prefill_sm90_k<StandardAttention, tessera::bf16_t, 64, 128, 128, 1>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
+template __global__ void prefill_sm90_k<StandardAttention, tessera::half_t, 128, 64, 64, 2>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 16, 64, 1, 4>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 32, 64, 2, 2>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);
@@ -95,7 +95,7 @@ struct CustomMaskAttention : tessera::VariantBase {
 };
 }  // namespace
 template __global__ void prefill_k<CustomMaskAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);
-template __global__ void prefill_sm90_k<CustomMaskAttention, tessera::bf16_t, 128, 128, 128, 1>(const PP, const __grid_constant__ tessera::KvTensorMaps);
+template __global__ void prefill_sm90_k<CustomMaskAttention, tessera::bf16_t, 128, 128, 128, 1>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 
 // Variant extras and pairwise Q/K transforms (fused RoPE): decode and the
 // row-wise kernel apply them in registers, the tile helpers in shared memory

@@ -159,6 +159,8 @@ class BatchPrefill {
   Source source_kind_ = Source::kNone;
   bool custom_mask_ = false;  // spec.variant is variants::custom_mask()
   bool tma_enabled_ = true;   // Hopper kernel: TMA for contiguous K / V (TESSERA_SM90_TMA=0: cp.async, for comparisons)
+  int q_tma_mode_ = -1;       // Hopper kernel, TMA for Q tiles: -1 where queries fill their tiles on average,
+                              // 0 never, 1 wherever the map fits (TESSERA_SM90_Q_TMA=0 / 1: comparisons, tests)
   int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1, mask_bytes_ = 0;
   int32_t checked_max_page_ = -1;                  // largest page id paged_lengths() saw
   std::chrono::steady_clock::time_point plan_t0_;  // when the current plan() began (for last_plan_us)

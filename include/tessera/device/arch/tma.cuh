@@ -43,6 +43,16 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TensorMap* map, u32 b
 #endif
 }
 
+// The same for a rank-4 map, box at (c0, c1, c2, c3).
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2, int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#endif
+}
+
 #endif
 
 }  // namespace tessera

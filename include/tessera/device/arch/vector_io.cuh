@@ -36,6 +36,16 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
   *reinterpret_cast<typename VecBits<kBytes>::type*>(p) = u.raw;
 }
 
+// Two floats as two consecutive 16-bit elements of T, in one 32-bit word.
+template <typename T>
+__device__ __forceinline__ u32 pack_pair(float x, float y) {
+  static_assert(sizeof(T) == 2, "16-bit element type");
+  union { u32 raw; T elem[2]; } u;
+  u.elem[0] = from_float<T>(x);
+  u.elem[1] = from_float<T>(y);
+  return u.raw;
+}
+
 #endif
 
 }  // namespace tessera

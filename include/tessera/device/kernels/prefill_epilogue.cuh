@@ -7,8 +7,15 @@
 // (blockIdx.y) shares: they are indexed slot * groups + group.
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
+#include "tessera/device/arch/warp.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
 #include "tessera/device/kernels/prefill_softmax.cuh"
+
+// WIDE_STORE (experiments): 0 writes output rows in 4-byte pairs straight
+// from the accumulator layout instead of 16-byte chunks.
+#ifndef TESSERA_PREFILL_WIDE_STORE
+#define TESSERA_PREFILL_WIDE_STORE 1
+#endif
 
 namespace tessera {
 
@@ -47,12 +54,27 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
       const int tile_row = warp_row0 + t * 16 + g + 8 * r;
       if (w.partial_slot < 0) {
         DO* dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h;
-#pragma unroll
-        for (int n = 0; n < NT_O; ++n) {
+        auto out_pair = [&](int n) {
           const int col = n * 8 + quad * 2;
-          float pair[2] = {variant.OutputTransform(p, st.o[t][n][2 * r] * inv, b, qo, head, col),
-                           variant.OutputTransform(p, st.o[t][n][2 * r + 1] * inv, b, qo, head, col + 1)};
-          store_vec<2>(dst + col, pair);
+          return pack_pair<DO>(variant.OutputTransform(p, st.o[t][n][2 * r] * inv, b, qo, head, col),
+                               variant.OutputTransform(p, st.o[t][n][2 * r + 1] * inv, b, qo, head, col + 1));
+        };
+        if constexpr (sizeof(DO) == 2 && NT_O % 4 == 0 && TESSERA_PREFILL_WIDE_STORE) {
+          // A quad holds 2 columns of each 8-column chunk of the row; after a
+          // transpose within the quad each lane holds whole chunk 4k + quad,
+          // so a row goes out in 16-byte stores of 64 contiguous bytes per
+          // quad (4-byte stores half-filled every sector and took 4x the
+          // store instructions). The quad's lanes share the row, so all four
+          // reach here together.
+#pragma unroll
+          for (int k = 0; k < NT_O / 4; ++k) {
+            u32 chunk[4] = {out_pair(4 * k), out_pair(4 * k + 1), out_pair(4 * k + 2), out_pair(4 * k + 3)};
+            quad_transpose(chunk);
+            *reinterpret_cast<uint4*>(dst + (4 * k + quad) * 8) = make_uint4(chunk[0], chunk[1], chunk[2], chunk[3]);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n) *reinterpret_cast<u32*>(dst + n * 8 + quad * 2) = out_pair(n);
         }
         if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
       } else {

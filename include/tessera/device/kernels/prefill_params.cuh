@@ -32,14 +32,20 @@ __device__ __forceinline__ int item_kv_head(const Params& p, const PrefillWorkIt
 }
 #endif
 
-// Tensor maps of contiguous K and V for the Hopper kernel's TMA loads (a
-// second, __grid_constant__ kernel parameter): rank 3 (head_dim, token,
-// kv head), boxes of 64 features x CTA_KV tokens, 128-byte swizzle. `on` = 0:
-// the producer gathers with cp.async instead (paged / BSR KV, key or value
-// transforms, or strides the TMA cannot describe).
-struct KvTensorMaps {
-  TensorMap k, v;
-  int on;
+// Tensor maps for the Hopper kernel's TMA loads (a second,
+// __grid_constant__ kernel parameter), boxes of 64 features into
+// 128-byte-swizzled shared memory:
+// * k, v: contiguous K and V, rank 3 (head_dim, token, kv head), boxes of
+//   CTA_KV tokens of one head. kv_on = 0: the producer gathers with cp.async
+//   instead (paged / BSR KV, key or value transforms, strides the TMA cannot
+//   describe).
+// * q: rank 4 (head_dim, head in group, kv head, token), boxes of the group's
+//   heads x CTA_Q / group tokens of one kv head: exactly a fused query tile
+//   (row f = token * group + head). q_on = 0: cp.async (the group does not
+//   divide CTA_Q, short queries such as decode, odd strides).
+struct Sm90TensorMaps {
+  TensorMap k, v, q;
+  int kv_on, q_on;
 };
 
 template <typename Extra>

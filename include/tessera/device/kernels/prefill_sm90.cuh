@@ -10,6 +10,12 @@
 #include "tessera/device/kernels/prefill_sm90_consumer.cuh"
 #include "tessera/device/kernels/prefill_sm90_producer.cuh"
 
+// Q_TMA (experiments): 0 loads Q tiles with cp.async even where the host
+// encoded a tensor map for them.
+#ifndef TESSERA_SM90_Q_TMA
+#define TESSERA_SM90_Q_TMA 1
+#endif
+
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -37,7 +43,7 @@ struct Sm90Shape {
 
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
           int V_STAGES, int Q_BUFS, int CTAS_PER_SM, typename Params>
-__device__ __forceinline__ void batch_prefill_sm90(const Params& p, const KvTensorMaps& tma) {
+__device__ __forceinline__ void batch_prefill_sm90(const Params& p, const Sm90TensorMaps& tma) {
   using Rings = Sm90Rings<K_STAGES, V_STAGES, Q_BUFS>;
   using Shape = Sm90Shape<HEAD_DIM, CTA_Q, CTA_KV, Rings>;
   using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
@@ -52,12 +58,13 @@ __device__ __forceinline__ void batch_prefill_sm90(const Params& p, const KvTens
   DKV* v_smem = k_smem + K_STAGES * Shape::KV_ELEMS;
   using Producer = Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, Params>;
   const bool kv_tma = Producer::uses_tma(tma) && p.kv.indices == nullptr;  // paged KV is gathered
-  if (threadIdx.x == 0) pipe.init(Shape::THREADS - 128, kv_tma ? 1 : 128);
+  const bool q_tma = TESSERA_SM90_Q_TMA && tma.q_on != 0;
+  if (threadIdx.x == 0) pipe.init(Shape::THREADS - 128, kv_tma ? 1 : 128, q_tma ? 1 : 128);
   __syncthreads();
 
   if (threadIdx.x < 128) {
     setmaxnreg_dec<Regs::PRODUCER>();
-    Producer(p, pipe, q_smem, k_smem, v_smem, row_offs).run(kv_tma ? &tma : nullptr);
+    Producer(p, pipe, q_smem, k_smem, v_smem, row_offs).run(tma, kv_tma, q_tma);
   } else {
     setmaxnreg_inc<Regs::CONSUMER>();
     Sm90Consumer<Variant, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, Params>(p, pipe, q_smem, k_smem, v_smem).run();

@@ -34,11 +34,11 @@ struct Sm90Pipeline {
   u64 k_full[KS], k_empty[KS], v_full[VS], v_empty[VS];
 
   // Full barriers count the producer warpgroup's 128 arrivals (one per
-  // thread, when its copies landed), or for K and V loaded by the TMA one
+  // thread, when its copies landed), or for tiles loaded by the TMA one
   // arrival with the tile's bytes; empty ones every consumer thread's.
-  __device__ __forceinline__ void init(int consumer_threads, int kv_producers) {
+  __device__ __forceinline__ void init(int consumer_threads, int kv_producers, int q_producers) {
     for (int i = 0; i < QB; ++i) {
-      mbarrier_init(smem_addr(&q_full[i]), 128);
+      mbarrier_init(smem_addr(&q_full[i]), q_producers);
       mbarrier_init(smem_addr(&q_empty[i]), consumer_threads);
     }
     for (int i = 0; i < KS; ++i) {

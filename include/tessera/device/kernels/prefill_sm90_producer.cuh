@@ -119,13 +119,13 @@ struct Sm90Producer {
   // Contiguous K / V go through the TMA (one thread, two instructions per
   // tile) unless the variant transforms keys or values in shared memory.
   static constexpr bool kTmaCapable = !Traits::key_transform && !Traits::value_transform;
-  __device__ __forceinline__ static bool uses_tma(const KvTensorMaps& tma) { return kTmaCapable && tma.on != 0; }
+  __device__ __forceinline__ static bool uses_tma(const Sm90TensorMaps& tma) { return kTmaCapable && tma.kv_on != 0; }
 
   // The TMA path of one item's KV tiles (thread 0 only), in the same order
   // as the cp.async path below: K_0, then K_t and V_{t-1}, then V_{n-1}.
   // Rows past the chunk's end hold the next keys of the tensor (or zeros past
   // its end): the consumers mask those columns, so P is 0 there.
-  __device__ __forceinline__ void tma_item(const KvTensorMaps& tma, const Sm90Barriers<Rings>& bars,
+  __device__ __forceinline__ void tma_item(const Sm90TensorMaps& tma, const Sm90Barriers<Rings>& bars,
                                            RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head,
                                            int trace_item) const {
     constexpr u32 kTileBytes = CTA_KV * HEAD_DIM * sizeof(T), kBlockBytes = CTA_KV * 128;
@@ -164,9 +164,23 @@ struct Sm90Producer {
     }
   }
 
-  // tma: the K / V tensor maps when the TMA loads them (contiguous KV), else
-  // null (cp.async gathers).
-  __device__ __forceinline__ void run(const KvTensorMaps* tma) {
+  // The TMA's Q tile (one thread): the group's heads x CTA_Q / group tokens
+  // from the request's first query of the tile; 64 features per box. Rows
+  // past the request's queries hold the next request's (or zeros past the
+  // tensor): the consumers never store those rows.
+  __device__ __forceinline__ void tma_q(const TensorMap* map, T* dst, u32 full, int token, int kv_head) const {
+    mbarrier_arrive_expect_tx(full, CTA_Q * HEAD_DIM * sizeof(T));
+#pragma unroll
+    for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
+      tma_load_4d(smem_addr(dst) + cb * (CTA_Q * 128), map, full, cb * 64, 0, kv_head, token);
+  }
+
+  // kv_tma: the TMA loads K and V (contiguous KV, thread 0 issues them), else
+  // cp.async gathers; q_tma: the TMA loads Q (thread kQIssuer, so a Q tile is
+  // never queued behind thread 0's wait for a free K or V stage).
+  static constexpr int kQIssuer = 32;
+  __device__ __forceinline__ void run(const Sm90TensorMaps& maps, bool kv_tma, bool q_tma) {
+    const Sm90TensorMaps* tma = kv_tma ? &maps : nullptr;
     const T* q_base = static_cast<const T*>(p.q);
     const T* k_base = static_cast<const T*>(p.kv.k);
     const T* v_base = static_cast<const T*>(p.kv.v);
@@ -178,6 +192,7 @@ struct Sm90Producer {
       tma_prefetch_map(&tma->k);
       tma_prefetch_map(&tma->v);
     }
+    if (q_tma && tid == kQIssuer) tma_prefetch_map(&maps.q);
     const int wi0 = p.work_indptr[blockIdx.x];
     using Tr = Sm90Trace;
     for (int wi = wi0; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
@@ -191,20 +206,28 @@ struct Sm90Producer {
       Variant variant(p, b, qo_len, device::kv_len(p.kv, b));
 
       // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
-      mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
-      Tr::mark(Tr::kProducer, wi - wi0, 1);
       T* q_dst = q_smem + q_pos.index() * (CTA_Q * HEAD_DIM);
-      u32 q_addr = smem_addr(q_dst + QLayout::at(row0, ch));
+      if (q_tma) {
+        if (tid == kQIssuer) {
+          mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
+          Tr::mark(Tr::kProducer, wi - wi0, 1);
+          tma_q(&maps.q, q_dst, bars.q_full(q_pos.index()), qo_start + w.q_tile * (CTA_Q / p.group), kv_head);
+        }
+      } else {
+        mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
+        Tr::mark(Tr::kProducer, wi - wi0, 1);
+        u32 q_addr = smem_addr(q_dst + QLayout::at(row0, ch));
 #pragma unroll 4
-      for (int i = 0; i < Q_PASSES; ++i, q_addr += RPP * 64 * sizeof(T)) {
-        const int f = w.q_tile * CTA_Q + row0 + i * RPP, qo = f / p.group;
-        const bool ok = qo < qo_len;
-        const i64 off = (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
+        for (int i = 0; i < Q_PASSES; ++i, q_addr += RPP * 64 * sizeof(T)) {
+          const int f = w.q_tile * CTA_Q + row0 + i * RPP, qo = f / p.group;
+          const bool ok = qo < qo_len;
+          const i64 off = (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
 #pragma unroll
-        for (int j = 0; j < CPT; ++j)
-          cp_async_16(q_addr + j * chunk_step(CTA_Q), ok ? q_base + off + ch * 8 + j * 128 : q_base, ok);
+          for (int j = 0; j < CPT; ++j)
+            cp_async_16(q_addr + j * chunk_step(CTA_Q), ok ? q_base + off + ch * 8 + j * 128 : q_base, ok);
+        }
+        cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       }
-      cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       q_pos = q_pos.next();
       Tr::mark(Tr::kProducer, wi - wi0, 2);
 

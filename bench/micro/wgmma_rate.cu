@@ -1,0 +1,89 @@
+// How fast can one warpgroup drive the tensor cores? Times chains of
+// m64n128k16 wgmmas (fp16, fp32 accumulate) issued by 1 or 2 warpgroups of
+// every CTA (one CTA per SM), with A from shared memory (SS, like S = Q K^T)
+// or registers (RS, like O += P V), one accumulator chain or two interleaved.
+// Prints cycles per wgmma per warpgroup and the SM-wide TFLOP/s.
+//   nvcc -std=c++17 -arch=sm_90a -O3 -I include bench/micro/wgmma_rate.cu -o /tmp/wgmma_rate && /tmp/wgmma_rate
+#include <cstdio>
+#include <cuda_runtime.h>
+
+#include "tessera/device/arch/wgmma.cuh"
+
+using namespace tessera;
+
+constexpr int kIters = 2048;  // groups of 8 wgmmas per warpgroup
+
+template <bool RS, int CHAINS>
+__global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, float* sink) {
+#if defined(__CUDA_ARCH__) && TESSERA_HAS_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const int wg = threadIdx.x / 128;
+  for (int i = threadIdx.x; i < 64 * 1024 / 4; i += blockDim.x)
+    reinterpret_cast<u32*>(smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x03ff03ffu);
+  fence_proxy_async();
+  __syncthreads();
+  if (wg >= active_wgs) return;
+  const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem));
+  const u64 a_desc = wgmma_desc(base + wg * 8192, 16, 1024);
+  const u64 b_desc = wgmma_desc(base + 32768, 16, 1024);
+  float d0[64], d1[64];
+  for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
+  u32 a[4] = {0x3c003c00u, 0x3c003c00u ^ threadIdx.x, 0x3c003c00u, 0x3c003c00u};
+  const long long t0 = clock64();
+  for (int it = 0; it < kIters; ++it) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if constexpr (RS) wgmma_rs_tb(d0, a, b_desc + 2 * k, 1, half_t{}, WgmmaN<128>{});
+      else wgmma_ss(d0, a_desc + 2 * k, b_desc + 2 * k, 1, half_t{}, WgmmaN<128>{});
+      if constexpr (CHAINS == 2) wgmma_ss(d1, a_desc + 2 * k + 64, b_desc + 2 * k + 64, 1, half_t{}, WgmmaN<128>{});
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_keep(d0);
+    wgmma_keep(d1);
+  }
+  const long long t1 = clock64();
+  float s = 0.f;
+  for (int i = 0; i < 64; ++i) s += d0[i] + d1[i];
+  if (threadIdx.x % 128 == 0 && blockIdx.x == 0) cycles[wg] = t1 - t0;
+  if (s == 12345.f) sink[threadIdx.x] = s;
+#endif
+}
+
+template <bool RS, int CHAINS>
+void run(const char* name, int wgs, int sms, long long* dcyc, float* sink) {
+  auto k = rate<RS, CHAINS>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
+  k<<<sms, 384, 65536>>>(wgs, dcyc, sink);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  k<<<sms, 384, 65536>>>(wgs, dcyc, sink);
+  cudaEventRecord(e1);
+  if (cudaEventSynchronize(e1) != cudaSuccess) { printf("%s: %s\n", name, cudaGetErrorString(cudaGetLastError())); return; }
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  long long cyc[3] = {0, 0, 0};
+  cudaMemcpy(cyc, dcyc, sizeof(cyc), cudaMemcpyDeviceToHost);
+  const double wgmmas = double(kIters) * 8 * CHAINS;  // per warpgroup
+  const double flops = wgmmas * 64 * 128 * 16 * 2 * wgs * sms;
+  printf("%-22s wgs %d: %6.1f cycles / wgmma / warpgroup, %6.1f TFLOP/s\n", name, wgs, double(cyc[0]) / wgmmas,
+         flops / (ms * 1e-3) / 1e12);
+}
+
+int main() {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  long long* dcyc;
+  float* sink;
+  cudaMalloc(&dcyc, 64);
+  cudaMalloc(&sink, 4096);
+  for (int wgs = 1; wgs <= 3; ++wgs) {
+    run<false, 1>("SS one chain", wgs, sms, dcyc, sink);
+    run<true, 1>("RS one chain", wgs, sms, dcyc, sink);
+    run<false, 2>("SS two chains", wgs, sms, dcyc, sink);
+  }
+  return 0;
+}
