@@ -193,9 +193,9 @@ struct Sm90Producer {
       tma_prefetch_map(&tma->v);
     }
     if (q_tma && tid == kQIssuer) tma_prefetch_map(&maps.q);
-    const int wi0 = p.work_indptr[blockIdx.x];
+    const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
     using Tr = Sm90Trace;
-    for (int wi = wi0; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+    for (int wi = wi0; wi < wi_end; ++wi) {
       Tr::mark(Tr::kProducer, wi - wi0, 0);
       const PrefillWorkItem w = p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
