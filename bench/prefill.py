@@ -13,11 +13,14 @@ TFLOP/s count causal attention as half of the full square. Tessera runs with
 each backend given (fa2: the mma.sync template; fa3: the Hopper wgmma
 template, sm_90 only); rows carry the backend. FlashInfer is not run (see
 bench/decode.py for why).
-Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd] [--head-dim 128]
+Part (a) times all peers of a length in interleaved rounds (--rounds, default
+3) and reports medians.
+Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd] [--head-dim 128] [--rounds 3]
 (--head-dim 64 / 256 runs every part at that head dim; results go to prefill-*-dN-*.json)
 """
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -55,6 +58,11 @@ def tflops(fl, ms):
 
 
 def tessera_ragged(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
+    return common.bench_ms(tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend, cta_q))
+
+
+def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
+    """A planned ragged prefill as a callable (one run per call)."""
     qo = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     kvp = torch.tensor([0] + kv_lens).cumsum(0).to(torch.int32)
     q = torch.randn(int(qo[-1]), hq, D, dtype=DT, device="cuda")
@@ -64,7 +72,7 @@ def tessera_ragged(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
     w._cta_q = cta_q  # Tessera-only knob: 0 = the heuristic's query tile
     w.plan(qo, kvp, hq, hkv, D, causal=causal, q_data_type=DT)
     out = torch.empty_like(q)
-    return common.bench_ms(lambda: w.run(q, k, v, out=out))
+    return lambda: w.run(q, k, v, out=out)
 
 
 def tessera_paged(q_lens, kv_lens, hq, hkv, causal, page_size, backend="auto"):
@@ -100,16 +108,23 @@ def tessera_bsr_vector(q_len, kv_len, batch, hq, hkv, backend="auto"):
 
 
 def sdpa(b, hq, hkv, lq, lkv, causal, backend):
+    fn = sdpa_fn(b, hq, hkv, lq, lkv, causal, backend)
+    return fn and common.bench_ms(fn)
+
+
+def sdpa_fn(b, hq, hkv, lq, lkv, causal, backend):
+    """SDPA with one backend forced, as a callable; None if it refuses the shape."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
     q = torch.randn(b, hq, lq, D, dtype=DT, device="cuda")
     k = torch.randn(b, hkv, lkv, D, dtype=DT, device="cuda")
     v = torch.randn_like(k)
-    try:
+    def fn():
         with sdpa_kernel([be]):
-            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)  # noqa: E731
-            fn()
-            return common.bench_ms(fn)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+    try:
+        fn()
+        return fn
     except RuntimeError:
         return None
 
@@ -118,6 +133,12 @@ _flex = None
 
 
 def flex(b, hq, hkv, lq, lkv, causal):
+    fn = flex_fn(b, hq, hkv, lq, lkv, causal)
+    return fn and common.bench_ms(fn)
+
+
+def flex_fn(b, hq, hkv, lq, lkv, causal):
+    """Compiled FlexAttention with the equivalent block mask, as a callable; None if it fails."""
     global _flex
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     if _flex is None:
@@ -133,7 +154,7 @@ def flex(b, hq, hkv, lq, lkv, causal):
     try:
         fn = lambda: _flex(q, k, v, block_mask=bm, enable_gqa=hq != hkv)  # noqa: E731
         fn()
-        return common.bench_ms(fn)
+        return fn
     except Exception:
         return None
 
@@ -149,6 +170,7 @@ def main():
     ap.add_argument("--parts", default="abcd", help="which of the parts (a)-(d) to run")
     ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
     ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
+    ap.add_argument("--rounds", type=int, default=3, help="part (a): timing rounds, peers interleaved (medians)")
     args = ap.parse_args()
     global D
     D = args.head_dim
@@ -163,12 +185,26 @@ def main():
     seqs = ([512, 1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096]) if "a" in ap_parts else []
     for L in seqs:
         fl = 4 * 16 * 16 * D * L * L / 2
-        fa, cd = sdpa(16, 16, 16, L, L, True, "flash"), sdpa(16, 16, 16, L, L, True, "cudnn")
-        fx = None if args.no_flex else flex(16, 16, 16, L, L, True)
+        # Every peer timed in interleaved rounds, each time the median of its
+        # rounds: at 8k-16k one call takes 10-60 ms and the clocks drift with
+        # temperature, so timing peers one after another favoured whichever
+        # ran first (same-build runs of ours moved 8-12% with the order).
+        fns = {"flash": sdpa_fn(16, 16, 16, L, L, True, "flash"), "cudnn": sdpa_fn(16, 16, 16, L, L, True, "cudnn"),
+               "flex": None if args.no_flex else flex_fn(16, 16, 16, L, L, True)}
+        fns.update({be: tessera_ragged_fn([L] * 16, [L] * 16, 16, 16, True, backend=be) for be in backends})
+        fns = {n: f for n, f in fns.items() if f is not None}
+        times = {n: [] for n in fns}
+        for r in range(args.rounds):
+            order = list(fns)
+            order = order[r % len(order):] + order[:r % len(order)]  # rotate who goes first
+            for n in order:
+                times[n].append(common.bench_ms(fns[n]))
+        med = {n: statistics.median(t) for n, t in times.items()}
+        fa, cd, fx = med.get("flash"), med.get("cudnn"), med.get("flex")
         for be in backends:
-            ms = tessera_ragged([L] * 16, [L] * 16, 16, 16, True, backend=be)
+            ms = med[be]
             rows.append(dict(part="a", backend=be, seq=L, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
-                             sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3))
+                             sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3, rounds_ms=times))
             print(f"{L:>6} {be} {ms * 1e3:9.1f} {tflops(fl, ms):8.1f} {tflops(fl, ms) / peak:5.0%} | {ratio(fa, ms)} {ratio(cd, ms)} "
                   f"{ratio(fx, ms)}", flush=True)
 
