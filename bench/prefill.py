@@ -61,14 +61,16 @@ def tessera_ragged(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
     return common.bench_ms(tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend, cta_q))
 
 
-def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
-    """A planned ragged prefill as a callable (one run per call)."""
+def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0, ws=None):
+    """A planned ragged prefill as a callable (one run per call). Callables
+    that live side by side need their own workspace `ws`: a plan lives in its
+    workspace, and a later plan into the same one replaces it."""
     qo = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     kvp = torch.tensor([0] + kv_lens).cumsum(0).to(torch.int32)
     q = torch.randn(int(qo[-1]), hq, D, dtype=DT, device="cuda")
     k = torch.randn(int(kvp[-1]), hkv, D, dtype=DT, device="cuda")
     v = torch.randn_like(k)
-    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(), "NHD", backend=backend)
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace() if ws is None else ws, "NHD", backend=backend)
     w._cta_q = cta_q  # Tessera-only knob: 0 = the heuristic's query tile
     w.plan(qo, kvp, hq, hkv, D, causal=causal, q_data_type=DT)
     out = torch.empty_like(q)
@@ -183,6 +185,7 @@ def main():
     print(f"# (a) Table-1: batch 16, 16 heads, d {D}, causal")
     print(f"{'seq':>6} {'be':>3} {'us':>9} {'TFLOP/s':>8} {'ceil':>5} | {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}")
     seqs = ([512, 1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096]) if "a" in ap_parts else []
+    own_ws = {be: torch.empty(512 << 20, dtype=torch.uint8, device="cuda") for be in backends} if seqs else {}
     for L in seqs:
         fl = 4 * 16 * 16 * D * L * L / 2
         # Every peer timed in interleaved rounds, each time the median of its
@@ -191,7 +194,7 @@ def main():
         # ran first (same-build runs of ours moved 8-12% with the order).
         fns = {"flash": sdpa_fn(16, 16, 16, L, L, True, "flash"), "cudnn": sdpa_fn(16, 16, 16, L, L, True, "cudnn"),
                "flex": None if args.no_flex else flex_fn(16, 16, 16, L, L, True)}
-        fns.update({be: tessera_ragged_fn([L] * 16, [L] * 16, 16, 16, True, backend=be) for be in backends})
+        fns.update({be: tessera_ragged_fn([L] * 16, [L] * 16, 16, 16, True, backend=be, ws=own_ws[be]) for be in backends})
         fns = {n: f for n, f in fns.items() if f is not None}
         times = {n: [] for n in fns}
         for r in range(args.rounds):

@@ -56,14 +56,22 @@ def ratio(peer, ms):
 
 
 # ------------------------------------------------------------------ (a)
+_OWN_WS = {}
+
+
 def tessera_variant(variant, B, H, L, backend):
-    """The planned run() of one variant as a callable."""
+    """The planned run() of one variant as a callable. Each backend plans into
+    its own workspace: the callables of both backends are timed side by side,
+    and a plan lives in its workspace (a second plan into a shared one would
+    replace the first)."""
     spec = {"causal": tessera.variants.causal(), "soft_cap": tessera.variants.soft_cap(CAP, causal=True),
             "alibi": tessera.variants.alibi(causal=True),
             "sliding_window": tessera.variants.sliding_window(WINDOW, causal=True)}[variant]
     extras = {"alibi_slopes": torch.from_numpy(tessera.variants.alibi_slopes(H)).cuda()} if variant == "alibi" else {}
     task = tessera.TaskInfo(H, H, page_size=1, max_batch=B, max_pages=1, max_total_q=B * L)
-    w = tessera.AttentionWrapper(tessera.AttentionSpec(spec, q_dtype=DT, head_dim=D), task, workspace(),
+    if backend not in _OWN_WS:
+        _OWN_WS[backend] = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    w = tessera.AttentionWrapper(tessera.AttentionSpec(spec, q_dtype=DT, head_dim=D), task, _OWN_WS[backend],
                                  kind="prefill", backend=backend)
     indptr = torch.arange(B + 1, dtype=torch.int32) * L
     w.plan_ragged(indptr, indptr)
