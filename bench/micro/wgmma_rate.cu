@@ -2,7 +2,8 @@
 // m64n128k16 wgmmas (fp16, fp32 accumulate) issued by 1 or 2 warpgroups of
 // every CTA (one CTA per SM), with A from shared memory (SS, like S = Q K^T)
 // or registers (RS, like O += P V), one accumulator chain or two interleaved.
-// Prints cycles per wgmma per warpgroup and the SM-wide TFLOP/s.
+// Also: one warpgroup's wgmmas while another runs FFMA / EX2 / softmax-like
+// ALU work. Prints cycles per wgmma per warpgroup and the SM-wide TFLOP/s.
 //   nvcc -std=c++17 -arch=sm_90a -O3 -I include bench/micro/wgmma_rate.cu -o /tmp/wgmma_rate && /tmp/wgmma_rate
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -13,8 +14,16 @@ using namespace tessera;
 
 constexpr int kIters = 2048;  // groups of 8 wgmmas per warpgroup
 
+// What the warpgroups that issue no wgmma do meanwhile (NOISE): 0 nothing,
+// 1 FFMA chains, 2 MUFU.EX2 chains, 3 a softmax-like mix (FMNMX, FFMA, EX2, FADD).
+__device__ __forceinline__ float noise_step(int kind, float x, float y) {
+  if (kind == 1) return fmaf(x, 1.0001f, y);
+  if (kind == 2) return exp2f(x * -0.5f);
+  return fmaxf(x, y) + exp2f(fmaf(x, 0.5f, -y));
+}
+
 template <bool RS, int CHAINS>
-__global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, float* sink) {
+__global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, float* sink, int noise) {
 #if defined(__CUDA_ARCH__) && TESSERA_HAS_WGMMA
   extern __shared__ __align__(1024) unsigned char smem[];
   const int wg = threadIdx.x / 128;
@@ -22,7 +31,23 @@ __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, f
     reinterpret_cast<u32*>(smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x03ff03ffu);
   fence_proxy_async();
   __syncthreads();
-  if (wg >= active_wgs) return;
+  if (wg >= active_wgs) {
+    if (noise == 0 || wg == 2) return;
+    // Busy ALU work on the other warpgroup for about as long as the wgmmas take.
+    float x[8];
+    for (int i = 0; i < 8; ++i) x[i] = threadIdx.x * 0.001f + i;
+    const long long t0 = clock64();
+    while (clock64() - t0 < static_cast<long long>(kIters) * 8 * 70) {
+#pragma unroll
+      for (int r = 0; r < 32; ++r)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = noise_step(noise, x[i], x[(i + 1) % 8]);
+    }
+    float s = 0.f;
+    for (int i = 0; i < 8; ++i) s += x[i];
+    if (s == 12345.f) sink[threadIdx.x] = s;
+    return;
+  }
   const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem));
   const u64 a_desc = wgmma_desc(base + wg * 8192, 16, 1024);
   const u64 b_desc = wgmma_desc(base + 32768, 16, 1024);
@@ -52,15 +77,15 @@ __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, f
 }
 
 template <bool RS, int CHAINS>
-void run(const char* name, int wgs, int sms, long long* dcyc, float* sink) {
+void run(const char* name, int wgs, int sms, long long* dcyc, float* sink, int noise = 0) {
   auto k = rate<RS, CHAINS>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
-  k<<<sms, 384, 65536>>>(wgs, dcyc, sink);
+  k<<<sms, 384, 65536>>>(wgs, dcyc, sink, noise);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   cudaEventRecord(e0);
-  k<<<sms, 384, 65536>>>(wgs, dcyc, sink);
+  k<<<sms, 384, 65536>>>(wgs, dcyc, sink, noise);
   cudaEventRecord(e1);
   if (cudaEventSynchronize(e1) != cudaSuccess) { printf("%s: %s\n", name, cudaGetErrorString(cudaGetLastError())); return; }
   float ms = 0;
@@ -69,8 +94,8 @@ void run(const char* name, int wgs, int sms, long long* dcyc, float* sink) {
   cudaMemcpy(cyc, dcyc, sizeof(cyc), cudaMemcpyDeviceToHost);
   const double wgmmas = double(kIters) * 8 * CHAINS;  // per warpgroup
   const double flops = wgmmas * 64 * 128 * 16 * 2 * wgs * sms;
-  printf("%-22s wgs %d: %6.1f cycles / wgmma / warpgroup, %6.1f TFLOP/s\n", name, wgs, double(cyc[0]) / wgmmas,
-         flops / (ms * 1e-3) / 1e12);
+  printf("%-22s wgs %d noise %d: %6.1f cycles / wgmma / warpgroup, %6.1f TFLOP/s\n", name, wgs, noise,
+         double(cyc[0]) / wgmmas, flops / (ms * 1e-3) / 1e12);
 }
 
 int main() {
@@ -84,6 +109,12 @@ int main() {
     run<false, 1>("SS one chain", wgs, sms, dcyc, sink);
     run<true, 1>("RS one chain", wgs, sms, dcyc, sink);
     run<false, 2>("SS two chains", wgs, sms, dcyc, sink);
+  }
+  // One warpgroup's wgmmas while the second runs ALU work (the ping-pong
+  // situation: one warpgroup's GEMMs beside the other's softmax).
+  for (int noise = 1; noise <= 3; ++noise) {
+    run<false, 1>("SS one chain", 1, sms, dcyc, sink, noise);
+    run<true, 1>("RS one chain", 1, sms, dcyc, sink, noise);
   }
   return 0;
 }
