@@ -242,7 +242,8 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillTma,
 // CTA_Q / group tokens; rows past a request's queries read the next
 // request's and are never stored) must give the bits of the cp.async Q
 // gather, and match the reference; q is also taken as a strided view (the
-// q slice of a packed qkv tensor). Long and short queries, an empty one.
+// q slice of a packed qkv tensor), and with paged KV. Long and short
+// queries, an empty one.
 class PrefillQTma : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool>> {};
 
 TEST_P(PrefillQTma, SameBitsAsCpAsyncAndMatchesReference) {
@@ -290,6 +291,27 @@ TEST_P(PrefillQTma, SameBitsAsCpAsyncAndMatchesReference) {
   EXPECT_TRUE(bitwise_equal(both.o, gathered.o));
   EXPECT_TRUE(bitwise_equal(q_only.o, gathered.o));
   EXPECT_TRUE(bitwise_equal(both.lse, gathered.lse));
+  // Paged KV (pages of one token over the same tensors; the producer gathers
+  // K / V through the page table) with Q by the TMA.
+  const int32_t total_kv = kv.back();
+  std::vector<int32_t> indices(total_kv), last(q_len.size(), 1);
+  std::iota(indices.begin(), indices.end(), 0);
+  for (size_t r = 0; r < q_len.size(); ++r)
+    if (kv_len[r] == 0) last[r] = 0;
+  TensorView kp = dk.view, vp = dv.view;
+  kp.shape = vp.shape = {total_kv, 1, Hkv, D};
+  kp.strides = vp.strides = {Hkv * D, Hkv * D, D, 1};
+  task.max_pages = total_kv;
+  setenv("TESSERA_SM90_Q_TMA", "1", 1);
+  Workspace ws = prefill_workspace(spec, task, opt);
+  BatchPrefill pre(spec, task, ws, opt);
+  unsetenv("TESSERA_SM90_Q_TMA");
+  pre.plan_paged(qo, kv, indices, last);
+  Out paged = run_and_fetch([&](const TensorView& o, const TensorView& lse) {
+    pre.run(dq.view, PagedKVStorage(kp, vp, KVLayout::kNHD), o, lse);
+  }, dt, rows, Hq, D);
+  EXPECT_CLOSE(compare(to_doubles(paged.o.view), ref.o), dt);
+  EXPECT_CLOSE(compare(to_doubles(paged.lse.view), ref.lse), DType::kFloat16);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillQTma,

@@ -110,8 +110,8 @@ struct Sm90Consumer {
     using VPos = RingPos<Rings::V_STAGES>;
     // Work-item headers come a step ahead (the item from work_items during
     // the previous item's tiles, its request's lengths during the previous
-    // epilogue), so an item starts without dependent global loads: the trace
-    // showed 0.7-2.7k cycles of them per item once Q came by the TMA.
+    // epilogue), so an item starts without dependent global loads (the
+    // seventh session's trace put 0.7-2.7k cycles per item on them).
     const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
     PrefillWorkItem w_next{};
     ItemLens lens_next{};
