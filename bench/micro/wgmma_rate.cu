@@ -13,6 +13,7 @@
 using namespace tessera;
 
 constexpr int kIters = 2048;  // groups of 8 wgmmas per warpgroup
+__device__ int g_random_data = 0;
 
 // What the warpgroups that issue no wgmma do meanwhile (NOISE): 0 nothing,
 // 1 FFMA chains, 2 MUFU.EX2 chains, 3 a softmax-like mix (FMNMX, FFMA, EX2, FADD).
@@ -22,16 +23,65 @@ __device__ __forceinline__ float noise_step(int kind, float x, float y) {
   return fmaxf(x, y) + exp2f(fmaf(x, 0.5f, -y));
 }
 
+// NOISE 4: one thread spins on an mbarrier that never completes (a waiting
+// producer); 5: one thread streams 32 KB bulk copies (global -> shared, as the
+// TMA's K / V loads do) into the upper 16 KB of shared memory, back to back.
+__device__ void noise_barrier_or_bulk(int kind, u32 smem_base, const void* src, long long until) {
+  __shared__ __align__(8) unsigned long long bar;
+  const u32 b = static_cast<u32>(__cvta_generic_to_shared(&bar));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(1) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  u32 phase = 0;
+  while (clock64() < until) {
+    if (kind == 5) {
+      for (int i = 0; i < 2; ++i) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(16384) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                         smem_base + 49152),
+                     "l"(src), "r"(16384), "r"(b)
+                     : "memory");
+        u32 done = 0;
+        while (!done)
+          asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                       : "=r"(done)
+                       : "r"(b), "r"(phase)
+                       : "memory");
+        phase ^= 1;
+      }
+    } else {
+      u32 done = 0;
+      asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                   : "=r"(done)
+                   : "r"(b), "r"(1u)
+                   : "memory");
+      if (done) break;  // never: nothing arrives
+    }
+  }
+}
+
 template <bool RS, int CHAINS>
-__global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, float* sink, int noise) {
+__global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, float* sink, int noise, const void* src) {
 #if defined(__CUDA_ARCH__) && TESSERA_HAS_WGMMA
   extern __shared__ __align__(1024) unsigned char smem[];
   const int wg = threadIdx.x / 128;
-  for (int i = threadIdx.x; i < 64 * 1024 / 4; i += blockDim.x)
-    reinterpret_cast<u32*>(smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x03ff03ffu);
+  // Operands near 1.0 (few toggling bits) or random fp16 in (-2, 2) (random
+  // data: every multiplier bit toggles, as with real keys and queries).
+  for (int i = threadIdx.x; i < 64 * 1024 / 4; i += blockDim.x) {
+    u32 h = i * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    reinterpret_cast<u32*>(smem)[i] = g_random_data ? (h & 0xbfffbfffu) : 0x3c003c00u ^ (h & 0x03ff03ffu);
+  }
   fence_proxy_async();
   __syncthreads();
   if (wg >= active_wgs) {
+    if (noise >= 4) {
+      if (wg == 2 && threadIdx.x % 128 == 0)
+        noise_barrier_or_bulk(noise, static_cast<u32>(__cvta_generic_to_shared(smem)), src,
+                              clock64() + static_cast<long long>(kIters) * 8 * 70);
+      return;
+    }
     if (noise == 0 || wg == 2) return;
     // Busy ALU work on the other warpgroup for about as long as the wgmmas take.
     float x[8];
@@ -54,6 +104,8 @@ __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, f
   float d0[64], d1[64];
   for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
   u32 a[4] = {0x3c003c00u, 0x3c003c00u ^ threadIdx.x, 0x3c003c00u, 0x3c003c00u};
+  if (g_random_data)
+    for (int i = 0; i < 4; ++i) a[i] = ((threadIdx.x * 4 + i) * 2654435761u ^ 0x5bd1e995u * (i + 1)) & 0xbfffbfffu;
   const long long t0 = clock64();
   for (int it = 0; it < kIters; ++it) {
     wgmma_fence();
@@ -77,15 +129,15 @@ __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, f
 }
 
 template <bool RS, int CHAINS>
-void run(const char* name, int wgs, int sms, long long* dcyc, float* sink, int noise = 0) {
+void run(const char* name, int wgs, int sms, long long* dcyc, float* sink, int noise = 0, const void* src = nullptr) {
   auto k = rate<RS, CHAINS>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
-  k<<<sms, 384, 65536>>>(wgs, dcyc, sink, noise);
+  k<<<sms, 384, 65536>>>(wgs, dcyc, sink, noise, src);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   cudaEventRecord(e0);
-  k<<<sms, 384, 65536>>>(wgs, dcyc, sink, noise);
+  k<<<sms, 384, 65536>>>(wgs, dcyc, sink, noise, src);
   cudaEventRecord(e1);
   if (cudaEventSynchronize(e1) != cudaSuccess) { printf("%s: %s\n", name, cudaGetErrorString(cudaGetLastError())); return; }
   float ms = 0;
@@ -112,9 +164,23 @@ int main() {
   }
   // One warpgroup's wgmmas while the second runs ALU work (the ping-pong
   // situation: one warpgroup's GEMMs beside the other's softmax).
-  for (int noise = 1; noise <= 3; ++noise) {
-    run<false, 1>("SS one chain", 1, sms, dcyc, sink, noise);
-    run<true, 1>("RS one chain", 1, sms, dcyc, sink, noise);
+  void* src;
+  cudaMalloc(&src, 1 << 20);
+  cudaMemset(src, 0, 1 << 20);
+  for (int noise = 1; noise <= 5; ++noise) {
+    run<false, 1>("SS one chain", 1, sms, dcyc, sink, noise, src);
+    run<true, 1>("RS one chain", 1, sms, dcyc, sink, noise, src);
   }
+  // Both warpgroups issuing while the bulk copies stream (the no-turn kernel).
+  run<false, 1>("SS one chain", 2, sms, dcyc, sink, 5, src);
+  // Random operands (real data toggles every multiplier bit).
+  const int one = 1;
+  cudaMemcpyToSymbol(g_random_data, &one, sizeof(one));
+  printf("random operands:\n");
+  for (int wgs = 1; wgs <= 2; ++wgs) {
+    run<false, 1>("SS one chain", wgs, sms, dcyc, sink);
+    run<true, 1>("RS one chain", wgs, sms, dcyc, sink);
+  }
+  run<false, 1>("SS one chain", 1, sms, dcyc, sink, 3, src);
   return 0;
 }
