@@ -54,14 +54,33 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-// What an item needs from its request before the first tile: its index
-// and lengths (dependent loads: work item -> request -> indptr entries).
+// What an item needs from its request before the first tile: its index and
+// the raw indptr entries its lengths come from (dependent loads: work item ->
+// request -> indptr). load() only issues the loads; the lengths are computed
+// where they are used, so a load issued during the previous item's epilogue
+// stalls nothing there (subtracting right away made every epilogue wait a
+// round trip for them).
 struct ItemLens {
-  int request, qo_start, qo_len, kv_len;
+  int request, qo_begin, qo_end, kv_begin, kv_end, last_page;
   template <typename Params>
   __device__ __forceinline__ static ItemLens load(const Params& p, const PrefillWorkItem& w) {
-    const int b = item_request(p, w), qo_start = p.qo_indptr[b];
-    return ItemLens{b, qo_start, p.qo_indptr[b + 1] - qo_start, device::kv_len(p.kv, b)};
+    ItemLens l{item_request(p, w), 0, 0, 0, 0, 0};
+    l.qo_begin = p.qo_indptr[l.request];
+    l.qo_end = p.qo_indptr[l.request + 1];
+    if (p.kv.indptr != nullptr) {
+      l.kv_begin = p.kv.indptr[l.request];
+      l.kv_end = p.kv.indptr[l.request + 1];
+      if (p.kv.indices != nullptr) l.last_page = p.kv.last_page_len[l.request];
+    }
+    return l;
+  }
+  __device__ __forceinline__ int qo_len() const { return qo_end - qo_begin; }
+  // device::kv_len from the loaded entries.
+  __device__ __forceinline__ int kv_len(const device::PagedKV& kv) const {
+    if (kv.indptr == nullptr) return kv.single_len;
+    const int n = kv_end - kv_begin;
+    if (kv.indices == nullptr) return n;
+    return n == 0 ? 0 : (n - 1) * kv.page_size + last_page;
   }
 };
 
@@ -132,7 +151,7 @@ struct Sm90Consumer {
       w.kv_end = warp_uniform(w.kv_end);
 #endif
       const int b = lens.request, kv_head = item_kv_head(p, w);
-      const int qo_start = lens.qo_start, qo_len = lens.qo_len, kv_len = lens.kv_len;
+      const int qo_start = lens.qo_begin, qo_len = lens.qo_len(), kv_len = lens.kv_len(p.kv);
       const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       Variant variant(p, b, qo_len, kv_len);
