@@ -1,8 +1,9 @@
 // Prefill (Hopper template, sm_90a), persistent warp-specialized kernel
 // (paper §3.2 and Appendix B; the FA3 design): CTA (x, kv_head) runs the
 // planner's work queue of (query tile x KV chunk) items with one producer
-// warpgroup (Sm90Producer: cp.async gathers from any KV source into a ring of
-// shared-memory stages) and CTA_Q / 64 consumer warpgroups (Sm90Consumer:
+// warpgroup (Sm90Producer: TMA tile loads, or cp.async gathers from any KV
+// source, into rings of shared-memory stages) and CTA_Q / 64 consumer
+// warpgroups (Sm90Consumer:
 // wgmma mainloop, softmax overlapped with the tensor cores, shared epilogue
 // and split-KV merge). setmaxnreg moves registers from the producer, which
 // only computes addresses, to the consumers, which hold S, P and O.

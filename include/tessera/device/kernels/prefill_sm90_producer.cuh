@@ -1,8 +1,10 @@
 // Prefill (Hopper template), producer warpgroup: walks the CTA's work items
-// in the consumers' order and streams the fused Q tile (double-buffered) and
-// each KV tile (K and V rings of stages, K a tile ahead) into 128-byte-swizzled
-// shared memory. Copies are cp.async gathers, so one loader serves ragged,
-// paged (any page size) and BSR KV alike (paper §3.2.1); each thread's copies
+// in the consumers' order and streams the fused Q tile (one or two buffers)
+// and each KV tile (K and V rings of stages, K a tile ahead) into
+// 128-byte-swizzled shared memory. Contiguous K / V and Q tiles the TMA can
+// describe come by the TMA (one thread each, tensor maps from the host);
+// everything else by cp.async gathers, so one loader serves ragged, paged
+// (any page size) and BSR KV alike (paper §3.2.1): each thread's copies
 // signal the stage's "full" barrier on landing (cp.async.mbarrier.arrive), so
 // the producer never waits on its own copies, only on "empty" stages.
 // Paged KV: while the warpgroup issues a tile, each thread resolves one row
