@@ -17,9 +17,22 @@
 #define TESSERA_PREFILL_WIDE_STORE 1
 #endif
 
+// FAST_NORM (experiments): 0 normalizes rows with IEEE division and the
+// accurate log2f instead of the MUFU approximations.
+#ifndef TESSERA_PREFILL_FAST_NORM
+#define TESSERA_PREFILL_FAST_NORM 1
+#endif
+
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// 1 / d and log2(d) of a finished row's softmax sum. d >= 1 whenever the row
+// saw a key (its maximum contributes exp2(0)), so the MUFU approximations
+// (2 ulp) are as good as IEEE division and the accurate log2f, which cost ~40
+// instructions per row with their range checks and slow paths.
+__device__ __forceinline__ float row_inverse(float d) { return TESSERA_PREFILL_FAST_NORM ? __fdividef(1.f, d) : 1.f / d; }
+__device__ __forceinline__ float row_log2(float d) { return TESSERA_PREFILL_FAST_NORM ? __log2f(d) : log2f(d); }
 
 // Full row sums: each quad lane summed a quarter of the columns.
 template <int MT, int NT_O>
@@ -49,8 +62,8 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
       if (!rows.valid[t][r]) continue;
       const int qo = rows.qo_idx[t][r], head = rows.head[t][r];
       const bool empty = st.d[t][r] == 0.f;
-      const float inv = Variant::use_softmax ? (empty ? 0.f : 1.f / st.d[t][r]) : 1.f;
-      const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[t][r] + log2f(st.d[t][r])) : 0.f;
+      const float inv = Variant::use_softmax ? (empty ? 0.f : row_inverse(st.d[t][r])) : 1.f;
+      const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[t][r] + row_log2(st.d[t][r])) : 0.f;
       const int tile_row = warp_row0 + t * 16 + g + 8 * r;
       if (w.partial_slot < 0) {
         DO* dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h;
