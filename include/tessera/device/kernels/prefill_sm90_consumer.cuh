@@ -75,12 +75,8 @@ struct ItemLens {
     return l;
   }
   __device__ __forceinline__ int qo_len() const { return qo_end - qo_begin; }
-  // device::kv_len from the loaded entries.
   __device__ __forceinline__ int kv_len(const device::PagedKV& kv) const {
-    if (kv.indptr == nullptr) return kv.single_len;
-    const int n = kv_end - kv_begin;
-    if (kv.indices == nullptr) return n;
-    return n == 0 ? 0 : (n - 1) * kv.page_size + last_page;
+    return device::kv_len_from(kv, kv_begin, kv_end, last_page);
   }
 };
 

@@ -29,11 +29,18 @@ struct PagedKV {
 };
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+// Request length from its indptr entries (and last page length, paged KV):
+// kernels that load the entries ahead of time compute the length later.
+__device__ __forceinline__ int kv_len_from(const PagedKV& kv, int begin, int end, int last_page) {
+  if (kv.indptr == nullptr) return kv.single_len;
+  const int n = end - begin;
+  if (kv.indices == nullptr) return n;
+  return n == 0 ? 0 : (n - 1) * kv.page_size + last_page;
+}
 __device__ __forceinline__ int kv_len(const PagedKV& kv, int b) {
   if (kv.indptr == nullptr) return kv.single_len;
-  if (kv.indices == nullptr) return kv.indptr[b + 1] - kv.indptr[b];
-  int pages = kv.indptr[b + 1] - kv.indptr[b];
-  return pages == 0 ? 0 : (pages - 1) * kv.page_size + kv.last_page_len[b];
+  const int begin = kv.indptr[b], end = kv.indptr[b + 1];
+  return kv_len_from(kv, begin, end, kv.indices != nullptr && end > begin ? kv.last_page_len[b] : 0);
 }
 // Element offset of (token pos of request b, head h).
 __device__ __forceinline__ i64 kv_offset(const PagedKV& kv, int b, int pos, int h) {
