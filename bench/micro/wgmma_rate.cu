@@ -59,7 +59,9 @@ __device__ void noise_barrier_or_bulk(int kind, u32 smem_base, const void* src, 
   }
 }
 
-template <bool RS, int CHAINS>
+// N8 (row sums, prefill_sm90_mma.cuh): 1 adds eight m64n8k16 RS wgmmas (P
+// times ones) after each group of 8; 2 issues only those.
+template <bool RS, int CHAINS, int N8 = 0>
 __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, float* sink, int noise, const void* src) {
 #if defined(__CUDA_ARCH__) && TESSERA_HAS_WGMMA
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, f
   const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem));
   const u64 a_desc = wgmma_desc(base + wg * 8192, 16, 1024);
   const u64 b_desc = wgmma_desc(base + 32768, 16, 1024);
-  float d0[64], d1[64];
+  float d0[64], d1[64], d8[4] = {0.f, 0.f, 0.f, 0.f};
   for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
   u32 a[4] = {0x3c003c00u, 0x3c003c00u ^ threadIdx.x, 0x3c003c00u, 0x3c003c00u};
   if (g_random_data)
@@ -111,26 +113,35 @@ __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, f
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
+      if constexpr (N8 == 2) {
+        wgmma_rs(d8, a, b_desc + 2 * k, 1, half_t{}, WgmmaN<8>{});
+        continue;
+      }
       if constexpr (RS) wgmma_rs_tb(d0, a, b_desc + 2 * k, 1, half_t{}, WgmmaN<128>{});
       else wgmma_ss(d0, a_desc + 2 * k, b_desc + 2 * k, 1, half_t{}, WgmmaN<128>{});
       if constexpr (CHAINS == 2) wgmma_ss(d1, a_desc + 2 * k + 64, b_desc + 2 * k + 64, 1, half_t{}, WgmmaN<128>{});
     }
+    if constexpr (N8 == 1)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) wgmma_rs(d8, a, b_desc + 2 * k, 1, half_t{}, WgmmaN<8>{});
     wgmma_commit();
     wgmma_wait<0>();
+    wgmma_keep(d8);
     wgmma_keep(d0);
     wgmma_keep(d1);
   }
   const long long t1 = clock64();
   float s = 0.f;
   for (int i = 0; i < 64; ++i) s += d0[i] + d1[i];
+  s += d8[0];
   if (threadIdx.x % 128 == 0 && blockIdx.x == 0) cycles[wg] = t1 - t0;
   if (s == 12345.f) sink[threadIdx.x] = s;
 #endif
 }
 
-template <bool RS, int CHAINS>
+template <bool RS, int CHAINS, int N8 = 0>
 void run(const char* name, int wgs, int sms, long long* dcyc, float* sink, int noise = 0, const void* src = nullptr) {
-  auto k = rate<RS, CHAINS>;
+  auto k = rate<RS, CHAINS, N8>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
   k<<<sms, 384, 65536>>>(wgs, dcyc, sink, noise, src);
   cudaEvent_t e0, e1;
@@ -157,6 +168,12 @@ int main() {
   float* sink;
   cudaMalloc(&dcyc, 64);
   cudaMalloc(&sink, 4096);
+  // Row-sum companions: 8 x m64n8k16 after 8 x m64n128k16 (RS), or alone
+  // (cycles still per m64n128k16-sized slot: 8 per group).
+  for (int wgs = 1; wgs <= 2; ++wgs) {
+    run<true, 1, 1>("RS + 8 n8", wgs, sms, dcyc, sink);
+    run<true, 1, 2>("n8 only", wgs, sms, dcyc, sink);
+  }
   for (int wgs = 1; wgs <= 3; ++wgs) {
     run<false, 1>("SS one chain", wgs, sms, dcyc, sink);
     run<true, 1>("RS one chain", wgs, sms, dcyc, sink);

@@ -87,12 +87,12 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
       rings_forced = true;
     }
     // Mirror of Sm90Shape: Q buffers, K and V stages, + 1024 bytes of
-    // alignment slack; + the static pipeline barriers and 4 x CTA_KV paged
-    // row offsets.
+    // alignment slack; + the static pipeline barriers, 4 x CTA_KV paged row
+    // offsets and the consumers' kilobyte of ones (1024-byte aligned).
     auto bytes = [&](int q_bufs) {
       return 2 * (q_bufs * c.cta_q * spec.head_dim + (c.stages + c.v_stages) * c.cta_kv * spec.head_dim) + 1024;
     };
-    const int static_bytes = 5120;
+    const int static_bytes = 7168;
     // 64-row tiles aim at two CTAs per SM (their consumers hide each other's
     // softmax), 128-row ones and head dim 256 (a 64-row tile alone needs
     // 192 KB) at one.

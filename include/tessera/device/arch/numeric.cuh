@@ -14,6 +14,8 @@ typedef long long i64;
 // IEEE fp16 and bfloat16 as raw bits; arithmetic happens in float.
 struct half_t { u16 bits; };
 struct bf16_t { u16 bits; };
+template <typename T> constexpr bool is_fp16 = false;
+template <> constexpr bool is_fp16<half_t> = true;
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 

@@ -9,7 +9,9 @@
 //   O += P_{n-1} V_{n-1}
 //
 // so each tile's softmax runs while the tensor cores work on the previous
-// tile's P V. The two consumer warpgroups run their steps independently: a
+// tile's P V. The softmax's row sums come from the tensor cores too (P times
+// a tile of ones, issued with the next S; wgmma_row_sums), which takes one
+// FADD per element off the consumers' ALU path. The two consumer warpgroups run their steps independently: a
 // clock trace (bench/prefill_trace.py) shows a warpgroup's 64 x 128 x 16
 // wgmmas take ~130 cycles each whether or not the other warpgroup's run
 // beside them, so the tensor cores only fill when both issue at once, and a
@@ -49,6 +51,12 @@
 #ifndef TESSERA_SM90_UNIFORM
 #define TESSERA_SM90_UNIFORM 1
 #endif
+// TC_ROWSUM: softmax row sums on the tensor cores (P times ones,
+// wgmma_row_sums, those of P_{t-1} issued just ahead of S_t) instead of one
+// FADD per element (0).
+#ifndef TESSERA_SM90_TC_ROWSUM
+#define TESSERA_SM90_TC_ROWSUM 1
+#endif
 
 namespace tessera {
 
@@ -85,6 +93,11 @@ struct Sm90Consumer {
   static constexpr int CONSUMERS = CTA_Q / 64, THREADS = 128 * CONSUMERS;
   static constexpr int NT_S = CTA_KV / 8, NT_O = HEAD_DIM / 8;
   using Traits = VariantTraits<Variant, Params>;
+  // Softmax row sums on the tensor cores (P times ones, TC_ROWSUM), for fp16
+  // only: they sum the rounded weights, and bf16's 8-bit mantissa put LSE
+  // ~1e-3 off. Not at head dim 256, whose 128 O registers per thread leave
+  // no room (spills).
+  static constexpr bool kTcSums = Variant::use_softmax && HEAD_DIM <= 128 && is_fp16<T> && TESSERA_SM90_TC_ROWSUM;
 
   const Params& p;
   Sm90Pipeline<Rings>& pipe;
@@ -112,7 +125,15 @@ struct Sm90Consumer {
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
     __shared__ int s_is_last;
+    __shared__ __align__(1024) u16 s_ones[512];  // B operand of the row sums: a kilobyte of 1.0
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+    if constexpr (kTcSums) {
+      const u16 one = from_float<T>(1.f).bits;
+      for (int i = tid; i < 512; i += THREADS) s_ones[i] = one;
+      fence_proxy_async();  // generic stores -> the wgmmas' async proxy
+      named_barrier_sync(kSm90ConsumersBar, THREADS);
+    }
+    const u64 ones_desc = wgmma_desc(smem_addr(s_ones), 16, 1024);
     if (wg == 1) pass_turn();  // warpgroup 0 goes first
     const Sm90Barriers<Rings> bars(pipe);
     // Descriptors of the first Q buffer and the first K and V stages; the
@@ -172,6 +193,7 @@ struct Sm90Consumer {
 
       PrefillState<1, NT_O> st;
       st.init();
+      float dsum[4] = {0.f, 0.f, 0.f, 0.f};  // kTcSums: rows g (dsum[0]) and g + 8 (dsum[2])
       Tr::value(Tr::consumer(), wi - wi0, 9, n_tiles);
       Tr::mark(Tr::consumer(), wi - wi0, 1);
       if (n_tiles > 0) {
@@ -211,8 +233,8 @@ struct Sm90Consumer {
         Tr::mark(Tr::consumer(), wi - wi0, 4);
         mbarrier_arrive(bars.k_empty(cur.index()));
         if (n_tiles == 1) mbarrier_arrive(bars.q_empty(qb));
-        prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head, masked(0),
-                                      causal_shift, scale);
+        prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
+                                                masked(0), causal_shift, scale);
         pack_p<CTA_KV, T>(pa, s);
         Tr::mark(Tr::consumer(), wi - wi0, 5);
 
@@ -225,6 +247,14 @@ struct Sm90Consumer {
           Tr::tile(wi - wi0, t, 1);
           take_turn();
           Tr::tile(wi - wi0, t, 2);
+          // Row sums of P_{t-1} (kTcSums) ride in S_t's group: done when S_t
+          // is, so a raised maximum rescales them right after the softmax.
+          // (Issued with P V instead, they lengthened the step's last wait:
+          // 1k-4k 2-5% slower.)
+          if constexpr (kTcSums) {
+            wgmma_fence();
+            wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);
+          }
           wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
           wgmma_commit();
           if constexpr (kPassAfterS) pass_turn();
@@ -235,13 +265,21 @@ struct Sm90Consumer {
           wgmma_commit();
           if constexpr (!kPassAfterS) pass_turn();
           Tr::tile(wi - wi0, t, 3);
-          wgmma_wait<1>();  // S_t (the older group) is done
+          wgmma_wait<1>();  // S_t (the older group) is done, and the row sums of P_{t-1}
           wgmma_keep(sf);
+          wgmma_keep(dsum);
           Tr::tile(wi - wi0, t, 4);
           mbarrier_arrive(bars.k_empty(cur.index()));
           if (t == n_tiles - 1) mbarrier_arrive(bars.q_empty(qb));
-          const bool raised = prefill_softmax_step<Variant>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
-                                                            w.kv_end, b, kv_head, masked(t), causal_shift, scale);
+          const bool raised =
+              prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
+                                                      w.kv_end, b, kv_head, masked(t), causal_shift, scale);
+          if constexpr (kTcSums) {
+            if (raised) {  // rows g and g + 8 (dsum[1] and [3] are unused copies)
+              dsum[0] *= scale[0][0];
+              dsum[2] *= scale[0][1];
+            }
+          }
           wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
           wgmma_keep(scale);
           wgmma_keep(st.d);
@@ -278,9 +316,11 @@ struct Sm90Consumer {
         const VPos last{cur.count};
         mbarrier_wait(bars.v_full(last.index()), last.phase());
         wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(last.index()));
+        if constexpr (kTcSums) wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);  // P_{n-1}'s
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_keep(of);
+        wgmma_keep(dsum);
         wgmma_keep(pa);
         mbarrier_arrive(bars.v_empty(last.index()));
         Tr::mark(Tr::consumer(), wi - wi0, 7);
@@ -289,7 +329,12 @@ struct Sm90Consumer {
       }
 
       if (TESSERA_SM90_HEADER_AHEAD && wi + 1 < wi_end) lens_next = ItemLens::load(p, w_next);
-      prefill_sum_quads(st);
+      if constexpr (kTcSums) {
+        st.d[0][0] = dsum[0];  // whole rows already
+        st.d[0][1] = dsum[2];
+      } else {
+        prefill_sum_quads(st);
+      }
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, st, rows, w, qo_start, b, kv_head, warp_row0);
       if (w.partial_slot >= 0)
         prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS,

@@ -70,6 +70,24 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[HEAD_DIM / 2], const u32 (&a
                   desc_at(v_desc, j * (16 * 128) + h * (N / 64) * (KV_ROWS * 128)), 1, T{}, WgmmaN<N>{});
 }
 
+// Row sums of P on the tensor cores: P times a 16 x 8 tile of ones adds each
+// row's weights into a 64 x 8 accumulator whose 8 columns all hold the row
+// sum, so thread (g, q) reads the sums of its rows g and g + 8 from d[0] and
+// d[2] with no quad shuffles. This replaces one FADD per element of the
+// softmax (64 per thread and KV tile of 128) and sums exactly the 16-bit
+// weights the P V GEMM multiplies. Each m64n8k16 costs the tensor pipe
+// ~13-26 cycles (bench/micro/wgmma_rate.cu), far above its share of the
+// FLOPs, so the 8 of a 128-key tile add 5-10% to a step's GEMM time; adding
+// pairs of fragments first (half the wgmmas) made ptxas spill and insert
+// warpgroup arrives. ones_desc: any 128-byte-swizzled descriptor inside a
+// 1024-byte-aligned kilobyte of ones (every address such a wgmma reads lies
+// in it).
+template <int KV_ROWS, typename T>
+__device__ __forceinline__ void wgmma_row_sums(float (&d)[4], const u32 (&a)[KV_ROWS / 16][4], u64 ones_desc) {
+#pragma unroll
+  for (int j = 0; j < KV_ROWS / 16; ++j) wgmma_rs(d, a[j], ones_desc, 1, T{}, WgmmaN<8>{});
+}
+
 #endif
 #endif
 

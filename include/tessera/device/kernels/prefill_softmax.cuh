@@ -56,7 +56,9 @@ __device__ __forceinline__ bool tile_needs_mask(int first, int last, int kv_end,
          (Variant::window_left >= 0 && first < window_first_key<Variant>(max_qo + causal_shift));
 }
 
-template <typename Variant, int MT, int NT_S, typename State, typename Params>
+// kRowSums = false leaves d alone: the caller sums the rows of P itself
+// (the Hopper template, on the tensor cores).
+template <typename Variant, bool kRowSums = true, int MT, int NT_S, typename State, typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
                                                      int kv_end, int b, int kv_head, bool masked, int causal_shift,
@@ -142,12 +144,11 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
           for (int c = 0; c < 2; ++c) {
             float& x = s[t][n][2 * r + c];
             x = kPlain ? fast_exp2(fmaf(x, scale_log2, -m_safe)) : fast_exp2(x - m_safe);
-            sums[c] += x;
+            if constexpr (kRowSums) sums[c] += x;
           }
-        const float sum = sums[0] + sums[1];
         // A quarter of the row (quads are summed at the end); d at the old
         // maximum is rescaled here, O by the caller.
-        st.d[t][r] = (raised ? st.d[t][r] * scale[t][r] : st.d[t][r]) + sum;
+        if constexpr (kRowSums) st.d[t][r] = (raised ? st.d[t][r] * scale[t][r] : st.d[t][r]) + (sums[0] + sums[1]);
       }
   }
   return raised;
