@@ -1,0 +1,83 @@
+"""SM clock, board power and throttle reasons while one prefill kernel runs
+back to back (nvidia-smi sampled every 100 ms), for Tessera's Hopper kernel
+and SDPA's cuDNN and flash backends in turn: is a kernel limited by its
+schedule, or by the power limit pulling the clock down? Paper Table-1 shape
+(batch 16, 16 heads, head dim 128, causal, fp16).
+Usage: python bench/power_probe.py [--seq 16384] [--seconds 4]"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import prefill as pf  # noqa: E402
+
+QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+
+
+def sample_while(fn, seconds):
+    """Runs fn back to back for `seconds`; returns (calls per second, smi rows)."""
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    calls, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(5):
+            fn()
+        calls += 5
+        torch.cuda.synchronize()
+    rate = calls / (time.perf_counter() - t0)
+    smi.terminate()
+    out, _ = smi.communicate()
+    rows = []
+    for line in out.strip().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        try:
+            rows.append(dict(clock_mhz=float(f[0]), power_w=float(f[1]), temp_c=float(f[2]), throttle=f[3]))
+        except (ValueError, IndexError):
+            pass
+    # Drop the samples taken before the kernels started (the first 0.3 s).
+    return rate, rows[3:] if len(rows) > 6 else rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    args = ap.parse_args()
+    L, b, h = args.seq, 16, 16
+    fl = pf.flops([L] * b, [L] * b, h, True)
+    peers = {"tessera-fa3": pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, "fa3"),
+             "sdpa-cudnn": pf.sdpa_fn(b, h, h, L, L, True, "cudnn"),
+             "sdpa-flash": pf.sdpa_fn(b, h, h, L, L, True, "flash")}
+    results = {}
+    print(f"seq {L}: median over {args.seconds:.0f} s of back-to-back calls")
+    print(f"{'kernel':14s} {'TFLOP/s':>8s} {'MHz':>6s} {'W':>6s} {'C':>4s}  throttle reasons (bitmask: count)")
+    for name, fn in peers.items():
+        if fn is None:
+            continue
+        time.sleep(2.0)  # let the clock recover between kernels
+        rate, rows = sample_while(fn, args.seconds)
+        reasons = {}
+        for r in rows:
+            reasons[r["throttle"]] = reasons.get(r["throttle"], 0) + 1
+        med = lambda k: statistics.median(r[k] for r in rows) if rows else float("nan")
+        results[name] = dict(tflops=fl * rate / 1e12, clock_mhz=med("clock_mhz"), power_w=med("power_w"),
+                             temp_c=med("temp_c"), throttle=reasons, samples=rows)
+        res = results[name]
+        print(f"{name:14s} {res['tflops']:8.1f} {res['clock_mhz']:6.0f} {res['power_w']:6.0f} {res['temp_c']:4.0f}  {reasons}")
+    path = common.save_results("power-probe", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
+                                                                seconds=args.seconds), results=results))
+    print("results:", path)
+
+
+if __name__ == "__main__":
+    main()
