@@ -74,7 +74,7 @@ def main():
                              temp_c=med("temp_c"), throttle=reasons, samples=rows)
         res = results[name]
         print(f"{name:14s} {res['tflops']:8.1f} {res['clock_mhz']:6.0f} {res['power_w']:6.0f} {res['temp_c']:4.0f}  {reasons}")
-    path = common.save_results("power-probe", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
+    path = common.save_results(f"power-probe-{L}", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
                                                                 seconds=args.seconds), results=results))
     print("results:", path)
 
