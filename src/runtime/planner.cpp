@@ -8,34 +8,54 @@
 
 namespace tessera {
 
+void Planner::sort_by_length() {
+  const size_t n = minor_.size();
+  if (n < 2) return;
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (uint64_t k : minor_) {
+    lo = std::min(lo, static_cast<uint32_t>(k >> 32));
+    hi = std::max(hi, static_cast<uint32_t>(k >> 32));
+  }
+  if (lo == hi) return;  // equal lengths: already in order
+  radix_tmp_.resize(n);
+  for (int shift = 0; shift < 32 && ((hi - lo) >> shift) != 0; shift += 8) {
+    size_t count[257] = {};
+    for (uint64_t k : minor_) ++count[((static_cast<uint32_t>(k >> 32) - lo) >> shift & 0xFF) + 1];
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (uint64_t k : minor_) radix_tmp_[count[(static_cast<uint32_t>(k >> 32) - lo) >> shift & 0xFF]++] = k;
+    minor_.swap(radix_tmp_);
+  }
+}
+
 double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt) {
+  Assignment& a = cur_;
   // Line 4: chunks. A tile of n chunks is cut into n near-equal aligned
   // pieces, not L-sized ones plus a tail: a tiny tail costs a whole item's
   // fixed overhead. A split tile gets consecutive partial slots and a counter.
   const int64_t align = std::max(1, opt.chunk_align);
   const size_t n_tiles = tiles_.size();
-  chunks_.clear();
-  first_slot_.assign(n_tiles, -1);
-  num_chunks_.assign(n_tiles, 1);
-  counter_.assign(n_tiles, -1);
-  slots_ = split_ = 0;
+  a.chunks.clear();
+  a.first_slot.assign(n_tiles, -1);
+  a.num_chunks.assign(n_tiles, 1);
+  a.counter.assign(n_tiles, -1);
+  a.slots = a.split = 0;
   for (size_t i = 0; i < n_tiles; ++i) {
     const int64_t len = tiles_[i].kv_len, begin = tiles_[i].kv_begin;
     if (len <= L) {  // most tiles: one chunk, without the three 64-bit divisions below
-      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin), static_cast<int32_t>(begin + len), 0});
+      a.chunks.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin), static_cast<int32_t>(begin + len), 0});
       continue;
     }
     const int64_t n = (len + L - 1) / L;
     const int64_t step = std::min(L, ((len + n - 1) / n + align - 1) / align * align);
     const int64_t chunks = (len + step - 1) / step;
-    num_chunks_[i] = static_cast<int32_t>(chunks);
+    a.num_chunks[i] = static_cast<int32_t>(chunks);
     if (chunks > 1) {
-      first_slot_[i] = slots_;
-      slots_ += static_cast<int32_t>(chunks);
-      counter_[i] = split_++;
+      a.first_slot[i] = a.slots;
+      a.slots += static_cast<int32_t>(chunks);
+      a.counter[i] = a.split++;
     }
     for (int64_t c = 0; c < chunks; ++c)
-      chunks_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin + c * step),
+      a.chunks.push_back({static_cast<int32_t>(i), static_cast<int32_t>(begin + c * step),
                          static_cast<int32_t>(begin + std::min(len, (c + 1) * step)), static_cast<int32_t>(c)});
   }
 
@@ -51,28 +71,30 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   // id) in 64 bits, behind (request rank, request) for prefill. plan() runs
   // every generation step, and an indirect comparator over ~500 chunks cost
   // ~10 us of its 30 us budget.
-  auto len = [&](size_t c) { return chunks_[c].end - chunks_[c].start; };
+  auto len = [&](size_t c) { return a.chunks[c].end - a.chunks[c].start; };
   if (group_by_request_) {
     rank_.assign(tiles_.empty() ? 0 : tiles_.back().request + 1, 0);
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      int32_t& r = rank_[tiles_[chunks_[c].tile].request];
+    for (size_t c = 0; c < a.chunks.size(); ++c) {
+      int32_t& r = rank_[tiles_[a.chunks[c].tile].request];
       r = std::max(r, len(c));
     }
   }
-  const size_t n = chunks_.size();
+  const size_t n = a.chunks.size();
   minor_.resize(n);
   for (size_t c = 0; c < n; ++c) minor_[c] = (uint64_t{uint32_t(INT32_MAX - len(c))} << 32) | c;
   if (group_by_request_) {
     keys_.resize(n);
     for (size_t c = 0; c < n; ++c) {
-      const uint64_t request = static_cast<uint32_t>(tiles_[chunks_[c].tile].request);
+      const uint64_t request = static_cast<uint32_t>(tiles_[a.chunks[c].tile].request);
       keys_[c] = {(uint64_t{uint32_t(INT32_MAX - rank_[request])} << 32) | request, minor_[c]};
     }
     std::sort(keys_.begin(), keys_.end());
     for (size_t i = 0; i < n; ++i) minor_[i] = keys_[i].second;
   } else {
-    // decode: one 64-bit key per chunk (already in order for equal lengths)
-    if (!std::is_sorted(minor_.begin(), minor_.end())) std::sort(minor_.begin(), minor_.end());
+    // decode: one 64-bit key per chunk; the ids are ascending, so a stable
+    // sort by length gives std::sort's order in a few linear passes (the
+    // comparison sort was a third of plan() for skewed batches)
+    sort_by_length();
   }
 
   // Lines 6-13: each chunk to the cheapest CTA (ties: lowest index). A heap
@@ -80,44 +102,73 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   // heap compares integers (doubles and pairs made this half of plan()).
   if (ctas >= (1 << kCtaBits)) throw InvalidArgument("ctas: expected < 2^20, got " + std::to_string(ctas));
   const size_t m = static_cast<size_t>(ctas);
-  heap_.resize(m + 1);
-  for (size_t c = 0; c < m; ++c) heap_[c] = c;  // cost 0: already a min-heap
-  heap_[m] = UINT64_MAX;  // sentinel: a missing right child is never the smaller one
-  owner_.resize(n);
-  order_.resize(n);
+  a.heap.resize(m + 1);
+  for (size_t c = 0; c < m; ++c) a.heap[c] = c;  // cost 0: already a min-heap
+  a.heap[m] = UINT64_MAX;  // sentinel: a missing right child is never the smaller one
+  a.owner.resize(n);
+  a.order.resize(n);
   const auto fixed = [](double cost) { return static_cast<uint64_t>(std::max(cost, 0.0) * 16.0 + 0.5); };
   const uint64_t item_cost = fixed(opt.alpha * tile_rows);
   // beta in whole 1/16 steps (the default 1.0 is): integer costs, same values.
   const double beta16 = std::max(opt.beta, 0.0) * 16.0;
   const bool beta_exact = beta16 == static_cast<double>(static_cast<uint64_t>(beta16)) && beta16 < 1e9;
   const uint64_t beta_fx = beta_exact ? static_cast<uint64_t>(beta16) : 0;
-  for (size_t k = 0; k < n; ++k) {
+  auto added = [&](int32_t w) {
+    const int64_t len = a.chunks[w].end - a.chunks[w].start;
+    return (item_cost + (beta_exact ? beta_fx * static_cast<uint64_t>(len) : fixed(opt.beta * len))) << kCtaBits;
+  };
+  // While every CTA still has cost 0, the cheapest is the lowest-numbered one
+  // not yet given a chunk: chunk k goes to CTA k with no heap walk, as long
+  // as each of those chunks adds a cost (else its CTA stays the cheapest).
+  // One bottom-up heapify then orders those entries. The heap's layout may
+  // differ from k sifts', but entries are unique, so every later minimum,
+  // and hence the plan, is the same.
+  size_t k = 0;
+  for (; k < std::min(n, m); ++k) {
     const int32_t w = static_cast<int32_t>(minor_[k] & 0xFFFFFFFFu);
-    order_[k] = w;
+    const uint64_t cost = added(w);
+    if (cost == 0) break;
+    a.order[k] = w;
+    a.owner[w] = static_cast<int32_t>(k);
+    a.heap[k] += cost;
+  }
+  auto sift_down = [&](size_t i, uint64_t e) {
+    for (size_t child = 2 * i + 1; child < m; child = 2 * i + 1) {
+      child += a.heap[child + 1] < a.heap[child];
+      if (a.heap[child] >= e) break;
+      a.heap[i] = a.heap[child];
+      i = child;
+    }
+    a.heap[i] = e;
+  };
+  if (k > 0)
+    for (size_t i = m / 2; i-- > 0;) sift_down(i, a.heap[i]);
+  for (; k < n; ++k) {
+    const int32_t w = static_cast<int32_t>(minor_[k] & 0xFFFFFFFFu);
+    a.order[k] = w;
     // The cheapest CTA takes the chunk and its entry grows. Bottom-up sift:
     // walk the smaller-child path to a leaf (a fixed-length loop with a
     // branch-free child choice), then climb back to where the entry fits.
     // Entries are unique (the CTA is in the low bits), so the heap ends up
     // exactly as a top-down sift would leave it, with fewer instructions.
-    uint64_t e = heap_[0];
-    owner_[w] = static_cast<int32_t>(e & kCtaMask);
-    const int64_t len = chunks_[w].end - chunks_[w].start;
-    e += (item_cost + (beta_exact ? beta_fx * static_cast<uint64_t>(len) : fixed(opt.beta * len))) << kCtaBits;
+    uint64_t e = a.heap[0];
+    a.owner[w] = static_cast<int32_t>(e & kCtaMask);
+    e += added(w);
     size_t i = 0;
     for (size_t child = 1; child < m; child = 2 * i + 1) {
-      child += heap_[child + 1] < heap_[child];
-      heap_[i] = heap_[child];
+      child += a.heap[child + 1] < a.heap[child];
+      a.heap[i] = a.heap[child];
       i = child;
     }
-    while (i > 0 && heap_[(i - 1) / 2] > e) {
-      heap_[i] = heap_[(i - 1) / 2];
+    while (i > 0 && a.heap[(i - 1) / 2] > e) {
+      a.heap[i] = a.heap[(i - 1) / 2];
       i = (i - 1) / 2;
     }
-    heap_[i] = e;
+    a.heap[i] = e;
   }
-  heap_.pop_back();  // the sentinel
+  a.heap.pop_back();  // the sentinel
   uint64_t max_cost = 0;
-  for (uint64_t e : heap_) max_cost = std::max(max_cost, e >> kCtaBits);
+  for (uint64_t e : a.heap) max_cost = std::max(max_cost, e >> kCtaBits);
   return static_cast<double>(max_cost) / 16.0;
 }
 
@@ -151,31 +202,32 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
         if (mid >= hi) break;
         if (chunks_at(mid) <= ctas) hi = mid; else lo = mid;
       }
+      std::swap(cur_, alt_);  // keep line 3's plan aside
       const double fit = assign(hi, ctas, tile_rows, opt);
       if (fit < best) {
         best = fit;
         L = hi;
       } else {
-        assign(L, ctas, tile_rows, opt);  // restore line 3's plan
+        std::swap(cur_, alt_);  // line 3's plan again, not recomputed
       }
     }
   }
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
-  out.num_slots = slots_;
-  out.num_split = split_;
+  out.num_slots = cur_.slots;
+  out.num_split = cur_.split;
   double sum_cost = 0;
-  for (uint64_t e : heap_) sum_cost += static_cast<double>(e >> kCtaBits) / 16.0;
+  for (uint64_t e : cur_.heap) sum_cost += static_cast<double>(e >> kCtaBits) / 16.0;
   out.max_cta_cost = best;
   out.mean_cta_cost = sum_cost / ctas;
 
   // Per-CTA queues (counting sort by owner, keeping assignment order): queue_
   // lists chunk ids in final item order.
   out.work_indptr.assign(ctas + 1, 0);
-  for (int32_t w : order_) ++out.work_indptr[owner_[w] + 1];
+  for (int32_t w : cur_.order) ++out.work_indptr[cur_.owner[w] + 1];
   for (int c = 0; c < ctas; ++c) out.work_indptr[c + 1] += out.work_indptr[c];
   fill_.assign(out.work_indptr.begin(), out.work_indptr.end() - 1);
-  queue_.resize(chunks_.size());
-  for (int32_t w : order_) queue_[fill_[owner_[w]]++] = w;
+  queue_.resize(cur_.chunks.size());
+  for (int32_t w : cur_.order) queue_[fill_[cur_.owner[w]]++] = w;
 }
 
 void Planner::clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt) {
@@ -201,15 +253,15 @@ void Planner::plan_decode(std::span<const int32_t> kv_lens, int ctas, const Plan
   out.num_split_requests = out.num_split;
   out.items.resize(queue_.size());
   for (size_t i = 0; i < queue_.size(); ++i) {
-    const Chunk& ch = chunks_[queue_[i]];
+    const Chunk& ch = cur_.chunks[queue_[i]];
     const int32_t t = ch.tile;
     DecodeWorkItem& item = out.items[i];
     item.request = tiles_[t].request;
     item.kv_start = ch.start;
     item.kv_end = ch.end;
-    item.first_slot = first_slot_[t];
-    item.num_chunks = num_chunks_[t];
-    item.partial_slot = first_slot_[t] < 0 ? -1 : first_slot_[t] + ch.index;
+    item.first_slot = cur_.first_slot[t];
+    item.num_chunks = cur_.num_chunks[t];
+    item.partial_slot = cur_.first_slot[t] < 0 ? -1 : cur_.first_slot[t] + ch.index;
   }
 }
 
@@ -248,17 +300,17 @@ void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int
   out.cta_q = cta_q;
   out.items.resize(queue_.size());
   for (size_t i = 0; i < queue_.size(); ++i) {
-    const Chunk& ch = chunks_[queue_[i]];
+    const Chunk& ch = cur_.chunks[queue_[i]];
     const int32_t t = ch.tile;
     PrefillWorkItem& item = out.items[i];
     item.request = tiles_[t].request;
     item.q_tile = tiles_[t].q_tile;
     item.kv_start = ch.start;
     item.kv_end = ch.end;
-    item.first_slot = first_slot_[t];
-    item.num_chunks = num_chunks_[t];
-    item.partial_slot = first_slot_[t] < 0 ? -1 : first_slot_[t] + ch.index;
-    item.counter = counter_[t];
+    item.first_slot = cur_.first_slot[t];
+    item.num_chunks = cur_.num_chunks[t];
+    item.partial_slot = cur_.first_slot[t] < 0 ? -1 : cur_.first_slot[t] + ch.index;
+    item.counter = cur_.counter[t];
   }
 }
 

@@ -246,3 +246,42 @@ TEST(Planner, QueuesFollowLongestFirstOrder) {
         ASSERT_LT(key(pp.items[i - 1]), key(pp.items[i])) << "trial " << trial << " cta " << c << " item " << i;
   }
 }
+
+// Lines 6-13 of Algorithm 1 against a direct simulation: taking decode's
+// chunks longest first (ties: request, then position), each goes to the CTA
+// with the lowest cost so far (ties: lowest index). Covers the planner's
+// shortcuts (the first CTAs filled without the heap, the radix sort of the
+// chunk order, the refinement keeping its first assignment), including
+// zero-length requests with no fixed item cost, which leave a CTA at cost 0.
+TEST(Planner, MatchesDirectListScheduling) {
+  std::mt19937_64 rng(33);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<int32_t> lens(1 + rng() % 300);
+    const int kind = trial % 3;
+    for (auto& l : lens)
+      l = static_cast<int32_t>(kind == 0 ? 1024 : kind == 1 ? rng() % 5000 : (rng() % 50 ? rng() % 3 * 400 : 30000 + rng() % 30000));
+    const int ctas = 1 + static_cast<int>(rng() % 600);
+    PlannerOptions opt;
+    if (trial % 4 == 1) opt.alpha = 0.0;
+    Planner planner;
+    DecodePlan plan;
+    planner.plan_decode(lens, ctas, opt, plan);
+    struct Item { int len, request, start, cta; };
+    std::vector<Item> items;
+    for (int c = 0; c < ctas; ++c)
+      for (int i = plan.work_indptr[c]; i < plan.work_indptr[c + 1]; ++i) {
+        const DecodeWorkItem& w = plan.items[i];
+        items.push_back({w.kv_end - w.kv_start, w.request, w.kv_start, c});
+      }
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      return std::make_tuple(-a.len, a.request, a.start) < std::make_tuple(-b.len, b.request, b.start);
+    });
+    std::vector<int64_t> cost(ctas, 0);  // in 1/16 token units, as the planner counts
+    const int64_t item_cost = static_cast<int64_t>(opt.alpha * 16.0 + 0.5);
+    for (size_t k = 0; k < items.size(); ++k) {
+      const int cheapest = static_cast<int>(std::min_element(cost.begin(), cost.end()) - cost.begin());
+      ASSERT_EQ(items[k].cta, cheapest) << "trial " << trial << " item " << k << " of " << items.size();
+      cost[cheapest] += item_cost + 16 * static_cast<int64_t>(items[k].len);
+    }
+  }
+}

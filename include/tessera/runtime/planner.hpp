@@ -95,15 +95,28 @@ class Planner {
   // the largest CTA cost.
   double assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt);
 
+  // What assign() leaves for schedule(): the chunks, their CTAs and order,
+  // the split tiles' slots, the final heap (CTA costs). Two of them, so the
+  // refinement can try a second chunk size and keep either plan without
+  // recomputing the first.
+  struct Assignment {
+    std::vector<Chunk> chunks;
+    std::vector<int32_t> first_slot, num_chunks, counter, owner, order;
+    std::vector<uint64_t> heap;
+    int32_t slots = 0, split = 0;
+  };
+  // Stable sort of minor_ by its high 32 bits (decode's chunk order: the low
+  // bits, the chunk ids, are already ascending), LSD radix on the bytes the
+  // key range needs.
+  void sort_by_length();
+
   std::vector<Tile> tiles_;
-  std::vector<Chunk> chunks_;
-  std::vector<int32_t> first_slot_, num_chunks_, counter_, owner_, order_, fill_, queue_, rank_;
-  static constexpr int kCtaBits = 20;  // heap_ entries: cost (1/16 token units) << kCtaBits | CTA
+  Assignment cur_, alt_;
+  std::vector<int32_t> fill_, queue_, rank_;
+  static constexpr int kCtaBits = 20;  // heap entries: cost (1/16 token units) << kCtaBits | CTA
   static constexpr uint64_t kCtaMask = (uint64_t{1} << kCtaBits) - 1;
-  std::vector<uint64_t> heap_;
-  std::vector<uint64_t> minor_;                      // assign()'s sort keys: (length descending, chunk id) ...
+  std::vector<uint64_t> minor_, radix_tmp_;          // assign()'s sort keys: (length descending, chunk id) ...
   std::vector<std::pair<uint64_t, uint64_t>> keys_;  // ... behind (request rank, request) for prefill
-  int32_t slots_ = 0, split_ = 0;
   bool group_by_request_ = false;  // chunk order: by request, then length (prefill), or by length alone
 };
 
