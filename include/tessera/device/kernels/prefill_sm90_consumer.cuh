@@ -11,7 +11,10 @@
 // so each tile's softmax runs while the tensor cores work on the previous
 // tile's P V. The softmax's row sums come from the tensor cores too (P times
 // a tile of ones, issued with the next S; wgmma_row_sums), which takes one
-// FADD per element off the consumers' ALU path. The two consumer warpgroups run their steps independently: a
+// FADD per element off the consumers' ALU path. At long sequences the
+// kernel runs at the H100's power cap (bench/power_probe.py), so work taken
+// off the consumers counts more than overlap. The two consumer warpgroups
+// run their steps independently: a
 // clock trace (bench/prefill_trace.py) shows a warpgroup's 64 x 128 x 16
 // wgmmas take ~130 cycles each whether or not the other warpgroup's run
 // beside them, so the tensor cores only fill when both issue at once, and a
@@ -250,7 +253,7 @@ struct Sm90Consumer {
           // Row sums of P_{t-1} (kTcSums) ride in S_t's group: done when S_t
           // is, so a raised maximum rescales them right after the softmax.
           // (Issued with P V instead, they lengthened the step's last wait:
-          // 1k-4k 2-5% slower.)
+          // 1k-4k 2-7% slower.)
           if constexpr (kTcSums) {
             wgmma_fence();
             wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);
