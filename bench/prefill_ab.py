@@ -7,7 +7,9 @@ setting is a set of environment variables the JIT reads when a wrapper plans
   python bench/prefill_ab.py --seqs 1024,4096,16384 \\
       --config "base:" --config "nochain:TESSERA_SM90_DEFINES=TESSERA_SM90_CHAIN=0"
 
---window N adds a causal sliding window (window_left = N) to the mask. The
+--window N adds a causal sliding window (window_left = N) to the mask.
+--backend fa2 times the FA2 template instead (its switches come from
+TESSERA_PREFILL_DEFINES). The
 pseudo-variable CTA_Q=64 forces the query tile (Tessera-only wrapper knob).
 Every setting's output at the first length is checked against PyTorch SDPA
 (max error relative to the reference norm < 1e-3) before it is timed."""
@@ -49,12 +51,15 @@ def with_env(env, fn):
                 os.environ[k] = v
 
 
+BACKEND = "fa3"
+
+
 def wrapper(L, b, h, window, cta_q=0):
     """A planned wrapper and its inputs: b requests of L tokens, causal (+ window)."""
     qo = torch.arange(0, b + 1, dtype=torch.int32) * L
     q = torch.randn(b * L, h, pf.D, dtype=pf.DT, device="cuda")
     k, v = torch.randn_like(q), torch.randn_like(q)
-    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend="fa3")
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend=BACKEND)
     w._cta_q = cta_q
     w.plan(qo, qo, h, h, pf.D, causal=True, window_left=window, q_data_type=pf.DT)
     return w, q, k, v
@@ -104,7 +109,10 @@ def main():
     ap.add_argument("--window", type=int, default=-1, help="causal sliding window: window_left (-1: none)")
     ap.add_argument("--tag", default="ab", help="results file: bench/results/prefill-TAG-DEVICE-DATE.json")
     ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
+    ap.add_argument("--backend", default="fa3", choices=["fa2", "fa3"], help="kernel template to A/B")
     args = ap.parse_args()
+    global BACKEND
+    BACKEND = args.backend
     pf.D = args.head_dim
     configs = [parse(c) for c in (args.config or ["base:"])]
     seqs = [int(s) for s in args.seqs.split(",")]
@@ -126,7 +134,7 @@ def main():
         rows.append(dict(seq=L, tflops=tf, ms_rounds={n: times[(n, L)] for n, _, _ in configs}))
         print(f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n, _, _ in configs))
     path = common.save_results(f"prefill-{args.tag}", dict(
-        setting=dict(batch=args.batch, heads=args.heads, head_dim=pf.D, dtype="float16", causal=True, backend="fa3",
+        setting=dict(batch=args.batch, heads=args.heads, head_dim=pf.D, dtype="float16", causal=True, backend=BACKEND,
                      window_left=args.window, rounds=args.rounds),
         configs={n: dict(env, **({"CTA_Q": str(q)} if q else {})) for n, env, q in configs}, check_error=errors, rows=rows))
     print("results:", path)

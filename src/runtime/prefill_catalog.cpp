@@ -140,6 +140,17 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
   return c;
 }
 
+namespace {
+// Experiments only: space-separated -D options from environment variable
+// `var` for a kernel's compile-time switches; they are part of the cache key.
+void add_defines(jit::KernelSource& src, const char* var) {
+  if (const char* defs = std::getenv(var)) {
+    std::istringstream in(defs);
+    for (std::string d; in >> d;) src.options.push_back("-D" + d);
+  }
+}
+}  // namespace
+
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper) {
   const PrefillConfig c = prefill_config(spec, cta_q, hopper);
   std::ostringstream entry, tail;
@@ -158,17 +169,17 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
                                              "tessera::Sm90TensorMaps tma");
     // Experiments only: extra -D options for the Hopper kernel's switches
     // (e.g. TESSERA_SM90_PINGPONG=0), space separated; part of the cache key.
-    if (const char* defs = std::getenv("TESSERA_SM90_DEFINES")) {
-      std::istringstream in(defs);
-      for (std::string d; in >> d;) src.options.push_back("-D" + d);
-    }
+    add_defines(src, "TESSERA_SM90_DEFINES");
     return src;
   }
   entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
   tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
-  return attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " + std::to_string(c.cta_q) + "x" +
-                          std::to_string(c.cta_kv), "tessera/device/kernels/prefill.cuh", "PrefillParams",
-                          "batch_prefill", c.threads, tail.str());
+  jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " +
+                                           std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
+                                           "tessera/device/kernels/prefill.cuh", "PrefillParams", "batch_prefill",
+                                           c.threads, tail.str());
+  add_defines(src, "TESSERA_PREFILL_DEFINES");  // experiments, as above (e.g. TESSERA_PREFILL_WIDE_STORE=0)
+  return src;
 }
 
 std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& v) {
