@@ -206,10 +206,16 @@ def main():
         fa, cd, fx = med.get("flash"), med.get("cudnn"), med.get("flex")
         for be in backends:
             ms = med[be]
+            # Paired ratios: each round's peer time over ours from the same
+            # round, then the median. The power-capped clock drifts with the
+            # GPU's temperature from round to round (+-10% at 8k-16k), which
+            # a ratio of two medians does not cancel.
+            paired = {n: statistics.median(a / b for a, b in zip(times[n], times[be]))
+                      for n in ("flash", "cudnn", "flex") if n in times}
             rows.append(dict(part="a", backend=be, seq=L, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
-                             sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3, rounds_ms=times))
+                             sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3, rounds_ms=times, paired_ratio=paired))
             print(f"{L:>6} {be} {ms * 1e3:9.1f} {tflops(fl, ms):8.1f} {tflops(fl, ms) / peak:5.0%} | {ratio(fa, ms)} {ratio(cd, ms)} "
-                  f"{ratio(fx, ms)}", flush=True)
+                  f"{ratio(fx, ms)} | paired cudnn {paired.get('cudnn', float('nan')):.2f}x", flush=True)
 
     print("# (b) batch prefill, batch 16, 32/8 heads, causal (SDPA padded)")
     for dist in ["const:1024", "uniform:512-1024", "zipf:1024"] if "b" in ap_parts else []:
