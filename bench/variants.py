@@ -265,11 +265,14 @@ def main():
             pairs = 16 * 16 * visible_pairs(L, variant)
             for be in backends:
                 ms = med[be]
+                # Paired: the median of each round's flex / ours (as bench/prefill.py part (a)).
+                paired = statistics.median(a / b for a, b in zip(times["flex"], times[be])) if fx else None
                 rows.append(dict(part="a", variant=variant, backend=be, seq=L, us=ms * 1e3, tflops=tflops(pairs, ms),
-                                 flex_us=fx and fx * 1e3, flex_tflops=fx and tflops(pairs, fx),
+                                 flex_us=fx and fx * 1e3, flex_tflops=fx and tflops(pairs, fx), flex_paired_ratio=paired,
                                  rounds_ms={n: times[n] for n in (be, "flex") if n in times}))
                 print(f"{variant:>15} {L:>6} {be} {ms * 1e3:9.1f} us {tflops(pairs, ms):7.1f} TFLOP/s | flex "
-                      f"{tflops(pairs, fx) if fx else float('nan'):7.1f} TFLOP/s {ratio(fx, ms)}", flush=True)
+                      f"{tflops(pairs, fx) if fx else float('nan'):7.1f} TFLOP/s {ratio(fx, ms)}"
+                      + (f" (paired {paired:.2f}x)" if paired else ""), flush=True)
 
     print("# (b) fused RoPE: decode (32/32 heads, page 16) and causal prefill (batch 4, 32/32 heads)")
     for B in ([16, 64] if "b" in args.parts else []):
