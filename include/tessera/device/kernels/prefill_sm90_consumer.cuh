@@ -128,15 +128,16 @@ struct Sm90Consumer {
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
     __shared__ int s_is_last;
-    __shared__ __align__(1024) u16 s_ones[512];  // B operand of the row sums: a kilobyte of 1.0
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
-    if constexpr (kTcSums) {
+    u64 ones_desc = 0;
+    if constexpr (kTcSums) {  // only kernels that use it allocate it
+      __shared__ __align__(1024) u16 s_ones[512];  // B operand of the row sums: a kilobyte of 1.0
       const u16 one = from_float<T>(1.f).bits;
       for (int i = tid; i < 512; i += THREADS) s_ones[i] = one;
       fence_proxy_async();  // generic stores -> the wgmmas' async proxy
       named_barrier_sync(kSm90ConsumersBar, THREADS);
+      ones_desc = wgmma_desc(smem_addr(s_ones), 16, 1024);
     }
-    const u64 ones_desc = wgmma_desc(smem_addr(s_ones), 16, 1024);
     if (wg == 1) pass_turn();  // warpgroup 0 goes first
     const Sm90Barriers<Rings> bars(pipe);
     // Descriptors of the first Q buffer and the first K and V stages; the
