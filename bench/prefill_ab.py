@@ -51,23 +51,20 @@ def with_env(env, fn):
                 os.environ[k] = v
 
 
-BACKEND = "fa3"
-
-
-def wrapper(L, b, h, window, cta_q=0):
+def wrapper(L, b, h, window, cta_q=0, backend="fa3"):
     """A planned wrapper and its inputs: b requests of L tokens, causal (+ window)."""
     qo = torch.arange(0, b + 1, dtype=torch.int32) * L
     q = torch.randn(b * L, h, pf.D, dtype=pf.DT, device="cuda")
     k, v = torch.randn_like(q), torch.randn_like(q)
-    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend=BACKEND)
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend=backend)
     w._cta_q = cta_q
     w.plan(qo, qo, h, h, pf.D, causal=True, window_left=window, q_data_type=pf.DT)
     return w, q, k, v
 
 
-def check(L, b, h, env, window, cta_q):
+def check(L, b, h, env, window, cta_q, backend):
     def run():
-        w, q, k, v = wrapper(L, b, h, window, cta_q)
+        w, q, k, v = wrapper(L, b, h, window, cta_q, backend)
         out = torch.full_like(q, float("nan"))
         w.run(q, k, v, out=out)
         return q, k, v, out
@@ -86,8 +83,8 @@ def check(L, b, h, env, window, cta_q):
     return err
 
 
-def time_ms(L, b, h, window, cta_q):
-    w, q, k, v = wrapper(L, b, h, window, cta_q)
+def time_ms(L, b, h, window, cta_q, backend):
+    w, q, k, v = wrapper(L, b, h, window, cta_q, backend)
     out = torch.empty_like(q)
     return common.bench_ms(lambda: w.run(q, k, v, out=out))
 
@@ -111,20 +108,19 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
     ap.add_argument("--backend", default="fa3", choices=["fa2", "fa3"], help="kernel template to A/B")
     args = ap.parse_args()
-    global BACKEND
-    BACKEND = args.backend
     pf.D = args.head_dim
     configs = [parse(c) for c in (args.config or ["base:"])]
     seqs = [int(s) for s in args.seqs.split(",")]
     errors = {}
     for name, env, cta_q in configs:
-        errors[name] = check(seqs[0], args.batch, args.heads, env, args.window, cta_q)
+        errors[name] = check(seqs[0], args.batch, args.heads, env, args.window, cta_q, args.backend)
         print(f"check {name}: error {errors[name]:.2e}", flush=True)
     times = {(n, L): [] for n, _, _ in configs for L in seqs}
     for _ in range(args.rounds):
         for L in seqs:
             for name, env, cta_q in configs:
-                times[(name, L)].append(with_env(env, lambda: time_ms(L, args.batch, args.heads, args.window, cta_q)))
+                run = lambda: time_ms(L, args.batch, args.heads, args.window, cta_q, args.backend)  # noqa: E731
+                times[(name, L)].append(with_env(env, run))
     print("TFLOP/s (median of rounds)")
     print("seq      " + "".join(f"{n:>12s}" for n, _, _ in configs))
     rows = []
@@ -134,7 +130,7 @@ def main():
         rows.append(dict(seq=L, tflops=tf, ms_rounds={n: times[(n, L)] for n, _, _ in configs}))
         print(f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n, _, _ in configs))
     path = common.save_results(f"prefill-{args.tag}", dict(
-        setting=dict(batch=args.batch, heads=args.heads, head_dim=pf.D, dtype="float16", causal=True, backend=BACKEND,
+        setting=dict(batch=args.batch, heads=args.heads, head_dim=pf.D, dtype="float16", causal=True, backend=args.backend,
                      window_left=args.window, rounds=args.rounds),
         configs={n: dict(env, **({"CTA_Q": str(q)} if q else {})) for n, env, q in configs}, check_error=errors, rows=rows))
     print("results:", path)

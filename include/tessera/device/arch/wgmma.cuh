@@ -146,18 +146,11 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const u32 (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 // 64 x 8 outputs, A in registers, B K-major: the Hopper prefill's row sums
-// (P times a tile of ones, see prefill_sm90_mma.cuh).
+// (P times a tile of ones, see prefill_sm90_mma.cuh; fp16 only, as they are).
 __device__ __forceinline__ void wgmma_rs(float (&d)[4], const u32 (&a)[4], u64 desc_b, int scale_d, half_t, WgmmaN<8>) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_rs(float (&d)[4], const u32 (&a)[4], u64 desc_b, int scale_d, bf16_t, WgmmaN<8>) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
