@@ -1,5 +1,9 @@
 """Where a small decode step's time goes: the same batch timed three ways.
-  flushed:   common.bench_ms (L2 flushed before each launch, the benchmark's number)
+  flushed:   common.bench_ms (L2 flushed before each launch, the benchmark's number:
+             triton zeroes a 256 MB buffer, so L2 is full of dirty lines
+             that go back to HBM while the step runs)
+  clean:     the same, but L2 emptied by reading a 256 MB buffer (clean lines,
+             nothing to write back: the state after a GEMM or a read)
   stream:    back-to-back launches on a stream, caches rotated so each launch
              reads KV that is not in L2 (launch overheads overlap)
   graph:     the same launches captured in one CUDA graph
@@ -44,6 +48,7 @@ def main():
         # memory from its own storage (timing only; values are not checked).
         kvs = [(c[0], c[1]) for c in caches]
         flushed = common.bench_ms(lambda: w.run(q, kvs[0], out=out))
+        clean = common.bench_ms_clean(lambda: w.run(q, kvs[0], out=out))
         n = 60
         for kv in kvs:
             w.run(q, kv, out=out)
@@ -68,9 +73,23 @@ def main():
         graph_us = s.elapsed_time(e) * 1e3 / n
         tb = lambda us: kv_bytes / us / 1e6
         print(f"{'tc' if tc else 'cc'} {a.hq}/{a.hkv} batch {a.batch} {a.lengths} page {a.page} ({kv_bytes / 1e6:.1f} MB): "
-              f"flushed {flushed * 1e3:.1f} us ({tb(flushed * 1e3):.2f} TB/s), stream {stream_us:.1f} us "
+              f"flushed {flushed * 1e3:.1f} us ({tb(flushed * 1e3):.2f} TB/s), clean {clean * 1e3:.1f} us "
+              f"({tb(clean * 1e3):.2f}), stream {stream_us:.1f} us "
               f"({tb(stream_us):.2f}), graph {graph_us:.1f} us ({tb(graph_us):.2f})", flush=True)
-        rows.append(dict(kernel="tc" if tc else "cc", flushed_us=flushed * 1e3, stream_us=stream_us, graph_us=graph_us))
+        rows.append(dict(kernel="tc" if tc else "cc", flushed_us=flushed * 1e3, clean_us=clean * 1e3, stream_us=stream_us, graph_us=graph_us))
+    # The peer on its best case (dense padded KV, no page table), both L2 states.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    lmax = max(lens)
+    qd = torch.randn(a.batch, a.hq, 1, D, dtype=DT, device="cuda")
+    kd = torch.randn(a.batch, a.hkv, lmax, D, dtype=DT, device="cuda")
+    vd = torch.randn_like(kd)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, enable_gqa=a.hq != a.hkv)  # noqa: E731
+        fl, cl = common.bench_ms(fn) * 1e3, common.bench_ms_clean(fn) * 1e3
+    tb = lambda us: kv_bytes / us / 1e6  # noqa: E731  (needed bytes, as for ours)
+    print(f"sdpa-cudnn (dense, padded to {lmax}): flushed {fl:.1f} us ({tb(fl):.2f} TB/s), clean {cl:.1f} us "
+          f"({tb(cl):.2f})", flush=True)
+    rows.append(dict(kernel="sdpa-cudnn", flushed_us=fl, clean_us=cl))
     tag = f"{a.hq}-{a.hkv}-b{a.batch}-{a.lengths.replace(':', '')}-p{a.page}"
     common.save_results(f"decode-timing-{tag}", dict(hq=a.hq, hkv=a.hkv, batch=a.batch, lengths=a.lengths, page_size=a.page,
                                                      head_dim=D, kv_bytes=kv_bytes, rows=rows))

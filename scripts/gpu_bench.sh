@@ -17,8 +17,8 @@ done
 mkdir -p "$out"
 TESSERA_ROOT="$root" source scripts/env.sh
 export TESSERA_CACHE_DIR=/tmp/tessera-jitcache PYTHONUNBUFFERED=1
-mkdir -p "$TESSERA_CACHE_DIR"
-[ -n "$cache_tgz" ] && [ -f "$cache_tgz" ] && tar xzf "$cache_tgz" -C "$TESSERA_CACHE_DIR"
+source scripts/jitcache.sh
+jitcache_restore "$cache_tgz"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_PYTHON=ON -DTESSERA_BUILD_TESTS=OFF \
   -DPython_EXECUTABLE="$TESSERA_PYTHON" >/dev/null || exit 1
 cmake --build build-gpu -j "$(nproc)" --target _C >/dev/null || { echo "build failed"; exit 1; }
@@ -30,5 +30,5 @@ while [ $# -gt 0 ]; do
   echo "### ${cmd[*]}"
   PYTHONPATH="$root/python" "$TESSERA_PYTHON" "${cmd[@]}" || rc=1
 done
-[ -n "$cache_tgz" ] && tar czf "$out/jitcache.tgz" -C "$TESSERA_CACHE_DIR" .
+[ -n "$cache_tgz" ] && jitcache_save "$out"
 exit $rc

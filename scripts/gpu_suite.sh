@@ -8,7 +8,7 @@
 #   scripts/gpu_suite.sh [--cache TGZ] [--out DIR] [--sanitize] [--filter GTEST_FILTER]
 #                        [--pytest EXPR] [--quick] [--bench "SCRIPT ARGS"]...
 #     --cache TGZ   restore the JIT disk cache from TGZ first (if it exists)
-#                   and save it back to DIR/jitcache.tgz at the end
+#                   and save the cubins it used back to DIR/jitcache.tgz.N (scripts/jitcache.sh)
 #     --out DIR     where logs.tgz, summary.txt and jitcache.tgz go (default: $OUT or ./gpu-out)
 #     --sanitize    also run a GPU subset under compute-sanitizer (memcheck)
 #     --filter F    run only the C++ tests matching the GoogleTest filter F
@@ -38,9 +38,8 @@ mkdir -p "$out"
 logs=/tmp/tessera-gpu-logs; rm -rf "$logs"; mkdir -p "$logs"
 TESSERA_ROOT="$root" source scripts/env.sh
 export TESSERA_CACHE_DIR=/tmp/tessera-jitcache
-mkdir -p "$TESSERA_CACHE_DIR"
-[ -n "$cache_tgz" ] && [ -f "$cache_tgz" ] && tar xzf "$cache_tgz" -C "$TESSERA_CACHE_DIR" && \
-  echo "jit cache restored: $(ls "$TESSERA_CACHE_DIR" | grep -c cubin) cubins"
+source scripts/jitcache.sh
+jitcache_restore "$cache_tgz" && echo "jit cache restored: $(ls "$TESSERA_CACHE_DIR" | grep -c cubin) cubins"
 summary=(); failed=0
 note() { summary+=("$1"); }
 
@@ -119,8 +118,7 @@ if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
   note "compute-sanitizer memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$logs/sanitizer.log" | tail -1)"
 fi
 
-[ -n "$cache_tgz" ] && tar czf "$out/jitcache.tgz" -C "$TESSERA_CACHE_DIR" . && \
-  note "jit cache saved: $(ls "$TESSERA_CACHE_DIR" | grep -c cubin) cubins -> $out/jitcache.tgz"
+[ -n "$cache_tgz" ] && note "$(jitcache_save "$out")"
 tar czf "$out/logs.tgz" -C "$logs" .
 {
   echo

@@ -35,6 +35,7 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   if (spec.variant == variants::custom_mask()) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_group + 1));
   l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_group));
+  l.first_items = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
   l.staged = w.total();
   l.counters = w.add(sizeof(int32_t) * max_split_tiles(ctas_per_group) * groups);
   const int64_t rows = max_split_slots(ctas_per_group) * groups * cta_q;
@@ -257,6 +258,16 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
                           popt, plan_);
   }
 
+  // Each item carries its request's bounds (the kernels then need no
+  // dependent loads of the indptr arrays before their first copies).
+  for (PrefillWorkItem& item : plan_.items) {
+    const int64_t b = item.request / heads_per_group;
+    item.qo_begin = qo_indptr[b];
+    item.qo_len = qo_lens_[b];
+    item.kv_begin = kv_indptr[b];
+    item.kv_len = kv_lens[b];
+  }
+
   ws_->stage_begin();
   char* host = static_cast<char*>(ws_->host_ptr());
   std::memcpy(host + layout_.qo_indptr, qo_indptr.data(), sizeof(int32_t) * (batch + 1));
@@ -266,6 +277,11 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   if (custom_mask_) std::memcpy(host + layout_.mask_indptr, mask_indptr.data(), sizeof(int32_t) * (batch + 1));
   std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
   std::memcpy(host + layout_.items, plan_.items.data(), sizeof(PrefillWorkItem) * plan_.items.size());
+  auto* first = reinterpret_cast<PrefillWorkItem*>(host + layout_.first_items);
+  for (int x = 0; x < ctas_per_group_; ++x) {
+    const int32_t i = plan_.work_indptr[x];
+    first[x] = i < plan_.work_indptr[x + 1] ? plan_.items[i] : PrefillWorkItem{};
+  }
   ws_->upload(layout_.staged, stream);
 
   source_kind_ = src;
@@ -366,6 +382,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.kv = kv;
   p.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
   p.work_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.items);
+  p.first_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.first_items);
   p.partial_o = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_o);
   p.partial_lse = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_lse);
   p.counters = reinterpret_cast<int*>(const_cast<char*>(dev) + layout_.counters);

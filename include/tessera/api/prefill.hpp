@@ -120,7 +120,8 @@ class BatchPrefill {
  private:
   enum class Source { kNone, kPaged, kRagged };
   struct Layout {
-    size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0, staged = 0;
+    size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0;
+    size_t first_items = 0, staged = 0;
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
   };
   static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q);

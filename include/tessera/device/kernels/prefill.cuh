@@ -32,12 +32,11 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
   const int g = lane / 4, quad = lane % 4;
 
-  for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
-    const PrefillWorkItem w = p.work_items[wi];
+  const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
+  for (int wi = wi0; wi < wi_end; ++wi) {
+    const PrefillWorkItem w = wi == wi0 ? p.first_items[blockIdx.x] : p.work_items[wi];
     const int b = item_request(p, w), kv_head = item_kv_head(p, w);
-    const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
-    const int kv_len = device::kv_len(p.kv, b);
-    const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;
+    const int qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len, page_base = w.kv_begin;
     const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile
     Variant variant(p, b, qo_len, kv_len);
 

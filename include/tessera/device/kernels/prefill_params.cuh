@@ -10,6 +10,10 @@ namespace tessera {
 // fused row being (query position, head of the KV head's group), paper
 // Appendix A) against KV tokens [kv_start, kv_end); the request field also
 // names the KV head within the CTA group (item_request / item_kv_head).
+// The request's bounds ride along (filled by the wrapper from the host
+// arrays it uploads anyway), so an item starts without dependent loads of
+// qo_indptr / kv_indptr / last_page_len: on a short decode step each such
+// round trip delayed every CTA's first KV tile (bench/decode_trace.py).
 struct PrefillWorkItem {
   int request;
   int q_tile;
@@ -18,6 +22,8 @@ struct PrefillWorkItem {
   int first_slot;    // the tile's chunk 0 slot (its chunks are consecutive)
   int num_chunks;
   int counter;       // merge counter of a split tile (index into counters / head groups)
+  int qo_begin, qo_len;  // the request's queries: qo_indptr[b], its length
+  int kv_begin, kv_len;  // kv_indptr[b] (first page, or first token of ragged KV), its KV length in tokens
 };
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -59,6 +65,9 @@ struct PrefillParams {
   device::PagedKV kv;
   const int* work_indptr;
   const PrefillWorkItem* work_items;
+  // CTA x's first item again (a zero item where it has none): loaded
+  // together with work_indptr instead of after it.
+  const PrefillWorkItem* first_items;
   float* partial_o;    // [slots, head groups, CTA_Q, head_dim]
   float* partial_lse;  // [slots, head groups, CTA_Q]
   int* counters;       // [split tiles * head groups], zero between runs

@@ -46,8 +46,8 @@
 #ifndef TESSERA_SM90_PROBE
 #define TESSERA_SM90_PROBE 1
 #endif
-// HEADER_AHEAD: load the next work item during this item's tiles and its
-// request's lengths during this item's epilogue (0: both at the item's top).
+// HEADER_AHEAD: load the next work item (which carries its request's
+// bounds) during this item's tiles (0: at the item's top).
 #ifndef TESSERA_SM90_HEADER_AHEAD
 #define TESSERA_SM90_HEADER_AHEAD 1
 #endif
@@ -64,32 +64,6 @@
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-
-// What an item needs from its request before the first tile: its index and
-// the raw indptr entries its lengths come from (dependent loads: work item ->
-// request -> indptr). load() only issues the loads; the lengths are computed
-// where they are used, so a load issued during the previous item's epilogue
-// stalls nothing there (subtracting right away made every epilogue wait a
-// round trip for them).
-struct ItemLens {
-  int request, qo_begin, qo_end, kv_begin, kv_end, last_page;
-  template <typename Params>
-  __device__ __forceinline__ static ItemLens load(const Params& p, const PrefillWorkItem& w) {
-    ItemLens l{item_request(p, w), 0, 0, 0, 0, 0};
-    l.qo_begin = p.qo_indptr[l.request];
-    l.qo_end = p.qo_indptr[l.request + 1];
-    if (p.kv.indptr != nullptr) {
-      l.kv_begin = p.kv.indptr[l.request];
-      l.kv_end = p.kv.indptr[l.request + 1];
-      if (p.kv.indices != nullptr) l.last_page = p.kv.last_page_len[l.request];
-    }
-    return l;
-  }
-  __device__ __forceinline__ int qo_len() const { return qo_end - qo_begin; }
-  __device__ __forceinline__ int kv_len(const device::PagedKV& kv) const {
-    return device::kv_len_from(kv, kv_begin, kv_end, last_page);
-  }
-};
 
 template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, typename Params>
 struct Sm90Consumer {
@@ -152,18 +126,14 @@ struct Sm90Consumer {
     // the previous item's tiles, its request's lengths during the previous
     // epilogue), so an item starts without dependent global loads (the
     // seventh session's trace put 0.7-2.7k cycles per item on them).
+    Sm90Trace::grid(Sm90Trace::kStart);
+    int traced_tiles = 0;
     const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
-    PrefillWorkItem w_next{};
-    ItemLens lens_next{};
-    if (wi0 < wi_end) {
-      w_next = p.work_items[wi0];
-      lens_next = ItemLens::load(p, w_next);
-    }
+    PrefillWorkItem w_next = p.first_items[blockIdx.x];  // not behind work_indptr
     for (int wi = wi0; wi < wi_end; ++wi) {
       using Tr = Sm90Trace;
       Tr::mark(Tr::consumer(), wi - wi0, 0);
-      PrefillWorkItem w = TESSERA_SM90_HEADER_AHEAD ? w_next : p.work_items[wi];
-      const ItemLens lens = TESSERA_SM90_HEADER_AHEAD ? lens_next : ItemLens::load(p, w);
+      PrefillWorkItem w = TESSERA_SM90_HEADER_AHEAD || wi == wi0 ? w_next : p.work_items[wi];
       if (TESSERA_SM90_HEADER_AHEAD && wi + 1 < wi_end) w_next = p.work_items[wi + 1];
 #if TESSERA_SM90_UNIFORM
       // Equal in every lane already; broadcasting makes ptxas see it, so the
@@ -171,8 +141,8 @@ struct Sm90Consumer {
       w.kv_start = warp_uniform(w.kv_start);
       w.kv_end = warp_uniform(w.kv_end);
 #endif
-      const int b = lens.request, kv_head = item_kv_head(p, w);
-      const int qo_start = lens.qo_begin, qo_len = lens.qo_len(), kv_len = lens.kv_len(p.kv);
+      const int b = item_request(p, w), kv_head = item_kv_head(p, w);
+      const int qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len;
       const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       Variant variant(p, b, qo_len, kv_len);
@@ -230,6 +200,8 @@ struct Sm90Consumer {
         RingPos<Rings::K_STAGES> cur = kv_pos;
         mbarrier_wait(bars.k_full(cur.index()), cur.phase());
         Tr::mark(Tr::consumer(), wi - wi0, 3);
+        Tr::grid(Tr::kFirstK, traced_tiles == 0);
+        traced_tiles += n_tiles;
         wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
         wgmma_commit();
         wgmma_wait<0>();
@@ -328,11 +300,11 @@ struct Sm90Consumer {
         wgmma_keep(pa);
         mbarrier_arrive(bars.v_empty(last.index()));
         Tr::mark(Tr::consumer(), wi - wi0, 7);
+        Tr::grid(Tr::kLastLoop);
         kv_pos = cur.next();
         q_pos = q_pos.next();
       }
 
-      if (TESSERA_SM90_HEADER_AHEAD && wi + 1 < wi_end) lens_next = ItemLens::load(p, w_next);
       if constexpr (kTcSums) {
         st.d[0][0] = dsum[0];  // whole rows already
         st.d[0][1] = dsum[2];
@@ -346,6 +318,8 @@ struct Sm90Consumer {
       Tr::mark(Tr::consumer(), wi - wi0, 8);
     }
     Sm90Trace::print(Sm90Trace::consumer(), p.work_indptr[blockIdx.x + 1] - wi0);
+    Sm90Trace::grid(Sm90Trace::kEnd);
+    Sm90Trace::grid_print(wi_end - wi0, traced_tiles);
     if (wg == 0) take_turn();  // balances warpgroup 1's last hand-over
 #else
     __trap();  // Hopper kernels are only built for sm_90a

@@ -22,6 +22,10 @@
 #include "tessera/device/kernels/prefill_tiles.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
+#ifndef TESSERA_SM90_EXP_HALF_KV
+#define TESSERA_SM90_EXP_HALF_KV 0
+#endif
+
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -132,6 +136,15 @@ struct Sm90Producer {
                                            int trace_item) const {
     constexpr u32 kTileBytes = CTA_KV * HEAD_DIM * sizeof(T), kBlockBytes = CTA_KV * 128;
     auto load = [&](const TensorMap* map, T* tile, u32 full, int t) {
+#if TESSERA_SM90_EXP_HALF_KV
+      // Experiment (wrong results): odd tiles reuse whatever the stage holds,
+      // so half the K / V bytes come from L2: what sharing tiles between
+      // two CTAs (TMA multicast) could save at most.
+      if (t % 2 == 1) {
+        mbarrier_arrive(full);
+        return;
+      }
+#endif
       mbarrier_arrive_expect_tx(full, kTileBytes);
 #pragma unroll
       for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
@@ -199,13 +212,12 @@ struct Sm90Producer {
     using Tr = Sm90Trace;
     for (int wi = wi0; wi < wi_end; ++wi) {
       Tr::mark(Tr::kProducer, wi - wi0, 0);
-      const PrefillWorkItem w = p.work_items[wi];
+      const PrefillWorkItem w = wi == wi0 ? p.first_items[blockIdx.x] : p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       if (n_tiles == 0) continue;  // the consumers skip it too
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
-      const int qo_start = p.qo_indptr[b], qo_len = p.qo_indptr[b + 1] - qo_start;
-      const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;
-      Variant variant(p, b, qo_len, device::kv_len(p.kv, b));
+      const int qo_start = w.qo_begin, qo_len = w.qo_len, page_base = w.kv_begin;
+      Variant variant(p, b, qo_len, w.kv_len);
 
       // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
       T* q_dst = q_smem + q_pos.index() * (CTA_Q * HEAD_DIM);
