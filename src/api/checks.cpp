@@ -125,6 +125,16 @@ PersistentKernel load_persistent(const jit::KernelSource& src, int device, int t
   return pk;
 }
 
+int max_active_clusters(const jit::LoadedKernel& kernel, int threads, int smem_bytes, int cluster) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(cluster);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem_bytes;
+  int n = 0;
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel.handle()), &cfg));
+  return n;
+}
+
 void check_workspace_size(const Workspace& ws, size_t device_bytes, size_t host_bytes) {
   if (ws.device_bytes() < device_bytes || ws.host_bytes() < host_bytes)
     throw InvalidArgument("workspace: expected at least " + str(device_bytes) + " device bytes and " + str(host_bytes) +

@@ -77,6 +77,10 @@ struct PersistentKernel {
 // from its occupancy, at most ctas_per_sm_cap CTAs per SM.
 PersistentKernel load_persistent(const jit::KernelSource& src, int device, int threads, int smem_bytes,
                                  int ctas_per_sm_cap, int num_kv_heads, int max_sms, const char* what);
+// How many clusters of a kernel compiled with __cluster_dims__ can be resident
+// at once (clusters need their CTAs on SMs of one GPC, so fewer than
+// SMs / cluster size may fit): a persistent grid must not exceed it.
+int max_active_clusters(const jit::LoadedKernel& kernel, int threads, int smem_bytes, int cluster);
 
 // The workspace must hold a wrapper's sections: throws InvalidArgument otherwise.
 void check_workspace_size(const Workspace& ws, size_t device_bytes, size_t host_bytes);

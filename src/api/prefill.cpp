@@ -69,6 +69,8 @@ BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, cons
 BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspace, PrefillOptions opt)
     : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(opt) {
   validate_task(task_, spec_);
+  if (opt_.cluster < 0 || opt_.cluster > 2)
+    throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(opt_.cluster));
   if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
   if (variants::is_causal(spec_.variant)) opt_.causal_schedule = true;
@@ -174,6 +176,20 @@ void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
 
 // Backend of the first plan: the Hopper (wgmma) template on sm_90 where it
 // covers the head dim and query tile ("auto"), or as the user forces it.
+// CTA pairs (PrefillOptions::cluster) need the Hopper kernel's 128-row tiles
+// and contiguous KV, which the TMA multicasts; auto takes them for long
+// queries, where one 256-row tile's extra masked KV tile (causal) is cheap.
+int BatchPrefill::choose_cluster(Source src, double avg_fused_q_len) const {
+  int want = opt_.cluster;
+  if (const char* env = std::getenv("TESSERA_SM90_CLUSTER"); env && *env) want = std::atoi(env);
+  if (want < 0 || want > 2)
+    throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(want));
+  const bool eligible = config_.hopper && config_.cta_q == 128 && src == Source::kRagged;
+  if (!eligible || want == 1) return 1;
+  constexpr double kAutoMinRows = 2048;  // fused query rows per request
+  return want == 2 || avg_fused_q_len >= kAutoMinRows ? 2 : 1;
+}
+
 bool BatchPrefill::use_hopper(int cta_q) const {
   const bool sm90 = jit::Arch::of_device(ws_->device()).major == 9;
   switch (opt_.backend) {
@@ -214,14 +230,24 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
     if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
     config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q));
-    source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper);
-    const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, config_.ctas_per_sm,
-                                            task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
-    kernel_ = pk.kernel;
-    const auto g = detail::head_groups(task_.num_kv_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
-                                       pk.ctas_per_sm, opt_.max_sms);
-    ctas_per_group_ = g.ctas_per_group;
-    head_groups_ = g.groups;
+    config_.cluster = choose_cluster(src, batch ? double(total_q) * group / batch : 0.0);
+    for (;;) {  // once, or twice if the CTA pairs do not fit
+      source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster);
+      const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
+                                              config_.ctas_per_sm, task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
+      kernel_ = pk.kernel;
+      const auto g = detail::head_groups(task_.num_kv_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
+                                         pk.ctas_per_sm, opt_.max_sms);
+      ctas_per_group_ = g.ctas_per_group;
+      head_groups_ = g.groups;
+      if (config_.cluster == 1) break;
+      // A persistent grid of pairs: every pair resident at once.
+      const int c = config_.cluster;
+      const int fit = detail::max_active_clusters(*kernel_, config_.threads, config_.smem_bytes, c) / head_groups_;
+      ctas_per_group_ = std::min(ctas_per_group_ / c, fit) * c;
+      if (ctas_per_group_ >= c) break;
+      config_.cluster = 1;
+    }
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
@@ -244,8 +270,11 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
   popt.window_left = spec_.variant.window_left;
   const int heads_per_group = task_.num_kv_heads / head_groups_;
+  // A CTA pair shares one work queue of 2 * cta_q-row tiles (its sections
+  // fit the same workspace: half the queues, each slot twice the rows).
+  const int plan_cta_q = config_.cta_q * config_.cluster, plan_ctas = ctas_per_group_ / config_.cluster;
   if (heads_per_group == 1) {
-    planner_.plan_prefill(qo_lens_, kv_lens, group, config_.cta_q, opt_.causal_schedule, ctas_per_group_, popt, plan_);
+    planner_.plan_prefill(qo_lens_, kv_lens, group, plan_cta_q, opt_.causal_schedule, plan_ctas, popt, plan_);
   } else {  // a request per (request b, head h of the group): index b * heads_per_group + h
     group_qo_lens_.resize(batch * heads_per_group);
     group_kv_lens_.resize(batch * heads_per_group);
@@ -254,7 +283,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
         group_qo_lens_[i * heads_per_group + h] = qo_lens_[i];
         group_kv_lens_[i * heads_per_group + h] = kv_lens[i];
       }
-    planner_.plan_prefill(group_qo_lens_, group_kv_lens_, group, config_.cta_q, opt_.causal_schedule, ctas_per_group_,
+    planner_.plan_prefill(group_qo_lens_, group_kv_lens_, group, plan_cta_q, opt_.causal_schedule, plan_ctas,
                           popt, plan_);
   }
 
@@ -278,7 +307,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
   std::memcpy(host + layout_.items, plan_.items.data(), sizeof(PrefillWorkItem) * plan_.items.size());
   auto* first = reinterpret_cast<PrefillWorkItem*>(host + layout_.first_items);
-  for (int x = 0; x < ctas_per_group_; ++x) {
+  for (size_t x = 0; x + 1 < plan_.work_indptr.size(); ++x) {
     const int32_t i = plan_.work_indptr[x];
     first[x] = i < plan_.work_indptr[x + 1] ? plan_.items[i] : PrefillWorkItem{};
   }

@@ -215,7 +215,7 @@ static std::string generated_checks(const AttentionSpec& spec, const char* param
 jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
                                    const char* header, const char* params_type, const char* fn, int threads,
                                    const std::string& template_tail, int min_blocks,
-                                   const std::string& second_param) {
+                                   const std::string& second_param, int cluster) {
   const std::string second_arg =
       second_param.empty() ? std::string() : ", " + second_param.substr(second_param.find_last_of(' ') + 1);
   validate_variant(spec.variant);
@@ -231,7 +231,9 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
       << "}  // namespace tessera_variant\n"
       << "#line 1 \"generated:" << entry << "\"\n"
       << generated_checks(spec, params_type)
-      << "extern \"C\" __global__ void __launch_bounds__(" << threads
+      << "extern \"C\" __global__ void "
+      << (cluster > 1 ? "__cluster_dims__(" + std::to_string(cluster) + ", 1, 1) " : std::string())
+      << "__launch_bounds__(" << threads
       << (min_blocks > 0 ? ", " + std::to_string(min_blocks) : std::string()) << ") " << entry << "(const tessera::" << params_type
       << "<tessera_variant::Extra> p" << (second_param.empty() ? "" : ", const __grid_constant__ " + second_param) << ") {\n"
       << "  tessera::" << fn << "<tessera_spec_variant, " << dtype_device_name(spec.q_dtype) << ", "

@@ -151,22 +151,25 @@ void add_defines(jit::KernelSource& src, const char* var) {
 }
 }  // namespace
 
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper) {
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster) {
   const PrefillConfig c = prefill_config(spec, cta_q, hopper);
+  if (cluster != 1 && (!hopper || cluster != 2))
+    throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
   std::ostringstream entry, tail;
   entry << "tessera_prefill_" << spec.variant.name << "_" << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
         << "_d" << spec.head_dim << "_q" << c.cta_q << "_kv" << c.cta_kv;
   if (c.hopper) {
     // The warp-specialized kernel: its register split (setmaxnreg) needs the
     // register cap that __launch_bounds__(threads, ctas_per_sm) sets.
-    entry << "_k" << c.stages << "v" << c.v_stages << "q" << c.q_bufs << "_c" << c.ctas_per_sm << "_sm90ws";
+    entry << "_k" << c.stages << "v" << c.v_stages << "q" << c.q_bufs << "_c" << c.ctas_per_sm
+          << (cluster > 1 ? "_x" + std::to_string(cluster) : std::string()) << "_sm90ws";
     tail << c.cta_q << ", " << c.cta_kv << ", " << c.stages << ", " << c.v_stages << ", " << c.q_bufs << ", "
-         << c.ctas_per_sm;
+         << c.ctas_per_sm << ", " << cluster;
     jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
                                              std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
                                              "tessera/device/kernels/prefill_sm90.cuh", "PrefillParams",
                                              "batch_prefill_sm90", c.threads, tail.str(), c.ctas_per_sm,
-                                             "tessera::Sm90TensorMaps tma");
+                                             "tessera::Sm90TensorMaps tma", cluster);
     // Experiments only: extra -D options for the Hopper kernel's switches
     // (e.g. TESSERA_SM90_PINGPONG=0), space separated; part of the cache key.
     add_defines(src, "TESSERA_SM90_DEFINES");

@@ -67,7 +67,19 @@ __global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ
 template <typename V, typename T, int D, int CQ, int CKV, int CTAS>
 __global__ void __launch_bounds__(128 * (CQ / 64 + 1), CTAS) prefill_sm90_k(const PP p,
                                                                            const __grid_constant__ tessera::Sm90TensorMaps tma) {
-  tessera::batch_prefill_sm90<V, T, T, T, D, CQ, CKV, 2, 3, 1, CTAS>(p, tma);
+  tessera::batch_prefill_sm90<V, T, T, T, D, CQ, CKV, 2, 3, 1, CTAS, 1>(p, tma);
+}
+// The CTA-pair kernel (TMA multicast of K / V within a cluster of 2;
+// clusters exist from sm_90).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define TESSERA_PAIR_DIMS
+#else
+#define TESSERA_PAIR_DIMS __cluster_dims__(2, 1, 1)
+#endif
+__global__ void TESSERA_PAIR_DIMS __launch_bounds__(384, 1)
+    prefill_sm90_pair_k(const PP p, const __grid_constant__ tessera::Sm90TensorMaps tma) {
+  tessera::batch_prefill_sm90<CausalAttention, tessera::half_t, tessera::half_t, tessera::half_t, 128, 128, 128, 2, 3, 1, 1, 2>(
+      p, tma);
 }
 template __global__ void prefill_sm90_k<CausalAttention, tessera::half_t, 128, 128, 128, 1>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 template __global__ void prefill_sm90_k<StandardAttention, tessera::bf16_t, 64, 128, 128, 1>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);

@@ -238,6 +238,56 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillTma,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
                                             ::testing::Bool(), ::testing::Values(1, 4), ::testing::Values(64, 128)));
 
+// CTA pairs (PrefillOptions::cluster = 2): clusters of two CTAs take 256-row
+// tiles, 128 rows each, and receive each K / V tile by one TMA multicast.
+// Must match the reference and repeat its bits (split tiles merge per rank);
+// the cp.async gather under the same pairing (TESSERA_SM90_TMA=0: each CTA
+// loads its own tiles, still paced by both CTAs' releases) must give the
+// same bits. max_sms 4 splits every long request into chunks.
+class PrefillPairs : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, int>> {};
+
+TEST_P(PrefillPairs, MatchReferenceAndRepeat) {
+  SKIP_WITHOUT_GPU();
+  if (jit::Arch::of_device(0).major != 9) GTEST_SKIP() << "skipped: CTA pairs are the Hopper kernel's";
+  const auto [dt, D, causal, group, max_sms] = GetParam();
+  std::mt19937_64 rng(D + group * 7 + max_sms);
+  const RaggedCase c(dt, D, group, causal, 12, rng);
+  const auto& [b, q, k, v, ref, spec, task] = c;
+  const int64_t rows = c.rows(), Hq = task.num_qo_heads;
+  PrefillOptions opt;
+  opt.cta_q = 128;
+  opt.backend = PrefillBackend::kFA3;
+  opt.cluster = 2;
+  opt.max_sms = max_sms;
+  auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+  auto run_with = [&](const char* tma, int runs) {
+    setenv("TESSERA_SM90_TMA", tma, 1);
+    Workspace ws = prefill_workspace(spec, task, opt);
+    BatchPrefill pre(spec, task, ws, opt);
+    unsetenv("TESSERA_SM90_TMA");
+    pre.plan_ragged(b.qo, b.kv_tokens);
+    EXPECT_EQ(pre.cluster(), 2);
+    EXPECT_EQ(pre.ctas_per_group() % 2, 0);
+    std::vector<Out> outs;
+    for (int i = 0; i < runs; ++i)
+      outs.push_back(run_and_fetch(
+          [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); }, dt, rows, Hq,
+          D));
+    return outs;
+  };
+  const std::vector<Out> pairs = run_with("1", 2), gathered = run_with("0", 1);
+  EXPECT_CLOSE(compare(to_doubles(pairs[0].o.view), ref.o), dt);
+  EXPECT_CLOSE(compare(to_doubles(pairs[0].lse.view), ref.lse), DType::kFloat16);
+  EXPECT_TRUE(bitwise_equal(pairs[0].o, pairs[1].o));
+  EXPECT_TRUE(bitwise_equal(pairs[0].lse, pairs[1].lse));
+  EXPECT_TRUE(bitwise_equal(pairs[0].o, gathered[0].o));
+  EXPECT_TRUE(bitwise_equal(pairs[0].lse, gathered[0].lse));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PrefillPairs,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
+                                            ::testing::Bool(), ::testing::Values(1, 4, 8), ::testing::Values(0, 4)));
+
 // The Hopper kernel's Q tiles by the TMA (a rank-4 map: the group's heads x
 // CTA_Q / group tokens; rows past a request's queries read the next
 // request's and are never stored) must give the bits of the cp.async Q

@@ -62,6 +62,13 @@ struct PrefillOptions {
   // (bench/results/prefill-ab-head-groups-*.json); the cause is not known
   // yet. TESSERA_PREFILL_HEAD_GROUPS=1 turns it on for experiments.
   bool group_heads = false;
+  // Hopper kernel on contiguous (ragged) KV: CTA pairs (a cluster of 2) take
+  // 256-row query tiles, 128 rows each, and receive every K / V tile in one
+  // TMA multicast, so L2 serves each tile once per pair (less energy per FLOP
+  // under the power cap). 0: auto (long queries), 1: off, 2: on where the
+  // kernel and KV source allow it. Fixed at the first plan(), like the tile.
+  // TESSERA_SM90_CLUSTER overrides it for experiments.
+  int cluster = 0;
 };
 
 class BatchPrefill {
@@ -114,6 +121,7 @@ class BatchPrefill {
   // plan over (request, head) pairs of KV heads g * H / groups ... (g + 1) * H / groups - 1.
   int ctas_per_group() const { return ctas_per_group_; }
   int head_groups() const { return head_groups_; }
+  int cluster() const { return config_.cluster; }  // CTAs per cluster (2: pairs sharing K / V tiles)
   const jit::KernelSource& kernel_source() const { return source_; }
   bool uses_custom_mask() const { return custom_mask_; }
 
@@ -129,6 +137,8 @@ class BatchPrefill {
                    std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
   bool use_hopper(int cta_q) const;
+  // CTAs per cluster for the first plan's kernel (config_ already chosen).
+  int choose_cluster(Source src, double avg_fused_q_len) const;
   // Whether a mask was given where one is needed (and only there).
   void check_mask_given(bool given, const char* name, const char* how) const;
   void check_mask_tensor(const TensorView* packed_custom_mask, const TensorView& q) const;

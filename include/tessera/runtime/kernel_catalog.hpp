@@ -128,10 +128,12 @@ constexpr int kRowwiseWarps = 4;
 // the compiler to fit that many CTAs per SM (__launch_bounds__).
 // second_param: an optional second kernel parameter ("Type name"), passed on
 // to fn as its second argument (the Hopper prefill kernel's tensor maps).
+// cluster > 1: the kernel runs in clusters of that many CTAs along x
+// (__cluster_dims__).
 jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
                                    const char* header, const char* params_type, const char* fn, int threads,
                                    const std::string& template_tail, int min_blocks = 0,
-                                   const std::string& second_param = "");
+                                   const std::string& second_param = "", int cluster = 1);
 // Short dtype tag for kernel names: f16, bf16, f32.
 std::string dtype_tag(DType t);
 // Heuristic: a tile of ~16 KB of K+V per stage, 2 stages, 128 threads or more:

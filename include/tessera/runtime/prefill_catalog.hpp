@@ -18,6 +18,7 @@ struct PrefillConfig {
   int smem_bytes = 0;
   int ctas_per_sm = 1;  // from shared memory (occupancy may lower it)
   bool hopper = false;  // wgmma mainloop (sm_90a), else the FA2 mma.sync one
+  int cluster = 1;      // Hopper: CTAs per cluster sharing K / V tiles (1 or 2)
 };
 
 namespace catalog {
@@ -30,7 +31,8 @@ int choose_cta_q(double avg_fused_q_len);
 // hopper_supported().
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false);
 bool hopper_supported(const AttentionSpec& spec, int cta_q);
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false);
+// cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90.cuh, CLUSTER).
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1);
 // Every prefill kernel of one variant: fp16/bf16, head dims 64/128/256, each
 // query tile, and the Hopper template where it applies.
 std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& variant);

@@ -43,6 +43,20 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TensorMap* map, u32 b
 #endif
 }
 
+// The same box into shared memory at offset `dst` of every CTA of the
+// cluster in `cta_mask` (bit r: rank r), each completing `bytes` on its own
+// barrier at offset `bar`: one read of L2 for several CTAs.
+__device__ __forceinline__ void tma_load_3d_multicast(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2,
+                                                      u16 cta_mask) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4, "
+      "%5}], [%2], %6;\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+#endif
+}
+
 // The same for a rank-4 map, box at (c0, c1, c2, c3).
 __device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2, int c3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -4,7 +4,10 @@
 // in chunk order (same contract as batch decode: deterministic, no atomics on
 // values; one counter per split tile says who is last). Split tiles' slots
 // and counters come from the plan of the CTA's head group, which every group
-// (blockIdx.y) shares: they are indexed slot * groups + group.
+// (blockIdx.y) shares: they are indexed slot * groups + group. A CTA pair
+// (CLUSTER = 2, prefill_sm90.cuh) shares slots of 2 * CTA_Q rows, rank r
+// holding rows r * CTA_Q ..., and each rank merges its own rows (counter
+// index * CLUSTER + rank).
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
@@ -49,11 +52,11 @@ __device__ __forceinline__ void prefill_sum_quads(PrefillState<MT, NT_O>& st) {
 // Writes this thread's rows of a finished tile (d already quad-summed):
 // normalized output + LSE for an unsplit tile, else the partial state into
 // the workspace slot. warp_row0: the warp's first row within the query tile.
-template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int MT, int NT_O, typename Params>
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, int MT, int NT_O, typename Params>
 __device__ __forceinline__ void prefill_store_rows(const Params& p, const Variant& variant,
                                                    const PrefillState<MT, NT_O>& st, const RowInfo<MT>& rows,
                                                    const PrefillWorkItem& w, int qo_start, int b, int kv_head,
-                                                   int warp_row0) {
+                                                   int warp_row0, int rank = 0) {
   const int g = (threadIdx.x % 32) / 4, quad = threadIdx.x % 4;
 #pragma unroll
   for (int t = 0; t < MT; ++t)
@@ -91,7 +94,7 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
         }
         if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
       } else {
-        const i64 base = (static_cast<i64>(w.partial_slot) * gridDim.y + blockIdx.y) * CTA_Q + tile_row;
+        const i64 base = ((static_cast<i64>(w.partial_slot) * gridDim.y + blockIdx.y) * CLUSTER + rank) * CTA_Q + tile_row;
         float* dst = p.partial_o + base * HEAD_DIM;
 #pragma unroll
         for (int n = 0; n < NT_O; ++n)
@@ -106,14 +109,15 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
 // rows of a split tile: count this chunk in, and if it was the tile's last,
 // merge all chunks in chunk order, 4 features per thread. sync() is a barrier
 // over the group; is_last a shared int.
-template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, typename Params, typename Sync>
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, typename Params, typename Sync>
 __device__ __forceinline__ void prefill_merge_split(const Params& p, const Variant& variant, const PrefillWorkItem& w,
                                                     int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
-                                                    int nthreads, int* is_last, Sync sync) {
+                                                    int nthreads, int* is_last, Sync sync, int rank = 0) {
+  int* const counter = p.counters + (w.counter * gridDim.y + blockIdx.y) * CLUSTER + rank;
   __threadfence();
   sync();
   if (tid == 0) {
-    const int done = atomicAdd(p.counters + w.counter * gridDim.y + blockIdx.y, 1);
+    const int done = atomicAdd(counter, 1);
     *is_last = done == w.num_chunks - 1;
   }
   sync();
@@ -124,7 +128,7 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
     const int f = row0 + tile_row, qo = f / p.group, head = kv_head * p.group + f % p.group;
     if (qo >= qo_len) continue;
     auto slot_base = [&](int c) {
-      return (static_cast<i64>(w.first_slot + c) * gridDim.y + blockIdx.y) * CTA_Q + tile_row;
+      return ((static_cast<i64>(w.first_slot + c) * gridDim.y + blockIdx.y) * CLUSTER + rank) * CTA_Q + tile_row;
     };
     // One pass in blocks of kBlock chunks: a block's loads are issued
     // together (predicated, so no remainder loop issues them one at a
@@ -176,7 +180,7 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
       p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] =
           Variant::use_softmax ? (denom > 0.f ? m + log2f(denom) : neg_inf()) : 0.f;
   }
-  if (tid == 0) p.counters[w.counter * gridDim.y + blockIdx.y] = 0;
+  if (tid == 0) *counter = 0;
 }
 
 #endif

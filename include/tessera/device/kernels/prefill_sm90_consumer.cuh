@@ -26,6 +26,7 @@
 #pragma once
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
+#include "tessera/device/arch/cluster.cuh"
 #include "tessera/device/kernels/prefill_epilogue.cuh"
 #include "tessera/device/kernels/prefill_sm90_mma.cuh"
 #include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
@@ -65,7 +66,8 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, typename Params>
+template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, int CLUSTER,
+          typename Params>
 struct Sm90Consumer {
   static constexpr int CONSUMERS = CTA_Q / 64, THREADS = 128 * CONSUMERS;
   static constexpr int NT_S = CTA_KV / 8, NT_O = HEAD_DIM / 8;
@@ -84,10 +86,28 @@ struct Sm90Consumer {
   int wg;         // consumer warpgroup: rows wg * 64 .. wg * 64 + 63 of the query tile
   int tid;        // 0 .. THREADS - 1 over all consumers
   int warp_row0;  // first tile row of this warp
+  int rank;       // in the cluster: this CTA's CTA_Q rows of each item's 2 * CTA_Q
+  u32 peer_bars;  // CLUSTER > 1: the peer CTA's pipeline barriers (cluster window)
 
   __device__ __forceinline__ Sm90Consumer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v)
       : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), wg(threadIdx.x / 128 - 1), tid(threadIdx.x - 128),
-        warp_row0(wg * 64 + (threadIdx.x / 32 % 4) * 16) {}
+        warp_row0(wg * 64 + (threadIdx.x / 32 % 4) * 16), rank(CLUSTER > 1 ? cluster_rank() : 0),
+        peer_bars(CLUSTER > 1 ? cluster_map(smem_addr(&pipe_), 1 - rank) : 0) {}
+
+  // Done reading a K or V stage (`bar` its empty barrier): alone, every
+  // thread arrives; in a pair both CTAs' producers copy into it, so one lane
+  // per warp tells this CTA's barrier and the peer's.
+  __device__ __forceinline__ void release_kv(u32 bar, const Sm90Barriers<Rings>& bars) const {
+    if constexpr (CLUSTER == 1) {
+      mbarrier_arrive(bar);
+    } else {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) {
+        mbarrier_arrive(bar);
+        mbarrier_arrive_cluster(peer_bars + (bar - bars.base));
+      }
+    }
+  }
 
   // Ping-pong: wait for this warpgroup's turn to issue GEMMs / hand it over.
   static constexpr bool kPingPong = CONSUMERS == 2 && TESSERA_SM90_PINGPONG != 0;
@@ -128,8 +148,9 @@ struct Sm90Consumer {
     // seventh session's trace put 0.7-2.7k cycles per item on them).
     Sm90Trace::grid(Sm90Trace::kStart);
     int traced_tiles = 0;
-    const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
-    PrefillWorkItem w_next = p.first_items[blockIdx.x];  // not behind work_indptr
+    const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
+    const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
+    PrefillWorkItem w_next = p.first_items[queue];  // not behind work_indptr
     for (int wi = wi0; wi < wi_end; ++wi) {
       using Tr = Sm90Trace;
       Tr::mark(Tr::consumer(), wi - wi0, 0);
@@ -143,7 +164,7 @@ struct Sm90Consumer {
 #endif
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len;
-      const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile
+      const int row0 = (w.q_tile * CLUSTER + rank) * CTA_Q;  // first fused row of this CTA's tile
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       Variant variant(p, b, qo_len, kv_len);
 
@@ -207,7 +228,7 @@ struct Sm90Consumer {
         wgmma_wait<0>();
         wgmma_keep(sf);
         Tr::mark(Tr::consumer(), wi - wi0, 4);
-        mbarrier_arrive(bars.k_empty(cur.index()));
+        release_kv(bars.k_empty(cur.index()), bars);
         if (n_tiles == 1) mbarrier_arrive(bars.q_empty(qb));
         prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
                                                 masked(0), causal_shift, scale);
@@ -245,7 +266,7 @@ struct Sm90Consumer {
           wgmma_keep(sf);
           wgmma_keep(dsum);
           Tr::tile(wi - wi0, t, 4);
-          mbarrier_arrive(bars.k_empty(cur.index()));
+          release_kv(bars.k_empty(cur.index()), bars);
           if (t == n_tiles - 1) mbarrier_arrive(bars.q_empty(qb));
           const bool raised =
               prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
@@ -285,7 +306,7 @@ struct Sm90Consumer {
           // V's release comes last: ptxas hoists a wait together with a
           // shared-memory arrive that follows it, and an early release here
           // dragged the wait above the softmax.
-          mbarrier_arrive(bars.v_empty(prev.index()));
+          release_kv(bars.v_empty(prev.index()), bars);
           Tr::tile(wi - wi0, t, 7);
         }
         Tr::mark(Tr::consumer(), wi - wi0, 6);
@@ -298,7 +319,7 @@ struct Sm90Consumer {
         wgmma_keep(of);
         wgmma_keep(dsum);
         wgmma_keep(pa);
-        mbarrier_arrive(bars.v_empty(last.index()));
+        release_kv(bars.v_empty(last.index()), bars);
         Tr::mark(Tr::consumer(), wi - wi0, 7);
         Tr::grid(Tr::kLastLoop);
         kv_pos = cur.next();
@@ -311,13 +332,15 @@ struct Sm90Consumer {
       } else {
         prefill_sum_quads(st);
       }
-      prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, st, rows, w, qo_start, b, kv_head, warp_row0);
+      prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head, warp_row0,
+                                                                rank);
       if (w.partial_slot >= 0)
-        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS,
-                                                          &s_is_last, [] { named_barrier_sync(kSm90ConsumersBar, THREADS); });
+        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
+            p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,
+            [] { named_barrier_sync(kSm90ConsumersBar, THREADS); }, rank);
       Tr::mark(Tr::consumer(), wi - wi0, 8);
     }
-    Sm90Trace::print(Sm90Trace::consumer(), p.work_indptr[blockIdx.x + 1] - wi0);
+    Sm90Trace::print(Sm90Trace::consumer(), wi_end - wi0);
     Sm90Trace::grid(Sm90Trace::kEnd);
     Sm90Trace::grid_print(wi_end - wi0, traced_tiles);
     if (wg == 0) take_turn();  // balances warpgroup 1's last hand-over

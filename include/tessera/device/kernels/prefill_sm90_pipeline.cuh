@@ -35,19 +35,21 @@ struct Sm90Pipeline {
 
   // Full barriers count the producer warpgroup's 128 arrivals (one per
   // thread, when its copies landed), or for tiles loaded by the TMA one
-  // arrival with the tile's bytes; empty ones every consumer thread's.
-  __device__ __forceinline__ void init(int consumer_threads, int kv_producers, int q_producers) {
+  // arrival with the tile's bytes; Q's empty ones every consumer thread's;
+  // K's and V's `kv_consumers` (every consumer thread's, or in a cluster one
+  // per consumer warp of every CTA: each CTA's copy lands in all of them).
+  __device__ __forceinline__ void init(int q_consumers, int kv_consumers, int kv_producers, int q_producers) {
     for (int i = 0; i < QB; ++i) {
       mbarrier_init(smem_addr(&q_full[i]), q_producers);
-      mbarrier_init(smem_addr(&q_empty[i]), consumer_threads);
+      mbarrier_init(smem_addr(&q_empty[i]), q_consumers);
     }
     for (int i = 0; i < KS; ++i) {
       mbarrier_init(smem_addr(&k_full[i]), kv_producers);
-      mbarrier_init(smem_addr(&k_empty[i]), consumer_threads);
+      mbarrier_init(smem_addr(&k_empty[i]), kv_consumers);
     }
     for (int i = 0; i < VS; ++i) {
       mbarrier_init(smem_addr(&v_full[i]), kv_producers);
-      mbarrier_init(smem_addr(&v_empty[i]), consumer_threads);
+      mbarrier_init(smem_addr(&v_empty[i]), kv_consumers);
     }
   }
 };

@@ -14,6 +14,7 @@
 // paged KV ~60% slower than contiguous: the producer competes with the
 // consumers for issue slots.)
 #pragma once
+#include "tessera/device/arch/cluster.cuh"
 #include "tessera/device/arch/tma.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
@@ -36,7 +37,7 @@ struct IsKey {
   static constexpr bool value = B;
 };
 
-template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, typename Params>
+template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, int CLUSTER, typename Params>
 struct Sm90Producer {
   // Thread t copies 16-byte chunks t % LPR (+ 16, + 32, ...: CPT of them) of
   // rows t / LPR + i * RPP. At most 16 threads share a row, so a thread's
@@ -60,10 +61,11 @@ struct Sm90Producer {
   T* v_smem;  // [V_STAGES][CTA_KV * HEAD_DIM]
   i64* row_offs;  // [4][CTA_KV] shared: byte offsets of a tile's rows (paged KV)
   int tid, ch, row0;
+  int rank;  // in the cluster (CLUSTER > 1): which CTA_Q rows of each item are this CTA's
 
   __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, i64* offs)
       : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % LPR),
-        row0(tid / LPR) {}
+        row0(tid / LPR), rank(CLUSTER > 1 ? cluster_rank() : 0) {}
 
   // Byte offset of row `tid` of the tile starting at `start` (paged KV:
   // page, head and slot resolved; 0 past `end`, so every table entry is a
@@ -135,6 +137,10 @@ struct Sm90Producer {
                                            RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head,
                                            int trace_item) const {
     constexpr u32 kTileBytes = CTA_KV * HEAD_DIM * sizeof(T), kBlockBytes = CTA_KV * 128;
+    // In a cluster each CTA arms its own barrier for the whole tile and
+    // copies its share of the 64-feature boxes (box cb from rank cb %
+    // CLUSTER) into every CTA of the pair; a stage is reused only after the
+    // consumers of both released it (the empty barriers count both).
     auto load = [&](const TensorMap* map, T* tile, u32 full, int t) {
 #if TESSERA_SM90_EXP_HALF_KV
       // Experiment (wrong results): odd tiles reuse whatever the stage holds,
@@ -147,8 +153,15 @@ struct Sm90Producer {
 #endif
       mbarrier_arrive_expect_tx(full, kTileBytes);
 #pragma unroll
-      for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
-        tma_load_3d(smem_addr(tile) + cb * kBlockBytes, map, full, cb * 64, token0 + t * CTA_KV, kv_head);
+      for (int cb = 0; cb < HEAD_DIM / 64; ++cb) {
+        if constexpr (CLUSTER > 1) {
+          if (cb % CLUSTER == rank)
+            tma_load_3d_multicast(smem_addr(tile) + cb * kBlockBytes, map, full, cb * 64, token0 + t * CTA_KV, kv_head,
+                                  static_cast<u16>((1u << CLUSTER) - 1));
+        } else {
+          tma_load_3d(smem_addr(tile) + cb * kBlockBytes, map, full, cb * 64, token0 + t * CTA_KV, kv_head);
+        }
+      }
     };
     auto load_v = [&](RingPos<Rings::V_STAGES> pos, int t) {
       mbarrier_wait(bars.v_empty(pos.index()), pos.phase() ^ 1);
@@ -208,15 +221,17 @@ struct Sm90Producer {
       tma_prefetch_map(&tma->v);
     }
     if (q_tma && tid == kQIssuer) tma_prefetch_map(&maps.q);
-    const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
+    const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
+    const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
     using Tr = Sm90Trace;
     for (int wi = wi0; wi < wi_end; ++wi) {
       Tr::mark(Tr::kProducer, wi - wi0, 0);
-      const PrefillWorkItem w = wi == wi0 ? p.first_items[blockIdx.x] : p.work_items[wi];
+      const PrefillWorkItem w = wi == wi0 ? p.first_items[queue] : p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       if (n_tiles == 0) continue;  // the consumers skip it too
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = w.qo_begin, qo_len = w.qo_len, page_base = w.kv_begin;
+      const int tile_row0 = (w.q_tile * CLUSTER + rank) * CTA_Q;  // this CTA's first fused row
       Variant variant(p, b, qo_len, w.kv_len);
 
       // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
@@ -225,7 +240,7 @@ struct Sm90Producer {
         if (tid == kQIssuer) {
           mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
           Tr::mark(Tr::kProducer, wi - wi0, 1);
-          tma_q(&maps.q, q_dst, bars.q_full(q_pos.index()), qo_start + w.q_tile * (CTA_Q / p.group), kv_head);
+          tma_q(&maps.q, q_dst, bars.q_full(q_pos.index()), qo_start + tile_row0 / p.group, kv_head);
         }
       } else {
         mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
@@ -233,7 +248,7 @@ struct Sm90Producer {
         u32 q_addr = smem_addr(q_dst + QLayout::at(row0, ch));
 #pragma unroll 4
         for (int i = 0; i < Q_PASSES; ++i, q_addr += RPP * 64 * sizeof(T)) {
-          const int f = w.q_tile * CTA_Q + row0 + i * RPP, qo = f / p.group;
+          const int f = tile_row0 + row0 + i * RPP, qo = f / p.group;
           const bool ok = qo < qo_len;
           const i64 off = (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
 #pragma unroll
@@ -293,7 +308,7 @@ struct Sm90Producer {
       issue(IsKey<false>{}, VPos{kv_pos.count - 1}, n_tiles - 1);
     }
     cp_async_wait_all();  // no copy outlives its thread
-    Tr::print(Tr::kProducer, p.work_indptr[blockIdx.x + 1] - wi0);
+    Tr::print(Tr::kProducer, wi_end - wi0);
   }
 };
 
