@@ -58,6 +58,9 @@ def with_env(env, fn):
                 os.environ[k] = v
 
 
+_last_grid = [None]
+
+
 def wrapper(L, b, h, window, cta_q=0, backend="fa3"):
     """A planned wrapper and its inputs: b requests of L tokens, causal (+ window)."""
     qo = torch.arange(0, b + 1, dtype=torch.int32) * L
@@ -66,6 +69,7 @@ def wrapper(L, b, h, window, cta_q=0, backend="fa3"):
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(pf.workspace(), "NHD", backend=backend)
     w._cta_q = cta_q
     w.plan(qo, qo, h, h, pf.D, causal=True, window_left=window, q_data_type=pf.DT)
+    _last_grid[0] = getattr(w, "grid", None)
     return w, q, k, v
 
 
@@ -77,6 +81,7 @@ def check(L, b, h, env, window, cta_q, backend, experiment=False):
         return q, k, v, out
 
     q, k, v, out = with_env(env, run)
+    print(f"  grid (CTAs per head group, cluster): {_last_grid[0]}", flush=True)
     t = lambda x: x.view(b, L, h, pf.D).transpose(1, 2)
     i = torch.arange(L, device="cuda")
     keep = i[None, :] <= i[:, None]

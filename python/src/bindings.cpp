@@ -399,6 +399,7 @@ class PyBatchPrefill {
   // The query tile is only fixed by the first plan (ctas_per_head is 0 before).
   int cta_q() const { return pre_.ctas_per_group() ? pre_.config().cta_q : 0; }
   int ctas_per_head() const { return pre_.ctas_per_group(); }
+  int cluster() const { return pre_.ctas_per_group() ? pre_.cluster() : 0; }
 
  private:
   Workspace ws_;  // declared before pre_, which keeps a pointer to it
@@ -517,7 +518,9 @@ NB_MODULE(_C, m) {
            "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask as for run.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
-      .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).");
+      .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")
+      .def_prop_ro("cluster", &PyBatchPrefill::cluster,
+                   "CTAs per cluster of the Hopper kernel (2: pairs sharing each K / V tile by TMA multicast; 0 before plan).");
   m.def("gpu_available", &tessera::cuda::gpu_available, "True when a usable CUDA device is present.");
   m.def("no_gpu_reason", &tessera::cuda::no_gpu_reason, "Why no GPU is usable ('' when one is).");
   m.def("device_count", &tessera::cuda::device_count, "Number of usable CUDA devices (0 without a driver).");

@@ -89,6 +89,11 @@ class _PrefillWrapper:
         """Query rows per CTA tile chosen at the first plan (None before)."""
         return self._native.cta_q if self._native is not None else None
 
+    @property
+    def grid(self):
+        """(CTAs per head group, CTAs per cluster) of the persistent kernel, fixed at the first plan (None before)."""
+        return (self._native.ctas_per_head, self._native.cluster) if self._native is not None else None
+
     def _fix_batch(self, buffers):
         """max_batch from FlashInfer's index buffers: (name, buffer, entries beyond the batch size)."""
         for name, buf, extra in buffers:

@@ -39,7 +39,7 @@ __device__ __forceinline__ u32 cluster_map(u32 addr, int rank) {
 // One arrival (release at cluster scope) on a barrier given by its cluster-
 // window address, which may be another CTA's.
 __device__ __forceinline__ void mbarrier_arrive_cluster(u32 cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
 }
 #else
 __device__ __forceinline__ int cluster_rank() { return 0; }

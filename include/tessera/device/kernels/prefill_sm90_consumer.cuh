@@ -86,7 +86,7 @@ struct Sm90Consumer {
   int wg;         // consumer warpgroup: rows wg * 64 .. wg * 64 + 63 of the query tile
   int tid;        // 0 .. THREADS - 1 over all consumers
   int warp_row0;  // first tile row of this warp
-  int rank;       // in the cluster: this CTA's CTA_Q rows of each item's 2 * CTA_Q
+  int rank;       // in the cluster (its half of each item's 2 * CTA_Q rows alternates)
   u32 peer_bars;  // CLUSTER > 1: the peer CTA's pipeline barriers (cluster window)
 
   __device__ __forceinline__ Sm90Consumer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v)
@@ -164,8 +164,29 @@ struct Sm90Consumer {
 #endif
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len;
-      const int row0 = (w.q_tile * CLUSTER + rank) * CTA_Q;  // first fused row of this CTA's tile
+      // A pair's CTAs swap halves every item, so neither always gets the
+      // half that sees one KV tile more (causal): the rings absorb the
+      // difference instead of one CTA waiting for the other every item.
+      const int half = CLUSTER > 1 ? rank ^ ((wi - wi0) & 1) : 0;
+      const int row0 = (w.q_tile * CLUSTER + half) * CTA_Q;  // first fused row of this CTA's tile
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
+      // Tiles this warpgroup computes. In a pair: none without a valid row,
+      // and under a causal mask none past its last row's diagonal (the lower
+      // half's last tile). Skipped tiles are only waited for and released:
+      // their P would be 0 and O unchanged, bit for bit. (Alone, the planner
+      // leaves no such tiles worth the registers: at head dim 256 the check
+      // made ptxas spill.)
+      int n_comp = n_tiles;
+      if constexpr (CLUSTER > 1) {
+        const int first_qo = (row0 + wg * 64) / p.group, last_qo = min((row0 + wg * 64 + 63) / p.group, qo_len - 1);
+        if (first_qo >= qo_len) {
+          n_comp = 0;
+        } else if constexpr (Variant::causal) {
+          const int seen = diagonal_key(last_qo, qo_len, kv_len) + 1 - w.kv_start;  // keys of the chunk it may see
+          n_comp = seen <= 0 ? 0 : min(n_tiles, (seen + CTA_KV - 1) / CTA_KV);
+        }
+        n_comp = warp_uniform(n_comp);
+      }
       Variant variant(p, b, qo_len, kv_len);
 
       RowInfo<1> rows;
@@ -217,8 +238,9 @@ struct Sm90Consumer {
         u32 pa[CTA_KV / 16][4];
         float scale[1][2];
 
-        // Tile 0: S, softmax (O is still zero: nothing to rescale).
         RingPos<Rings::K_STAGES> cur = kv_pos;
+        if (n_comp > 0) {
+        // Tile 0: S, softmax (O is still zero: nothing to rescale).
         mbarrier_wait(bars.k_full(cur.index()), cur.phase());
         Tr::mark(Tr::consumer(), wi - wi0, 3);
         Tr::grid(Tr::kFirstK, traced_tiles == 0);
@@ -229,14 +251,14 @@ struct Sm90Consumer {
         wgmma_keep(sf);
         Tr::mark(Tr::consumer(), wi - wi0, 4);
         release_kv(bars.k_empty(cur.index()), bars);
-        if (n_tiles == 1) mbarrier_arrive(bars.q_empty(qb));
+        if (n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
         prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
                                                 masked(0), causal_shift, scale);
         pack_p<CTA_KV, T>(pa, s);
         Tr::mark(Tr::consumer(), wi - wi0, 5);
 
         bool k_ready = false, v_ready = false;  // probes of the next step's barriers (PROBE)
-        for (int t = 1; t < n_tiles; ++t) {
+        for (int t = 1; t < n_comp; ++t) {
           const VPos prev{cur.count};
           cur = cur.next();
           Tr::tile(wi - wi0, t, 0);
@@ -267,7 +289,7 @@ struct Sm90Consumer {
           wgmma_keep(dsum);
           Tr::tile(wi - wi0, t, 4);
           release_kv(bars.k_empty(cur.index()), bars);
-          if (t == n_tiles - 1) mbarrier_arrive(bars.q_empty(qb));
+          if (t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
           const bool raised =
               prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
                                                       w.kv_end, b, kv_head, masked(t), causal_shift, scale);
@@ -322,7 +344,18 @@ struct Sm90Consumer {
         release_kv(bars.v_empty(last.index()), bars);
         Tr::mark(Tr::consumer(), wi - wi0, 7);
         Tr::grid(Tr::kLastLoop);
-        kv_pos = cur.next();
+        cur = cur.next();
+        } else {
+          mbarrier_arrive(bars.q_empty(qb));
+        }
+        for (int t = n_comp; t < n_tiles; ++t, cur = cur.next()) {  // skipped tiles: landed, then released
+          mbarrier_wait(bars.k_full(cur.index()), cur.phase());
+          release_kv(bars.k_empty(cur.index()), bars);
+          const VPos v{cur.count};
+          mbarrier_wait(bars.v_full(v.index()), v.phase());
+          release_kv(bars.v_empty(v.index()), bars);
+        }
+        kv_pos = cur;
         q_pos = q_pos.next();
       }
 
@@ -333,11 +366,11 @@ struct Sm90Consumer {
         prefill_sum_quads(st);
       }
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head, warp_row0,
-                                                                rank);
+                                                                half);
       if (w.partial_slot >= 0)
         prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
             p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,
-            [] { named_barrier_sync(kSm90ConsumersBar, THREADS); }, rank);
+            [] { named_barrier_sync(kSm90ConsumersBar, THREADS); }, half);
       Tr::mark(Tr::consumer(), wi - wi0, 8);
     }
     Sm90Trace::print(Sm90Trace::consumer(), wi_end - wi0);

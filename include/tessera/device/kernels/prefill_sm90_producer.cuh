@@ -61,7 +61,7 @@ struct Sm90Producer {
   T* v_smem;  // [V_STAGES][CTA_KV * HEAD_DIM]
   i64* row_offs;  // [4][CTA_KV] shared: byte offsets of a tile's rows (paged KV)
   int tid, ch, row0;
-  int rank;  // in the cluster (CLUSTER > 1): which CTA_Q rows of each item are this CTA's
+  int rank;  // in the cluster (CLUSTER > 1): with the item index, which CTA_Q rows of each item are this CTA's
 
   __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, i64* offs)
       : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % LPR),
@@ -231,7 +231,8 @@ struct Sm90Producer {
       if (n_tiles == 0) continue;  // the consumers skip it too
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = w.qo_begin, qo_len = w.qo_len, page_base = w.kv_begin;
-      const int tile_row0 = (w.q_tile * CLUSTER + rank) * CTA_Q;  // this CTA's first fused row
+      const int half = CLUSTER > 1 ? rank ^ ((wi - wi0) & 1) : 0;  // as the consumers take it
+      const int tile_row0 = (w.q_tile * CLUSTER + half) * CTA_Q;   // this CTA's first fused row
       Variant variant(p, b, qo_len, w.kv_len);
 
       // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
