@@ -5,7 +5,9 @@ landed, after its last main loop and at its end. One launch after each of
 two L2 states (a written flush buffer, as triton's do_bench leaves it, whose
 dirty lines must go back to HBM during the step; and a read one, which leaves
 L2 clean), then percentiles over the CTAs, relative to the earliest start.
-Usage: python bench/decode_trace.py [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16]"""
+With --prefill L: the same for causal prefill of --batch requests of L tokens
+(--hq heads, the Hopper kernel on ragged KV).
+Usage: python bench/decode_trace.py [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16] [--prefill L]"""
 import argparse
 import os
 import subprocess
@@ -20,14 +22,24 @@ def child(a):
     import common
     import decode as dec
     import tessera
-    lens = common.kv_lengths(a.lengths, a.batch)
-    k, v, indptr, indices, last = dec.paged_cache(lens, a.page, a.hkv, seed=1)
-    q = torch.randn(a.batch, a.hq, D, dtype=torch.float16, device="cuda")
-    w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.workspace(), "NHD", use_tensor_cores=True)
-    w.plan(indptr, indices, last, a.hq, a.hkv, D, a.page, q_data_type=torch.float16, kv_data_type=torch.float16)
-    out = torch.empty_like(q)
+    if a.prefill:  # the Table-1 shape: a.batch requests of a.prefill tokens, causal, a.hq heads
+        qo = torch.arange(0, a.batch + 1, dtype=torch.int32) * a.prefill
+        q = torch.randn(a.batch * a.prefill, a.hq, D, dtype=torch.float16, device="cuda")
+        kr, vr = torch.randn_like(q), torch.randn_like(q)
+        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(common.workspace(), "NHD", backend="fa3")
+        w.plan(qo, qo, a.hq, a.hq, D, causal=True, q_data_type=torch.float16)
+        out = torch.empty_like(q)
+        run = lambda: w.run(q, kr, vr, out=out)  # noqa: E731
+    else:
+        lens = common.kv_lengths(a.lengths, a.batch)
+        k, v, indptr, indices, last = dec.paged_cache(lens, a.page, a.hkv, seed=1)
+        q = torch.randn(a.batch, a.hq, D, dtype=torch.float16, device="cuda")
+        w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.workspace(), "NHD", use_tensor_cores=True)
+        w.plan(indptr, indices, last, a.hq, a.hkv, D, a.page, q_data_type=torch.float16, kv_data_type=torch.float16)
+        out = torch.empty_like(q)
+        run = lambda: w.run(q, (k, v), out=out)  # noqa: E731
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    w.run(q, (k, v), out=out)  # load and warm
+    run()  # load and warm
     torch.cuda.synchronize()
     for state in ("written", "read"):
         for _ in range(3):
@@ -37,7 +49,7 @@ def child(a):
                 flush.view(torch.int64).amax()
             torch.cuda.synchronize()
             print(f"RUN {state}", flush=True)
-            w.run(q, (k, v), out=out)
+            run()
             torch.cuda.synchronize()
 
 
@@ -53,6 +65,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--lengths", default="const:32768")
     ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--prefill", type=int, default=0, help="trace causal prefill of --batch x this many tokens instead")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
@@ -71,7 +84,8 @@ def main():
             f = line.split()
             cur[1].append(dict(cta=int(f[1]), sm=int(f[2]), items=int(f[3]), tiles=int(f[4]),
                                t=[int(x) for x in f[5:9]]))
-    print(f"{a.hq}/{a.hkv} batch {a.batch} {a.lengths} page {a.page}: us from the earliest CTA start "
+    what = f"prefill {a.batch} x {a.prefill}, {a.hq} heads" if a.prefill else f"{a.hq}/{a.hkv} batch {a.batch} {a.lengths} page {a.page}"
+    print(f"{what}: us from the earliest CTA start "
           "(p10 / p50 / p90 / max over CTAs)")
     for state, ctas in runs:
         busy = [c for c in ctas if c["tiles"] > 0]

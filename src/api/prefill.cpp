@@ -177,17 +177,18 @@ void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
 // Backend of the first plan: the Hopper (wgmma) template on sm_90 where it
 // covers the head dim and query tile ("auto"), or as the user forces it.
 // CTA pairs (PrefillOptions::cluster) need the Hopper kernel's 128-row tiles
-// and contiguous KV, which the TMA multicasts; auto takes them for long
-// queries, where one 256-row tile's extra masked KV tile (causal) is cheap.
+// and contiguous KV, which the TMA multicasts. Auto leaves them off: on the
+// H100 they measured 0.95x at 1k and within +-3% at 8k-16k in the Table-1
+// setting (bench/results/prefill-ab-pairs3-*.json), so only an explicit 2
+// turns them on.
 int BatchPrefill::choose_cluster(Source src, double avg_fused_q_len) const {
   int want = opt_.cluster;
   if (const char* env = std::getenv("TESSERA_SM90_CLUSTER"); env && *env) want = std::atoi(env);
   if (want < 0 || want > 2)
     throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(want));
   const bool eligible = config_.hopper && config_.cta_q == 128 && src == Source::kRagged;
-  if (!eligible || want == 1) return 1;
-  constexpr double kAutoMinRows = 2048;  // fused query rows per request
-  return want == 2 || avg_fused_q_len >= kAutoMinRows ? 2 : 1;
+  (void)avg_fused_q_len;  // for an auto rule, once pairs pay somewhere
+  return eligible && want == 2 ? 2 : 1;
 }
 
 bool BatchPrefill::use_hopper(int cta_q) const {

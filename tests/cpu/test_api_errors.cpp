@@ -121,6 +121,12 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   DecodeOptions neg = tensor_cores();
   neg.max_sms = -1;
   EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, neg), InvalidArgument, "max_sms");
+  // CTA pairs: 0 (auto), 1 or 2, checked when the wrapper is built.
+  for (int c : {-1, 3, 4}) {
+    PrefillOptions pairs;
+    pairs.cluster = c;
+    EXPECT_THROW_MSG(BatchPrefill({}, task(), f.ws, pairs), InvalidArgument, "cluster");
+  }
 
   // The prefill wrapper's sections with one query per request, one plan per
   // KV head (decode's plan() runs every step: no head groups).

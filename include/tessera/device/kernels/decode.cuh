@@ -31,38 +31,17 @@ __device__ __forceinline__ void decode_merge_partials(const Params& p, const Var
   constexpr int VEC = Shape::VEC, TX = Shape::TX;
   for (int idx = threadIdx.x; idx < GROUP * TX; idx += Shape::THREADS) {
     const int qo_head = h * GROUP + idx / TX, feat0 = (idx % TX) * VEC;
-    // Unrolled and branch-free so many chunk loads are in flight at once (a
-    // long request can have ~100 chunks; a serial loop would be latency-bound).
-    // Empty chunks hold finite zeros with lse = -inf, i.e. weight 0.
-    float m = neg_inf();
-    if (Variant::use_softmax) {
-#pragma unroll 8
-      for (int c = 0; c < w.num_chunks; ++c)
-        m = fmaxf(m, __ldcg(p.partial_lse + static_cast<i64>(w.first_slot + c) * p.num_qo_heads + qo_head));
-    }
-    const float m_safe = m == neg_inf() ? 0.f : m;
-    float acc[VEC], denom = 0.f;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
-#pragma unroll 4
-    for (int c = 0; c < w.num_chunks; ++c) {
-      const i64 slot = w.first_slot + c;
-      const float wgt = Variant::use_softmax ? exp2f(__ldcg(p.partial_lse + slot * p.num_qo_heads + qo_head) - m_safe) : 1.f;
-      const float4* src = reinterpret_cast<const float4*>(p.partial_o + (slot * p.num_qo_heads + qo_head) * (TX * VEC) + feat0);
-#pragma unroll
-      for (int i = 0; i < VEC / 4; ++i) {
-        const float4 v = __ldcg(src + i);
-        acc[4 * i] += wgt * v.x; acc[4 * i + 1] += wgt * v.y; acc[4 * i + 2] += wgt * v.z; acc[4 * i + 3] += wgt * v.w;
-      }
-      denom += wgt;
-    }
-    float lse = 0.f;
-    if (Variant::use_softmax) {
-      const float inv = denom > 0.f ? 1.f / denom : 0.f;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[i] *= inv;
-      lse = denom > 0.f ? m + log2f(denom) : neg_inf();
-    }
+    // A long request can have ~100 chunks: merged in blocks whose loads
+    // are in flight together (merge_chunk_states).
+    float acc[VEC];
+    const float lse = merge_chunk_states<VEC, Variant::use_softmax>(
+        w.num_chunks,
+        [&](int c) { return __ldcg(p.partial_lse + static_cast<i64>(w.first_slot + c) * p.num_qo_heads + qo_head); },
+        [&](int c, int i) {
+          const i64 slot = w.first_slot + c;
+          return __ldcg(reinterpret_cast<const float4*>(p.partial_o + (slot * p.num_qo_heads + qo_head) * (TX * VEC) + feat0) + i);
+        },
+        acc);
     decode_store_output<Variant, Shape, DO>(p, variant, w.request, qo_head, feat0, acc, lse, feat0 == 0);
   }
 }

@@ -11,6 +11,7 @@
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
+#include "tessera/device/primitives/attention_state.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
 #include "tessera/device/kernels/prefill_softmax.cuh"
 
@@ -130,55 +131,15 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
     auto slot_base = [&](int c) {
       return ((static_cast<i64>(w.first_slot + c) * gridDim.y + blockIdx.y) * CLUSTER + rank) * CTA_Q + tile_row;
     };
-    // One pass in blocks of kBlock chunks: a block's loads are issued
-    // together (predicated, so no remainder loop issues them one at a
-    // time), then folded into a running maximum m. A first pass for m and a
-    // second for the sums (4 chunks per trip) cost a 33-chunk decode merge
-    // ~14 dependent L2 round trips at the end of the kernel; now 5. Empty
-    // chunks hold finite zeros with lse = -inf, i.e. weight 0.
-    constexpr int kBlock = 8;
-    float m = neg_inf(), acc[4] = {0.f, 0.f, 0.f, 0.f}, denom = 0.f;
-    for (int c0 = 0; c0 < w.num_chunks; c0 += kBlock) {
-      float lse[kBlock];
-      float4 v[kBlock];
-#pragma unroll
-      for (int j = 0; j < kBlock; ++j) {
-        const bool in = c0 + j < w.num_chunks;
-        lse[j] = in && Variant::use_softmax ? __ldcg(p.partial_lse + slot_base(c0 + j)) : (in ? 0.f : neg_inf());
-        v[j] = in ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c0 + j) * HEAD_DIM + col))
-                  : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float wgt[kBlock];
-      if (Variant::use_softmax) {
-        float m_new = m;
-#pragma unroll
-        for (int j = 0; j < kBlock; ++j) m_new = fmaxf(m_new, lse[j]);
-        const float m_safe = m_new == neg_inf() ? 0.f : m_new;
-        const float old = fast_exp2(m - m_safe);  // 0 while m is -inf
-        denom *= old;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] *= old;
-#pragma unroll
-        for (int j = 0; j < kBlock; ++j) wgt[j] = fast_exp2(lse[j] - m_safe);
-        m = m_new;
-      } else {
-#pragma unroll
-        for (int j = 0; j < kBlock; ++j) wgt[j] = c0 + j < w.num_chunks ? 1.f : 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kBlock; ++j) {
-        acc[0] += wgt[j] * v[j].x; acc[1] += wgt[j] * v[j].y; acc[2] += wgt[j] * v[j].z; acc[3] += wgt[j] * v[j].w;
-        denom += wgt[j];
-      }
-    }
-    const float inv = Variant::use_softmax ? (denom > 0.f ? 1.f / denom : 0.f) : 1.f;
     float out[4];
+    const float lse = merge_chunk_states<4, Variant::use_softmax>(
+        w.num_chunks, [&](int c) { return __ldcg(p.partial_lse + slot_base(c)); },
+        [&](int c, int) { return __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c) * HEAD_DIM + col)); },
+        out);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = variant.OutputTransform(p, acc[i] * inv, b, qo, head, col + i);
+    for (int i = 0; i < 4; ++i) out[i] = variant.OutputTransform(p, out[i], b, qo, head, col + i);
     store_vec<4>(static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col, out);
-    if (col == 0 && p.lse != nullptr)
-      p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] =
-          Variant::use_softmax ? (denom > 0.f ? m + log2f(denom) : neg_inf()) : 0.f;
+    if (col == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
   }
   if (tid == 0) *counter = 0;
 }

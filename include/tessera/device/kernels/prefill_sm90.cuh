@@ -47,9 +47,11 @@ struct Sm90Shape {
 // are 2 * CTA_Q rows (the planner's query tile), rank r taking rows
 // [r * CTA_Q, (r + 1) * CTA_Q) of each: both stream the same K and V tiles,
 // which each tile's TMA copies deliver to both CTAs at once (multicast), so
-// L2 serves each tile once per pair. (Halving the K / V reads from L2 lifted
-// 16k causal prefill from 564 to 616 TFLOP/s in a bound experiment: every
-// kernel here runs at the power cap, and L2 traffic costs energy.)
+// L2 serves each tile once per pair. (Skipping every other K / V tile copy
+// lifted 16k causal prefill from 564 to 616 TFLOP/s in a bound experiment,
+// TESSERA_SM90_EXP_HALF_KV: the kernels run at the power cap. The pairs,
+// which halve only the L2 reads, measured within +-3% of single CTAs at
+// 8k-16k and 5% slower at 1k, so they are opt-in: PrefillOptions::cluster.)
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
           int V_STAGES, int Q_BUFS, int CTAS_PER_SM, int CLUSTER, typename Params>
 __device__ __forceinline__ void batch_prefill_sm90(const Params& p, const Sm90TensorMaps& tma) {

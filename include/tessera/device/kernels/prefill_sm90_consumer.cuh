@@ -62,6 +62,16 @@
 #define TESSERA_SM90_TC_ROWSUM 1
 #endif
 
+// PAIR_SWAP / PAIR_SKIP (experiments): CTA pairs swap halves every item,
+// and skip tiles past a warpgroup's causal diagonal (0: rank r always takes
+// half r / computes every tile).
+#ifndef TESSERA_SM90_PAIR_SWAP
+#define TESSERA_SM90_PAIR_SWAP 1
+#endif
+#ifndef TESSERA_SM90_PAIR_SKIP
+#define TESSERA_SM90_PAIR_SKIP 1
+#endif
+
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -167,7 +177,7 @@ struct Sm90Consumer {
       // A pair's CTAs swap halves every item, so neither always gets the
       // half that sees one KV tile more (causal): the rings absorb the
       // difference instead of one CTA waiting for the other every item.
-      const int half = CLUSTER > 1 ? rank ^ ((wi - wi0) & 1) : 0;
+      const int half = CLUSTER > 1 ? rank ^ (TESSERA_SM90_PAIR_SWAP ? (wi - wi0) & 1 : 0) : 0;
       const int row0 = (w.q_tile * CLUSTER + half) * CTA_Q;  // first fused row of this CTA's tile
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       // Tiles this warpgroup computes. In a pair: none without a valid row,
@@ -177,7 +187,7 @@ struct Sm90Consumer {
       // leaves no such tiles worth the registers: at head dim 256 the check
       // made ptxas spill.)
       int n_comp = n_tiles;
-      if constexpr (CLUSTER > 1) {
+      if constexpr (CLUSTER > 1 && TESSERA_SM90_PAIR_SKIP) {
         const int first_qo = (row0 + wg * 64) / p.group, last_qo = min((row0 + wg * 64 + 63) / p.group, qo_len - 1);
         if (first_qo >= qo_len) {
           n_comp = 0;

@@ -23,6 +23,9 @@
 #include "tessera/device/kernels/prefill_tiles.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
+#ifndef TESSERA_SM90_PAIR_SWAP  // (prefill_sm90_consumer.cuh)
+#define TESSERA_SM90_PAIR_SWAP 1
+#endif
 #ifndef TESSERA_SM90_EXP_HALF_KV
 #define TESSERA_SM90_EXP_HALF_KV 0
 #endif
@@ -231,7 +234,7 @@ struct Sm90Producer {
       if (n_tiles == 0) continue;  // the consumers skip it too
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = w.qo_begin, qo_len = w.qo_len, page_base = w.kv_begin;
-      const int half = CLUSTER > 1 ? rank ^ ((wi - wi0) & 1) : 0;  // as the consumers take it
+      const int half = CLUSTER > 1 ? rank ^ (TESSERA_SM90_PAIR_SWAP ? (wi - wi0) & 1 : 0) : 0;  // as the consumers
       const int tile_row0 = (w.q_tile * CLUSTER + half) * CTA_Q;   // this CTA's first fused row
       Variant variant(p, b, qo_len, w.kv_len);
 

@@ -71,6 +71,67 @@ struct OnlineSoftmax {
   __device__ __forceinline__ float lse() const { return empty() ? neg_inf() : m + log2f(d); }
 };
 
+// Merges the partial states of chunks 0 .. n - 1 of one row in chunk order
+// (deterministic), VEC features at a time: lse(c) is chunk c's base-2 LSE,
+// o(c, i) its features 4i .. 4i + 3 (float4). Chunks go in blocks of BLOCK:
+// a block's loads are issued together (predicated, so no remainder loop
+// issues them one at a time) and then folded into a running maximum, so n
+// chunks cost about n / BLOCK dependent round trips to L2 (a first loop for
+// the maximum and a second for the sums, 4 chunks a trip, cost a 33-chunk
+// merge ~14). Empty chunks hold lse = -inf and finite O. Leaves the merged,
+// normalized output in out and returns the merged LSE; without softmax the
+// plain sum and 0.
+template <int VEC, bool SOFTMAX, int BLOCK = 8, typename Lse, typename Vec>
+__device__ __forceinline__ float merge_chunk_states(int n, Lse lse, Vec o, float (&out)[VEC]) {
+  static_assert(VEC % 4 == 0, "float4 loads");
+  float m = neg_inf(), denom = 0.f;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) out[i] = 0.f;
+  for (int c0 = 0; c0 < n; c0 += BLOCK) {
+    float l[BLOCK], wgt[BLOCK];
+    float4 v[BLOCK][VEC / 4];
+#pragma unroll
+    for (int j = 0; j < BLOCK; ++j) {
+      const bool in = c0 + j < n;
+      l[j] = in ? (SOFTMAX ? lse(c0 + j) : 0.f) : neg_inf();
+#pragma unroll
+      for (int i = 0; i < VEC / 4; ++i) v[j][i] = in ? o(c0 + j, i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if constexpr (SOFTMAX) {
+      float m_new = m;
+#pragma unroll
+      for (int j = 0; j < BLOCK; ++j) m_new = fmaxf(m_new, l[j]);
+      const float m_safe = m_new == neg_inf() ? 0.f : m_new;
+      const float old = fast_exp2(m - m_safe);  // 0 while m is -inf
+      denom *= old;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) out[i] *= old;
+#pragma unroll
+      for (int j = 0; j < BLOCK; ++j) wgt[j] = fast_exp2(l[j] - m_safe);
+      m = m_new;
+    } else {
+#pragma unroll
+      for (int j = 0; j < BLOCK; ++j) wgt[j] = c0 + j < n ? 1.f : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < BLOCK; ++j) {
+#pragma unroll
+      for (int i = 0; i < VEC / 4; ++i) {
+        out[4 * i] += wgt[j] * v[j][i].x;
+        out[4 * i + 1] += wgt[j] * v[j][i].y;
+        out[4 * i + 2] += wgt[j] * v[j][i].z;
+        out[4 * i + 3] += wgt[j] * v[j][i].w;
+      }
+      denom += wgt[j];
+    }
+  }
+  if constexpr (!SOFTMAX) return 0.f;
+  const float inv = denom > 0.f ? 1.f / denom : 0.f;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) out[i] *= inv;
+  return denom > 0.f ? m + log2f(denom) : neg_inf();
+}
+
 #endif
 
 }  // namespace tessera
