@@ -422,6 +422,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.page_shift = detail::page_shift(kv.page_size);
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
+  p.custom_mask_bytes = mask ? mask->numel() : 0;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;
   ParamBlock block;  // p followed by the variant's extras
   pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);

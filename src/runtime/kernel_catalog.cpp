@@ -30,18 +30,35 @@ VariantSpec causal() {
 }
 // Reads PrefillParams::custom_mask / mask_indptr, so prefill only. The
 // constructor resolves the request's first byte once per work item; the bit
-// index is 64-bit because qo_len * kv_len may pass 2^31.
+// index is 64-bit because qo_len * kv_len may pass 2^31. LogitsMaskBits reads
+// 32 bits at once as two aligned words of the whole buffer (funnel-shifted;
+// little bit order, so word bit j is buffer bit 32 w + j), clamped to the
+// buffer's last word: bits past a row's end are ignored by the kernels.
 VariantSpec custom_mask() {
   return {"CustomMaskAttention",
           "struct CustomMaskAttention : tessera::VariantBase {\n"
           "  const tessera::u8* mask;  // this request's packed bits\n"
+          "  const unsigned* words;    // the buffer from its aligned start\n"
+          "  long long first_bit;      // this request's bit 0 in words\n"
+          "  long long last_word;      // the buffer's last word in words\n"
           "  template <typename Params>\n"
           "  __device__ __forceinline__ CustomMaskAttention(const Params& p, int batch_idx, int qo_len_, int kv_len_)\n"
-          "      : tessera::VariantBase(p, batch_idx, qo_len_, kv_len_), mask(p.custom_mask + p.mask_indptr[batch_idx]) {}\n"
+          "      : tessera::VariantBase(p, batch_idx, qo_len_, kv_len_), mask(p.custom_mask + p.mask_indptr[batch_idx]) {\n"
+          "    const unsigned long long a = reinterpret_cast<unsigned long long>(p.custom_mask);\n"
+          "    words = reinterpret_cast<const unsigned*>(a & ~3ull);\n"
+          "    first_bit = 8 * (static_cast<long long>(a & 3) + p.mask_indptr[batch_idx]);\n"
+          "    last_word = (static_cast<long long>(a & 3) + p.custom_mask_bytes - 1) >> 2;\n"
+          "  }\n"
           "  template <typename Params>\n"
           "  __device__ __forceinline__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
           "    const long long bit = static_cast<long long>(qo_idx) * kv_len + kv_idx;\n"
           "    return (mask[bit >> 3] >> (bit & 7)) & 1;\n"
+          "  }\n"
+          "  template <typename Params>\n"
+          "  __device__ __forceinline__ unsigned LogitsMaskBits(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
+          "    const long long bit = first_bit + static_cast<long long>(qo_idx) * kv_len + kv_idx, w = bit >> 5;\n"
+          "    const unsigned lo = w <= last_word ? __ldg(words + w) : 0u, hi = w + 1 <= last_word ? __ldg(words + w + 1) : 0u;\n"
+          "    return __funnelshift_r(lo, hi, static_cast<unsigned>(bit & 31));\n"
           "  }\n"
           "};\n"};
 }

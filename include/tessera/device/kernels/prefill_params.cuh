@@ -85,6 +85,7 @@ struct PrefillParams {
   // byte custom_mask[mask_indptr[b]].
   const u8* custom_mask;
   const int* mask_indptr;  // [batch + 1] byte offsets
+  i64 custom_mask_bytes;   // the buffer's size (LogitsMaskBits reads whole words, never past it)
   Extra extra;  // keep last
 };
 

@@ -70,24 +70,46 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
   using Traits = VariantTraits<Variant, Params>;
   constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
   const float scale_log2 = p.sm_scale * kLog2e;
+  // A variant's LogitsMaskBits answers 32 keys at once: word w of row r holds
+  // keys col0 + 32 w ..., so this thread's column n * 8 + (e & 1) is bit
+  // (n % 4) * 8 + (e & 1) of word n / 4. (One LogitsMask call per element
+  // kept ~64 byte loads in flight per thread: a packed custom mask ran at
+  // 0.07x of the causal variant on the Hopper kernel, spilling.)
+  constexpr bool kMaskBits = Traits::logits_mask_bits && NT_S % 4 == 0;
   auto keep = [&](int t, int r, int pos) {
     bool k = rows.valid[t][r] && pos < kv_end;
     if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
     if constexpr (Variant::window_left >= 0) k = k && pos >= window_first_key<Variant>(rows.qo_idx[t][r] + causal_shift);
-    if constexpr (Traits::logits_mask) k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
+    if constexpr (Traits::logits_mask && !kMaskBits)
+      k = k && variant.LogitsMask(p, b, rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
     return k;
   };
   // The mask is a branch around the whole tile, not a test per element: the
   // compiler if-converts a per-element `masked && !keep` into ~7 predicate
   // instructions per element on every tile (SASS of the Hopper kernel).
   auto apply_mask = [&](float masked_value) {
+    u32 bits[MT][2][kMaskBits ? NT_S / 4 : 1];
+    if constexpr (kMaskBits) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int w = 0; w < NT_S / 4; ++w)
+            bits[t][r][w] = rows.valid[t][r] ? variant.LogitsMaskBits(p, b, rows.qo_idx[t][r], col0 + 32 * w,
+                                                                      rows.head[t][r], kv_head)
+                                             : 0u;
+    }
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
       for (int n = 0; n < NT_S; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!keep(t, e / 2, col0 + n * 8 + (e & 1))) s[t][n][e] = masked_value;
+        for (int e = 0; e < 4; ++e) {
+          bool k = keep(t, e / 2, col0 + n * 8 + (e & 1));
+          if constexpr (kMaskBits) k = k && ((bits[t][e / 2][n / 4] >> ((n % 4) * 8 + (e & 1))) & 1u);
+          if (!k) s[t][n][e] = masked_value;
+        }
   };
   if constexpr (!kPlain) {
 #pragma unroll

@@ -17,6 +17,12 @@
 //   ValueTransform (params, v, batch_idx, kv_idx, kv_head_idx, feat_idx) -> float
 //   LogitsTransform(params, logit, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx) -> float
 //   LogitsMask     (params, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx) -> bool (true = keep)
+//   LogitsMaskBits (params, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx) -> u32, optional
+//                beside LogitsMask: bit j answers LogitsMask for key kv_idx + j,
+//                j < 32 (bits for keys past the request's end are ignored). The
+//                tensor-core prefill kernels then ask once per 32 keys instead
+//                of once per key (a packed custom mask: 2 word loads instead of
+//                32 byte loads); every other kernel keeps calling LogitsMask.
 //   OutputTransform(params, o, batch_idx, qo_idx, qo_head_idx, feat_idx) -> float
 //   use_softmax: true  -> O = softmax(logits) V, LSE reported (base 2);
 //                false -> O = sum_j logit_j V_j (e.g. FlashSigmoid), LSE = 0.
@@ -90,6 +96,8 @@ struct VariantBase {
   }
   template <typename Params>
   TESSERA_VARIANT_FN bool LogitsMask(const Params&, int, int, int, int, int) const { return true; }
+  template <typename Params>
+  TESSERA_VARIANT_FN u32 LogitsMaskBits(const Params&, int, int, int, int, int) const { return ~0u; }
   template <typename Params>
   TESSERA_VARIANT_FN float OutputTransform(const Params&, float o, int, int, int, int) const { return o; }
 };

@@ -23,6 +23,7 @@ struct SlotOwner {
   template <typename C> static C pair(float (C::*)(const P&, float, float, int, int, int, int) const);
   template <typename C> static C logits(float (C::*)(const P&, float, int, int, int, int, int) const);
   template <typename C> static C mask(bool (C::*)(const P&, int, int, int, int, int) const);
+  template <typename C> static C mask_bits(u32 (C::*)(const P&, int, int, int, int, int) const);
 };
 
 // Whether V overrides QueryTransform / KeyTransform in the form its pairing
@@ -48,6 +49,9 @@ struct VariantTraits {
   static constexpr bool logits_transform =
       !SameType<decltype(SlotOwner<P>::logits(&V::template LogitsTransform<P>)), VariantBase>::value;
   static constexpr bool logits_mask = !SameType<decltype(SlotOwner<P>::mask(&V::template LogitsMask<P>)), VariantBase>::value;
+  // LogitsMaskBits counts only beside a LogitsMask of the variant's own.
+  static constexpr bool logits_mask_bits =
+      logits_mask && !SameType<decltype(SlotOwner<P>::mask_bits(&V::template LogitsMaskBits<P>)), VariantBase>::value;
 };
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
