@@ -247,6 +247,7 @@ struct Sm90Consumer {
         float(&s2)[1][NT_S][4] = reinterpret_cast<float(&)[1][NT_S][4]>(s);
         u32 pa[CTA_KV / 16][4];
         float scale[1][2];
+        MaskBits<Variant, Params, 1, NT_S> mask_bits;  // LogitsMaskBits variants: a tile's words
 
         RingPos<Rings::K_STAGES> cur = kv_pos;
         if (n_comp > 0) {
@@ -257,13 +258,14 @@ struct Sm90Consumer {
         traced_tiles += n_tiles;
         wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
         wgmma_commit();
+        mask_bits.load(p, variant, rows, w.kv_start + quad * 2, b, kv_head);  // in flight with S
         wgmma_wait<0>();
         wgmma_keep(sf);
         Tr::mark(Tr::consumer(), wi - wi0, 4);
         release_kv(bars.k_empty(cur.index()), bars);
         if (n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
         prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
-                                                masked(0), causal_shift, scale);
+                                                masked(0), causal_shift, scale, &mask_bits);
         pack_p<CTA_KV, T>(pa, s);
         Tr::mark(Tr::consumer(), wi - wi0, 5);
 
@@ -293,6 +295,7 @@ struct Sm90Consumer {
           wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
           wgmma_commit();
           if constexpr (!kPassAfterS) pass_turn();
+          mask_bits.load(p, variant, rows, w.kv_start + t * CTA_KV + quad * 2, b, kv_head);  // in flight with S_t
           Tr::tile(wi - wi0, t, 3);
           wgmma_wait<1>();  // S_t (the older group) is done, and the row sums of P_{t-1}
           wgmma_keep(sf);
@@ -302,7 +305,8 @@ struct Sm90Consumer {
           if (t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
           const bool raised =
               prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
-                                                      w.kv_end, b, kv_head, masked(t), causal_shift, scale);
+                                                      w.kv_end, b, kv_head, masked(t), causal_shift, scale,
+                                                      &mask_bits);
           if constexpr (kTcSums) {
             if (raised) {  // rows g and g + 8 (dsum[1] and [3] are unused copies)
               dsum[0] *= scale[0][0];

@@ -56,13 +56,45 @@ __device__ __forceinline__ bool tile_needs_mask(int first, int last, int kv_end,
          (Variant::window_left >= 0 && first < window_first_key<Variant>(max_qo + causal_shift));
 }
 
+// A variant's LogitsMaskBits answers 32 keys at once: word w of row r holds
+// keys col0 + 32 w ..., so this thread's column n * 8 + (e & 1) is bit
+// (n % 4) * 8 + (e & 1) of word n / 4. (One LogitsMask call per element
+// kept ~64 byte loads in flight per thread: a packed custom mask ran at
+// 0.07x of the causal variant on the Hopper kernel, spilling.) The Hopper
+// mainloop loads a tile's words before it waits for S, so their latency
+// hides behind the tensor cores.
+template <typename Variant, typename Params, int MT, int NT_S>
+struct MaskBits {
+  static constexpr bool kUsed = VariantTraits<Variant, Params>::logits_mask_bits && NT_S % 4 == 0;
+  u32 w[MT][2][kUsed ? NT_S / 4 : 1];
+  __device__ __forceinline__ void load(const Params& p, const Variant& variant, const RowInfo<MT>& rows, int col0, int b,
+                                       int kv_head) {
+    if constexpr (kUsed) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int i = 0; i < NT_S / 4; ++i)
+            w[t][r][i] = rows.valid[t][r] ? variant.LogitsMaskBits(p, b, rows.qo_idx[t][r], col0 + 32 * i,
+                                                                   rows.head[t][r], kv_head)
+                                          : 0u;
+    }
+  }
+  __device__ __forceinline__ bool keep(int t, int n, int e) const {
+    return !kUsed || ((w[t][e / 2][kUsed ? n / 4 : 0] >> ((n % 4) * 8 + (e & 1))) & 1u);
+  }
+};
+
 // kRowSums = false leaves d alone: the caller sums the rows of P itself
-// (the Hopper template, on the tensor cores).
+// (the Hopper template, on the tensor cores). bits: the tile's mask words
+// already loaded (MaskBits::kUsed), else loaded here.
 template <typename Variant, bool kRowSums = true, int MT, int NT_S, typename State, typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
                                                      int kv_end, int b, int kv_head, bool masked, int causal_shift,
-                                                     float (&scale)[MT][2]) {
+                                                     float (&scale)[MT][2],
+                                                     const MaskBits<Variant, Params, MT, NT_S>* bits = nullptr) {
   // Logits. Plain softmax variants keep S raw and fold sm_scale * log2(e)
   // into the exponent (one FFMA + MUFU per element); others run the variant's
   // LogitsTransform and move to base 2. Masks run only on tiles that need one
@@ -70,12 +102,8 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
   using Traits = VariantTraits<Variant, Params>;
   constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
   const float scale_log2 = p.sm_scale * kLog2e;
-  // A variant's LogitsMaskBits answers 32 keys at once: word w of row r holds
-  // keys col0 + 32 w ..., so this thread's column n * 8 + (e & 1) is bit
-  // (n % 4) * 8 + (e & 1) of word n / 4. (One LogitsMask call per element
-  // kept ~64 byte loads in flight per thread: a packed custom mask ran at
-  // 0.07x of the causal variant on the Hopper kernel, spilling.)
-  constexpr bool kMaskBits = Traits::logits_mask_bits && NT_S % 4 == 0;
+  using Bits = MaskBits<Variant, Params, MT, NT_S>;
+  constexpr bool kMaskBits = Bits::kUsed;
   auto keep = [&](int t, int r, int pos) {
     bool k = rows.valid[t][r] && pos < kv_end;
     if constexpr (Variant::causal) k = k && pos <= rows.qo_idx[t][r] + causal_shift;
@@ -88,28 +116,16 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
   // compiler if-converts a per-element `masked && !keep` into ~7 predicate
   // instructions per element on every tile (SASS of the Hopper kernel).
   auto apply_mask = [&](float masked_value) {
-    u32 bits[MT][2][kMaskBits ? NT_S / 4 : 1];
-    if constexpr (kMaskBits) {
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int w = 0; w < NT_S / 4; ++w)
-            bits[t][r][w] = rows.valid[t][r] ? variant.LogitsMaskBits(p, b, rows.qo_idx[t][r], col0 + 32 * w,
-                                                                      rows.head[t][r], kv_head)
-                                             : 0u;
-    }
+    Bits own;
+    if (kMaskBits && bits == nullptr) own.load(p, variant, rows, col0, b, kv_head);
+    const Bits& words = bits != nullptr ? *bits : own;
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
       for (int n = 0; n < NT_S; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          bool k = keep(t, e / 2, col0 + n * 8 + (e & 1));
-          if constexpr (kMaskBits) k = k && ((bits[t][e / 2][n / 4] >> ((n % 4) * 8 + (e & 1))) & 1u);
-          if (!k) s[t][n][e] = masked_value;
-        }
+        for (int e = 0; e < 4; ++e)
+          if (!(keep(t, e / 2, col0 + n * 8 + (e & 1)) && words.keep(t, n, e))) s[t][n][e] = masked_value;
   };
   if constexpr (!kPlain) {
 #pragma unroll
