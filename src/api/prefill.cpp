@@ -181,13 +181,12 @@ void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
 // H100 they measured 0.95x at 1k and within +-3% at 8k-16k in the Table-1
 // setting (bench/results/prefill-ab-pairs3-*.json), so only an explicit 2
 // turns them on.
-int BatchPrefill::choose_cluster(Source src, double avg_fused_q_len) const {
+int BatchPrefill::choose_cluster(Source src) const {
   int want = opt_.cluster;
   if (const char* env = std::getenv("TESSERA_SM90_CLUSTER"); env && *env) want = std::atoi(env);
   if (want < 0 || want > 2)
     throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(want));
   const bool eligible = config_.hopper && config_.cta_q == 128 && src == Source::kRagged;
-  (void)avg_fused_q_len;  // for an auto rule, once pairs pay somewhere
   return eligible && want == 2 ? 2 : 1;
 }
 
@@ -231,7 +230,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
     if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
     config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q));
-    config_.cluster = choose_cluster(src, batch ? double(total_q) * group / batch : 0.0);
+    config_.cluster = choose_cluster(src);
     for (;;) {  // once, or twice if the CTA pairs do not fit
       source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster);
       const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,

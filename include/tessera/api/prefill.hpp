@@ -139,7 +139,7 @@ class BatchPrefill {
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
   bool use_hopper(int cta_q) const;
   // CTAs per cluster for the first plan's kernel (config_ already chosen).
-  int choose_cluster(Source src, double avg_fused_q_len) const;
+  int choose_cluster(Source src) const;
   // Whether a mask was given where one is needed (and only there).
   void check_mask_given(bool given, const char* name, const char* how) const;
   void check_mask_tensor(const TensorView* packed_custom_mask, const TensorView& q) const;

@@ -62,12 +62,8 @@
 #define TESSERA_SM90_TC_ROWSUM 1
 #endif
 
-// PAIR_SWAP / PAIR_SKIP (experiments): CTA pairs swap halves every item,
-// and skip tiles past a warpgroup's causal diagonal (0: rank r always takes
-// half r / computes every tile).
-#ifndef TESSERA_SM90_PAIR_SWAP
-#define TESSERA_SM90_PAIR_SWAP 1
-#endif
+// PAIR_SKIP (experiments): a CTA pair's warpgroups skip tiles past their
+// causal diagonal (0: compute every tile).
 #ifndef TESSERA_SM90_PAIR_SKIP
 #define TESSERA_SM90_PAIR_SKIP 1
 #endif
@@ -152,10 +148,10 @@ struct Sm90Consumer {
     RingPos<Rings::Q_BUFS> q_pos;
     RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
     using VPos = RingPos<Rings::V_STAGES>;
-    // Work-item headers come a step ahead (the item from work_items during
-    // the previous item's tiles, its request's lengths during the previous
-    // epilogue), so an item starts without dependent global loads (the
-    // seventh session's trace put 0.7-2.7k cycles per item on them).
+    // Work items come a step ahead (the next from work_items during this
+    // item's tiles; the first beside work_indptr) and carry their request's
+    // bounds, so an item starts without dependent global loads (the seventh
+    // session's trace put 0.7-2.7k cycles per item on them).
     Sm90Trace::grid(Sm90Trace::kStart);
     int traced_tiles = 0;
     const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
@@ -251,114 +247,114 @@ struct Sm90Consumer {
 
         RingPos<Rings::K_STAGES> cur = kv_pos;
         if (n_comp > 0) {
-        // Tile 0: S, softmax (O is still zero: nothing to rescale).
-        mbarrier_wait(bars.k_full(cur.index()), cur.phase());
-        Tr::mark(Tr::consumer(), wi - wi0, 3);
-        Tr::grid(Tr::kFirstK, traced_tiles == 0);
-        traced_tiles += n_tiles;
-        wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
-        wgmma_commit();
-        mask_bits.load(p, variant, rows, w.kv_start + quad * 2, b, kv_head);  // in flight with S
-        wgmma_wait<0>();
-        wgmma_keep(sf);
-        Tr::mark(Tr::consumer(), wi - wi0, 4);
-        release_kv(bars.k_empty(cur.index()), bars);
-        if (n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
-        prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
-                                                masked(0), causal_shift, scale, &mask_bits);
-        pack_p<CTA_KV, T>(pa, s);
-        Tr::mark(Tr::consumer(), wi - wi0, 5);
-
-        bool k_ready = false, v_ready = false;  // probes of the next step's barriers (PROBE)
-        for (int t = 1; t < n_comp; ++t) {
-          const VPos prev{cur.count};
-          cur = cur.next();
-          Tr::tile(wi - wi0, t, 0);
-          if (!k_ready) mbarrier_wait(bars.k_full(cur.index()), cur.phase());
-          Tr::tile(wi - wi0, t, 1);
-          take_turn();
-          Tr::tile(wi - wi0, t, 2);
-          // Row sums of P_{t-1} (kTcSums) ride in S_t's group: done when S_t
-          // is, so a raised maximum rescales them right after the softmax.
-          // (Issued with P V instead, they lengthened the step's last wait:
-          // 1k-4k 2-7% slower.)
-          if constexpr (kTcSums) {
-            wgmma_fence();
-            wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);
-          }
+          // Tile 0: S, softmax (O is still zero: nothing to rescale).
+          mbarrier_wait(bars.k_full(cur.index()), cur.phase());
+          Tr::mark(Tr::consumer(), wi - wi0, 3);
+          Tr::grid(Tr::kFirstK, traced_tiles == 0);
+          traced_tiles += n_tiles;
           wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
           wgmma_commit();
-          if constexpr (kPassAfterS) pass_turn();
-          Tr::tile(wi - wi0, t, 8);
-          if (!v_ready) mbarrier_wait(bars.v_full(prev.index()), prev.phase());
-          Tr::tile(wi - wi0, t, 9);
-          wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
-          wgmma_commit();
-          if constexpr (!kPassAfterS) pass_turn();
-          mask_bits.load(p, variant, rows, w.kv_start + t * CTA_KV + quad * 2, b, kv_head);  // in flight with S_t
-          Tr::tile(wi - wi0, t, 3);
-          wgmma_wait<1>();  // S_t (the older group) is done, and the row sums of P_{t-1}
+          mask_bits.load(p, variant, rows, w.kv_start + quad * 2, b, kv_head);  // in flight with S
+          wgmma_wait<0>();
           wgmma_keep(sf);
-          wgmma_keep(dsum);
-          Tr::tile(wi - wi0, t, 4);
+          Tr::mark(Tr::consumer(), wi - wi0, 4);
           release_kv(bars.k_empty(cur.index()), bars);
-          if (t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
-          const bool raised =
-              prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
-                                                      w.kv_end, b, kv_head, masked(t), causal_shift, scale,
-                                                      &mask_bits);
-          if constexpr (kTcSums) {
-            if (raised) {  // rows g and g + 8 (dsum[1] and [3] are unused copies)
-              dsum[0] *= scale[0][0];
-              dsum[2] *= scale[0][1];
-            }
-          }
-          wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
-          wgmma_keep(scale);
-          wgmma_keep(st.d);
-          if constexpr (TESSERA_SM90_PROBE) {
-            const RingPos<Rings::K_STAGES> next_k = cur.next();  // K_{t+1}
-            const VPos next_v{cur.count};                          // V_t
-            k_ready = __all_sync(0xffffffffu, mbarrier_test(bars.k_full(next_k.index()), next_k.phase()));
-            v_ready = __all_sync(0xffffffffu, mbarrier_test(bars.v_full(next_v.index()), next_v.phase()));
-          }
-          Tr::tile(wi - wi0, t, 5);
-          // Wait for O += P_{t-1} V_{t-1}: O may then be rescaled, pa
-          // rewritten and V released. The wait sits in both arms of the
-          // (warp-uniform) branch so that ptxas, which schedules freely
-          // within a basic block, cannot sink the softmax below it.
-          if (raised) {
-            wgmma_wait<0>();
-            wgmma_keep(of);
-            prefill_rescale_o(st, scale);
-          } else {
-            wgmma_wait<0>();
-            wgmma_keep(of);
-          }
-          // With the wait inside the branch, ptxas keeps the registers the
-          // P V wgmma reads untouched until here (SASS: no early wait).
-          Tr::tile(wi - wi0, t, 6);
+          if (n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
+          prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
+                                                  masked(0), causal_shift, scale, &mask_bits);
           pack_p<CTA_KV, T>(pa, s);
-          // V's release comes last: ptxas hoists a wait together with a
-          // shared-memory arrive that follows it, and an early release here
-          // dragged the wait above the softmax.
-          release_kv(bars.v_empty(prev.index()), bars);
-          Tr::tile(wi - wi0, t, 7);
-        }
-        Tr::mark(Tr::consumer(), wi - wi0, 6);
-        const VPos last{cur.count};
-        mbarrier_wait(bars.v_full(last.index()), last.phase());
-        wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(last.index()));
-        if constexpr (kTcSums) wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);  // P_{n-1}'s
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_keep(of);
-        wgmma_keep(dsum);
-        wgmma_keep(pa);
-        release_kv(bars.v_empty(last.index()), bars);
-        Tr::mark(Tr::consumer(), wi - wi0, 7);
-        Tr::grid(Tr::kLastLoop);
-        cur = cur.next();
+          Tr::mark(Tr::consumer(), wi - wi0, 5);
+
+          bool k_ready = false, v_ready = false;  // probes of the next step's barriers (PROBE)
+          for (int t = 1; t < n_comp; ++t) {
+            const VPos prev{cur.count};
+            cur = cur.next();
+            Tr::tile(wi - wi0, t, 0);
+            if (!k_ready) mbarrier_wait(bars.k_full(cur.index()), cur.phase());
+            Tr::tile(wi - wi0, t, 1);
+            take_turn();
+            Tr::tile(wi - wi0, t, 2);
+            // Row sums of P_{t-1} (kTcSums) ride in S_t's group: done when S_t
+            // is, so a raised maximum rescales them right after the softmax.
+            // (Issued with P V instead, they lengthened the step's last wait:
+            // 1k-4k 2-7% slower.)
+            if constexpr (kTcSums) {
+              wgmma_fence();
+              wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);
+            }
+            wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
+            wgmma_commit();
+            if constexpr (kPassAfterS) pass_turn();
+            Tr::tile(wi - wi0, t, 8);
+            if (!v_ready) mbarrier_wait(bars.v_full(prev.index()), prev.phase());
+            Tr::tile(wi - wi0, t, 9);
+            wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
+            wgmma_commit();
+            if constexpr (!kPassAfterS) pass_turn();
+            mask_bits.load(p, variant, rows, w.kv_start + t * CTA_KV + quad * 2, b, kv_head);  // in flight with S_t
+            Tr::tile(wi - wi0, t, 3);
+            wgmma_wait<1>();  // S_t (the older group) is done, and the row sums of P_{t-1}
+            wgmma_keep(sf);
+            wgmma_keep(dsum);
+            Tr::tile(wi - wi0, t, 4);
+            release_kv(bars.k_empty(cur.index()), bars);
+            if (t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
+            const bool raised =
+                prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
+                                                        w.kv_end, b, kv_head, masked(t), causal_shift, scale,
+                                                        &mask_bits);
+            if constexpr (kTcSums) {
+              if (raised) {  // rows g and g + 8 (dsum[1] and [3] are unused copies)
+                dsum[0] *= scale[0][0];
+                dsum[2] *= scale[0][1];
+              }
+            }
+            wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
+            wgmma_keep(scale);
+            wgmma_keep(st.d);
+            if constexpr (TESSERA_SM90_PROBE) {
+              const RingPos<Rings::K_STAGES> next_k = cur.next();  // K_{t+1}
+              const VPos next_v{cur.count};                          // V_t
+              k_ready = __all_sync(0xffffffffu, mbarrier_test(bars.k_full(next_k.index()), next_k.phase()));
+              v_ready = __all_sync(0xffffffffu, mbarrier_test(bars.v_full(next_v.index()), next_v.phase()));
+            }
+            Tr::tile(wi - wi0, t, 5);
+            // Wait for O += P_{t-1} V_{t-1}: O may then be rescaled, pa
+            // rewritten and V released. The wait sits in both arms of the
+            // (warp-uniform) branch so that ptxas, which schedules freely
+            // within a basic block, cannot sink the softmax below it.
+            if (raised) {
+              wgmma_wait<0>();
+              wgmma_keep(of);
+              prefill_rescale_o(st, scale);
+            } else {
+              wgmma_wait<0>();
+              wgmma_keep(of);
+            }
+            // With the wait inside the branch, ptxas keeps the registers the
+            // P V wgmma reads untouched until here (SASS: no early wait).
+            Tr::tile(wi - wi0, t, 6);
+            pack_p<CTA_KV, T>(pa, s);
+            // V's release comes last: ptxas hoists a wait together with a
+            // shared-memory arrive that follows it, and an early release here
+            // dragged the wait above the softmax.
+            release_kv(bars.v_empty(prev.index()), bars);
+            Tr::tile(wi - wi0, t, 7);
+          }
+          Tr::mark(Tr::consumer(), wi - wi0, 6);
+          const VPos last{cur.count};
+          mbarrier_wait(bars.v_full(last.index()), last.phase());
+          wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(last.index()));
+          if constexpr (kTcSums) wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);  // P_{n-1}'s
+          wgmma_commit();
+          wgmma_wait<0>();
+          wgmma_keep(of);
+          wgmma_keep(dsum);
+          wgmma_keep(pa);
+          release_kv(bars.v_empty(last.index()), bars);
+          Tr::mark(Tr::consumer(), wi - wi0, 7);
+          Tr::grid(Tr::kLastLoop);
+          cur = cur.next();
         } else {
           mbarrier_arrive(bars.q_empty(qb));
         }
@@ -379,8 +375,8 @@ struct Sm90Consumer {
       } else {
         prefill_sum_quads(st);
       }
-      prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head, warp_row0,
-                                                                half);
+      prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
+                                                                warp_row0, half);
       if (w.partial_slot >= 0)
         prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
             p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,

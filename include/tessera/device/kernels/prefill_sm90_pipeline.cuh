@@ -10,6 +10,13 @@
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/mbarrier.cuh"
 
+// PAIR_SWAP (experiments): the CTAs of a pair (CLUSTER = 2) swap halves of
+// their 2 * CTA_Q-row items every item (0: rank r always takes half r).
+// Producer and consumers must agree, hence here.
+#ifndef TESSERA_SM90_PAIR_SWAP
+#define TESSERA_SM90_PAIR_SWAP 1
+#endif
+
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)

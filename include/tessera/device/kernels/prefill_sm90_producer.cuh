@@ -23,9 +23,6 @@
 #include "tessera/device/kernels/prefill_tiles.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
-#ifndef TESSERA_SM90_PAIR_SWAP  // (prefill_sm90_consumer.cuh)
-#define TESSERA_SM90_PAIR_SWAP 1
-#endif
 #ifndef TESSERA_SM90_EXP_HALF_KV
 #define TESSERA_SM90_EXP_HALF_KV 0
 #endif
