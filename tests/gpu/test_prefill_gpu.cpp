@@ -200,6 +200,25 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillRagged,
                                             ::testing::Bool(), ::testing::Values(16, 32, 64, 128),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
+// Builds a wrapper for c with opt (TESSERA_SM90_TMA = tma while it loads its
+// kernel), plans it, hands it to check, and runs it `runs` times.
+template <typename Check>
+std::vector<Out> run_ragged_case(const RaggedCase& c, const PrefillOptions& opt, const DeviceTensor& dq,
+                                 const DeviceTensor& dk, const DeviceTensor& dv, const char* tma, int runs, Check check) {
+  setenv("TESSERA_SM90_TMA", tma, 1);
+  Workspace ws = prefill_workspace(c.spec, c.task, opt);
+  BatchPrefill pre(c.spec, c.task, ws, opt);
+  unsetenv("TESSERA_SM90_TMA");
+  pre.plan_ragged(c.b.qo, c.b.kv_tokens);
+  check(pre);
+  std::vector<Out> outs;
+  for (int i = 0; i < runs; ++i)
+    outs.push_back(run_and_fetch(
+        [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); },
+        c.spec.q_dtype, c.rows(), c.task.num_qo_heads, c.spec.head_dim));
+  return outs;
+}
+
 // Contiguous KV on the Hopper kernel is loaded by the TMA (tensor maps, 64 x
 // CTA_KV boxes, rows past a chunk read from the neighbouring keys and masked);
 // the cp.async gather (TESSERA_SM90_TMA=0) must give the very same bits, and
@@ -213,20 +232,11 @@ TEST_P(PrefillTma, SameBitsAsCpAsyncAndMatchesReference) {
   std::mt19937_64 rng(D + group * 7 + cta_q);
   const RaggedCase c(dt, D, group, causal, 12, rng);
   const auto& [b, q, k, v, ref, spec, task] = c;
-  const int64_t rows = c.rows(), Hq = task.num_qo_heads;
   PrefillOptions opt;
   opt.cta_q = cta_q;
   opt.backend = PrefillBackend::kFA3;
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
-  auto run_with = [&](const char* tma) {
-    setenv("TESSERA_SM90_TMA", tma, 1);
-    Workspace ws = prefill_workspace(spec, task, opt);
-    BatchPrefill pre(spec, task, ws, opt);
-    unsetenv("TESSERA_SM90_TMA");
-    pre.plan_ragged(b.qo, b.kv_tokens);
-    return run_and_fetch([&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); },
-                         dt, rows, Hq, D);
-  };
+  auto run_with = [&](const char* tma) { return run_ragged_case(c, opt, dq, dk, dv, tma, 1, [](const BatchPrefill&) {})[0]; };
   Out with_tma = run_with("1"), gathered = run_with("0");
   EXPECT_CLOSE(compare(to_doubles(with_tma.o.view), ref.o), dt);
   EXPECT_CLOSE(compare(to_doubles(with_tma.lse.view), ref.lse), DType::kFloat16);
@@ -253,7 +263,6 @@ TEST_P(PrefillPairs, MatchReferenceAndRepeat) {
   std::mt19937_64 rng(D + group * 7 + max_sms);
   const RaggedCase c(dt, D, group, causal, 12, rng);
   const auto& [b, q, k, v, ref, spec, task] = c;
-  const int64_t rows = c.rows(), Hq = task.num_qo_heads;
   PrefillOptions opt;
   opt.cta_q = 128;
   opt.backend = PrefillBackend::kFA3;
@@ -261,19 +270,10 @@ TEST_P(PrefillPairs, MatchReferenceAndRepeat) {
   opt.max_sms = max_sms;
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
   auto run_with = [&](const char* tma, int runs) {
-    setenv("TESSERA_SM90_TMA", tma, 1);
-    Workspace ws = prefill_workspace(spec, task, opt);
-    BatchPrefill pre(spec, task, ws, opt);
-    unsetenv("TESSERA_SM90_TMA");
-    pre.plan_ragged(b.qo, b.kv_tokens);
-    EXPECT_EQ(pre.cluster(), 2);
-    EXPECT_EQ(pre.ctas_per_group() % 2, 0);
-    std::vector<Out> outs;
-    for (int i = 0; i < runs; ++i)
-      outs.push_back(run_and_fetch(
-          [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); }, dt, rows, Hq,
-          D));
-    return outs;
+    return run_ragged_case(c, opt, dq, dk, dv, tma, runs, [](const BatchPrefill& pre) {
+      EXPECT_EQ(pre.cluster(), 2);
+      EXPECT_EQ(pre.ctas_per_group() % 2, 0);
+    });
   };
   const std::vector<Out> pairs = run_with("1", 2), gathered = run_with("0", 1);
   EXPECT_CLOSE(compare(to_doubles(pairs[0].o.view), ref.o), dt);
