@@ -7,7 +7,7 @@ dirty lines must go back to HBM during the step; and a read one, which leaves
 L2 clean), then percentiles over the CTAs, relative to the earliest start.
 With --prefill L: the same for causal prefill of --batch requests of L tokens
 (--hq heads, the Hopper kernel on ragged KV).
-Usage: python bench/decode_trace.py [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16] [--prefill L]"""
+Usage: python bench/decode_trace.py [--dump US] [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16] [--prefill L]"""
 import argparse
 import os
 import subprocess
@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--lengths", default="const:32768")
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--prefill", type=int, default=0, help="trace causal prefill of --batch x this many tokens instead")
+    ap.add_argument("--dump", type=float, default=0, help="also list CTAs whose end - last loop exceeds this many us")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
@@ -100,6 +101,11 @@ def main():
         print(f"  end        {q(col(3, ctas))}")
         print(f"  first K - start {q([(c['t'][1] - c['t'][0]) / 1e3 for c in busy])}; "
               f"end - last loop {q([(c['t'][3] - c['t'][2]) / 1e3 for c in busy])}")
+        if a.dump:
+            for c in ctas:
+                if (c["t"][3] - c["t"][2]) / 1e3 > a.dump:
+                    print(f"    cta {c['cta']} sm {c['sm']} items {c['items']} tiles {c['tiles']}: "
+                          + " ".join(f"{(x - t0) / 1e3:.1f}" for x in c["t"]))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include "tessera/api/append_kv.hpp"
 #include "tessera/api/attention.hpp"
 #include "tessera/api/attention_wrapper.hpp"
+#include "tessera/api/cascade.hpp"
 #include "tessera/api/decode.hpp"
 #include "tessera/api/merge.hpp"
 #include "tessera/api/prefill.hpp"

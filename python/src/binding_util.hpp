@@ -9,6 +9,7 @@
 #include "tensor_convert.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/api/prefill.hpp"
 #include "tessera/formats/paged_kv.hpp"
 
 namespace tessera::python {
@@ -51,6 +52,28 @@ struct PagedPlanArgs {
     if (!mask_indptr.is_none()) mask_s = host_ints("mask_indptr", mip);
   }
 };
+
+// A prefill-family task (bounds as the workspace needs them).
+inline TaskInfo prefill_task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout,
+                             int64_t max_batch, int64_t max_total_q, int64_t max_pages) {
+  TaskInfo t{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
+  t.max_total_q = max_total_q;
+  return t;
+}
+
+// backend: 0 auto, 1 fa2, 2 fa3 (the Python wrappers map FlashInfer's names).
+inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend) {
+  PrefillOptions opt;
+  opt.cta_q = cta_q;
+  opt.max_sms = max_sms;
+  if (backend < 0 || backend > 2)
+    throw InvalidArgument("backend: expected 0 (auto), 1 (fa2) or 2 (fa3), got " + std::to_string(backend));
+  opt.backend = static_cast<PrefillBackend>(backend);
+  return opt;
+}
+
+// Defined in bindings_cascade.cpp: CascadeAttention (composable formats).
+void bind_cascade(nanobind::module_& m);
 
 // Defined in bindings_variants.cpp: variant specs, AttentionWrapper, RoPE ops, JIT cost.
 void bind_variants(nanobind::module_& m);

@@ -303,19 +303,9 @@ class PyBatchPrefill {
   }
   static TaskInfo task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                        int64_t max_total_q, int64_t max_pages) {
-    TaskInfo t{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
-    t.max_total_q = max_total_q;
-    return t;
+    return prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
   }
-  // backend: 0 auto, 1 fa2, 2 fa3 (the Python wrapper maps FlashInfer's names).
-  static PrefillOptions options(int cta_q, int max_sms, int backend) {
-    PrefillOptions opt;
-    opt.cta_q = cta_q;
-    opt.max_sms = max_sms;
-    if (backend < 0 || backend > 2) throw InvalidArgument("backend: expected 0 (auto), 1 (fa2) or 2 (fa3), got " + std::to_string(backend));
-    opt.backend = static_cast<PrefillBackend>(backend);
-    return opt;
-  }
+  static PrefillOptions options(int cta_q, int max_sms, int backend) { return prefill_options(cta_q, max_sms, backend); }
 
   static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
@@ -432,6 +422,7 @@ nb::list py_compile_builtin(const std::string& arch, int threads) {
 NB_MODULE(_C, m) {
   using namespace tessera::python;
   bind_variants(m);  // bindings_variants.cpp
+  bind_cascade(m);   // bindings_cascade.cpp
   m.doc() = "Low-level bindings of the Tessera C++ API (use the `tessera` package instead).";
   nb::register_exception_translator(translate);
 

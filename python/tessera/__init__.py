@@ -4,7 +4,8 @@ The public functions mirror FlashInfer's Python API names and signatures:
 
 * tessera.merge_state, merge_state_in_place, merge_states,
   merge_states_ragged (flashinfer.cascade): combine partial attention states;
-  LSE values are in base 2 throughout.
+  LSE values are in base 2 throughout. MultiLevelCascadeAttentionWrapper:
+  shared prefixes as levels of the paged cache (composable formats).
 * tessera.single_decode_with_kv_cache and
   BatchDecodeWithPagedKVCacheWrapper (flashinfer.decode).
 * tessera.single_prefill_with_kv_cache, BatchPrefillWithPagedKVCacheWrapper,
@@ -27,7 +28,8 @@ device can be used, no_gpu_reason() why not.
 """
 
 from ._native import _C
-from .cascade import merge_state, merge_state_in_place, merge_states, merge_states_ragged
+from .cascade import (MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
+                      merge_states_ragged)
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .jit import cache_dir, compile_builtin
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
@@ -61,6 +63,7 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "merge_states_ragged",
+    "MultiLevelCascadeAttentionWrapper",
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
     "single_prefill_with_kv_cache",

@@ -1,4 +1,5 @@
-"""Attention-state merging (FlashInfer's ``flashinfer.cascade`` names).
+"""Attention-state merging and cascade attention (FlashInfer's
+``flashinfer.cascade`` names).
 
 An attention state is a pair (v, s): v is the attention output over some set
 of keys and s its log-sum-exp. Merging two states gives exactly the attention
@@ -19,6 +20,7 @@ current stream); results have the inputs' framework, device and dtype.
 """
 
 from . import _tensors as T
+from . import _wrapper_util as W
 from ._native import _C
 
 
@@ -114,3 +116,201 @@ def merge_states_ragged(v, s, indptr):
     with T.on_device_of(v):
         _C.merge_states_ragged(T.arg(v), T.arg(s), T.arg(indptr), v_out, s_out, T.stream_of(v))
     return v_out, s_out
+
+
+class MultiLevelCascadeAttentionWrapper:
+    """Attention over a paged KV cache split into levels (composable formats,
+    FlashInfer paper section 3.1.2; FlashInfer's wrapper of the same name).
+
+    Requests that share pages (a system prompt, the prompt of parallel
+    samples) list those pages once, at an outer level, as one group whose
+    query rows are all the sharing requests' queries: one query tile reads
+    each shared KV tile once, on the tensor cores. Level i's qo_indptr groups
+    the query rows (every level covers all rows, in the same order, so its
+    last entry is the step's total); its paged_kv_* arrays give each group's
+    pages, as BatchPrefillWithPagedKVCacheWrapper.plan takes them. The last
+    level usually holds each request's own pages (qo_indptr = the requests'
+    query pointers). A group with no pages contributes nothing at that level.
+
+    Levels run as batch prefills over fixed slices of float_workspace_buffer,
+    and their results merge through the attention state into the output
+    (the C++ CascadeAttention), so run() allocates nothing beyond its outputs
+    and can be captured in a CUDA graph: with use_cuda_graph=True the bounds
+    are fixed by the first plan() (plan the largest step first) and q may
+    have more rows than a later plan's total (rows beyond it are left as they
+    are). causal=True masks the last level bottom-right (the shared levels
+    precede every query row); logits_soft_cap applies to every level. All
+    LSEs are in **base 2**.
+    """
+
+    def __init__(self, num_levels, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
+                 qo_indptr_buf_arr=None, paged_kv_indptr_buf_arr=None, paged_kv_indices_buf_arr=None,
+                 paged_kv_last_page_len_buf_arr=None, backend="auto"):
+        """
+        Args:
+            num_levels: number of levels (>= 1).
+            float_workspace_buffer: torch uint8 CUDA tensor, the device
+                workspace (FlashInfer users allocate 128 MB); kept alive and
+                unused by anything else while the wrapper is in use.
+            kv_layout: "NHD" or "HND".
+            use_cuda_graph: fix the workspace bounds at the first plan().
+            qo_indptr_buf_arr, paged_kv_indptr_buf_arr, paged_kv_indices_buf_arr,
+            paged_kv_last_page_len_buf_arr: optional lists (one per level) of
+                FlashInfer's CUDA-graph index buffers; their lengths fix the
+                bounds (largest group count, largest page count).
+            backend: "auto", "fa2" or "fa3" (the batch-prefill kernel template of every level).
+        """
+        self._num_levels = W.positive_int(num_levels, "num_levels")
+        if kv_layout not in W.LAYOUTS:
+            raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
+        W.check_backend(backend, None, allowed=("auto", "fa2", "fa3"))
+        T.framework(float_workspace_buffer, "float_workspace_buffer")
+        self._backend = W.BACKENDS[backend]
+        self._float_workspace_buffer = float_workspace_buffer
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._fixed_batch = self._fixed_pages = None
+        for name, arr, extra in (("qo_indptr_buf_arr", qo_indptr_buf_arr, 1),
+                                 ("paged_kv_indptr_buf_arr", paged_kv_indptr_buf_arr, 1),
+                                 ("paged_kv_last_page_len_buf_arr", paged_kv_last_page_len_buf_arr, 0),
+                                 ("paged_kv_indices_buf_arr", paged_kv_indices_buf_arr, None)):
+            if arr is None:
+                continue
+            arr = self._per_level(arr, name)
+            n = max(W.positive_int(len(b) - (extra or 0), f"{name}[{i}] length") for i, b in enumerate(arr))
+            if extra is None:
+                self._fixed_pages = n
+            else:
+                self._fixed_batch = max(self._fixed_batch or 0, n)
+        self._buffers = (qo_indptr_buf_arr, paged_kv_indptr_buf_arr, paged_kv_indices_buf_arr,
+                         paged_kv_last_page_len_buf_arr)  # kept alive as FlashInfer does
+        self._native = self._native_key = self._pinned = self._planned = None
+        self._buffer_checked = False
+
+    @property
+    def is_cuda_graph_enabled(self):
+        return self._use_cuda_graph
+
+    @property
+    def last_plan_us(self):
+        """Host time of the last plan() inside the C++ planner (all levels), in microseconds."""
+        return self._native.last_plan_us if self._native is not None else None
+
+    def _per_level(self, arr, name):
+        if not isinstance(arr, (list, tuple)) or len(arr) != self._num_levels:
+            got = f"{len(arr)} items" if isinstance(arr, (list, tuple)) else type(arr).__name__
+            raise ValueError(f"{name}: expected a list of {self._num_levels} arrays (one per level), got {got}")
+        return list(arr)
+
+    def plan(self, qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len, num_qo_heads,
+             num_kv_heads, head_dim, page_size, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+             sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
+             q_data_type="float16", kv_data_type=None):
+        """Plans one step.
+
+        Args:
+            qo_indptr_arr: per level, int [groups + 1] query row pointers
+                (torch on any device, numpy or list); every level ends at the
+                step's total query rows.
+            paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len:
+                per level, each group's pages (indptr in pages, page ids, tokens
+                in the last page), as BatchPrefillWithPagedKVCacheWrapper.plan.
+            num_qo_heads, num_kv_heads, head_dim, page_size: as for batch prefill.
+            causal: bottom-right causal mask on the last level.
+            window_left: -1 only (a window relative to the whole sequence
+                cannot be split into levels).
+            logits_soft_cap: None / 0 (off) or a cap > 0, on every level.
+            pos_encoding_mode, rope_scale, rope_theta: only the defaults.
+            use_fp16_qk_reduction: accepted; q.k always accumulates in float32.
+            sm_scale: None means 1 / sqrt(head_dim).
+            q_data_type, kv_data_type: float16 or bfloat16 (kv must equal q).
+        """
+        self._planned = None
+        W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
+        window, cap = W.plan_options(window_left, logits_soft_cap)
+        if window != -1:
+            raise ValueError(f"window_left={window_left}: sliding windows are not supported in a cascade "
+                             "(the window spans levels); use -1")
+        qo = [W.host_ints(x, f"qo_indptr_arr[{i}]")
+              for i, x in enumerate(self._per_level(qo_indptr_arr, "qo_indptr_arr"))]
+        kv = [W.host_ints(x, f"paged_kv_indptr_arr[{i}]")
+              for i, x in enumerate(self._per_level(paged_kv_indptr_arr, "paged_kv_indptr_arr"))]
+        idx = [W.host_ints(x, f"paged_kv_indices_arr[{i}]")
+               for i, x in enumerate(self._per_level(paged_kv_indices_arr, "paged_kv_indices_arr"))]
+        last = [W.host_ints(x, f"paged_kv_last_page_len[{i}]")
+                for i, x in enumerate(self._per_level(paged_kv_last_page_len, "paged_kv_last_page_len"))]
+        for i in range(self._num_levels):
+            if qo[i].size < 1:
+                raise ValueError(f"qo_indptr_arr[{i}]: expected groups + 1 >= 1 entries, got 0")
+            if kv[i].size and 0 <= kv[i][-1] < idx[i].size:  # FlashInfer tolerates a longer indices buffer
+                idx[i] = idx[i][: kv[i][-1]]
+        q_dt = W.dtype_arg(q_data_type, "q_data_type")
+        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
+        hq = W.positive_int(num_qo_heads, "num_qo_heads")
+        hkv = W.positive_int(num_kv_heads, "num_kv_heads")
+        d = W.positive_int(head_dim, "head_dim")
+        ps = W.positive_int(page_size, "page_size")
+        scale = W.sm_scale_arg(sm_scale)
+        config = (q_dt, kv_dt, q_dt, d, hq, hkv, ps, self._kv_layout, self._num_levels, bool(causal))
+        knobs = dict(backend=self._backend, logits_soft_cap=cap)
+        _C.CascadeAttention.workspace_size(*config, 1, 1, 1, num_sms=1, **knobs)  # checks without a GPU
+        buf = self._float_workspace_buffer
+        if not self._buffer_checked:
+            W.check_workspace_buffer(buf)
+            self._buffer_checked = True
+        total_q = int(qo[0][-1])
+        bounds = (W.Bound("max_batch", "qo_indptr_arr", "group count", self._fixed_batch,
+                          "qo_indptr_buf_arr / paged_kv_indptr_buf_arr / paged_kv_last_page_len_buf_arr"),
+                  W.Bound("max_total_q", "qo_indptr_arr", "total query length"),
+                  W.Bound("max_pages", "paged_kv_indices_arr", "page count", self._fixed_pages,
+                          "paged_kv_indices_buf_arr"))
+        counts = (max(max(x.size - 1 for x in qo), 1), max(total_q, 1), max(max(x.size for x in idx), 1))
+
+        def size(want, device):
+            return _C.CascadeAttention.workspace_size(*config, *want, device=device, **knobs)
+
+        def make(want, ws, ws_bytes, host, host_bytes, device):
+            return _C.CascadeAttention(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
+
+        W.ensure_native(self, config + (cap,), counts, bounds, size, make)
+        with T.on_device_of(buf):
+            self._native.plan(qo, kv, idx, last, T.stream_of(buf))
+        self._planned = dict(total_q=total_q, sm_scale=scale, o_dtype=q_dt)
+
+    begin_forward = plan
+
+    def run(self, q, paged_kv_cache, out=None, lse=None, return_lse=False):
+        """Attention of the planned step over every level.
+
+        Args:
+            q: [rows, num_qo_heads, head_dim] CUDA tensor of q_data_type
+                (rows = the planned total; more in CUDA-graph mode).
+            paged_kv_cache: (k_cache, v_cache) or one interleaved tensor, as
+                for BatchPrefillWithPagedKVCacheWrapper.run; every level's
+                page ids index it.
+            out: optional output like q; allocated when None.
+            lse: optional float32 [rows, num_qo_heads]; allocated when None and return_lse.
+            return_lse: also return the LSE (base 2).
+
+        Returns:
+            out, or (out, lse) with return_lse.
+        """
+        if self._planned is None:
+            raise ValueError("run: expected plan() to be called first")
+        k, v = W.unpack_paged_kv_cache(paged_kv_cache)
+        if not T.is_cuda(q):
+            raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
+        if len(q.shape) != 3:
+            raise ValueError(f"q: expected a 3-D tensor [total_q, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
+        if out is None:
+            out = T.empty(q, q.shape, self._planned["o_dtype"])
+        if lse is None and return_lse:
+            lse = T.empty(q, q.shape[:2], "float32")
+        with T.on_device_of(q):
+            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, self._planned["sm_scale"], T.stream_of(q))
+        return (out, lse) if return_lse else out
+
+    forward = run
+
+    def end_forward(self):
+        """Kept for FlashInfer compatibility; nothing to release."""

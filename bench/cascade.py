@@ -1,0 +1,158 @@
+"""Shared-prefix decode (parallel generation, paper section 3.1.2 and Figure
+10): composable formats against a flat page table, side by side in one run.
+
+Each of P prompts has a prefix of L tokens shared by its n samples; each
+sample has its own suffix (uniform 64..512 tokens) and one query token. The
+same paged cache (page 16, NHD, fp16, head dim 128) is attended four ways:
+  cascade:  tessera.MultiLevelCascadeAttentionWrapper, 2 levels: each
+            prompt's prefix pages once, as one group of its n query rows,
+            then every sample's suffix pages;
+  flat:     BatchDecodeWithPagedKVCacheWrapper over each sample's full page
+            list (prefix pages repeated per sample), CUDA cores and tensor
+            cores (the best of the two is the baseline);
+  sdpa:     PyTorch SDPA (cuDNN and flash backends) on padded dense KV, each
+            sample's prefix copied in (what a serving engine without
+            prefix sharing runs).
+Reports us, the KV bytes each form must read (cascade: every prefix once;
+flat: once per sample), TB/s of the bytes the cascade needs, and speedups of
+the cascade over each. The cascade is checked against the flat decode.
+Usage: python bench/cascade.py [--quick]
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import common  # noqa: E402
+import tessera  # noqa: E402
+
+D, PS, DT = 128, 16, torch.float16
+MEM_LIMIT = 24 << 30
+
+
+def build(prompts, n, prefix, hkv, rng):
+    """Page tables of one step: per prompt its prefix pages, per sample its suffix pages."""
+    suffix = rng.integers(64, 513, size=prompts * n)
+    pre_pages = -(-prefix // PS)
+    suf_pages = [-(-int(s) // PS) for s in suffix]
+    total = prompts * pre_pages + sum(suf_pages)
+    perm = rng.permutation(total).astype(np.int32)
+    pre_ids = [perm[i * pre_pages:(i + 1) * pre_pages] for i in range(prompts)]
+    at, suf_ids = prompts * pre_pages, []
+    for p in suf_pages:
+        suf_ids.append(perm[at:at + p])
+        at += p
+    last_pre = prefix - (pre_pages - 1) * PS
+    last_suf = np.array([int(s) - (p - 1) * PS for s, p in zip(suffix, suf_pages)], np.int32)
+    b = prompts * n
+    levels = (
+        [np.arange(0, b + 1, n, dtype=np.int32), np.arange(b + 1, dtype=np.int32)],  # qo_indptr per level
+        [np.arange(0, prompts * pre_pages + 1, pre_pages, dtype=np.int32),
+         np.concatenate([[0], np.cumsum(suf_pages)]).astype(np.int32)],
+        [np.concatenate(pre_ids), np.concatenate(suf_ids)],
+        [np.full(prompts, last_pre, np.int32), last_suf],
+    )
+    # Flat: each sample's prefix pages (the last one partial when L % 16 != 0
+    # cannot sit mid-sequence in one page table, so the flat form needs L % 16 == 0).
+    assert prefix % PS == 0, "flat page tables need whole prefix pages"
+    flat_ids = [np.concatenate([pre_ids[i // n], suf_ids[i]]) for i in range(b)]
+    flat = (np.concatenate([[0], np.cumsum([len(x) for x in flat_ids])]).astype(np.int32),
+            np.concatenate(flat_ids), last_suf)
+    lens = [prefix + int(s) for s in suffix]
+    return levels, flat, total, lens, int(suffix.sum())
+
+
+def run_case(prompts, n, prefix, hq, hkv, rng):
+    levels, flat, total, lens, suffix_tokens = build(prompts, n, prefix, hkv, rng)
+    b = prompts * n
+    k = torch.randn(total, PS, hkv, D, dtype=DT, device="cuda")
+    v = torch.randn_like(k)
+    q = torch.randn(b, hq, D, dtype=DT, device="cuda")
+    tok_bytes = hkv * D * 2 * 2
+    need_cascade = (prompts * prefix + suffix_tokens) * tok_bytes
+    need_flat = sum(lens) * tok_bytes
+    row = dict(prompts=prompts, n=n, prefix=prefix, hq=hq, hkv=hkv, batch=b, cascade_bytes=need_cascade,
+               flat_bytes=need_flat)
+
+    cas = tessera.MultiLevelCascadeAttentionWrapper(2, common.workspace())
+    cas.plan(*levels, hq, hkv, D, PS, q_data_type=DT)
+    out = torch.empty_like(q)
+    row["cascade_us"] = common.bench_ms(lambda: cas.run(q, (k, v), out=out)) * 1e3
+    ref = None
+    for tc in (False, True):
+        ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        dec = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+        dec.plan(*flat, hq, hkv, D, PS, q_data_type=DT)
+        o2 = torch.empty_like(q)
+        row[f"flat_{'tc' if tc else 'cc'}_us"] = common.bench_ms(lambda: dec.run(q, (k, v), out=o2)) * 1e3
+        if ref is None:
+            ref = o2.clone()
+        del ws
+    cas.run(q, (k, v), out=out)
+    row["max_rel_err_vs_flat"] = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    row["flat_us"] = min(row["flat_cc_us"], row["flat_tc_us"])
+    lmax = max(lens)
+    for backend in ("cudnn", "flash"):
+        key = f"sdpa-{backend}_us"
+        if 2 * b * hkv * lmax * D * 2 > MEM_LIMIT:
+            row[key] = None
+            continue
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        qd = q.view(b, hq, 1, D)
+        kd = torch.randn(b, hkv, lmax, D, dtype=DT, device="cuda")
+        vd = torch.randn_like(kd)
+        be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+        try:
+            with sdpa_kernel([be]):
+                fn = lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=hq != hkv)  # noqa: E731
+                fn()
+                row[key] = common.bench_ms(fn) * 1e3
+        except RuntimeError as e:
+            row[key] = None
+            row[key.replace("_us", "_note")] = str(e).split("\n")[0][:60]
+        del kd, vd
+    del k, v
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    read, _ = common.hbm_ceilings()
+    print(f"# {common.device_name()}: HBM read ceiling {read:.2f} TB/s; page {PS}, fp16, head dim {D}")
+    cases = [(1, 16, 8192), (1, 64, 8192), (8, 8, 4096), (4, 32, 16384), (1, 4, 32768), (32, 4, 2048)]
+    heads = [(32, 8), (32, 32)]
+    if args.quick:
+        cases, heads = [(1, 16, 8192), (8, 8, 4096)], [(32, 8)]
+    print(f"{'Hq/Hkv':>6} {'P x n':>7} {'prefix':>6} | {'cascade us':>10} {'TB/s':>5} | {'flat cc':>8} {'flat tc':>8} "
+          f"{'cudnn':>8} {'flash':>8} | {'x flat':>6} {'x cudnn':>7} {'x flash':>7} | err")
+    rows = []
+    for hq, hkv in heads:
+        for prompts, n, prefix in cases:
+            r = run_case(prompts, n, prefix, hq, hkv, rng)
+            r["cascade_tbps"] = r["cascade_bytes"] / (r["cascade_us"] * 1e-6) / 1e12
+            r["cascade_frac_ceiling"] = r["cascade_tbps"] / read
+            rows.append(r)
+            ratio = lambda x: f"{x / r['cascade_us']:6.2f}x" if x else f"{'-':>7}"  # noqa: E731
+            us = lambda x: f"{x:8.1f}" if x else f"{'-':>8}"  # noqa: E731
+            print(f"{hq:>3}/{hkv:<2} {prompts:>3}x{n:<3} {prefix:>6} | {r['cascade_us']:10.1f} {r['cascade_tbps']:5.2f} | "
+                  f"{us(r['flat_cc_us'])} {us(r['flat_tc_us'])} {us(r['sdpa-cudnn_us'])} {us(r['sdpa-flash_us'])} | "
+                  f"{ratio(r['flat_us'])} {ratio(r['sdpa-cudnn_us'])} {ratio(r['sdpa-flash_us'])} | "
+                  f"{r['max_rel_err_vs_flat']:.1e}", flush=True)
+            if r["max_rel_err_vs_flat"] > 2e-3:
+                raise SystemExit(f"cascade differs from the flat decode: {r['max_rel_err_vs_flat']:.2e}")
+    path = common.save_results("cascade", dict(read_ceiling_tbps=read, page_size=PS, head_dim=D, dtype="float16",
+                                               rows=rows))
+    print(f"# results: {path}")
+
+
+if __name__ == "__main__":
+    main()

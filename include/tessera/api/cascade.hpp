@@ -1,0 +1,87 @@
+// Composable formats (paper §3.1.2, Figure 3): one attention over a paged KV
+// cache split into levels, each a block-sparse view of the same page pool,
+// whose partial results merge through the attention state (O, LSE).
+//
+// Parallel generation and prefix caching give many requests the same first
+// pages. Flat, every request's CTAs read those pages again. As levels, the
+// shared pages form one "request" whose query rows are all the queries that
+// share them (a BSR block of Br = their count): one query tile reads each
+// shared KV tile once, on the tensor cores. The unique suffixes form the last
+// level, one request per request as usual. Levels: 0 = the outermost prefix
+// (e.g. a system prompt all requests share), ..., L-1 = each request's own pages.
+//
+//   std::vector<AttentionSpec> specs = {plain, plain, causal};   // one per level
+//   CascadeAttention cascade(specs, task, workspace);            // task bounds > 0
+//   cascade.plan(levels, stream);                                // once per step
+//   cascade.run(q, kv, o, lse, stream);                          // every layer
+//
+// Level i groups the query rows by qo_indptr (each level covers all rows, in
+// the same order: its last entry is the step's total query length) and
+// gives each group its pages (kv_indptr / kv_indices / kv_last_page_len, as
+// BatchPrefill::plan_paged takes them). A group with no pages at some level
+// contributes nothing there (LSE -inf). Only the last level should be causal:
+// the shared pages precede every query row, so no row may be masked there.
+//
+// Each level is a BatchPrefill in its own fixed slice of the workspace, so
+// run() is a fixed sequence of launches (level 0 into o / lse, then each
+// further level into a scratch state merged into o / lse in place): it
+// allocates nothing and can be captured in a CUDA graph like a single level.
+#pragma once
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tessera/api/prefill.hpp"
+
+namespace tessera {
+
+// One level of a step: host arrays, as for BatchPrefill::plan_paged.
+struct CascadeLevel {
+  std::span<const int32_t> qo_indptr;         // [groups + 1], last = the step's total query rows
+  std::span<const int32_t> kv_indptr;         // [groups + 1] (in pages)
+  std::span<const int32_t> kv_indices;        // [kv_indptr[groups]]
+  std::span<const int32_t> kv_last_page_len;  // [groups]
+};
+
+class CascadeAttention {
+ public:
+  // level_specs: one AttentionSpec per level (same dtypes and head dim). The
+  // task's bounds (max_batch: groups or requests per level, max_total_q,
+  // max_pages: page ids per level) must be >= 1: they size every level's slice.
+  CascadeAttention(std::vector<AttentionSpec> level_specs, TaskInfo task, Workspace& workspace, PrefillOptions opt = {});
+  ~CascadeAttention();
+  CascadeAttention(CascadeAttention&&) noexcept;
+  CascadeAttention& operator=(CascadeAttention&&) noexcept;
+
+  using Sizes = WorkspaceSizes;
+  static Sizes workspace_size(const std::vector<AttentionSpec>& level_specs, const TaskInfo& task, int num_sms,
+                              const PrefillOptions& opt = {});
+
+  // levels.size() == num_levels(). Validates every level before planning any.
+  void plan(std::span<const CascadeLevel> levels, cudaStream_t stream = nullptr);
+
+  // q [rows, Hq, D] with the plan's total_q <= rows <= task.max_total_q
+  // (rows beyond total_q are left as they are: capture a CUDA graph with
+  // tensors of the largest step and replay it after any re-plan); kv the page
+  // pool all levels index; o like q; lse [rows, Hq] float32 (base 2) or undefined.
+  void run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+           cudaStream_t stream = nullptr, const RunOptions& opt = {}) const;
+
+  int num_levels() const { return static_cast<int>(levels_.size()); }
+  const BatchPrefill& level(int i) const;
+  double last_plan_us() const { return plan_us_; }
+
+ private:
+  struct Level;
+  std::vector<std::unique_ptr<Level>> levels_;
+  TaskInfo task_;
+  Workspace* ws_ = nullptr;
+  AttentionSpec spec0_;  // level 0's (every level has its dtypes and head dim)
+  size_t scratch_o_ = 0, scratch_lse_ = 0, own_lse_ = 0;  // byte offsets in the workspace
+  std::unique_ptr<Workspace> row_mask_;  // its slice: 1 per planned query row, 0 beyond
+  std::vector<int32_t> kv_lens_;  // plan()'s scratch for the page-table checks
+  int64_t total_q_ = -1;
+  double plan_us_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,127 @@
+// tessera._C.CascadeAttention: composable formats (levels of one paged KV
+// cache merged through the attention state), behind the Python
+// MultiLevelCascadeAttentionWrapper (tessera/cascade.py).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "binding_util.hpp"
+#include "tessera/api/cascade.hpp"
+#include "tessera/runtime/cuda.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tessera::python {
+namespace {
+
+// One spec per level: the plan options (soft-cap) on every level, causal
+// only on the last (the shared pages precede every query row).
+std::vector<AttentionSpec> level_specs(const std::string& q_dtype, const std::string& kv_dtype,
+                                       const std::string& o_dtype, int head_dim, int num_levels, bool causal,
+                                       double logits_soft_cap) {
+  if (num_levels < 1) throw InvalidArgument("num_levels: expected >= 1, got " + std::to_string(num_levels));
+  AttentionSpec s;
+  s.q_dtype = parse_dtype("q_dtype", q_dtype);
+  s.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
+  s.o_dtype = parse_dtype("o_dtype", o_dtype);
+  s.head_dim = head_dim;
+  std::vector<AttentionSpec> specs(num_levels, s);
+  for (int i = 0; i < num_levels; ++i)
+    specs[i].variant = variants::from_plan_options(causal && i == num_levels - 1, -1, static_cast<float>(logits_soft_cap));
+  return specs;
+}
+
+class PyCascade {
+ public:
+  PyCascade(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype, int head_dim,
+            int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int num_levels, bool causal,
+            int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
+            uintptr_t host_ptr, size_t host_bytes, int device, int backend, double logits_soft_cap)
+      : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
+        cascade_(level_specs(q_dtype, kv_dtype, o_dtype, head_dim, num_levels, causal, logits_soft_cap),
+                 prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
+                 prefill_options(0, 0, backend)),
+        layout_(parse_kv_layout(layout.c_str())) {}
+
+  static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
+                                                   const std::string& o_dtype, int head_dim, int num_qo_heads,
+                                                   int num_kv_heads, int page_size, const std::string& layout,
+                                                   int num_levels, bool causal, int64_t max_batch, int64_t max_total_q,
+                                                   int64_t max_pages, int num_sms, int device, int backend,
+                                                   double logits_soft_cap) {
+    if (num_sms <= 0) {
+      if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
+      num_sms = cuda::device_info(device).sm_count;
+    }
+    const auto s = CascadeAttention::workspace_size(
+        level_specs(q_dtype, kv_dtype, o_dtype, head_dim, num_levels, causal, logits_soft_cap),
+        prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), num_sms,
+        prefill_options(0, 0, backend));
+    return {s.device_bytes, s.host_bytes};
+  }
+
+  // Per level (lists of equal length): host int32 qo_indptr, kv_indptr (pages),
+  // kv_indices, kv_last_page_len.
+  void plan(nb::list qo_indptr, nb::list kv_indptr, nb::list kv_indices, nb::list kv_last_page_len, uintptr_t stream) {
+    const size_t n = nb::len(qo_indptr);
+    if (nb::len(kv_indptr) != n || nb::len(kv_indices) != n || nb::len(kv_last_page_len) != n)
+      throw InvalidArgument("plan: expected one qo_indptr, kv_indptr, kv_indices and kv_last_page_len per level");
+    std::vector<PagedPlanArgs> args;
+    args.reserve(n);  // the spans below point into these
+    std::vector<CascadeLevel> levels;
+    for (size_t i = 0; i < n; ++i) {
+      args.emplace_back(qo_indptr[i], kv_indptr[i], kv_indices[i], kv_last_page_len[i], nb::none());
+      levels.push_back({args.back().qo_s, args.back().ip_s, args.back().idx_s, args.back().last_s});
+    }
+    nb::gil_scoped_release release;
+    cascade_.plan(levels, to_stream(stream));
+  }
+
+  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
+    Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
+    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+    const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
+    RunOptions opt;
+    opt.sm_scale = sm_scale;
+    nb::gil_scoped_release release;
+    cascade_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
+  }
+
+  double last_plan_us() const { return cascade_.last_plan_us(); }
+
+ private:
+  Workspace ws_;  // declared before cascade_, which keeps a pointer to it
+  CascadeAttention cascade_;
+  KVLayout layout_;
+};
+
+}  // namespace
+
+void bind_cascade(nb::module_& m) {
+  nb::class_<PyCascade>(m, "CascadeAttention",
+                        "Levels of one paged KV cache (shared prefixes, unique suffixes) merged through the "
+                        "attention state: plan per step, run per layer.")
+      .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
+                    int, bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, double>(),
+           "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
+           "layout"_a, "num_levels"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
+           "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "backend"_a = 0, "logits_soft_cap"_a = 0.0,
+           "Borrows a device workspace (256-byte aligned) and a pinned host buffer; causal applies to the last level.")
+      .def_static("workspace_size", &PyCascade::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a,
+                  "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "num_levels"_a, "causal"_a,
+                  "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "backend"_a = 0,
+                  "logits_soft_cap"_a = 0.0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+      .def("plan", &PyCascade::plan, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a,
+           "stream"_a = 0, "Plans a step: per level, host int32 arrays as BatchPrefill.plan_paged takes them.")
+      .def("run", &PyCascade::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
+           "stream"_a = 0, "Runs every level and merges them into o (and lse, base 2, when given).")
+      .def_prop_ro("last_plan_us", &PyCascade::last_plan_us);
+}
+
+}  // namespace tessera::python

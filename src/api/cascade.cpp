@@ -1,0 +1,200 @@
+#include "tessera/api/cascade.hpp"
+
+#include <chrono>
+#include <cstring>
+
+#include "checks.hpp"
+#include "tessera/api/merge.hpp"
+#include "tessera/formats/paged_kv.hpp"
+#include "tessera/formats/ragged.hpp"
+#include "tessera/runtime/cuda.hpp"
+
+namespace tessera {
+
+using detail::str;
+
+// A level: its BatchPrefill and the borrowed slice of the caller's workspace
+// it plans into (heap-held, so the BatchPrefill's pointer to it survives moves).
+struct CascadeAttention::Level {
+  Workspace slice;
+  BatchPrefill prefill;
+  Level(void* dev, size_t dev_bytes, void* host, size_t host_bytes, int device, const AttentionSpec& spec,
+        const TaskInfo& task, const PrefillOptions& opt)
+      : slice(dev, dev_bytes, host, host_bytes, device), prefill(spec, task, slice, opt) {}
+};
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t aligned(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+void validate_levels(const std::vector<AttentionSpec>& specs, const TaskInfo& task) {
+  if (specs.empty()) throw InvalidArgument("level_specs: expected at least one level, got 0");
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const AttentionSpec& s = specs[i];
+    validate_task(task, s);
+    if (s.q_dtype != specs[0].q_dtype || s.kv_dtype != specs[0].kv_dtype || s.o_dtype != specs[0].o_dtype ||
+        s.head_dim != specs[0].head_dim)
+      throw InvalidArgument("level_specs[" + str(i) + "]: expected the dtypes and head_dim of level 0 (" +
+                            specs[0].str() + "), got " + s.str());
+    if (s.variant == variants::custom_mask())
+      throw InvalidArgument("level_specs[" + str(i) + "]: custom masks are not supported in a cascade");
+  }
+  if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)
+    throw InvalidArgument("task: expected max_batch, max_total_q and max_pages >= 1 (they size every level's "
+                          "workspace slice), got " + str(task.max_batch) + ", " + str(task.max_total_q) + ", " +
+                          str(task.max_pages));
+}
+
+// Byte sizes of one level slice each, then the scratch states.
+struct CascadeLayout {
+  std::vector<WorkspaceSizes> levels;
+  size_t scratch_o = 0, scratch_lse = 0, own_lse = 0, row_mask = 0, host_row_mask = 0;
+  WorkspaceSizes total;
+};
+
+CascadeLayout cascade_layout(const std::vector<AttentionSpec>& specs, const TaskInfo& task, int num_sms,
+                             const PrefillOptions& opt) {
+  validate_levels(specs, task);
+  CascadeLayout l;
+  for (const AttentionSpec& s : specs) {
+    WorkspaceSizes w = BatchPrefill::workspace_size(s, task, num_sms, opt);
+    w.device_bytes = aligned(w.device_bytes);
+    w.host_bytes = aligned(w.host_bytes);
+    l.total.device_bytes += w.device_bytes;
+    l.total.host_bytes += w.host_bytes;
+    l.levels.push_back(w);
+  }
+  const size_t rows = static_cast<size_t>(task.max_total_q) * task.num_qo_heads;
+  l.scratch_o = l.total.device_bytes;
+  l.scratch_lse = l.scratch_o + aligned(rows * specs[0].head_dim * dtype_size(specs[0].o_dtype));
+  l.own_lse = l.scratch_lse + aligned(rows * sizeof(float));
+  l.row_mask = l.own_lse + aligned(rows * sizeof(float));
+  l.total.device_bytes = l.row_mask + aligned(task.max_total_q);
+  l.host_row_mask = l.total.host_bytes;
+  l.total.host_bytes += aligned(task.max_total_q);
+  return l;
+}
+
+int sm_count_for(int device) { return cuda::gpu_available() ? cuda::device_info(device).sm_count : 1; }
+
+}  // namespace
+
+CascadeAttention::Sizes CascadeAttention::workspace_size(const std::vector<AttentionSpec>& level_specs,
+                                                         const TaskInfo& task, int num_sms, const PrefillOptions& opt) {
+  return cascade_layout(level_specs, task, num_sms, opt).total;
+}
+
+CascadeAttention::CascadeAttention(std::vector<AttentionSpec> level_specs, TaskInfo task, Workspace& workspace,
+                                   PrefillOptions opt)
+    : task_(task), ws_(&workspace) {
+  // Without a GPU the slices are sized for one SM: plan() stops at the first
+  // level's kernel load with a clear error, after validating every level.
+  const CascadeLayout l = cascade_layout(level_specs, task, sm_count_for(workspace.device()), opt);
+  detail::check_workspace_size(workspace, l.total.device_bytes, l.total.host_bytes);
+  char* dev = static_cast<char*>(workspace.device_ptr());
+  char* host = static_cast<char*>(workspace.host_ptr());
+  for (size_t i = 0; i < level_specs.size(); ++i) {
+    levels_.push_back(std::make_unique<Level>(dev, l.levels[i].device_bytes, host, l.levels[i].host_bytes,
+                                              workspace.device(), level_specs[i], task, opt));
+    dev += l.levels[i].device_bytes;
+    host += l.levels[i].host_bytes;
+  }
+  spec0_ = level_specs[0];
+  row_mask_ = std::make_unique<Workspace>(static_cast<char*>(workspace.device_ptr()) + l.row_mask, aligned(task.max_total_q),
+                                          static_cast<char*>(workspace.host_ptr()) + l.host_row_mask,
+                                          aligned(task.max_total_q), workspace.device());
+  scratch_o_ = l.scratch_o;
+  scratch_lse_ = l.scratch_lse;
+  own_lse_ = l.own_lse;
+}
+
+CascadeAttention::~CascadeAttention() = default;
+CascadeAttention::CascadeAttention(CascadeAttention&&) noexcept = default;
+CascadeAttention& CascadeAttention::operator=(CascadeAttention&&) noexcept = default;
+
+const BatchPrefill& CascadeAttention::level(int i) const {
+  if (i < 0 || i >= num_levels())
+    throw InvalidArgument("level: expected 0 <= i < " + str(num_levels()) + ", got " + str(i));
+  return levels_[i]->prefill;
+}
+
+void CascadeAttention::plan(std::span<const CascadeLevel> levels, cudaStream_t stream) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (static_cast<int>(levels.size()) != num_levels())
+    throw InvalidArgument("levels: expected " + str(num_levels()) + " levels (one per level spec), got " +
+                          str(levels.size()));
+  // Every level covers the same query rows: checked for all before any plan,
+  // so a bad step leaves the previous plan intact.
+  int64_t total_q = -1;
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const auto& ip = levels[i].qo_indptr;
+    const std::string name = "levels[" + str(i) + "].qo_indptr";
+    if (ip.empty()) throw InvalidArgument(name + ": expected groups + 1 elements, got 0");
+    validate_indptr(name.c_str(), ip);
+    if (i == 0) total_q = ip.back();
+    if (ip.back() != total_q)
+      throw InvalidArgument(name + ": expected the last entry to be the step's total query rows " + str(total_q) +
+                            " (as level 0), got " + str(ip.back()));
+    if (levels[i].kv_indptr.size() != ip.size())
+      throw InvalidArgument("levels[" + str(i) + "].kv_indptr: expected " + str(ip.size()) +
+                            " elements (like its qo_indptr), got " + str(levels[i].kv_indptr.size()));
+    try {
+      (void)check_page_table(levels[i].kv_indptr, levels[i].kv_indices, levels[i].kv_last_page_len, task_.page_size,
+                             kv_lens_);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("levels[" + str(i) + "]: " + e.what());
+    }
+  }
+  detail::require_gpu("CascadeAttention::plan");
+  total_q_ = -1;  // a level that fails to plan leaves nothing to run
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const CascadeLevel& lv = levels[i];
+    try {
+      levels_[i]->prefill.plan_paged(lv.qo_indptr, lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len, stream);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("levels[" + str(i) + "]: " + e.what());
+    }
+  }
+  // Rows the merges may change: the planned ones (a graph captured with
+  // tensors of more rows replays correctly after a re-plan with fewer).
+  row_mask_->stage_begin();
+  std::memset(row_mask_->host_ptr(), 1, static_cast<size_t>(total_q));
+  std::memset(static_cast<char*>(row_mask_->host_ptr()) + total_q, 0, static_cast<size_t>(task_.max_total_q - total_q));
+  row_mask_->upload(static_cast<size_t>(task_.max_total_q), stream);
+  total_q_ = total_q;
+  plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void CascadeAttention::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+                           cudaStream_t stream, const RunOptions& opt) const {
+  if (total_q_ < 0) throw InvalidArgument("run: expected a successful plan() first");
+  detail::check_q_o_lse(spec0_, q, o, lse, task_.num_qo_heads);
+  const int64_t rows = q.size(0);
+  if (rows < total_q_)
+    throw InvalidArgument("q: expected at least the planned total query length " + str(total_q_) + " rows, got " +
+                          str(rows));
+  if (rows > task_.max_total_q)
+    throw InvalidArgument("q: " + str(rows) + " rows exceed the workspace bound max_total_q=" + str(task_.max_total_q));
+  // The levels run on the planned rows; the merges cover all rows but change
+  // only the planned ones (row mask), so a CUDA graph captured with tensors of
+  // the largest step replays after any re-plan within the bounds.
+  auto first = [this](TensorView t) {
+    t.shape[0] = total_q_;
+    return t;
+  };
+  char* base = static_cast<char*>(ws_->device_ptr());
+  const Device dev = o.device;
+  const int64_t hq = o.size(1), d = o.size(2);
+  const TensorView state_lse = detail::has(lse) ? lse : TensorView(base + own_lse_, DType::kFloat32, dev, {rows, hq});
+  levels_[0]->prefill.run(first(q), kv, first(o), first(state_lse), stream, opt);
+  const TensorView tmp_o(base + scratch_o_, spec0_.o_dtype, dev, {rows, hq, d});
+  const TensorView tmp_lse(base + scratch_lse_, DType::kFloat32, dev, {rows, hq});
+  const TensorView mask(row_mask_->device_ptr(), DType::kUInt8, dev, {rows});
+  for (size_t i = 1; i < levels_.size(); ++i) {
+    levels_[i]->prefill.run(first(q), kv, first(tmp_o), first(tmp_lse), stream, opt);
+    merge_state_in_place(o, state_lse, tmp_o, tmp_lse, mask, stream);
+  }
+}
+
+}  // namespace tessera
