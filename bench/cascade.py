@@ -16,7 +16,8 @@ same paged cache (page 16, NHD, fp16, head dim 128) is attended four ways:
 Reports us, the KV bytes each form must read (cascade: every prefix once;
 flat: once per sample), TB/s of the bytes the cascade needs, and speedups of
 the cascade over each. The cascade is checked against the flat decode.
-Usage: python bench/cascade.py [--quick]
+Usage: python bench/cascade.py [--quick] [--profile]
+  --profile: also list the GPU kernels of one cascade run per case (torch.profiler)
 """
 import argparse
 import os
@@ -67,7 +68,18 @@ def build(prompts, n, prefix, hkv, rng):
     return levels, flat, total, lens, int(suffix.sum())
 
 
-def run_case(prompts, n, prefix, hq, hkv, rng):
+def profile(fn):
+    """The GPU kernels of one fn() (after a warm-up): name and microseconds."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    return [(e.name[:60], e.device_time) for e in p.events() if e.device_time > 0]
+
+
+def run_case(prompts, n, prefix, hq, hkv, rng, show=False):
     levels, flat, total, lens, suffix_tokens = build(prompts, n, prefix, hkv, rng)
     b = prompts * n
     k = torch.randn(total, PS, hkv, D, dtype=DT, device="cuda")
@@ -83,6 +95,9 @@ def run_case(prompts, n, prefix, hq, hkv, rng):
     cas.plan(*levels, hq, hkv, D, PS, q_data_type=DT)
     out = torch.empty_like(q)
     row["cascade_us"] = common.bench_ms(lambda: cas.run(q, (k, v), out=out)) * 1e3
+    if show:
+        for name, us in profile(lambda: cas.run(q, (k, v), out=out)):
+            print(f"    {us:8.1f} us  {name}")
     ref = None
     for tc in (False, True):
         ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -124,6 +139,7 @@ def run_case(prompts, n, prefix, hq, hkv, rng):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     read, _ = common.hbm_ceilings()
@@ -137,7 +153,7 @@ def main():
     rows = []
     for hq, hkv in heads:
         for prompts, n, prefix in cases:
-            r = run_case(prompts, n, prefix, hq, hkv, rng)
+            r = run_case(prompts, n, prefix, hq, hkv, rng, args.profile)
             r["cascade_tbps"] = r["cascade_bytes"] / (r["cascade_us"] * 1e-6) / 1e12
             r["cascade_frac_ceiling"] = r["cascade_tbps"] / read
             rows.append(r)

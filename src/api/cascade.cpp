@@ -1,5 +1,6 @@
 #include "tessera/api/cascade.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -49,6 +50,7 @@ void validate_levels(const std::vector<AttentionSpec>& specs, const TaskInfo& ta
 // Byte sizes of one level slice each, then the scratch states.
 struct CascadeLayout {
   std::vector<WorkspaceSizes> levels;
+  size_t split_scratch = 0, split_scratch_bytes = 0;  // the levels' shared split-KV scratch
   size_t scratch_o = 0, scratch_lse = 0, own_lse = 0, row_mask = 0, host_row_mask = 0;
   WorkspaceSizes total;
 };
@@ -57,14 +59,20 @@ CascadeLayout cascade_layout(const std::vector<AttentionSpec>& specs, const Task
                              const PrefillOptions& opt) {
   validate_levels(specs, task);
   CascadeLayout l;
+  // The levels run one after another on one stream, so their split-KV
+  // scratch (merge counters, partial states: most of a BatchPrefill's
+  // workspace) is one region; each level keeps only its plan sections.
   for (const AttentionSpec& s : specs) {
-    WorkspaceSizes w = BatchPrefill::workspace_size(s, task, num_sms, opt);
+    WorkspaceSizes w = BatchPrefill::workspace_size_shared(s, task, num_sms, opt);
     w.device_bytes = aligned(w.device_bytes);
     w.host_bytes = aligned(w.host_bytes);
     l.total.device_bytes += w.device_bytes;
     l.total.host_bytes += w.host_bytes;
     l.levels.push_back(w);
+    l.split_scratch_bytes = std::max(l.split_scratch_bytes, aligned(BatchPrefill::scratch_size(s, task, num_sms, opt)));
   }
+  l.split_scratch = l.total.device_bytes;
+  l.total.device_bytes += l.split_scratch_bytes;
   const size_t rows = static_cast<size_t>(task.max_total_q) * task.num_qo_heads;
   l.scratch_o = l.total.device_bytes;
   l.scratch_lse = l.scratch_o + aligned(rows * specs[0].head_dim * dtype_size(specs[0].o_dtype));
@@ -97,6 +105,8 @@ CascadeAttention::CascadeAttention(std::vector<AttentionSpec> level_specs, TaskI
   for (size_t i = 0; i < level_specs.size(); ++i) {
     levels_.push_back(std::make_unique<Level>(dev, l.levels[i].device_bytes, host, l.levels[i].host_bytes,
                                               workspace.device(), level_specs[i], task, opt));
+    levels_.back()->prefill.use_shared_scratch(static_cast<char*>(workspace.device_ptr()) + l.split_scratch,
+                                               l.split_scratch_bytes);
     dev += l.levels[i].device_bytes;
     host += l.levels[i].host_bytes;
   }

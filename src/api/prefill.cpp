@@ -37,21 +37,46 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_group));
   l.first_items = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
   l.staged = w.total();
-  l.counters = w.add(sizeof(int32_t) * max_split_tiles(ctas_per_group) * groups);
+  // Split-KV scratch, relative to its own base: the workspace's tail, or a
+  // region shared with other BatchPrefills (use_shared_scratch).
+  WorkspaceLayout s;
+  l.counters = s.add(sizeof(int32_t) * max_split_tiles(ctas_per_group) * groups);
   const int64_t rows = max_split_slots(ctas_per_group) * groups * cta_q;
-  l.partial_lse = w.add(sizeof(float) * rows);
-  l.partial_o = w.add(sizeof(float) * rows * spec.head_dim);
+  l.partial_lse = s.add(sizeof(float) * rows);
+  l.partial_o = s.add(sizeof(float) * rows * spec.head_dim);
+  l.scratch_bytes = s.total();
+  l.scratch = w.add(l.scratch_bytes);
   l.total = w.total();
   return l;
 }
 
 BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                                  const PrefillOptions& opt) {
+  return sizes(spec, task, num_sms, opt).first;
+}
+
+BatchPrefill::Sizes BatchPrefill::workspace_size_shared(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                                        const PrefillOptions& opt) {
+  return sizes(spec, task, num_sms, opt).second;
+}
+
+size_t BatchPrefill::scratch_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt) {
+  const auto [whole, shared] = sizes(spec, task, num_sms, opt);
+  return whole.device_bytes - shared.device_bytes;
+}
+
+// (whole workspace, workspace without the split-KV scratch), each the largest
+// over the tiles and backends a first plan may pick. The scratch is the
+// layout's last section and its size grows with the tile's rows as the whole
+// does, so the same tile maximizes both and their difference is its size.
+std::pair<BatchPrefill::Sizes, BatchPrefill::Sizes> BatchPrefill::sizes(const AttentionSpec& spec, const TaskInfo& task,
+                                                                        int num_sms, const PrefillOptions& opt) {
   validate_task(task, spec);
   if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch, max_total_q and max_pages >= 1 to size the workspace");
   if (opt.cta_q) (void)catalog::prefill_config(spec, opt.cta_q);  // rejects an invalid cta_q
-  Sizes s;
+  Sizes whole, shared;
+  size_t scratch = 0;
   for (int q : {16, 32, 64, 128}) {
     if (opt.cta_q && q != opt.cta_q) continue;
     for (bool hopper : {false, true}) {  // whichever backend the first plan picks
@@ -59,11 +84,13 @@ BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, cons
       const PrefillConfig c = catalog::prefill_config(spec, q, hopper);
       const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
       const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, q);
-      s.device_bytes = std::max(s.device_bytes, l.total);
-      s.host_bytes = std::max(s.host_bytes, l.staged);
+      shared.device_bytes = std::max(shared.device_bytes, l.scratch);
+      shared.host_bytes = whole.host_bytes = std::max(whole.host_bytes, l.staged);
+      scratch = std::max(scratch, l.scratch_bytes);
     }
   }
-  return s;
+  whole.device_bytes = shared.device_bytes + scratch;  // >= every layout's total
+  return {whole, shared};
 }
 
 BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspace, PrefillOptions opt)
@@ -81,6 +108,18 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   if (const char* env = std::getenv("TESSERA_SM90_Q_TMA"); env && *env) q_tma_mode_ = std::string(env) == "0" ? 0 : 1;
   // A/B runs: TESSERA_PREFILL_HEAD_GROUPS=1 / 0 plans heads in groups / one per group.
   if (const char* env = std::getenv("TESSERA_PREFILL_HEAD_GROUPS"); env && *env) opt_.group_heads = std::string(env) != "0";
+}
+
+void BatchPrefill::use_shared_scratch(void* device_ptr, size_t bytes) {
+  if (kernel_) throw InvalidArgument("scratch: use_shared_scratch must come before the first plan()");
+  if (device_ptr == nullptr || reinterpret_cast<uintptr_t>(device_ptr) % 256 != 0)
+    throw InvalidArgument("scratch: expected a device buffer aligned to 256 bytes");
+  shared_scratch_ = static_cast<char*>(device_ptr);
+  shared_scratch_bytes_ = bytes;
+}
+
+char* BatchPrefill::scratch_base() const {
+  return shared_scratch_ ? shared_scratch_ : static_cast<char*>(ws_->device_ptr()) + layout_.scratch;
 }
 
 // A custom-mask wrapper needs the mask at every plan and run; any other
@@ -252,10 +291,12 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
     layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q);
-    detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
+    detail::check_workspace_size(*ws_, shared_scratch_ ? layout_.scratch : layout_.total, layout_.staged);
+    if (shared_scratch_ && shared_scratch_bytes_ < layout_.scratch_bytes)
+      throw InvalidArgument("scratch: expected at least " + str(layout_.scratch_bytes) + " bytes of shared scratch, got " +
+                            str(shared_scratch_bytes_));
     // Merge counters start at zero; runs leave them at zero.
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
-                                       layout_.partial_lse - layout_.counters, stream));
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch_base() + layout_.counters, 0, layout_.partial_lse - layout_.counters, stream));
   }
   if (batch > task_.max_batch)
     throw InvalidArgument("qo_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" + str(task_.max_batch));
@@ -412,9 +453,9 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
   p.work_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.items);
   p.first_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.first_items);
-  p.partial_o = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_o);
-  p.partial_lse = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_lse);
-  p.counters = reinterpret_cast<int*>(const_cast<char*>(dev) + layout_.counters);
+  p.partial_o = reinterpret_cast<float*>(scratch_base() + layout_.partial_o);
+  p.partial_lse = reinterpret_cast<float*>(scratch_base() + layout_.partial_lse);
+  p.counters = reinterpret_cast<int*>(scratch_base() + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
   p.group = task_.num_qo_heads / task_.num_kv_heads;
   p.heads_per_group = task_.num_kv_heads / head_groups_;

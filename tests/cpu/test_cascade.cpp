@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tessera/api/cascade.hpp"
+#include "tessera/runtime/cuda.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
@@ -23,13 +24,15 @@ std::vector<AttentionSpec> two_levels() {
   return {AttentionSpec{}, AttentionSpec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, 128}};
 }
 
-// A borrowed host-memory workspace of the size the cascade asks for (no GPU
-// here: slices are sized for one SM).
+// A borrowed host-memory workspace of the size the cascade asks for (sized
+// as the constructor sizes its slices: for the GPU's SMs, or one without a
+// GPU). Only argument checks run on it, never a plan.
 struct HostWorkspace {
   std::vector<char> dev, host;
   Workspace ws;
   HostWorkspace(const std::vector<AttentionSpec>& specs, const TaskInfo& task, size_t shrink = 0) {
-    const auto s = CascadeAttention::workspace_size(specs, task, 1);
+    const int sms = cuda::gpu_available() ? cuda::device_info(0).sm_count : 1;
+    const auto s = CascadeAttention::workspace_size(specs, task, sms);
     dev.resize(s.device_bytes + 256);
     host.resize(s.host_bytes + 256);
     auto at256 = [](std::vector<char>& b) {
@@ -74,6 +77,27 @@ TEST(CascadeErrors, WorkspaceGrowsWithLevelsAndRows) {
   // The scratch state alone: 4096 rows x 8 heads x (128 fp16 + 2 float32 LSE).
   EXPECT_GE(CascadeAttention::workspace_size(two_levels(), more, 132).device_bytes - two.device_bytes,
             static_cast<size_t>(4096 - 32) * 8 * (128 * 2 + 8));
+}
+
+// The levels share one split-KV scratch: a cascade of L levels needs far less
+// than L batch prefills' workspaces.
+TEST(CascadeErrors, LevelsShareTheSplitScratch) {
+  const AttentionSpec spec;
+  const TaskInfo t = small_task();
+  const auto whole = BatchPrefill::workspace_size(spec, t, 132);
+  const auto shared = BatchPrefill::workspace_size_shared(spec, t, 132);
+  const size_t scratch = BatchPrefill::scratch_size(spec, t, 132);
+  EXPECT_EQ(shared.device_bytes + scratch, whole.device_bytes);
+  EXPECT_GT(scratch, shared.device_bytes);  // the partial states dominate
+  EXPECT_EQ(shared.host_bytes, whole.host_bytes);
+  const auto three = CascadeAttention::workspace_size({spec, spec, spec}, t, 132);
+  EXPECT_LT(three.device_bytes, 2 * whole.device_bytes);
+  HostWorkspace f(two_levels(), t);
+  BatchPrefill pre(spec, t, f.ws);
+  alignas(256) static char region[512];
+  EXPECT_THROW_MSG(pre.use_shared_scratch(region + 16, 256), InvalidArgument, "scratch: expected a device buffer aligned");
+  EXPECT_THROW_MSG(pre.use_shared_scratch(nullptr, 256), InvalidArgument, "scratch");
+  EXPECT_NO_THROW(pre.use_shared_scratch(region, sizeof region));
 }
 
 TEST(CascadeErrors, PlanChecksEveryLevelFirst) {

@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <span>
+#include <utility>
 
 #include "tessera/api/attention.hpp"
 #include "tessera/formats/bsr.hpp"
@@ -80,6 +81,15 @@ class BatchPrefill {
   // Workspace for the bounds in `task` (max_batch, max_total_q, max_pages > 0)
   // on a GPU with num_sms multiprocessors, whatever query tile is chosen.
   static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt = {});
+  // The split-KV scratch (merge counters and partial states) that a run uses
+  // only while it runs: BatchPrefills whose runs never overlap (one stream,
+  // e.g. the levels of a CascadeAttention) may share one region of
+  // scratch_size() bytes, given by use_shared_scratch() before the first
+  // plan; their workspaces then need only workspace_size_shared().
+  static size_t scratch_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt = {});
+  static Sizes workspace_size_shared(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                     const PrefillOptions& opt = {});
+  void use_shared_scratch(void* device_ptr, size_t bytes);
 
   // Paged KV: kv_indptr counts pages.
   void plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
@@ -131,8 +141,12 @@ class BatchPrefill {
   struct Layout {
     size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0;
     size_t first_items = 0, staged = 0;
-    size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
+    size_t counters = 0, partial_lse = 0, partial_o = 0;  // relative to the scratch base
+    size_t scratch = 0, scratch_bytes = 0, total = 0;      // the scratch's offset in the workspace, its size
   };
+  static std::pair<Sizes, Sizes> sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                       const PrefillOptions& opt);
+  char* scratch_base() const;
   static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q);
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
@@ -161,6 +175,8 @@ class BatchPrefill {
   PrefillConfig config_;
   jit::KernelSource source_;
   const jit::LoadedKernel* kernel_ = nullptr;
+  char* shared_scratch_ = nullptr;  // use_shared_scratch(): the split-KV sections live there
+  size_t shared_scratch_bytes_ = 0;
   int ctas_per_group_ = 0, head_groups_ = 0;
   Layout layout_;
   Planner planner_;
