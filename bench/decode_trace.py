@@ -7,7 +7,7 @@ dirty lines must go back to HBM during the step; and a read one, which leaves
 L2 clean), then percentiles over the CTAs, relative to the earliest start.
 With --prefill L: the same for causal prefill of --batch requests of L tokens
 (--hq heads, the Hopper kernel on ragged KV).
-Usage: python bench/decode_trace.py [--dump US] [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16] [--prefill L]"""
+Usage: python bench/decode_trace.py [--dump US] [--shared-prefix N] [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16] [--prefill L]"""
 import argparse
 import os
 import subprocess
@@ -30,6 +30,18 @@ def child(a):
         w.plan(qo, qo, a.hq, a.hq, D, causal=True, q_data_type=torch.float16)
         out = torch.empty_like(q)
         run = lambda: w.run(q, kr, vr, out=out)  # noqa: E731
+    elif a.shared_prefix:  # a cascade's shared level: --batch query rows (one request) over a paged prefix
+        pages = a.shared_prefix // a.page
+        k = torch.randn(pages, a.page, a.hkv, D, dtype=torch.float16, device="cuda")
+        v = torch.randn_like(k)
+        q = torch.randn(a.batch, a.hq, D, dtype=torch.float16, device="cuda")
+        w = tessera.BatchPrefillWithPagedKVCacheWrapper(common.workspace(), "NHD")
+        w.plan(torch.tensor([0, a.batch], dtype=torch.int32), torch.tensor([0, pages], dtype=torch.int32),
+               torch.randperm(pages).int(), torch.tensor([a.page], dtype=torch.int32), a.hq, a.hkv, D, a.page,
+               q_data_type=torch.float16)
+        print("grid", w.grid, "cta_q", w.cta_q, flush=True)
+        out = torch.empty_like(q)
+        run = lambda: w.run(q, (k, v), out=out)  # noqa: E731
     else:
         lens = common.kv_lengths(a.lengths, a.batch)
         k, v, indptr, indices, last = dec.paged_cache(lens, a.page, a.hkv, seed=1)
@@ -66,6 +78,8 @@ def main():
     ap.add_argument("--lengths", default="const:32768")
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--prefill", type=int, default=0, help="trace causal prefill of --batch x this many tokens instead")
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="trace a cascade's shared level instead: --batch query rows over this many paged keys")
     ap.add_argument("--dump", type=float, default=0, help="also list CTAs whose end - last loop exceeds this many us")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
@@ -85,7 +99,12 @@ def main():
             f = line.split()
             cur[1].append(dict(cta=int(f[1]), sm=int(f[2]), items=int(f[3]), tiles=int(f[4]),
                                t=[int(x) for x in f[5:9]]))
-    what = f"prefill {a.batch} x {a.prefill}, {a.hq} heads" if a.prefill else f"{a.hq}/{a.hkv} batch {a.batch} {a.lengths} page {a.page}"
+    what = (f"prefill {a.batch} x {a.prefill}, {a.hq} heads" if a.prefill else
+            f"shared prefix {a.shared_prefix}, {a.batch} rows, {a.hq}/{a.hkv}" if a.shared_prefix else
+            f"{a.hq}/{a.hkv} batch {a.batch} {a.lengths} page {a.page}")
+    for line in out.stdout.splitlines():
+        if line.startswith("grid "):
+            print(line)
     print(f"{what}: us from the earliest CTA start "
           "(p10 / p50 / p90 / max over CTAs)")
     for state, ctas in runs:

@@ -212,6 +212,25 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
       }
     }
   }
+  // Merge-aware L: the estimate adds the largest split tile's merge (see
+  // PlannerOptions::merge_cost); while that is over a tenth of it, double L
+  // as long as the estimate drops (ties keep the shorter chunks).
+  if (opt.split_kv && opt.merge_cost > 0) {
+    double est = best + merge_estimate(opt);
+    while (merge_estimate(opt) > 0.1 * est && L < aligned(longest)) {
+      const int64_t next = aligned(std::min<int64_t>(2 * L, longest));
+      std::swap(cur_, alt_);
+      const double cost = assign(next, ctas, tile_rows, opt);
+      const double e = cost + merge_estimate(opt);
+      if (!(e < est)) {
+        std::swap(cur_, alt_);  // the previous L's plan, not recomputed
+        break;
+      }
+      est = e;
+      best = cost;
+      L = next;
+    }
+  }
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
   out.num_slots = cur_.slots;
   out.num_split = cur_.split;
@@ -228,6 +247,13 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   fill_.assign(out.work_indptr.begin(), out.work_indptr.end() - 1);
   queue_.resize(cur_.chunks.size());
   for (int32_t w : cur_.order) queue_[fill_[cur_.owner[w]]++] = w;
+}
+
+double Planner::merge_estimate(const PlannerOptions& opt) const {
+  int64_t worst = 0;
+  for (size_t t = 0; t < tiles_.size(); ++t)
+    if (cur_.num_chunks[t] > 1) worst = std::max<int64_t>(worst, int64_t{tiles_[t].rows} * cur_.num_chunks[t]);
+  return opt.merge_cost * static_cast<double>(worst);
 }
 
 void Planner::clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt) {
@@ -290,7 +316,8 @@ void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int
         const int64_t last_q = (std::min(rows, (t + 1) * cta_q) - 1) / group;
         visible = std::clamp<int64_t>(last_q + kv - q + 1, 0, kv);
       }
-      tiles_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(t), static_cast<int32_t>(visible)});
+      tiles_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(t), static_cast<int32_t>(visible), 0,
+                        static_cast<int32_t>(std::min<int64_t>(cta_q, rows - t * cta_q))});
       // The tile's first row (query first_q, bottom-right position
       // first_q + kv - q) sees the fewest keys on the left.
       if (opt.window_left >= 0) clip_to_window(tiles_.back(), (t * cta_q) / group + kv - q - opt.window_left, opt);

@@ -211,6 +211,45 @@ TEST(Planner, SlidingWindowSkipsKeysLeftOfTheWindow) {
   EXPECT_EQ(max_end[1], 4096);
 }
 
+// Merge-aware L_kv: one 64-row tile over 8192 keys on 33 CTAs (a cascade's
+// shared prefix). Line 3 cuts it 32 ways, so the last CTA would merge 32 x 64
+// partial rows (0.5 x 2048 token units: more than a chunk's own cost); the
+// planner doubles L while the estimate drops. Decode's one-row tiles and a
+// merge_cost of 0 keep line 3's plan.
+TEST(Planner, MergeCostBoundsTheChunksOfLargeTiles) {
+  Planner planner;
+  PlannerOptions opt;
+  opt.chunk_align = 64;
+  const std::vector<int32_t> q{16}, kv{8192};
+  auto chunks_of = [&](const PlannerOptions& o) {
+    PrefillPlan plan;
+    planner.plan_prefill(q, kv, /*group=*/4, /*cta_q=*/64, /*causal=*/false, /*ctas=*/33, o, plan);
+    int n = 0, covered = 0;
+    for (const PrefillWorkItem& w : plan.items) {
+      ++n;
+      covered += w.kv_end - w.kv_start;
+      EXPECT_EQ(w.num_chunks, static_cast<int>(plan.items.size()));
+    }
+    EXPECT_EQ(covered, 8192);
+    return std::make_pair(n, plan.chunk_size);
+  };
+  PlannerOptions off = opt;
+  off.merge_cost = 0;
+  const auto [n_off, l_off] = chunks_of(off);
+  const auto [n_on, l_on] = chunks_of(opt);
+  EXPECT_EQ(l_off, 256);
+  EXPECT_EQ(n_off, 32);
+  // est(L) = 2048 (item) + L + 0.5 * 64 * 8192 / L: 3328 at 256, 3072 at 512, 3328 at 1024.
+  EXPECT_EQ(l_on, 512);
+  EXPECT_EQ(n_on, 16);
+  DecodePlan a, b;
+  const std::vector<int32_t> lens{32768};
+  planner.plan_decode(lens, 33, opt, a);
+  planner.plan_decode(lens, 33, off, b);
+  EXPECT_EQ(a.chunk_size, b.chunk_size);
+  EXPECT_EQ(a.items.size(), b.items.size());
+}
+
 // Line 5's order: each CTA's queue runs in assignment order, which is longest
 // chunk first, ties by request then position (decode); prefill first groups
 // requests by their longest chunk (descending, ties by request). Lengths are

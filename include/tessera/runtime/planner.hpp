@@ -29,6 +29,13 @@ struct PlannerOptions {
   double beta = 1.0;     // cost per KV token
   int min_chunk = 64;    // chunks are never cut shorter than this many tokens
   int chunk_align = 16;  // L_kv is rounded up to a multiple of this
+  // Cost of merging one row of one chunk's partial state, in KV-token units
+  // (not in the paper's model). The last CTA to finish a split tile merges
+  // its k chunks alone, so a tile of R rows cut k ways costs that CTA
+  // merge_cost * R * k more; L_kv grows (doubling) while that lowers the
+  // estimated makespan. 0: off. 0.5 from the H100: a 64-row tile of a shared
+  // prefix cut 33 ways merged for ~4x its chunks' own time.
+  double merge_cost = 0.5;
   // Sliding window (the variant's declared window_left, >= 0; -1 = none):
   // keys left of every row's window are not visited at all (tiles start at the
   // first key their first row sees, rounded down to chunk_align).
@@ -82,6 +89,7 @@ class Planner {
   struct Tile {
     int32_t request, q_tile, kv_len;  // kv_len keys from kv_begin are visited
     int32_t kv_begin = 0;
+    int32_t rows = 1;  // query rows the tile holds (what a merge of its chunks reads per chunk)
   };
   struct Chunk {
     int32_t tile, start, end, index;
@@ -89,6 +97,8 @@ class Planner {
   // Chunks the tiles, assigns chunks to CTAs; fills stats and, per chunk in
   // queue order, the chunk and its owning CTA (order_).
   void schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out);
+  // merge_cost * the largest rows * chunks of a split tile of the current assignment.
+  double merge_estimate(const PlannerOptions& opt) const;
   // Drops the keys before first_key (rounded down to chunk_align) from a tile.
   static void clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt);
   // Chunks every tile at most L long and assigns the chunks greedily; returns

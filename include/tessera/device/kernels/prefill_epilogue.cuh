@@ -124,21 +124,28 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
   sync();
   if (!*is_last) return;
   __threadfence();
-  for (int idx = tid; idx < CTA_Q * (HEAD_DIM / 4); idx += nthreads) {
-    const int tile_row = idx / (HEAD_DIM / 4), col = (idx % (HEAD_DIM / 4)) * 4;
+  // One CTA merges the whole tile, so what bounds it is how many loads are in
+  // flight: 8 features per thread (two float4 per chunk, 8 chunks a block)
+  // keep twice as many as 4 did (a 64-row tile cut 33 ways took ~60 us to
+  // merge at 4, bench/cascade.py --profile).
+  constexpr int VEC = 8;
+  for (int idx = tid; idx < CTA_Q * (HEAD_DIM / VEC); idx += nthreads) {
+    const int tile_row = idx / (HEAD_DIM / VEC), col = (idx % (HEAD_DIM / VEC)) * VEC;
     const int f = row0 + tile_row, qo = f / p.group, head = kv_head * p.group + f % p.group;
     if (qo >= qo_len) continue;
     auto slot_base = [&](int c) {
       return ((static_cast<i64>(w.first_slot + c) * gridDim.y + blockIdx.y) * CLUSTER + rank) * CTA_Q + tile_row;
     };
-    float out[4];
-    const float lse = merge_chunk_states<4, Variant::use_softmax>(
+    float out[VEC];
+    const float lse = merge_chunk_states<VEC, Variant::use_softmax>(
         w.num_chunks, [&](int c) { return __ldcg(p.partial_lse + slot_base(c)); },
-        [&](int c, int) { return __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c) * HEAD_DIM + col)); },
+        [&](int c, int i) {
+          return __ldcg(reinterpret_cast<const float4*>(p.partial_o + slot_base(c) * HEAD_DIM + col) + i);
+        },
         out);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = variant.OutputTransform(p, out[i], b, qo, head, col + i);
-    store_vec<4>(static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col, out);
+    for (int i = 0; i < VEC; ++i) out[i] = variant.OutputTransform(p, out[i], b, qo, head, col + i);
+    store_vec<VEC>(static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col, out);
     if (col == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
   }
   if (tid == 0) *counter = 0;
