@@ -16,8 +16,10 @@ same paged cache (page 16, NHD, fp16, head dim 128) is attended four ways:
 Reports us, the KV bytes each form must read (cascade: every prefix once;
 flat: once per sample), TB/s of the bytes the cascade needs, and speedups of
 the cascade over each. The cascade is checked against the flat decode.
-Usage: python bench/cascade.py [--quick] [--profile]
+Usage: python bench/cascade.py [--quick] [--profile] [--tile-sweep]
   --profile: also list the GPU kernels of one cascade run per case (torch.profiler)
+  --tile-sweep: only time the shared level (level 0) alone as a batch prefill
+      under several kernel templates and query tiles
 """
 import argparse
 import os
@@ -136,11 +138,33 @@ def run_case(prompts, n, prefix, hq, hkv, rng, show=False):
     return row
 
 
+def tile_sweep():
+    """The shared level alone: its groups as a batch prefill, per (backend, query tile)."""
+    rng = np.random.default_rng(0)
+    for prompts, n, prefix in [(1, 16, 8192), (8, 8, 4096), (1, 64, 8192), (1, 4, 32768)]:
+        levels, _, total, _, _ = build(prompts, n, prefix, 8, rng)
+        k = torch.randn(total, PS, 8, D, dtype=DT, device="cuda")
+        v = torch.randn_like(k)
+        q = torch.randn(prompts * n, 32, D, dtype=DT, device="cuda")
+        out = torch.empty_like(q)
+        res = []
+        for backend, cta_q in (("fa3", 64), ("fa2", 16), ("fa2", 32), ("fa2", 64)):
+            w = tessera.BatchPrefillWithPagedKVCacheWrapper(common.workspace(), backend=backend)
+            w._cta_q = cta_q
+            w.plan(levels[0][0], levels[1][0], levels[2][0], levels[3][0], 32, 8, D, PS, q_data_type=DT)
+            res.append(f"{backend}/{cta_q} {common.bench_ms(lambda: w.run(q, (k, v), out=out)) * 1e3:7.1f} us")
+        print(f"32/8 {prompts}x{n} prefix {prefix}: " + " | ".join(res), flush=True)
+        del k, v
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--tile-sweep", action="store_true")
     args = ap.parse_args()
+    if args.tile_sweep:
+        return tile_sweep()
     rng = np.random.default_rng(0)
     read, _ = common.hbm_ceilings()
     print(f"# {common.device_name()}: HBM read ceiling {read:.2f} TB/s; page {PS}, fp16, head dim {D}")
