@@ -108,9 +108,10 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
 
 // After every thread of the group (tid in [0, nthreads)) stored its partial
 // rows of a split tile: count this chunk in, and if it was the tile's last,
-// merge all chunks in chunk order, 4 features per thread. sync() is a barrier
-// over the group; is_last a shared int.
-template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, typename Params, typename Sync>
+// merge all chunks in chunk order, VEC features per thread. sync() is a
+// barrier over the group; is_last a shared int.
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, int VEC = 8, typename Params,
+          typename Sync>
 __device__ __forceinline__ void prefill_merge_split(const Params& p, const Variant& variant, const PrefillWorkItem& w,
                                                     int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
                                                     int nthreads, int* is_last, Sync sync, int rank = 0) {
@@ -125,10 +126,11 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
   if (!*is_last) return;
   __threadfence();
   // One CTA merges the whole tile, so what bounds it is how many loads are in
-  // flight: 8 features per thread (two float4 per chunk, 8 chunks a block)
-  // keep twice as many as 4 did (a 64-row tile cut 33 ways took ~60 us to
-  // merge at 4, bench/cascade.py --profile).
-  constexpr int VEC = 8;
+  // flight: VEC / 4 float4 per chunk and thread, 8 chunks a block. 8
+  // features kept twice as many as 4 did (a 64-row tile cut 33 ways took
+  // ~60 us to merge at 4, bench/cascade.py --profile); the Hopper consumers,
+  // whose accumulators are dead by now, take 16.
+  static_assert(HEAD_DIM % VEC == 0 && VEC % 8 == 0, "whole float4 loads and 16-byte stores per thread");
   for (int idx = tid; idx < CTA_Q * (HEAD_DIM / VEC); idx += nthreads) {
     const int tile_row = idx / (HEAD_DIM / VEC), col = (idx % (HEAD_DIM / VEC)) * VEC;
     const int f = row0 + tile_row, qo = f / p.group, head = kv_head * p.group + f % p.group;
@@ -145,7 +147,14 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
         out);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = variant.OutputTransform(p, out[i], b, qo, head, col + i);
-    store_vec<VEC>(static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col, out);
+    DO* const dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col;
+#pragma unroll
+    for (int i = 0; i < VEC; i += 8) {  // 16-byte stores
+      float part[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part[j] = out[i + j];
+      store_vec<8>(dst + i, part);
+    }
     if (col == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
   }
   if (tid == 0) *counter = 0;

@@ -62,6 +62,12 @@
 #define TESSERA_SM90_TC_ROWSUM 1
 #endif
 
+// MERGE_VEC: features per thread in the merge of a split tile's chunks
+// (prefill_merge_split; 8 is the FA2 template's).
+#ifndef TESSERA_SM90_MERGE_VEC
+#define TESSERA_SM90_MERGE_VEC 16
+#endif
+
 // PAIR_SKIP (experiments): a CTA pair's warpgroups skip tiles past their
 // causal diagonal (0: compute every tile).
 #ifndef TESSERA_SM90_PAIR_SKIP
@@ -378,7 +384,7 @@ struct Sm90Consumer {
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
                                                                 warp_row0, half);
       if (w.partial_slot >= 0)
-        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
+        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER, TESSERA_SM90_MERGE_VEC>(
             p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,
             [] { named_barrier_sync(kSm90ConsumersBar, THREADS); }, half);
       Tr::mark(Tr::consumer(), wi - wi0, 8);
