@@ -128,8 +128,7 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
   // One CTA merges the whole tile, so what bounds it is how many loads are in
   // flight: VEC / 4 float4 per chunk and thread, 8 chunks a block. 8
   // features kept twice as many as 4 did (a 64-row tile cut 33 ways took
-  // ~60 us to merge at 4, bench/cascade.py --profile); the Hopper consumers,
-  // whose accumulators are dead by now, take 16.
+  // ~60 us to merge at 4, bench/cascade.py --profile); 16 measured slower.
   static_assert(HEAD_DIM % VEC == 0 && VEC % 8 == 0, "whole float4 loads and 16-byte stores per thread");
   for (int idx = tid; idx < CTA_Q * (HEAD_DIM / VEC); idx += nthreads) {
     const int tile_row = idx / (HEAD_DIM / VEC), col = (idx % (HEAD_DIM / VEC)) * VEC;

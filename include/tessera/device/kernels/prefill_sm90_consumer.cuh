@@ -62,10 +62,11 @@
 #define TESSERA_SM90_TC_ROWSUM 1
 #endif
 
-// MERGE_VEC: features per thread in the merge of a split tile's chunks
-// (prefill_merge_split; 8 is the FA2 template's).
+// MERGE_VEC (experiments): features per thread in the merge of a split
+// tile's chunks (prefill_merge_split). A/B on the H100 (bench/cascade.py
+// --profile, a 64-row tile cut 16 ways): 39.4 us at 8, 49.7 us at 16.
 #ifndef TESSERA_SM90_MERGE_VEC
-#define TESSERA_SM90_MERGE_VEC 16
+#define TESSERA_SM90_MERGE_VEC 8
 #endif
 
 // PAIR_SKIP (experiments): a CTA pair's warpgroups skip tiles past their
