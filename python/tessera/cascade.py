@@ -306,8 +306,13 @@ class MultiLevelCascadeAttentionWrapper:
             out = T.empty(q, q.shape, self._planned["o_dtype"])
         if lse is None and return_lse:
             lse = T.empty(q, q.shape[:2], "float32")
+        # CUDA-graph mode: buffers may hold more rows than the workspace bound
+        # max_total_q; the rows up to it are what any plan can touch.
+        bound = self._native_key[1][1]
+        rows = (lambda x: x[:bound] if x is not None and self._use_cuda_graph and x.shape[0] > bound else x)
         with T.on_device_of(q):
-            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, self._planned["sm_scale"], T.stream_of(q))
+            self._native.run(T.arg(rows(q)), T.arg(k), T.arg(v), rows(out), rows(lse), self._planned["sm_scale"],
+                             T.stream_of(q))
         return (out, lse) if return_lse else out
 
     forward = run
