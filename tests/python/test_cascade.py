@@ -195,3 +195,25 @@ def test_cascade_plan_errors():
         w.plan([qo[0], np.array([0.0, 3.0])], kv, idx, last, *args)
     with pytest.raises(ValueError, match="run: expected plan"):
         w.run(np.zeros((3, 8, 128), np.float16), (np.zeros(1), np.zeros(1)))
+
+
+def test_cascade_plan_errors_gpu(torch_cuda):
+    """Level checks that need the C++ object (a CUDA workspace): totals that differ, bad page ids, q rows."""
+    torch = torch_cuda
+    w = tessera.MultiLevelCascadeAttentionWrapper(2, torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"))
+    qo = [np.array([0, 3], np.int32), np.array([0, 1, 3], np.int32)]
+    kv = [np.array([0, 1], np.int32), np.array([0, 1, 2], np.int32)]
+    idx = [np.array([0], np.int32), np.array([1, 2], np.int32)]
+    last = [np.array([16], np.int32), np.array([4, 7], np.int32)]
+    with pytest.raises(ValueError, match=r"levels\[1\]\.qo_indptr: expected the last entry"):
+        w.plan(qo[:1] + [np.array([0, 1, 4], np.int32)], kv, idx, last, 8, 2, 128, 16)
+    with pytest.raises(ValueError, match=r"levels\[1\]: indices"):
+        w.plan(qo, kv, idx[:1] + [np.array([1, -2], np.int32)], last, 8, 2, 128, 16)
+    w.plan(qo, kv, idx, last, 8, 2, 128, 16)
+    k = torch.randn(3, 16, 2, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="q: expected at least the planned total"):
+        w.run(torch.randn(2, 8, 128, device="cuda", dtype=torch.float16), (k, k))
+    with pytest.raises(TypeError, match="q"):
+        w.run(torch.randn(3, 8, 128, device="cuda", dtype=torch.bfloat16), (k, k))
+    o = w.run(torch.randn(3, 8, 128, device="cuda", dtype=torch.float16), (k, k))
+    assert not torch.isnan(o).any()
