@@ -27,15 +27,14 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import common  # noqa: E402
+import decode  # noqa: E402
 import tessera  # noqa: E402
 
 D, PS, DT = 128, 16, torch.float16
-MEM_LIMIT = 24 << 30
 
 
 def build(prompts, n, prefix, hkv, rng):
@@ -113,26 +112,11 @@ def run_case(prompts, n, prefix, hq, hkv, rng, show=False):
     cas.run(q, (k, v), out=out)
     row["max_rel_err_vs_flat"] = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
     row["flat_us"] = min(row["flat_cc_us"], row["flat_tc_us"])
-    lmax = max(lens)
-    for backend in ("cudnn", "flash"):
-        key = f"sdpa-{backend}_us"
-        if 2 * b * hkv * lmax * D * 2 > MEM_LIMIT:
-            row[key] = None
-            continue
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        qd = q.view(b, hq, 1, D)
-        kd = torch.randn(b, hkv, lmax, D, dtype=DT, device="cuda")
-        vd = torch.randn_like(kd)
-        be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-        try:
-            with sdpa_kernel([be]):
-                fn = lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=hq != hkv)  # noqa: E731
-                fn()
-                row[key] = common.bench_ms(fn) * 1e3
-        except RuntimeError as e:
-            row[key] = None
-            row[key.replace("_us", "_note")] = str(e).split("\n")[0][:60]
-        del kd, vd
+    for backend in ("cudnn", "flash"):  # bench/decode.py's peers: padded dense KV of the same lengths
+        ms, why = decode.run_sdpa(lens, hq, hkv, backend)
+        row[f"sdpa-{backend}_us"] = ms * 1e3 if ms else None
+        if why:
+            row[f"sdpa-{backend}_note"] = why
     del k, v
     torch.cuda.empty_cache()
     return row

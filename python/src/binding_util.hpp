@@ -9,6 +9,7 @@
 #include "tensor_convert.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/api/attention.hpp"
 #include "tessera/api/prefill.hpp"
 #include "tessera/formats/paged_kv.hpp"
 
@@ -50,6 +51,22 @@ struct PagedPlanArgs {
     idx_s = host_ints("kv_indices", idx);
     last_s = host_ints("kv_last_page_len", last);
     if (!mask_indptr.is_none()) mask_s = host_ints("mask_indptr", mip);
+  }
+};
+
+// run()'s tensors of a paged step, converted once: q, the cache as k / v
+// (or one interleaved tensor when v is None), o, lse (None: undefined), and
+// the softmax scale.
+struct PagedRunArgs {
+  Arg q, k, v, o, lse;
+  PagedKVStorage storage;
+  RunOptions opt;
+  PagedRunArgs(nanobind::handle q_, nanobind::handle k_, nanobind::handle v_, nanobind::handle o_,
+               nanobind::handle lse_, double sm_scale, KVLayout layout)
+      : q(to_arg("q", q_)), k(to_arg(v_.is_none() ? "kv" : "k", k_)), v(to_optional_arg("v", v_)),
+        o(to_arg("o", o_, true)), lse(to_optional_arg("lse", lse_, true)),
+        storage(to_storage(k, v, !v_.is_none(), layout)) {
+    opt.sm_scale = sm_scale;
   }
 };
 

@@ -245,13 +245,9 @@ class PyBatchDecode {
   }
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
-    Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
-    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
-    const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
-    RunOptions opt;
-    opt.sm_scale = sm_scale;
+    const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     nb::gil_scoped_release release;
-    dec_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
+    dec_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
   }
 
   double last_plan_us() const { return dec_.last_plan_us(); }
@@ -361,15 +357,11 @@ class PyBatchPrefill {
   // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
            nb::handle packed_custom_mask) {
-    Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
-    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
+    const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
-    const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
-    RunOptions opt;
-    opt.sm_scale = sm_scale;
     nb::gil_scoped_release release;
-    if (!packed_custom_mask.is_none()) pre_.run(qa.view, storage, ma.view, oa.view, la.view, to_stream(stream), opt);
-    else pre_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
+    if (!packed_custom_mask.is_none()) pre_.run(a.q.view, a.storage, ma.view, a.o.view, a.lse.view, to_stream(stream), a.opt);
+    else pre_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
   }
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,

@@ -84,13 +84,9 @@ class PyCascade {
   }
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
-    Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
-    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
-    const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
-    RunOptions opt;
-    opt.sm_scale = sm_scale;
+    const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     nb::gil_scoped_release release;
-    cascade_.run(qa.view, storage, oa.view, la.view, to_stream(stream), opt);
+    cascade_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
   }
 
   double last_plan_us() const { return cascade_.last_plan_us(); }

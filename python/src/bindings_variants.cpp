@@ -185,14 +185,10 @@ class PyAttentionWrapper {
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
            const nb::dict& extras) {
-    Arg qa = to_arg("q", q), ka = to_arg(v.is_none() ? "kv" : "k", k), va = to_optional_arg("v", v);
-    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
-    const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout_);
+    const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     RunExtras ex = to_run_extras(extras);
-    RunOptions opt;
-    opt.sm_scale = sm_scale;
     nb::gil_scoped_release release;
-    w_.run(qa.view, storage, oa.view, la.view, ex.args, to_stream(stream), opt);
+    w_.run(a.q.view, a.storage, a.o.view, a.lse.view, ex.args, to_stream(stream), a.opt);
   }
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,

@@ -158,6 +158,44 @@ def check_workspace_buffer(buf):
         raise ValueError("float_workspace_buffer: expected a contiguous tensor")
 
 
+def check_workspace_buffer_once(owner):
+    """check_workspace_buffer on owner's buffer at its first plan() (the buffer object is fixed at construction)."""
+    if not owner._buffer_checked:
+        check_workspace_buffer(owner._float_workspace_buffer)
+        owner._buffer_checked = True
+
+
+def init_paged_wrapper(owner, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
+    """The state every prefill-family wrapper starts with (workspace, layout, graph mode, backend, no C++ object)."""
+    if kv_layout not in LAYOUTS:
+        raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
+    check_backend(backend, jit_args, allowed=("auto", "fa2", "fa3"))
+    T.framework(float_workspace_buffer, "float_workspace_buffer")
+    owner._backend = BACKENDS[backend]
+    owner._float_workspace_buffer = float_workspace_buffer
+    owner._kv_layout = kv_layout
+    owner._use_cuda_graph = bool(use_cuda_graph)
+    owner._fixed_batch = owner._fixed_pages = None
+    owner._native = None  # the C++ object, built by plan()
+    owner._native_key = None  # what it was built for: configuration, bounds
+    owner._pinned = None  # the pinned host staging buffer it borrows
+    owner._planned = None  # what the last plan() fixed for run()
+    owner._buffer_checked = False
+
+
+def run_outputs(q, out, lse, return_lse, o_dtype):
+    """run()'s q checks and its outputs: out like q (o_dtype), lse float32 [rows, heads] when asked for."""
+    if not T.is_cuda(q):
+        raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
+    if len(q.shape) != 3:
+        raise ValueError(f"q: expected a 3-D tensor [total_q, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
+    if out is None:
+        out = T.empty(q, q.shape, o_dtype)
+    if lse is None and return_lse:
+        lse = T.empty(q, q.shape[:2], "float32")
+    return out, lse
+
+
 def buffer_length(buf, name):
     """The length of a FlashInfer CUDA-graph index buffer (a positive count), or None when not given."""
     return None if buf is None else positive_int(len(buf), f"{name} length")

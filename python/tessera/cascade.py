@@ -161,15 +161,8 @@ class MultiLevelCascadeAttentionWrapper:
             backend: "auto", "fa2" or "fa3" (the batch-prefill kernel template of every level).
         """
         self._num_levels = W.positive_int(num_levels, "num_levels")
-        if kv_layout not in W.LAYOUTS:
-            raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-        W.check_backend(backend, None, allowed=("auto", "fa2", "fa3"))
-        T.framework(float_workspace_buffer, "float_workspace_buffer")
-        self._backend = W.BACKENDS[backend]
-        self._float_workspace_buffer = float_workspace_buffer
-        self._kv_layout = kv_layout
-        self._use_cuda_graph = bool(use_cuda_graph)
-        self._fixed_batch = self._fixed_pages = None
+        W.init_paged_wrapper(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, None)
+        self._config_key = self._config_checked = None  # plan()'s last checked scalar arguments and result
         for name, arr, extra in (("qo_indptr_buf_arr", qo_indptr_buf_arr, 1),
                                  ("paged_kv_indptr_buf_arr", paged_kv_indptr_buf_arr, 1),
                                  ("paged_kv_last_page_len_buf_arr", paged_kv_last_page_len_buf_arr, 0),
@@ -184,8 +177,6 @@ class MultiLevelCascadeAttentionWrapper:
                 self._fixed_batch = max(self._fixed_batch or 0, n)
         self._buffers = (qo_indptr_buf_arr, paged_kv_indptr_buf_arr, paged_kv_indices_buf_arr,
                          paged_kv_last_page_len_buf_arr)  # kept alive as FlashInfer does
-        self._native = self._native_key = self._pinned = self._planned = None
-        self._buffer_checked = False
 
     @property
     def is_cuda_graph_enabled(self):
@@ -244,20 +235,10 @@ class MultiLevelCascadeAttentionWrapper:
                 raise ValueError(f"qo_indptr_arr[{i}]: expected groups + 1 >= 1 entries, got 0")
             if kv[i].size and 0 <= kv[i][-1] < idx[i].size:  # FlashInfer tolerates a longer indices buffer
                 idx[i] = idx[i][: kv[i][-1]]
-        q_dt = W.dtype_arg(q_data_type, "q_data_type")
-        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
-        hq = W.positive_int(num_qo_heads, "num_qo_heads")
-        hkv = W.positive_int(num_kv_heads, "num_kv_heads")
-        d = W.positive_int(head_dim, "head_dim")
-        ps = W.positive_int(page_size, "page_size")
-        scale = W.sm_scale_arg(sm_scale)
-        config = (q_dt, kv_dt, q_dt, d, hq, hkv, ps, self._kv_layout, self._num_levels, bool(causal))
-        knobs = dict(backend=self._backend, logits_soft_cap=cap)
-        _C.CascadeAttention.workspace_size(*config, 1, 1, 1, num_sms=1, **knobs)  # checks without a GPU
+        config, scale, knobs = self._config(num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale,
+                                            q_data_type, kv_data_type, cap)
         buf = self._float_workspace_buffer
-        if not self._buffer_checked:
-            W.check_workspace_buffer(buf)
-            self._buffer_checked = True
+        W.check_workspace_buffer_once(self)
         total_q = int(qo[0][-1])
         bounds = (W.Bound("max_batch", "qo_indptr_arr", "group count", self._fixed_batch,
                           "qo_indptr_buf_arr / paged_kv_indptr_buf_arr / paged_kv_last_page_len_buf_arr"),
@@ -275,7 +256,28 @@ class MultiLevelCascadeAttentionWrapper:
         W.ensure_native(self, config + (cap,), counts, bounds, size, make)
         with T.on_device_of(buf):
             self._native.plan(qo, kv, idx, last, T.stream_of(buf))
-        self._planned = dict(total_q=total_q, sm_scale=scale, o_dtype=q_dt)
+        self._planned = dict(total_q=total_q, sm_scale=scale, o_dtype=config[0])
+
+    def _config(self, num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale, q_data_type, kv_data_type,
+                cap):
+        """The C++ configuration (constructor order), the softmax scale and the knobs; the checks (and the C++
+        probe, which builds the level specs) run only when the arguments change, as in the prefill wrappers."""
+        args = (num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale, q_data_type, kv_data_type, cap)
+        key = args + tuple(map(type, args))
+        if key == self._config_key:
+            return self._config_checked
+        q_dt = W.dtype_arg(q_data_type, "q_data_type")
+        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
+        hq = W.positive_int(num_qo_heads, "num_qo_heads")
+        hkv = W.positive_int(num_kv_heads, "num_kv_heads")
+        d = W.positive_int(head_dim, "head_dim")
+        ps = W.positive_int(page_size, "page_size")
+        scale = W.sm_scale_arg(sm_scale)
+        config = (q_dt, kv_dt, q_dt, d, hq, hkv, ps, self._kv_layout, self._num_levels, bool(causal))
+        knobs = dict(backend=self._backend, logits_soft_cap=cap)
+        _C.CascadeAttention.workspace_size(*config, 1, 1, 1, num_sms=1, **knobs)  # checks without a GPU
+        self._config_key, self._config_checked = key, (config, scale, knobs)
+        return config, scale, knobs
 
     begin_forward = plan
 
@@ -298,14 +300,7 @@ class MultiLevelCascadeAttentionWrapper:
         if self._planned is None:
             raise ValueError("run: expected plan() to be called first")
         k, v = W.unpack_paged_kv_cache(paged_kv_cache)
-        if not T.is_cuda(q):
-            raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
-        if len(q.shape) != 3:
-            raise ValueError(f"q: expected a 3-D tensor [total_q, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
-        if out is None:
-            out = T.empty(q, q.shape, self._planned["o_dtype"])
-        if lse is None and return_lse:
-            lse = T.empty(q, q.shape[:2], "float32")
+        out, lse = W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
         # CUDA-graph mode: buffers may hold more rows than the workspace bound
         # max_total_q; the rows up to it are what any plan can touch.
         bound = self._native_key[1][1]

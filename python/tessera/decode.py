@@ -236,9 +236,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if indices.size > indptr[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
             indices = indices[: indptr[-1]]
         buf = self._float_workspace_buffer
-        if not self._buffer_checked:  # the buffer object is fixed at construction; check it once
-            W.check_workspace_buffer(buf)
-            self._buffer_checked = True
+        W.check_workspace_buffer_once(self)
         self._ensure_native((q_dt, kv_dt, o_dt) + shape + options, max(batch, 1), max(int(indices.size), 1))
         # The C++ plan() switches to the workspace's device itself.
         self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))

@@ -54,25 +54,12 @@ class _PrefillWrapper:
     """What the three batch wrappers share: options, workspace bounds, plan bookkeeping and run() outputs."""
 
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
-        if kv_layout not in W.LAYOUTS:
-            raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-        W.check_backend(backend, jit_args, allowed=("auto", "fa2", "fa3"))
-        T.framework(float_workspace_buffer, "float_workspace_buffer")
-        self._backend = W.BACKENDS[backend]
-        self._float_workspace_buffer = float_workspace_buffer
-        self._kv_layout = kv_layout
-        self._use_cuda_graph = bool(use_cuda_graph)
-        self._fixed_batch = self._fixed_pages = None
+        W.init_paged_wrapper(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         # Tessera-only knobs (not in FlashInfer's signature): the query tile
         # (0 = chosen by the heuristic at the first plan) and an SM cap.
         self._cta_q = 0
         self._max_sms = 0
-        self._native = None  # the C++ BatchPrefill, built by plan()
-        self._native_key = None  # what it was built for: configuration, bounds
-        self._pinned = None  # the pinned host staging buffer it borrows
-        self._planned = None  # what the last plan() fixed for run()
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
-        self._buffer_checked = False
         self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
 
     @property
@@ -137,9 +124,7 @@ class _PrefillWrapper:
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
-        if not self._buffer_checked:  # the buffer object is fixed at construction; check it once
-            W.check_workspace_buffer(buf)
-            self._buffer_checked = True
+        W.check_workspace_buffer_once(self)
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend,
                      custom_mask=mask is not None)
 
@@ -168,15 +153,7 @@ class _PrefillWrapper:
         return self._planned
 
     def _outputs(self, q, out, lse, return_lse):
-        if not T.is_cuda(q):
-            raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
-        if len(q.shape) != 3:
-            raise ValueError(f"q: expected a 3-D tensor [total_q, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
-        if out is None:
-            out = T.empty(q, q.shape, self._planned["o_dtype"])
-        if lse is None and return_lse:
-            lse = T.empty(q, q.shape[:2], "float32")
-        return out, lse
+        return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
 
     def _rows(self, x, n):
         """The first n rows of x in CUDA-graph mode, where tensors are allocated for the largest step and a
