@@ -235,12 +235,7 @@ inline void check_cuda_graph_replay(const DecodeCase& c, const DecodeOptions& op
     Table t = step == 0 ? t0 : make_table(step_lens(step), c.page_size, pool, rng);
     if (step > 0) dec.plan(t.indptr, t.indices, t.last, stream);
     for (auto& o : outs) o.buf.fill(0xFF);
-    for (auto& lse : lses) lse.buf.fill(0xFF);
-    // The poison is a cudaMemset on the legacy default stream, which a
-    // non-blocking stream does not wait for: without this the replay could
-    // run before it and the memset overwrite the outputs (seen as NaN when
-    // the GPU suite's 8 processes share the GPU).
-    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    for (auto& lse : lses) lse.buf.fill(0xFF);  // fill() waits for the memset
     TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     const int64_t batch = static_cast<int64_t>(t.kv_lens.size());

@@ -36,8 +36,15 @@ class DeviceBuffer {
 
   void upload(const void* host, size_t bytes) { TESSERA_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice)); }
   void download(void* host, size_t bytes) const { TESSERA_CUDA_CHECK(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost)); }
-  // Fills with a byte pattern (0xFF in fp16/bf16/fp32 is NaN: "poison").
-  void fill(int byte) { TESSERA_CUDA_CHECK(cudaMemset(ptr_, byte, bytes_)); }
+  // Fills with a byte pattern (0xFF in fp16/bf16/fp32 is NaN: "poison") and
+  // waits for it, as upload and download do: cudaMemset runs on the legacy
+  // default stream, which a non-blocking stream does not wait for, so a
+  // kernel (or graph) launched there next could run before the memset and be
+  // overwritten by it (seen as NaN outputs in the GPU suite's graph tests).
+  void fill(int byte) {
+    TESSERA_CUDA_CHECK(cudaMemset(ptr_, byte, bytes_));
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
  private:
   void* ptr_ = nullptr;
