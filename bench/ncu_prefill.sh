@@ -6,12 +6,14 @@
 # has built the extension:
 #   bench/ncu_prefill.sh OUTDIR [prefill_one.py args...]
 # (TESSERA_SM90_DEFINES passes -D switches to the JIT, as for any run.)
+# NCU_KERNEL picks the kernel (default regex:tessera_prefill), e.g.
+# NCU_KERNEL=regex:flash with prefill_one.py --sdpa flash profiles the peer.
 set -euo pipefail
 out="$1"; shift
 root="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$out"
 rep="$out/prefill"
-PYTHONPATH="$root/python" ncu -f -o "$rep" -k regex:tessera_prefill --launch-skip 5 --launch-count 1 \
+PYTHONPATH="$root/python" ncu -f -o "$rep" -k "${NCU_KERNEL:-regex:tessera_prefill}" --launch-skip 5 --launch-count 1 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section WarpStateStats --section SchedulerStats --section InstructionStats --section SourceCounters \
   --import-source no python3 "$root/bench/prefill_one.py" "$@" >"$out/ncu_run.log" 2>&1 || { tail -20 "$out/ncu_run.log"; exit 1; }

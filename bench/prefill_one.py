@@ -1,7 +1,10 @@
 """One Tessera prefill configuration, run a few times: the target for a
 profiler (ncu -k regex:tessera_prefill ...) or a quick timing.
 Usage: python bench/prefill_one.py [--seq L] [--batch B] [--heads H] [--kv-heads H]
-                                   [--non-causal] [--backend fa3] [--kv ragged|paged:P|bsr]"""
+                                   [--non-causal] [--backend fa3] [--kv ragged|paged:P|bsr]
+                                   [--sdpa flash|cudnn]
+--sdpa times PyTorch SDPA's backend on the same dense shape instead (a peer
+for the profiler: NCU_KERNEL=regex:flash bench/ncu_prefill.sh ...)."""
 import argparse
 import os
 import sys
@@ -19,11 +22,15 @@ def main():
     ap.add_argument("--non-causal", action="store_true")
     ap.add_argument("--backend", default="fa3")
     ap.add_argument("--kv", default="ragged", help="ragged, paged:PAGE_SIZE or bsr (Br 16, Bc 1; non-causal)")
+    ap.add_argument("--sdpa", choices=["flash", "cudnn"], help="time PyTorch SDPA's backend instead of Tessera")
     args = ap.parse_args()
     L, b, h = args.seq, args.batch, args.heads
     causal = not args.non_causal
     hkv = args.kv_heads or h
-    if args.kv.startswith("paged:"):
+    if args.sdpa:
+        ms = pf.sdpa(b, h, hkv, L, L, causal, args.sdpa)
+        args.backend, args.kv = "sdpa-" + args.sdpa, "dense"
+    elif args.kv.startswith("paged:"):
         ms = pf.tessera_paged([L] * b, [L] * b, h, hkv, causal, int(args.kv[6:]), backend=args.backend)
     elif args.kv == "bsr":
         causal = False  # block-sparse masks are the sparsity pattern: no causal flag

@@ -28,6 +28,8 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   __shared__ int s_page_ids[2 * CTA_KV];                // KVTileLoader's page ids, two tiles ahead
   __shared__ __align__(16) i64 s_row_offs[2 * CTA_KV];  // KVTileLoader's row offsets, a tile ahead
 
+  // Shared addresses of the Q tile and the KV stages, converted once.
+  const u32 q_addr = smem_addr(q_smem), kv_addr = smem_addr(kv_smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
   const int g = lane / 4, quad = lane % 4;
@@ -119,9 +121,10 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
         __syncthreads();
       }
       const bool masked = masked_tile(t);
-      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, smem_addr(q_smem), smem_addr(k_tile),
-                                                          smem_addr(v_tile), tile_start, w.kv_end, b, kv_head, wq, wk,
-                                                          masked, causal_shift);
+      const u32 k_addr = kv_addr + (2 * (t % STAGES)) * Shape::KV_ELEMS * 2;
+      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, q_addr, k_addr,
+                                                          k_addr + Shape::KV_ELEMS * 2, tile_start, w.kv_end, b,
+                                                          kv_head, wq, wk, masked, causal_shift);
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free

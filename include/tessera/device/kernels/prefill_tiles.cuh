@@ -9,6 +9,12 @@
 #include "tessera/device/primitives/kv_view.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
+// AFFINE_STEP (experiments): 0 computes each contiguous row's address with
+// its own 64-bit multiply and bounds check, as the paged path does.
+#ifndef TESSERA_PREFILL_AFFINE_STEP
+#define TESSERA_PREFILL_AFFINE_STEP 1
+#endif
+
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -90,6 +96,28 @@ struct KVTileLoader {
   __device__ __forceinline__ void load(int tile, T* k_smem, T* v_smem) {
     const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
     const int start = kv_start + tile * ROWS;
+    const T* k_base = static_cast<const T*>(kv.k);
+    const T* v_base = static_cast<const T*>(kv.v);
+    // Shared addresses as 32-bit offsets from the tile bases: one generic ->
+    // shared conversion per tile, not one per copy.
+    const u32 k_dst = smem_addr(k_smem), v_dst = smem_addr(v_smem);
+    auto dst = [&](int i) { return static_cast<u32>(Layout<HEAD_DIM, ROWS>::at(row0 + i * ROWS_PER_PASS, ch)) * 2u; };
+    if (TESSERA_PREFILL_AFFINE_STEP && affine) {
+      // Contiguous rows: this thread's rows are ROWS_PER_PASS apart, so its
+      // addresses step by a constant (one 64-bit add per row instead of a
+      // 64-bit multiply and a select). A row past kv_end keeps its address:
+      // its copy reads no bytes (source size 0) and zero-fills.
+      const i64 first = device::kv_token_offset(kv, page_base, start, head, shift) + row0 * kv.token_stride + ch * 8;
+      const i64 step = ROWS_PER_PASS * kv.token_stride;
+      const int rows_left = kv_end - start - row0;
+#pragma unroll
+      for (int i = 0; i < PASSES; ++i) {
+        const bool ok = i * ROWS_PER_PASS < rows_left;
+        cp_async_16(k_dst + dst(i), k_base + first + i * step, ok);
+        cp_async_16(v_dst + dst(i), v_base + first + i * step, ok);
+      }
+      return;
+    }
     i64 off[PASSES];
     if (affine) {
       const i64 affine_base = device::kv_token_offset(kv, page_base, start, head, shift);
@@ -119,14 +147,11 @@ struct KVTileLoader {
         for (int i = 0; i < PASSES; ++i) off[i] = mine[i];
       }
     }
-    const T* k_base = static_cast<const T*>(kv.k);
-    const T* v_base = static_cast<const T*>(kv.v);
 #pragma unroll
     for (int i = 0; i < PASSES; ++i) {
       const bool ok = off[i] >= 0;
-      const int dst = Layout<HEAD_DIM, ROWS>::at(row0 + i * ROWS_PER_PASS, ch);
-      cp_async_16(k_smem + dst, ok ? k_base + off[i] + ch * 8 : k_base, ok);
-      cp_async_16(v_smem + dst, ok ? v_base + off[i] + ch * 8 : v_base, ok);
+      cp_async_16(k_dst + dst(i), ok ? k_base + off[i] + ch * 8 : k_base, ok);
+      cp_async_16(v_dst + dst(i), ok ? v_base + off[i] + ch * 8 : v_base, ok);
     }
     if (!affine) {
       for (int r = threadIdx.x; r < ROWS; r += THREADS) {
