@@ -1,0 +1,120 @@
+"""A/B of decode settings on the tensor-core path (the Hopper prefill kernel)
+in one process: each setting is a set of environment variables read when a
+wrapper is built (e.g. TESSERA_DECODE_TC_CTA_Q, TESSERA_SM90_RINGS),
+timed in interleaved rounds on issue 3's decode workloads (page 16, fp16,
+head dim 128), with SDPA-cuDNN on padded dense KV once per workload and the
+read ceiling measured in the same run. Each setting's output is checked
+against a float32 softmax on two requests first.
+
+  python bench/decode_ab.py --config "base:" --config "rings:TESSERA_SM90_RINGS=3,4,1" [--quick]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import common  # noqa: E402
+import decode as dec  # noqa: E402
+import tessera  # noqa: E402
+
+WORKLOADS = [  # (hq, hkv), lengths, batch
+    ((32, 32), "const:4096", 128),
+    ((32, 8), "const:4096", 128),
+    ((32, 8), "const:1024", 16),
+    ((32, 8), "zipf:1024", 16),
+    ((32, 8), "uniform:512-1024", 64),
+    ((32, 8), "zipf:1024", 128),
+    ((32, 32), "const:32768", 1),
+    ((32, 8), "const:32768", 2),
+]
+
+
+def parse(cfg):
+    name, _, rest = cfg.partition(":")
+    env = dict(kv.split("=", 1) for kv in filter(None, rest.split("|")))
+    return name, env
+
+
+def build(lens, hq, hkv, env, seed):
+    """A planned tensor-core decode wrapper under `env`, with its cache and a runner."""
+    k, v, indptr, indices, last = dec.paged_cache(lens, 16, hkv, seed=seed)
+    old = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+        w.plan(indptr, indices, last, hq, hkv, dec.D, 16, q_data_type=dec.DTYPE, kv_data_type=dec.DTYPE)
+    finally:
+        for key, val in old.items():
+            if val is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = val
+    return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices)
+
+
+def check(st, lens, q, out, hq, hkv):
+    errs = []
+    for r in (0, len(lens) - 1):
+        pages = st["indices"][st["indptr"][r]:st["indptr"][r + 1]].long().cuda()
+        kk = st["k"][pages].reshape(-1, hkv, dec.D)[: lens[r]].float()
+        vv = st["v"][pages].reshape(-1, hkv, dec.D)[: lens[r]].float()
+        qq = q[r].float().view(hkv, hq // hkv, dec.D)
+        s = torch.einsum("hgd,nhd->hgn", qq, kk) / dec.D**0.5
+        ref = torch.einsum("hgn,nhd->hgd", torch.softmax(s, -1), vv).reshape(hq, dec.D)
+        errs.append(((out[r].float() - ref).abs().max() / ref.abs().max()).item())
+    return max(errs)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", action="append", default=[], help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="the first four workloads")
+    ap.add_argument("--tag", default="ab")
+    args = ap.parse_args()
+    configs = [parse(c) for c in (args.config or ["base:"])]
+    ceiling = common.read_probe_best()
+    print(f"# read ceiling {ceiling:.2f} TB/s; tensor-core decode, page 16, fp16, d 128; us (TB/s of needed KV)")
+    print(f"{'heads':>6} {'lengths':>16} {'B':>4} | " + " | ".join(f"{n:>16}" for n, _ in configs) + " |  sdpa-cudnn")
+    rows = []
+    for (hq, hkv), dist, b in WORKLOADS[:4] if args.quick else WORKLOADS:
+        lens = common.kv_lengths(dist, b, seed=b)
+        nb = dec.needed_bytes(lens, hq, hkv)
+        q = torch.randn(b, hq, dec.D, dtype=dec.DTYPE, device="cuda")
+        out = torch.empty_like(q)
+        states = {}
+        errs = {}
+        for name, env in configs:
+            st = build(lens, hq, hkv, env, seed=b + 16)
+            out.fill_(float("nan"))
+            st["w"].run(q, (st["k"], st["v"]), out=out)
+            errs[name] = check(st, lens, q, out, hq, hkv)
+            if not errs[name] < 1e-3:
+                raise SystemExit(f"{name}: error {errs[name]:.2e} on {hq}/{hkv} {dist} B{b}")
+            states[name] = st
+        times = {name: [] for name, _ in configs}
+        for _ in range(args.rounds):
+            for name, _ in configs:
+                st = states[name]
+                times[name].append(common.bench_ms(lambda: st["w"].run(q, (st["k"], st["v"]), out=out)))
+        cd = dec.run_sdpa(lens, hq, hkv, "cudnn")[0]
+        med = {n: statistics.median(t) for n, t in times.items()}
+        cells = [f"{med[n] * 1e3:8.1f} ({nb / med[n] / 1e9:4.2f})" for n, _ in configs]
+        cud = f"{cd * 1e3:8.1f} ({nb / cd / 1e9:4.2f})" if cd else "-"
+        print(f"{hq}/{hkv:<3} {dist:>16} {b:>4} | " + " | ".join(cells) + f" | {cud}", flush=True)
+        rows.append(dict(hq=hq, hkv=hkv, lengths=dist, batch=b, needed_bytes=nb, us={n: m * 1e3 for n, m in med.items()},
+                         rounds_ms=times, check_err=errs, sdpa_cudnn_us=cd and cd * 1e3))
+        del states
+        torch.cuda.empty_cache()
+    path = common.save_results(f"decode-{args.tag}", dict(read_ceiling_tbps=ceiling, configs={n: e for n, e in configs},
+                                                          rows=rows))
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
