@@ -103,6 +103,21 @@ def kv_lengths(kind, batch, seed=0):
     raise ValueError(f"unknown length distribution {kind}")
 
 
+def with_env(env, fn):
+    """fn() with the environment variables in `env` set, restored afterwards
+    (settings the JIT and the wrappers read when they are built)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def device_name():
     return torch.cuda.get_device_name()
 

@@ -42,18 +42,10 @@ def parse(cfg):
 def build(lens, hq, hkv, env, seed):
     """A planned tensor-core decode wrapper under `env`, with its cache and a runner."""
     k, v, indptr, indices, last = dec.paged_cache(lens, 16, hkv, seed=seed)
-    old = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-        w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
-        w.plan(indptr, indices, last, hq, hkv, dec.D, 16, q_data_type=dec.DTYPE, kv_data_type=dec.DTYPE)
-    finally:
-        for key, val in old.items():
-            if val is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = val
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+    common.with_env(env, lambda: w.plan(indptr, indices, last, hq, hkv, dec.D, 16, q_data_type=dec.DTYPE,
+                                        kv_data_type=dec.DTYPE))
     return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices)
 
 

@@ -45,17 +45,7 @@ def experiment(env):
     return env.get("WRONG") == "1"
 
 
-def with_env(env, fn):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return fn()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+with_env = common.with_env
 
 
 _last_grid = [None]
