@@ -13,6 +13,8 @@
 
 namespace tessera::test {
 
+inline const double kNegInf = -std::numeric_limits<double>::infinity();
+
 // Per-request logical K/V: [kv_len, Hkv, D] doubles (values as stored).
 struct LogicalKV {
   std::vector<std::vector<double>> k, v;
@@ -54,7 +56,6 @@ inline reference::Result expected_per_head(const TensorView& q, const RaggedInde
 }
 
 inline void expect_same(const reference::Result& got, const reference::Result& want, double tol = 1e-10) {
-  const double kNegInf = -std::numeric_limits<double>::infinity();
   ASSERT_EQ(got.rows, want.rows);
   ASSERT_EQ(got.heads, want.heads);
   ASSERT_EQ(got.head_dim, want.head_dim);

@@ -28,7 +28,7 @@ using test::LogicalKV;
 using test::expect_same;
 using test::expected_per_head;
 
-const double kNegInf = -std::numeric_limits<double>::infinity();
+using test::kNegInf;
 
 
 // Per-request [q_len, kv_len] visibility (empty = all visible), and the

@@ -16,18 +16,11 @@
 #include "reference_test_util.hpp"
 #include "test_util.hpp"
 
-namespace tessera {
+namespace tessera::test {
 namespace {
 
 using reference::Options;
 using reference::Result;
-using test::HostTensor;
-using test::make_host;
-using test::LogicalKV;
-using test::expect_same;
-using test::expected_per_head;
-
-const double kNegInf = -std::numeric_limits<double>::infinity();
 
 // ---------------------------------------------------------------------------
 // Soft cap and sliding window vs a naive per-row loop
@@ -161,4 +154,4 @@ TEST(Reference, SlidingWindowZeroSeesOnlyItsDiagonalKey) {
 }
 
 }  // namespace
-}  // namespace tessera
+}  // namespace tessera::test
