@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import tessera
-from conftest import TOL, rel_error, to_np
-from test_batch_prefill import check, ref_request
+from conftest import to_np
+from prefill_reference import check, ref_request
 
 HKV = 2
 WORKSPACE_BYTES = 128 << 20

@@ -16,9 +16,9 @@ import pytest
 
 import tessera
 from conftest import to_np
+from prefill_reference import (HKV, check, expect, gather_pages, indptr_of, make_table, random_cache, ref_request,
+                               uniform, workspace)
 from tessera import _C
-from test_batch_prefill import (HKV, check, expect, gather_pages, indptr_of, make_table, random_cache, ref_request,
-                                uniform, workspace)
 
 
 # ======================================================================= masks
