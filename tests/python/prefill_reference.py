@@ -8,6 +8,8 @@ test_batch_prefill_cpu.py."""
 import numpy as np
 import pytest
 
+import tessera
+
 from conftest import TOL, rel_error, to_np
 
 HKV = 2  # KV heads of most cases
@@ -145,3 +147,16 @@ def ref_bsr_gathered(q, k, v, indptr, indices, R, C, causal, sm_scale=None):
                               [np.zeros(0, np.int64)]).astype(np.int64)
         return k[rows], v[rows]
     return ref_batch(q, np.arange(0, q.shape[0] + 1, R), kv_of, causal, sm_scale)
+
+
+def cpu_paged(**kwargs):
+    """A paged prefill wrapper on a host buffer: for plan() checks that need no GPU."""
+    return tessera.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1024, dtype=np.uint8), **kwargs)
+
+
+def paged_args(**kwargs):
+    """plan() arguments of a small valid paged batch (two requests, page 16), with overrides."""
+    args = dict(qo_indptr=[0, 2, 5], paged_kv_indptr=[0, 1, 3], paged_kv_indices=[0, 2, 1],
+                paged_kv_last_page_len=[5, 16], num_qo_heads=8, num_kv_heads=HKV, head_dim_qk=128, page_size=16)
+    args.update(kwargs)
+    return args

@@ -8,20 +8,9 @@ import pytest
 
 import tessera
 from conftest import rel_error
-from prefill_reference import (HKV, WORKSPACE_BYTES, dense_mask, expect, indptr_of, random_bsr, ref_batch,
-                               ref_bsr_gathered, ref_request)
+from prefill_reference import (HKV, WORKSPACE_BYTES, cpu_paged, dense_mask, expect, indptr_of, paged_args, random_bsr,
+                               ref_batch, ref_bsr_gathered, ref_request)
 from tessera import _C
-
-
-def cpu_paged(**kwargs):
-    return tessera.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1024, dtype=np.uint8), **kwargs)
-
-
-def paged_args(**kwargs):
-    args = dict(qo_indptr=[0, 2, 5], paged_kv_indptr=[0, 1, 3], paged_kv_indices=[0, 2, 1],
-                paged_kv_last_page_len=[5, 16], num_qo_heads=8, num_kv_heads=HKV, head_dim_qk=128, page_size=16)
-    args.update(kwargs)
-    return args
 
 
 def test_constructor_options():

@@ -16,8 +16,9 @@ import pytest
 
 import tessera
 from conftest import to_np
-from prefill_reference import (HKV, check, expect, gather_pages, indptr_of, make_table, random_cache, ref_request,
-                               uniform, workspace)
+import prefill_reference
+from prefill_reference import (HKV, check, cpu_paged, expect, gather_pages, indptr_of, make_table, random_cache,
+                               ref_request, uniform, workspace)
 from tessera import _C
 
 
@@ -121,16 +122,9 @@ def test_packing_bad_input():
 
 
 # ======================================================================= CPU: wrapper checks
-def cpu_paged(**kwargs):
-    return tessera.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1024, dtype=np.uint8), **kwargs)
-
-
 def paged_args(**kwargs):
     # kv lengths 5 and 16 + 2: requests of 2 x 5 = 10 bits (2 bytes) and 3 x 18 = 54 bits (7 bytes).
-    args = dict(qo_indptr=[0, 2, 5], paged_kv_indptr=[0, 1, 3], paged_kv_indices=[0, 2, 1],
-                paged_kv_last_page_len=[5, 2], num_qo_heads=8, num_kv_heads=HKV, head_dim_qk=128, page_size=16)
-    args.update(kwargs)
-    return args
+    return prefill_reference.paged_args(**{"paged_kv_last_page_len": [5, 2], **kwargs})
 
 
 MASK_PLAN_ERRORS = [  # plan() overrides, error, what the message names
