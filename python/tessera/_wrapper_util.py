@@ -201,6 +201,21 @@ def buffer_length(buf, name):
     return None if buf is None else positive_int(len(buf), f"{name} length")
 
 
+class PlannedWrapper:
+    """What every plan/run wrapper reports the same way (FlashInfer's
+    is_cuda_graph_enabled, and the host time of the last plan()). Subclasses
+    set _use_cuda_graph and _native (the C++ object, None before a plan)."""
+
+    @property
+    def is_cuda_graph_enabled(self):
+        return self._use_cuda_graph
+
+    @property
+    def last_plan_us(self):
+        """Host time of the last plan() inside the C++ planner (a cascade: all levels), in microseconds."""
+        return self._native.last_plan_us if self._native is not None else None
+
+
 class Bound(NamedTuple):
     """One workspace bound of a C++ wrapper (e.g. max_batch) and how plan() arguments reach it."""
     name: str  # the C++ bound, as messages name it: max_batch, max_total_q, max_pages

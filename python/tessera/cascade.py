@@ -118,7 +118,7 @@ def merge_states_ragged(v, s, indptr):
     return v_out, s_out
 
 
-class MultiLevelCascadeAttentionWrapper:
+class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
     """Attention over a paged KV cache split into levels (composable formats,
     FlashInfer paper section 3.1.2; FlashInfer's wrapper of the same name).
 
@@ -177,15 +177,6 @@ class MultiLevelCascadeAttentionWrapper:
                 self._fixed_batch = max(self._fixed_batch or 0, n)
         self._buffers = (qo_indptr_buf_arr, paged_kv_indptr_buf_arr, paged_kv_indices_buf_arr,
                          paged_kv_last_page_len_buf_arr)  # kept alive as FlashInfer does
-
-    @property
-    def is_cuda_graph_enabled(self):
-        return self._use_cuda_graph
-
-    @property
-    def last_plan_us(self):
-        """Host time of the last plan() inside the C++ planner (all levels), in microseconds."""
-        return self._native.last_plan_us if self._native is not None else None
 
     def _per_level(self, arr, name):
         if not isinstance(arr, (list, tuple)) or len(arr) != self._num_levels:

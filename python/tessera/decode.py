@@ -104,7 +104,7 @@ def _decode_cpu(q, k, v, kv_layout, scale, window, cap):
 
 
 # ======================================================================= batch decode
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
     """Batch decode attention over a paged KV cache (FlashInfer's wrapper of the same name).
 
     plan() once per generation step (it schedules the step on the host with
@@ -180,10 +180,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._planned = None  # what the last plan() fixed for run()
         self._checked_scalars, self._checked = None, None  # plan()'s scalar arguments, once checked
         self._buffer_checked = False
-
-    @property
-    def is_cuda_graph_enabled(self):
-        return self._use_cuda_graph
 
     @property
     def use_tensor_cores(self):
@@ -265,11 +261,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return q_dt, kv_dt, o_dt, shape, scale, options
 
     begin_forward = plan
-
-    @property
-    def last_plan_us(self):
-        """Host time of the last plan() inside the C++ planner, in microseconds."""
-        return self._native.last_plan_us if self._native is not None else None
 
     def _ensure_native(self, config, batch, pages):
         """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts."""

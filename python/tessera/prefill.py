@@ -50,7 +50,7 @@ def _indptr(x, name):
     return arr
 
 
-class _PrefillWrapper:
+class _PrefillWrapper(W.PlannedWrapper):
     """What the three batch wrappers share: options, workspace bounds, plan bookkeeping and run() outputs."""
 
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
@@ -61,15 +61,6 @@ class _PrefillWrapper:
         self._max_sms = 0
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
         self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
-
-    @property
-    def is_cuda_graph_enabled(self):
-        return self._use_cuda_graph
-
-    @property
-    def last_plan_us(self):
-        """Host time of the last plan() inside the C++ planner, in microseconds."""
-        return self._native.last_plan_us if self._native is not None else None
 
     @property
     def cta_q(self):
