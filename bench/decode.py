@@ -17,6 +17,7 @@ the offline GPU machine, and it JIT-compiles its kernels with nvcc on first use.
 Usage: python bench/decode.py [--quick] [--no-flex]
 """
 import argparse
+import itertools
 import statistics
 import time
 import os
@@ -53,8 +54,11 @@ def needed_bytes(lens, hq, hkv):
     return sum(lens) * hkv * D * 2 * 2 + 2 * len(lens) * hq * D * 2
 
 
-def run_tessera(lens, page_size, hq, hkv, q, split=True, check=False, shuffle=True, tensor_cores=False, bench=True):
+def run_tessera(lens, page_size, hq, hkv, q, split=True, check=False, shuffle=True, tensor_cores=False, bench=True,
+                device_ids=False):
     k, v, indptr, indices, last = paged_cache(lens, page_size, hkv, seed=len(lens) + page_size, shuffle=shuffle)
+    if device_ids:  # the page table stays on the GPU, as serving engines keep it (plan() never reads it)
+        indices = indices.cuda()
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
     if not split:
@@ -155,17 +159,17 @@ def plan_timing():
         lens = common.kv_lengths(dist, 256, seed=256)
         q = torch.randn(256, 32, D, dtype=DTYPE, device="cuda")
         for ps in (16, 1):
-            for tc in (False, True):
+            for tc, dev in itertools.product((False, True), (False, True)):
                 pages = sum((n + ps - 1) // ps for n in lens)
                 if pages * ps * 8 * D * 4 > MEM_LIMIT:
                     continue
-                _, _, plan_us = run_tessera(lens, ps, 32, 8, q, tensor_cores=tc, bench=False)
+                _, _, plan_us = run_tessera(lens, ps, 32, 8, q, tensor_cores=tc, bench=False, device_ids=dev)
                 rows.append(dict(part="plan", lengths=dist, batch=256, page_size=ps, pages=pages, tensor_cores=tc,
-                                 plan_cpp_us=plan_us["cpp"], plan_python_us=plan_us["python"],
-                                 first_plan_us=plan_us["first"]))
-                print(f"  {dist:>12} page {ps:>2} ({pages:>7} page ids) {'tc' if tc else 'cc'}: "
-                      f"{plan_us['cpp']:7.1f} us C++ | {plan_us['python']:7.1f} us Python | first plan "
-                      f"{plan_us['first']:8.1f} us", flush=True)
+                                 page_ids="gpu" if dev else "host", plan_cpp_us=plan_us["cpp"],
+                                 plan_python_us=plan_us["python"], first_plan_us=plan_us["first"]))
+                print(f"  {dist:>12} page {ps:>2} ({pages:>7} page ids on the {'gpu ' if dev else 'host'}) "
+                      f"{'tc' if tc else 'cc'}: {plan_us['cpp']:7.1f} us C++ | {plan_us['python']:7.1f} us Python | "
+                      f"first plan {plan_us['first']:8.1f} us", flush=True)
         del q
         torch.cuda.empty_cache()
     return rows

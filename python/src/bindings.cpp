@@ -244,6 +244,17 @@ class PyBatchDecode {
     dec_.plan(ip_s, idx_s, last_s, to_stream(stream));
   }
 
+  // Page ids that stay on the GPU: `count` contiguous int32 at ids_ptr on
+  // CUDA device `device` (see device_ids_view).
+  void plan_device(nb::handle kv_indptr, uintptr_t ids_ptr, int64_t count, int device, nb::handle kv_last_page_len,
+                   uintptr_t stream) {
+    Arg ip = to_arg("kv_indptr", kv_indptr), last = to_arg("kv_last_page_len", kv_last_page_len);
+    const auto ip_s = host_ints("kv_indptr", ip), last_s = host_ints("kv_last_page_len", last);
+    const TensorView ids = device_ids_view(ids_ptr, count, device);
+    nb::gil_scoped_release release;
+    dec_.plan(ip_s, ids, last_s, to_stream(stream));
+  }
+
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
     const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     nb::gil_scoped_release release;
@@ -331,6 +342,18 @@ class PyBatchPrefill {
     nb::gil_scoped_release release;
     if (!mask_indptr.is_none()) pre_.plan_paged(a.qo_s, a.ip_s, a.idx_s, a.last_s, a.mask_s, to_stream(stream));
     else pre_.plan_paged(a.qo_s, a.ip_s, a.idx_s, a.last_s, to_stream(stream));
+  }
+
+  // Page ids that stay on the GPU (as PyBatchDecode::plan_device).
+  void plan_paged_device(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t ids_ptr, int64_t count, int device,
+                         nb::handle kv_last_page_len, uintptr_t stream) {
+    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
+    Arg last = to_arg("kv_last_page_len", kv_last_page_len);
+    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
+    const auto last_s = host_ints("kv_last_page_len", last);
+    const TensorView ids = device_ids_view(ids_ptr, count, device);
+    nb::gil_scoped_release release;
+    pre_.plan_paged(qo_s, ip_s, ids, last_s, to_stream(stream));
   }
 
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {
@@ -455,6 +478,10 @@ NB_MODULE(_C, m) {
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
                   "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+      .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
+           "kv_last_page_len"_a, "stream"_a = 0,
+           "Plans a step whose page ids stay on the GPU: count int32 at ids_ptr on CUDA device `device`, "
+           "copied on the stream; the kernels check them and the next call raises a bad one.")
       .def("plan", &PyBatchDecode::plan, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
@@ -483,6 +510,9 @@ NB_MODULE(_C, m) {
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
                   "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
                   "logits_soft_cap"_a = 0.0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+      .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
+           "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
+           "Plans a paged step whose page ids stay on the GPU (as BatchDecode.plan_device).")
       .def("plan_paged", &PyBatchPrefill::plan_paged, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a,
            "kv_last_page_len"_a, "stream"_a = 0, "mask_indptr"_a.none() = nb::none(),
            "Plans a paged step from host int32 arrays (kv_indptr in pages; mask_indptr: byte offsets of the "

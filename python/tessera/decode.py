@@ -194,7 +194,12 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         Args:
             indptr: int [batch + 1] page-table row pointers (torch on any
                 device, numpy or list; copied to the host).
-            indices: int [indptr[-1]] page indices.
+            indices: int [indptr[-1]] page indices (a longer buffer is
+                fine). A CUDA tensor on the workspace's device stays there:
+                plan() copies it on the stream without reading it, as
+                FlashInfer's does, and the kernels check each id against
+                the cache, raising a bad one (ValueError) at the next plan()
+                or run(). Host ids are checked by plan() itself.
             last_page_len: int [batch] tokens in each request's last page
                 (1..page_size; any value for a request without pages).
             num_qo_heads, num_kv_heads: query heads must be a multiple of KV heads.
@@ -224,18 +229,22 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
             self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale, options)
         indptr = _host_ints(indptr, "indptr")
-        indices = _host_ints(indices, "indices")
         last_page_len = _host_ints(last_page_len, "last_page_len")
         if indptr.size < 1:
             raise ValueError("indptr: expected batch_size + 1 >= 1 entries, got 0")
         batch = indptr.size - 1
-        if indices.size > indptr[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
-            indices = indices[: indptr[-1]]
         buf = self._float_workspace_buffer
+        # A CUDA tensor of ids stays on the GPU: plan() copies it without
+        # reading it, and the kernels check the ids (see W.page_ids).
+        indices = W.page_ids(indices, int(indptr[-1]), "indices", buf)
         W.check_workspace_buffer_once(self)
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options, max(batch, 1), max(int(indices.size), 1))
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options, max(batch, 1), max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
-        self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
+        if isinstance(indices, W.DeviceIds):
+            self._native.plan_device(indptr, indices.ptr, indices.count, indices.device, last_page_len,
+                                     T.stream_of(buf))
+        else:
+            self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0]}
 

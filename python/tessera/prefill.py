@@ -223,7 +223,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                 device, numpy or list; index arrays are copied to the host).
             paged_kv_indptr: int [batch + 1] page-table row pointers.
             paged_kv_indices: int [paged_kv_indptr[-1]] page indices (a longer
-                buffer is cut to that length).
+                buffer is cut to that length). A CUDA tensor on the
+                workspace's device stays there (without a custom mask):
+                plan() copies it without reading it and the kernels check
+                the ids, raising a bad one at the next plan() or run().
             paged_kv_last_page_len: int [batch] tokens in each request's last
                 page (1..page_size; 0 or page_size for a request without pages).
             num_qo_heads, num_kv_heads: query heads must be a multiple of KV heads.
@@ -256,13 +259,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                                               o_data_type, window_left, logits_soft_cap, masked)
         qo = _indptr(qo_indptr, "qo_indptr")
         kv = _indptr(paged_kv_indptr, "paged_kv_indptr")
-        indices = W.host_ints(paged_kv_indices, "paged_kv_indices")
         last = W.host_ints(paged_kv_last_page_len, "paged_kv_last_page_len")
         batch, total_q = qo.size - 1, int(qo[-1])
         if kv.size != qo.size:
             raise ValueError(f"paged_kv_indptr: expected {qo.size} entries (like qo_indptr), got {kv.size}")
-        if indices.size > kv[-1] >= 0:  # FlashInfer tolerates a longer indices buffer
-            indices = indices[: kv[-1]]
+        # A CUDA tensor of ids stays on the GPU (see W.page_ids), except with
+        # a custom mask, whose plan takes host ids.
+        indices = W.page_ids(paged_kv_indices, int(kv[-1]), "paged_kv_indices", self._float_workspace_buffer,
+                             on_device=not masked)
         mask = None
         if custom_mask is not None or packed_custom_mask is not None:
             mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, M.indptr_lengths(qo, "qo_indptr"),
@@ -271,9 +275,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                           "qo_indptr_buf / paged_kv_indptr_buf / paged_kv_last_page_len_buf"),
                   W.Bound("max_total_q", "qo_indptr", "total query length"),
                   W.Bound("max_pages", "paged_kv_indices", "page count", self._fixed_pages, "paged_kv_indices_buf"))
-        counts = (max(batch, 1), max(total_q, 1), max(int(indices.size), 1))
+        counts = (max(batch, 1), max(total_q, 1), max(len(indices), 1))
         self._plan(config, scale, options, counts, bounds,
-                   lambda n, s: n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr),
+                   lambda n, s: (n.plan_paged_device(qo, kv, indices.ptr, indices.count, indices.device, last, s)
+                                 if isinstance(indices, W.DeviceIds) else
+                                 n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr)),
                    mask=mask, total_q=total_q)
 
     begin_forward = plan

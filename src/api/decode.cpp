@@ -1,5 +1,6 @@
 #include "tessera/api/decode.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -65,10 +66,11 @@ BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const Tas
   WorkspaceLayout w;
   // Staged sections (copied from the pinned buffer each plan), then device-only ones.
   l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
-  l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.last = w.add(sizeof(int32_t) * task.max_batch);
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_head + 1));
   l.items = w.add(sizeof(DecodeWorkItem) * decode_max_items(task.max_batch, ctas_per_head));
+  // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
+  l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
   l.counters = w.add(sizeof(int32_t) * task.max_batch * task.num_kv_heads);
   l.partial_lse = w.add(sizeof(float) * decode_max_slots(ctas_per_head) * task.num_qo_heads);
@@ -121,18 +123,37 @@ void BatchDecode::plan(const BSRMatrix& bsr, cudaStream_t stream) {
 
 void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
                        std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
+  plan_ids(kv_indptr, PageIds::from_host(kv_indices), nullptr, kv_last_page_len, stream);
+}
+
+void BatchDecode::plan(std::span<const int32_t> kv_indptr, const TensorView& kv_indices,
+                       std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
+  if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
+  plan_ids(kv_indptr, detail::device_page_ids(kv_indices, kv_indptr.back(), ws_->device()), &kv_indices,
+           kv_last_page_len, stream);
+}
+
+void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
+                           const TensorView* device_indices, std::span<const int32_t> kv_last_page_len,
+                           cudaStream_t stream) {
   const auto t0 = std::chrono::steady_clock::now();
   if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
   if (tc_) {
-    plan_tensor_cores(kv_indptr, kv_indices, kv_last_page_len, stream);
+    plan_tensor_cores(kv_indptr, kv_indices, device_indices, kv_last_page_len, stream);
     plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     return;
   }
+  page_errors_.raise_pending("kv_indices");
   const int64_t batch = static_cast<int64_t>(kv_indptr.size()) - 1;
   // Validates monotonicity, sizes, index signs and last_page_len ranges; the
-  // storage size is checked against the largest index at run().
-  const int32_t max_index = check_page_table(kv_indptr, kv_indices, kv_last_page_len, task_.page_size, kv_lens_);
-  const int64_t n_indices = static_cast<int64_t>(kv_indices.size());
+  // storage size is checked against the largest index at run() (device ids:
+  // by the kernels).
+  int32_t max_index = kv_indices.count > 0 ? 0 : -1;
+  if (kv_indices.on_device())
+    check_page_lengths(kv_indptr, kv_indices.count, kv_last_page_len, task_.page_size, kv_lens_);
+  else
+    max_index = check_page_table(kv_indptr, kv_indices.host, kv_last_page_len, task_.page_size, kv_lens_);
+  const int64_t n_indices = kv_indices.count;
 
   cuda::DeviceGuard guard(ws_->device());  // the upload and its event belong to the workspace's device
   if (!kernel_) {  // first plan: load the kernel, fix the grid and the workspace sections
@@ -148,6 +169,7 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
     // Merge counters start at zero; every run leaves them at zero.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
                                        sizeof(int32_t) * task_.max_batch * task_.num_kv_heads, stream));
+    (void)page_errors_.device_ptr();  // allocated here, not in run()
   }
   if (batch > task_.max_batch)
     throw InvalidArgument("kv_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" +
@@ -160,12 +182,18 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
 
   ws_->stage_begin();
   char* host = static_cast<char*>(ws_->host_ptr());
+  const size_t id_bytes = sizeof(int32_t) * n_indices;
   std::memcpy(host + layout_.kv_indptr, kv_indptr.data(), sizeof(int32_t) * (batch + 1));
-  std::memcpy(host + layout_.indices, kv_indices.data(), sizeof(int32_t) * n_indices);
+  if (!kv_indices.host.empty()) std::memcpy(host + layout_.indices, kv_indices.host.data(), id_bytes);
   std::memcpy(host + layout_.last, kv_last_page_len.data(), sizeof(int32_t) * batch);
   std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
   std::memcpy(host + layout_.items, plan_.items.data(), sizeof(DecodeWorkItem) * plan_.items.size());
-  ws_->upload(layout_.staged, stream);
+  // The ids are the last section: upload only those this plan has, or none
+  // when they stay on the GPU (then a device copy, ordered on the stream).
+  ws_->upload(layout_.indices + (kv_indices.on_device() ? 0 : id_bytes), stream);
+  if (kv_indices.on_device() && id_bytes)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws_->device_ptr()) + layout_.indices, kv_indices.device,
+                                       id_bytes, cudaMemcpyDeviceToDevice, stream));
   batch_ = batch;
   max_page_index_ = max_index;
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -174,10 +202,11 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
 // Request i is query row i: qo_indptr = [0, 1, ..., batch]. The prefill
 // wrapper validates the page table, fixes its bounds (max_total_q = max_batch)
 // and loads its kernel at the first plan, exactly as the CUDA-core path does.
-void BatchDecode::plan_tensor_cores(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
-                                    std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
+void BatchDecode::plan_tensor_cores(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
+                                    const TensorView* device_indices, std::span<const int32_t> kv_last_page_len,
+                                    cudaStream_t stream) {
   const int64_t batch = static_cast<int64_t>(kv_indptr.size()) - 1;
-  const int64_t n_indices = static_cast<int64_t>(kv_indices.size());
+  const int64_t n_indices = kv_indices.count;
   // The prefill wrapper checks these bounds too, but names qo_indptr.
   if (task_.max_batch && batch > task_.max_batch)
     throw InvalidArgument("kv_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" +
@@ -187,7 +216,8 @@ void BatchDecode::plan_tensor_cores(std::span<const int32_t> kv_indptr, std::spa
                           str(task_.max_pages) + " fixed at the first plan()");
   tc_qo_indptr_.resize(batch + 1);  // grows to max_batch + 1 once, then reused
   std::iota(tc_qo_indptr_.begin(), tc_qo_indptr_.end(), 0);
-  tc_->plan_paged(tc_qo_indptr_, kv_indptr, kv_indices, kv_last_page_len, stream);
+  if (device_indices) tc_->plan_paged(tc_qo_indptr_, kv_indptr, *device_indices, kv_last_page_len, stream);
+  else tc_->plan_paged(tc_qo_indptr_, kv_indptr, kv_indices.host, kv_last_page_len, stream);
   if (!task_.max_batch) task_.max_batch = std::max<int64_t>(batch, 1);  // as the prefill wrapper fixed them
   if (!task_.max_pages) task_.max_pages = std::max<int64_t>(n_indices, 1);
   batch_ = batch;
@@ -200,6 +230,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
     tc_->run(q, kv, o, lse, stream, opt);
     return;
   }
+  page_errors_.raise_pending("kv_indices");
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, batch_);
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
   detail::check_workspace_device(q.device, ws_->device());
@@ -215,7 +246,10 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   p.o_stride_h = o.stride(1);
   p.kv = {kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
           reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
-          kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
+          kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0,
+          // Every page id is checked on the GPU, whether or not plan() read
+          // them: a captured graph keeps these across plans of either kind.
+          static_cast<int>(std::min<int64_t>(kv.num_pages(), INT32_MAX)), page_errors_.device_ptr()};
   p.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
   p.work_items = reinterpret_cast<const DecodeWorkItem*>(dev + layout_.items);
   p.partial_o = reinterpret_cast<float*>(dev + layout_.partial_o);

@@ -30,12 +30,13 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   WorkspaceLayout w;
   l.qo_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
-  l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.last = w.add(sizeof(int32_t) * task.max_batch);
   if (spec.variant == variants::custom_mask()) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_group + 1));
   l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_group));
   l.first_items = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
+  // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
+  l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
   // Split-KV scratch, relative to its own base: the workspace's tail, or a
   // region shared with other BatchPrefills (use_shared_scratch).
@@ -133,11 +134,17 @@ void BatchPrefill::check_mask_given(bool given, const char* name, const char* ho
                           "; construct BatchPrefill with variants::custom_mask() to use a custom mask");
 }
 
-void BatchPrefill::paged_lengths(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+void BatchPrefill::paged_lengths(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
                                  std::span<const int32_t> kv_last_page_len) {
   plan_t0_ = std::chrono::steady_clock::now();
+  page_errors_.raise_pending("kv_indices");
   if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
-  checked_max_page_ = check_page_table(kv_indptr, kv_indices, kv_last_page_len, task_.page_size, kv_lens_);
+  if (kv_indices.on_device()) {
+    check_page_lengths(kv_indptr, kv_indices.count, kv_last_page_len, task_.page_size, kv_lens_);
+    checked_max_page_ = kv_indices.count > 0 ? 0 : -1;  // the storage needs a page; the kernels check the rest
+  } else {
+    checked_max_page_ = check_page_table(kv_indptr, kv_indices.host, kv_last_page_len, task_.page_size, kv_lens_);
+  }
 }
 
 void BatchPrefill::ragged_lengths(std::span<const int32_t> kv_indptr) {
@@ -151,22 +158,34 @@ void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<cons
                               std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                               cudaStream_t stream) {
   check_mask_given(false, "mask_indptr", "plan_paged");
-  paged_lengths(kv_indptr, kv_indices, kv_last_page_len);
-  plan_common(Source::kPaged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_lens_, {}, stream);
+  const PageIds ids = PageIds::from_host(kv_indices);
+  paged_lengths(kv_indptr, ids, kv_last_page_len);
+  plan_common(Source::kPaged, qo_indptr, kv_indptr, ids, kv_last_page_len, kv_lens_, {}, stream);
+}
+
+void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                              const TensorView& kv_indices, std::span<const int32_t> kv_last_page_len,
+                              cudaStream_t stream) {
+  check_mask_given(false, "mask_indptr", "plan_paged");
+  if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
+  const PageIds ids = detail::device_page_ids(kv_indices, kv_indptr.back(), ws_->device());
+  paged_lengths(kv_indptr, ids, kv_last_page_len);
+  plan_common(Source::kPaged, qo_indptr, kv_indptr, ids, kv_last_page_len, kv_lens_, {}, stream);
 }
 
 void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                               std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                               std::span<const int32_t> mask_indptr, cudaStream_t stream) {
   check_mask_given(true, "mask_indptr", "plan_paged");
-  paged_lengths(kv_indptr, kv_indices, kv_last_page_len);
-  plan_common(Source::kPaged, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_lens_, mask_indptr, stream);
+  const PageIds ids = PageIds::from_host(kv_indices);
+  paged_lengths(kv_indptr, ids, kv_last_page_len);
+  plan_common(Source::kPaged, qo_indptr, kv_indptr, ids, kv_last_page_len, kv_lens_, mask_indptr, stream);
 }
 
 void BatchPrefill::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream) {
   check_mask_given(false, "mask_indptr", "plan_ragged");
   ragged_lengths(kv_indptr);
-  plan_common(Source::kRagged, qo_indptr, kv_indptr, {}, {}, kv_lens_, {}, stream);
+  plan_common(Source::kRagged, qo_indptr, kv_indptr, PageIds{}, {}, kv_lens_, {}, stream);
 }
 
 void BatchPrefill::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
@@ -245,7 +264,7 @@ bool BatchPrefill::use_hopper(int cta_q) const {
 }
 
 void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
-                               std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                               const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
                                std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr,
                                cudaStream_t stream) {
   const auto t0 = plan_t0_;  // set by paged_lengths / ragged_lengths, which every plan() calls first
@@ -289,7 +308,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     }
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
-    if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(static_cast<int64_t>(kv_indices.size()), 1);
+    if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(kv_indices.count, 1);
     layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q);
     detail::check_workspace_size(*ws_, shared_scratch_ ? layout_.scratch : layout_.total, layout_.staged);
     if (shared_scratch_ && shared_scratch_bytes_ < layout_.scratch_bytes)
@@ -303,8 +322,8 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   if (total_q > task_.max_total_q)
     throw InvalidArgument("qo_indptr: total query length " + str(total_q) + " exceeds the workspace bound max_total_q=" +
                           str(task_.max_total_q));
-  if (static_cast<int64_t>(kv_indices.size()) > task_.max_pages)
-    throw InvalidArgument("kv_indices: " + str(kv_indices.size()) + " pages exceed the workspace bound max_pages=" +
+  if (kv_indices.count > task_.max_pages)
+    throw InvalidArgument("kv_indices: " + str(kv_indices.count) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages));
 
   PlannerOptions popt = opt_.planner;
@@ -342,7 +361,8 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   char* host = static_cast<char*>(ws_->host_ptr());
   std::memcpy(host + layout_.qo_indptr, qo_indptr.data(), sizeof(int32_t) * (batch + 1));
   std::memcpy(host + layout_.kv_indptr, kv_indptr.data(), sizeof(int32_t) * (batch + 1));
-  if (!kv_indices.empty()) std::memcpy(host + layout_.indices, kv_indices.data(), sizeof(int32_t) * kv_indices.size());
+  const size_t id_bytes = sizeof(int32_t) * kv_indices.count;
+  if (!kv_indices.host.empty()) std::memcpy(host + layout_.indices, kv_indices.host.data(), id_bytes);
   if (!kv_last_page_len.empty()) std::memcpy(host + layout_.last, kv_last_page_len.data(), sizeof(int32_t) * batch);
   if (custom_mask_) std::memcpy(host + layout_.mask_indptr, mask_indptr.data(), sizeof(int32_t) * (batch + 1));
   std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
@@ -352,14 +372,20 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     const int32_t i = plan_.work_indptr[x];
     first[x] = i < plan_.work_indptr[x + 1] ? plan_.items[i] : PrefillWorkItem{};
   }
-  ws_->upload(layout_.staged, stream);
+  // The ids are the last section: upload only those this plan has, or none
+  // when they stay on the GPU (then a device copy, ordered on the stream).
+  ws_->upload(layout_.indices + (kv_indices.on_device() ? 0 : id_bytes), stream);
+  if (kv_indices.on_device() && id_bytes)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws_->device_ptr()) + layout_.indices, kv_indices.device, id_bytes,
+                                       cudaMemcpyDeviceToDevice, stream));
 
+  if (src == Source::kPaged) (void)page_errors_.device_ptr();  // allocated here, not in run()
   source_kind_ = src;
   batch_ = batch;
   total_q_ = total_q;
   total_kv_ = src == Source::kRagged ? kv_indptr.back() : 0;
   mask_bytes_ = custom_mask_ ? mask_indptr.back() : 0;
-  max_page_index_ = kv_indices.empty() ? -1 : checked_max_page_;  // paged_lengths() scanned them
+  max_page_index_ = kv_indices.count == 0 ? -1 : checked_max_page_;  // from paged_lengths()
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -402,6 +428,7 @@ void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, cons
   check_mask_given(mask != nullptr, "packed_custom_mask", "run");
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kPaged) throw InvalidArgument("run: the last plan was ragged; call run_ragged()");
+  page_errors_.raise_pending("kv_indices");
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
   detail::check_workspace_device(q.device, ws_->device());
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
@@ -410,6 +437,10 @@ void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, cons
   device::PagedKV view{kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
                        reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
                        kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
+  // The kernels check every page id, whether or not plan() read them: a
+  // captured graph keeps these parameters across plans of either kind.
+  view.num_pages = static_cast<int>(std::min<int64_t>(kv.num_pages(), INT32_MAX));
+  view.page_error = page_errors_.device_ptr();
   launch(q, o, lse, view, mask, stream, opt);
 }
 

@@ -46,20 +46,11 @@ KVLayout parse_kv_layout(const char* s) {
 // ---------------------------------------------------------------------------
 // Page table checks
 
-int32_t check_page_table(std::span<const int32_t> indptr, std::span<const int32_t> indices,
-                         std::span<const int32_t> last_page_len, int32_t page_size, std::vector<int32_t>& kv_lens) {
-  if (page_size < 1) throw InvalidArgument("page_size: expected >= 1, got " + str(page_size));
-  validate_indptr("indptr", indptr);
-  if (static_cast<int64_t>(indices.size()) != indptr.back())
-    throw InvalidArgument("indices: expected " + str(indptr.back()) + " entries (indptr.back()), got " +
-                          str(static_cast<int64_t>(indices.size())));
-  const auto [lo, hi] = index_range(indices);
-  if (lo < 0) {
-    const size_t i = static_cast<size_t>(std::find_if(indices.begin(), indices.end(), [](int32_t x) { return x < 0; }) -
-                                         indices.begin());
-    throw InvalidArgument("indices: expected values >= 0 (page ids), got indices[" + str(static_cast<int64_t>(i)) +
-                          "]=" + str(indices[i]));
-  }
+namespace {
+
+// last_page_len against the page counts; each request's KV length into kv_lens.
+void page_lengths(std::span<const int32_t> indptr, std::span<const int32_t> last_page_len, int32_t page_size,
+                  std::vector<int32_t>& kv_lens) {
   const int64_t requests = static_cast<int64_t>(indptr.size()) - 1;
   if (static_cast<int64_t>(last_page_len.size()) != requests)
     throw InvalidArgument("last_page_len: expected " + str(requests) + " entries (one per request), got " +
@@ -79,7 +70,36 @@ int32_t check_page_table(std::span<const int32_t> indptr, std::span<const int32_
       throw InvalidArgument("indptr: request " + str(r) + " holds " + str(kv) + " tokens, more than 2^31 - 1");
     kv_lens[r] = static_cast<int32_t>(kv);
   }
+}
+
+}  // namespace
+
+int32_t check_page_table(std::span<const int32_t> indptr, std::span<const int32_t> indices,
+                         std::span<const int32_t> last_page_len, int32_t page_size, std::vector<int32_t>& kv_lens) {
+  if (page_size < 1) throw InvalidArgument("page_size: expected >= 1, got " + str(page_size));
+  validate_indptr("indptr", indptr);
+  if (static_cast<int64_t>(indices.size()) != indptr.back())
+    throw InvalidArgument("indices: expected " + str(indptr.back()) + " entries (indptr.back()), got " +
+                          str(static_cast<int64_t>(indices.size())));
+  const auto [lo, hi] = index_range(indices);
+  if (lo < 0) {
+    const size_t i = static_cast<size_t>(std::find_if(indices.begin(), indices.end(), [](int32_t x) { return x < 0; }) -
+                                         indices.begin());
+    throw InvalidArgument("indices: expected values >= 0 (page ids), got indices[" + str(static_cast<int64_t>(i)) +
+                          "]=" + str(indices[i]));
+  }
+  page_lengths(indptr, last_page_len, page_size, kv_lens);
   return hi;
+}
+
+void check_page_lengths(std::span<const int32_t> indptr, int64_t num_indices, std::span<const int32_t> last_page_len,
+                        int32_t page_size, std::vector<int32_t>& kv_lens) {
+  if (page_size < 1) throw InvalidArgument("page_size: expected >= 1, got " + str(page_size));
+  validate_indptr("indptr", indptr);
+  if (num_indices < indptr.back())
+    throw InvalidArgument("indices: expected at least " + str(indptr.back()) + " entries (indptr.back()), got " +
+                          str(num_indices));
+  page_lengths(indptr, last_page_len, page_size, kv_lens);
 }
 
 // ---------------------------------------------------------------------------

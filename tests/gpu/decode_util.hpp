@@ -181,9 +181,11 @@ inline void check_bsr_input(const DecodeCase& c, const std::vector<int32_t>& len
 // and batch change, re-planning between replays; each replay's leading `batch`
 // rows of o (and of lse when `with_lse`, which also passes lse to the captured
 // runs) must match the reference. With `zero_length_request` every step holds
-// an empty request besides the long, split one.
+// an empty request besides the long, split one. With `device_ids` the page
+// ids come from a fixed device buffer that each step rewrites, as a serving
+// engine's block table (api/page_ids.hpp).
 inline void check_cuda_graph_replay(const DecodeCase& c, const DecodeOptions& opt, bool with_lse,
-                                    bool zero_length_request) {
+                                    bool zero_length_request, bool device_ids = false) {
   const int64_t Hkv = 2, Hq = Hkv * c.group, D = c.head_dim, max_batch = 16, layers = 3;
   std::mt19937_64 rng(11);
   const int64_t pool = 16 * (6000 / 16 + 2);
@@ -216,9 +218,18 @@ inline void check_cuda_graph_replay(const DecodeCase& c, const DecodeOptions& op
   };
   cudaStream_t stream;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::DeviceBuffer table(sizeof(int32_t) * pool);
+  auto plan = [&](const Table& t) {
+    if (!device_ids) return dec.plan(t.indptr, t.indices, t.last, stream);
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(table.get(), t.indices.data(), sizeof(int32_t) * t.indices.size(),
+                                       cudaMemcpyHostToDevice, stream));
+    const TensorView ids(table.get(), DType::kInt32, Device{DeviceType::kCUDA, cuda::current_device()}, {pool});
+    dec.plan(t.indptr, ids, t.last, stream);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));  // t.indices is pageable host memory
+  };
   std::vector<int32_t> lens0 = step_lens(0);
   Table t0 = make_table(lens0, c.page_size, pool, rng);
-  dec.plan(t0.indptr, t0.indices, t0.last, stream);
+  plan(t0);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   cudaGraph_t graph;
@@ -233,7 +244,7 @@ inline void check_cuda_graph_replay(const DecodeCase& c, const DecodeOptions& op
   for (int step = 0; step < 4; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     Table t = step == 0 ? t0 : make_table(step_lens(step), c.page_size, pool, rng);
-    if (step > 0) dec.plan(t.indptr, t.indices, t.last, stream);
+    if (step > 0) plan(t);
     for (auto& o : outs) o.buf.fill(0xFF);
     for (auto& lse : lses) lse.buf.fill(0xFF);  // fill() waits for the memset
     TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));

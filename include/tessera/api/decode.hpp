@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tessera/api/attention.hpp"
+#include "tessera/api/page_ids.hpp"
 #include "tessera/api/prefill.hpp"
 #include "tessera/formats/bsr.hpp"
 #include "tessera/runtime/planner.hpp"
@@ -58,6 +59,13 @@ class BatchDecode {
 
   void plan(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
             std::span<const int32_t> kv_last_page_len, cudaStream_t stream = nullptr);
+  // Page ids that stay on the GPU (api/page_ids.hpp): kv_indices is a 1-D
+  // int32 CUDA tensor on the workspace's device with at least
+  // kv_indptr[batch] entries. plan() copies them on `stream` without reading
+  // them; the kernels check them, and a bad id is raised by the next plan()
+  // or run().
+  void plan(std::span<const int32_t> kv_indptr, const TensorView& kv_indices,
+            std::span<const int32_t> kv_last_page_len, cudaStream_t stream = nullptr);
   // A BSR matrix with Br = 1: block row i is request i, column blocks are its
   // pages (Bc = page size), last_block_len its last page's fill.
   void plan(const BSRMatrix& bsr, cudaStream_t stream = nullptr);
@@ -82,8 +90,11 @@ class BatchDecode {
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
   };
   static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head);
-  void plan_tensor_cores(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
-                         std::span<const int32_t> kv_last_page_len, cudaStream_t stream);
+  void plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv_indices, const TensorView* device_indices,
+                std::span<const int32_t> kv_last_page_len, cudaStream_t stream);
+  void plan_tensor_cores(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
+                         const TensorView* device_indices, std::span<const int32_t> kv_last_page_len,
+                         cudaStream_t stream);
 
   AttentionSpec spec_;
   TaskInfo task_;
@@ -99,6 +110,7 @@ class BatchDecode {
   std::vector<int32_t> kv_lens_;
   double plan_us_ = 0;
   int64_t batch_ = -1, max_page_index_ = -1;
+  mutable PageIdErrors page_errors_;  // where the kernels record a bad page id
   // use_tensor_cores: the prefill wrapper on the same workspace, and the
   // [0, 1, ..., batch] query indptr it is planned with.
   std::unique_ptr<BatchPrefill> tc_;

@@ -38,6 +38,7 @@
 
 #include "tessera/api/attention.hpp"
 #include "tessera/formats/bsr.hpp"
+#include "tessera/api/page_ids.hpp"
 #include "tessera/runtime/planner.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
 
@@ -95,6 +96,14 @@ class BatchPrefill {
   void plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                   std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                   cudaStream_t stream = nullptr);
+  // Paged KV whose page ids stay on the GPU (api/page_ids.hpp): kv_indices is
+  // a 1-D int32 CUDA tensor on the workspace's device with at least
+  // kv_indptr[batch] entries. plan() copies them on `stream` without reading
+  // them; the kernels check them, and a bad id is raised by the next plan()
+  // or run().
+  void plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                  const TensorView& kv_indices, std::span<const int32_t> kv_last_page_len,
+                  cudaStream_t stream = nullptr);
   // Ragged KV: kv_indptr counts tokens of one [total_kv, Hkv, D] tensor.
   void plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream = nullptr);
   // Custom mask (variants::custom_mask()): as above, plus mask_indptr
@@ -149,7 +158,7 @@ class BatchPrefill {
   char* scratch_base() const;
   static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q);
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
-                   std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
+                   const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
   bool use_hopper(int cta_q) const;
   // CTAs per cluster for the first plan's kernel (config_ already chosen).
@@ -158,7 +167,7 @@ class BatchPrefill {
   void check_mask_given(bool given, const char* name, const char* how) const;
   void check_mask_tensor(const TensorView* packed_custom_mask, const TensorView& q) const;
   // Validate the KV page table / indptr and fill kv_lens_.
-  void paged_lengths(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
+  void paged_lengths(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
                      std::span<const int32_t> kv_last_page_len);
   void ragged_lengths(std::span<const int32_t> kv_indptr);
   void run_paged(const TensorView& q, const PagedKVStorage& kv, const TensorView* mask, const TensorView& o,
@@ -191,6 +200,7 @@ class BatchPrefill {
                               // 0 never, 1 wherever the map fits (TESSERA_SM90_Q_TMA=0 / 1: comparisons, tests)
   int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1, mask_bytes_ = 0;
   int32_t checked_max_page_ = -1;                  // largest page id paged_lengths() saw
+  mutable PageIdErrors page_errors_;               // where the kernels record a bad page id (paged runs)
   std::chrono::steady_clock::time_point plan_t0_;  // when the current plan() began (for last_plan_us)
 };
 

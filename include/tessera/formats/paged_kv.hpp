@@ -56,6 +56,11 @@ class PageTable {
 // as PageTable's constructor does (which calls it).
 int32_t check_page_table(std::span<const int32_t> indptr, std::span<const int32_t> indices,
                          std::span<const int32_t> last_page_len, int32_t page_size, std::vector<int32_t>& kv_lens);
+// The same checks without the ids themselves, for page ids that stay on the
+// GPU (see api/page_ids.hpp): num_indices entries are given (at least
+// indptr.back(); a longer device buffer is fine).
+void check_page_lengths(std::span<const int32_t> indptr, int64_t num_indices, std::span<const int32_t> last_page_len,
+                        int32_t page_size, std::vector<int32_t>& kv_lens);
 
 // The KV storage tensors plus their layout; validated on construction.
 class PagedKVStorage {

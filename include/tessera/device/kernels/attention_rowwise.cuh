@@ -59,6 +59,7 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
   for (int t = kv_first + warp; t < kv_stop; t += NUM_WARPS) {
     if (!variant.LogitsMask(p, b, qo_idx, t, qo_head, kv_head)) continue;  // warp-uniform
     const i64 off = device::kv_offset(p.kv, b, t, kv_head);
+    if (off < 0) continue;  // a page id that failed its check (warp-uniform)
     float k[VEC], v[VEC];
     load_vec<VEC>(k_base + off + feat0, k);
     load_vec<VEC>(v_base + off + feat0, v);

@@ -68,15 +68,19 @@ struct Sm90Producer {
         row0(tid / LPR), rank(CLUSTER > 1 ? cluster_rank() : 0) {}
 
   // Byte offset of row `tid` of the tile starting at `start` (paged KV:
-  // page, head and slot resolved; 0 past `end`, so every table entry is a
-  // valid address). The caller stores it into the shared table only after
-  // issuing a tile's copies, so the page-table load hides behind them.
+  // page, head and slot resolved; 0 past `end` and for a page id that failed
+  // its check, so every table entry is a valid address: such a row reads
+  // page 0, and the failed check is raised by the wrapper). The caller stores
+  // it into the shared table only after issuing a tile's copies, so the
+  // page-table load hides behind them.
   __device__ __forceinline__ i64 row_offset(int page_base, int start, int end, int kv_head, int shift) const {
     const int pos = start + tid;
     if (tid >= CTA_KV || pos >= end) return 0;
     const int idx = shift >= 0 ? pos >> shift : pos / p.kv.page_size;
     const int slot = pos - idx * p.kv.page_size;
-    return (static_cast<i64>(p.kv.indices[page_base + idx]) * p.kv.page_stride + kv_head * p.kv.head_stride +
+    const int page = device::page_id(p.kv, page_base + idx);
+    if (page < 0) return 0;
+    return (static_cast<i64>(page) * p.kv.page_stride + kv_head * p.kv.head_stride +
             static_cast<i64>(slot) * p.kv.token_stride) *
            static_cast<i64>(sizeof(T));
   }

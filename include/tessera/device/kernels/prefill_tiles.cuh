@@ -131,7 +131,8 @@ struct KVTileLoader {
       for (int i = 0; i < PASSES; ++i) {
         const int pos = start + row0 + i * ROWS_PER_PASS;
         const int page_idx = page_of(pos);
-        off[i] = pos >= kv_end ? -1 : row_offset(kv.indices[page_base + page_idx], pos, page_idx);
+        const int page = pos >= kv_end ? -1 : device::page_id(kv, page_base + page_idx);
+        off[i] = page < 0 ? -1 : row_offset(page, pos, page_idx);
       }
     } else {
       const i64* mine = offs + (tile & 1) * ROWS + row0 * PASSES;
@@ -159,8 +160,8 @@ struct KVTileLoader {
         // for tile 1, else brought by the previous load).
         const int pos = start + ROWS + r, page_idx = page_of(pos);
         if (pos < kv_end) {
-          const int page = tile == 0 ? kv.indices[page_base + page_idx] : ids[((tile + 1) & 1) * ROWS + r];
-          offs[((tile + 1) & 1) * ROWS + table_slot(r)] = row_offset(page, pos, page_idx);
+          const int page = device::check_page(kv, tile == 0 ? kv.indices[page_base + page_idx] : ids[((tile + 1) & 1) * ROWS + r]);
+          offs[((tile + 1) & 1) * ROWS + table_slot(r)] = page < 0 ? -1 : row_offset(page, pos, page_idx);
         } else {
           offs[((tile + 1) & 1) * ROWS + table_slot(r)] = -1;
         }

@@ -3,6 +3,12 @@
 #pragma once
 #include "tessera/device/arch/numeric.cuh"
 
+// PAGE_CHECK (experiments): 0 compiles the page-id checks out, to measure
+// what they cost (the wrappers always ask for them).
+#ifndef TESSERA_PAGE_CHECK
+#define TESSERA_PAGE_CHECK 1
+#endif
+
 namespace tessera {
 namespace device {
 
@@ -26,9 +32,36 @@ struct PagedKV {
   int page_size;
   int num_kv_heads;
   int single_len;  // used only when indptr is null
+  // Page-id checks on the GPU (page_error non-null): page tables that stay in
+  // device memory are never read by the host, so the kernels check each id
+  // against the storage's num_pages. A bad id is recorded in page_error
+  // (pinned host memory: [0] = 1, [1] = the id, [2] = num_pages; the wrapper
+  // raises it at its next call); its rows read as zeros (or, in the Hopper
+  // kernel's table, as page 0), never out of bounds. BatchDecode and
+  // BatchPrefill always ask for the checks (host ids too: they cost nothing
+  // measurable, and a captured graph keeps its parameters across plans);
+  // null skips them.
+  int num_pages = 0;
+  int* page_error = nullptr;
 };
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+// A page id read from the table: itself when in [0, num_pages) or unchecked,
+// else -1 after recording it (see PagedKV::page_error).
+__device__ __forceinline__ int check_page(const PagedKV& kv, int id) {
+  if (TESSERA_PAGE_CHECK && kv.page_error != nullptr &&
+      static_cast<unsigned>(id) >= static_cast<unsigned>(kv.num_pages)) {
+    volatile int* e = kv.page_error;
+    e[1] = id;
+    e[2] = kv.num_pages;
+    __threadfence_system();
+    e[0] = 1;
+    return -1;
+  }
+  return id;
+}
+__device__ __forceinline__ int page_id(const PagedKV& kv, int idx) { return check_page(kv, kv.indices[idx]); }
+
 // Request length from its indptr entries (and last page length, paged KV):
 // kernels that load the entries ahead of time compute the length later.
 __device__ __forceinline__ int kv_len_from(const PagedKV& kv, int begin, int end, int last_page) {
@@ -46,12 +79,15 @@ __device__ __forceinline__ int kv_len(const PagedKV& kv, int b) {
 __device__ __forceinline__ i64 kv_offset(const PagedKV& kv, int b, int pos, int h) {
   if (kv.indptr == nullptr) return pos * kv.token_stride + h * kv.head_stride;
   if (kv.indices == nullptr) return static_cast<i64>(kv.indptr[b] + pos) * kv.token_stride + h * kv.head_stride;
-  int page = kv.indices[kv.indptr[b] + pos / kv.page_size];
+  const int page = page_id(kv, kv.indptr[b] + pos / kv.page_size);
+  if (page < 0) return -1;
   return static_cast<i64>(page) * kv.page_stride + h * kv.head_stride + (pos % kv.page_size) * kv.token_stride;
 }
 // Fast path of kv_offset for kernels that hoist the request's indptr entry
-// (page_base = indptr[b]) and know log2(page_size) (shift, or -1). Element offset of token `pos` (of the request whose pages start at
-// indices[page_base], or whose rows start at page_base for ragged KV) for KV head h.
+// (page_base = indptr[b]) and know log2(page_size) (shift, or -1). Element
+// offset of token `pos` (of the request whose pages start at
+// indices[page_base], or whose rows start at page_base for ragged KV) for KV
+// head h; -1 for a page id that failed its check.
 __device__ __forceinline__ i64 kv_token_offset(const device::PagedKV& kv, int page_base, int pos, int h, int shift) {
   if (kv.indptr == nullptr) return pos * kv.token_stride + h * kv.head_stride;
   if (kv.indices == nullptr) return static_cast<i64>(page_base + pos) * kv.token_stride + h * kv.head_stride;
@@ -63,7 +99,9 @@ __device__ __forceinline__ i64 kv_token_offset(const device::PagedKV& kv, int pa
     page_idx = pos / kv.page_size;
     slot = pos - page_idx * kv.page_size;
   }
-  return static_cast<i64>(kv.indices[page_base + page_idx]) * kv.page_stride + h * kv.head_stride + slot * kv.token_stride;
+  const int page = page_id(kv, page_base + page_idx);
+  if (page < 0) return -1;
+  return static_cast<i64>(page) * kv.page_stride + h * kv.head_stride + slot * kv.token_stride;
 }
 
 #endif

@@ -1,0 +1,62 @@
+// Page tables that stay on the GPU.
+//
+// Serving engines keep their block tables in device memory, and FlashInfer's
+// plan() never reads the page ids. Tessera's plan() does the same when
+// kv_indices is a CUDA tensor: it copies the ids into the workspace on the
+// stream (no host read, no synchronization, so plan()'s host time no longer
+// grows with the number of pages), and the kernels check every id against
+// the storage's page count instead.
+//
+// A failed check cannot throw where it happens. The kernel records it in
+// pinned memory and reads zeros (or page 0) in its place, never memory
+// outside the cache; the wrapper raises it at its next plan() or run(),
+// naming the id, as CUDA reports its own asynchronous errors: the outputs of
+// the runs since the previous check are invalid. Host page ids (a
+// std::span) are checked by plan() itself, at once, and by the kernels too.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "tessera/core/tensor.hpp"
+
+namespace tessera {
+
+// plan()'s page ids: host memory (checked and staged by plan()), or device
+// memory (copied on the stream, checked by the kernels). count =
+// kv_indptr[batch] either way.
+struct PageIds {
+  std::span<const int32_t> host;
+  const int32_t* device = nullptr;
+  int64_t count = 0;
+  bool on_device() const { return device != nullptr; }
+  static PageIds from_host(std::span<const int32_t> ids) { return {ids, nullptr, static_cast<int64_t>(ids.size())}; }
+};
+
+// Where the kernels record a failed page-id check: three ints of mapped
+// pinned memory (flag, id, num_pages), allocated at the first device_ptr().
+class PageIdErrors {
+ public:
+  PageIdErrors() = default;
+  ~PageIdErrors();
+  PageIdErrors(PageIdErrors&& o) noexcept;
+  PageIdErrors& operator=(PageIdErrors&& o) noexcept;
+
+  int* device_ptr();
+  // Throws InvalidArgument naming `what` if a kernel recorded a bad id since
+  // the last call (and clears the record). Reads pinned memory: no
+  // synchronization, so a kernel still running reports at a later call.
+  void raise_pending(const char* what);
+
+ private:
+  int* host_ = nullptr;
+  int* device_ = nullptr;
+};
+
+namespace detail {
+// Device page ids for plan(): kv_indices must be a 1-D contiguous int32 CUDA
+// tensor on the workspace's device with at least kv_indptr[batch] entries
+// (FlashInfer's buffers may be longer); its first `count` are the ids.
+PageIds device_page_ids(const TensorView& kv_indices, int64_t count, int workspace_device);
+}  // namespace detail
+
+}  // namespace tessera
