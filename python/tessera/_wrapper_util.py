@@ -142,7 +142,12 @@ def page_ids(x, count, name, buffer, on_device=True):
     the kernels check the ids; int64 is narrowed there), as FlashInfer's
     plan() never reads them; anything else becomes host int32 (host_ints).
     `buffer` is the workspace buffer, whose device the ids must be on."""
-    if T.is_torch(x) and x.device.type == "cuda" and on_device:
+    if T.is_torch(x) and x.is_cuda and on_device:
+        # Once per generation step: the common case (a contiguous int32 table
+        # on the workspace's device) in a few attribute reads.
+        if (str(x.dtype) == "torch.int32" and x.dim() == 1 and x.is_contiguous() and x.shape[0] >= count
+                and T.is_cuda(buffer) and x.get_device() == buffer.get_device()):
+            return DeviceIds(x.data_ptr(), count, x.get_device(), x)
         if x.is_floating_point() or x.is_complex() or str(x.dtype) == "torch.bool":
             raise TypeError(f"{name}: expected an integer tensor, got {str(x.dtype).replace('torch.', '')}")
         if x.dim() != 1:
