@@ -1,7 +1,8 @@
 """Shared benchmark helpers: timing, ceilings, workloads, result files.
 
 Timing uses triton.testing.do_bench (CUDA events, L2 flushed between runs,
-median of the repetitions). Ceilings are measured in the same process: HBM
+median of the repetitions), or for short decode steps bench_graph_ms (calls
+over rotating input copies replayed from a CUDA graph). Ceilings are measured in the same process: HBM
 read bandwidth (a read-only reduction and a device copy) and dense fp16
 tensor-core rate (a large matmul)."""
 import datetime
@@ -39,6 +40,54 @@ def bench_ms_clean(fn, reps=50):
         e.record()
     torch.cuda.synchronize()
     return float(np.median([s.elapsed_time(e) for s, e in ev]))
+
+
+def rotation_copies(nbytes, factor=2):
+    """How many copies of a call's inputs (nbytes each) to rotate through so
+    that consecutive calls read memory the previous ones pushed out of L2:
+    together at least `factor` times L2, and at least one."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(1, math.ceil(factor * l2 / max(nbytes, 1)))
+
+
+def bench_graph_ms(calls, reps=10, target_ms=20.0):
+    """Per-call GPU time of `calls`, closures over their own inputs (rotating
+    copies, rotation_copies), replayed back to back from one CUDA graph:
+    nothing runs between them, so no flush kernel leaves dirty L2 lines for
+    a short kernel to write back (do_bench zeroes its flush buffer: ~9 us of
+    a 30-60 us decode step on the H100), and no host launch gap shows. The
+    graph repeats the rotation to about target_ms; median of `reps` replays."""
+    for c in calls:  # warm up (JIT, cuDNN plans) outside the capture
+        c()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for c in calls:
+        c()
+    end.record()
+    torch.cuda.synchronize()
+    per_call = max(start.elapsed_time(end) / len(calls), 1e-3)
+    n = len(calls) * max(1, round(target_ms / per_call / len(calls)))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # torch's recipe: warm up on a side stream before capturing
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    del graph
+    return float(np.median(times))
 
 
 _WORKSPACE = None

@@ -6,7 +6,11 @@ head dim 128), with SDPA-cuDNN on padded dense KV once per workload and the
 read ceiling measured in the same run. Each setting's output is checked
 against a float32 softmax on two requests first.
 
-  python bench/decode_ab.py --config "base:" --config "rings:TESSERA_SM90_RINGS=3,4,1" [--quick]
+  python bench/decode_ab.py --config "base:" --config "rings:TESSERA_SM90_RINGS=3,4,1" [--quick] [--timing graph]
+
+--timing graph times every kernel, ours and cuDNN's, over rotating cache
+copies replayed from a CUDA graph (common.bench_graph_ms) instead of after
+do_bench's L2-zeroing flush.
 """
 import argparse
 import os
@@ -14,6 +18,7 @@ import statistics
 import sys
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -39,14 +44,33 @@ def parse(cfg):
     return name, env
 
 
-def build(lens, hq, hkv, env, seed):
-    """A planned tensor-core decode wrapper under `env`, with its cache and a runner."""
+def build(lens, hq, hkv, env, seed, copies=1):
+    """A planned tensor-core decode wrapper under `env`, with its cache (and
+    copies - 1 more caches of the same shape, for rotation)."""
     k, v, indptr, indices, last = dec.paged_cache(lens, 16, hkv, seed=seed)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+    env = dict(env)
+    if env.pop("split", "1") == "0":
+        w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
     common.with_env(env, lambda: w.plan(indptr, indices, last, hq, hkv, dec.D, 16, q_data_type=dec.DTYPE,
                                         kv_data_type=dec.DTYPE))
-    return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices)
+    caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(copies - 1)]
+    return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices, caches=caches)
+
+
+def sdpa_graph_ms(lens, hq, hkv, copies):
+    """SDPA-cuDNN on padded dense KV, timed as bench_graph_ms over `copies` caches."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    b, lmax = len(lens), max(lens)
+    if 2 * b * hkv * lmax * dec.D * 2 * copies > dec.MEM_LIMIT:
+        return None
+    q = torch.randn(b, hq, 1, dec.D, dtype=dec.DTYPE, device="cuda")
+    kvs = [(torch.randn(b, hkv, lmax, dec.D, dtype=dec.DTYPE, device="cuda"),
+            torch.randn(b, hkv, lmax, dec.D, dtype=dec.DTYPE, device="cuda")) for _ in range(copies)]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        calls = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv) for k, v in kvs]
+        return common.bench_graph_ms(calls)
 
 
 def check(st, lens, q, out, hq, hkv):
@@ -64,14 +88,19 @@ def check(st, lens, q, out, hq, hkv):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", action="append", default=[], help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults)")
+    ap.add_argument("--config", action="append", default=[],
+                    help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults; 'split=0': the planner without KV splitting)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the first four workloads")
     ap.add_argument("--tag", default="ab")
+    ap.add_argument("--timing", choices=("flush", "graph"), default="flush",
+                    help="flush: do_bench (L2 zeroed between calls); graph: calls over rotating cache copies "
+                         "(>= 2x L2) replayed back to back from a CUDA graph (common.bench_graph_ms)")
     args = ap.parse_args()
     configs = [parse(c) for c in (args.config or ["base:"])]
     ceiling = common.read_probe_best()
-    print(f"# read ceiling {ceiling:.2f} TB/s; tensor-core decode, page 16, fp16, d 128; us (TB/s of needed KV)")
+    print(f"# read ceiling {ceiling:.2f} TB/s; tensor-core decode, page 16, fp16, d 128; us (TB/s of needed KV); "
+          f"timing: {args.timing}")
     print(f"{'heads':>6} {'lengths':>16} {'B':>4} | " + " | ".join(f"{n:>16}" for n, _ in configs) + " |  sdpa-cudnn")
     rows = []
     for (hq, hkv), dist, b in WORKLOADS[:4] if args.quick else WORKLOADS:
@@ -81,8 +110,9 @@ def main():
         out = torch.empty_like(q)
         states = {}
         errs = {}
+        copies = common.rotation_copies(nb) if args.timing == "graph" else 1
         for name, env in configs:
-            st = build(lens, hq, hkv, env, seed=b + 16)
+            st = build(lens, hq, hkv, env, seed=b + 16, copies=copies)
             out.fill_(float("nan"))
             st["w"].run(q, (st["k"], st["v"]), out=out)
             errs[name] = check(st, lens, q, out, hq, hkv)
@@ -93,15 +123,21 @@ def main():
         for _ in range(args.rounds):
             for name, _ in configs:
                 st = states[name]
-                times[name].append(common.bench_ms(lambda: st["w"].run(q, (st["k"], st["v"]), out=out)))
-        cd = dec.run_sdpa(lens, hq, hkv, "cudnn")[0]
+                if args.timing == "graph":
+                    calls = [lambda kv=kv, w=st["w"]: w.run(q, kv, out=out) for kv in st["caches"]]
+                    times[name].append(common.bench_graph_ms(calls))
+                else:
+                    times[name].append(common.bench_ms(lambda: st["w"].run(q, (st["k"], st["v"]), out=out)))
+        del states
+        torch.cuda.empty_cache()
+        cd = sdpa_graph_ms(lens, hq, hkv, copies) if args.timing == "graph" else dec.run_sdpa(lens, hq, hkv, "cudnn")[0]
         med = {n: statistics.median(t) for n, t in times.items()}
         cells = [f"{med[n] * 1e3:8.1f} ({nb / med[n] / 1e9:4.2f})" for n, _ in configs]
         cud = f"{cd * 1e3:8.1f} ({nb / cd / 1e9:4.2f})" if cd else "-"
         print(f"{hq}/{hkv:<3} {dist:>16} {b:>4} | " + " | ".join(cells) + f" | {cud}", flush=True)
         rows.append(dict(hq=hq, hkv=hkv, lengths=dist, batch=b, needed_bytes=nb, us={n: m * 1e3 for n, m in med.items()},
-                         rounds_ms=times, check_err=errs, sdpa_cudnn_us=cd and cd * 1e3))
-        del states
+                         rounds_ms=times, check_err=errs, sdpa_cudnn_us=cd and cd * 1e3, timing=args.timing,
+                         copies=copies))
         torch.cuda.empty_cache()
     path = common.save_results(f"decode-{args.tag}", dict(read_ceiling_tbps=ceiling, configs={n: e for n, e in configs},
                                                           rows=rows))
