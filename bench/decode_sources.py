@@ -1,9 +1,10 @@
 """Experiment: does the KV source limit tensor-core decode bandwidth?
 
 The same decode batch (one query per request) through the Hopper kernel with
-the KV cache gathered from pages by cp.async (page 16, NHD and HND; one page
-per request), and as ragged contiguous KV, which the kernel loads with the
-TMA; SDPA-cuDNN on dense padded KV for reference. Outputs are checked
+the KV cache gathered from pages by cp.async (page 16 NHD and HND, shuffled
+or in order; page 256 HND; one page of 4096 per request, in order, which is
+cuDNN's dense [B, H, L, D] layout), and as ragged contiguous KV, which the
+kernel loads with the TMA; SDPA-cuDNN on dense padded KV for reference. Outputs are checked
 against SDPA before timing. Usage: python bench/decode_sources.py"""
 import os
 import sys
@@ -19,11 +20,11 @@ import tessera  # noqa: E402
 D, DT = 128, torch.float16
 
 
-def paged(lens, ps, hq, hkv, q, k_tok, v_tok, layout):
-    """k_tok / v_tok: [total, hkv, D] ragged tokens, laid into shuffled pages."""
+def paged(lens, ps, hq, hkv, q, k_tok, v_tok, layout, shuffle=True):
+    """k_tok / v_tok: [total, hkv, D] ragged tokens, laid into shuffled (or in-order) pages."""
     pages = [(n + ps - 1) // ps for n in lens]
     total = sum(pages)
-    perm = torch.randperm(total, generator=torch.Generator().manual_seed(1))
+    perm = torch.randperm(total, generator=torch.Generator().manual_seed(1)) if shuffle else torch.arange(total)
     k = torch.zeros(total, ps, hkv, D, dtype=DT, device="cuda")
     v = torch.zeros_like(k)
     start, p0 = 0, 0
@@ -86,7 +87,11 @@ def main():
         row = dict(hq=hq, hkv=hkv, lengths=dist, batch=b, needed_mb=nb / 1e6)
         cases = [("paged16-NHD", lambda: paged(lens, 16, hq, hkv, q, k_tok, v_tok, "NHD")),
                  ("paged16-HND", lambda: paged(lens, 16, hq, hkv, q, k_tok, v_tok, "HND")),
+                 ("paged16-HND-inorder", lambda: paged(lens, 16, hq, hkv, q, k_tok, v_tok, "HND", shuffle=False)),
+                 ("paged256-HND", lambda: paged(lens, 256, hq, hkv, q, k_tok, v_tok, "HND")),
                  ("ragged-TMA", lambda: ragged(lens, hq, hkv, q, k_tok, v_tok))]
+        if max(lens) <= 4096:  # one page per request, in order: cuDNN's dense [B, H, L, D] layout
+            cases.append(("paged4096-HND", lambda: paged(lens, 4096, hq, hkv, q, k_tok, v_tok, "HND", shuffle=False)))
         line = f"{hq}/{hkv} {dist:>16} b{b:<4}"
         for name, make in cases:
             fn, out = make()
