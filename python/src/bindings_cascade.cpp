@@ -67,17 +67,29 @@ class PyCascade {
   }
 
   // Per level (lists of equal length): host int32 qo_indptr, kv_indptr (pages),
-  // kv_indices, kv_last_page_len.
+  // kv_indices, kv_last_page_len. A level's kv_indices may instead be a
+  // (ptr, count, device) tuple: page ids that stay on the GPU
+  // (tessera._wrapper_util.DeviceIds, see device_ids_view).
   void plan(nb::list qo_indptr, nb::list kv_indptr, nb::list kv_indices, nb::list kv_last_page_len, uintptr_t stream) {
     const size_t n = nb::len(qo_indptr);
     if (nb::len(kv_indptr) != n || nb::len(kv_indices) != n || nb::len(kv_last_page_len) != n)
       throw InvalidArgument("plan: expected one qo_indptr, kv_indptr, kv_indices and kv_last_page_len per level");
     std::vector<PagedPlanArgs> args;
     args.reserve(n);  // the spans below point into these
+    std::vector<TensorView> device_ids(n);  // and the levels into these
     std::vector<CascadeLevel> levels;
     for (size_t i = 0; i < n; ++i) {
-      args.emplace_back(qo_indptr[i], kv_indptr[i], kv_indices[i], kv_last_page_len[i], nb::none());
-      levels.push_back({args.back().qo_s, args.back().ip_s, args.back().idx_s, args.back().last_s});
+      const nb::handle ids = kv_indices[i];
+      const bool on_device = nb::isinstance<nb::tuple>(ids);
+      if (on_device) {
+        const nb::tuple t = nb::borrow<nb::tuple>(ids);
+        if (nb::len(t) < 3) throw InvalidArgument("kv_indices: expected a host array or a (ptr, count, device) tuple");
+        device_ids[i] = device_ids_view(nb::cast<uintptr_t>(t[0]), nb::cast<int64_t>(t[1]), nb::cast<int>(t[2]));
+      }
+      args.emplace_back(qo_indptr[i], kv_indptr[i], on_device ? nb::handle(kv_indptr[i]) : ids, kv_last_page_len[i],
+                        nb::none());
+      levels.push_back({args.back().qo_s, args.back().ip_s, on_device ? std::span<const int32_t>() : args.back().idx_s,
+                        args.back().last_s, on_device ? &device_ids[i] : nullptr});
     }
     nb::gil_scoped_release release;
     cascade_.plan(levels, to_stream(stream));

@@ -167,6 +167,18 @@ class PyAttentionWrapper {
     w_.plan(a.qo_s, a.ip_s, a.idx_s, a.last_s, to_stream(stream), a.mask_s);
   }
 
+  // Page ids that stay on the GPU (see device_ids_view).
+  void plan_paged_device(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t ids_ptr, int64_t count, int device,
+                         nb::handle kv_last_page_len, uintptr_t stream) {
+    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
+    Arg last = to_arg("kv_last_page_len", kv_last_page_len);
+    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
+    const auto last_s = host_ints("kv_last_page_len", last);
+    const TensorView ids = device_ids_view(ids_ptr, count, device);
+    nb::gil_scoped_release release;
+    w_.plan(qo_s, ip_s, ids, last_s, to_stream(stream));
+  }
+
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {
     Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
     Arg mip = to_optional_arg("mask_indptr", mask_indptr);
@@ -312,6 +324,9 @@ void bind_variants(nb::module_& m) {
                   "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "kind"_a = "auto",
                   "backend"_a = 0, "use_tensor_cores"_a = false, "(device_bytes, host_bytes) for these bounds.")
+      .def("plan_paged_device", &PyAttentionWrapper::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
+           "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
+           "Plans a paged step whose page ids stay on the GPU: count int32 at ids_ptr on CUDA device `device`.")
       .def("plan_paged", &PyAttentionWrapper::plan_paged, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a,
            "kv_last_page_len"_a, "stream"_a = 0, "mask_indptr"_a.none() = nb::none(),
            "Plans a paged step (decode when every request has one query and the kind allows).")

@@ -143,6 +143,7 @@ def page_ids(x, count, name, buffer, on_device=True):
     plan() never reads them; anything else becomes host int32 (host_ints).
     `buffer` is the workspace buffer, whose device the ids must be on."""
     if T.is_torch(x) and x.is_cuda and on_device:
+        count = max(count, 0)  # a negative indptr[-1] is the C++ plan()'s to reject, by name
         # Once per generation step: the common case (a contiguous int32 table
         # on the workspace's device) in a few attribute reads.
         if (str(x.dtype) == "torch.int32" and x.dim() == 1 and x.is_contiguous() and x.shape[0] >= count

@@ -217,15 +217,15 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
               for i, x in enumerate(self._per_level(qo_indptr_arr, "qo_indptr_arr"))]
         kv = [W.host_ints(x, f"paged_kv_indptr_arr[{i}]")
               for i, x in enumerate(self._per_level(paged_kv_indptr_arr, "paged_kv_indptr_arr"))]
-        idx = [W.host_ints(x, f"paged_kv_indices_arr[{i}]")
-               for i, x in enumerate(self._per_level(paged_kv_indices_arr, "paged_kv_indices_arr"))]
         last = [W.host_ints(x, f"paged_kv_last_page_len[{i}]")
                 for i, x in enumerate(self._per_level(paged_kv_last_page_len, "paged_kv_last_page_len"))]
         for i in range(self._num_levels):
             if qo[i].size < 1:
                 raise ValueError(f"qo_indptr_arr[{i}]: expected groups + 1 >= 1 entries, got 0")
-            if kv[i].size and 0 <= kv[i][-1] < idx[i].size:  # FlashInfer tolerates a longer indices buffer
-                idx[i] = idx[i][: kv[i][-1]]
+        # Page ids: a CUDA tensor stays on the GPU (W.page_ids), cut to its level's count.
+        idx = [W.page_ids(x, int(kv[i][-1]) if kv[i].size else 0, f"paged_kv_indices_arr[{i}]",
+                          self._float_workspace_buffer)
+               for i, x in enumerate(self._per_level(paged_kv_indices_arr, "paged_kv_indices_arr"))]
         config, scale, knobs = self._config(num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale,
                                             q_data_type, kv_data_type, cap)
         buf = self._float_workspace_buffer
@@ -236,7 +236,7 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
                   W.Bound("max_total_q", "qo_indptr_arr", "total query length"),
                   W.Bound("max_pages", "paged_kv_indices_arr", "page count", self._fixed_pages,
                           "paged_kv_indices_buf_arr"))
-        counts = (max(max(x.size - 1 for x in qo), 1), max(total_q, 1), max(max(x.size for x in idx), 1))
+        counts = (max(max(x.size - 1 for x in qo), 1), max(total_q, 1), max(max(len(x) for x in idx), 1))
 
         def size(want, device):
             return _C.CascadeAttention.workspace_size(*config, *want, device=device, **knobs)

@@ -260,12 +260,19 @@ class AttentionWrapper:
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask_indptr=None):
         """Plans a paged step: int [batch + 1] qo_indptr and kv_indptr (pages), kv_indices, kv_last_page_len
-        (any device; copied to the host). mask_indptr: byte offsets of packed masks (custom_mask variant)."""
-        qo = W.host_ints(qo_indptr, "qo_indptr")
-        args = (qo, W.host_ints(kv_indptr, "kv_indptr"), W.host_ints(kv_indices, "kv_indices"),
-                W.host_ints(kv_last_page_len, "kv_last_page_len"))
+        (any device; copied to the host, except kv_indices as a CUDA tensor without mask_indptr, which stays on
+        the GPU: plan() copies it unread and the kernels check the ids, raising a bad one at the next plan() or
+        run()). mask_indptr: byte offsets of packed masks (custom_mask variant)."""
+        qo, kv = W.host_ints(qo_indptr, "qo_indptr"), W.host_ints(kv_indptr, "kv_indptr")
+        last = W.host_ints(kv_last_page_len, "kv_last_page_len")
+        ids = W.page_ids(kv_indices, int(kv[-1]) if kv.size else 0, "kv_indices", self._buffer,
+                         on_device=mask_indptr is None)
         mask = None if mask_indptr is None else W.host_ints(mask_indptr, "mask_indptr")
-        self._plan(lambda s: self._native.plan_paged(*args, s, mask), rows=int(qo[-1]) if qo.size else 0, ragged=False)
+        if isinstance(ids, W.DeviceIds):
+            fn = lambda s: self._native.plan_paged_device(qo, kv, ids.ptr, ids.count, ids.device, last, s)  # noqa: E731
+        else:
+            fn = lambda s: self._native.plan_paged(qo, kv, ids, last, s, mask)  # noqa: E731
+        self._plan(fn, rows=int(qo[-1]) if qo.size else 0, ragged=False)
 
     def plan_ragged(self, qo_indptr, kv_indptr, mask_indptr=None):
         """Plans a ragged prefill step: k / v rows kv_indptr[i] .. kv_indptr[i + 1] belong to request i."""

@@ -76,6 +76,23 @@ void AttentionWrapper::plan(std::span<const int32_t> qo_indptr, std::span<const 
   }
 }
 
+void AttentionWrapper::plan(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                            const TensorView& kv_indices, std::span<const int32_t> kv_last_page_len,
+                            cudaStream_t stream) {
+  if (qo_indptr.empty()) throw InvalidArgument("qo_indptr: expected batch + 1 elements, got 0");
+  bool one_query_each = qo_indptr[0] == 0;
+  for (size_t i = 0; one_query_each && i + 1 < qo_indptr.size(); ++i) one_query_each = qo_indptr[i + 1] - qo_indptr[i] == 1;
+  choose(one_query_each, "qo_indptr: a request has a query length other than 1");
+  if (kind_ == AttentionKind::kDecode) {
+    if (kv_indptr.size() != qo_indptr.size())
+      throw InvalidArgument("kv_indptr: expected " + str(static_cast<int64_t>(qo_indptr.size())) +
+                            " elements (like qo_indptr), got " + str(static_cast<int64_t>(kv_indptr.size())));
+    decode_->plan(kv_indptr, kv_indices, kv_last_page_len, stream);
+  } else {  // BatchPrefill rejects it for the custom mask, by name
+    prefill_->plan_paged(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream);
+  }
+}
+
 void AttentionWrapper::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                                    cudaStream_t stream, std::span<const int32_t> mask_indptr) {
   choose(false, "plan_ragged: ragged KV runs on the prefill kernels");

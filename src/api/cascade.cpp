@@ -150,8 +150,14 @@ void CascadeAttention::plan(std::span<const CascadeLevel> levels, cudaStream_t s
       throw InvalidArgument("levels[" + str(i) + "].kv_indptr: expected " + str(ip.size()) +
                             " elements (like its qo_indptr), got " + str(levels[i].kv_indptr.size()));
     try {
-      (void)check_page_table(levels[i].kv_indptr, levels[i].kv_indices, levels[i].kv_last_page_len, task_.page_size,
-                             kv_lens_);
+      const CascadeLevel& lv = levels[i];
+      if (lv.kv_indices_device) {  // the ids stay on the GPU: lengths here, ids in the kernels
+        if (lv.kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected groups + 1 elements, got 0");
+        const PageIds ids = detail::device_page_ids(*lv.kv_indices_device, lv.kv_indptr.back(), ws_->device());
+        check_page_lengths(lv.kv_indptr, ids.count, lv.kv_last_page_len, task_.page_size, kv_lens_);
+      } else {
+        (void)check_page_table(lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len, task_.page_size, kv_lens_);
+      }
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("levels[" + str(i) + "]: " + e.what());
     }
@@ -161,7 +167,10 @@ void CascadeAttention::plan(std::span<const CascadeLevel> levels, cudaStream_t s
   for (size_t i = 0; i < levels.size(); ++i) {
     const CascadeLevel& lv = levels[i];
     try {
-      levels_[i]->prefill.plan_paged(lv.qo_indptr, lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len, stream);
+      if (lv.kv_indices_device)
+        levels_[i]->prefill.plan_paged(lv.qo_indptr, lv.kv_indptr, *lv.kv_indices_device, lv.kv_last_page_len, stream);
+      else
+        levels_[i]->prefill.plan_paged(lv.qo_indptr, lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len, stream);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("levels[" + str(i) + "]: " + e.what());
     }

@@ -5,7 +5,8 @@
 // (partial last pages mid-sequence), head dims 64 / 128, groups 1 / 4, fp16
 // and bf16, causal last level (bottom-right on the suffix = causal over the
 // whole sequence when q_len <= suffix length), a group with no pages at a
-// level; bitwise repeat; CUDA-graph replay after a re-plan with new lengths.
+// level; bitwise repeat; CUDA-graph replay after a re-plan with new lengths;
+// page ids that stay on the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -242,4 +243,64 @@ TEST(CascadeGraph, ReplayAfterReplanMatchesReference) {
   TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Page ids that stay on the GPU (one CUDA tensor per level): the same bits
+// as host ids; a bad id in a level is raised by the next run().
+TEST(CascadeDevicePageIds, SameBitsAsHostIdsAndBadIdRaised) {
+  SKIP_WITHOUT_GPU();
+  const DType dt = DType::kFloat16;
+  const int D = 128, P = 16;
+  const int64_t Hkv = 2, Hq = 8;
+  std::mt19937_64 rng(9);
+  const CascadeStep step = three_levels(true);
+  CascadeProblem prob(step, dt, D, Hkv, Hq, P, rng);
+  const auto specs = level_specs(dt, D, step.groups.size(), true);
+  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), P, KVLayout::kNHD, 16, prob.pool};
+  task.max_total_q = 64;
+  Workspace ws = cascade_workspace(specs, task);
+  CascadeAttention cascade(specs, task, ws);
+  auto dk = to_device(prob.k), dv = to_device(prob.v), dq = to_device(prob.q);
+  PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
+  auto run = [&](const TensorView& o, const TensorView& lse) { cascade.run(dq.view, kv, o, lse); };
+  const int64_t rows = prob.qo.back();
+  const auto host_in = prob.plan_input();
+  cascade.plan(host_in);
+  Out host = run_and_fetch(run, dt, rows, Hq, D);
+  EXPECT_CLOSE(compare(to_doubles(host.o.view), prob.reference(true).o), dt);
+
+  // Each level's ids as a device tensor (one spare entry: a longer buffer is fine).
+  auto device_levels = [&](int bad_level, int32_t bad_id) {
+    std::vector<DeviceTensor> ids;
+    for (size_t l = 0; l < prob.levels.size(); ++l) {
+      std::vector<int32_t> v = prob.levels[l].indices;
+      if (static_cast<int>(l) == bad_level) v[v.size() / 2] = bad_id;
+      v.push_back(-1);
+      HostTensor h = make_host(DType::kInt32, {static_cast<int64_t>(v.size())});
+      std::memcpy(h.storage.data(), v.data(), v.size() * sizeof(int32_t));
+      ids.push_back(to_device(h));
+    }
+    return ids;
+  };
+  auto plan_device = [&](const std::vector<DeviceTensor>& ids) {
+    std::vector<CascadeLevel> in = prob.plan_input();
+    for (size_t l = 0; l < in.size(); ++l) {
+      in[l].kv_indices = {};
+      in[l].kv_indices_device = &ids[l].view;
+    }
+    cascade.plan(in);
+  };
+  const auto good = device_levels(-1, 0);
+  plan_device(good);
+  Out dev = run_and_fetch(run, dt, rows, Hq, D);
+  EXPECT_TRUE(bitwise_equal(host.o, dev.o));
+  EXPECT_TRUE(bitwise_equal(host.lse, dev.lse));
+
+  const auto bad = device_levels(1, static_cast<int32_t>(prob.pool) + 7);
+  plan_device(bad);
+  (void)run_and_fetch(run, dt, rows, Hq, D);
+  EXPECT_THROW_MSG((void)run_and_fetch(run, dt, rows, Hq, D), InvalidArgument, std::to_string(prob.pool + 7));
+  plan_device(good);
+  Out again = run_and_fetch(run, dt, rows, Hq, D);
+  EXPECT_TRUE(bitwise_equal(host.o, again.o));
 }

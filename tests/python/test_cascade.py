@@ -97,6 +97,34 @@ def test_cascade_matches_reference(torch_cuda, poison, rng, dtype, head_dim, gro
     assert torch.equal(w2.run(q, kv_hnd), o)
 
 
+def test_cascade_device_page_ids(torch_cuda, rng):
+    """Page ids as CUDA tensors stay on the GPU: the same bits as host ids; a bad one is raised by the next run()."""
+    torch = torch_cuda
+    levels, _, n_pages = make_levels(Q_LEN, GROUPS, tokens_for(True), 16, rng)
+    k = torch.randn(n_pages, 16, HKV, 128, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    q = torch.randn(sum(Q_LEN), 8, 128, device="cuda", dtype=torch.float16)
+    w = tessera.MultiLevelCascadeAttentionWrapper(3, torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"))
+    qo, kv, idx, last = (list(x) for x in zip(*levels))
+
+    def plan(ids):
+        w.plan(qo, kv, ids, last, 8, HKV, 128, 16, causal=True)
+
+    plan(idx)
+    o_host = w.run(q, (k, v))
+    plan([torch.from_numpy(np.append(x, -1).astype(np.int32)).cuda() for x in idx])  # longer buffers are fine
+    assert torch.equal(w.run(q, (k, v)), o_host)
+    bad = [torch.from_numpy(x.copy()).cuda() for x in idx]
+    bad[1][2] = n_pages + 11
+    plan(bad)
+    w.run(q, (k, v))
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=f"page id {n_pages + 11}"):
+        w.run(q, (k, v))
+    plan([torch.from_numpy(x).cuda() for x in idx])
+    assert torch.equal(w.run(q, (k, v)), o_host)
+
+
 def test_cascade_single_level_equals_batch_prefill(torch_cuda, rng):
     """One level is a batch prefill: same bits as BatchPrefillWithPagedKVCacheWrapper."""
     torch = torch_cuda

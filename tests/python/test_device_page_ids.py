@@ -1,6 +1,9 @@
 """Page ids that stay on the GPU: plan() given a CUDA index tensor copies it
 without reading it (as FlashInfer's plan() does), the kernels check the ids,
-and a bad id is raised (ValueError, naming it) by the next plan() or run().
+and a bad id is raised (ValueError, naming it) by the next plan() or run():
+batch decode (both paths), paged prefill (both templates, and a custom mask,
+whose plan takes host ids), the generic AttentionWrapper; the cascade's
+test is in test_cascade.py.
 
 GPU tests compare against the same wrapper planned with the same ids on the
 host (same bits) and against the float64 reference; the CPU tests cover the
@@ -138,6 +141,27 @@ def test_prefill_custom_mask_with_device_ids(torch_cuda, rng):
         wrapper = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch))
         wrapper.plan(qo, indptr, ids, last, HQ, HKV, HEAD_DIM, 16, custom_mask=mask, q_data_type=torch.float16)
         outs.append(wrapper.run(q, cache))
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("q_len", [1, 7])
+def test_attention_wrapper_device_ids(torch_cuda, rng, q_len):
+    """The generic AttentionWrapper (decode when every query length is 1, else prefill), soft-cap spec."""
+    torch = torch_cuda
+    lens = [40, 700, 1, 333]
+    indptr, indices, last, num_pages = make_table(rng, lens, 16)
+    cache, _, _ = random_cache(torch, rng, "NHD", num_pages, 16, torch.float16, False)
+    qo = np.arange(0, len(lens) * q_len + 1, q_len, dtype=np.int32)
+    q = torch.randn(int(qo[-1]), HQ, HEAD_DIM, device="cuda", dtype=torch.float16)
+    spec = tessera.AttentionSpec(tessera.variants.soft_cap(30.0), q_dtype=torch.float16, head_dim=HEAD_DIM)
+    task = tessera.TaskInfo(HQ, HKV, page_size=16, max_batch=8, max_pages=num_pages, max_total_q=64)
+    outs = []
+    for ids in (indices, torch.from_numpy(indices).cuda()):
+        attn = tessera.AttentionWrapper(spec, task, workspace(torch))
+        attn.plan(qo, indptr, ids, last)
+        assert attn.kind == ("decode" if q_len == 1 else "prefill")
+        outs.append(attn.run(q, cache))
     torch.cuda.synchronize()
     assert torch.equal(outs[0], outs[1])
 

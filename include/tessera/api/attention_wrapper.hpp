@@ -54,6 +54,10 @@ class AttentionWrapper {
   void plan(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
             std::span<const int32_t> kv_last_page_len, cudaStream_t stream = nullptr,
             std::span<const int32_t> mask_indptr = {});
+  // Paged KV whose page ids stay on the GPU (api/page_ids.hpp): kv_indices a
+  // 1-D int32 CUDA tensor on the workspace's device (no custom mask).
+  void plan(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, const TensorView& kv_indices,
+            std::span<const int32_t> kv_last_page_len, cudaStream_t stream = nullptr);
   // Ragged KV (prefill): kv_indptr counts rows of k / v.
   void plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream = nullptr,
                    std::span<const int32_t> mask_indptr = {});

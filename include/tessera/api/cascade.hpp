@@ -41,6 +41,10 @@ struct CascadeLevel {
   std::span<const int32_t> kv_indptr;         // [groups + 1] (in pages)
   std::span<const int32_t> kv_indices;        // [kv_indptr[groups]]
   std::span<const int32_t> kv_last_page_len;  // [groups]
+  // Or the page ids on the GPU (api/page_ids.hpp; kv_indices then unused): a
+  // 1-D int32 CUDA tensor on the workspace's device with at least
+  // kv_indptr[groups] entries, copied by plan() without being read.
+  const TensorView* kv_indices_device = nullptr;
 };
 
 class CascadeAttention {
