@@ -45,6 +45,23 @@ inline TensorView device_ids_view(uintptr_t ptr, int64_t count, int device) {
   return TensorView(reinterpret_cast<void*>(ptr), DType::kInt32, Device{DeviceType::kCUDA, device}, {count});
 }
 
+// plan()'s arguments of a paged step whose page ids stay on the GPU: host
+// int32 qo_indptr (None for decode: empty span), kv_indptr and
+// kv_last_page_len, and the ids (device_ids_view).
+struct DevicePlanArgs {
+  Arg qo, ip, last;
+  std::span<const int32_t> qo_s, ip_s, last_s;
+  TensorView ids;
+  DevicePlanArgs(nanobind::handle qo_indptr, nanobind::handle kv_indptr, uintptr_t ids_ptr, int64_t count, int device,
+                 nanobind::handle kv_last_page_len)
+      : qo(to_optional_arg("qo_indptr", qo_indptr)), ip(to_arg("kv_indptr", kv_indptr)),
+        last(to_arg("kv_last_page_len", kv_last_page_len)), ids(device_ids_view(ids_ptr, count, device)) {
+    if (!qo_indptr.is_none()) qo_s = host_ints("qo_indptr", qo);
+    ip_s = host_ints("kv_indptr", ip);
+    last_s = host_ints("kv_last_page_len", last);
+  }
+};
+
 // plan()'s host int32 arrays of a paged step, converted once; the Args keep
 // the callers' buffers alive while the spans are in use. mask_indptr may be
 // None (empty span).

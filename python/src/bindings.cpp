@@ -248,11 +248,9 @@ class PyBatchDecode {
   // CUDA device `device` (see device_ids_view).
   void plan_device(nb::handle kv_indptr, uintptr_t ids_ptr, int64_t count, int device, nb::handle kv_last_page_len,
                    uintptr_t stream) {
-    Arg ip = to_arg("kv_indptr", kv_indptr), last = to_arg("kv_last_page_len", kv_last_page_len);
-    const auto ip_s = host_ints("kv_indptr", ip), last_s = host_ints("kv_last_page_len", last);
-    const TensorView ids = device_ids_view(ids_ptr, count, device);
+    const DevicePlanArgs a(nb::none(), kv_indptr, ids_ptr, count, device, kv_last_page_len);
     nb::gil_scoped_release release;
-    dec_.plan(ip_s, ids, last_s, to_stream(stream));
+    dec_.plan(a.ip_s, a.ids, a.last_s, to_stream(stream));
   }
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
@@ -347,13 +345,9 @@ class PyBatchPrefill {
   // Page ids that stay on the GPU (as PyBatchDecode::plan_device).
   void plan_paged_device(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t ids_ptr, int64_t count, int device,
                          nb::handle kv_last_page_len, uintptr_t stream) {
-    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
-    Arg last = to_arg("kv_last_page_len", kv_last_page_len);
-    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
-    const auto last_s = host_ints("kv_last_page_len", last);
-    const TensorView ids = device_ids_view(ids_ptr, count, device);
+    const DevicePlanArgs a(qo_indptr, kv_indptr, ids_ptr, count, device, kv_last_page_len);
     nb::gil_scoped_release release;
-    pre_.plan_paged(qo_s, ip_s, ids, last_s, to_stream(stream));
+    pre_.plan_paged(a.qo_s, a.ip_s, a.ids, a.last_s, to_stream(stream));
   }
 
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {

@@ -170,13 +170,9 @@ class PyAttentionWrapper {
   // Page ids that stay on the GPU (see device_ids_view).
   void plan_paged_device(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t ids_ptr, int64_t count, int device,
                          nb::handle kv_last_page_len, uintptr_t stream) {
-    Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
-    Arg last = to_arg("kv_last_page_len", kv_last_page_len);
-    const auto qo_s = host_ints("qo_indptr", qo), ip_s = host_ints("kv_indptr", ip);
-    const auto last_s = host_ints("kv_last_page_len", last);
-    const TensorView ids = device_ids_view(ids_ptr, count, device);
+    const DevicePlanArgs a(qo_indptr, kv_indptr, ids_ptr, count, device, kv_last_page_len);
     nb::gil_scoped_release release;
-    w_.plan(qo_s, ip_s, ids, last_s, to_stream(stream));
+    w_.plan(a.qo_s, a.ip_s, a.ids, a.last_s, to_stream(stream));
   }
 
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {
