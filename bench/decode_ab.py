@@ -53,10 +53,11 @@ def build(lens, hq, hkv, env, seed, copies=1):
     env = dict(env)
     if env.pop("split", "1") == "0":
         w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
+    pdl = env.pop("pdl", "0") == "1"  # run(enable_pdl=True)
     common.with_env(env, lambda: w.plan(indptr, indices, last, hq, hkv, dec.D, 16, q_data_type=dec.DTYPE,
                                         kv_data_type=dec.DTYPE))
     caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(copies - 1)]
-    return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices, caches=caches)
+    return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices, caches=caches, pdl=pdl)
 
 
 def sdpa_graph_ms(lens, hq, hkv, copies):
@@ -89,7 +90,8 @@ def check(st, lens, q, out, hq, hkv):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", action="append", default=[],
-                    help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults; 'split=0': the planner without KV splitting)")
+                    help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults; 'split=0': the planner without KV splitting; "
+                         "'pdl=1': run(enable_pdl=True))")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the first four workloads")
     ap.add_argument("--tag", default="ab")
@@ -124,10 +126,12 @@ def main():
             for name, _ in configs:
                 st = states[name]
                 if args.timing == "graph":
-                    calls = [lambda kv=kv, w=st["w"]: w.run(q, kv, out=out) for kv in st["caches"]]
+                    calls = [lambda kv=kv, w=st["w"], pdl=st["pdl"]: w.run(q, kv, out=out, enable_pdl=pdl)
+                             for kv in st["caches"]]
                     times[name].append(common.bench_graph_ms(calls))
                 else:
-                    times[name].append(common.bench_ms(lambda: st["w"].run(q, (st["k"], st["v"]), out=out)))
+                    times[name].append(common.bench_ms(lambda: st["w"].run(q, (st["k"], st["v"]), out=out,
+                                                                           enable_pdl=st["pdl"])))
         del states
         torch.cuda.empty_cache()
         cd = sdpa_graph_ms(lens, hq, hkv, copies) if args.timing == "graph" else dec.run_sdpa(lens, hq, hkv, "cudnn")[0]

@@ -253,8 +253,10 @@ class PyBatchDecode {
     dec_.plan(a.ip_s, a.ids, a.last_s, to_stream(stream));
   }
 
-  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
-    const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
+  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
+           bool pdl) {
+    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
+    a.opt.pdl = pdl;
     nb::gil_scoped_release release;
     dec_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
   }
@@ -373,8 +375,9 @@ class PyBatchPrefill {
 
   // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           nb::handle packed_custom_mask) {
-    const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
+           nb::handle packed_custom_mask, bool pdl) {
+    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
+    a.opt.pdl = pdl;
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     nb::gil_scoped_release release;
     if (!packed_custom_mask.is_none()) pre_.run(a.q.view, a.storage, ma.view, a.o.view, a.lse.view, to_stream(stream), a.opt);
@@ -382,12 +385,13 @@ class PyBatchPrefill {
   }
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
-                  uintptr_t stream, nb::handle packed_custom_mask) {
+                  uintptr_t stream, nb::handle packed_custom_mask, bool pdl) {
     Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
     Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     RunOptions opt;
     opt.sm_scale = sm_scale;
+    opt.pdl = pdl;
     nb::gil_scoped_release release;
     if (!packed_custom_mask.is_none())
       pre_.run_ragged(qa.view, ka.view, va.view, ma.view, oa.view, la.view, to_stream(stream), opt);
@@ -479,7 +483,9 @@ NB_MODULE(_C, m) {
       .def("plan", &PyBatchDecode::plan, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
-           "stream"_a = 0, "Decode attention for the planned step; sm_scale < 0 means 1/sqrt(head_dim).")
+           "stream"_a = 0, "pdl"_a = false,
+           "Decode attention for the planned step; sm_scale < 0 means 1/sqrt(head_dim); pdl: programmatic "
+           "dependent launch (sm_90+).")
       .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("ctas_per_head", &PyBatchDecode::ctas_per_head, "Persistent CTAs per KV head (0 before plan).")
       .def_prop_ro("num_split_requests", &PyBatchDecode::num_split_requests,
@@ -517,12 +523,12 @@ NB_MODULE(_C, m) {
       .def("plan_bsr", &PyBatchPrefill::plan_bsr, "indptr"_a, "indices"_a, "M"_a, "N"_a, "R"_a, "C"_a,
            "stream"_a = 0, "Plans a block-sparse step: M x N matrix of R x C blocks (C must equal page_size).")
       .def("run", &PyBatchPrefill::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
-           "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(),
+           "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
            "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D); "
-           "packed_custom_mask: uint8 CUDA bits (custom_mask objects only).")
+           "packed_custom_mask: uint8 CUDA bits (custom_mask objects only); pdl: programmatic dependent launch.")
       .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
-           "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(),
-           "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask as for run.")
+           "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
+           "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask and pdl as for run.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")

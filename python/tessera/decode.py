@@ -304,8 +304,10 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 allocated when None and return_lse.
             return_lse: also return the LSE, in **base 2** (FlashInfer's
                 convention, ready for tessera.merge_state).
-            enable_pdl: None or False (programmatic dependent launch is not
-                supported yet).
+            enable_pdl: programmatic dependent launch (sm_90+; ignored
+                before): the kernel may start while the previous kernel on
+                the stream (e.g. the append of this step's K / V) finishes,
+                and waits for it before reading q, K, V or writing outputs.
             window_left: None or the value given to plan().
 
         Returns:
@@ -317,8 +319,6 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
         _reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
         W.check_run_window(window_left, self._planned["window_left"])
-        if enable_pdl:
-            raise ValueError("enable_pdl=True: programmatic dependent launch is not supported yet")
         k, v = _unpack_paged_kv_cache(paged_kv_cache)
         if not T.is_cuda(q):
             raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
@@ -330,7 +330,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if lse is None and return_lse:
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
-            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, plan["sm_scale"], T.stream_of(q))
+            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, plan["sm_scale"], T.stream_of(q),
+                             pdl=bool(enable_pdl))
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

@@ -139,9 +139,7 @@ class _PrefillWrapper(W.PlannedWrapper):
             raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
         W.reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
         W.check_run_window(window_left, self._planned["window_left"])
-        if enable_pdl:
-            raise ValueError("enable_pdl=True: programmatic dependent launch is not supported yet")
-        return self._planned
+        return dict(self._planned, pdl=bool(enable_pdl))
 
     def _outputs(self, q, out, lse, return_lse):
         return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
@@ -299,7 +297,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             lse: optional float32 [rows, num_qo_heads]; allocated when None
                 and return_lse.
             return_lse: also return the LSE, in **base 2**.
-            enable_pdl: None or False. window_left: None or -1.
+            enable_pdl: programmatic dependent launch (sm_90+; ignored
+                before), as for BatchDecodeWithPagedKVCacheWrapper.run.
+            window_left: None or -1.
 
         Returns:
             out, or (out, lse) with return_lse.
@@ -310,7 +310,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         n = plan["total_q"]
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
-                             plan["sm_scale"], T.stream_of(q), plan["mask"])
+                             plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -397,7 +397,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         with T.on_device_of(q):
             self._native.run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
                                     self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
-                                    plan["mask"])
+                                    plan["mask"], pdl=plan["pdl"])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -474,7 +474,8 @@ class BlockSparseAttentionWrapper(_PrefillWrapper):
         kp, vp = self._pages(k, "k", plan["N"], plan["C"]), self._pages(v, "v", plan["N"], plan["C"])
         out, lse = self._outputs(q, out, lse, return_lse)
         with T.on_device_of(q):
-            self._native.run(T.arg(q), T.arg(kp), T.arg(vp), out, lse, plan["sm_scale"], T.stream_of(q))
+            self._native.run(T.arg(q), T.arg(kp), T.arg(vp), out, lse, plan["sm_scale"], T.stream_of(q),
+                             pdl=plan["pdl"])
         return (out, lse) if return_lse else out
 
 

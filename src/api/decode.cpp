@@ -262,7 +262,8 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   pack_params(block, ParamsKind::kDecode, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
   // The grid is the same every step (persistent CTAs): graph-capturable.
-  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream, block.data());
+  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream,
+                  block.data(), opt.pdl);
   detail::check_launch("BatchDecode::run");
 }
 

@@ -518,9 +518,9 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
     if (q_tma_mode_ != 0 && q_fill && config_.cta_q % group == 0)
       maps.q_on = tma::encode_q_tiles(maps.q, q.data, total_q_, task_.num_kv_heads, group, spec_.head_dim, q.stride(0),
                                       q.stride(1), config_.cta_q);
-    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps);
+    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps, opt.pdl);
   } else {
-    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data());
+    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), opt.pdl);
   }
   detail::check_launch("BatchPrefill::run");
 }

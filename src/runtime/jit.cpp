@@ -178,19 +178,46 @@ std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const
 
 // ---------------------------------------------------------------- LoadedKernel
 LoadedKernel::LoadedKernel(cudaLibrary_t lib, cudaKernel_t kernel, std::string entry, int device)
-    : lib_(lib), kernel_(kernel), entry_(std::move(entry)), device_(device) {}
+    : lib_(lib), kernel_(kernel), entry_(std::move(entry)), device_(device) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess) pdl_capable_ = major >= 9;
+}
 
 LoadedKernel::~LoadedKernel() { (void)cudaLibraryUnload(lib_); }
 
-void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params) const {
-  void* args[] = {params};
-  TESSERA_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), grid, block, args, smem_bytes, stream));
+namespace {
+
+// A launch, with the programmatic-stream-serialization attribute when `pdl`.
+void launch_kernel(cudaKernel_t kernel, bool pdl, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                   void** args) {
+  if (pdl) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    TESSERA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args));
+    return;
+  }
+  TESSERA_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, args, smem_bytes, stream));
 }
 
-void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params,
-                          void* params2) const {
+}  // namespace
+
+void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, bool pdl) const {
+  void* args[] = {params};
+  launch_kernel(kernel_, pdl && pdl_capable_, grid, block, smem_bytes, stream, args);
+}
+
+void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, void* params2,
+                          bool pdl) const {
   void* args[] = {params, params2};
-  TESSERA_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), grid, block, args, smem_bytes, stream));
+  launch_kernel(kernel_, pdl && pdl_capable_, grid, block, smem_bytes, stream, args);
 }
 
 void LoadedKernel::set_max_dynamic_smem(int bytes) const {

@@ -52,6 +52,12 @@ struct RunOptions {
   // Values of the variant's extra scalars and tensors, by name (null: none;
   // a variant that declares extras needs them). Read during run() only.
   const VariantArgs* extras = nullptr;
+  // Programmatic dependent launch (FlashInfer's enable_pdl; sm_90+, ignored
+  // before): the kernel may start, and set itself up, while the kernel before
+  // it on the stream (e.g. the append of this step's K / V) still runs; it
+  // waits for that kernel before reading q, K, V or writing outputs. Batch
+  // decode and prefill wrappers take it; graph capture keeps it.
+  bool pdl = false;
 };
 
 class BatchAttention {

@@ -57,9 +57,13 @@ class LoadedKernel {
   LoadedKernel(const LoadedKernel&) = delete;
   LoadedKernel& operator=(const LoadedKernel&) = delete;
 
-  void launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params) const;
+  // pdl: programmatic dependent launch (sm_90+; ignored before): the kernel
+  // may start while the previous one on the stream runs, and must call
+  // grid_dependency_wait (arch/grid_dependency.cuh) before touching its data.
+  void launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, bool pdl = false) const;
   // Kernels with a second parameter (the Hopper prefill kernel's tensor maps).
-  void launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, void* params2) const;
+  void launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, void* params2,
+              bool pdl = false) const;
   void set_max_dynamic_smem(int bytes) const;
   const std::string& entry() const { return entry_; }
   cudaKernel_t handle() const { return kernel_; }
@@ -69,6 +73,7 @@ class LoadedKernel {
   cudaKernel_t kernel_;
   std::string entry_;
   int device_;
+  bool pdl_capable_ = false;  // sm_90+: programmatic dependent launch
 };
 
 struct CacheStats {

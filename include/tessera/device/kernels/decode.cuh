@@ -6,6 +6,7 @@
 // chunk order (fused contraction): values are reduced in a fixed order with no
 // atomics; one atomic counter per (request, KV head) only elects the merger.
 #pragma once
+#include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/kernels/decode_mainloop.cuh"
 
 namespace tessera {
@@ -61,7 +62,11 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
   const int feat0 = x * VEC;
   const int qo_head0 = h * GROUP + y * HPT;
 
-  for (int wi = p.work_indptr[blockIdx.x]; wi < p.work_indptr[blockIdx.x + 1]; ++wi) {
+  const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
+  // The plan's workspace is complete; q, K, V and the outputs may still be
+  // the previous kernel's (programmatic dependent launch).
+  grid_dependency_wait();
+  for (int wi = wi0; wi < wi_end; ++wi) {
     const DecodeWorkItem w = p.work_items[wi];
     const int b = w.request;
     const int kv_len = device::kv_len(p.kv, b);
@@ -171,6 +176,7 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
     }
     __syncthreads();  // shared memory is reused by the next item
   }
+  grid_dependency_launch_dependents();
 }
 
 #endif

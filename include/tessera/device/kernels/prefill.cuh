@@ -5,6 +5,7 @@
 // the last finisher of a split tile merging its partials in chunk order
 // (prefill_epilogue.cuh). The Hopper template is prefill_sm90.cuh.
 #pragma once
+#include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/kernels/prefill_epilogue.cuh"
 #include "tessera/device/kernels/prefill_mainloop.cuh"
 
@@ -35,8 +36,12 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   const int g = lane / 4, quad = lane % 4;
 
   const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
+  const PrefillWorkItem w_first = p.first_items[blockIdx.x];
+  // The plan's workspace is complete; q, K, V and the outputs may still be
+  // the previous kernel's (programmatic dependent launch).
+  grid_dependency_wait();
   for (int wi = wi0; wi < wi_end; ++wi) {
-    const PrefillWorkItem w = wi == wi0 ? p.first_items[blockIdx.x] : p.work_items[wi];
+    const PrefillWorkItem w = wi == wi0 ? w_first : p.work_items[wi];
     const int b = item_request(p, w), kv_head = item_kv_head(p, w);
     const int qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len, page_base = w.kv_begin;
     const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile
@@ -186,6 +191,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
                                                         Shape::THREADS, &s_is_last, [] { __syncthreads(); });
     __syncthreads();  // shared memory is reused by the next item
   }
+  grid_dependency_launch_dependents();
 }
 
 #endif

@@ -24,6 +24,7 @@
 // shorten: the next K and V barriers are probed during the softmax. The
 // epilogue is shared with the FA2 template.
 #pragma once
+#include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/arch/cluster.cuh"
@@ -164,6 +165,10 @@ struct Sm90Consumer {
     const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
     const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
     PrefillWorkItem w_next = p.first_items[queue];  // not behind work_indptr
+    grid_dependency_wait();  // before any read of the variant's tensors or write of o, lse, partial states
+    // Every thread signals (some runtimes want all of a CTA's threads); the
+    // producer's signal, after its last copy, is the one that counts.
+    grid_dependency_launch_dependents();
     for (int wi = wi0; wi < wi_end; ++wi) {
       using Tr = Sm90Trace;
       Tr::mark(Tr::consumer(), wi - wi0, 0);

@@ -14,6 +14,7 @@
 // paged KV ~60% slower than contiguous: the producer competes with the
 // consumers for issue slots.)
 #pragma once
+#include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/cluster.cuh"
 #include "tessera/device/arch/tma.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
@@ -227,10 +228,14 @@ struct Sm90Producer {
     if (q_tma && tid == kQIssuer) tma_prefetch_map(&maps.q);
     const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
     const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
+    const PrefillWorkItem w_first = p.first_items[queue];
+    // The plan's workspace was complete before the previous kernel started;
+    // q, K and V may be that kernel's output (programmatic dependent launch).
+    grid_dependency_wait();
     using Tr = Sm90Trace;
     for (int wi = wi0; wi < wi_end; ++wi) {
       Tr::mark(Tr::kProducer, wi - wi0, 0);
-      const PrefillWorkItem w = wi == wi0 ? p.first_items[queue] : p.work_items[wi];
+      const PrefillWorkItem w = wi == wi0 ? w_first : p.work_items[wi];
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       if (n_tiles == 0) continue;  // the consumers skip it too
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
@@ -313,6 +318,7 @@ struct Sm90Producer {
       issue(IsKey<false>{}, VPos{kv_pos.count - 1}, n_tiles - 1);
     }
     cp_async_wait_all();  // no copy outlives its thread
+    grid_dependency_launch_dependents();  // the next kernel may start setting up
     Tr::print(Tr::kProducer, wi_end - wi0);
   }
 };
