@@ -43,6 +43,19 @@ WorkspaceSizes AttentionWrapper::workspace_size(const AttentionSpec& spec, const
   return s;
 }
 
+namespace {
+
+// Whether every request has exactly one query (qo_indptr = 0, 1, ..., batch):
+// such plans run decode.
+bool one_query_each(std::span<const int32_t> qo_indptr) {
+  if (qo_indptr.empty()) throw InvalidArgument("qo_indptr: expected batch + 1 elements, got 0");
+  bool one = qo_indptr[0] == 0;
+  for (size_t i = 0; one && i + 1 < qo_indptr.size(); ++i) one = qo_indptr[i + 1] - qo_indptr[i] == 1;
+  return one;
+}
+
+}  // namespace
+
 void AttentionWrapper::choose(bool decode_ok, const char* why_not) {
   if (kind_ == AttentionKind::kAuto) {
     kind_ = decode_ok && !custom_mask_ ? AttentionKind::kDecode : AttentionKind::kPrefill;
@@ -59,10 +72,7 @@ void AttentionWrapper::choose(bool decode_ok, const char* why_not) {
 void AttentionWrapper::plan(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                             std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                             cudaStream_t stream, std::span<const int32_t> mask_indptr) {
-  if (qo_indptr.empty()) throw InvalidArgument("qo_indptr: expected batch + 1 elements, got 0");
-  bool one_query_each = qo_indptr[0] == 0;
-  for (size_t i = 0; one_query_each && i + 1 < qo_indptr.size(); ++i) one_query_each = qo_indptr[i + 1] - qo_indptr[i] == 1;
-  choose(one_query_each && mask_indptr.empty(),
+  choose(one_query_each(qo_indptr) && mask_indptr.empty(),
          mask_indptr.empty() ? "qo_indptr: a request has a query length other than 1" : "mask_indptr: masks need prefill");
   if (kind_ == AttentionKind::kDecode) {
     if (kv_indptr.size() != qo_indptr.size())
@@ -79,10 +89,7 @@ void AttentionWrapper::plan(std::span<const int32_t> qo_indptr, std::span<const 
 void AttentionWrapper::plan(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                             const TensorView& kv_indices, std::span<const int32_t> kv_last_page_len,
                             cudaStream_t stream) {
-  if (qo_indptr.empty()) throw InvalidArgument("qo_indptr: expected batch + 1 elements, got 0");
-  bool one_query_each = qo_indptr[0] == 0;
-  for (size_t i = 0; one_query_each && i + 1 < qo_indptr.size(); ++i) one_query_each = qo_indptr[i + 1] - qo_indptr[i] == 1;
-  choose(one_query_each, "qo_indptr: a request has a query length other than 1");
+  choose(one_query_each(qo_indptr), "qo_indptr: a request has a query length other than 1");
   if (kind_ == AttentionKind::kDecode) {
     if (kv_indptr.size() != qo_indptr.size())
       throw InvalidArgument("kv_indptr: expected " + str(static_cast<int64_t>(qo_indptr.size())) +

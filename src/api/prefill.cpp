@@ -376,8 +376,8 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   // when they stay on the GPU (then a device copy, ordered on the stream).
   ws_->upload(layout_.indices + (kv_indices.on_device() ? 0 : id_bytes), stream);
   if (kv_indices.on_device() && id_bytes)
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws_->device_ptr()) + layout_.indices, kv_indices.device, id_bytes,
-                                       cudaMemcpyDeviceToDevice, stream));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws_->device_ptr()) + layout_.indices, kv_indices.device,
+                                       id_bytes, cudaMemcpyDeviceToDevice, stream));
 
   if (src == Source::kPaged) (void)page_errors_.device_ptr();  // allocated here, not in run()
   source_kind_ = src;

@@ -180,7 +180,8 @@ std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const
 LoadedKernel::LoadedKernel(cudaLibrary_t lib, cudaKernel_t kernel, std::string entry, int device)
     : lib_(lib), kernel_(kernel), entry_(std::move(entry)), device_(device) {
   int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess) pdl_capable_ = major >= 9;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess)
+    pdl_capable_ = major >= 9;
 }
 
 LoadedKernel::~LoadedKernel() { (void)cudaLibraryUnload(lib_); }
