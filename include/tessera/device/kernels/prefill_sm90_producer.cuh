@@ -229,6 +229,12 @@ struct Sm90Producer {
     const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
     const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
     const PrefillWorkItem w_first = p.first_items[queue];
+    // Paged KV: the first item's first row offsets (page ids from the plan's
+    // workspace) before the wait below, so its K copies can go right after.
+    const i64 first_off = paged && wi0 < wi_end
+                              ? row_offset(w_first.kv_begin, w_first.kv_start, w_first.kv_end, item_kv_head(p, w_first),
+                                           p.page_shift)
+                              : 0;
     // The plan's workspace was complete before the previous kernel started;
     // q, K and V may be that kernel's output (programmatic dependent launch).
     grid_dependency_wait();
@@ -288,7 +294,8 @@ struct Sm90Producer {
       // the others are done with the step before (tables c - 1 and c - 2 are
       // still read by this step's V and K copies, so the ring has 4 tables).
       if (paged && tid < CTA_KV)
-        row_offs[(kv_pos.count & 3) * CTA_KV + table_slot(tid)] = row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
+        row_offs[(kv_pos.count & 3) * CTA_KV + table_slot(tid)] =
+            wi == wi0 ? first_off : row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
       // One K (IsKey<true>) or V tile at its ring position: wait for the
       // stage, copy (row offsets from table pos.count % 4), publish it.
       auto issue = [&](auto key, auto pos, int t) {
