@@ -150,14 +150,11 @@ void CascadeAttention::plan(std::span<const CascadeLevel> levels, cudaStream_t s
       throw InvalidArgument("levels[" + str(i) + "].kv_indptr: expected " + str(ip.size()) +
                             " elements (like its qo_indptr), got " + str(levels[i].kv_indptr.size()));
     try {
-      const CascadeLevel& lv = levels[i];
-      if (lv.kv_indices_device) {  // the ids stay on the GPU: lengths here, ids in the kernels
-        if (lv.kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected groups + 1 elements, got 0");
-        const PageIds ids = detail::device_page_ids(*lv.kv_indices_device, lv.kv_indptr.back(), ws_->device());
-        check_page_lengths(lv.kv_indptr, ids.count, lv.kv_last_page_len, task_.page_size, kv_lens_);
-      } else {
-        (void)check_page_table(lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len, task_.page_size, kv_lens_);
-      }
+      const CascadeLevel& lv = levels[i];  // device ids: lengths here, the ids in the kernels
+      const PageIds ids = lv.kv_indices_device
+                              ? detail::device_page_ids(*lv.kv_indices_device, lv.kv_indptr, ws_->device())
+                              : PageIds::from_host(lv.kv_indices);
+      (void)detail::check_page_ids(lv.kv_indptr, ids, lv.kv_last_page_len, task_.page_size, kv_lens_);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("levels[" + str(i) + "]: " + e.what());
     }

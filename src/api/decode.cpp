@@ -128,9 +128,8 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32
 
 void BatchDecode::plan(std::span<const int32_t> kv_indptr, const TensorView& kv_indices,
                        std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
-  if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
-  plan_ids(kv_indptr, detail::device_page_ids(kv_indices, kv_indptr.back(), ws_->device()), &kv_indices,
-           kv_last_page_len, stream);
+  plan_ids(kv_indptr, detail::device_page_ids(kv_indices, kv_indptr, ws_->device()), &kv_indices, kv_last_page_len,
+           stream);
 }
 
 void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
@@ -148,11 +147,7 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
   // Validates monotonicity, sizes, index signs and last_page_len ranges; the
   // storage size is checked against the largest index at run() (device ids:
   // by the kernels).
-  int32_t max_index = kv_indices.count > 0 ? 0 : -1;
-  if (kv_indices.on_device())
-    check_page_lengths(kv_indptr, kv_indices.count, kv_last_page_len, task_.page_size, kv_lens_);
-  else
-    max_index = check_page_table(kv_indptr, kv_indices.host, kv_last_page_len, task_.page_size, kv_lens_);
+  const int32_t max_index = detail::check_page_ids(kv_indptr, kv_indices, kv_last_page_len, task_.page_size, kv_lens_);
   const int64_t n_indices = kv_indices.count;
 
   cuda::DeviceGuard guard(ws_->device());  // the upload and its event belong to the workspace's device
@@ -182,18 +177,11 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
 
   ws_->stage_begin();
   char* host = static_cast<char*>(ws_->host_ptr());
-  const size_t id_bytes = sizeof(int32_t) * n_indices;
   std::memcpy(host + layout_.kv_indptr, kv_indptr.data(), sizeof(int32_t) * (batch + 1));
-  if (!kv_indices.host.empty()) std::memcpy(host + layout_.indices, kv_indices.host.data(), id_bytes);
   std::memcpy(host + layout_.last, kv_last_page_len.data(), sizeof(int32_t) * batch);
   std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
   std::memcpy(host + layout_.items, plan_.items.data(), sizeof(DecodeWorkItem) * plan_.items.size());
-  // The ids are the last section: upload only those this plan has, or none
-  // when they stay on the GPU (then a device copy, ordered on the stream).
-  ws_->upload(layout_.indices + (kv_indices.on_device() ? 0 : id_bytes), stream);
-  if (kv_indices.on_device() && id_bytes)
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws_->device_ptr()) + layout_.indices, kv_indices.device,
-                                       id_bytes, cudaMemcpyDeviceToDevice, stream));
+  detail::upload_with_page_ids(*ws_, layout_.indices, kv_indices, stream);
   batch_ = batch;
   max_page_index_ = max_index;
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();

@@ -1,9 +1,12 @@
 #include "tessera/api/page_ids.hpp"
 
+#include <cstring>
 #include <string>
 #include <utility>
 
+#include "tessera/api/workspace.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/formats/paged_kv.hpp"
 #include "tessera/runtime/cuda.hpp"
 
 namespace tessera {
@@ -52,7 +55,9 @@ void PageIdErrors::raise_pending(const char* what) {
 
 namespace detail {
 
-PageIds device_page_ids(const TensorView& t, int64_t count, int workspace_device) {
+PageIds device_page_ids(const TensorView& t, std::span<const int32_t> kv_indptr, int workspace_device) {
+  if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
+  const int64_t count = kv_indptr.back();
   const char* name = "kv_indices";
   check_dim(name, t, 1);
   check_dtype(name, t, DType::kInt32);
@@ -62,6 +67,22 @@ PageIds device_page_ids(const TensorView& t, int64_t count, int workspace_device
     throw InvalidArgument(std::string(name) + ": expected at least " + std::to_string(count) +
                           " entries (kv_indptr[batch]), got " + std::to_string(t.size(0)));
   return {{}, static_cast<const int32_t*>(t.data), count};
+}
+
+int32_t check_page_ids(std::span<const int32_t> kv_indptr, const PageIds& ids,
+                       std::span<const int32_t> kv_last_page_len, int32_t page_size, std::vector<int32_t>& kv_lens) {
+  if (!ids.on_device()) return check_page_table(kv_indptr, ids.host, kv_last_page_len, page_size, kv_lens);
+  check_page_lengths(kv_indptr, ids.count, kv_last_page_len, page_size, kv_lens);
+  return ids.count > 0 ? 0 : -1;
+}
+
+void upload_with_page_ids(Workspace& ws, size_t offset, const PageIds& ids, cudaStream_t stream) {
+  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(ids.count);
+  if (!ids.host.empty()) std::memcpy(static_cast<char*>(ws.host_ptr()) + offset, ids.host.data(), bytes);
+  ws.upload(offset + (ids.on_device() ? 0 : bytes), stream);
+  if (ids.on_device() && bytes)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws.device_ptr()) + offset, ids.device, bytes,
+                                       cudaMemcpyDeviceToDevice, stream));
 }
 
 }  // namespace detail

@@ -139,12 +139,7 @@ void BatchPrefill::paged_lengths(std::span<const int32_t> kv_indptr, const PageI
   plan_t0_ = std::chrono::steady_clock::now();
   page_errors_.raise_pending("kv_indices");
   if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
-  if (kv_indices.on_device()) {
-    check_page_lengths(kv_indptr, kv_indices.count, kv_last_page_len, task_.page_size, kv_lens_);
-    checked_max_page_ = kv_indices.count > 0 ? 0 : -1;  // the storage needs a page; the kernels check the rest
-  } else {
-    checked_max_page_ = check_page_table(kv_indptr, kv_indices.host, kv_last_page_len, task_.page_size, kv_lens_);
-  }
+  checked_max_page_ = detail::check_page_ids(kv_indptr, kv_indices, kv_last_page_len, task_.page_size, kv_lens_);
 }
 
 void BatchPrefill::ragged_lengths(std::span<const int32_t> kv_indptr) {
@@ -167,8 +162,7 @@ void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<cons
                               const TensorView& kv_indices, std::span<const int32_t> kv_last_page_len,
                               cudaStream_t stream) {
   check_mask_given(false, "mask_indptr", "plan_paged");
-  if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected batch + 1 elements, got 0");
-  const PageIds ids = detail::device_page_ids(kv_indices, kv_indptr.back(), ws_->device());
+  const PageIds ids = detail::device_page_ids(kv_indices, kv_indptr, ws_->device());
   paged_lengths(kv_indptr, ids, kv_last_page_len);
   plan_common(Source::kPaged, qo_indptr, kv_indptr, ids, kv_last_page_len, kv_lens_, {}, stream);
 }
@@ -361,8 +355,6 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   char* host = static_cast<char*>(ws_->host_ptr());
   std::memcpy(host + layout_.qo_indptr, qo_indptr.data(), sizeof(int32_t) * (batch + 1));
   std::memcpy(host + layout_.kv_indptr, kv_indptr.data(), sizeof(int32_t) * (batch + 1));
-  const size_t id_bytes = sizeof(int32_t) * kv_indices.count;
-  if (!kv_indices.host.empty()) std::memcpy(host + layout_.indices, kv_indices.host.data(), id_bytes);
   if (!kv_last_page_len.empty()) std::memcpy(host + layout_.last, kv_last_page_len.data(), sizeof(int32_t) * batch);
   if (custom_mask_) std::memcpy(host + layout_.mask_indptr, mask_indptr.data(), sizeof(int32_t) * (batch + 1));
   std::memcpy(host + layout_.work_indptr, plan_.work_indptr.data(), sizeof(int32_t) * plan_.work_indptr.size());
@@ -372,12 +364,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     const int32_t i = plan_.work_indptr[x];
     first[x] = i < plan_.work_indptr[x + 1] ? plan_.items[i] : PrefillWorkItem{};
   }
-  // The ids are the last section: upload only those this plan has, or none
-  // when they stay on the GPU (then a device copy, ordered on the stream).
-  ws_->upload(layout_.indices + (kv_indices.on_device() ? 0 : id_bytes), stream);
-  if (kv_indices.on_device() && id_bytes)
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws_->device_ptr()) + layout_.indices, kv_indices.device,
-                                       id_bytes, cudaMemcpyDeviceToDevice, stream));
+  detail::upload_with_page_ids(*ws_, layout_.indices, kv_indices, stream);
 
   if (src == Source::kPaged) (void)page_errors_.device_ptr();  // allocated here, not in run()
   source_kind_ = src;

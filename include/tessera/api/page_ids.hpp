@@ -14,8 +14,11 @@
 // the runs since the previous check are invalid. Host page ids (a
 // std::span) are checked by plan() itself, at once, and by the kernels too.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "tessera/core/tensor.hpp"
 
@@ -52,11 +55,25 @@ class PageIdErrors {
   int* device_ = nullptr;
 };
 
+class Workspace;
+
 namespace detail {
-// Device page ids for plan(): kv_indices must be a 1-D contiguous int32 CUDA
-// tensor on the workspace's device with at least kv_indptr[batch] entries
-// (FlashInfer's buffers may be longer); its first `count` are the ids.
-PageIds device_page_ids(const TensorView& kv_indices, int64_t count, int workspace_device);
+// Device page ids for plan(): kv_indptr non-empty, and kv_indices a 1-D
+// contiguous int32 CUDA tensor on the workspace's device with at least
+// kv_indptr[batch] entries (FlashInfer's buffers may be longer); its first
+// kv_indptr[batch] are the ids.
+PageIds device_page_ids(const TensorView& kv_indices, std::span<const int32_t> kv_indptr, int workspace_device);
+// The page table's checks for either kind of ids (check_page_table, or
+// check_page_lengths for device ids) and each request's KV length into
+// kv_lens; returns the largest page id the storage must hold (-1: none;
+// device ids: 0, the kernels check the rest).
+int32_t check_page_ids(std::span<const int32_t> kv_indptr, const PageIds& ids,
+                       std::span<const int32_t> kv_last_page_len, int32_t page_size, std::vector<int32_t>& kv_lens);
+// A plan's upload when the ids are the workspace's last staged section, at
+// `offset`: host ids are staged there and uploaded with the rest (only as
+// many as the plan has); device ids are copied there on the stream after
+// the upload, never read by the host. Call after stage_begin().
+void upload_with_page_ids(Workspace& ws, size_t offset, const PageIds& ids, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace tessera
