@@ -8,6 +8,7 @@
 # (TESSERA_SM90_DEFINES passes -D switches to the JIT, as for any run.)
 # NCU_KERNEL picks the kernel (default regex:tessera_prefill), e.g.
 # NCU_KERNEL=regex:flash with prefill_one.py --sdpa flash profiles the peer.
+# NCU_KEEP=1 keeps the per-instruction table (sass.csv) and details.csv.
 set -euo pipefail
 out="$1"; shift
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -80,4 +81,5 @@ for a, src, smp, d, e in recs:
     if "TRYWAIT" in src:
         print(f"  {a - base:6x} x{e} {src[:70]}")
 PY
-rm -f "$out/sass.csv" "$out/details.csv"
+[ "${NCU_KEEP:-0}" = 1 ] || rm -f "$out/sass.csv" "$out/details.csv"
+rm -f "$rep.ncu-rep"
