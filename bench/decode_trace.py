@@ -7,7 +7,7 @@ dirty lines must go back to HBM during the step; and a read one, which leaves
 L2 clean), then percentiles over the CTAs, relative to the earliest start.
 With --prefill L: the same for causal prefill of --batch requests of L tokens
 (--hq heads, the Hopper kernel on ragged KV).
-Usage: python bench/decode_trace.py [--dump US] [--shared-prefix N] [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16] [--prefill L]"""
+Usage: python bench/decode_trace.py [--dump US] [--slow N] [--shared-prefix N] [--hq 32] [--hkv 8] [--batch 1] [--lengths const:32768] [--page 16] [--prefill L]"""
 import argparse
 import os
 import subprocess
@@ -81,6 +81,7 @@ def main():
     ap.add_argument("--shared-prefix", type=int, default=0,
                     help="trace a cascade's shared level instead: --batch query rows over this many paged keys")
     ap.add_argument("--dump", type=float, default=0, help="also list CTAs whose end - last loop exceeds this many us")
+    ap.add_argument("--slow", type=int, default=0, help="also list the N CTAs whose last loop ended latest (with SM)")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
@@ -120,6 +121,10 @@ def main():
         print(f"  end        {q(col(3, ctas))}")
         print(f"  first K - start {q([(c['t'][1] - c['t'][0]) / 1e3 for c in busy])}; "
               f"end - last loop {q([(c['t'][3] - c['t'][2]) / 1e3 for c in busy])}")
+        if a.slow:
+            late = sorted(busy, key=lambda c: -c["t"][2])[:a.slow]
+            print("    latest last loops (cta/sm: us): " + ", ".join(
+                f"{c['cta']}/{c['sm']}: {(c['t'][2] - t0) / 1e3:.1f}" for c in late))
         if a.dump:
             for c in ctas:
                 if (c["t"][3] - c["t"][2]) / 1e3 > a.dump:

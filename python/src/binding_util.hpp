@@ -10,6 +10,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/api/attention.hpp"
+#include "tessera/runtime/variant_params.hpp"
 #include "tessera/api/prefill.hpp"
 #include "tessera/formats/paged_kv.hpp"
 
@@ -94,6 +95,17 @@ struct PagedRunArgs {
         storage(to_storage(k, v, !v_.is_none(), layout)) {
     opt.sm_scale = sm_scale;
   }
+};
+
+// run()'s extras of a ROPE_LLAMA spec (rope_scale, rope_theta), or none.
+struct RopeExtras {
+  VariantArgs args;
+  RopeExtras(bool rope, double rope_scale, double rope_theta) {
+    if (!rope) return;
+    args.set("rope_scale", rope_scale);
+    args.set("rope_theta", rope_theta);
+  }
+  const VariantArgs* get(bool rope) const { return rope ? &args : nullptr; }
 };
 
 // A prefill-family task (bounds as the workspace needs them).

@@ -117,10 +117,12 @@ void py_merge_states_ragged(nb::handle v, nb::handle s, nb::handle indptr, nb::h
 void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
                       const std::string& kv_layout, const std::string& variant, const std::string& q_dtype,
                       const std::string& kv_dtype, const std::string& o_dtype, int head_dim, double sm_scale,
-                      uintptr_t stream, int window_left, double logits_soft_cap) {
+                      uintptr_t stream, int window_left, double logits_soft_cap, bool rope, double rope_scale,
+                      double rope_theta) {
   AttentionSpec spec;
   spec.variant = variants::from_plan_options(parse_variant(variant).causal, window_left,
-                                             static_cast<float>(logits_soft_cap));
+                                             static_cast<float>(logits_soft_cap),
+                                             rope ? variants::PosEncoding::kRopeLlama : variants::PosEncoding::kNone);
   spec.q_dtype = parse_dtype("q_dtype", q_dtype);
   spec.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
   spec.o_dtype = parse_dtype("o_dtype", o_dtype);
@@ -130,6 +132,8 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
   Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
   RunOptions opt;
   opt.sm_scale = sm_scale;
+  const RopeExtras extras(rope, rope_scale, rope_theta);
+  opt.extras = extras.get(rope);
   nb::gil_scoped_release release;
   single_decode(spec, qa.view, ka.view, va.view, layout, oa.view, la.view, to_stream(stream), opt);
 }
@@ -138,7 +142,8 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
 std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::vector<int32_t> qo_indptr, nb::handle k,
                                                             nb::handle v, std::vector<int32_t> kv_indptr,
                                                             double sm_scale, bool causal, double logits_soft_cap,
-                                                            nb::handle custom_mask, int window_left) {
+                                                            nb::handle custom_mask, int window_left, bool rope,
+                                                            double rope_scale, double rope_theta) {
   Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
   RaggedIndex qo(std::move(qo_indptr), -1, "qo_indptr");
   RaggedIndex kv(std::move(kv_indptr), -1, "kv_indptr");
@@ -147,6 +152,7 @@ std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::v
   opt.causal = causal;
   opt.logits_soft_cap = logits_soft_cap;
   opt.window_left = window_left;
+  if (rope) opt.rope = reference::RopeOptions{false, rope_scale, rope_theta, -1};
   if (!custom_mask.is_none()) {  // flat 0/1 bytes, requests' [q_len, kv_len] blocks concatenated
     Arg m = to_arg("custom_mask", custom_mask);
     check_dim("custom_mask", m.view, 1);
@@ -183,11 +189,13 @@ void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb
                         to_stream(stream));
 }
 
-// window_left / logits_soft_cap: FlashInfer's plan() options (-1 / 0: off).
+// window_left / logits_soft_cap / rope: FlashInfer's plan() options (-1 / 0 /
+// false: off; rope is pos_encoding_mode="ROPE_LLAMA").
 AttentionSpec decode_spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
-                          int head_dim, int window_left = -1, double logits_soft_cap = 0.0) {
+                          int head_dim, int window_left = -1, double logits_soft_cap = 0.0, bool rope = false) {
   AttentionSpec spec;
-  spec.variant = variants::from_plan_options(false, window_left, static_cast<float>(logits_soft_cap));
+  spec.variant = variants::from_plan_options(false, window_left, static_cast<float>(logits_soft_cap),
+                                             rope ? variants::PosEncoding::kRopeLlama : variants::PosEncoding::kNone);
   spec.q_dtype = parse_dtype("q_dtype", q_dtype);
   spec.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
   spec.o_dtype = parse_dtype("o_dtype", o_dtype);
@@ -202,12 +210,13 @@ class PyBatchDecode {
   PyBatchDecode(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype, int head_dim,
                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
-                int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap)
+                int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap,
+                bool rope)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
-        dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap),
+        dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, rope),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
              options(split_kv, max_sms, use_tensor_cores)),
-        layout_(parse_kv_layout(layout.c_str())) {}
+        layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
 
   static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores) {
     DecodeOptions opt;
@@ -222,14 +231,14 @@ class PyBatchDecode {
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
                                                    bool split_kv, int max_sms, bool use_tensor_cores, int window_left,
-                                                   double logits_soft_cap) {
+                                                   double logits_soft_cap, bool rope) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
     const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left,
-                                                           logits_soft_cap),
+                                                           logits_soft_cap, rope),
                                                task, num_sms,
                                                options(split_kv, max_sms, use_tensor_cores));
     return {s.device_bytes, s.host_bytes};
@@ -254,9 +263,11 @@ class PyBatchDecode {
   }
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           bool pdl) {
+           bool pdl, double rope_scale, double rope_theta) {
     PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     a.opt.pdl = pdl;
+    const RopeExtras extras(rope_, rope_scale, rope_theta);
+    a.opt.extras = extras.get(rope_);
     nb::gil_scoped_release release;
     dec_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
   }
@@ -275,6 +286,7 @@ class PyBatchDecode {
   Workspace ws_;     // declared before dec_, which keeps a pointer to it
   BatchDecode dec_;
   KVLayout layout_;
+  bool rope_;  // pos_encoding_mode ROPE_LLAMA: run() passes rope_scale / rope_theta
 };
 
 // BatchPrefill over a borrowed workspace, like PyBatchDecode. One object
@@ -286,26 +298,32 @@ class PyBatchPrefill {
                  int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, bool causal,
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
-                 bool custom_mask, int window_left, double logits_soft_cap)
+                 bool custom_mask, int window_left, double logits_soft_cap, bool rope)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
-        pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap),
+        pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, rope),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
              options(cta_q, max_sms, backend)),
-        layout_(parse_kv_layout(layout.c_str())) {}
+        layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
 
   // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
-  // part belongs in the mask itself). window_left / logits_soft_cap:
-  // FlashInfer's plan() options (-1 / 0: off), not combined with a custom mask.
+  // part belongs in the mask itself). window_left / logits_soft_cap / rope
+  // (ROPE_LLAMA): FlashInfer's plan() options (-1 / 0 / false: off), not
+  // combined with a custom mask.
   static AttentionSpec spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
-                            int head_dim, bool causal, bool custom_mask, int window_left, double logits_soft_cap) {
+                            int head_dim, bool causal, bool custom_mask, int window_left, double logits_soft_cap,
+                            bool rope) {
     if (causal && custom_mask)
       throw InvalidArgument("causal: expected False with a custom mask (put the causal part into the mask)");
     if (custom_mask && (window_left != -1 || logits_soft_cap != 0.0))
       throw InvalidArgument("window_left / logits_soft_cap: expected -1 / 0 with a custom mask (not supported together "
                             "yet), got " + std::to_string(window_left) + " / " + std::to_string(logits_soft_cap));
+    if (custom_mask && rope)
+      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA with a custom mask is not supported yet (expected NONE)");
     AttentionSpec s = decode_spec(q_dtype, kv_dtype, o_dtype, head_dim);
     s.variant = custom_mask ? variants::custom_mask()
-                            : variants::from_plan_options(causal, window_left, static_cast<float>(logits_soft_cap));
+                            : variants::from_plan_options(causal, window_left, static_cast<float>(logits_soft_cap),
+                                                          rope ? variants::PosEncoding::kRopeLlama
+                                                               : variants::PosEncoding::kNone);
     return s;
   }
   static TaskInfo task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
@@ -320,13 +338,14 @@ class PyBatchPrefill {
                                                    bool causal, int64_t max_batch, int64_t max_total_q,
                                                    int64_t max_pages, int num_sms, int device, int cta_q, int max_sms,
                                                    int backend, bool custom_mask, int window_left,
-                                                   double logits_soft_cap) {
+                                                   double logits_soft_cap, bool rope) {
     const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
-    const AttentionSpec sp = spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap);
+    const AttentionSpec sp =
+        spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, rope);
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
@@ -375,9 +394,11 @@ class PyBatchPrefill {
 
   // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           nb::handle packed_custom_mask, bool pdl) {
+           nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta) {
     PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     a.opt.pdl = pdl;
+    const RopeExtras extras(rope_, rope_scale, rope_theta);
+    a.opt.extras = extras.get(rope_);
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     nb::gil_scoped_release release;
     if (!packed_custom_mask.is_none()) pre_.run(a.q.view, a.storage, ma.view, a.o.view, a.lse.view, to_stream(stream), a.opt);
@@ -385,13 +406,15 @@ class PyBatchPrefill {
   }
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
-                  uintptr_t stream, nb::handle packed_custom_mask, bool pdl) {
+                  uintptr_t stream, nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta) {
     Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
     Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     RunOptions opt;
     opt.sm_scale = sm_scale;
     opt.pdl = pdl;
+    const RopeExtras extras(rope_, rope_scale, rope_theta);
+    opt.extras = extras.get(rope_);
     nb::gil_scoped_release release;
     if (!packed_custom_mask.is_none())
       pre_.run_ragged(qa.view, ka.view, va.view, ma.view, oa.view, la.view, to_stream(stream), opt);
@@ -408,6 +431,7 @@ class PyBatchPrefill {
   Workspace ws_;  // declared before pre_, which keeps a pointer to it
   BatchPrefill pre_;
   KVLayout layout_;
+  bool rope_;  // pos_encoding_mode ROPE_LLAMA: run() passes rope_scale / rope_theta
 };
 
 // ---------------------------------------------------------------- JIT
@@ -449,12 +473,14 @@ NB_MODULE(_C, m) {
         "stream"_a = 0, "Merges states indptr[i]..indptr[i+1] of v [total, H, D] into row i of v_out.");
   m.def("single_decode", &py_single_decode, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "kv_layout"_a,
         "variant"_a, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "sm_scale"_a = -1.0, "stream"_a = 0,
-        "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+        "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false, "rope_scale"_a = 1.0,
+        "rope_theta"_a = 1e4,
         "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim); window_left / "
-        "logits_soft_cap as FlashInfer's (-1 / 0: off).");
+        "logits_soft_cap as FlashInfer's (-1 / 0: off); rope: pos_encoding_mode ROPE_LLAMA.");
   m.def("reference_attention_ragged", &py_reference_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a,
         "kv_indptr"_a, "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
-        "custom_mask"_a.none() = nb::none(), "window_left"_a = -1,
+        "custom_mask"_a.none() = nb::none(), "window_left"_a = -1, "rope"_a = false, "rope_scale"_a = 1.0,
+        "rope_theta"_a = 1e4,
         "CPU reference attention in float64: returns (o [rows, H, D], lse [rows, H] base 2) as numpy. "
         "custom_mask: flat uint8/bool 0/1 mask, each request's row-major [q_len, kv_len] block in turn.");
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
@@ -464,17 +490,17 @@ NB_MODULE(_C, m) {
   nb::class_<PyBatchDecode>(m, "BatchDecode",
                             "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
-                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double>(),
+                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
-           "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
-           "use_tensor_cores runs decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype).")
+           "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype).")
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
-                  "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+                  "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_last_page_len"_a, "stream"_a = 0,
@@ -483,7 +509,7 @@ NB_MODULE(_C, m) {
       .def("plan", &PyBatchDecode::plan, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
-           "stream"_a = 0, "pdl"_a = false,
+           "stream"_a = 0, "pdl"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
            "Decode attention for the planned step; sm_scale < 0 means 1/sqrt(head_dim); pdl: programmatic "
            "dependent launch (sm_90+).")
       .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
@@ -496,11 +522,12 @@ NB_MODULE(_C, m) {
                              "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double>(),
+                    double, bool>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+           "rope"_a = false,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
            "backend 0 auto, 1 fa2, 2 fa3 (Hopper); custom_mask selects the packed custom-mask variant "
@@ -509,7 +536,8 @@ NB_MODULE(_C, m) {
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
                   "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
-                  "logits_soft_cap"_a = 0.0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+                  "logits_soft_cap"_a = 0.0, "rope"_a = false,
+                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a paged step whose page ids stay on the GPU (as BatchDecode.plan_device).")
@@ -523,11 +551,13 @@ NB_MODULE(_C, m) {
       .def("plan_bsr", &PyBatchPrefill::plan_bsr, "indptr"_a, "indices"_a, "M"_a, "N"_a, "R"_a, "C"_a,
            "stream"_a = 0, "Plans a block-sparse step: M x N matrix of R x C blocks (C must equal page_size).")
       .def("run", &PyBatchPrefill::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
-           "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
+           "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false, "rope_scale"_a = 1.0,
+           "rope_theta"_a = 1e4,
            "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D); "
            "packed_custom_mask: uint8 CUDA bits (custom_mask objects only); pdl: programmatic dependent launch.")
       .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
            "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
+           "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
            "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask and pdl as for run.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")

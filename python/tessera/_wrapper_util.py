@@ -22,19 +22,56 @@ _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, rope_scale, rope_theta):
-    """Raises ValueError for FlashInfer options whose non-default values Tessera cannot honour yet."""
+    """Raises ValueError for FlashInfer options whose non-default values Tessera cannot honour here
+    (callers that support RoPE check it with pos_encoding_arg and pass "NONE", None, None)."""
     if pos_encoding_mode != "NONE":
-        raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is supported; RoPE is not supported yet")
+        raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is supported here")
     for name, value in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
         if value is not None:
-            raise ValueError(f"{name}={value}: RoPE is not supported yet")
+            raise ValueError(f"{name}={value}: expected None without pos_encoding_mode='ROPE_LLAMA'")
     for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
         if value is not None:
             raise ValueError(f"{name}: quantization scales are not supported yet")
 
 
+def pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta):
+    """FlashInfer's pos_encoding_mode with its rope_scale / rope_theta as (rope, scale, theta).
+
+    "NONE": no positional encoding (rope_scale / rope_theta must be None).
+    "ROPE_LLAMA": Llama RoPE (half-split pairs, all head_dim features) fused
+    into the kernel, on q at its position (kv_len - qo_len + i) and on k at
+    its index in the request; rope_scale (default 1) divides positions,
+    rope_theta (default 1e4) is the frequency base. "ALIBI" is a variant
+    here: tessera.variants.alibi() through tessera.AttentionWrapper.
+    """
+    if pos_encoding_mode == "NONE":
+        reject_unsupported("NONE", None, None, None, rope_scale, rope_theta)
+        return False, 1.0, 1e4
+    if pos_encoding_mode != "ROPE_LLAMA":
+        hint = "; ALiBi is tessera.variants.alibi() through tessera.AttentionWrapper" if pos_encoding_mode == "ALIBI" else ""
+        raise ValueError(f"pos_encoding_mode: expected 'NONE' or 'ROPE_LLAMA', got {pos_encoding_mode!r}{hint}")
+    out = []
+    for name, value, default in (("rope_scale", rope_scale, 1.0), ("rope_theta", rope_theta, 1e4)):
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+        value = float(value)
+        if not (math.isfinite(value) and 0.0 < value <= _FLOAT32_MAX):
+            raise ValueError(f"{name}: expected a finite float > 0, got {value}")
+        out.append(value)
+    return True, out[0], out[1]
+
+
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32
+
+
+def check_rope_options(rope, window, cap):
+    """ROPE_LLAMA (rope[0]) is not combined with a window or a soft cap yet."""
+    if rope[0] and (window != -1 or cap != 0.0):
+        raise ValueError(f"pos_encoding_mode='ROPE_LLAMA' with window_left / logits_soft_cap is not supported yet "
+                         f"(expected -1 / None, got {window} / {cap})")
 
 
 def plan_options(window_left, logits_soft_cap):

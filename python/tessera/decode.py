@@ -40,10 +40,16 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         k, v: [kv_len, num_kv_heads, head_dim] for kv_layout "NHD", or
             [num_kv_heads, kv_len, head_dim] for "HND"; same shape and dtype.
         kv_layout: "NHD" or "HND".
-        pos_encoding_mode: only "NONE" (no RoPE) is supported.
+        pos_encoding_mode: "NONE", or "ROPE_LLAMA": Llama RoPE fused into
+            the kernel, q rotated at position kv_len - 1 and key i at i
+            (half-split pairs over all head_dim features), not combined
+            with window_left / logits_soft_cap yet.
+        rope_scale, rope_theta: with ROPE_LLAMA, positions are divided by
+            rope_scale (None: 1) and the frequency base is rope_theta (None:
+            1e4); None otherwise.
         use_tensor_cores: accepted for compatibility; the kernel is chosen
             by Tessera and the result does not depend on it.
-        q_scale, k_scale, v_scale, rope_scale, rope_theta: must be None.
+        q_scale, k_scale, v_scale: must be None.
         window_left: -1 (no window), or the keys (>= 0) the query sees to the
             left of its own position (the last key): keys >= kv_len - 1 - window_left.
         logits_soft_cap: None or 0.0 (off), or a cap > 0: logit = cap *
@@ -59,8 +65,10 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     """
     if kv_layout not in _LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-    _reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, rope_scale, rope_theta)
+    _reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
+    rope = W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
     window, cap = W.plan_options(window_left, logits_soft_cap)
+    W.check_rope_options(rope, window, cap)
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 2:
         raise ValueError(f"q: expected a 2-D tensor [num_qo_heads, head_dim], got shape {tuple(q.shape)}")
@@ -70,13 +78,13 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     scale = W.sm_scale_arg(sm_scale)
 
     if T.is_cuda(q):
-        o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap)
+        o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope)
     else:
-        o, lse = _decode_cpu(q, k, v, kv_layout, scale, window, cap)
+        o, lse = _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope)
     return (o, lse) if return_lse else o
 
 
-def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap):
+def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope):
     """CUDA path: the C++ single_decode on torch's current stream of q's device."""
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
     kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
@@ -84,11 +92,12 @@ def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap):
     lse = T.empty(q, q.shape[:1], "float32") if return_lse else None
     with T.on_device_of(q):
         _C.single_decode(T.arg(q), T.arg(k), T.arg(v), o, lse, kv_layout, "standard", qd, kd, qd, int(q.shape[1]),
-                         scale, T.stream_of(q), window_left=window, logits_soft_cap=cap)
+                         scale, T.stream_of(q), window_left=window, logits_soft_cap=cap, rope=rope[0],
+                         rope_scale=rope[1], rope_theta=rope[2])
     return o, lse
 
 
-def _decode_cpu(q, k, v, kv_layout, scale, window, cap):
+def _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope):
     """CPU path: the float64 C++ reference, result cast to q's dtype."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
@@ -99,7 +108,8 @@ def _decode_cpu(q, k, v, kv_layout, scale, window, cap):
         k, v = k.swapaxes(0, 1), v.swapaxes(0, 1)
     kv_len = int(k.shape[0])
     o64, lse64 = _C.reference_attention_ragged(T.arg(q[None]), [0, 1], T.arg(k), T.arg(v), [0, kv_len], scale,
-                                               logits_soft_cap=cap, window_left=window)
+                                               logits_soft_cap=cap, window_left=window, rope=rope[0],
+                                               rope_scale=rope[1], rope_theta=rope[2])
     return T.from_float64(o64[0], q), T.from_float64(lse64[0], q, "float32")
 
 
@@ -209,7 +219,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 the left of its own position (its request's last key).
             logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
                 (cap * tanh(logit / cap)). A window and a cap may be combined.
-            pos_encoding_mode, rope_scale, rope_theta: only the defaults (no RoPE).
+            pos_encoding_mode: "NONE", or "ROPE_LLAMA" (Llama RoPE fused into
+                the kernel: each query rotated at its request's last
+                position, key i at i), not combined with window_left /
+                logits_soft_cap yet.
+            rope_scale, rope_theta: with ROPE_LLAMA (None: 1 and 1e4), else None.
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16 (torch
                 dtype or name); kv and o default to q's. data_type
                 (deprecated in FlashInfer) fills kv_data_type when it is None.
@@ -222,12 +236,12 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                    rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
         scalars += tuple(map(type, scalars))  # 1, 1.0 and True compare equal; their checks differ
         if scalars == self._checked_scalars:
-            q_dt, kv_dt, o_dt, shape, scale, options = self._checked
+            q_dt, kv_dt, o_dt, shape, scale, options, rope = self._checked
         else:
-            q_dt, kv_dt, o_dt, shape, scale, options = self._check_scalars(
+            q_dt, kv_dt, o_dt, shape, scale, options, rope = self._check_scalars(
                 pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
                 rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
-            self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale, options)
+            self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale, options, rope)
         indptr = _host_ints(indptr, "indptr")
         last_page_len = _host_ints(last_page_len, "last_page_len")
         if indptr.size < 1:
@@ -238,7 +252,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         # reading it, and the kernels check the ids (see W.page_ids).
         indices = W.page_ids(indices, int(indptr[-1]), "indices", buf)
         W.check_workspace_buffer_once(self)
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options, max(batch, 1), max(len(indices), 1))
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0],), max(batch, 1), max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
         if isinstance(indices, W.DeviceIds):
             self._native.plan_device(indptr, indices.ptr, indices.count, indices.device, last_page_len,
@@ -246,14 +260,15 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         else:
             self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
-                         "head_dim": shape[2], "sm_scale": scale, "window_left": options[0]}
+                         "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope}
 
     def _check_scalars(self, pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type,
                        sm_scale, rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size):
         """plan()'s checks of its scalar arguments: (q, kv, o dtype names, (hq, hkv, head_dim, page_size), sm_scale,
-        (window_left, logits_soft_cap))."""
-        _reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
+        (window_left, logits_soft_cap), (rope, rope_scale, rope_theta))."""
+        rope = W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
         options = W.plan_options(window_left, logits_soft_cap)
+        W.check_rope_options(rope, *options)
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
@@ -266,8 +281,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         # The C++ checks of dtypes, heads and head_dim, without touching a GPU.
         _C.BatchDecode.workspace_size(q_dt, kv_dt, o_dt, shape[2], shape[0], shape[1], shape[3], self._kv_layout, 1, 1,
                                       num_sms=1, use_tensor_cores=self._use_tensor_cores, window_left=options[0],
-                                      logits_soft_cap=options[1])
-        return q_dt, kv_dt, o_dt, shape, scale, options
+                                      logits_soft_cap=options[1], rope=rope[0])
+        return q_dt, kv_dt, o_dt, shape, scale, options, rope
 
     begin_forward = plan
 
@@ -275,10 +290,10 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts."""
         bounds = (W.Bound("max_batch", "indptr", "batch size", self._fixed_batch, "paged_kv_indptr_buffer"),
                   W.Bound("max_pages", "indices", "page count", self._fixed_pages, "paged_kv_indices_buffer"))
-        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap = config
+        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=self._split_kv, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
-                     window_left=window, logits_soft_cap=cap)
+                     window_left=window, logits_soft_cap=cap, rope=rope)
 
         def size(want, device):
             return _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
@@ -331,7 +346,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
             self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, plan["sm_scale"], T.stream_of(q),
-                             pdl=bool(enable_pdl))
+                             pdl=bool(enable_pdl), rope_scale=plan["rope"][1], rope_theta=plan["rope"][2])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

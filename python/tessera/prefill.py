@@ -33,14 +33,19 @@ from . import _wrapper_util as W
 from ._native import _C
 
 
-def _reject_prefill_options(mask_names, masks, head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta):
+def _reject_prefill_options(mask_names, masks, head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta,
+                            rope_ok=True):
+    """Rejects what these wrappers do not support; returns W.pos_encoding_arg's (rope, scale, theta)
+    (rope_ok=False: only pos_encoding_mode "NONE")."""
     for name, value in zip(mask_names, masks):
         if value is not None:
             raise ValueError(f"{name}: custom attention masks are not supported yet")
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise ValueError(f"head_dim_vo={head_dim_vo}: a value head dimension different from head_dim_qk "
                          f"({head_dim_qk}) is not supported yet")
-    W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
+    if not rope_ok:
+        W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
+    return W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
 
 
 def _indptr(x, name):
@@ -84,19 +89,22 @@ class _PrefillWrapper(W.PlannedWrapper):
             self._fixed_batch = n
 
     def _config(self, num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale,
-                q_data_type, kv_data_type, o_data_type, window_left=-1, logits_soft_cap=None, masked=False):
+                q_data_type, kv_data_type, o_data_type, window_left=-1, logits_soft_cap=None, masked=False,
+                rope=(False, 1.0, 1e4)):
         """The C++ configuration tuple (constructor order), the softmax scale and the variant options
-        {window_left, logits_soft_cap}; validates without a GPU (masked: a custom mask is given).
+        {window_left, logits_soft_cap, rope}; validates without a GPU (masked: a custom mask is given;
+        rope: W.pos_encoding_arg's result).
 
         The arguments rarely change between steps: the checks (and the C++
         probe, which builds the variant) run when they do, as in decode."""
         args = (num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale, q_data_type,
-                kv_data_type, o_data_type, window_left, logits_soft_cap, masked)
+                kv_data_type, o_data_type, window_left, logits_soft_cap, masked, rope[0])
         key = args + tuple(map(type, args))  # 1, 1.0 and True compare equal; their checks differ
         if key == self._config_key:
             return self._config_checked
         window, cap = W.plan_options(window_left, logits_soft_cap)
-        options = dict(window_left=window, logits_soft_cap=cap)
+        W.check_rope_options(rope, window, cap)
+        options = dict(window_left=window, logits_soft_cap=cap, rope=rope[0])
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
         kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
         o_dt = q_dt if o_data_type is None else W.dtype_arg(o_data_type, "o_data_type")
@@ -111,7 +119,7 @@ class _PrefillWrapper(W.PlannedWrapper):
         self._config_key, self._config_checked = key, (config, scale, options)
         return config, scale, options
 
-    def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, **planned):
+    def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(False, 1.0, 1e4), **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
@@ -125,12 +133,13 @@ class _PrefillWrapper(W.PlannedWrapper):
         def make(want, ws, ws_bytes, host, host_bytes, device):
             return _C.BatchPrefill(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
 
-        W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"]), counts,
-                        bounds, size, make)
+        W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"],
+                                        options["rope"]), counts, bounds, size, make)
         with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
-        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"])
+        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
+                             rope=rope)
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None):
         if self._planned is None:
@@ -241,7 +250,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
                 (cap * tanh(logit / cap), logit = q.k * sm_scale). Window and
                 cap combine (Gemma 2); neither with a custom mask yet.
-            pos_encoding_mode, rope_scale, rope_theta: only the defaults.
+            pos_encoding_mode: "NONE", or "ROPE_LLAMA": Llama RoPE fused into
+                the kernel, query i of a request rotated at position i +
+                kv_len - qo_len and key j at j (half-split pairs over all
+                head_dim features); not with a window, a soft cap or a
+                custom mask yet.
+            rope_scale, rope_theta: with ROPE_LLAMA, positions are divided by
+                rope_scale (None: 1), frequency base rope_theta (None: 1e4);
+                None otherwise.
             use_fp16_qk_reduction: accepted; Tessera always accumulates q.k
                 in float32.
             sm_scale: softmax scale; None means 1 / sqrt(head_dim_qk).
@@ -250,11 +266,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             non_blocking: accepted; the schedule upload is always asynchronous.
         """
         self._planned = None  # a failed plan() leaves nothing to run
-        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
+        rope = _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
         masked = custom_mask is not None or packed_custom_mask is not None
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
                                               self._kv_layout, causal, sm_scale, q_data_type, kv_data_type,
-                                              o_data_type, window_left, logits_soft_cap, masked)
+                                              o_data_type, window_left, logits_soft_cap, masked, rope)
         qo = _indptr(qo_indptr, "qo_indptr")
         kv = _indptr(paged_kv_indptr, "paged_kv_indptr")
         last = W.host_ints(paged_kv_last_page_len, "paged_kv_last_page_len")
@@ -278,7 +294,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                    lambda n, s: (n.plan_paged_device(qo, kv, indices.ptr, indices.count, indices.device, last, s)
                                  if isinstance(indices, W.DeviceIds) else
                                  n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr)),
-                   mask=mask, total_q=total_q)
+                   mask=mask, rope=rope, total_q=total_q)
 
     begin_forward = plan
 
@@ -310,7 +326,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         n = plan["total_q"]
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
-                             plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"])
+                             plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
+                             rope_scale=plan["rope"][1], rope_theta=plan["rope"][2])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -353,13 +370,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         The other arguments (custom masks included) are as for BatchPrefillWithPagedKVCacheWrapper.plan.
         """
         self._planned = None  # a failed plan() leaves nothing to run
-        _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
+        rope = _reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
         # Ragged KV has no pages: the C++ object sees page size 1 and NHD rows
         # (run() hands HND over as a strided NHD view).
         masked = custom_mask is not None or packed_custom_mask is not None
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", 1, "NHD", causal,
                                               sm_scale, q_data_type, kv_data_type, o_data_type, window_left,
-                                              logits_soft_cap, masked)
+                                              logits_soft_cap, masked, rope)
         qo = _indptr(qo_indptr, "qo_indptr")
         kv = _indptr(kv_indptr, "kv_indptr")
         if kv.size != qo.size:
@@ -374,7 +391,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                   W.Bound("max_pages", "kv_indptr", "page count"))
         self._plan(config, scale, options, (max(batch, 1), max(total_q, 1), 1), bounds,
                    lambda n, s: n.plan_ragged(qo, kv, s, None if mask is None else mask.indptr), mask=mask,
-                   total_q=total_q, total_kv=int(kv[-1]))
+                   rope=rope, total_q=total_q, total_kv=int(kv[-1]))
 
     begin_forward = plan
 
@@ -397,7 +414,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         with T.on_device_of(q):
             self._native.run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
                                     self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
-                                    plan["mask"], pdl=plan["pdl"])
+                                    plan["mask"], pdl=plan["pdl"], rope_scale=plan["rope"][1],
+                                    rope_theta=plan["rope"][2])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -434,7 +452,7 @@ class BlockSparseAttentionWrapper(_PrefillWrapper):
         """
         self._planned = None  # a failed plan() leaves nothing to run
         _reject_prefill_options(("mask", "packed_mask"), (mask, packed_mask), head_dim, None, pos_encoding_mode,
-                                rope_scale, rope_theta)
+                                rope_scale, rope_theta, rope_ok=False)
         R, C = W.positive_int(R, "R"), W.positive_int(C, "C")
         for name, value, block, size in (("M", M, "R", R), ("N", N, "C", C)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0 or value % size:
@@ -523,7 +541,10 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
             left of its position i + kv_len - qo_len.
         logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
             (cap * tanh(logit / cap)); neither option with a custom mask yet.
-        pos_encoding_mode, rope_scale, rope_theta: only the defaults.
+        pos_encoding_mode: "NONE", or "ROPE_LLAMA" (Llama RoPE fused into the
+            kernel: query i at position i + kv_len - qo_len, key j at j); not
+            with a window, a soft cap or a custom mask yet.
+        rope_scale, rope_theta: with ROPE_LLAMA (None: 1 and 1e4), else None.
         use_fp16_qk_reduction: accepted; q.k is always accumulated in float32.
         sm_scale: softmax scale; None means 1 / sqrt(head_dim).
         return_lse: also return the log-sum-exp.
@@ -539,11 +560,13 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
     """
     if kv_layout not in W.LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-    _reject_prefill_options((), (), None, None, pos_encoding_mode, rope_scale, rope_theta)
+    rope = _reject_prefill_options((), (), None, None, pos_encoding_mode, rope_scale, rope_theta)
     window, cap = W.plan_options(window_left, logits_soft_cap)
-    if (custom_mask is not None or packed_custom_mask is not None) and (window != -1 or cap != 0.0):
-        raise ValueError(f"window_left / logits_soft_cap: expected -1 / None with a custom mask (not supported "
-                         f"together yet), got {window_left} / {logits_soft_cap}")
+    W.check_rope_options(rope, window, cap)
+    if (custom_mask is not None or packed_custom_mask is not None) and (window != -1 or cap != 0.0 or rope[0]):
+        raise ValueError(f"window_left / logits_soft_cap / pos_encoding_mode: expected -1 / None / 'NONE' with a "
+                         f"custom mask (not supported together yet), got {window_left} / {logits_soft_cap} / "
+                         f"{pos_encoding_mode!r}")
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 3:
         raise ValueError(f"q: expected a 3-D tensor [qo_len, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
@@ -558,9 +581,9 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
     if custom_mask is not None or packed_custom_mask is not None:  # checked here, before any GPU work
         mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, [int(q.shape[0])], [int(k.shape[0])])
     if T.is_cuda(q):
-        o, lse = _single_prefill_gpu(q, k, v, bool(causal), sm_scale, return_lse, masks, window, cap)
+        o, lse = _single_prefill_gpu(q, k, v, bool(causal), sm_scale, return_lse, masks, window, cap, rope)
     else:
-        o, lse = _single_prefill_cpu(q, k, v, bool(causal), scale, mask, window, cap)
+        o, lse = _single_prefill_cpu(q, k, v, bool(causal), scale, mask, window, cap, rope)
     return (o, lse) if return_lse else o
 
 
@@ -569,7 +592,7 @@ def single_prefill_with_kv_cache_return_lse(q, k, v, **kwargs):
     return single_prefill_with_kv_cache(q, k, v, **dict(kwargs, return_lse=True))
 
 
-def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, cap):
+def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, cap, rope):
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
     kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
     for name, x in (("k", k), ("v", v)):
@@ -580,13 +603,14 @@ def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, ca
     # Checks heads, head_dim and dtypes (the C++ messages name them) before anything is allocated.
     config_args = (qd, kd, qd, d, hq, hkv, 1, "NHD", causal, 1, max(qo_len, 1), 1)
     wrapper = _single_wrapper(q, config_args, any(m is not None for m in masks.values()),
-                              dict(window_left=window, logits_soft_cap=cap))
+                              dict(window_left=window, logits_soft_cap=cap, rope=rope[0]))
+    rope_args = dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=rope[1], rope_theta=rope[2]) if rope[0] else {}
     wrapper.plan([0, qo_len], [0, kv_len], hq, hkv, d, causal=causal, sm_scale=sm_scale, q_data_type=qd,
-                 kv_data_type=kd, window_left=window, logits_soft_cap=cap, **masks)
+                 kv_data_type=kd, window_left=window, logits_soft_cap=cap, **masks, **rope_args)
     return wrapper.run(q, k, v, return_lse=True) if return_lse else (wrapper.run(q, k, v), None)
 
 
-def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap):
+def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope):
     """CPU path: the float64 C++ reference, result cast to q's dtype."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
@@ -596,5 +620,6 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap):
     qo_len, kv_len = int(q.shape[0]), int(k.shape[0])
     o64, lse64 = _C.reference_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], scale, causal,
                                                custom_mask=None if mask is None else mask.host_mask(),
-                                               logits_soft_cap=cap, window_left=window)
+                                               logits_soft_cap=cap, window_left=window, rope=rope[0],
+                                               rope_scale=rope[1], rope_theta=rope[2])
     return T.from_float64(o64, q), T.from_float64(lse64, q, "float32")

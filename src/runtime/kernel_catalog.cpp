@@ -133,9 +133,16 @@ VariantSpec sliding_window(int window_left, bool causal) {
   return declared_masks(causal, window_left, 0.f);
 }
 
-VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap) {
+VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap, PosEncoding pos_encoding) {
   check_window(window_left, -1, "-1 (no window) or >= 0 (keys a query sees to its left)");
   if (logits_soft_cap != 0.f) check_cap(logits_soft_cap, "logits_soft_cap");
+  if (pos_encoding == PosEncoding::kRopeLlama) {
+    if (window_left >= 0 || logits_soft_cap != 0.f)
+      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA with window_left / logits_soft_cap is not supported yet "
+                            "(expected -1 / 0, got " + std::to_string(window_left) + " / " +
+                            std::to_string(logits_soft_cap) + ")");
+    return rope(false, causal);
+  }
   if (window_left < 0 && logits_soft_cap == 0.f) return causal ? variants::causal() : standard();
   return declared_masks(causal, window_left, logits_soft_cap);
 }

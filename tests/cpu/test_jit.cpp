@@ -164,6 +164,15 @@ TEST(Jit, SoftCapAndSlidingWindowSpecs) {
   EXPECT_THROW_MSG(variants::from_plan_options(false, -1, -1.f), InvalidArgument, "logits_soft_cap");
   EXPECT_THROW_MSG(variants::from_plan_options(false, -1, std::numeric_limits<float>::quiet_NaN()), InvalidArgument,
                    "logits_soft_cap");
+  // pos_encoding_mode ROPE_LLAMA: the built-in rope variant (half-split), causal or not; not with a window or cap.
+  using variants::PosEncoding;
+  EXPECT_EQ(variants::from_plan_options(false, -1, 0.f, PosEncoding::kRopeLlama), variants::rope(false, false));
+  EXPECT_EQ(variants::from_plan_options(true, -1, 0.f, PosEncoding::kRopeLlama), variants::rope(false, true));
+  EXPECT_EQ(variants::from_plan_options(true, -1, 0.f, PosEncoding::kNone), variants::causal());
+  EXPECT_THROW_MSG(variants::from_plan_options(true, 16, 0.f, PosEncoding::kRopeLlama), InvalidArgument,
+                   "pos_encoding_mode");
+  EXPECT_THROW_MSG(variants::from_plan_options(false, -1, 30.f, PosEncoding::kRopeLlama), InvalidArgument,
+                   "pos_encoding_mode");
 
   EXPECT_TRUE(variants::is_causal(variants::causal()));
   EXPECT_TRUE(variants::is_causal(a));

@@ -27,15 +27,17 @@ def test_constructor_options():
     expect(ValueError, "not supported yet", lambda: tessera.BlockSparseAttentionWrapper(np.zeros(16), "cudnn"))
 
 
-@pytest.mark.parametrize("option, value", [
-    ("pos_encoding_mode", "ROPE_LLAMA"), ("rope_scale", 2.0), ("rope_theta", 1e4), ("head_dim_vo", 64)])
-def test_plan_rejects_unsupported_options(option, value):
-    expect(ValueError, "not supported yet", lambda: cpu_paged().plan(**paged_args(**{option: value})))
+@pytest.mark.parametrize("option, value, message", [
+    ("pos_encoding_mode", "ALIBI", "pos_encoding_mode"), ("rope_scale", 2.0, "rope_scale"),
+    ("rope_theta", 1e4, "rope_theta"), ("head_dim_vo", 64, "not supported yet")])
+def test_plan_rejects_unsupported_options(option, value, message):
+    """ROPE_LLAMA is supported (test_pos_encoding.py); other modes, and RoPE parameters without it, are not."""
+    expect(ValueError, message, lambda: cpu_paged().plan(**paged_args(**{option: value})))
     ragged = tessera.BatchPrefillWithRaggedKVCacheWrapper(np.zeros(16, np.uint8))
-    expect(ValueError, "not supported yet", lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, **{option: value}))
+    expect(ValueError, message, lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, **{option: value}))
     if option != "head_dim_vo":  # single_prefill has no head_dim_vo argument
         q = np.zeros((3, 8, 128), np.float32)
-        expect(ValueError, "not supported yet",
+        expect(ValueError, message,
                lambda: tessera.single_prefill_with_kv_cache(q, q[:, :2], q[:, :2], **{option: value}))
 
 

@@ -61,7 +61,12 @@ VariantSpec sliding_window(int window_left, bool causal = false);
 // the defaults (window_left = -1, logits_soft_cap = 0), else the sliding
 // window and / or soft cap above, combined in one spec when both are set.
 // logits_soft_cap: 0 = off, else finite > 0; window_left: -1 = off, else >= 0.
-VariantSpec from_plan_options(bool causal, int window_left = -1, float logits_soft_cap = 0.f);
+// pos_encoding: FlashInfer's pos_encoding_mode; kRopeLlama selects rope(false,
+// causal) below (extras rope_scale, rope_theta at run()), not combined with
+// a window or a soft cap yet.
+enum class PosEncoding { kNone, kRopeLlama };
+VariantSpec from_plan_options(bool causal, int window_left = -1, float logits_soft_cap = 0.f,
+                              PosEncoding pos_encoding = PosEncoding::kNone);
 // True for variants whose spec declares causal (BatchPrefill schedules them
 // with causal tile clipping).
 bool is_causal(const VariantSpec& v);

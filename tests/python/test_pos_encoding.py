@@ -1,0 +1,189 @@
+"""FlashInfer's pos_encoding_mode="ROPE_LLAMA" on the decode and prefill
+wrappers and the single-request functions: Llama RoPE fused into the kernel
+(the built-in rope variant), checked against a float64 reference that rotates
+q and k first, from the formula (half-split pairs (j, j + d/2) turning by
+pos / rope_scale * rope_theta^(-2j/d) radians; query i of a request at
+position i + kv_len - qo_len, key j at j), then runs plain attention. CPU
+tests (single_decode / single_prefill on numpy, the argument checks) run
+everywhere; GPU tests ("skipped: no GPU" without torch + CUDA) cover batch
+decode on both paths, paged and ragged prefill on both templates, fp16 and
+bf16, with outputs poisoned with NaN."""
+
+import numpy as np
+import pytest
+
+import tessera
+from conftest import TOL, ref_decode, rel_error, to_np
+from prefill_reference import (HKV, check, expect, gather_pages, indptr_of, make_table, random_cache, ref_batch,
+                               uniform, workspace)
+
+ROPE_PARAMS = [(None, None), (2.0, 5e5)]  # (rope_scale, rope_theta); None = FlashInfer's defaults 1, 1e4
+
+
+def rope_ref(x, pos, rope_scale=None, rope_theta=None):
+    """x [n, heads, d] rotated at positions pos [n] (float64), Llama half-split layout."""
+    x = np.asarray(x, dtype=np.float64)
+    scale = 1.0 if rope_scale is None else rope_scale
+    theta = 1e4 if rope_theta is None else rope_theta
+    half = x.shape[-1] // 2
+    freq = theta ** (-2.0 * np.arange(half) / x.shape[-1]) / scale
+    ang = np.asarray(pos, dtype=np.float64)[:, None, None] * freq[None, None, :]
+    c, s = np.cos(ang), np.sin(ang)
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+
+def rope_request(q, k, rope_scale, rope_theta):
+    """One request's q [n, Hq, D] and k [L, Hkv, D], rotated at their bottom-right-aligned positions."""
+    n, L = q.shape[0], k.shape[0]
+    return (rope_ref(q, np.arange(n) + L - n, rope_scale, rope_theta), rope_ref(k, np.arange(L), rope_scale, rope_theta))
+
+
+def rope_kwargs(rope_scale, rope_theta):
+    return dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=rope_scale, rope_theta=rope_theta)
+
+
+# ======================================================================= CPU
+@pytest.mark.parametrize("rope_scale, rope_theta", ROPE_PARAMS)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_decode_rope_cpu(rng, rope_scale, rope_theta, layout):
+    hq, d, L = 8, 64, 37
+    q = rng.standard_normal((hq, d)).astype(np.float32)
+    k, v = (rng.standard_normal((L, HKV, d)).astype(np.float32) for _ in range(2))
+    kk, vv = (k, v) if layout == "NHD" else (k.transpose(1, 0, 2).copy(), v.transpose(1, 0, 2).copy())
+    o, lse = tessera.single_decode_with_kv_cache(q, kk, vv, kv_layout=layout, return_lse=True,
+                                                 **rope_kwargs(rope_scale, rope_theta))
+    qr, kr = rope_request(q[None], k, rope_scale, rope_theta)
+    ref_o, ref_lse = ref_decode(qr[0], kr, v)
+    assert rel_error(o, ref_o) < TOL["float32"]
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-4)
+    # RoPE changes the result (the test would pass with the rotation ignored otherwise).
+    assert rel_error(tessera.single_decode_with_kv_cache(q, kk, vv, kv_layout=layout), ref_o) > 1e-2
+
+
+@pytest.mark.parametrize("rope_scale, rope_theta", ROPE_PARAMS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_single_prefill_rope_cpu(rng, rope_scale, rope_theta, causal):
+    hq, d, n, L = 4, 64, 9, 23  # a chunk of queries at the end of the keys
+    q = rng.standard_normal((n, hq, d)).astype(np.float32)
+    k, v = (rng.standard_normal((L, HKV, d)).astype(np.float32) for _ in range(2))
+    o, lse = tessera.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True,
+                                                  **rope_kwargs(rope_scale, rope_theta))
+    qr, kr = rope_request(q, k, rope_scale, rope_theta)
+    ref_o, ref_lse = ref_batch(qr, [0, n], lambda i: (kr, v), causal)
+    assert rel_error(o, ref_o) < TOL["float32"]
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-4)
+
+
+def test_rope_argument_errors():
+    q, k = np.zeros((8, 64), np.float32), np.zeros((5, HKV, 64), np.float32)
+    decode = lambda **kw: tessera.single_decode_with_kv_cache(q, k, k, **kw)  # noqa: E731
+    expect(ValueError, "pos_encoding_mode", lambda: decode(pos_encoding_mode="ROPE_LLAMA", window_left=3))
+    expect(ValueError, "pos_encoding_mode", lambda: decode(pos_encoding_mode="ROPE_LLAMA", logits_soft_cap=2.0))
+    expect(ValueError, "AttentionWrapper", lambda: decode(pos_encoding_mode="ALIBI"))
+    expect(ValueError, "rope_scale", lambda: decode(pos_encoding_mode="ROPE_LLAMA", rope_scale=0.0))
+    expect(ValueError, "rope_theta", lambda: decode(pos_encoding_mode="ROPE_LLAMA", rope_theta=float("inf")))
+    expect(TypeError, "rope_scale", lambda: decode(pos_encoding_mode="ROPE_LLAMA", rope_scale="2"))
+    expect(ValueError, "rope_theta", lambda: decode(rope_theta=1e4))  # without ROPE_LLAMA
+    qp = np.zeros((3, 8, 64), np.float32)
+    expect(ValueError, "pos_encoding_mode",
+           lambda: tessera.single_prefill_with_kv_cache(qp, k, k, custom_mask=np.ones((3, 5), bool),
+                                                        pos_encoding_mode="ROPE_LLAMA"))
+    # The wrappers check at plan(), without a GPU.
+    dec = tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, np.uint8))
+    expect(ValueError, "pos_encoding_mode",
+           lambda: dec.plan([0, 1], [0], [3], 8, HKV, 64, 16, pos_encoding_mode="ROPE_LLAMA", window_left=4))
+    pre = tessera.BatchPrefillWithRaggedKVCacheWrapper(np.zeros(1024, np.uint8))
+    expect(ValueError, "pos_encoding_mode",
+           lambda: pre.plan([0, 2], [0, 4], 8, HKV, 64, pos_encoding_mode="ROPE_LLAMA", logits_soft_cap=30.0))
+    bsr = tessera.BlockSparseAttentionWrapper(np.zeros(1024, np.uint8))
+    expect(ValueError, "pos_encoding_mode",
+           lambda: bsr.plan([0, 1], [0], 16, 16, 16, 16, 8, HKV, 64, pos_encoding_mode="ROPE_LLAMA"))
+
+
+# ======================================================================= GPU
+@pytest.mark.parametrize("use_tensor_cores", [False, True])
+@pytest.mark.parametrize("dtype, page_size, layout, rope_scale, rope_theta", [
+    ("float16", 16, "NHD", None, None), ("bfloat16", 1, "HND", 2.0, 5e5), ("float16", 1, "NHD", 4.0, 1e6)])
+def test_batch_decode_rope_gpu(torch_cuda, rng, poison, use_tensor_cores, dtype, page_size, layout, rope_scale,
+                               rope_theta):
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    hq, d = 4 * HKV, 128
+    lens = [0, 1, 37, 300, 1500]
+    table = make_table(rng, lens, page_size)
+    cache, k, v = random_cache(torch, rng, layout, table[3], page_size, d, tdt, False)
+    q = uniform(torch, rng, (len(lens), hq, d), tdt, -2.0, 2.0)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, use_tensor_cores=use_tensor_cores)
+    w.plan(*(torch.from_numpy(x) for x in table[:3]), hq, HKV, d, page_size, q_data_type=tdt,
+           **rope_kwargs(rope_scale, rope_theta))
+    o, lse = w.run(q, cache, return_lse=True)
+    torch.cuda.synchronize()
+    kn, vn, qn = to_np(k), to_np(v), to_np(q)
+    ref_o, ref_lse = np.zeros(qn.shape), np.full(qn.shape[:2], -np.inf)
+    for b in range(len(lens)):
+        kb, vb = gather_pages(kn, vn, layout, table, page_size, b)
+        if len(kb):
+            qr, kr = rope_request(qn[b][None], kb, rope_scale, rope_theta)
+            ref_o[b], ref_lse[b] = ref_decode(qr[0], kr, vb)
+    check(o, lse, ref_o, ref_lse, dtype)
+    # Bitwise the same on a second run.
+    o2 = w.run(q, cache)
+    assert torch.equal(o, o2)
+
+
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+@pytest.mark.parametrize("backend", ["fa2", "auto"])
+@pytest.mark.parametrize("dtype, causal, rope_scale, rope_theta", [
+    ("float16", True, None, None), ("bfloat16", True, 2.0, 5e5), ("float16", False, 1.0, 1e6)])
+def test_batch_prefill_rope_gpu(torch_cuda, rng, poison, kind, backend, dtype, causal, rope_scale, rope_theta):
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    hq, d, page_size = 4 * HKV, 128, 16
+    q_lens, kv_lens = zip(*[(0, 10), (1, 300), (37, 37), (100, 190), (64, 577)])
+    qo = indptr_of(q_lens)
+    q = uniform(torch, rng, (int(qo[-1]), hq, d), tdt, -2.0, 2.0)
+    if kind == "paged":
+        table = make_table(rng, kv_lens, page_size)
+        cache, k, v = random_cache(torch, rng, "NHD", table[3], page_size, d, tdt, False)
+        w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), backend=backend)
+        w.plan(qo, *table[:3], hq, HKV, d, page_size, causal=causal, q_data_type=tdt,
+               **rope_kwargs(rope_scale, rope_theta))
+        o, lse = w.run(q, cache, return_lse=True)
+        kn, vn = to_np(k), to_np(v)
+        kv_of = lambda i: gather_pages(kn, vn, "NHD", table, page_size, i)  # noqa: E731
+    else:
+        kvi = indptr_of(kv_lens)
+        k, v = (uniform(torch, rng, (int(kvi[-1]), HKV, d), tdt) for _ in range(2))
+        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), backend=backend)
+        w.plan(qo, kvi, hq, HKV, d, causal=causal, q_data_type=tdt, **rope_kwargs(rope_scale, rope_theta))
+        o, lse = w.run(q, k, v, return_lse=True)
+        kn, vn = to_np(k), to_np(v)
+        kv_of = lambda i: (kn[kvi[i]:kvi[i + 1]], vn[kvi[i]:kvi[i + 1]])  # noqa: E731
+    torch.cuda.synchronize()
+    qn = to_np(q)
+    ref_o, ref_lse = np.zeros(qn.shape), np.full(qn.shape[:2], -np.inf)
+    for i in range(len(q_lens)):
+        a, b = qo[i], qo[i + 1]
+        kb, vb = kv_of(i)
+        qr, kr = rope_request(qn[a:b], kb, rope_scale, rope_theta)
+        ref_o[a:b], ref_lse[a:b] = ref_batch(qr, [0, b - a], lambda _: (kr, vb), causal)
+    check(o, lse, ref_o, ref_lse, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_single_rope_gpu_matches_cpu(torch_cuda, rng, dtype):
+    """single_decode / single_prefill with ROPE_LLAMA: the GPU kernels against the CPU reference path."""
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    q1 = uniform(torch, rng, (8, 128), tdt)
+    qn = uniform(torch, rng, (40, 8, 128), tdt)
+    k, v = (uniform(torch, rng, (700, HKV, 128), tdt) for _ in range(2))
+    opts = rope_kwargs(3.0, 2e5)
+    got = tessera.single_decode_with_kv_cache(q1, k, v, **opts)
+    want = tessera.single_decode_with_kv_cache(q1.cpu().float(), k.cpu().float(), v.cpu().float(), **opts)
+    assert rel_error(to_np(got), to_np(want)) < TOL[dtype]
+    got = tessera.single_prefill_with_kv_cache(qn, k, v, causal=True, **opts)
+    want = tessera.single_prefill_with_kv_cache(qn.cpu().float(), k.cpu().float(), v.cpu().float(), causal=True,
+                                                **opts)
+    assert rel_error(to_np(got), to_np(want)) < TOL[dtype]
