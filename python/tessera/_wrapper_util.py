@@ -221,6 +221,41 @@ def sm_scale_arg(sm_scale):
     return float(sm_scale)
 
 
+def _scale_value(name, x, positive):
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name}: expected a float or None, got {type(x).__name__} (tensor scales are not supported)")
+    x = float(x)
+    if not math.isfinite(x) or (positive and x <= 0.0):
+        raise ValueError(f"{name}: expected a finite float{' > 0' if positive else ''} or None, got {x}")
+    return x
+
+
+def run_scales(sm_scale, head_dim, q_scale, k_scale, v_scale):
+    """FlashInfer's run() scales on 16-bit caches (serving engines pass them for every layer, 1.0 unless the cache
+    is quantized): q_scale and k_scale multiply the softmax scale, v_scale the output (FlashInfer does the same).
+    sm_scale: the binding's (-1.0 = 1/sqrt(head_dim)). Returns (the softmax scale for the binding, v_scale or None
+    when it is 1)."""
+    factor = 1.0
+    for name, x in (("q_scale", q_scale), ("k_scale", k_scale)):
+        if x is not None:
+            factor *= _scale_value(name, x, True)
+    vs = None if v_scale is None else _scale_value("v_scale", v_scale, False)
+    if vs == 1.0:
+        vs = None
+    if factor == 1.0:
+        return sm_scale, vs
+    scale = (sm_scale if sm_scale > 0 else 1.0 / math.sqrt(head_dim)) * factor
+    if not (0.0 < scale <= _FLOAT32_MAX):
+        raise ValueError(f"q_scale, k_scale: the softmax scale they give, {scale}, is not a positive float32")
+    return scale, vs
+
+
+def scale_output(out, v_scale, rows=None):
+    """out[:rows] *= v_scale in place (run_scales' v_scale; None: nothing to do)."""
+    if v_scale is not None:
+        (out if rows is None else out[:rows]).mul_(v_scale)
+
+
 def unpack_paged_kv_cache(paged_kv_cache):
     """(k, v) for a (k_cache, v_cache) pair, (kv, None) for one interleaved [num_pages, 2, ...] tensor."""
     if isinstance(paged_kv_cache, (tuple, list)):

@@ -21,7 +21,6 @@ from ._wrapper_util import LAYOUTS as _LAYOUTS
 from ._wrapper_util import dtype_arg as _dtype_arg
 from ._wrapper_util import host_ints as _host_ints
 from ._wrapper_util import positive_int as _positive_int
-from ._wrapper_util import reject_unsupported as _reject_unsupported
 from ._wrapper_util import unpack_paged_kv_cache as _unpack_paged_kv_cache
 
 
@@ -49,7 +48,9 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
             1e4); None otherwise.
         use_tensor_cores: accepted for compatibility; the kernel is chosen
             by Tessera and the result does not depend on it.
-        q_scale, k_scale, v_scale: must be None.
+        q_scale, k_scale, v_scale: None or floats, as FlashInfer applies them
+            to 16-bit caches: q_scale * k_scale multiplies the softmax scale,
+            v_scale the output.
         window_left: -1 (no window), or the keys (>= 0) the query sees to the
             left of its own position (the last key): keys >= kv_len - 1 - window_left.
         logits_soft_cap: None or 0.0 (off), or a cap > 0: logit = cap *
@@ -65,7 +66,6 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     """
     if kv_layout not in _LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
-    _reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
     rope = W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
     window, cap = W.plan_options(window_left, logits_soft_cap)
     W.check_rope_options(rope, window, cap)
@@ -75,12 +75,14 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     for name, x in (("k", k), ("v", v)):
         if len(x.shape) != 3:
             raise ValueError(f"{name}: expected a 3-D tensor ({kv_layout}), got shape {tuple(x.shape)}")
-    scale = W.sm_scale_arg(sm_scale)
+    scale, vs = W.run_scales(W.sm_scale_arg(sm_scale), int(q.shape[1]), q_scale, k_scale, v_scale)
 
     if T.is_cuda(q):
         o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope)
     else:
         o, lse = _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope)
+    if vs is not None:
+        o = o * vs if not T.is_torch(o) else o.mul_(vs)
     return (o, lse) if return_lse else o
 
 
@@ -313,7 +315,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 num_kv_heads, head_dim] (NHD) or [num_pages, num_kv_heads,
                 page_size, head_dim] (HND), or one interleaved tensor
                 [num_pages, 2, ...] (K at index 0, V at 1).
-            q_scale, k_scale, v_scale: must be None.
+            q_scale, k_scale, v_scale: None or floats (serving engines pass
+                1.0 for 16-bit caches): q_scale * k_scale multiplies the
+                softmax scale, v_scale the output, as in FlashInfer.
             out: optional output like q (o_data_type); allocated when None.
             lse: optional float32 [batch, num_qo_heads] for the log-sum-exp;
                 allocated when None and return_lse.
@@ -332,7 +336,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             raise ValueError("run: expected plan() to be called first")
         if args:
             raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
-        _reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
+        scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
         W.check_run_window(window_left, self._planned["window_left"])
         k, v = _unpack_paged_kv_cache(paged_kv_cache)
         if not T.is_cuda(q):
@@ -345,8 +349,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if lse is None and return_lse:
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
-            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, plan["sm_scale"], T.stream_of(q),
+            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
                              pdl=bool(enable_pdl), rope_scale=plan["rope"][1], rope_theta=plan["rope"][2])
+            W.scale_output(out, vs)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

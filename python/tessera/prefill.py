@@ -139,16 +139,16 @@ class _PrefillWrapper(W.PlannedWrapper):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
         self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
-                             rope=rope)
+                             rope=rope, head_dim=config[3])
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None):
         if self._planned is None:
             raise ValueError("run: expected plan() to be called first")
         if args:
             raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
-        W.reject_unsupported("NONE", q_scale, k_scale, v_scale, None, None)
+        scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
         W.check_run_window(window_left, self._planned["window_left"])
-        return dict(self._planned, pdl=bool(enable_pdl))
+        return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=vs)
 
     def _outputs(self, q, out, lse, return_lse):
         return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
@@ -308,7 +308,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                 num_kv_heads, head_dim] (NHD) or [num_pages, num_kv_heads,
                 page_size, head_dim] (HND), or one interleaved tensor
                 [num_pages, 2, ...] (K at index 0, V at 1).
-            q_scale, k_scale, v_scale: must be None.
+            q_scale, k_scale, v_scale: None or floats (serving engines pass
+                1.0 for 16-bit caches): q_scale * k_scale multiplies the
+                softmax scale, v_scale the output, as in FlashInfer.
             out: optional output like q (o_data_type); allocated when None.
             lse: optional float32 [rows, num_qo_heads]; allocated when None
                 and return_lse.
@@ -328,6 +330,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
                              plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
                              rope_scale=plan["rope"][1], rope_theta=plan["rope"][2])
+            W.scale_output(out, plan["v_scale"], n)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -416,6 +419,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                                     self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
                                     plan["mask"], pdl=plan["pdl"], rope_scale=plan["rope"][1],
                                     rope_theta=plan["rope"][2])
+            W.scale_output(out, plan["v_scale"], n)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

@@ -151,22 +151,36 @@ def test_decode_bad_sm_scale():
 
 
 @pytest.mark.parametrize(
-    "option, value",
+    "option, value, error",
     [
-        ("pos_encoding_mode", "ALIBI"),
-        ("rope_scale", 1.0),
-        ("rope_theta", 1e4),
-        ("q_scale", 1.0),
-        ("k_scale", 0.5),
-        ("v_scale", 0.5),
+        ("pos_encoding_mode", "ALIBI", ValueError),
+        ("rope_scale", 1.0, ValueError),
+        ("rope_theta", 1e4, ValueError),
+        ("q_scale", 0.0, ValueError),
+        ("k_scale", -0.5, ValueError),
+        ("v_scale", float("nan"), ValueError),
+        ("k_scale", "2", TypeError),
+        ("q_scale", True, TypeError),
     ],
 )
-def test_decode_unsupported_option(option, value):
-    """Quantization scales, modes other than NONE / ROPE_LLAMA, and RoPE parameters without ROPE_LLAMA."""
+def test_decode_unsupported_option(option, value, error):
+    """Modes other than NONE / ROPE_LLAMA, RoPE parameters without ROPE_LLAMA, and bad q / k / v scales."""
     q, k, v = qkv()
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(error) as info:
         tessera.single_decode_with_kv_cache(q, k, v, **{option: value})
     assert option in str(info.value)
+
+
+def test_decode_q_k_v_scales_cpu():
+    """FlashInfer's scales on a 16-bit cache: q_scale * k_scale multiply sm_scale, v_scale the output."""
+    q, k, v = qkv(kv_len=12, dtype=np.float32)
+    v = np.random.default_rng(2).standard_normal(v.shape).astype(np.float32)
+    d = q.shape[-1]
+    got = tessera.single_decode_with_kv_cache(q, k, v, q_scale=1.5, k_scale=2.0, v_scale=0.25)
+    want = tessera.single_decode_with_kv_cache(q, k, v, sm_scale=3.0 / np.sqrt(d)) * 0.25
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    same = tessera.single_decode_with_kv_cache(q, k, v, q_scale=1.0, k_scale=1.0, v_scale=1.0)
+    np.testing.assert_array_equal(same, tessera.single_decode_with_kv_cache(q, k, v))
 
 
 @pytest.mark.parametrize("window_left, logits_soft_cap", [(3, None), (-1, 2.0), (0, 1.5), (100, 4.0)])
