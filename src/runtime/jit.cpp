@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -158,6 +159,11 @@ std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const
   std::vector<std::string> opts = {"--gpu-architecture=" + arch.str(), "-std=c++17", "--device-as-default-execution-space",
                                    "-DTESSERA_JIT=1", "--extra-device-vectorization"};
   opts.insert(opts.end(), src.options.begin(), src.options.end());
+  // TESSERA_PTXAS_VERBOSE=1: ptxas's resource report (registers, spills,
+  // shared memory) of every kernel compiled, on stderr.
+  const char* verbose_env = std::getenv("TESSERA_PTXAS_VERBOSE");
+  const bool verbose = verbose_env && std::string(verbose_env) == "1";
+  if (verbose) opts.push_back("--ptxas-options=-v");
   std::vector<const char*> copts;
   for (auto& o : opts) copts.push_back(o.c_str());
   nvrtcResult r = nvrtcCompileProgram(prog, static_cast<int>(copts.size()), copts.data());
@@ -168,6 +174,13 @@ std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const
     if (n) nvrtcGetProgramLog(prog, log.data());
     throw CompileError("NVRTC failed to compile kernel '" + src.entry + "' for " + arch.str() +
                        "\ngenerated source: " + source_path + "\n" + log);
+  }
+  if (verbose) {
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    std::string log(n, '\0');
+    if (n) nvrtcGetProgramLog(prog, log.data());
+    std::fprintf(stderr, "[ptxas] %s (%s):\n%s\n", src.entry.c_str(), arch.str().c_str(), log.c_str());
   }
   size_t size = 0;
   check_nvrtc(nvrtcGetCUBINSize(prog, &size), "get cubin size");

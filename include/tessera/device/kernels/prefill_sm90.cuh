@@ -24,11 +24,21 @@ namespace tessera {
 
 // Register split per thread (producer, consumer) for CONSUMERS consumer
 // warpgroups and CTAS CTAs per SM: the whole 64K-register file, the
-// producer keeping what its address arithmetic needs.
+// producer keeping what its address arithmetic needs. ptxas fits each side
+// into its setmaxnreg count: with one consumer warpgroup, 40 producer
+// registers spilled 28-188 bytes (TESSERA_PTXAS_VERBOSE=1), 64 none, and the
+// consumer of a 64-row tile fits 192 (head dims 64 / 128). PRODUCER1 /
+// CONSUMER1C2 override the one-consumer split (experiments).
+#ifndef TESSERA_SM90_PRODUCER1
+#define TESSERA_SM90_PRODUCER1 64
+#endif
+#ifndef TESSERA_SM90_CONSUMER1C2
+#define TESSERA_SM90_CONSUMER1C2 192
+#endif
 template <int CONSUMERS, int CTAS>
 struct Sm90Registers {
-  static constexpr int PRODUCER = CONSUMERS == 2 ? 56 : 40;
-  static constexpr int CONSUMER = CONSUMERS == 2 ? 224 : (CTAS == 2 ? 208 : 240);
+  static constexpr int PRODUCER = CONSUMERS == 2 ? 56 : TESSERA_SM90_PRODUCER1;
+  static constexpr int CONSUMER = CONSUMERS == 2 ? 224 : (CTAS == 2 ? TESSERA_SM90_CONSUMER1C2 : 240);
   static_assert((PRODUCER + CONSUMERS * CONSUMER) * 128 * CTAS <= 65536, "register file");
 };
 
