@@ -15,33 +15,18 @@
 
 #include "tessera/device/arch/mma.cuh"
 
+#include "rate_common.cuh"
+
 using namespace tessera;
 
 constexpr int kIters = 4096;  // groups of 16 HMMAs per warp
 constexpr int kAcc = 16;
 
-__device__ __forceinline__ float noise_step(int kind, float x, float y) {
-  if (kind == 1) return fmaf(x, 1.0001f, y);
-  if (kind == 2) return exp2f(x * -0.5f);
-  return fmaxf(x, y) + exp2f(fmaf(x, 0.5f, -y));
-}
 
 __global__ void __launch_bounds__(512) rate(int active, long long* cycles, float* sink, int noise, long long noise_cycles) {
   const int warp = threadIdx.x / 32;
   if (warp >= active) {
-    if (noise == 0) return;
-    float x[8];
-    for (int i = 0; i < 8; ++i) x[i] = threadIdx.x * 0.001f + i;
-    const long long t0 = clock64();
-    while (clock64() - t0 < noise_cycles) {
-#pragma unroll
-      for (int r = 0; r < 32; ++r)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] = noise_step(noise, x[i], x[(i + 1) % 8]);
-    }
-    float s = 0.f;
-    for (int i = 0; i < 8; ++i) s += x[i];
-    if (s == 12345.f) sink[threadIdx.x] = s;
+    if (noise != 0) run_noise(noise, noise_cycles, sink);
     return;
   }
   float d[kAcc][4];
@@ -91,12 +76,10 @@ void run(int warps, int active, int sms, long long* dcyc, float* sink, int noise
 }
 
 int main() {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  long long* dcyc;
-  float* sink;
-  cudaMalloc(&dcyc, 64);
-  cudaMalloc(&sink, 1 << 16);
+  const RateBuffers buf;
+  const int sms = buf.sms;
+  long long* dcyc = buf.cycles;
+  float* sink = buf.sink;
   for (int w : {4, 8, 12, 16}) run(w, w, sms, dcyc, sink, 0, 0);
   // Half the warps issue HMMAs, the other half ALU work (ping-pong: one
   // group's GEMMs beside the other's softmax).

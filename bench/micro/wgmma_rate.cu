@@ -10,18 +10,14 @@
 
 #include "tessera/device/arch/wgmma.cuh"
 
+#include "rate_common.cuh"
+
 using namespace tessera;
 
 constexpr int kIters = 2048;  // groups of 8 wgmmas per warpgroup
 __device__ int g_random_data = 0;
 
-// What the warpgroups that issue no wgmma do meanwhile (NOISE): 0 nothing,
-// 1 FFMA chains, 2 MUFU.EX2 chains, 3 a softmax-like mix (FMNMX, FFMA, EX2, FADD).
-__device__ __forceinline__ float noise_step(int kind, float x, float y) {
-  if (kind == 1) return fmaf(x, 1.0001f, y);
-  if (kind == 2) return exp2f(x * -0.5f);
-  return fmaxf(x, y) + exp2f(fmaf(x, 0.5f, -y));
-}
+// NOISE 0: the warpgroups that issue no wgmma do nothing; 1-3: rate_common.cuh.
 
 // NOISE 4: one thread spins on an mbarrier that never completes (a waiting
 // producer); 5: one thread streams 32 KB bulk copies (global -> shared, as the
@@ -86,18 +82,7 @@ __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, f
     }
     if (noise == 0 || wg == 2) return;
     // Busy ALU work on the other warpgroup for about as long as the wgmmas take.
-    float x[8];
-    for (int i = 0; i < 8; ++i) x[i] = threadIdx.x * 0.001f + i;
-    const long long t0 = clock64();
-    while (clock64() - t0 < static_cast<long long>(kIters) * 8 * 70) {
-#pragma unroll
-      for (int r = 0; r < 32; ++r)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] = noise_step(noise, x[i], x[(i + 1) % 8]);
-    }
-    float s = 0.f;
-    for (int i = 0; i < 8; ++i) s += x[i];
-    if (s == 12345.f) sink[threadIdx.x] = s;
+    run_noise(noise, static_cast<long long>(kIters) * 8 * 70, sink);
     return;
   }
   const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem));
@@ -162,12 +147,10 @@ void run(const char* name, int wgs, int sms, long long* dcyc, float* sink, int n
 }
 
 int main() {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  long long* dcyc;
-  float* sink;
-  cudaMalloc(&dcyc, 64);
-  cudaMalloc(&sink, 4096);
+  const RateBuffers buf;
+  const int sms = buf.sms;
+  long long* dcyc = buf.cycles;
+  float* sink = buf.sink;
   // Row-sum companions: 8 x m64n8k16 after 8 x m64n128k16 (RS), or alone
   // (cycles still per m64n128k16-sized slot: 8 per group).
   for (int wgs = 1; wgs <= 2; ++wgs) {

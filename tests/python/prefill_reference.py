@@ -111,6 +111,27 @@ def random_cache(torch, rng, layout, num_pages, page_size, head_dim, dtype, inte
     return (k, v), k, v
 
 
+def run_batch(torch, rng, q, qo, kv_lens, hq, head_dim, dtype, page_size, plan_kwargs, wrapper_kwargs=None):
+    """Plans and runs a paged (page_size > 0: shuffled NHD pages) or a ragged (page_size 0) prefill wrapper over
+    random KV of kv_lens tokens per request; returns (o, lse, kv_of), kv_of(i) -> request i's (k, v) in numpy."""
+    wrapper_kwargs = wrapper_kwargs or {}
+    if page_size:
+        table = make_table(rng, kv_lens, page_size)
+        cache, k, v = random_cache(torch, rng, "NHD", table[3], page_size, head_dim, dtype, False)
+        w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), **wrapper_kwargs)
+        w.plan(qo, *table[:3], hq, HKV, head_dim, page_size, q_data_type=dtype, **plan_kwargs)
+        o, lse = w.run(q, cache, return_lse=True)
+        kn, vn = to_np(k), to_np(v)
+        return o, lse, lambda i: gather_pages(kn, vn, "NHD", table, page_size, i)
+    kv = indptr_of(kv_lens)
+    k, v = (uniform(torch, rng, (int(kv[-1]), HKV, head_dim), dtype) for _ in range(2))
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), **wrapper_kwargs)
+    w.plan(qo, kv, hq, HKV, head_dim, q_data_type=dtype, **plan_kwargs)
+    o, lse = w.run(q, k, v, return_lse=True)
+    kn, vn = to_np(k), to_np(v)
+    return o, lse, lambda i: (kn[kv[i]: kv[i + 1]], vn[kv[i]: kv[i + 1]])
+
+
 def expect(error, name, fn):
     """fn() raises `error` whose message names `name`."""
     with pytest.raises(error, match=name):

@@ -17,8 +17,7 @@ import pytest
 import tessera
 from conftest import to_np
 import prefill_reference
-from prefill_reference import (HKV, check, cpu_paged, expect, gather_pages, indptr_of, make_table, random_cache,
-                               ref_request, uniform, workspace)
+from prefill_reference import (HKV, check, cpu_paged, expect, indptr_of, ref_request, run_batch, uniform, workspace)
 from tessera import _C
 
 
@@ -228,22 +227,7 @@ def test_batch_prefill_gpu_custom_mask(torch_cuda, rng, poison, dtype, head_dim,
         masks = dict(packed_custom_mask=bits)
     else:
         masks = dict(custom_mask=torch.from_numpy(flat).cuda())
-    if page_size:
-        table = make_table(rng, kv_lens, page_size)
-        cache, k, v = random_cache(torch, rng, "NHD", table[3], page_size, head_dim, tdt, False)
-        wrapper = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch))
-        wrapper.plan(qo, *table[:3], hq, HKV, head_dim, page_size, q_data_type=tdt, **masks)
-        o, lse = wrapper.run(q, cache, return_lse=True)
-        kn, vn = to_np(k), to_np(v)
-        kv_of = lambda i: gather_pages(kn, vn, "NHD", table, page_size, i)  # noqa: E731
-    else:
-        kv = indptr_of(kv_lens)
-        k, v = (uniform(torch, rng, (int(kv[-1]), HKV, head_dim), tdt) for _ in range(2))
-        wrapper = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
-        wrapper.plan(qo, kv, hq, HKV, head_dim, q_data_type=tdt, **masks)
-        o, lse = wrapper.run(q, k, v, return_lse=True)
-        kn, vn = to_np(k), to_np(v)
-        kv_of = lambda i: (kn[kv[i]: kv[i + 1]], vn[kv[i]: kv[i + 1]])  # noqa: E731
+    o, lse, kv_of = run_batch(torch, rng, q, qo, kv_lens, hq, head_dim, tdt, page_size, masks)
     torch.cuda.synchronize()
     ref_o, ref_lse = ref_masked(to_np(q), qo, kv_of, flat, q_lens, kv_lens)
     check(o, lse, ref_o, ref_lse, dtype)

@@ -15,7 +15,7 @@ import pytest
 import tessera
 from conftest import TOL, ref_decode, rel_error, to_np
 from prefill_reference import (HKV, check, expect, gather_pages, indptr_of, make_table, random_cache, ref_batch,
-                               uniform, workspace)
+                               run_batch, uniform, workspace)
 
 ROPE_PARAMS = [(None, None), (2.0, 5e5)]  # (rope_scale, rope_theta); None = FlashInfer's defaults 1, 1e4
 
@@ -143,23 +143,8 @@ def test_batch_prefill_rope_gpu(torch_cuda, rng, poison, kind, backend, dtype, c
     q_lens, kv_lens = zip(*[(0, 10), (1, 300), (37, 37), (100, 190), (64, 577)])
     qo = indptr_of(q_lens)
     q = uniform(torch, rng, (int(qo[-1]), hq, d), tdt, -2.0, 2.0)
-    if kind == "paged":
-        table = make_table(rng, kv_lens, page_size)
-        cache, k, v = random_cache(torch, rng, "NHD", table[3], page_size, d, tdt, False)
-        w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), backend=backend)
-        w.plan(qo, *table[:3], hq, HKV, d, page_size, causal=causal, q_data_type=tdt,
-               **rope_kwargs(rope_scale, rope_theta))
-        o, lse = w.run(q, cache, return_lse=True)
-        kn, vn = to_np(k), to_np(v)
-        kv_of = lambda i: gather_pages(kn, vn, "NHD", table, page_size, i)  # noqa: E731
-    else:
-        kvi = indptr_of(kv_lens)
-        k, v = (uniform(torch, rng, (int(kvi[-1]), HKV, d), tdt) for _ in range(2))
-        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), backend=backend)
-        w.plan(qo, kvi, hq, HKV, d, causal=causal, q_data_type=tdt, **rope_kwargs(rope_scale, rope_theta))
-        o, lse = w.run(q, k, v, return_lse=True)
-        kn, vn = to_np(k), to_np(v)
-        kv_of = lambda i: (kn[kvi[i]:kvi[i + 1]], vn[kvi[i]:kvi[i + 1]])  # noqa: E731
+    o, lse, kv_of = run_batch(torch, rng, q, qo, kv_lens, hq, d, tdt, page_size if kind == "paged" else 0,
+                              dict(causal=causal, **rope_kwargs(rope_scale, rope_theta)), dict(backend=backend))
     torch.cuda.synchronize()
     qn = to_np(q)
     ref_o, ref_lse = np.zeros(qn.shape), np.full(qn.shape[:2], -np.inf)
