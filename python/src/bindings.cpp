@@ -496,7 +496,8 @@ NB_MODULE(_C, m) {
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
            "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
-           "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype).")
+           "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
+           "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype).")
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
