@@ -48,7 +48,8 @@ def pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta):
         reject_unsupported("NONE", None, None, None, rope_scale, rope_theta)
         return False, 1.0, 1e4
     if pos_encoding_mode != "ROPE_LLAMA":
-        hint = "; ALiBi is tessera.variants.alibi() through tessera.AttentionWrapper" if pos_encoding_mode == "ALIBI" else ""
+        hint = ("; ALiBi is tessera.variants.alibi() through tessera.AttentionWrapper"
+                if pos_encoding_mode == "ALIBI" else "")
         raise ValueError(f"pos_encoding_mode: expected 'NONE' or 'ROPE_LLAMA', got {pos_encoding_mode!r}{hint}")
     out = []
     for name, value, default in (("rope_scale", rope_scale, 1.0), ("rope_theta", rope_theta, 1e4)):
