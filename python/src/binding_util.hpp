@@ -100,12 +100,13 @@ struct PagedRunArgs {
 // run()'s extras of a ROPE_LLAMA spec (rope_scale, rope_theta), or none.
 struct RopeExtras {
   VariantArgs args;
-  RopeExtras(bool rope, double rope_scale, double rope_theta) {
+  bool rope;
+  RopeExtras(bool rope_, double rope_scale, double rope_theta) : rope(rope_) {
     if (!rope) return;
     args.set("rope_scale", rope_scale);
     args.set("rope_theta", rope_theta);
   }
-  const VariantArgs* get(bool rope) const { return rope ? &args : nullptr; }
+  const VariantArgs* get() const { return rope ? &args : nullptr; }
 };
 
 // A prefill-family task (bounds as the workspace needs them).

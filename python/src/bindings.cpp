@@ -133,7 +133,7 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
   RunOptions opt;
   opt.sm_scale = sm_scale;
   const RopeExtras extras(rope, rope_scale, rope_theta);
-  opt.extras = extras.get(rope);
+  opt.extras = extras.get();
   nb::gil_scoped_release release;
   single_decode(spec, qa.view, ka.view, va.view, layout, oa.view, la.view, to_stream(stream), opt);
 }
@@ -267,7 +267,7 @@ class PyBatchDecode {
     PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     a.opt.pdl = pdl;
     const RopeExtras extras(rope_, rope_scale, rope_theta);
-    a.opt.extras = extras.get(rope_);
+    a.opt.extras = extras.get();
     nb::gil_scoped_release release;
     dec_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
   }
@@ -398,7 +398,7 @@ class PyBatchPrefill {
     PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
     a.opt.pdl = pdl;
     const RopeExtras extras(rope_, rope_scale, rope_theta);
-    a.opt.extras = extras.get(rope_);
+    a.opt.extras = extras.get();
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     nb::gil_scoped_release release;
     if (!packed_custom_mask.is_none()) pre_.run(a.q.view, a.storage, ma.view, a.o.view, a.lse.view, to_stream(stream), a.opt);
@@ -414,7 +414,7 @@ class PyBatchPrefill {
     opt.sm_scale = sm_scale;
     opt.pdl = pdl;
     const RopeExtras extras(rope_, rope_scale, rope_theta);
-    opt.extras = extras.get(rope_);
+    opt.extras = extras.get();
     nb::gil_scoped_release release;
     if (!packed_custom_mask.is_none())
       pre_.run_ragged(qa.view, ka.view, va.view, ma.view, oa.view, la.view, to_stream(stream), opt);

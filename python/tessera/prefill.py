@@ -43,9 +43,10 @@ def _reject_prefill_options(mask_names, masks, head_dim_qk, head_dim_vo, pos_enc
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise ValueError(f"head_dim_vo={head_dim_vo}: a value head dimension different from head_dim_qk "
                          f"({head_dim_qk}) is not supported yet")
-    if not rope_ok:
-        W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
-    return W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
+    if rope_ok:
+        return W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
+    W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
+    return False, 1.0, 1e4
 
 
 def _indptr(x, name):

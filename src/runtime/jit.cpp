@@ -143,6 +143,17 @@ std::string default_cache_dir() {
   return (fs::temp_directory_path() / "tessera-cache").string();
 }
 
+namespace {
+// NVRTC's log of a compiled program (errors, warnings, ptxas's report).
+std::string program_log(nvrtcProgram prog) {
+  size_t n = 0;
+  nvrtcGetProgramLogSize(prog, &n);
+  std::string log(n, '\0');
+  if (n) nvrtcGetProgramLog(prog, log.data());
+  return log;
+}
+}  // namespace
+
 std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const std::string& source_path) {
   const auto& headers = embedded_headers();
   std::vector<const char*> hdr_src, hdr_names;
@@ -167,21 +178,11 @@ std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const
   std::vector<const char*> copts;
   for (auto& o : opts) copts.push_back(o.c_str());
   nvrtcResult r = nvrtcCompileProgram(prog, static_cast<int>(copts.size()), copts.data());
-  if (r != NVRTC_SUCCESS) {
-    size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
-    std::string log(n, '\0');
-    if (n) nvrtcGetProgramLog(prog, log.data());
+  if (r != NVRTC_SUCCESS)
     throw CompileError("NVRTC failed to compile kernel '" + src.entry + "' for " + arch.str() +
-                       "\ngenerated source: " + source_path + "\n" + log);
-  }
-  if (verbose) {
-    size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
-    std::string log(n, '\0');
-    if (n) nvrtcGetProgramLog(prog, log.data());
-    std::fprintf(stderr, "[ptxas] %s (%s):\n%s\n", src.entry.c_str(), arch.str().c_str(), log.c_str());
-  }
+                       "\ngenerated source: " + source_path + "\n" + program_log(prog));
+  if (verbose)
+    std::fprintf(stderr, "[ptxas] %s (%s):\n%s\n", src.entry.c_str(), arch.str().c_str(), program_log(prog).c_str());
   size_t size = 0;
   check_nvrtc(nvrtcGetCUBINSize(prog, &size), "get cubin size");
   std::vector<char> cubin(size);
