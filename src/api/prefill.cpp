@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "checks.hpp"
+#include "tessera/device/kernels/mask_trim_params.cuh"
 #include "tessera/device/primitives/variant.cuh"
 #include "tessera/formats/custom_mask.hpp"
 #include "tessera/runtime/tensor_map.hpp"
@@ -38,6 +39,10 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
+  if (spec.variant == variants::custom_mask()) {  // written on the GPU by each run
+    l.trimmed_items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_group));
+    l.trimmed_first = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
+  }
   // Split-KV scratch, relative to its own base: the workspace's tail, or a
   // region shared with other BatchPrefills (use_shared_scratch).
   WorkspaceLayout s;
@@ -105,6 +110,7 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   // Custom masks keep the full schedule: a masked-out tile only costs time,
   // a skipped visible one would be wrong (causal_schedule is the caller's call).
   custom_mask_ = spec_.variant == variants::custom_mask();
+  if (const char* env = std::getenv("TESSERA_MASK_TRIM"); env && *env) opt_.trim_masked_tiles = std::string(env) != "0";
   if (const char* env = std::getenv("TESSERA_SM90_TMA")) tma_enabled_ = std::string(env) != "0";
   if (const char* env = std::getenv("TESSERA_SM90_Q_TMA"); env && *env) q_tma_mode_ = std::string(env) == "0" ? 0 : 1;
   // A/B runs: TESSERA_PREFILL_HEAD_GROUPS=1 / 0 plans heads in groups / one per group.
@@ -308,6 +314,10 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     if (shared_scratch_ && shared_scratch_bytes_ < layout_.scratch_bytes)
       throw InvalidArgument("scratch: expected at least " + str(layout_.scratch_bytes) + " bytes of shared scratch, got " +
                             str(shared_scratch_bytes_));
+    if (custom_mask_ && opt_.trim_masked_tiles) {  // loaded here: run() allocates nothing
+      trim_kernel_ = &jit::KernelCache::global().kernel(catalog::trim_masked_items(), ws_->device());
+      trim_blocks_ = 4 * cuda::device_info(ws_->device()).sm_count;
+    }
     // Merge counters start at zero; runs leave them at zero.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch_base() + layout_.counters, 0, layout_.partial_lse - layout_.counters, stream));
   }
@@ -323,6 +333,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   PlannerOptions popt = opt_.planner;
   popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
   popt.window_left = spec_.variant.window_left;
+  popt.serpentine = popt.serpentine || (custom_mask_ && opt_.trim_masked_tiles);  // trimmed costs vary by tile
   const int heads_per_group = task_.num_kv_heads / head_groups_;
   // A CTA pair shares one work queue of 2 * cta_q-row tiles (its sections
   // fit the same workspace: half the queues, each slot twice the rows).
@@ -482,6 +493,16 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
   p.custom_mask_bytes = mask ? mask->numel() : 0;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;
+  // Trimmed items come from a kernel on this stream; the attention kernel
+  // reads its first item before its grid-dependency wait, so it must not
+  // start early behind that kernel (the trim pass itself may).
+  bool pdl = opt.pdl;
+  if (mask != nullptr && opt_.trim_masked_tiles) {
+    trim_items(*mask, stream, opt.pdl);
+    p.work_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.trimmed_items);
+    p.first_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.trimmed_first);
+    pdl = false;
+  }
   ParamBlock block;  // p followed by the variant's extras
   pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
@@ -505,11 +526,34 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
     if (q_tma_mode_ != 0 && q_fill && config_.cta_q % group == 0)
       maps.q_on = tma::encode_q_tiles(maps.q, q.data, total_q_, task_.num_kv_heads, group, spec_.head_dim, q.stride(0),
                                       q.stride(1), config_.cta_q);
-    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps, opt.pdl);
+    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps, pdl);
   } else {
-    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), opt.pdl);
+    kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), pdl);
   }
   detail::check_launch("BatchPrefill::run");
+}
+
+// One block per item (a fixed grid: a captured graph replays it for any plan;
+// the kernel reads the item count from work_indptr).
+void BatchPrefill::trim_items(const TensorView& mask, cudaStream_t stream, bool pdl) const {
+  char* dev = static_cast<char*>(ws_->device_ptr());
+  MaskTrimParams t{};
+  t.items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.items);
+  t.first_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.first_items);
+  t.trimmed_items = reinterpret_cast<PrefillWorkItem*>(dev + layout_.trimmed_items);
+  t.trimmed_first = reinterpret_cast<PrefillWorkItem*>(dev + layout_.trimmed_first);
+  t.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
+  t.queues = ctas_per_group_ / config_.cluster;
+  t.tile_rows = config_.cta_q * config_.cluster;
+  t.group = task_.num_qo_heads / task_.num_kv_heads;
+  t.heads_per_group = task_.num_kv_heads / head_groups_;
+  t.cta_kv = config_.cta_kv;
+  t.custom_mask = static_cast<const u8*>(mask.data);
+  t.mask_indptr = reinterpret_cast<const int*>(dev + layout_.mask_indptr);
+  t.custom_mask_bytes = mask.numel();
+  cuda::DeviceGuard guard(ws_->device());
+  trim_kernel_->launch(dim3(trim_blocks_), dim3(kMaskTrimThreads), 0, stream, &t, pdl);
+  detail::check_launch("BatchPrefill::run (custom-mask trim)");
 }
 
 }  // namespace tessera

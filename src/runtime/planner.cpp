@@ -97,6 +97,10 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
     sort_by_length();
   }
 
+  if (opt.serpentine)  // odd runs of `ctas` chunks reversed (PlannerOptions::serpentine)
+    for (size_t b = static_cast<size_t>(ctas); b < n; b += 2 * static_cast<size_t>(ctas))
+      std::reverse(minor_.begin() + b, minor_.begin() + std::min(n, b + static_cast<size_t>(ctas)));
+
   // Lines 6-13: each chunk to the cheapest CTA (ties: lowest index). A heap
   // entry packs (cost in 1/16 token units, CTA) into one integer, so the
   // heap compares integers (doubles and pairs made this half of plan()).

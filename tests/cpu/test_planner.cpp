@@ -211,6 +211,35 @@ TEST(Planner, SlidingWindowSkipsKeysLeftOfTheWindow) {
   EXPECT_EQ(max_end[1], 4096);
 }
 
+// Serpentine order (custom masks): equal-cost tiles are dealt round robin,
+// every other pass reversed, so with a cost that grows with the query tile
+// (a causal-like mask trimmed at run time) every CTA gets the same sum of
+// tile indices; without it CTA c gets tile c of every request.
+TEST(Planner, SerpentineBalancesTileIndices) {
+  for (const auto& [requests, q_len] : std::vector<std::pair<int, int>>{{16, 1024}, {1, 4096}, {3, 2048}}) {
+    Planner planner;
+    PlannerOptions opt;
+    opt.serpentine = true;
+    PrefillPlan plan;
+    const std::vector<int32_t> q(requests, q_len), kv(requests, q_len);
+    const int ctas = 8, tiles = q_len / 128;
+    planner.plan_prefill(q, kv, /*group=*/1, /*cta_q=*/128, /*causal=*/false, ctas, opt, plan);
+    ASSERT_EQ(plan.items.size(), static_cast<size_t>(requests * tiles)) << "no splits";
+    std::vector<int> sum(ctas, 0);
+    for (int c = 0; c < ctas; ++c) {
+      for (int i = plan.work_indptr[c]; i < plan.work_indptr[c + 1]; ++i) sum[c] += plan.items[i].q_tile;
+      // Within a queue, requests still come one after another (L2 sharing).
+      for (int i = plan.work_indptr[c] + 1; i < plan.work_indptr[c + 1]; ++i)
+        EXPECT_LE(plan.items[i - 1].request, plan.items[i].request);
+    }
+    ASSERT_EQ(requests * tiles % (2 * ctas), 0) << "whole pairs of passes";
+    for (int c = 1; c < ctas; ++c) EXPECT_EQ(sum[c], sum[0]) << requests << " x " << q_len << " CTA " << c;
+    opt.serpentine = false;  // round robin: CTA c gets tile c (mod ctas) every time
+    planner.plan_prefill(q, kv, 1, 128, false, ctas, opt, plan);
+    for (int i = plan.work_indptr[ctas - 1]; i < plan.work_indptr[ctas]; ++i) EXPECT_EQ(plan.items[i].q_tile % ctas, ctas - 1);
+  }
+}
+
 // Merge-aware L_kv: one 64-row tile over 8192 keys on 33 CTAs (a cascade's
 // shared prefix). Line 3 cuts it 32 ways, so the last CTA would merge 32 x 64
 // partial rows (0.5 x 2048 token units: more than a chunk's own cost); the

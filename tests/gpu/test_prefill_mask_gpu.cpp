@@ -4,7 +4,9 @@
 // draft query sees the prefix and its ancestors), fp16/bf16, head dims
 // 64/128/256, groups 1 and 4, paged KV (page sizes 1 and 16) and ragged KV,
 // q_len < kv_len, a long request that the planner splits (masked partial
-// states merge), both backends; outputs poisoned first. Plus run()'s checks
+// states merge), both backends; outputs poisoned first. Structured masks
+// (causal, banded, documents) also check that trimming their fully masked
+// tiles off the work items changes no bit. Plus run()'s checks
 // of the mask tensor and a re-plan with other lengths and masks.
 #include <gtest/gtest.h>
 
@@ -23,7 +25,10 @@ using namespace tessera::test;
 
 namespace {
 
-enum class MaskKind { kRandom, kTree };
+// kStructured: per request a causal, banded (40 keys) or block-diagonal
+// (documents of 37 keys) pattern, bottom-right aligned, with blank rows:
+// whole KV tiles are masked, which the run trims off its work items.
+enum class MaskKind { kRandom, kTree, kStructured };
 enum class Kv { kPage1, kPage16, kRagged };
 
 // Per request a row-major [q_len, kv_len] 0/1 block, concatenated.
@@ -46,6 +51,14 @@ std::vector<uint8_t> make_mask(MaskKind kind, const std::vector<int32_t>& q_len,
         for (int j = 0; j < prefix; ++j) row[j] = 1;
         for (int a = i; a >= 0; a = parent[a]) row[prefix + a] = 1;
         m.insert(m.end(), row.begin(), row.end());
+      }
+      continue;
+    }
+    if (kind == MaskKind::kStructured) {
+      for (int i = 0; i < Q; ++i) {
+        const int pos = i + K - Q;  // the query's key position
+        const int lo = b % 3 == 0 ? 0 : b % 3 == 1 ? pos - 40 : pos / 37 * 37;
+        for (int j = 0; j < K; ++j) m.push_back(i % 7 != 3 && j >= lo && j <= pos ? 1 : 0);
       }
       continue;
     }
@@ -105,17 +118,23 @@ void expect_empty_rows(const Out& out, const std::vector<uint8_t>& mask, const B
 }
 
 using Param = std::tuple<DType, int, int, Kv, MaskKind, PrefillBackend>;
-class PrefillCustomMask : public ::testing::TestWithParam<Param> {};
 
-TEST_P(PrefillCustomMask, MatchesReference) {
-  SKIP_WITHOUT_GPU();
-  const auto [dt, D, group, kv_kind, mask_kind, backend] = GetParam();
+struct MaskedRun {
+  Batch batch;
+  std::vector<uint8_t> mask;  // unpacked, as the kernel must read it
+  reference::Result ref;
+  Out out;
+};
+
+// One batch of the case's shape and mask, run on poisoned outputs.
+MaskedRun run_masked(const Param& param, bool trim) {
+  const auto [dt, D, group, kv_kind, mask_kind, backend] = param;
   const int page_size = kv_kind == Kv::kPage16 ? 16 : 1;
   const int64_t Hkv = 2, Hq = Hkv * group;
   std::mt19937_64 rng(D * 7 + group * 131 + static_cast<int>(kv_kind) * 17 + static_cast<int>(mask_kind) * 3);
-  const Batch b(page_size, rng);
-  const std::vector<uint8_t> mask = make_mask(mask_kind, b.q_len, b.kv_len, rng);
-  const PackedMask packed = pack_custom_mask(mask, b.q_len, b.kv_len);
+  MaskedRun r{Batch(page_size, rng), {}, {}, {}};
+  const Batch& b = r.batch;
+  const PackedMask packed = pack_custom_mask(make_mask(mask_kind, b.q_len, b.kv_len, rng), b.q_len, b.kv_len);
   const int64_t rows = b.qo.back();
 
   HostTensor q = make_host(dt, {rows, Hq, D});
@@ -123,29 +142,28 @@ TEST_P(PrefillCustomMask, MatchesReference) {
   HostTensor bits = make_host(DType::kUInt8, {static_cast<int64_t>(packed.bits.size())});
   std::copy(packed.bits.begin(), packed.bits.end(), bits.storage.begin());
   reference::Options ro;
-  ro.custom_mask = unpack_custom_mask(packed.bits, packed.indptr, b.q_len, b.kv_len);  // what the kernel must read
+  ro.custom_mask = r.mask = unpack_custom_mask(packed.bits, packed.indptr, b.q_len, b.kv_len);
 
   const AttentionSpec spec{variants::custom_mask(), dt, dt, dt, D};
   TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), page_size, KVLayout::kNHD, 16, 2 * b.pool + 8};
   task.max_total_q = 512;
   PrefillOptions opt;
   opt.backend = backend;
+  opt.trim_masked_tiles = trim;
   Workspace ws = prefill_workspace(spec, task, opt);
   BatchPrefill pre(spec, task, ws, opt);
   auto dq = to_device(q), dbits = to_device(bits);
   const TensorView& mask_view = dbits.view;
 
-  reference::Result ref;
-  Out out;
   if (kv_kind == Kv::kRagged) {
     const int64_t total_kv = b.kv_tokens.back();
     HostTensor k = make_host(dt, {total_kv, Hkv, D}), v = k;
     fill_random(k, rng());
     fill_random(v, rng());
-    ref = reference::attention_ragged(q.view, RaggedIndex(b.qo), k.view, v.view, RaggedIndex(b.kv_tokens), ro);
+    r.ref = reference::attention_ragged(q.view, RaggedIndex(b.qo), k.view, v.view, RaggedIndex(b.kv_tokens), ro);
     pre.plan_ragged(b.qo, b.kv_tokens, packed.indptr);
     auto dk = to_device(k), dv = to_device(v);
-    out = run_and_fetch([&](const TensorView& o, const TensorView& lse) {
+    r.out = run_and_fetch([&](const TensorView& o, const TensorView& lse) {
       pre.run_ragged(dq.view, dk.view, dv.view, mask_view, o, lse);
     }, dt, rows, Hq, D);
   } else {
@@ -154,28 +172,58 @@ TEST_P(PrefillCustomMask, MatchesReference) {
     fill_random(v, rng());
     PagedKVCache cache(PagedKVStorage(k.view, v.view, KVLayout::kNHD),
                        PageTable(b.kv_pages, b.indices, b.last, page_size, b.pool));
-    ref = reference::attention_paged(q.view, RaggedIndex(b.qo), cache, ro);
+    r.ref = reference::attention_paged(q.view, RaggedIndex(b.qo), cache, ro);
     pre.plan_paged(b.qo, b.kv_pages, b.indices, b.last, packed.indptr);
     auto dk = to_device(k), dv = to_device(v);
     PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
-    out = run_and_fetch([&](const TensorView& o, const TensorView& lse) { pre.run(dq.view, kv, mask_view, o, lse); },
-                        dt, rows, Hq, D);
+    r.out = run_and_fetch([&](const TensorView& o, const TensorView& lse) { pre.run(dq.view, kv, mask_view, o, lse); },
+                          dt, rows, Hq, D);
   }
-  EXPECT_CLOSE(compare(to_doubles(out.o.view), ref.o), dt);
-  EXPECT_CLOSE(compare(to_doubles(out.lse.view), ref.lse), DType::kFloat16);
-  int empty_rows = 0, rows_without_keys = 0;
-  expect_empty_rows(out, ro.custom_mask, b, Hq, D, empty_rows);
-  for (size_t r = 0; r < b.q_len.size(); ++r) rows_without_keys += b.kv_len[r] == 0 ? b.q_len[r] : 0;
-  // Random masks blank rows on purpose; tree masks never (each query sees itself).
-  if (mask_kind == MaskKind::kRandom) EXPECT_GT(empty_rows, rows_without_keys + 10);
-  else EXPECT_EQ(empty_rows, rows_without_keys);
+  return r;
 }
+
+class PrefillCustomMask : public ::testing::TestWithParam<Param> {};
+
+TEST_P(PrefillCustomMask, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto [dt, D, group, kv_kind, mask_kind, backend] = GetParam();
+  const MaskedRun r = run_masked(GetParam(), true);
+  const Batch& b = r.batch;
+  EXPECT_CLOSE(compare(to_doubles(r.out.o.view), r.ref.o), dt);
+  EXPECT_CLOSE(compare(to_doubles(r.out.lse.view), r.ref.lse), DType::kFloat16);
+  int empty_rows = 0, rows_without_keys = 0;
+  expect_empty_rows(r.out, r.mask, b, group * 2, D, empty_rows);
+  for (size_t i = 0; i < b.q_len.size(); ++i) rows_without_keys += b.kv_len[i] == 0 ? b.q_len[i] : 0;
+  // Random and structured masks blank rows on purpose; tree masks never (each query sees itself).
+  if (mask_kind == MaskKind::kTree) EXPECT_EQ(empty_rows, rows_without_keys);
+  else EXPECT_GT(empty_rows, rows_without_keys + 10);
+}
+
+// Trimming fully masked tiles off the work items changes no bit of the
+// output or LSE (the skipped tiles would have left every state unchanged),
+// including the split request whose chunks the band and document masks empty.
+class PrefillMaskTrim : public ::testing::TestWithParam<Param> {};
+
+TEST_P(PrefillMaskTrim, BitwiseUntrimmed) {
+  SKIP_WITHOUT_GPU();
+  const MaskedRun trimmed = run_masked(GetParam(), true), full = run_masked(GetParam(), false);
+  EXPECT_CLOSE(compare(to_doubles(trimmed.out.o.view), trimmed.ref.o), std::get<0>(GetParam()));
+  EXPECT_TRUE(bitwise_equal(trimmed.out.o, full.out.o));
+  EXPECT_TRUE(bitwise_equal(trimmed.out.lse, full.out.lse));
+}
+
+INSTANTIATE_TEST_SUITE_P(Structured, PrefillMaskTrim,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                                            ::testing::Values(64, 128), ::testing::Values(1, 4),
+                                            ::testing::Values(Kv::kPage1, Kv::kPage16, Kv::kRagged),
+                                            ::testing::Values(MaskKind::kStructured),
+                                            ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillCustomMask,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
                                             ::testing::Values(64, 128, 256), ::testing::Values(1, 4),
                                             ::testing::Values(Kv::kPage1, Kv::kPage16, Kv::kRagged),
-                                            ::testing::Values(MaskKind::kRandom, MaskKind::kTree),
+                                            ::testing::Values(MaskKind::kRandom, MaskKind::kTree, MaskKind::kStructured),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
 // run()'s checks of the mask tensor, and one wrapper re-planned with other

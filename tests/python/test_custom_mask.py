@@ -5,8 +5,9 @@ when torch imports, torch CPU inputs); the wrappers' and single_prefill's mask
 checks, raised before the workspace is looked at; single_prefill's CPU path
 with a mask against the float64 reference. GPU ("skipped: no GPU" without
 torch + CUDA): paged (page sizes 1 and 16) and ragged wrappers with random
-masks (fully masked rows included) and tree-attention masks (speculative
-decoding: each draft query sees the prefix and its ancestors), given unpacked
+masks (fully masked rows included), tree-attention masks (speculative
+decoding: each draft query sees the prefix and its ancestors) and structured
+masks (causal, banded, documents: whole tiles masked and trimmed), given unpacked
 or packed, fp16/bf16, head dims 64/128/256, groups 1 and 4, outputs poisoned;
 single_prefill on the GPU; CUDA-graph replay after a re-plan with a new mask.
 """
@@ -47,6 +48,23 @@ def tree_mask(rng, q_lens, kv_lens):
                 a = parent[a]
         parts.append(m.reshape(-1))
     return np.concatenate(parts) if parts else np.zeros(0, bool)
+
+
+def structured_mask(rng, q_lens, kv_lens):
+    """Bottom-right aligned causal, banded (40 keys) or document (37-key segments) rows by request,
+    every 7th row blank: whole KV tiles are masked, which runs trim off their work items."""
+    parts = []
+    for r, (n, L) in enumerate(zip(q_lens, kv_lens)):
+        pos = np.arange(n)[:, None] + L - n
+        j = np.arange(L)[None, :]
+        lo = 0 if r % 3 == 0 else (pos - 40 if r % 3 == 1 else pos // 37 * 37)
+        m = (j >= lo) & (j <= pos)
+        m[3::7] = False
+        parts.append(m.reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(0, bool)
+
+
+MASKS = dict(random=random_mask, tree=tree_mask, structured=structured_mask)
 
 
 def ref_masked(q, qo, kv_of, mask, q_lens, kv_lens):
@@ -191,7 +209,7 @@ def test_single_prefill_cpu_custom_mask(rng, kind):
     np.testing.assert_allclose(o, ref_o, atol=1e-5)
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
     empty = ~mask.any(axis=1)
-    assert (kind == "random") == bool(empty.any())
+    assert (kind != "tree") == bool(empty.any())
     assert np.all(o[empty] == 0) and np.all(np.isneginf(lse[empty]))
     packed = np.packbits(flat, bitorder="little")
     o2, lse2 = tessera.single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed, sm_scale=0.2,
@@ -206,6 +224,8 @@ GPU_CASES = [  # dtype, head_dim, group, page_size (0: ragged), mask kind, packe
     ("bfloat16", 64, 4, 1, "random", True), ("bfloat16", 256, 1, 16, "tree", False),
     ("float16", 64, 1, 0, "random", False), ("bfloat16", 128, 4, 0, "tree", True),
     ("float16", 256, 4, 0, "random", True), ("bfloat16", 128, 1, 16, "random", False),
+    ("float16", 128, 4, 16, "structured", True), ("bfloat16", 64, 1, 1, "structured", False),
+    ("float16", 128, 1, 0, "structured", False),
 ]
 # q_len <= kv_len (chunked prefill / drafts), a request without queries, a long one that splits.
 MASK_LENS = [(0, 10), (5, 5), (1, 300), (37, 61), (100, 190), (16, 1500), (9, 80)]
@@ -218,7 +238,7 @@ def test_batch_prefill_gpu_custom_mask(torch_cuda, rng, poison, dtype, head_dim,
     q_lens, kv_lens = (list(x) for x in zip(*MASK_LENS))
     qo = indptr_of(q_lens)
     q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), tdt, -2.0, 2.0)
-    flat = (random_mask if kind == "random" else tree_mask)(rng, q_lens, kv_lens)
+    flat = MASKS[kind](rng, q_lens, kv_lens)
     if packed:  # the caller packs on the GPU with tessera.segment_packbits
         bits, _ = tessera.segment_packbits(torch.from_numpy(flat).cuda(),
                                            torch.from_numpy(indptr_of(np.multiply(q_lens, kv_lens))).cuda(),
@@ -232,7 +252,7 @@ def test_batch_prefill_gpu_custom_mask(torch_cuda, rng, poison, dtype, head_dim,
     ref_o, ref_lse = ref_masked(to_np(q), qo, kv_of, flat, q_lens, kv_lens)
     check(o, lse, ref_o, ref_lse, dtype)
     empty = np.isneginf(ref_lse[:, 0])
-    assert (kind == "random") == bool(empty.any())
+    assert (kind != "tree") == bool(empty.any())
     assert np.all(to_np(o)[empty] == 0) and np.all(np.isneginf(to_np(lse)[empty]))
 
 

@@ -72,6 +72,12 @@ struct PrefillOptions {
   // allow it. Fixed at the first plan(), like the tile.
   // TESSERA_SM90_CLUSTER overrides it for experiments.
   int cluster = 0;
+  // Custom masks: before each run, a pass over the mask trims every work
+  // item's KV range to the tiles holding a key that one of its queries sees
+  // (mask_trim.cuh), so fully masked tiles at either end of a row block are
+  // neither loaded nor computed (causal-like, banded and document masks).
+  // Same outputs, bit for bit. TESSERA_MASK_TRIM=0 turns it off (comparisons).
+  bool trim_masked_tiles = true;
 };
 
 class BatchPrefill {
@@ -150,6 +156,7 @@ class BatchPrefill {
   struct Layout {
     size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0;
     size_t first_items = 0, staged = 0;
+    size_t trimmed_items = 0, trimmed_first = 0;  // custom masks: the items trim_masked_items() narrowed
     size_t counters = 0, partial_lse = 0, partial_o = 0;  // relative to the scratch base
     size_t scratch = 0, scratch_bytes = 0, total = 0;      // the scratch's offset in the workspace, its size
   };
@@ -176,6 +183,8 @@ class BatchPrefill {
                        const TensorView& o, const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const;
   void launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
               const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const;
+  // Custom masks: writes the plan's items trimmed to their visible KV tiles.
+  void trim_items(const TensorView& mask, cudaStream_t stream, bool pdl) const;
 
   AttentionSpec spec_;
   TaskInfo task_;
@@ -184,6 +193,8 @@ class BatchPrefill {
   PrefillConfig config_;
   jit::KernelSource source_;
   const jit::LoadedKernel* kernel_ = nullptr;
+  const jit::LoadedKernel* trim_kernel_ = nullptr;  // custom masks: trim_masked_items (loaded by the first plan)
+  int trim_blocks_ = 0;
   char* shared_scratch_ = nullptr;  // use_shared_scratch(): the split-KV sections live there
   size_t shared_scratch_bytes_ = 0;
   int ctas_per_group_ = 0, head_groups_ = 0;

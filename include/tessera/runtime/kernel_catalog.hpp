@@ -155,6 +155,8 @@ jit::KernelSource merge_pair(DType v_dtype);
 jit::KernelSource merge_many(DType v_dtype);
 // Paged-KV append (a raw copy); dtype of the cache (fp16, bf16).
 jit::KernelSource append_paged_kv(DType kv_dtype);
+// Custom masks: a plan's work items trimmed to their visible KV tiles (BatchPrefill::run).
+jit::KernelSource trim_masked_items();
 // Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256.
 jit::KernelSource apply_rope(DType dtype, int head_dim, bool interleave);
 // Every built-in kernel (all dtypes, head dims and built-in variants).

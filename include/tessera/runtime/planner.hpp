@@ -40,6 +40,13 @@ struct PlannerOptions {
   // keys left of every row's window are not visited at all (tiles start at the
   // first key their first row sees, rounded down to chunk_align).
   int window_left = -1;
+  // Reverse every other run of `ctas` chunks in the assignment order
+  // (boustrophedon). With equal costs the greedy assignment deals chunks out
+  // round robin, so CTA c would get query tile c of every request; when the
+  // real cost grows with the tile (a custom mask that is causal-like, whose
+  // masked tiles the run trims off), CTA c then gets tiles c and n - 1 - c in
+  // turn, and every CTA the same total. Set by BatchPrefill for custom masks.
+  bool serpentine = false;
 };
 
 // What every plan reports besides its work items.

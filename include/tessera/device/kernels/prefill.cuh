@@ -98,8 +98,8 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     const int warp_max_qo = (warp_row0 + Shape::WARP_ROWS - 1) / p.group;
     auto masked_tile = [&](int t) {
       const int first = w.kv_start + t * CTA_KV;
-      return tile_needs_mask<Variant, Params>(first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo,
-                                              warp_max_qo, causal_shift);
+      return tile_needs_mask<Variant, Params, MaskBits<Variant, Params, MT, Shape::NT_S>::kUsed>(
+          first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo, warp_max_qo, causal_shift);
     };
     for (int t = 0; t < n_tiles; ++t) {
       // Tile t's copies are done. Deeper pipelines over paged KV wait for all:

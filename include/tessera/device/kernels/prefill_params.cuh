@@ -3,6 +3,7 @@
 #pragma once
 #include "tessera/device/arch/tma.cuh"
 #include "tessera/device/primitives/kv_view.cuh"
+#include "tessera/device/primitives/packed_mask.cuh"  // for the custom-mask variant
 
 namespace tessera {
 

@@ -221,8 +221,8 @@ struct Sm90Consumer {
       const int warp_min_qo = (row0 + warp_row0) / p.group, warp_max_qo = (row0 + warp_row0 + 15) / p.group;
       auto masked = [&](int t) {
         const int first = w.kv_start + t * CTA_KV;
-        return tile_needs_mask<Variant, Params>(first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo,
-                                                warp_max_qo, causal_shift);
+        return tile_needs_mask<Variant, Params, MaskBits<Variant, Params, 1, NT_S>::kUsed>(
+            first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo, warp_max_qo, causal_shift);
       };
 
       PrefillState<1, NT_O> st;

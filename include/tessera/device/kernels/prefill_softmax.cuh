@@ -47,11 +47,13 @@ struct RowInfo {
 // Whether KV tile [first, last] needs the per-element mask for a warp whose
 // rows are queries min_qo..max_qo (all valid when rows_valid): it crosses
 // kv_end, the causal diagonal or the window's left edge, or the variant has a
-// LogitsMask of its own. Warp-uniform.
-template <typename Variant, typename Params>
+// LogitsMask of its own. Warp-uniform. kBits: the variant's LogitsMaskBits
+// words stand in for its LogitsMask (MaskBits::kUsed), and
+// prefill_softmax_step skips the mask itself where they are all ones.
+template <typename Variant, typename Params, bool kBits = false>
 __device__ __forceinline__ bool tile_needs_mask(int first, int last, int kv_end, bool rows_valid, int min_qo, int max_qo,
                                                 int causal_shift) {
-  return VariantTraits<Variant, Params>::logits_mask || !rows_valid || last >= kv_end ||
+  return (VariantTraits<Variant, Params>::logits_mask && !kBits) || !rows_valid || last >= kv_end ||
          (Variant::causal && last > min_qo + causal_shift) ||
          (Variant::window_left >= 0 && first < window_first_key<Variant>(max_qo + causal_shift));
 }
@@ -80,6 +82,17 @@ struct MaskBits {
                                                                    rows.head[t][r], kv_head)
                                           : 0u;
     }
+  }
+  // Every key of this thread's rows visible (an invalid row's words are 0).
+  __device__ __forceinline__ bool all_ones() const {
+    u32 a = ~0u;
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i = 0; i < (kUsed ? NT_S / 4 : 1); ++i) a &= w[t][r][i];
+    return a == ~0u;
   }
   __device__ __forceinline__ bool keep(int t, int n, int e) const {
     return !kUsed || ((w[t][e / 2][kUsed ? n / 4 : 0] >> ((n % 4) * 8 + (e & 1))) & 1u);
@@ -115,10 +128,10 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
   // The mask is a branch around the whole tile, not a test per element: the
   // compiler if-converts a per-element `masked && !keep` into ~7 predicate
   // instructions per element on every tile (SASS of the Hopper kernel).
+  Bits own;
+  if (kMaskBits && bits == nullptr) own.load(p, variant, rows, col0, b, kv_head);
+  const Bits& words = bits != nullptr ? *bits : own;
   auto apply_mask = [&](float masked_value) {
-    Bits own;
-    if (kMaskBits && bits == nullptr) own.load(p, variant, rows, col0, b, kv_head);
-    const Bits& words = bits != nullptr ? *bits : own;
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -140,6 +153,10 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
           s[t][n][e] = Variant::use_softmax ? logit * kLog2e : logit;
         }
   }
+  // Mask words: `masked` left them out (tile_needs_mask<..., true>); a tile
+  // whose words are all ones for the whole warp (a custom mask's interior)
+  // skips the ~500 selects, which change nothing there.
+  if constexpr (kMaskBits) masked = masked || !__all_sync(0xffffffffu, words.all_ones());
   if (masked) apply_mask(Variant::use_softmax ? neg_inf() : 0.f);
 
   bool raised = false;
