@@ -112,7 +112,7 @@ done
 
 if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 ./build-gpu/tessera_tests \
-    --gtest_filter='All/MergeGpu.*/0:All/MergeGpu.*/4:All/SingleDecodeGpu.*/0:All/BatchGpu.*/5:BatchGpuErrors.*:All/DecodeGpu.*/0:All/DecodeTensorCoresGpu.*/3:All/PrefillPaged.*/76:All/PrefillPaged.*/77:All/PrefillPaged.*/178:All/PrefillPaged.*/188:All/PrefillPaged.*/190:All/PrefillPaged.*/191:All/PrefillTma.*/23:All/PrefillQTma.*/19:All/PrefillQTma.*/45:All/PrefillRagged.*/7:All/PrefillBsr.*/4:All/Cascade.*/0:All/Cascade.*/13:CascadeGraph.*:All/DevicePageIdsDecode.BadIdRaisedByTheNextCall/*:DevicePageIdsPrefill.*:All/PdlDecode.*:Structured/PrefillMaskTrim.*/0:Structured/PrefillMaskTrim.*/3:Structured/PrefillMaskTrim.*/4' \
+    --gtest_filter='All/MergeGpu.*/0:All/MergeGpu.*/4:All/SingleDecodeGpu.*/0:All/BatchGpu.*/5:BatchGpuErrors.*:All/DecodeGpu.*/0:All/DecodeTensorCoresGpu.*/3:All/PrefillPaged.*/76:All/PrefillPaged.*/77:All/PrefillPaged.*/178:All/PrefillPaged.*/188:All/PrefillPaged.*/190:All/PrefillPaged.*/191:All/PrefillTma.*/23:All/PrefillQTma.*/19:All/PrefillQTma.*/45:All/PrefillRagged.*/7:All/PrefillBsr.*/4:All/Cascade.*/0:All/Cascade.*/13:CascadeGraph.*:All/DevicePageIdsDecode.BadIdRaisedByTheNextCall/*:DevicePageIdsPrefill.*:All/PdlDecode.*:Structured/PrefillMaskTrim.*/0:Structured/PrefillMaskTrim.*/3:Structured/PrefillMaskTrim.*/4:All/PrefillCustomMask.*/0:All/PrefillCustomMask.*/1:All/PrefillCustomMask.*/5' \
     >"$logs/sanitizer.log" 2>&1
   rc=$?; [ "$rc" -eq 0 ] || failed=1
   note "compute-sanitizer memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$logs/sanitizer.log" | tail -1)"
