@@ -51,13 +51,22 @@ void validate_levels(const std::vector<AttentionSpec>& specs, const TaskInfo& ta
 struct CascadeLayout {
   std::vector<WorkspaceSizes> levels;
   size_t split_scratch = 0, split_scratch_bytes = 0;  // the levels' shared split-KV scratch
-  size_t scratch_o = 0, scratch_lse = 0, own_lse = 0, row_mask = 0, host_row_mask = 0;
+  size_t state_o = 0, scratch_o = 0, scratch_lse = 0, own_lse = 0, row_mask = 0, host_row_mask = 0;
   WorkspaceSizes total;
 };
 
-CascadeLayout cascade_layout(const std::vector<AttentionSpec>& specs, const TaskInfo& task, int num_sms,
+// The specs the levels run: with several levels, fp32 outputs (their
+// states are merged in fp32 and rounded once, into the caller's output).
+std::vector<AttentionSpec> run_specs(std::vector<AttentionSpec> specs) {
+  if (specs.size() > 1)
+    for (AttentionSpec& s : specs) s.o_dtype = DType::kFloat32;
+  return specs;
+}
+
+CascadeLayout cascade_layout(const std::vector<AttentionSpec>& user_specs, const TaskInfo& task, int num_sms,
                              const PrefillOptions& opt) {
-  validate_levels(specs, task);
+  validate_levels(user_specs, task);
+  const std::vector<AttentionSpec> specs = run_specs(user_specs);
   CascadeLayout l;
   // The levels run one after another on one stream, so their split-KV
   // scratch (merge counters, partial states: most of a BatchPrefill's
@@ -74,8 +83,11 @@ CascadeLayout cascade_layout(const std::vector<AttentionSpec>& specs, const Task
   l.split_scratch = l.total.device_bytes;
   l.total.device_bytes += l.split_scratch_bytes;
   const size_t rows = static_cast<size_t>(task.max_total_q) * task.num_qo_heads;
-  l.scratch_o = l.total.device_bytes;
-  l.scratch_lse = l.scratch_o + aligned(rows * specs[0].head_dim * dtype_size(specs[0].o_dtype));
+  // Several levels: the running state and each next level's output, fp32.
+  const size_t state_bytes = specs.size() > 1 ? aligned(rows * specs[0].head_dim * sizeof(float)) : 0;
+  l.state_o = l.total.device_bytes;
+  l.scratch_o = l.state_o + state_bytes;
+  l.scratch_lse = l.scratch_o + state_bytes;
   l.own_lse = l.scratch_lse + aligned(rows * sizeof(float));
   l.row_mask = l.own_lse + aligned(rows * sizeof(float));
   l.total.device_bytes = l.row_mask + aligned(task.max_total_q);
@@ -100,6 +112,8 @@ CascadeAttention::CascadeAttention(std::vector<AttentionSpec> level_specs, TaskI
   // level's kernel load with a clear error, after validating every level.
   const CascadeLayout l = cascade_layout(level_specs, task, sm_count_for(workspace.device()), opt);
   detail::check_workspace_size(workspace, l.total.device_bytes, l.total.host_bytes);
+  spec0_ = level_specs[0];
+  level_specs = run_specs(std::move(level_specs));
   char* dev = static_cast<char*>(workspace.device_ptr());
   char* host = static_cast<char*>(workspace.host_ptr());
   for (size_t i = 0; i < level_specs.size(); ++i) {
@@ -110,10 +124,10 @@ CascadeAttention::CascadeAttention(std::vector<AttentionSpec> level_specs, TaskI
     dev += l.levels[i].device_bytes;
     host += l.levels[i].host_bytes;
   }
-  spec0_ = level_specs[0];
   row_mask_ = std::make_unique<Workspace>(static_cast<char*>(workspace.device_ptr()) + l.row_mask, aligned(task.max_total_q),
                                           static_cast<char*>(workspace.host_ptr()) + l.host_row_mask,
                                           aligned(task.max_total_q), workspace.device());
+  state_o_ = l.state_o;
   scratch_o_ = l.scratch_o;
   scratch_lse_ = l.scratch_lse;
   own_lse_ = l.own_lse;
@@ -203,13 +217,18 @@ void CascadeAttention::run(const TensorView& q, const PagedKVStorage& kv, const 
   const Device dev = o.device;
   const int64_t hq = o.size(1), d = o.size(2);
   const TensorView state_lse = detail::has(lse) ? lse : TensorView(base + own_lse_, DType::kFloat32, dev, {rows, hq});
-  levels_[0]->prefill.run(first(q), kv, first(o), first(state_lse), stream, opt);
-  const TensorView tmp_o(base + scratch_o_, spec0_.o_dtype, dev, {rows, hq, d});
+  if (levels_.size() == 1) return levels_[0]->prefill.run(first(q), kv, first(o), first(state_lse), stream, opt);
+  // Level 0 into the fp32 state, each next level into fp32 scratch merged
+  // into it; the last merge writes o (16-bit: the only rounding).
+  const TensorView state_o(base + state_o_, DType::kFloat32, dev, {rows, hq, d});
+  levels_[0]->prefill.run(first(q), kv, first(state_o), first(state_lse), stream, opt);
+  const TensorView tmp_o(base + scratch_o_, DType::kFloat32, dev, {rows, hq, d});
   const TensorView tmp_lse(base + scratch_lse_, DType::kFloat32, dev, {rows, hq});
   const TensorView mask(row_mask_->device_ptr(), DType::kUInt8, dev, {rows});
   for (size_t i = 1; i < levels_.size(); ++i) {
     levels_[i]->prefill.run(first(q), kv, first(tmp_o), first(tmp_lse), stream, opt);
-    merge_state_in_place(o, state_lse, tmp_o, tmp_lse, mask, stream);
+    detail::merge_state_into(state_o, state_lse, tmp_o, tmp_lse, i + 1 == levels_.size() ? o : state_o, state_lse,
+                             mask, stream);
   }
 }
 

@@ -30,6 +30,12 @@ unsigned grid_stride_blocks(int64_t work, int threads);
 void require_gpu(const char* what);
 void check_launch(const char* what);
 
+// (v_out, s_out) = (v_a, s_a) (+) (v_b, s_b) on the GPU for the rows whose
+// mask byte is non-zero (the others untouched); v_out may alias v_a, and may
+// be fp16 / bf16 where the states are fp32 (merge.cpp; CascadeAttention).
+void merge_state_into(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
+                      const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream);
+
 // q [rows, num_qo_heads, head_dim] of spec.q_dtype, o like q of spec.o_dtype,
 // lse [rows, num_qo_heads] float32 (or undefined), all CUDA, one device.
 // rows < 0: any number of rows. Shapes and dtypes are checked before devices,

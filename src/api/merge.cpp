@@ -82,6 +82,28 @@ void check_pair(const TensorView& v_a, const TensorView& s_a, const TensorView& 
 
 }  // namespace
 
+namespace detail {
+
+// A cascade's merges (GPU): fp32 states, the last one written straight into
+// the caller's 16-bit output, so the levels' outputs are rounded once.
+void merge_state_into(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
+                      const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream) {
+  check_pair(v_a, s_a, v_b, s_b);
+  check_shape("v_out", v_out, {v_a.size(0), v_a.size(1), v_a.size(2)});
+  check_same_device("v_a", v_a, "v_out", v_out);
+  check_values("v_out", v_out, 3);
+  if (wants(s_out)) check_scales("s_out", s_out, {v_a.size(0), v_a.size(1)}, v_a);
+  check_shape("mask", mask, {v_a.size(0)});
+  check_dtype_in("mask", mask, {DType::kUInt8, DType::kBool});
+  require_gpu("merge_state_into");
+  MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out),
+                    static_cast<const unsigned char*>(mask.data), static_cast<int>(v_a.size(0)),
+                    static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2))};
+  launch(catalog::merge_pair(v_a.dtype, v_out.dtype), v_a, p, v_a.size(0), stream, "merge_state_into");
+}
+
+}  // namespace detail
+
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
                  const TensorView& v_out, const TensorView& s_out, cudaStream_t stream) {
   check_pair(v_a, s_a, v_b, s_b);

@@ -9,6 +9,8 @@
 // page ids that stay on the GPU.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -159,6 +161,12 @@ TEST_P(Cascade, MatchesFlatReferenceAndRepeats) {
   Out a = run_and_fetch(run, dt, rows, Hq, D);
   EXPECT_CLOSE(compare(to_doubles(a.o.view), ref.o), dt);
   EXPECT_CLOSE(compare(to_doubles(a.lse.view), ref.lse), DType::kFloat16);
+  // The levels' states merge in fp32 and are rounded to dt once: about one
+  // kernel's error, not three levels' and two merges' roundings (fp16 runs
+  // of this test measured up to 9e-4 when each level and merge rounded).
+  const double err = compare(to_doubles(a.o.view), ref.o).rel;
+  std::printf("cascade %s D=%d group=%d page=%d causal=%d: rel error %.3e\n", dtype_name(dt), D, group, P, causal, err);
+  EXPECT_LT(err, dt == DType::kFloat16 ? 6e-4 : 5e-3);
   Out b = run_and_fetch(run, dt, rows, Hq, D);
   EXPECT_TRUE(bitwise_equal(a.o, b.o));
   EXPECT_TRUE(bitwise_equal(a.lse, b.lse));

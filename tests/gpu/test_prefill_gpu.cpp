@@ -200,6 +200,43 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillRagged,
                                             ::testing::Bool(), ::testing::Values(16, 32, 64, 128),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
+// fp32 outputs (o_dtype float32, what a cascade's levels write): the value a
+// 16-bit output rounds. Both backends, head dims 64 / 128 / 256, requests
+// long enough to split (merged partials are written as fp32 too): the fp32
+// output, rounded to the inputs' dtype, is the 16-bit run bit for bit.
+class PrefillF32Out : public ::testing::TestWithParam<std::tuple<DType, int, PrefillBackend>> {};
+
+TEST_P(PrefillF32Out, RoundsToThe16BitRun) {
+  SKIP_WITHOUT_GPU();
+  const auto [dt, D, backend] = GetParam();
+  std::mt19937_64 rng(D + 3);
+  const RaggedCase c(dt, D, 4, true, 16, rng);
+  const auto& [b, q, k, v, ref, spec, task] = c;
+  const int64_t rows = c.rows(), Hq = task.num_qo_heads;
+  auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+  auto run = [&](DType o_dtype) {
+    AttentionSpec s = spec;
+    s.o_dtype = o_dtype;
+    PrefillOptions opt;
+    opt.backend = backend;
+    Workspace ws = prefill_workspace(s, task, opt);
+    BatchPrefill pre(s, task, ws, opt);
+    pre.plan_ragged(b.qo, b.kv_tokens);
+    return run_and_fetch([&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); },
+                         o_dtype, rows, Hq, D);
+  };
+  const Out o32 = run(DType::kFloat32), o16 = run(dt);
+  EXPECT_CLOSE(compare(to_doubles(o32.o.view), ref.o), dt);
+  EXPECT_TRUE(bitwise_equal(o32.lse, o16.lse));
+  HostTensor rounded = make_host(dt, {rows, Hq, D});
+  for (int64_t i = 0; i < rounded.view.numel(); ++i) rounded.set(static_cast<size_t>(i), o32.o.get(static_cast<size_t>(i)));
+  EXPECT_TRUE(bitwise_equal(rounded, o16.o));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PrefillF32Out,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
+                                            ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
+
 // Builds a wrapper for c with opt (TESSERA_SM90_TMA = tma while it loads its
 // kernel), plans it, hands it to check, and runs it `runs` times.
 template <typename Check>

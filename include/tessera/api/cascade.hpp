@@ -81,7 +81,7 @@ class CascadeAttention {
   TaskInfo task_;
   Workspace* ws_ = nullptr;
   AttentionSpec spec0_;  // level 0's (every level has its dtypes and head dim)
-  size_t scratch_o_ = 0, scratch_lse_ = 0, own_lse_ = 0;  // byte offsets in the workspace
+  size_t state_o_ = 0, scratch_o_ = 0, scratch_lse_ = 0, own_lse_ = 0;  // byte offsets in the workspace
   std::unique_ptr<Workspace> row_mask_;  // its slice: 1 per planned query row, 0 beyond
   std::vector<int32_t> kv_lens_;  // plan()'s scratch for the page-table checks
   int64_t total_q_ = -1;

@@ -152,6 +152,7 @@ jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile = 
 jit::KernelSource attention_rowwise(const AttentionSpec& spec);
 // State merges; dtype of the values (fp16, bf16, fp32).
 jit::KernelSource merge_pair(DType v_dtype);
+jit::KernelSource merge_pair(DType v_dtype, DType out_dtype);  // fp32 states into a 16-bit output
 jit::KernelSource merge_many(DType v_dtype);
 // Paged-KV append (a raw copy); dtype of the cache (fp16, bf16).
 jit::KernelSource append_paged_kv(DType kv_dtype);

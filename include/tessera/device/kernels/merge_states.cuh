@@ -26,7 +26,9 @@ __device__ __forceinline__ bool merge_coords(int head_dim, int num_pairs, int& p
   return pair < num_pairs;
 }
 
-template <typename T>
+// TO: the output's element type (T's, or a 16-bit type for fp32 states: a
+// cascade's last merge writes the caller's output).
+template <typename T, typename TO = T>
 __device__ __forceinline__ void merge_pair(const MergePairParams& p) {
   constexpr int N = MergeVec<T>::N;
   int pair, feat;
@@ -43,7 +45,7 @@ __device__ __forceinline__ void merge_pair(const MergePairParams& p) {
   for (int i = 0; i < N; ++i) out[i] = merge_value(va[i], w.wa, vb[i], w.wb);
   // Everything is read before anything is written: in-place (out == a) is safe
   // because each thread only touches its own features.
-  store_vec<N>(static_cast<T*>(p.out.v) + row * p.out.v_stride_state + head * p.out.v_stride_head + feat, out);
+  store_vec<N>(static_cast<TO*>(p.out.v) + row * p.out.v_stride_state + head * p.out.v_stride_head + feat, out);
   if (p.out.s != nullptr && feat == 0) p.out.s[row * p.out.s_stride_state + head * p.out.s_stride_head] = w.lse;
 }
 

@@ -18,7 +18,8 @@ template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM
 __device__ __forceinline__ void batch_prefill(const Params& p) {
   using Shape = PrefillShape<HEAD_DIM, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES>;
   using Traits = VariantTraits<Variant, Params>;
-  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && sizeof(DO) == 2, "16-bit q, kv and o");
+  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
+                "16-bit q and kv; 16- or 32-bit o");
   static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM + 2) * 4 <= STAGES * 2 * Shape::KV_ELEMS * 2,
                 "the KV-warp merge scratch must fit in the KV pipeline buffers");
   constexpr int MT = Shape::MT, NT_O = Shape::NT_O;

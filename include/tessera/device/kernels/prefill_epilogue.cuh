@@ -71,12 +71,16 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
       const int tile_row = warp_row0 + t * 16 + g + 8 * r;
       if (w.partial_slot < 0) {
         DO* dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h;
-        auto out_pair = [&](int n) {
-          const int col = n * 8 + quad * 2;
-          return pack_pair<DO>(variant.OutputTransform(p, st.o[t][n][2 * r] * inv, b, qo, head, col),
-                               variant.OutputTransform(p, st.o[t][n][2 * r + 1] * inv, b, qo, head, col + 1));
+        // Column n * 8 + quad * 2 + c of the row, transformed.
+        auto out_value = [&](int n, int c) {
+          return variant.OutputTransform(p, st.o[t][n][2 * r + c] * inv, b, qo, head, n * 8 + quad * 2 + c);
         };
-        if constexpr (sizeof(DO) == 2 && NT_O % 4 == 0 && TESSERA_PREFILL_WIDE_STORE) {
+        auto out_pair = [&](auto n) { return pack_pair<DO>(out_value(n, 0), out_value(n, 1)); };  // 16-bit DO only
+        if constexpr (sizeof(DO) == 4) {  // fp32 outputs (a cascade's levels): 8-byte pairs
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n)
+            *reinterpret_cast<float2*>(dst + n * 8 + quad * 2) = make_float2(out_value(n, 0), out_value(n, 1));
+        } else if constexpr (NT_O % 4 == 0 && TESSERA_PREFILL_WIDE_STORE) {
           // A quad holds 2 columns of each 8-column chunk of the row; after a
           // transpose within the quad each lane holds whole chunk 4k + quad,
           // so a row goes out in 16-byte stores of 64 contiguous bytes per
@@ -147,12 +151,13 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = variant.OutputTransform(p, out[i], b, qo, head, col + i);
     DO* const dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col;
+    constexpr int kPer16 = 16 / static_cast<int>(sizeof(DO));
 #pragma unroll
-    for (int i = 0; i < VEC; i += 8) {  // 16-byte stores
-      float part[8];
+    for (int i = 0; i < VEC; i += kPer16) {  // 16-byte stores
+      float part[kPer16];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) part[j] = out[i + j];
-      store_vec<8>(dst + i, part);
+      for (int j = 0; j < kPer16; ++j) part[j] = out[i + j];
+      store_vec<kPer16>(dst + i, part);
     }
     if (col == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
   }

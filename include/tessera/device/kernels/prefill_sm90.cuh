@@ -68,7 +68,8 @@ __device__ __forceinline__ void batch_prefill_sm90(const Params& p, const Sm90Te
   using Rings = Sm90Rings<K_STAGES, V_STAGES, Q_BUFS>;
   using Shape = Sm90Shape<HEAD_DIM, CTA_Q, CTA_KV, Rings>;
   using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
-  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && sizeof(DO) == 2, "16-bit q, kv and o");
+  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
+                "16-bit q and kv; 16- or 32-bit o");
   static_assert(CTA_Q == 64 || CTA_Q == 128, "one or two consumer warpgroups of 64 query rows");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "wgmma tiles for head_dim 64, 128 and 256");
   static_assert(CLUSTER == 1 || CLUSTER == 2, "single CTAs or pairs");
