@@ -108,7 +108,8 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
   if (variants::is_causal(spec_.variant)) opt_.causal_schedule = true;
   // Custom masks keep the full schedule: a masked-out tile only costs time,
-  // a skipped visible one would be wrong (causal_schedule is the caller's call).
+  // a skipped visible one would be wrong (causal_schedule is the caller's
+  // call). Each run then trims the items by the mask it brings (trim_items).
   custom_mask_ = spec_.variant == variants::custom_mask();
   if (const char* env = std::getenv("TESSERA_MASK_TRIM"); env && *env) opt_.trim_masked_tiles = std::string(env) != "0";
   if (const char* env = std::getenv("TESSERA_SM90_TMA")) tma_enabled_ = std::string(env) != "0";
@@ -493,19 +494,20 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
   p.custom_mask_bytes = mask ? mask->numel() : 0;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;
-  // Trimmed items come from a kernel on this stream; the attention kernel
-  // reads its first item before its grid-dependency wait, so it must not
-  // start early behind that kernel (the trim pass itself may).
-  bool pdl = opt.pdl;
-  if (mask != nullptr && opt_.trim_masked_tiles) {
-    trim_items(*mask, stream, opt.pdl);
+  // Custom masks: the kernel reads the items trimmed to their visible tiles.
+  const bool trim = mask != nullptr && opt_.trim_masked_tiles;
+  if (trim) {
     p.work_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.trimmed_items);
     p.first_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.trimmed_first);
-    pdl = false;
   }
   ParamBlock block;  // p followed by the variant's extras
   pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
+  // The trimmed items come from a kernel on this stream; the attention kernel
+  // reads its first item before its grid-dependency wait, so it must not
+  // start early behind that kernel (the trim pass itself may).
+  if (trim) trim_items(*mask, stream, opt.pdl);
+  const bool pdl = opt.pdl && !trim;
   const dim3 grid(ctas_per_group_, head_groups_), threads(config_.threads);
   if (config_.hopper) {
     // Tensor maps for the producer's TMA loads (encoded per run on the host:
