@@ -80,6 +80,34 @@ void check_pair(const TensorView& v_a, const TensorView& s_a, const TensorView& 
   check_scales("s_b", s_b, {n, h}, v_a);
 }
 
+// An output state for pair (v_a, s_a): same shape and device (its dtype is
+// the caller's to check).
+void check_out(const TensorView& v_a, const TensorView& v_out, const TensorView& s_out) {
+  check_shape("v_out", v_out, {v_a.size(0), v_a.size(1), v_a.size(2)});
+  check_same_device("v_a", v_a, "v_out", v_out);
+  check_values("v_out", v_out, 3);
+  if (wants(s_out)) check_scales("s_out", s_out, {v_a.size(0), v_a.size(1)}, v_a);
+}
+
+// A row mask (uint8 / bool [rows], contiguous, on v's device), if given.
+void check_mask(const TensorView& mask, const TensorView& v) {
+  if (!wants(mask)) return;
+  check_shape("mask", mask, {v.size(0)});
+  check_dtype_in("mask", mask, {DType::kUInt8, DType::kBool});
+  check_same_device("mask", mask, "v", v);
+  check_contiguous("mask", mask);
+}
+
+// (v_out, s_out) = (v_a, s_a) (+) (v_b, s_b) on the GPU, masked rows left alone.
+void launch_pair(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
+                 const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream,
+                 const char* what) {
+  MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out),
+                    wants(mask) ? static_cast<const unsigned char*>(mask.data) : nullptr,
+                    static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2))};
+  launch(catalog::merge_pair(v_a.dtype, v_out.dtype), v_a, p, v_a.size(0), stream, what);
+}
+
 }  // namespace
 
 namespace detail {
@@ -89,17 +117,10 @@ namespace detail {
 void merge_state_into(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
                       const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream) {
   check_pair(v_a, s_a, v_b, s_b);
-  check_shape("v_out", v_out, {v_a.size(0), v_a.size(1), v_a.size(2)});
-  check_same_device("v_a", v_a, "v_out", v_out);
-  check_values("v_out", v_out, 3);
-  if (wants(s_out)) check_scales("s_out", s_out, {v_a.size(0), v_a.size(1)}, v_a);
-  check_shape("mask", mask, {v_a.size(0)});
-  check_dtype_in("mask", mask, {DType::kUInt8, DType::kBool});
+  check_out(v_a, v_out, s_out);  // the dtype pair: catalog::merge_pair
+  check_mask(mask, v_a);
   require_gpu("merge_state_into");
-  MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out),
-                    static_cast<const unsigned char*>(mask.data), static_cast<int>(v_a.size(0)),
-                    static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2))};
-  launch(catalog::merge_pair(v_a.dtype, v_out.dtype), v_a, p, v_a.size(0), stream, "merge_state_into");
+  launch_pair(v_a, s_a, v_b, s_b, v_out, s_out, mask, stream, "merge_state_into");
 }
 
 }  // namespace detail
@@ -107,26 +128,16 @@ void merge_state_into(const TensorView& v_a, const TensorView& s_a, const Tensor
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
                  const TensorView& v_out, const TensorView& s_out, cudaStream_t stream) {
   check_pair(v_a, s_a, v_b, s_b);
-  check_shape("v_out", v_out, {v_a.size(0), v_a.size(1), v_a.size(2)});
+  check_out(v_a, v_out, s_out);
   check_dtype("v_out", v_out, v_a.dtype);
-  check_same_device("v_a", v_a, "v_out", v_out);
-  check_values("v_out", v_out, 3);
-  if (wants(s_out)) check_scales("s_out", s_out, {v_a.size(0), v_a.size(1)}, v_a);
   if (!v_a.device.is_cuda()) return cpu::merge_state(v_a, s_a, v_b, s_b, v_out, s_out);
-  MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out), nullptr,
-                    static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2))};
-  launch(catalog::merge_pair(v_a.dtype), v_a, p, v_a.size(0), stream, "merge_state");
+  launch_pair(v_a, s_a, v_b, s_b, v_out, s_out, TensorView(), stream, "merge_state");
 }
 
 void merge_state_in_place(const TensorView& v, const TensorView& s, const TensorView& v_other,
                           const TensorView& s_other, const TensorView& mask, cudaStream_t stream) {
   check_pair(v, s, v_other, s_other);
-  if (wants(mask)) {
-    check_shape("mask", mask, {v.size(0)});
-    check_dtype_in("mask", mask, {DType::kUInt8, DType::kBool});
-    check_same_device("mask", mask, "v", v);
-    check_contiguous("mask", mask);
-  }
+  check_mask(mask, v);
   if (!v.device.is_cuda()) {
     if (!wants(mask)) return cpu::merge_state(v, s, v_other, s_other, v, s);
     // Row by row through the same CPU merge, skipping masked-out rows.
@@ -144,10 +155,7 @@ void merge_state_in_place(const TensorView& v, const TensorView& s, const Tensor
     }
     return;
   }
-  MergePairParams p{state_set(v, s, 0), state_set(v_other, s_other, 0), state_out(v, s),
-                    wants(mask) ? static_cast<const unsigned char*>(mask.data) : nullptr,
-                    static_cast<int>(v.size(0)), static_cast<int>(v.size(1)), static_cast<int>(v.size(2))};
-  launch(catalog::merge_pair(v.dtype), v, p, v.size(0), stream, "merge_state_in_place");
+  launch_pair(v, s, v_other, s_other, v, s, mask, stream, "merge_state_in_place");
 }
 
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out, const TensorView& s_out,

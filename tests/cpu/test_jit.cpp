@@ -125,6 +125,18 @@ TEST(Jit, SpecValidation) {
   spec.q_dtype = DType::kFloat32;
   EXPECT_THROW_MSG(catalog::attention_rowwise(spec), TypeMismatch, "q_dtype");
   EXPECT_THROW_MSG(catalog::merge_pair(DType::kInt32), TypeMismatch, "v");
+  // fp32 outputs: the tensor-core prefill kernels only; fp32 states merge
+  // into a 16-bit output, not the other way round.
+  spec.q_dtype = DType::kFloat16;
+  spec.o_dtype = DType::kFloat32;
+  EXPECT_NO_THROW(catalog::batch_prefill(spec, 64));
+  EXPECT_THROW_MSG(catalog::attention_rowwise(spec), TypeMismatch, "o_dtype");
+  EXPECT_THROW_MSG(catalog::batch_decode(spec, 4), TypeMismatch, "o_dtype");
+  spec.o_dtype = DType::kInt32;
+  EXPECT_THROW_MSG(catalog::batch_prefill(spec, 64), TypeMismatch, "o_dtype");
+  EXPECT_NO_THROW(catalog::merge_pair(DType::kFloat32, DType::kBFloat16));
+  EXPECT_THROW_MSG(catalog::merge_pair(DType::kFloat16, DType::kFloat32), TypeMismatch, "v_out");
+  EXPECT_THROW_MSG(catalog::merge_pair(DType::kFloat32, DType::kInt32), TypeMismatch, "v_out");
 }
 
 // soft_cap / sliding_window: value-specific specs (name and code carry the
