@@ -71,11 +71,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     apply_override(c);
     c.warps_q = cta_q / 16;  // the override may change only the KV tile and the stages here
     c.warps_kv = 1;
-    // 160-token KV tiles (head dim 128, 128-row tiles; experiments through
-    // TESSERA_PREFILL_TILE): S of 64 x 160 is the most the consumers' 224
-    // registers hold beside P and O.
-    const bool kv160 = c.cta_kv == 160 && spec.head_dim == 128 && cta_q == 128;
-    if (c.cta_kv != 64 && c.cta_kv != 128 && !kv160) c.cta_kv = 128;
+    if (c.cta_kv != 64 && c.cta_kv != 128) c.cta_kv = 128;
     c.threads = 128 * (cta_q / 64 + 1);
     // Ring depths: V gets one stage more than K (it is consumed a step later
     // and released only after P V: with 2 V stages the consumers waited on V
@@ -96,7 +92,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     auto bytes = [&](int q_bufs) {
       return 2 * (q_bufs * c.cta_q * spec.head_dim + (c.stages + c.v_stages) * c.cta_kv * spec.head_dim) + 1024;
     };
-    const int static_bytes = 7168 + 32 * std::max(0, c.cta_kv - 128);  // the row-offset tables grow with the tile
+    const int static_bytes = 7168;
     // 64-row tiles aim at two CTAs per SM (their consumers hide each other's
     // softmax), 128-row ones and head dim 256 (a 64-row tile alone needs
     // 192 KB) at one.
