@@ -49,8 +49,9 @@ def build(lens, hq, hkv, env, seed, copies=1):
     copies - 1 more caches of the same shape, for rotation)."""
     k, v, indptr, indices, last = dec.paged_cache(lens, 16, hkv, seed=seed)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
     env = dict(env)
+    tc = env.pop("tc", "1") == "1"  # tc=0: the CUDA-core decode kernel instead
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
     if env.pop("split", "1") == "0":
         w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
     pdl = env.pop("pdl", "0") == "1"  # run(enable_pdl=True)
@@ -91,10 +92,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", action="append", default=[],
                     help="NAME:VAR=VALUE|VAR=VALUE ('NAME:' = defaults; 'split=0': the planner without KV splitting; "
-                         "'pdl=1': run(enable_pdl=True))")
+                         "'pdl=1': run(enable_pdl=True); 'tc=0': the CUDA-core kernel)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the first four workloads")
     ap.add_argument("--tag", default="ab")
+    ap.add_argument("--workloads", default="",
+                    help="instead of the issue's list: HQ/HKV:LENGTHS:BATCH,... (e.g. 32/8:const:1024:16)")
     ap.add_argument("--timing", choices=("flush", "graph"), default="flush",
                     help="flush: do_bench (L2 zeroed between calls); graph: calls over rotating cache copies "
                          "(>= 2x L2) replayed back to back from a CUDA graph (common.bench_graph_ms)")
@@ -105,7 +108,14 @@ def main():
           f"timing: {args.timing}")
     print(f"{'heads':>6} {'lengths':>16} {'B':>4} | " + " | ".join(f"{n:>16}" for n, _ in configs) + " |  sdpa-cudnn")
     rows = []
-    for (hq, hkv), dist, b in WORKLOADS[:4] if args.quick else WORKLOADS:
+    workloads = WORKLOADS[:4] if args.quick else WORKLOADS
+    if args.workloads:
+        workloads = []
+        for w in args.workloads.split(","):
+            heads, dist, b = w.split(":", 1)[0], w.split(":", 1)[1].rsplit(":", 1)[0], w.rsplit(":", 1)[1]
+            hq, hkv = heads.split("/")
+            workloads.append(((int(hq), int(hkv)), dist, int(b)))
+    for (hq, hkv), dist, b in workloads:
         lens = common.kv_lengths(dist, b, seed=b)
         nb = dec.needed_bytes(lens, hq, hkv)
         q = torch.randn(b, hq, dec.D, dtype=dec.DTYPE, device="cuda")
