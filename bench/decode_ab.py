@@ -44,6 +44,17 @@ def parse(cfg):
     return name, env
 
 
+def parse_workload(w):
+    """HQ/HKV:LENGTHS:BATCH (LENGTHS as common.kv_lengths takes them) -> ((hq, hkv), lengths, batch)."""
+    try:
+        heads, rest = w.split(":", 1)
+        dist, b = rest.rsplit(":", 1)
+        hq, hkv = heads.split("/")
+        return (int(hq), int(hkv)), dist, int(b)
+    except ValueError:
+        raise SystemExit(f"--workloads: expected HQ/HKV:LENGTHS:BATCH (e.g. 32/8:const:1024:16), got {w!r}")
+
+
 def build(lens, hq, hkv, env, seed, copies=1):
     """A planned tensor-core decode wrapper under `env`, with its cache (and
     copies - 1 more caches of the same shape, for rotation)."""
@@ -103,18 +114,13 @@ def main():
                          "(>= 2x L2) replayed back to back from a CUDA graph (common.bench_graph_ms)")
     args = ap.parse_args()
     configs = [parse(c) for c in (args.config or ["base:"])]
+    workloads = ([parse_workload(w) for w in args.workloads.split(",")] if args.workloads
+                 else WORKLOADS[:4] if args.quick else WORKLOADS)
     ceiling = common.read_probe_best()
-    print(f"# read ceiling {ceiling:.2f} TB/s; tensor-core decode, page 16, fp16, d 128; us (TB/s of needed KV); "
+    print(f"# read ceiling {ceiling:.2f} TB/s; decode on tensor cores unless tc=0, page 16, fp16, d 128; us (TB/s of needed KV); "
           f"timing: {args.timing}")
     print(f"{'heads':>6} {'lengths':>16} {'B':>4} | " + " | ".join(f"{n:>16}" for n, _ in configs) + " |  sdpa-cudnn")
     rows = []
-    workloads = WORKLOADS[:4] if args.quick else WORKLOADS
-    if args.workloads:
-        workloads = []
-        for w in args.workloads.split(","):
-            heads, dist, b = w.split(":", 1)[0], w.split(":", 1)[1].rsplit(":", 1)[0], w.rsplit(":", 1)[1]
-            hq, hkv = heads.split("/")
-            workloads.append(((int(hq), int(hkv)), dist, int(b)))
     for (hq, hkv), dist, b in workloads:
         lens = common.kv_lengths(dist, b, seed=b)
         nb = dec.needed_bytes(lens, hq, hkv)
