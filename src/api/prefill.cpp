@@ -536,7 +536,8 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
 }
 
 // One block per item (a fixed grid: a captured graph replays it for any plan;
-// the kernel reads the item count from work_indptr).
+// the kernel reads the item count from work_indptr). Called from launch(),
+// whose device guard is in place.
 void BatchPrefill::trim_items(const TensorView& mask, cudaStream_t stream, bool pdl) const {
   char* dev = static_cast<char*>(ws_->device_ptr());
   MaskTrimParams t{};
@@ -553,7 +554,6 @@ void BatchPrefill::trim_items(const TensorView& mask, cudaStream_t stream, bool 
   t.custom_mask = static_cast<const u8*>(mask.data);
   t.mask_indptr = reinterpret_cast<const int*>(dev + layout_.mask_indptr);
   t.custom_mask_bytes = mask.numel();
-  cuda::DeviceGuard guard(ws_->device());
   trim_kernel_->launch(dim3(trim_blocks_), dim3(kMaskTrimThreads), 0, stream, &t, pdl);
   detail::check_launch("BatchPrefill::run (custom-mask trim)");
 }
