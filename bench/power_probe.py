@@ -3,7 +3,8 @@ back to back (nvidia-smi sampled every 100 ms), for Tessera's Hopper kernel
 and SDPA's cuDNN and flash backends in turn: is a kernel limited by its
 schedule, or by the power limit pulling the clock down? Paper Table-1 shape
 (batch 16, 16 heads, head dim 128, causal, fp16).
-Usage: python bench/power_probe.py [--seq 16384] [--seconds 4]"""
+Usage: python bench/power_probe.py [--seq 16384] [--seconds 4]
+                                  [--peers tessera-fa3,tessera-fa2,sdpa-cudnn,sdpa-flash]"""
 import argparse
 import os
 import statistics
@@ -52,12 +53,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--peers", default="tessera-fa3,sdpa-cudnn,sdpa-flash",
+                    help="comma-separated: tessera-fa3, tessera-fa2, sdpa-cudnn, sdpa-flash")
     args = ap.parse_args()
     L, b, h = args.seq, 16, 16
     fl = pf.flops([L] * b, [L] * b, h, True)
-    peers = {"tessera-fa3": pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, "fa3"),
-             "sdpa-cudnn": pf.sdpa_fn(b, h, h, L, L, True, "cudnn"),
-             "sdpa-flash": pf.sdpa_fn(b, h, h, L, L, True, "flash")}
+    makers = {"tessera-fa3": lambda: pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, "fa3", ws=torch.empty(512 << 20, dtype=torch.uint8, device="cuda")),
+              "tessera-fa2": lambda: pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, "fa2", ws=torch.empty(512 << 20, dtype=torch.uint8, device="cuda")),
+              "sdpa-cudnn": lambda: pf.sdpa_fn(b, h, h, L, L, True, "cudnn"),
+              "sdpa-flash": lambda: pf.sdpa_fn(b, h, h, L, L, True, "flash")}
+    names = [n.strip() for n in args.peers.split(",") if n.strip()]
+    for n in names:
+        if n not in makers:
+            ap.error(f"--peers: unknown kernel {n!r}; expected some of {', '.join(makers)}")
+    peers = {n: makers[n]() for n in names}
     results = {}
     print(f"seq {L}: median over {args.seconds:.0f} s of back-to-back calls")
     print(f"{'kernel':14s} {'TFLOP/s':>8s} {'MHz':>6s} {'W':>6s} {'C':>4s}  throttle reasons (bitmask: count)")
@@ -74,7 +83,8 @@ def main():
                              temp_c=med("temp_c"), throttle=reasons, samples=rows)
         res = results[name]
         print(f"{name:14s} {res['tflops']:8.1f} {res['clock_mhz']:6.0f} {res['power_w']:6.0f} {res['temp_c']:4.0f}  {reasons}")
-    path = common.save_results(f"power-probe-{L}", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
+    tag = "" if names == ["tessera-fa3", "sdpa-cudnn", "sdpa-flash"] else "-" + "-".join(names)
+    path = common.save_results(f"power-probe-{L}{tag}", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
                                                                 seconds=args.seconds), results=results))
     print("results:", path)
 

@@ -109,7 +109,14 @@ def main():
     ap.add_argument("--tag", default="ab", help="results file: bench/results/prefill-TAG-DEVICE-DATE.json")
     ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
     ap.add_argument("--backend", default="fa3", choices=["fa2", "fa3"], help="kernel template to A/B")
+    ap.add_argument("--peers", default="", help="comma-separated SDPA backends timed in the same rounds (flash, cudnn)")
     args = ap.parse_args()
+    peers = [x.strip() for x in args.peers.split(",") if x.strip()]
+    for x in peers:
+        if x not in ("flash", "cudnn"):
+            ap.error(f"--peers: expected flash and/or cudnn, got {x!r}")
+    if peers and args.window >= 0:
+        ap.error("--peers: SDPA peers time the causal mask only (no --window)")
     pf.D = args.head_dim
     configs = [parse(c) for c in (args.config or ["base:"])]
     seqs = [int(s) for s in args.seqs.split(",")]
@@ -117,23 +124,37 @@ def main():
     for name, env, cta_q in configs:
         errors[name] = check(seqs[0], args.batch, args.heads, env, args.window, cta_q, args.backend, experiment(env))
         print(f"check {name}: error {errors[name]:.2e}", flush=True)
-    times = {(n, L): [] for n, _, _ in configs for L in seqs}
+    names = [n for n, _, _ in configs] + ["sdpa-" + x for x in peers]
+    times = {(n, L): [] for n in names for L in seqs}
     for _ in range(args.rounds):
         for L in seqs:
             for name, env, cta_q in configs:
                 run = lambda: time_ms(L, args.batch, args.heads, args.window, cta_q, args.backend)  # noqa: E731
                 times[(name, L)].append(with_env(env, run))
+            for x in peers:
+                fn = pf.sdpa_fn(args.batch, args.heads, args.heads, L, L, True, x)
+                times[("sdpa-" + x, L)].append(common.bench_ms(fn) if fn else float("nan"))
+                del fn
     print("TFLOP/s (median of rounds)")
-    print("seq      " + "".join(f"{n:>12s}" for n, _, _ in configs))
+    print("seq      " + "".join(f"{n:>12s}" for n in names))
     rows = []
     for L in seqs:
         fl = flops(L, args.batch, args.heads, args.window)
-        tf = {n: pf.tflops(fl, statistics.median(times[(n, L)])) for n, _, _ in configs}
-        rows.append(dict(seq=L, tflops=tf, ms_rounds={n: times[(n, L)] for n, _, _ in configs}))
-        print(f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n, _, _ in configs))
+        tf = {n: pf.tflops(fl, statistics.median(times[(n, L)])) for n in names}
+        row = dict(seq=L, tflops=tf, ms_rounds={n: times[(n, L)] for n in names})
+        line = f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n in names)
+        if "flash" in peers:
+            # Per-round ratios to SDPA-flash (rounds interleave, so round i of
+            # both ran back to back), reported as min..max and median.
+            row["vs_sdpa_flash"] = {n: [f / t for t, f in zip(times[(n, L)], times[("sdpa-flash", L)])]
+                                    for n, _, _ in configs}
+            line += "   vs flash: " + " ".join(
+                f"{n} {statistics.median(r):.3f}" for n, r in row["vs_sdpa_flash"].items())
+        rows.append(row)
+        print(line)
     path = common.save_results(f"prefill-{args.tag}", dict(
         setting=dict(batch=args.batch, heads=args.heads, head_dim=pf.D, dtype="float16", causal=True, backend=args.backend,
-                     window_left=args.window, rounds=args.rounds),
+                     window_left=args.window, rounds=args.rounds, peers=peers),
         configs={n: dict(env, **({"CTA_Q": str(q)} if q else {})) for n, env, q in configs}, check_error=errors, rows=rows))
     print("results:", path)
 
