@@ -52,6 +52,11 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOption
   p.planner = opt.planner;
   p.max_sms = opt.max_sms;
   p.group_heads = false;  // plan() runs every step: one plan for every head keeps it short
+  // Short decode steps stay unsplit (PlannerOptions::unsplit_max_kv; measured
+  // on this path only: the CUDA-core kernel gained from splitting at every
+  // batch-16 length, bench/results/decode-short-steps-*).
+  if (const char* e = std::getenv("TESSERA_DECODE_UNSPLIT_MAX_KV"); e && *e) p.planner.unsplit_max_kv = std::atoi(e);  // experiments
+  if (p.planner.unsplit_max_kv < 0) p.planner.unsplit_max_kv = 1024;
   // Experiments: force the prefill query tile (64 / 128 select the Hopper
   // kernel on sm_90; the heuristic's 16 rows run the FA2 template).
   if (const char* q = std::getenv("TESSERA_DECODE_TC_CTA_Q")) p.cta_q = std::atoi(q);

@@ -299,6 +299,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
                                          pk.ctas_per_sm, opt_.max_sms);
       ctas_per_group_ = g.ctas_per_group;
       head_groups_ = g.groups;
+      ctas_per_sm_ = pk.ctas_per_sm;
       if (config_.cluster == 1) break;
       // A persistent grid of pairs: every pair resident at once.
       const int c = config_.cluster;
@@ -335,6 +336,10 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
   popt.window_left = spec_.variant.window_left;
   popt.serpentine = popt.serpentine || (custom_mask_ && opt_.trim_masked_tiles);  // trimmed costs vary by tile
+  // Short steps unsplit only where the caller asks (decode on tensor cores):
+  // "enough tiles" means one on every SM the plan's CTAs occupy.
+  if (popt.unsplit_max_kv < 0) popt.unsplit_max_kv = 0;
+  popt.unsplit_min_tiles = std::max(1, ctas_per_group_ / config_.cluster / std::max(1, ctas_per_sm_));
   const int heads_per_group = task_.num_kv_heads / head_groups_;
   // A CTA pair shares one work queue of 2 * cta_q-row tiles (its sections
   // fit the same workspace: half the queues, each slot twice the rows).

@@ -128,6 +128,52 @@ TEST(Planner, ChunksFitOneWaveAndHaveNoTinyTails) {
   EXPECT_GT(plan.num_split_requests, 0);
 }
 
+TEST(Planner, ShortStepsStayWhole) {
+  Planner planner;
+  DecodePlan plan;
+  PlannerOptions opt;
+  opt.unsplit_max_kv = 1024;
+  opt.unsplit_min_tiles = 16;
+  // 16 x 512 on 32 CTAs (two per SM): line 3 would cut each request in two.
+  std::vector<int32_t> even(16, 512);
+  planner.plan_decode(even, 32, {}, plan);
+  EXPECT_GT(plan.num_split_requests, 0) << "the paper's planner splits this batch";
+  planner.plan_decode(even, 32, opt, plan);
+  EXPECT_EQ(plan.num_split_requests, 0);
+  EXPECT_EQ(plan.num_slots, 0);
+  EXPECT_EQ(plan.items.size(), 16u);
+  check_plan(even, 32, opt, plan);
+  // Any of the three conditions missing: the usual split plan.
+  std::vector<int32_t> longer(16, 2048);  // a tile over unsplit_max_kv
+  planner.plan_decode(longer, 32, opt, plan);
+  EXPECT_GT(plan.num_split_requests, 0);
+  std::vector<int32_t> few(8, 512);  // fewer tiles than SMs
+  planner.plan_decode(few, 32, opt, plan);
+  EXPECT_GT(plan.num_split_requests, 0);
+  std::vector<int32_t> spread(16, 256);  // all short, but the longest far over the mean
+  for (int i = 0; i < 8; ++i) spread[2 * i] = 1024;
+  planner.plan_decode(spread, 32, opt, plan);
+  EXPECT_GT(plan.num_split_requests, 0);
+  std::vector<int32_t> near(16, 500);  // within 1/8 of the mean: whole
+  near[0] = 540;
+  planner.plan_decode(near, 32, opt, plan);
+  EXPECT_EQ(plan.num_split_requests, 0);
+  std::vector<int32_t> skew(16, 100);  // one long request
+  skew[3] = 4000;
+  planner.plan_decode(skew, 32, opt, plan);
+  EXPECT_GT(plan.num_split_requests, 0);
+  check_plan(skew, 32, opt, plan);
+  // More tiles than CTAs: no wave of whole tiles to keep.
+  std::vector<int32_t> many(40, 512);
+  opt.split_kv = true;
+  planner.plan_decode(many, 32, opt, plan);
+  check_plan(many, 32, opt, plan);
+  // 0 turns it off.
+  opt.unsplit_max_kv = 0;
+  planner.plan_decode(even, 32, opt, plan);
+  EXPECT_GT(plan.num_split_requests, 0);
+}
+
 TEST(Planner, NoSplitAblation) {
   Planner planner;
   DecodePlan plan;

@@ -2,7 +2,7 @@
 // kernel, one query per request) against the CPU reference: fp16/bf16, head
 // dims 64/128/256, group sizes 1/4/8, page sizes 1/16, NHD/HND, random
 // lengths with 0, 1 and one far longer than the rest (split over CTAs);
-// bitwise determinism; BSR input; CUDA-graph replay across steps whose lengths
+// bitwise determinism; short steps unsplit; BSR input; CUDA-graph replay across steps whose lengths
 // and batch change; bounds and bad input.
 #include <gtest/gtest.h>
 
@@ -81,6 +81,40 @@ TEST(DecodeTensorCoresGpuExtra, MatchesCudaCorePathAndNoSplit) {
   EXPECT_EQ(ns.tensor_core_prefill()->last_plan().num_split, 0);
   Outputs n = run_decode(ns, p, c, batch);
   EXPECT_CLOSE(compare(to_doubles(n.o.view), ref.o), c.dt);
+}
+
+// A short step with a tile for every SM of the plan stays unsplit
+// (PlannerOptions::unsplit_max_kv) and matches the reference and the split
+// plan of the same step.
+TEST(DecodeTensorCoresGpuExtra, ShortStepStaysUnsplit) {
+  SKIP_WITHOUT_GPU();
+  const DecodeCase c{DType::kFloat16, 128, 4, 16, KVLayout::kNHD};
+  std::mt19937_64 rng(11);
+  const std::vector<int32_t> lens = {1000, 1024, 960, 990};  // 4 near-equal tiles on 4 SMs (max_sms)
+  const int64_t batch = static_cast<int64_t>(lens.size()), pool = pages_needed(lens, 16) + 2;
+  Table t = make_table(lens, 16, pool, rng);
+  Problem p = make_problem(c, batch, pool, 1, 13);
+  auto ref = reference_decode(p, t, c);
+  const AttentionSpec spec{variants::standard(), c.dt, c.dt, c.dt, 128};
+  TaskInfo task{4, 1, 16, KVLayout::kNHD, batch, pool};
+  DecodeOptions opt = tensor_cores();
+  opt.max_sms = 4;
+  Workspace ws = decode_workspace(spec, task, opt);
+  BatchDecode dec(spec, task, ws, opt);
+  dec.plan(t.indptr, t.indices, t.last);
+  EXPECT_EQ(dec.tensor_core_prefill()->last_plan().num_split, 0);
+  check_matches_and_deterministic(dec, p, t, c, ref);
+
+  DecodeOptions split = opt;
+  split.planner.unsplit_max_kv = 0;  // the paper's planner
+  Workspace ws_s = decode_workspace(spec, task, split);
+  BatchDecode ds(spec, task, ws_s, split);
+  ds.plan(t.indptr, t.indices, t.last);
+  // With two CTAs per SM (the Hopper kernel's 64-row tiles) it cuts every request.
+  if (ds.tensor_core_prefill()->ctas_per_group() >= 8) EXPECT_GT(ds.tensor_core_prefill()->last_plan().num_split, 0);
+  Outputs a = run_decode(dec, p, c, batch), b = run_decode(ds, p, c, batch);
+  EXPECT_CLOSE(compare(to_doubles(b.o.view), to_doubles(a.o.view)), c.dt);
+  EXPECT_CLOSE(compare(to_doubles(b.lse.view), to_doubles(a.lse.view)), DType::kFloat16);
 }
 
 TEST(DecodeTensorCoresGpuExtra, BsrInputMatchesPaged) {

@@ -197,7 +197,7 @@ class BatchPrefill {
   int trim_blocks_ = 0;
   char* shared_scratch_ = nullptr;  // use_shared_scratch(): the split-KV sections live there
   size_t shared_scratch_bytes_ = 0;
-  int ctas_per_group_ = 0, head_groups_ = 0;
+  int ctas_per_group_ = 0, head_groups_ = 0, ctas_per_sm_ = 1;
   Layout layout_;
   Planner planner_;
   PrefillPlan plan_;

@@ -47,6 +47,20 @@ struct PlannerOptions {
   // masked tiles the run trims off), CTA c then gets tiles c and n - 1 - c in
   // turn, and every CTA the same total. Set by BatchPrefill for custom masks.
   bool serpentine = false;
+  // Short steps (not in the paper's model). A split tile's merge is a chain
+  // of dependent round trips (~2 us on an H100) that a short, memory-bound
+  // step does not earn back once every tile already has an SM of its own:
+  // decode on tensor cores, GQA 32/8, batch 16 x 256 / 512 / 1024 keys ran
+  // 19% / 10% / 2% faster unsplit, and 3% slower at 2048
+  // (bench/results/decode-short-steps-*). So when there are at least
+  // unsplit_min_tiles tiles, no more than the CTAs, none has more than
+  // unsplit_max_kv keys, and the longest is within 1/8 of the mean SM's
+  // share (total / unsplit_min_tiles), every tile stays whole. Skewed
+  // lengths keep splitting: uniform 256..1024 ran 15% slower unsplit.
+  // unsplit_max_kv: 0 = off;
+  // -1 = the wrapper's choice (1024 for decode on tensor cores, else off).
+  int unsplit_max_kv = -1;
+  int unsplit_min_tiles = 1;  // set by the wrapper: its CTAs / CTAs per SM
 };
 
 // What every plan reports besides its work items.
