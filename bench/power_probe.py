@@ -58,8 +58,12 @@ def main():
     args = ap.parse_args()
     L, b, h = args.seq, 16, 16
     fl = pf.flops([L] * b, [L] * b, h, True)
-    makers = {"tessera-fa3": lambda: pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, "fa3", ws=torch.empty(512 << 20, dtype=torch.uint8, device="cuda")),
-              "tessera-fa2": lambda: pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, "fa2", ws=torch.empty(512 << 20, dtype=torch.uint8, device="cuda")),
+    def tessera(backend):  # its own workspace: a later plan into a shared one would replace this one
+        ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+        return pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, backend, ws=ws)
+
+    makers = {"tessera-fa3": lambda: tessera("fa3"),
+              "tessera-fa2": lambda: tessera("fa2"),
               "sdpa-cudnn": lambda: pf.sdpa_fn(b, h, h, L, L, True, "cudnn"),
               "sdpa-flash": lambda: pf.sdpa_fn(b, h, h, L, L, True, "flash")}
     names = [n.strip() for n in args.peers.split(",") if n.strip()]

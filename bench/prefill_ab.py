@@ -145,7 +145,7 @@ def main():
         line = f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n in names)
         if "flash" in peers:
             # Per-round ratios to SDPA-flash (rounds interleave, so round i of
-            # both ran back to back), reported as min..max and median.
+            # both ran back to back): all rounds in the JSON, the median printed.
             row["vs_sdpa_flash"] = {n: [f / t for t, f in zip(times[(n, L)], times[("sdpa-flash", L)])]
                                     for n, _, _ in configs}
             line += "   vs flash: " + " ".join(
