@@ -30,6 +30,21 @@ std::vector<int32_t> random_lens(std::mt19937_64& rng, int n, int32_t long_len) 
   return lens;
 }
 
+// One step's page table (page size 16), inputs and reference.
+struct Step {
+  Table t;
+  Problem p;
+  reference::Result ref;
+  int64_t batch, pool;
+};
+Step make_step(const DecodeCase& c, const std::vector<int32_t>& lens, std::mt19937_64& rng, int64_t Hkv, uint64_t seed) {
+  const int64_t batch = static_cast<int64_t>(lens.size()), pool = pages_needed(lens, 16) + 2;
+  Table t = make_table(lens, 16, pool, rng);
+  Problem p = make_problem(c, batch, pool, Hkv, seed);
+  auto ref = reference_decode(p, t, c);
+  return {std::move(t), std::move(p), std::move(ref), batch, pool};
+}
+
 class DecodeTensorCoresGpu : public ::testing::TestWithParam<DecodeSweepParam> {};
 
 TEST_P(DecodeTensorCoresGpu, MatchesReferenceAndIsDeterministic) {
@@ -58,11 +73,7 @@ TEST(DecodeTensorCoresGpuExtra, MatchesCudaCorePathAndNoSplit) {
   SKIP_WITHOUT_GPU();
   const DecodeCase c{DType::kFloat16, 128, 4, 16, KVLayout::kNHD};
   std::mt19937_64 rng(5);
-  const std::vector<int32_t> lens = random_lens(rng, 20, 9000);
-  const int64_t batch = static_cast<int64_t>(lens.size()), pool = pages_needed(lens, 16) + 2;
-  Table t = make_table(lens, 16, pool, rng);
-  Problem p = make_problem(c, batch, pool, 2, 9);
-  auto ref = reference_decode(p, t, c);
+  auto [t, p, ref, batch, pool] = make_step(c, random_lens(rng, 20, 9000), rng, 2, 9);
   const AttentionSpec spec{variants::standard(), c.dt, c.dt, c.dt, 128};
   TaskInfo task{8, 2, 16, KVLayout::kNHD, batch, pool};
   Workspace ws_cc = decode_workspace(spec, task), ws_tc = decode_workspace(spec, task, tensor_cores());
@@ -90,11 +101,8 @@ TEST(DecodeTensorCoresGpuExtra, ShortStepStaysUnsplit) {
   SKIP_WITHOUT_GPU();
   const DecodeCase c{DType::kFloat16, 128, 4, 16, KVLayout::kNHD};
   std::mt19937_64 rng(11);
-  const std::vector<int32_t> lens = {1000, 1024, 960, 990};  // 4 near-equal tiles on 4 SMs (max_sms)
-  const int64_t batch = static_cast<int64_t>(lens.size()), pool = pages_needed(lens, 16) + 2;
-  Table t = make_table(lens, 16, pool, rng);
-  Problem p = make_problem(c, batch, pool, 1, 13);
-  auto ref = reference_decode(p, t, c);
+  // 4 near-equal tiles on 4 SMs (max_sms), one KV head.
+  auto [t, p, ref, batch, pool] = make_step(c, {1000, 1024, 960, 990}, rng, 1, 13);
   const AttentionSpec spec{variants::standard(), c.dt, c.dt, c.dt, 128};
   TaskInfo task{4, 1, 16, KVLayout::kNHD, batch, pool};
   DecodeOptions opt = tensor_cores();
