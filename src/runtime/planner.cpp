@@ -182,12 +182,11 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
     total += t.kv_len;
     longest = std::max<int64_t>(longest, t.kv_len);
   }
-  // Short steps keep every tile whole (PlannerOptions::unsplit_max_kv).
-  const int64_t n_tiles = static_cast<int64_t>(tiles_.size());
-  // Only near-equal lengths: unsplit, the step lasts as long as its longest
+  // Short steps keep every tile whole (PlannerOptions::unsplit_max_kv), for
+  // near-equal lengths only: unsplit, a step lasts as long as its longest
   // tile, split about as long as the mean SM's share (batch 16 of 256..1024
-  // keys ran 15% slower unsplit); so the longest may exceed that share by 1/8.
-  const int64_t sms = std::max(1, opt.unsplit_min_tiles);
+  // keys ran 15% slower unsplit), so the longest may exceed that share by 1/8.
+  const int64_t n_tiles = static_cast<int64_t>(tiles_.size()), sms = std::max(1, opt.unsplit_min_tiles);
   const bool short_step = opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas &&
                           longest <= opt.unsplit_max_kv && 8 * longest * sms <= 9 * total;
   const bool split = opt.split_kv && !short_step;
