@@ -12,12 +12,6 @@
 #include "tessera/device/kernels/prefill_sm90_consumer.cuh"
 #include "tessera/device/kernels/prefill_sm90_producer.cuh"
 
-// Q_TMA (experiments): 0 loads Q tiles with cp.async even where the host
-// encoded a tensor map for them.
-#ifndef TESSERA_SM90_Q_TMA
-#define TESSERA_SM90_Q_TMA 1
-#endif
-
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -26,19 +20,12 @@ namespace tessera {
 // warpgroups and CTAS CTAs per SM: the whole 64K-register file, the
 // producer keeping what its address arithmetic needs. ptxas fits each side
 // into its setmaxnreg count: with one consumer warpgroup, 40 producer
-// registers spilled 28-188 bytes (TESSERA_PTXAS_VERBOSE=1), 64 none, and the
-// consumer of a 64-row tile fits 192 (head dims 64 / 128). PRODUCER1 /
-// CONSUMER1C2 override the one-consumer split (experiments).
-#ifndef TESSERA_SM90_PRODUCER1
-#define TESSERA_SM90_PRODUCER1 64
-#endif
-#ifndef TESSERA_SM90_CONSUMER1C2
-#define TESSERA_SM90_CONSUMER1C2 192
-#endif
+// registers spilled 28-188 bytes, 64 none, and the consumer of a 64-row
+// tile fits 192 (head dims 64 / 128).
 template <int CONSUMERS, int CTAS>
 struct Sm90Registers {
-  static constexpr int PRODUCER = CONSUMERS == 2 ? 56 : TESSERA_SM90_PRODUCER1;
-  static constexpr int CONSUMER = CONSUMERS == 2 ? 224 : (CTAS == 2 ? TESSERA_SM90_CONSUMER1C2 : 240);
+  static constexpr int PRODUCER = CONSUMERS == 2 ? 56 : 64;
+  static constexpr int CONSUMER = CONSUMERS == 2 ? 224 : (CTAS == 2 ? 192 : 240);
   static_assert((PRODUCER + CONSUMERS * CONSUMER) * 128 * CTAS <= 65536, "register file");
 };
 
@@ -58,8 +45,8 @@ struct Sm90Shape {
 // (they swap halves every item): both stream the same K and V tiles,
 // which each tile's TMA copies deliver to both CTAs at once (multicast), so
 // L2 serves each tile once per pair. (Skipping every other K / V tile copy
-// lifted 16k causal prefill from 564 to 616 TFLOP/s in a bound experiment,
-// TESSERA_SM90_EXP_HALF_KV: the kernels run at the power cap. The pairs,
+// lifted 16k causal prefill from 564 to 616 TFLOP/s in a bound measurement:
+// the kernels run at the power cap. The pairs,
 // which halve only the L2 reads, measured within +-3% of single CTAs at
 // 8k-16k and 5% slower at 1k, so they are opt-in: PrefillOptions::cluster.)
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
@@ -81,7 +68,7 @@ __device__ __forceinline__ void batch_prefill_sm90(const Params& p, const Sm90Te
   DKV* v_smem = k_smem + K_STAGES * Shape::KV_ELEMS;
   using Producer = Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, Params>;
   const bool kv_tma = Producer::uses_tma(tma) && p.kv.indices == nullptr;  // paged KV is gathered
-  const bool q_tma = TESSERA_SM90_Q_TMA && tma.q_on != 0;
+  const bool q_tma = tma.q_on != 0;
   constexpr int kConsumers = Shape::THREADS - 128;
   if (threadIdx.x == 0) {
     pipe.init(kConsumers, CLUSTER == 1 ? kConsumers : CLUSTER * kConsumers / 32, kv_tma ? 1 : 128, q_tma ? 1 : 128);

@@ -3,12 +3,6 @@
 #pragma once
 #include "tessera/device/arch/numeric.cuh"
 
-// PAGE_CHECK (experiments): 0 compiles the page-id checks out, to measure
-// what they cost (the wrappers always ask for them).
-#ifndef TESSERA_PAGE_CHECK
-#define TESSERA_PAGE_CHECK 1
-#endif
-
 namespace tessera {
 namespace device {
 
@@ -49,7 +43,7 @@ struct PagedKV {
 // A page id read from the table: itself when in [0, num_pages) or unchecked,
 // else -1 after recording it (see PagedKV::page_error).
 __device__ __forceinline__ int check_page(const PagedKV& kv, int id) {
-  if (TESSERA_PAGE_CHECK && kv.page_error != nullptr &&
+  if (kv.page_error != nullptr &&
       static_cast<unsigned>(id) >= static_cast<unsigned>(kv.num_pages)) {
     volatile int* e = kv.page_error;
     e[1] = id;
