@@ -55,7 +55,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     if (!hopper_supported(spec, cta_q))
       throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64, 128 or 256 and a query tile of 64 or 128 rows, got head_dim " +
                             std::to_string(spec.head_dim) + ", tile " + std::to_string(cta_q));
-    // Warp-specialized (prefill_sm90.cuh): one producer warpgroup plus one
+    // Warp-specialized (prefill_sm90/kernel.cuh): one producer warpgroup plus one
     // consumer warpgroup per 64 query rows. 128-row tiles: 128-token KV
     // tiles, 2 stages, one CTA per SM (FA3's choice for head_dim 128; S and
     // O of 64 x 128 each fit the consumers' 224 registers). 64-row tiles:
@@ -167,7 +167,7 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
          << c.ctas_per_sm << ", " << cluster;
     jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
                                              std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
-                                             "tessera/device/kernels/prefill_sm90.cuh", "PrefillParams",
+                                             "tessera/device/kernels/prefill_sm90/kernel.cuh", "PrefillParams",
                                              "batch_prefill_sm90", c.threads, tail.str(), c.ctas_per_sm,
                                              "tessera::Sm90TensorMaps tma", cluster);
     // Experiments only: extra -D options for the Hopper kernel's switches
@@ -179,7 +179,7 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
   tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
   jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " +
                                            std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
-                                           "tessera/device/kernels/prefill.cuh", "PrefillParams", "batch_prefill",
+                                           "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill",
                                            c.threads, tail.str());
   add_defines(src, "TESSERA_PREFILL_DEFINES");  // experiments, as above (e.g. TESSERA_PREFILL_WIDE_STORE=0)
   return src;

@@ -3,11 +3,11 @@
 // the fused query tile, pipelines KV tiles through shared memory, merges the
 // KV-split warps, and writes the output (unsplit tile) or a partial state,
 // the last finisher of a split tile merging its partials in chunk order
-// (prefill_epilogue.cuh). The Hopper template is prefill_sm90.cuh.
+// (common/epilogue.cuh). The Hopper template is prefill_sm90/kernel.cuh.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
-#include "tessera/device/kernels/prefill_epilogue.cuh"
-#include "tessera/device/kernels/prefill_mainloop.cuh"
+#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/prefill_sm80/mainloop.cuh"
 
 namespace tessera {
 

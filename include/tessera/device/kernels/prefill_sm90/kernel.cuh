@@ -9,8 +9,8 @@
 // only computes addresses, to the consumers, which hold S, P and O.
 #pragma once
 #include "tessera/device/arch/cluster.cuh"
-#include "tessera/device/kernels/prefill_sm90_consumer.cuh"
-#include "tessera/device/kernels/prefill_sm90_producer.cuh"
+#include "tessera/device/kernels/prefill_sm90/mainloop_consumer.cuh"
+#include "tessera/device/kernels/prefill_sm90/mainloop_producer.cuh"
 
 namespace tessera {
 

@@ -5,7 +5,7 @@
 // values; one counter per split tile says who is last). Split tiles' slots
 // and counters come from the plan of the CTA's head group, which every group
 // (blockIdx.y) shares: they are indexed slot * groups + group. A CTA pair
-// (CLUSTER = 2, prefill_sm90.cuh) shares slots of 2 * CTA_Q rows, rank r
+// (CLUSTER = 2, prefill_sm90/kernel.cuh) shares slots of 2 * CTA_Q rows, rank r
 // holding rows r * CTA_Q ..., and each rank merges its own rows (counter
 // index * CLUSTER + rank).
 #pragma once
@@ -13,7 +13,7 @@
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
-#include "tessera/device/kernels/prefill_softmax.cuh"
+#include "tessera/device/kernels/common/softmax.cuh"
 
 namespace tessera {
 

@@ -1,13 +1,13 @@
 // Batch decode, persistent kernel: CTA (x, h) runs the work items the planner
 // queued for column x, for KV head h; each item streams a KV chunk (see
-// decode_mainloop.cuh), merges its token groups, then either writes the output
+// decode/mainloop.cuh), merges its token groups, then either writes the output
 // (unsplit request: split-K writethrough) or a partial state. The CTA that
 // finishes a split request's last chunk merges all of its partial states in
 // chunk order (fused contraction): values are reduced in a fixed order with no
 // atomics; one atomic counter per (request, KV head) only elects the merger.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
-#include "tessera/device/kernels/decode_mainloop.cuh"
+#include "tessera/device/kernels/decode/mainloop.cuh"
 
 namespace tessera {
 

@@ -19,8 +19,8 @@
 #include "tessera/device/arch/tma.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/prefill_params.cuh"
-#include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
-#include "tessera/device/kernels/prefill_tiles.cuh"
+#include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
+#include "tessera/device/kernels/common/tiles.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
 namespace tessera {

@@ -11,8 +11,8 @@
 #include "tessera/device/arch/ldmatrix.cuh"
 #include "tessera/device/arch/mma.cuh"
 #include "tessera/device/arch/vector_io.cuh"
-#include "tessera/device/kernels/prefill_softmax.cuh"
-#include "tessera/device/kernels/prefill_tiles.cuh"
+#include "tessera/device/kernels/common/softmax.cuh"
+#include "tessera/device/kernels/common/tiles.cuh"
 
 namespace tessera {
 

@@ -28,10 +28,10 @@
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/arch/cluster.cuh"
-#include "tessera/device/kernels/prefill_epilogue.cuh"
-#include "tessera/device/kernels/prefill_sm90_mma.cuh"
-#include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
-#include "tessera/device/kernels/prefill_tiles.cuh"
+#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/prefill_sm90/mma.cuh"
+#include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
+#include "tessera/device/kernels/common/tiles.cuh"
 
 namespace tessera {
 
