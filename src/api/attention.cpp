@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "checks.hpp"
-#include "tessera/device/kernels/attention_rowwise_params.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/runtime/variant_params.hpp"
 

@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "checks.hpp"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {

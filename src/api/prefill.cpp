@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "checks.hpp"
-#include "tessera/device/kernels/mask_trim_params.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/mask_trim_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/formats/custom_mask.hpp"
 #include "tessera/runtime/tensor_map.hpp"
 #include "tessera/runtime/variant_params.hpp"

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "tessera/device/kernels/attention_rowwise_params.cuh"
-#include "tessera/device/kernels/decode_params.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/runtime/variant_params.hpp"
 #include "test_util.hpp"
 #include "variant_cases.hpp"

@@ -1,5 +1,17 @@
 // Compiled by nvcc at build time (never run): instantiates every device
 // template the JIT instantiates, so nvcc and NVRTC both accept the sources.
+// The host/device ABI headers come first, each on its own.
+#include "tessera/abi/append_kv_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/abi/kv_view.cuh"
+#include "tessera/abi/mask_trim_params.cuh"
+#include "tessera/abi/merge_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
+#include "tessera/abi/rope_params.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/tensor_map.cuh"
+#include "tessera/abi/types.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/device/kernels/decode/rowwise.cuh"
 #include "tessera/device/kernels/merge/merge_states.cuh"
 

@@ -12,7 +12,7 @@
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/device/kernels/common/work_queue.cuh"
 #include "tessera/device/kernels/common/softmax.cuh"
 
 namespace tessera {

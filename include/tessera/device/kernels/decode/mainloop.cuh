@@ -10,7 +10,8 @@
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/vector_io.cuh"
-#include "tessera/device/kernels/decode_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/device/primitives/kv_view.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 

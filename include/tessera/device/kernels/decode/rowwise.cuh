@@ -11,7 +11,8 @@
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
-#include "tessera/device/kernels/attention_rowwise_params.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/device/primitives/kv_view.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 #include "tessera/device/primitives/ragged.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"

@@ -18,7 +18,7 @@
 #include "tessera/device/arch/cluster.cuh"
 #include "tessera/device/arch/tma.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/device/kernels/common/work_queue.cuh"
 #include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
 #include "tessera/device/kernels/common/tiles.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"

@@ -3,7 +3,7 @@
 // the host fills DecodeParams with fixed workspace addresses, so a captured
 // CUDA graph stays valid while plan() rewrites the queues between replays.
 #pragma once
-#include "tessera/device/primitives/kv_view.cuh"
+#include "tessera/abi/kv_view.cuh"
 
 namespace tessera {
 

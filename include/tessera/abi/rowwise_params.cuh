@@ -1,7 +1,7 @@
 // Parameter block of the row-wise (query tile 1, CUDA cores) attention kernel.
 // Plain data: the host fills the very same struct and passes it by value.
 #pragma once
-#include "tessera/device/primitives/kv_view.cuh"
+#include "tessera/abi/kv_view.cuh"
 
 namespace tessera {
 
