@@ -7,6 +7,7 @@
 // atomics; one atomic counter per (request, KV head) only elects the merger.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
+#include "tessera/device/kernels/common/work_queue.cuh"
 #include "tessera/device/kernels/decode/mainloop.cuh"
 
 namespace tessera {
@@ -62,12 +63,12 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
   const int feat0 = x * VEC;
   const int qo_head0 = h * GROUP + y * HPT;
 
-  const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
+  WorkQueue<DecodeWorkItem, QueueLoad::kPlain, Params> queue(p, blockIdx.x);
   // The plan's workspace is complete; q, K, V and the outputs may still be
   // the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
-  for (int wi = wi0; wi < wi_end; ++wi) {
-    const DecodeWorkItem w = p.work_items[wi];
+  for (int wi = queue.begin; wi < queue.end; ++wi) {
+    const DecodeWorkItem w = queue.take(wi);
     const int b = w.request;
     const int kv_len = device::kv_len(p.kv, b);
     const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;

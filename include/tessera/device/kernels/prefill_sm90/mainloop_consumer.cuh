@@ -107,16 +107,15 @@ struct Sm90Consumer {
     // item's tiles; the first beside work_indptr) and carry their request's
     // bounds, so an item starts without dependent global loads (they cost
     // 0.7-2.7k cycles per item).
-    const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
-    const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
-    PrefillWorkItem w_next = p.first_items[queue];  // not behind work_indptr
+    // A cluster's CTAs share one work queue.
+    WorkQueue<PrefillWorkItem, QueueLoad::kAhead, Params> queue(p, static_cast<int>(blockIdx.x / CLUSTER));
+    const int wi0 = queue.begin, wi_end = queue.end;
     grid_dependency_wait();  // before any read of the variant's tensors or write of o, lse, partial states
     // Every thread signals (some runtimes want all of a CTA's threads); the
     // producer's signal, after its last copy, is the one that counts.
     grid_dependency_launch_dependents();
     for (int wi = wi0; wi < wi_end; ++wi) {
-      PrefillWorkItem w = w_next;
-      if (wi + 1 < wi_end) w_next = p.work_items[wi + 1];
+      PrefillWorkItem w = queue.take(wi);
       // Equal in every lane already; broadcasting makes ptxas see it, so the
       // tile loop's control and ring positions are warp-uniform.
       w.kv_start = warp_uniform(w.kv_start);

@@ -210,9 +210,10 @@ struct Sm90Producer {
       tma_prefetch_map(&tma->v);
     }
     if (q_tma && tid == kQIssuer) tma_prefetch_map(&maps.q);
-    const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
-    const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
-    const PrefillWorkItem w_first = p.first_items[queue];
+    // A cluster's CTAs share one work queue (the consumers walk it too).
+    WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, static_cast<int>(blockIdx.x / CLUSTER));
+    const int wi0 = queue.begin, wi_end = queue.end;
+    const PrefillWorkItem w_first = queue.first();
     // Paged KV: the first item's first row offsets (page ids from the plan's
     // workspace) before the wait below, so its K copies can go right after.
     const i64 first_off = paged && wi0 < wi_end
@@ -223,7 +224,7 @@ struct Sm90Producer {
     // q, K and V may be that kernel's output (programmatic dependent launch).
     grid_dependency_wait();
     for (int wi = wi0; wi < wi_end; ++wi) {
-      const PrefillWorkItem w = wi == wi0 ? w_first : p.work_items[wi];
+      const PrefillWorkItem w = queue.take(wi);
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       if (n_tiles == 0) continue;  // the consumers skip it too
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
