@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "tessera/abi/shared_memory.cuh"
 #include "tessera/core/error.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
 #include "tessera/runtime/variant_params.hpp"
@@ -286,15 +287,13 @@ DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int s
   if (tile < 0 || stages < 0 || stages == 1) throw InvalidArgument("tile/stages: expected 0 (heuristic), tile >= 1, stages >= 2");
   c.tile = tile ? tile : std::max(16, 16384 / (spec.head_dim * elem * 2));
   c.stages = stages ? stages : 2;  // 2 x 16 KB: more CTAs per SM beat deeper pipelines (bench/decode_sweep.py)
-  // Mirror of DecodeShape (device/kernels/decode_mainloop.cuh).
-  const int vec = 16 / elem, tx = spec.head_dim / vec;
-  const int hpt = group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
-  const int ty = group / hpt;
-  const int tz = tx * ty >= c.min_threads ? 1 : c.min_threads / (tx * ty);
-  c.threads = tx * ty * tz;
+  // The kernel's own geometry (DecodeShape; abi/shared_memory.cuh).
+  const DecodeGeometry g0 = decode_geometry(elem, spec.head_dim, group, c.min_threads, c.tile, c.stages);
   // Every thread copies whole chunks and every token group whole tokens.
-  if (c.tile % (ty * tz) != 0) c.tile = (c.tile + ty * tz - 1) / (ty * tz) * (ty * tz);
-  c.smem_bytes = c.stages * 2 * c.tile * spec.head_dim * elem;
+  if (c.tile % (g0.ty * g0.tz) != 0) c.tile = (c.tile + g0.ty * g0.tz - 1) / (g0.ty * g0.tz) * (g0.ty * g0.tz);
+  const DecodeGeometry g = decode_geometry(elem, spec.head_dim, group, c.min_threads, c.tile, c.stages);
+  c.threads = g.threads;
+  c.smem_bytes = g.smem_bytes;
   c.ctas_per_sm = std::max(1, std::min({(227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads, 8}));
   return c;
 }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "tessera/abi/shared_memory.cuh"
 #include "tessera/core/error.hpp"
 
 namespace tessera::catalog {
@@ -86,13 +87,12 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
         throw InvalidArgument(std::string("TESSERA_SM90_RINGS: expected \"k_stages,v_stages,q_bufs\" (>= 2, >= 2, 1 or 2), got ") + env);
       rings_forced = true;
     }
-    // Mirror of Sm90Shape: Q buffers, K and V stages, + 1024 bytes of
-    // alignment slack; + the static pipeline barriers, 4 x CTA_KV paged row
-    // offsets and the consumers' kilobyte of ones (1024-byte aligned).
+    // The kernel's own layout (abi/shared_memory.cuh): Q buffers, K and V
+    // stages and the alignment slack, + its static shared memory's bound.
     auto bytes = [&](int q_bufs) {
-      return 2 * (q_bufs * c.cta_q * spec.head_dim + (c.stages + c.v_stages) * c.cta_kv * spec.head_dim) + 1024;
+      return sm90_smem_layout(spec.head_dim, c.cta_q, c.cta_kv, c.stages, c.v_stages, q_bufs).dynamic_bytes;
     };
-    const int static_bytes = 7168;
+    const int static_bytes = kSm90StaticSmemBound;
     // 64-row tiles aim at two CTAs per SM (their consumers hide each other's
     // softmax), 128-row ones and head dim 256 (a 64-row tile alone needs
     // 192 KB) at one.

@@ -9,6 +9,7 @@
 #include "tessera/abi/prefill_params.cuh"
 #include "tessera/abi/rope_params.cuh"
 #include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/shared_memory.cuh"
 #include "tessera/abi/tensor_map.cuh"
 #include "tessera/abi/types.cuh"
 #include "tessera/abi/variant_extra.cuh"
