@@ -34,6 +34,10 @@ struct DecodeParams {
   int num_qo_heads;
   int page_shift;  // log2(page_size) if a power of two, else -1
   float sm_scale;
+  // Output scale (FlashInfer's v_scale: V's dequantization scale): O is
+  // multiplied by it where the epilogue normalizes rows, before the
+  // variant's OutputTransform; LSE is unchanged.
+  float o_scale = 1.f;
   Extra extra;  // the variant's own scalars / tensor pointers; keep last
 };
 

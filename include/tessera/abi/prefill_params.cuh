@@ -68,6 +68,10 @@ struct PrefillParams {
   int heads_per_group;
   int page_shift;
   float sm_scale;
+  // Output scale (FlashInfer's v_scale: V's dequantization scale): O is
+  // multiplied by it where the epilogue normalizes rows, before the
+  // variant's OutputTransform; LSE is unchanged.
+  float o_scale = 1.f;
   // Custom mask (variants::custom_mask(), else null): request b's
   // [qo_len, kv_len] boolean mask, row-major, packed 8 positions per byte
   // with little bit order (numpy packbits(bitorder="little")), starting at

@@ -54,7 +54,8 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
       if (!rows.valid[t][r]) continue;
       const int qo = rows.qo_idx[t][r], head = rows.head[t][r];
       const bool empty = st.d[t][r] == 0.f;
-      const float inv = Variant::use_softmax ? (empty ? 0.f : row_inverse(st.d[t][r])) : 1.f;
+      // Normalization and output scale in one factor (a multiply per row).
+      const float inv = (Variant::use_softmax ? (empty ? 0.f : row_inverse(st.d[t][r])) : 1.f) * p.o_scale;
       const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[t][r] + row_log2(st.d[t][r])) : 0.f;
       const int tile_row = warp_row0 + t * 16 + g + 8 * r;
       if (w.partial_slot < 0) {

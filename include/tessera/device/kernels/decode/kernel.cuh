@@ -142,13 +142,11 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
             for (int i = 0; i < VEC; ++i) o[i] += src[i];
           }
         }
-        float lse = 0.f;
-        if (Variant::use_softmax) {
-          const float inv = acc.empty() ? 0.f : 1.f / acc.d;
+        // Normalization and output scale in one factor (a multiply per row).
+        const float inv = (Variant::use_softmax ? (acc.empty() ? 0.f : 1.f / acc.d) : 1.f) * p.o_scale;
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) o[i] *= inv;
-          lse = acc.lse();
-        }
+        for (int i = 0; i < VEC; ++i) o[i] *= inv;
+        const float lse = Variant::use_softmax ? acc.lse() : 0.f;
         const int qo_head = qo_head0 + j;
         if (w.partial_slot < 0) {
           decode_store_output<Variant, Shape, DO>(p, variant, b, qo_head, feat0, o, lse, x == 0);

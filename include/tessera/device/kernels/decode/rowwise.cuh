@@ -101,7 +101,7 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
         for (int i = 0; i < VEC; ++i) out[i] += s_o[w][feat0 + i];
       }
     }
-    const float inv = (Variant::use_softmax && !acc.empty()) ? 1.f / acc.d : 1.f;
+    const float inv = ((Variant::use_softmax && !acc.empty()) ? 1.f / acc.d : 1.f) * p.o_scale;  // and the output scale
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       float val = (Variant::use_softmax && acc.empty()) ? 0.f : out[i] * inv;
