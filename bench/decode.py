@@ -16,10 +16,11 @@ Modes:
                  default here; 0: CUDA cores), split (0: the planner without KV
                  splitting), pdl (1: run(enable_pdl=True)). --timing graph
                  times every kernel over rotating cache copies replayed from a
-                 CUDA graph (common.bench_graph_ms); results: decode-ab-TAG.json
+                 CUDA graph (common.bench_graph_ms); results: decode-ab.json
   --step-timing  one step per workload timed four ways: after do_bench's
                  flush (dirty L2), with a clean L2, back to back on a stream,
                  from a CUDA graph; results: decode-step-timing.json
+--save-as NAME writes bench/results/NAME.json instead (the grid's --quick run: decode-quick).
 
 Usage: python bench/decode.py [--quick] [--no-flex] [--plan-only]
        python bench/decode.py --ab base: --ab nosplit:split=0 [--timing graph] [--workloads W,...] [--rounds 5]
@@ -246,7 +247,8 @@ def grid(args):
                  "us": ms_seq * 1e3, "tbps": tb, "frac_ceiling": tb / ceiling, "tessera-tc_us": ms_seq_tc * 1e3,
                  "tessera-tc_tbps": tb_tc, "tessera-tc_frac_ceiling": tb_tc / ceiling})
     rows += plan_timing()
-    return common.save_results("decode", dict(read_ceiling_tbps=read_tbps, copy_tbps=copy_tbps, ceiling_tbps=ceiling,
+    name = args.save_as or ("decode-quick" if args.quick else "decode")
+    return common.save_results(name, dict(read_ceiling_tbps=read_tbps, copy_tbps=copy_tbps, ceiling_tbps=ceiling,
                                               head_dim=D, dtype="float16", rows=rows))
 
 
@@ -294,11 +296,11 @@ def ab(args, workloads):
                          rounds_ms=times, check_err=errs, sdpa_cudnn_us=cd and cd * 1e3, timing=args.timing,
                          copies=copies))
         torch.cuda.empty_cache()
-    return common.save_results(f"decode-ab-{args.tag}", dict(read_ceiling_tbps=ceiling, configs=dict(configs),
+    return common.save_results(args.save_as or "decode-ab", dict(read_ceiling_tbps=ceiling, configs=dict(configs),
                                                              rows=rows))
 
 
-def step_timing(workloads):
+def step_timing(workloads, save_as):
     """One step per workload: flushed (do_bench), clean L2, back to back on a stream, CUDA graph; both paths and cuDNN."""
     rows = []
     for (hq, hkv), dist, b in workloads:
@@ -344,7 +346,7 @@ def step_timing(workloads):
                              flushed_us=fl, clean_us=cl))
         del caches
         torch.cuda.empty_cache()
-    return common.save_results("decode-step-timing", dict(page_size=16, head_dim=D, rows=rows))
+    return common.save_results(save_as or "decode-step-timing", dict(page_size=16, head_dim=D, rows=rows))
 
 
 def main():
@@ -363,7 +365,7 @@ def main():
                     help="--ab: flush = do_bench (L2 zeroed between calls); graph = rotating cache copies (>= 2x L2) "
                          "replayed back to back from a CUDA graph")
     ap.add_argument("--rounds", type=int, default=5, help="--ab: interleaved rounds")
-    ap.add_argument("--tag", default="ab", help="--ab: results go to bench/results/decode-ab-TAG.json")
+    ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
     args = ap.parse_args()
     workloads = [common.parse_workload(w) for w in args.workloads.split(",")] if args.workloads else None
     common.require()
@@ -373,7 +375,7 @@ def main():
     if args.ab:
         path = ab(args, workloads or (WORKLOADS[:4] if args.quick_workloads else WORKLOADS))
     elif args.step_timing:
-        path = step_timing(workloads or [((32, 8), "uniform:512-1024", 16)])
+        path = step_timing(workloads or [((32, 8), "uniform:512-1024", 16)], args.save_as)
     else:
         path = grid(args)
     print(f"# results: {path}")

@@ -4,8 +4,8 @@ and SDPA's cuDNN and flash backends in turn: is a kernel limited by its
 schedule, or by the power limit pulling the clock down? Paper Table-1 shape
 (batch 16, 16 heads, head dim 128, causal, fp16).
 Usage: python bench/power_probe.py [--seq 16384] [--seconds 4]
-                                  [--peers tessera-fa3,tessera-fa2,sdpa-cudnn,sdpa-flash] [--tag fa2]
-Results: bench/results/power-probe[-TAG].json."""
+                                  [--peers tessera-fa3,tessera-fa2,sdpa-cudnn,sdpa-flash] [--save-as NAME]
+Results: bench/results/power-probe.json (or NAME.json)."""
 import argparse
 import os
 import statistics
@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--peers", default="tessera-fa3,sdpa-cudnn,sdpa-flash",
                     help="comma-separated: tessera-fa3, tessera-fa2, sdpa-cudnn, sdpa-flash")
-    ap.add_argument("--tag", default="", help="results go to bench/results/power-probe-TAG.json")
+    ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json (default: power-probe)")
     args = ap.parse_args()
     common.require()
     L, b, h = args.seq, 16, 16
@@ -89,7 +89,7 @@ def main():
                              temp_c=med("temp_c"), throttle=reasons, samples=rows)
         res = results[name]
         print(f"{name:14s} {res['tflops']:8.1f} {res['clock_mhz']:6.0f} {res['power_w']:6.0f} {res['temp_c']:4.0f}  {reasons}")
-    path = common.save_results("power-probe" + (f"-{args.tag}" if args.tag else ""), dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
+    path = common.save_results(args.save_as or "power-probe", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
                                                                 seconds=args.seconds), results=results))
     print("results:", path)
 

@@ -15,7 +15,7 @@ installed, side by side in one process.
 TFLOP/s count causal attention as half of the full square. Tessera runs with
 each backend given (fa2: the mma.sync template; fa3: the Hopper wgmma kernel,
 sm_90 only); rows carry the backend. Results: prefill.json (every part, head
-dim 128), else prefill-PARTS[-dN].json.
+dim 128), else prefill-PARTS[-dN].json, or NAME.json with --save-as NAME.
 
 Other modes:
   --ab CFG ...  settings of one kernel template (--backend) timed in
@@ -23,7 +23,7 @@ Other modes:
                 a causal sliding window), each checked against SDPA first;
                 CFG = NAME:KEY=VALUE,... with KEY cta_q (16, 32, 64, 128: the
                 query tile; 0 = heuristic); --peers flash,cudnn adds SDPA to
-                the rounds with per-round ratios; results: prefill-ab-TAG.json
+                the rounds with per-round ratios; results: prefill-ab.json
   --single      one configuration run a few times (--seq, --kv, --sdpa): the
                 target for a profiler (bench/ncu_prefill.sh) or a quick timing
 
@@ -220,7 +220,7 @@ def parts(args):
     kind = "prefill" if args.parts == "abcd" and not args.quick else "prefill-" + ("quick" if args.quick else args.parts)
     if D != 128:
         kind += f"-d{D}"
-    return common.save_results(kind, dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
+    return common.save_results(args.save_as or kind, dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
 
 
 def ab_flops(L, b, h, window):
@@ -282,7 +282,7 @@ def ab(args):
         print(line, flush=True)
         del fns
         torch.cuda.empty_cache()
-    return common.save_results(f"prefill-ab-{args.tag}", dict(
+    return common.save_results(args.save_as or "prefill-ab", dict(
         setting=dict(batch=b, heads=h, head_dim=D, dtype="float16", causal=True, backend=args.backend,
                      window_left=args.window, rounds=args.rounds, peers=peers),
         configs=dict(configs), check_error=errors, rows=rows))
@@ -322,7 +322,7 @@ def main():
     ap.add_argument("--window", type=int, default=-1, help="--ab: causal sliding window, window_left (-1: none)")
     ap.add_argument("--backend", default="fa3", choices=["fa2", "fa3", "auto"], help="--ab / --single: kernel template")
     ap.add_argument("--peers", default="", help="--ab: SDPA backends timed in the same rounds (flash, cudnn)")
-    ap.add_argument("--tag", default="ab", help="--ab: results go to bench/results/prefill-ab-TAG.json")
+    ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
     ap.add_argument("--single", action="store_true", help="one configuration (--seq, --kv, --sdpa), e.g. for ncu")
     ap.add_argument("--seq", type=int, default=4096, help="--single: sequence length")
     ap.add_argument("--batch", type=int, default=16, help="--ab / --single: batch")

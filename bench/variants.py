@@ -17,7 +17,7 @@ sliding window its band); decode reports TB/s of K and V read. Ratios are
 peer time / Tessera time (> 1: Tessera faster). Part (a) times the peers of
 each shape in interleaved rounds (--rounds, default 3) and reports medians
 and ratios paired by round. Results: variants.json (every part), else
-variants-PARTS.json.
+variants-PARTS.json, or NAME.json with --save-as NAME.
 Usage: python bench/variants.py [--quick] [--no-flex] [--parts abc] [--backends fa2,fa3] [--rounds N]
 """
 import argparse
@@ -216,6 +216,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="part (a): timing rounds, peers interleaved; each time is the median of its rounds (clocks "
                          "drift with the power a run draws, so one timing right after a heavy peer can be ~10%% off)")
+    ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
     args = ap.parse_args()
     common.require()
     args.backends = args.backends or ("fa2,fa3" if common.is_hopper() else "fa2")
@@ -272,7 +273,7 @@ def main():
         rows += jit_costs()
     # A partial run is saved under its own name (variants-a-..., variants-quick-...), never over a full one.
     kind = "variants" if args.parts == "abc" and not args.quick else "variants-" + ("quick" if args.quick else args.parts)
-    path = common.save_results(kind, dict(variants=args.variants, backends=args.backends, matmul_ceiling_tflops=peak,
+    path = common.save_results(args.save_as or kind, dict(variants=args.variants, backends=args.backends, matmul_ceiling_tflops=peak,
                                           read_tbps=read, head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")
 
