@@ -189,7 +189,10 @@ def main():
         return serve(args.worker)
     if not args.old or not args.new:
         ap.error("--old and --new are required")
-    workers = {"old": Worker("old", python_dir(args.old)), "new": Worker("new", python_dir(args.new))}
+    try:
+        workers = {"old": Worker("old", python_dir(args.old)), "new": Worker("new", python_dir(args.new))}
+    except RuntimeError as e:  # the worker printed why (e.g. no torch, no extension) on stderr
+        raise SystemExit(f"ab: {e}")
     device = workers["new"].hello["device"]
     print(f"# {device}; old: {workers['old'].hello['tessera']}; new: {workers['new'].hello['tessera']}")
     print(f"# {args.rounds} interleaved rounds per case; ratio = median over rounds of old time / new time "
@@ -198,7 +201,10 @@ def main():
     rows, failed = [], []
     try:
         for c in cases(args):
-            errs = {n: w.call(op="setup", case=c)["err"] for n, w in workers.items()}
+            try:
+                errs = {n: w.call(op="setup", case=c)["err"] for n, w in workers.items()}
+            except RuntimeError as e:
+                raise SystemExit(f"ab: {label(c)}: {e}")
             bad = [n for n, e in errs.items() if not (e is not None and e < 2e-3)]
             if bad:
                 raise SystemExit(f"{label(c)}: {', '.join(bad)} output off the reference ({errs})")
