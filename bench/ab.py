@@ -20,6 +20,14 @@ Cases (both builds get the same inputs: same seeds):
            do_bench; the last 256 query rows of request 0 checked against
            float32 attention first.
 
+Two builds side by side, e.g. the merge base against this checkout:
+  git worktree add /tmp/tessera-old OLD_COMMIT
+  (cd /tmp/tessera-old && bash scripts/build_python.sh)   # tessera._C in /tmp/tessera-old/python
+  bash scripts/build_python.sh                              # the new build, in ./python
+  python bench/ab.py --old /tmp/tessera-old --new .
+Both share the JIT disk cache; its keys hash the kernel sources, so each
+build compiles and loads its own kernels.
+
 Usage: python bench/ab.py --old OLD_DIR --new NEW_DIR [--rounds 5] [--only decode|prefill]
            [--batches 16,64,128] [--heads 32/8,32/32] [--lengths const:1024,const:4096] [--paths tc,cc]
            [--seqs 512,1024,2048,4096,8192,16384] [--backends fa3,fa2] [--threshold 0.98]
