@@ -45,7 +45,9 @@ struct Batch {
 
 Batch make_batch(const std::vector<int32_t>& q_len, const std::vector<int32_t>& kv_len,
                  std::vector<int32_t>& free_pages) {
-  Batch b{q_len, kv_len};
+  Batch b;
+  b.q_len = q_len;
+  b.kv_len = kv_len;
   for (size_t r = 0; r < q_len.size(); ++r) {
     const int32_t pages = (kv_len[r] + kPage - 1) / kPage;
     for (int32_t p = 0; p < pages; ++p) {
