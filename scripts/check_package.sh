@@ -25,7 +25,7 @@ case "${1:-}" in
 esac
 [ -f build/CMakeCache.txt ] || fresh=1
 
-tmp="$(mktemp -d "${TMPDIR:-/tmp}/tessera-package.XXXXXX")"
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/tessera-package.XXXXXX")" || { echo "package: FAIL (no temporary folder)"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 export TESSERA_CACHE_DIR="${TESSERA_CACHE_DIR:-$tmp/jitcache}"
 gen=()
