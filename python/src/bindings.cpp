@@ -211,18 +211,19 @@ class PyBatchDecode {
                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
                 int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap,
-                bool rope)
+                bool rope, int tc_cta_q)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, rope),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
-             options(split_kv, max_sms, use_tensor_cores)),
+             options(split_kv, max_sms, use_tensor_cores, tc_cta_q)),
         layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
 
-  static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores) {
+  static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores, int tc_cta_q) {
     DecodeOptions opt;
     opt.planner.split_kv = split_kv;
     opt.max_sms = max_sms;
     opt.use_tensor_cores = use_tensor_cores;
+    opt.tc_cta_q = tc_cta_q;
     return opt;
   }
 
@@ -231,7 +232,7 @@ class PyBatchDecode {
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
                                                    bool split_kv, int max_sms, bool use_tensor_cores, int window_left,
-                                                   double logits_soft_cap, bool rope) {
+                                                   double logits_soft_cap, bool rope, int tc_cta_q) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -240,7 +241,7 @@ class PyBatchDecode {
     const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left,
                                                            logits_soft_cap, rope),
                                                task, num_sms,
-                                               options(split_kv, max_sms, use_tensor_cores));
+                                               options(split_kv, max_sms, use_tensor_cores, tc_cta_q));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -298,11 +299,11 @@ class PyBatchPrefill {
                  int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, bool causal,
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
-                 bool custom_mask, int window_left, double logits_soft_cap, bool rope)
+                 bool custom_mask, int window_left, double logits_soft_cap, bool rope, const TileArg& tile, int cluster)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, rope),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
-             options(cta_q, max_sms, backend)),
+             prefill_options(cta_q, max_sms, backend, tile, cluster)),
         layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
 
   // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
@@ -330,7 +331,6 @@ class PyBatchPrefill {
                        int64_t max_total_q, int64_t max_pages) {
     return prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
   }
-  static PrefillOptions options(int cta_q, int max_sms, int backend) { return prefill_options(cta_q, max_sms, backend); }
 
   static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
@@ -338,7 +338,8 @@ class PyBatchPrefill {
                                                    bool causal, int64_t max_batch, int64_t max_total_q,
                                                    int64_t max_pages, int num_sms, int device, int cta_q, int max_sms,
                                                    int backend, bool custom_mask, int window_left,
-                                                   double logits_soft_cap, bool rope) {
+                                                   double logits_soft_cap, bool rope, const TileArg& tile,
+                                                   int cluster) {
     const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -349,7 +350,7 @@ class PyBatchPrefill {
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
-    const auto s = BatchPrefill::workspace_size(sp, t, num_sms, options(cta_q, max_sms, backend));
+    const auto s = BatchPrefill::workspace_size(sp, t, num_sms, prefill_options(cta_q, max_sms, backend, tile, cluster));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -490,19 +491,21 @@ NB_MODULE(_C, m) {
   nb::class_<PyBatchDecode>(m, "BatchDecode",
                             "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
-                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool>(),
+                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool,
+                    int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
-           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
+           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false, "tc_cta_q"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
-           "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype).")
+           "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype); tc_cta_q its query tile "
+           "(0 heuristic, 16, 32, 64 or 128).")
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
                   "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
-                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+                  "tc_cta_q"_a = 0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step whose page ids stay on the GPU: count int32 at ids_ptr on CUDA device `device`, "
@@ -523,21 +526,23 @@ NB_MODULE(_C, m) {
                              "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double, bool>(),
+                    double, bool, const TileArg&, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
-           "rope"_a = false,
+           "rope"_a = false, "tile"_a = TileArg{}, "cluster"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
+           "tile (cta_kv, warps_q, warps_kv, stages) overrides the heuristic's tile fields that are not 0; "
+           "cluster 2 runs CTA pairs on the Hopper kernel where they apply (0 auto = off, 1 off); "
            "backend 0 auto, 1 fa2, 2 fa3 (Hopper); custom_mask selects the packed custom-mask variant "
            "(plan takes mask_indptr, run packed_custom_mask).")
       .def_static("workspace_size", &PyBatchPrefill::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
                   "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
-                  "logits_soft_cap"_a = 0.0, "rope"_a = false,
+                  "logits_soft_cap"_a = 0.0, "rope"_a = false, "tile"_a = TileArg{}, "cluster"_a = 0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,

@@ -183,9 +183,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if paged_kv_indices_buffer is not None:
             self._fixed_pages = _positive_int(len(paged_kv_indices_buffer), "paged_kv_indices_buffer length")
         # Tessera-only knobs (not in FlashInfer's signature): the planner's KV
-        # splitting (False = the no-load-balancing ablation) and an SM cap.
+        # splitting (False = the no-load-balancing ablation), an SM cap and,
+        # with use_tensor_cores, the prefill kernel's query tile (0 = heuristic).
         self._split_kv = True
         self._max_sms = 0
+        self._tc_cta_q = 0
         self._native = None  # the C++ BatchDecode, built by plan()
         self._native_key = None  # what it was built for: dtypes, shape, bounds
         self._pinned = None  # the pinned host staging buffer it borrows
@@ -295,6 +297,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=self._split_kv, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
+                     tc_cta_q=self._tc_cta_q,
                      window_left=window, logits_soft_cap=cap, rope=rope)
 
         def size(want, device):

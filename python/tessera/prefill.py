@@ -62,9 +62,13 @@ class _PrefillWrapper(W.PlannedWrapper):
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
         W.init_paged_wrapper(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         # Tessera-only knobs (not in FlashInfer's signature): the query tile
-        # (0 = chosen by the heuristic at the first plan) and an SM cap.
+        # (0 = chosen by the heuristic at the first plan), an SM cap, the
+        # tile override (cta_kv, warps_q, warps_kv, stages; 0 = heuristic)
+        # and the Hopper kernel's CTA pairs (2 = on; 0 = auto, off).
         self._cta_q = 0
         self._max_sms = 0
+        self._tile = (0, 0, 0, 0)
+        self._cluster = 0
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
         self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
 
@@ -125,8 +129,8 @@ class _PrefillWrapper(W.PlannedWrapper):
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer_once(self)
-        knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend,
-                     custom_mask=mask is not None)
+        knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
+                     cluster=self._cluster, custom_mask=mask is not None)
 
         def size(want, device):
             return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
