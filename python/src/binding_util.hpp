@@ -136,6 +136,8 @@ inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const
 
 // Defined in bindings_cascade.cpp: CascadeAttention (composable formats).
 void bind_cascade(nanobind::module_& m);
+// Defined in bindings_cpu.cpp: CPU attention (the library's CPU path) and the float64 reference.
+void bind_cpu(nanobind::module_& m);
 
 // Defined in bindings_variants.cpp: variant specs, AttentionWrapper, RoPE ops, JIT cost.
 void bind_variants(nanobind::module_& m);

@@ -36,7 +36,6 @@
 #include "tessera/formats/bsr.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/formats/ragged.hpp"
-#include "tessera/reference/attention.hpp"
 #include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
@@ -46,16 +45,6 @@ using namespace nb::literals;
 
 namespace tessera::python {
 namespace {
-
-using F64Array = nb::ndarray<nb::numpy, double>;
-
-// Hands a vector of doubles to numpy without a copy: the capsule owns the
-// vector and frees it when the array is collected.
-F64Array owned_array(std::vector<double>&& data, std::initializer_list<size_t> shape) {
-  auto* buf = new std::vector<double>(std::move(data));
-  nb::capsule owner(buf, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
-  return F64Array(buf->data(), shape, owner);
-}
 
 VariantSpec parse_variant(const std::string& s) {
   if (s == "standard") return variants::standard();
@@ -136,40 +125,6 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
   opt.extras = extras.get();
   nb::gil_scoped_release release;
   single_decode(spec, qa.view, ka.view, va.view, layout, oa.view, la.view, to_stream(stream), opt);
-}
-
-// CPU reference over ragged q / KV; returns float64 numpy (o [rows, H, D], lse [rows, H], base 2).
-std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::vector<int32_t> qo_indptr, nb::handle k,
-                                                            nb::handle v, std::vector<int32_t> kv_indptr,
-                                                            double sm_scale, bool causal, double logits_soft_cap,
-                                                            nb::handle custom_mask, int window_left, bool rope,
-                                                            double rope_scale, double rope_theta) {
-  Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
-  RaggedIndex qo(std::move(qo_indptr), -1, "qo_indptr");
-  RaggedIndex kv(std::move(kv_indptr), -1, "kv_indptr");
-  reference::Options opt;
-  opt.sm_scale = sm_scale;
-  opt.causal = causal;
-  opt.logits_soft_cap = logits_soft_cap;
-  opt.window_left = window_left;
-  if (rope) opt.rope = reference::RopeOptions{false, rope_scale, rope_theta, -1};
-  if (!custom_mask.is_none()) {  // flat 0/1 bytes, requests' [q_len, kv_len] blocks concatenated
-    Arg m = to_arg("custom_mask", custom_mask);
-    check_dim("custom_mask", m.view, 1);
-    check_dtype_in("custom_mask", m.view, {DType::kUInt8, DType::kBool});
-    check_device("custom_mask", m.view, Device{});
-    check_contiguous("custom_mask", m.view);
-    const auto* bytes = static_cast<const uint8_t*>(m.view.data);
-    opt.custom_mask.assign(bytes, bytes + m.view.numel());  // empty: no position to mask either way
-  }
-  reference::Result r;
-  {
-    nb::gil_scoped_release release;
-    r = reference::attention_ragged(qa.view, qo, ka.view, va.view, kv, opt);
-  }
-  const auto rows = static_cast<size_t>(r.rows), heads = static_cast<size_t>(r.heads);
-  const auto dim = static_cast<size_t>(r.head_dim);
-  return {owned_array(std::move(r.o), {rows, heads, dim}), owned_array(std::move(r.lse), {rows, heads})};
 }
 
 // ---------------------------------------------------------------- paged KV cache
@@ -461,6 +416,7 @@ NB_MODULE(_C, m) {
   using namespace tessera::python;
   bind_variants(m);  // bindings_variants.cpp
   bind_cascade(m);   // bindings_cascade.cpp
+  bind_cpu(m);       // bindings_cpu.cpp
   m.doc() = "Low-level bindings of the Tessera C++ API (use the `tessera` package instead).";
   nb::register_exception_translator(translate);
 
@@ -478,12 +434,6 @@ NB_MODULE(_C, m) {
         "rope_theta"_a = 1e4,
         "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim); window_left / "
         "logits_soft_cap as FlashInfer's (-1 / 0: off); rope: pos_encoding_mode ROPE_LLAMA.");
-  m.def("reference_attention_ragged", &py_reference_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a,
-        "kv_indptr"_a, "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
-        "custom_mask"_a.none() = nb::none(), "window_left"_a = -1, "rope"_a = false, "rope_scale"_a = 1.0,
-        "rope_theta"_a = 1e4,
-        "CPU reference attention in float64: returns (o [rows, H, D], lse [rows, H] base 2) as numpy. "
-        "custom_mask: flat uint8/bool 0/1 mask, each request's row-major [q_len, kv_len] block in turn.");
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
         "stream"_a = 0,

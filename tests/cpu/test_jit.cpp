@@ -5,6 +5,7 @@
 // one kernel compile it once.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
 #include <limits>
 #include <fstream>
@@ -285,31 +286,23 @@ TEST(Jit, Fa2KvTileFollowsTheVariant) {
 TEST(Jit, PrefillTileOverrideReachesTheKernel) {
   const AttentionSpec spec{variants::standard(), DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
   EXPECT_EQ(catalog::batch_prefill(spec, 64, false, 1, PrefillTile{}).source, catalog::batch_prefill(spec, 64).source);
+  // (cta_kv, warps_q, warps_kv, stages, v_stages, q_bufs, threads)
+  auto fields = [](const PrefillConfig& c) {
+    return std::array{c.cta_kv, c.warps_q, c.warps_kv, c.stages, c.v_stages, c.q_bufs, c.threads};
+  };
   const PrefillTile fa2_tile{.cta_kv = 32, .warps_q = 2, .warps_kv = 1, .stages = 3};
   const PrefillConfig fa2 = catalog::prefill_config(spec, 64, false, fa2_tile);
-  EXPECT_EQ(fa2.cta_kv, 32);
-  EXPECT_EQ(fa2.warps_q, 2);
-  EXPECT_EQ(fa2.warps_kv, 1);
-  EXPECT_EQ(fa2.stages, 3);
-  EXPECT_EQ(fa2.threads, 64);
+  EXPECT_EQ(fields(fa2), (std::array{32, 2, 1, 3, 2, 1, 64}));
   EXPECT_EQ(fa2.smem_bytes, 2 * (64 * 128 + 3 * 2 * 32 * 128));
   const jit::KernelSource fa2_src = catalog::batch_prefill(spec, 64, false, 1, fa2_tile);
   EXPECT_NE(fa2_src.entry.find("_q64_kv32_w2x1_s3"), std::string::npos) << fa2_src.entry;
   EXPECT_NE(fa2_src.source.find("64, 32, 2, 1, 3"), std::string::npos);
   // Zero fields keep the heuristic's choice (64-row tiles: 4 x 1 warps, 2 stages).
-  const PrefillConfig kv_only = catalog::prefill_config(spec, 64, false, PrefillTile{.cta_kv = 128});
-  EXPECT_EQ(kv_only.cta_kv, 128);
-  EXPECT_EQ(kv_only.warps_q, 4);
-  EXPECT_EQ(kv_only.stages, 2);
+  EXPECT_EQ(fields(catalog::prefill_config(spec, 64, false, {.cta_kv = 128})), (std::array{128, 4, 1, 2, 2, 1, 128}));
   // Hopper: the KV tile and the K ring's depth (V one deeper, a second Q
   // buffer where they fit); the warps follow the query tile.
   const PrefillTile sm90_tile{.cta_kv = 64, .stages = 3};
-  const PrefillConfig h = catalog::prefill_config(spec, 128, true, sm90_tile);
-  EXPECT_EQ(h.cta_kv, 64);
-  EXPECT_EQ(h.stages, 3);
-  EXPECT_EQ(h.v_stages, 4);
-  EXPECT_EQ(h.q_bufs, 2);
-  EXPECT_EQ(h.threads, 384);
+  EXPECT_EQ(fields(catalog::prefill_config(spec, 128, true, sm90_tile)), (std::array{64, 8, 1, 3, 4, 2, 384}));
   EXPECT_NE(catalog::batch_prefill(spec, 128, true, 1, sm90_tile).entry.find("_kv64_k3v4q2"), std::string::npos);
 
   auto fa2_throws = [&](int cta_q, PrefillTile t, const char* field) {
