@@ -3,7 +3,7 @@
 // max), so states whose scales differ by hundreds merge without overflow,
 // and a state with lse = -inf is skipped outright so that whatever its value
 // holds (often uninitialized memory or NaN) cannot leak into the result.
-#include "tessera/reference/merge.hpp"
+#include "tessera/cpu/merge.hpp"
 
 #include <algorithm>
 #include <cmath>

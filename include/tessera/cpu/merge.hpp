@@ -1,6 +1,7 @@
-// Attention-state merge on the CPU (paper §2.2), base-2 LSE. These are both
-// the CPU implementation behind the public merge API for host tensors and the
-// oracle for the GPU merge kernels.
+// Attention-state merge on the CPU (paper §2.2), base-2 LSE: the execution
+// path of the public merge API for host tensors (tessera::cpu, the library's
+// CPU path; tessera::reference is the tests' oracle). Tested against the
+// reference's attention over the union of the merged key sets.
 #pragma once
 #include "tessera/core/tensor.hpp"
 
