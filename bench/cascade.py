@@ -26,15 +26,14 @@ import os
 import sys
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import common  # noqa: E402
 import decode  # noqa: E402
-import tessera  # noqa: E402
+from common import torch, tessera  # noqa: E402
 
-D, PS, DT = 128, 16, torch.float16
+D, PS = 128, 16
+DT = torch.float16 if torch else None
 
 
 def build(prompts, n, prefix, hkv, rng):
@@ -101,7 +100,7 @@ def run_case(prompts, n, prefix, hq, hkv, rng, show=False):
             print(f"    {us:8.1f} us  {name}")
     ref = None
     for tc in (False, True):
-        ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        ws = common.new_workspace(256 << 20)
         dec = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
         dec.plan(*flat, hq, hkv, D, PS, q_data_type=DT)
         o2 = torch.empty_like(q)
@@ -142,11 +141,12 @@ def tile_sweep():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--tile-sweep", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="two cases, GQA only")
+    ap.add_argument("--profile", action="store_true", help="list the GPU kernels of one cascade run per case")
+    ap.add_argument("--tile-sweep", action="store_true", help="time the shared level alone per template and query tile")
     args = ap.parse_args()
+    common.require()
     if args.tile_sweep:
         return tile_sweep()
     rng = np.random.default_rng(0)

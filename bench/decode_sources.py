@@ -1,4 +1,4 @@
-"""Experiment: does the KV source limit tensor-core decode bandwidth?
+"""Does the KV source limit tensor-core decode bandwidth?
 
 The same decode batch (one query per request) through the Hopper kernel with
 the KV cache gathered from pages by cp.async (page 16 NHD and HND, shuffled
@@ -6,18 +6,17 @@ or in order; page 256 HND; one page of 4096 per request, in order, which is
 cuDNN's dense [B, H, L, D] layout), and as ragged contiguous KV, which the
 kernel loads with the TMA; SDPA-cuDNN on dense padded KV for reference. Outputs are checked
 against SDPA before timing. Usage: python bench/decode_sources.py"""
+import argparse
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import common  # noqa: E402
 import decode as dec  # noqa: E402
-import tessera  # noqa: E402
+from common import torch, tessera  # noqa: E402
 
-D, DT = 128, torch.float16
+D = 128
+DT = torch.float16 if torch else None
 
 
 def paged(lens, ps, hq, hkv, q, k_tok, v_tok, layout, shuffle=True):
@@ -58,6 +57,8 @@ def ragged(lens, hq, hkv, q, k_tok, v_tok):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    common.require()
     ceiling = common.read_probe_best()
     print(f"# read ceiling {ceiling:.2f} TB/s; TB/s of KV bytes needed (error vs SDPA in brackets)")
     rows = []
@@ -115,7 +116,7 @@ def main():
         rows.append(row)
         del kd, vd, k_tok, v_tok
         torch.cuda.empty_cache()
-    common.save_results("decode-sources", dict(read_ceiling_tbps=ceiling, rows=rows))
+    print("# results:", common.save_results("decode-sources", dict(read_ceiling_tbps=ceiling, rows=rows)))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,9 @@
 # shared memory), issue activity, warp stall reasons, and the SASS lines with
 # the most stall samples. Run on the GPU machine after scripts/gpu_suite.sh
 # has built the extension:
-#   bench/ncu_prefill.sh OUTDIR [prefill_one.py args...]
-# (TESSERA_SM90_DEFINES passes -D switches to the JIT, as for any run.)
+#   bench/ncu_prefill.sh OUTDIR [bench/prefill.py --single args: --seq L --kv paged:16 ...]
 # NCU_KERNEL picks the kernel (default regex:tessera_prefill), e.g.
-# NCU_KERNEL=regex:flash with prefill_one.py --sdpa flash profiles the peer.
+# NCU_KERNEL=regex:flash with --sdpa flash profiles the peer.
 # NCU_KEEP=1 keeps the per-instruction table (sass.csv) and details.csv.
 set -euo pipefail
 out="$1"; shift
@@ -17,7 +16,7 @@ rep="$out/prefill"
 PYTHONPATH="$root/python" ncu -f -o "$rep" -k "${NCU_KERNEL:-regex:tessera_prefill}" --launch-skip 5 --launch-count 1 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section WarpStateStats --section SchedulerStats --section InstructionStats --section SourceCounters \
-  --import-source no python3 "$root/bench/prefill_one.py" "$@" >"$out/ncu_run.log" 2>&1 || { tail -20 "$out/ncu_run.log"; exit 1; }
+  --import-source no python3 "$root/bench/prefill.py" --single "$@" >"$out/ncu_run.log" 2>&1 || { tail -20 "$out/ncu_run.log"; exit 1; }
 grep -E "TFLOP/s" "$out/ncu_run.log" || true
 ncu -i "$rep.ncu-rep" --page details --csv >"$out/details.csv"
 # The metrics that matter, one per line.

@@ -4,7 +4,8 @@ and SDPA's cuDNN and flash backends in turn: is a kernel limited by its
 schedule, or by the power limit pulling the clock down? Paper Table-1 shape
 (batch 16, 16 heads, head dim 128, causal, fp16).
 Usage: python bench/power_probe.py [--seq 16384] [--seconds 4]
-                                  [--peers tessera-fa3,tessera-fa2,sdpa-cudnn,sdpa-flash]"""
+                                  [--peers tessera-fa3,tessera-fa2,sdpa-cudnn,sdpa-flash] [--save-as NAME]
+Results: bench/results/power-probe.json (or NAME.json)."""
 import argparse
 import os
 import statistics
@@ -12,11 +13,10 @@ import subprocess
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import prefill as pf  # noqa: E402
+from common import torch  # noqa: E402
 
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
@@ -50,16 +50,18 @@ def sample_while(fn, seconds):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--peers", default="tessera-fa3,sdpa-cudnn,sdpa-flash",
                     help="comma-separated: tessera-fa3, tessera-fa2, sdpa-cudnn, sdpa-flash")
+    ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json (default: power-probe)")
     args = ap.parse_args()
+    common.require()
     L, b, h = args.seq, 16, 16
     fl = pf.flops([L] * b, [L] * b, h, True)
     def tessera(backend):  # its own workspace: a later plan into a shared one would replace this one
-        ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+        ws = common.new_workspace()
         return pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, backend, ws=ws)
 
     makers = {"tessera-fa3": lambda: tessera("fa3"),
@@ -87,8 +89,7 @@ def main():
                              temp_c=med("temp_c"), throttle=reasons, samples=rows)
         res = results[name]
         print(f"{name:14s} {res['tflops']:8.1f} {res['clock_mhz']:6.0f} {res['power_w']:6.0f} {res['temp_c']:4.0f}  {reasons}")
-    tag = "" if names == ["tessera-fa3", "sdpa-cudnn", "sdpa-flash"] else "-" + "-".join(names)
-    path = common.save_results(f"power-probe-{L}{tag}", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
+    path = common.save_results(args.save_as or "power-probe", dict(setting=dict(batch=b, heads=h, head_dim=128, seq=L, causal=True,
                                                                 seconds=args.seconds), results=results))
     print("results:", path)
 

@@ -1,8 +1,11 @@
 """Batch prefill benchmark: Tessera's tensor-core prefill vs PyTorch SDPA
-(flash and cuDNN backends) and compiled FlexAttention, side by side.
+(flash and cuDNN backends), compiled FlexAttention and FlashInfer when it is
+installed, side by side in one process.
 
   (a) paper Table-1 setting: batch 16, 16 heads, head dim 128, causal, fp16,
-      sequence 512..16384 (all peers on dense [B, H, L, D]);
+      sequence 512..16384 (all peers on dense [B, H, L, D]); every peer of a
+      length timed in interleaved rounds (--rounds), medians, and ratios
+      paired by round;
   (b) batch prefill with constant / uniform / skewed (Zipf) lengths, causal
       (SDPA on inputs padded to the longest request, its best case);
   (c) chunked prefill: query chunks of 128 / 512 against 4k..32k KV (causal,
@@ -10,37 +13,38 @@
   (d) dense (ragged) vs paged (page size 1 and 16) vs BSR (Bc = 1) KV at the
       same shapes (paper Appendix B: sparse gathering overhead).
 TFLOP/s count causal attention as half of the full square. Tessera runs with
-each backend given (fa2: the mma.sync template; fa3: the Hopper wgmma
-template, sm_90 only); rows carry the backend. FlashInfer is not run (see
-bench/decode.py for why).
-Part (a) times all peers of a length in interleaved rounds (--rounds, default
-3) and reports medians.
+each backend given (fa2: the mma.sync template; fa3: the Hopper wgmma kernel,
+sm_90 only); rows carry the backend. Results: prefill.json (every part, head
+dim 128), else prefill-PARTS[-dN].json, or NAME.json with --save-as NAME.
+
+Other modes:
+  --ab CFG ...  settings of one kernel template (--backend) timed in
+                interleaved rounds on the Table-1 shape (--seqs, --window N for
+                a causal sliding window), each checked against SDPA first;
+                CFG = NAME:KEY=VALUE,... with KEY cta_q (16, 32, 64, 128: the
+                query tile; 0 = heuristic); --peers flash,cudnn adds SDPA to
+                the rounds with per-round ratios; results: prefill-ab.json
+  --single      one configuration run a few times (--seq, --kv, --sdpa): the
+                target for a profiler (bench/ncu_prefill.sh) or a quick timing
+
 Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd] [--head-dim 128] [--rounds 3]
-(--head-dim 64 / 256 runs every part at that head dim; results go to prefill-*-dN-*.json)
+       python bench/prefill.py --ab base: --ab q64:cta_q=64 [--seqs 1024,4096] [--window 1024] [--peers flash]
+       python bench/prefill.py --single [--seq 4096] [--kv ragged|paged:16|bsr] [--backend fa3] [--sdpa flash]
 """
 import argparse
 import os
-import statistics
 import sys
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import common  # noqa: E402
-import tessera  # noqa: E402
+from common import torch, tessera  # noqa: E402
 
 D = 128
-DT = torch.float16
-WS = None
+DT = torch.float16 if torch else None
 
 
 def workspace():
-    global WS
-    if WS is None:
-        WS = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
-    return WS
+    return common.workspace()
 
 
 def flops(q_lens, kv_lens, heads, causal):
@@ -57,14 +61,9 @@ def tflops(fl, ms):
     return fl / (ms * 1e-3) / 1e12
 
 
-def tessera_ragged(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
-    return common.bench_ms(tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend, cta_q))
-
-
-def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0, ws=None):
+def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0, ws=None, window=-1):
     """A planned ragged prefill as a callable (one run per call). Callables
-    that live side by side need their own workspace `ws`: a plan lives in its
-    workspace, and a later plan into the same one replaces it."""
+    that live side by side need their own workspace `ws`."""
     qo = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     kvp = torch.tensor([0] + kv_lens).cumsum(0).to(torch.int32)
     q = torch.randn(int(qo[-1]), hq, D, dtype=DT, device="cuda")
@@ -72,9 +71,15 @@ def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0,
     v = torch.randn_like(k)
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace() if ws is None else ws, "NHD", backend=backend)
     w._cta_q = cta_q  # Tessera-only knob: 0 = the heuristic's query tile
-    w.plan(qo, kvp, hq, hkv, D, causal=causal, q_data_type=DT)
+    w.plan(qo, kvp, hq, hkv, D, causal=causal, window_left=window, q_data_type=DT)
     out = torch.empty_like(q)
-    return lambda: w.run(q, k, v, out=out)
+    fn = lambda: w.run(q, k, v, out=out)  # noqa: E731
+    fn.inputs = (w, q, k, v, out)
+    return fn
+
+
+def tessera_ragged(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0):
+    return common.bench_ms(tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend, cta_q))
 
 
 def tessera_paged(q_lens, kv_lens, hq, hkv, causal, page_size, backend="auto"):
@@ -109,55 +114,30 @@ def tessera_bsr_vector(q_len, kv_len, batch, hq, hkv, backend="auto"):
     return common.bench_ms(lambda: w.run(q, k, v, out=out))
 
 
+def sdpa_fn(b, hq, hkv, lq, lkv, causal, backend):
+    return common.sdpa_fn(b, hq, hkv, lq, lkv, causal, backend, D, DT)
+
+
 def sdpa(b, hq, hkv, lq, lkv, causal, backend):
     fn = sdpa_fn(b, hq, hkv, lq, lkv, causal, backend)
     return fn and common.bench_ms(fn)
 
 
-def sdpa_fn(b, hq, hkv, lq, lkv, causal, backend):
-    """SDPA with one backend forced, as a callable; None if it refuses the shape."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-    q = torch.randn(b, hq, lq, D, dtype=DT, device="cuda")
-    k = torch.randn(b, hkv, lkv, D, dtype=DT, device="cuda")
-    v = torch.randn_like(k)
-    def fn():
-        with sdpa_kernel([be]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
-    try:
-        fn()
-        return fn
-    except RuntimeError:
-        return None
-
-
-_flex = None
-
-
-def flex(b, hq, hkv, lq, lkv, causal):
-    fn = flex_fn(b, hq, hkv, lq, lkv, causal)
-    return fn and common.bench_ms(fn)
-
-
 def flex_fn(b, hq, hkv, lq, lkv, causal):
-    """Compiled FlexAttention with the equivalent block mask, as a callable; None if it fails."""
-    global _flex
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    if _flex is None:
-        torch._dynamo.config.cache_size_limit = 1000
-        torch._dynamo.config.accumulated_cache_size_limit = 4000
-        _flex = torch.compile(flex_attention)
     off = lkv - lq
     mask = (lambda bb, h, qi, kv: kv <= qi + off) if causal else (lambda bb, h, qi, kv: kv >= 0)  # noqa: E731
-    bm = create_block_mask(mask, None, None, lq, lkv, device="cuda")
-    q = torch.randn(b, hq, lq, D, dtype=DT, device="cuda")
-    k = torch.randn(b, hkv, lkv, D, dtype=DT, device="cuda")
-    v = torch.randn_like(k)
+    return common.flex_fn(b, hq, hkv, lq, lkv, mask, d=D, dtype=DT)
+
+
+def flashinfer_fn(q_lens, kv_lens, hq, hkv, causal):
+    fi = common.flashinfer()
+    if fi is None:
+        return None
     try:
-        fn = lambda: _flex(q, k, v, block_mask=bm, enable_gqa=hq != hkv)  # noqa: E731
-        fn()
-        return fn
-    except Exception:
+        return common.ragged_prefill_fn(fi, q_lens, kv_lens, hq, hkv, causal, D, ws=common.new_workspace(256 << 20),
+                                        dtype=DT)
+    except Exception as e:  # a peer that refuses a shape is reported, not fatal
+        print(f"# flashinfer: {type(e).__name__}: {str(e)[:80]}", flush=True)
         return None
 
 
@@ -165,60 +145,42 @@ def ratio(peer, ms):
     return f"{peer / ms:6.2f}x" if peer else f"{'-':>7}"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--parts", default="abcd", help="which of the parts (a)-(d) to run")
-    ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
-    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
-    ap.add_argument("--rounds", type=int, default=3, help="part (a): timing rounds, peers interleaved (medians)")
-    args = ap.parse_args()
-    global D
-    D = args.head_dim
-    ap_parts = args.parts
+def table1(args, backends, peak):
+    rows = []
+    print(f"# (a) Table-1: batch 16, 16 heads, d {D}, causal")
+    print(f"{'seq':>6} {'be':>3} {'us':>9} {'TFLOP/s':>8} {'ceil':>5} | {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7} {'fi':>7}")
+    seqs = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    own_ws = {be: common.new_workspace() for be in backends}
+    for L in seqs:
+        fl = 4 * 16 * 16 * D * L * L / 2
+        fns = {"flash": sdpa_fn(16, 16, 16, L, L, True, "flash"), "cudnn": sdpa_fn(16, 16, 16, L, L, True, "cudnn"),
+               "flex": None if args.no_flex else flex_fn(16, 16, 16, L, L, True),
+               "flashinfer": flashinfer_fn([L] * 16, [L] * 16, 16, 16, True)}
+        fns.update({be: tessera_ragged_fn([L] * 16, [L] * 16, 16, 16, True, backend=be, ws=own_ws[be]) for be in backends})
+        fns = {n: f for n, f in fns.items() if f is not None}
+        times = common.interleaved(fns, args.rounds)
+        med = {n: common.median(t) for n, t in times.items()}
+        fa, cd, fx, fi = (med.get(n) for n in ("flash", "cudnn", "flex", "flashinfer"))
+        for be in backends:
+            ms = med[be]
+            paired = {n: common.paired_ratio(times, n, be) for n in ("flash", "cudnn", "flex", "flashinfer") if n in times}
+            rows.append(dict(part="a", backend=be, seq=L, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
+                             sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3, flashinfer_us=fi and fi * 1e3,
+                             rounds_ms=times, paired_ratio=paired))
+            print(f"{L:>6} {be} {ms * 1e3:9.1f} {tflops(fl, ms):8.1f} {tflops(fl, ms) / peak:5.0%} | {ratio(fa, ms)} "
+                  f"{ratio(cd, ms)} {ratio(fx, ms)} {ratio(fi, ms)} | paired cudnn {paired.get('cudnn', float('nan')):.2f}x",
+                  flush=True)
+    return rows
+
+
+def parts(args):
     backends = args.backends.split(",")
     peak = common.matmul_ceiling_tflops()
     print(f"# {common.device_name()}: dense fp16 matmul ceiling {peak:.0f} TFLOP/s")
-    rows = []
-
-    print(f"# (a) Table-1: batch 16, 16 heads, d {D}, causal")
-    print(f"{'seq':>6} {'be':>3} {'us':>9} {'TFLOP/s':>8} {'ceil':>5} | {'sdpa-fl':>7} {'cudnn':>7} {'flex':>7}")
-    seqs = ([512, 1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096]) if "a" in ap_parts else []
-    own_ws = {be: torch.empty(512 << 20, dtype=torch.uint8, device="cuda") for be in backends} if seqs else {}
-    for L in seqs:
-        fl = 4 * 16 * 16 * D * L * L / 2
-        # Every peer timed in interleaved rounds, each time the median of its
-        # rounds: at 8k-16k one call takes 10-60 ms and the clocks drift with
-        # temperature, so timing peers one after another favoured whichever
-        # ran first (same-build runs of ours moved 8-12% with the order).
-        fns = {"flash": sdpa_fn(16, 16, 16, L, L, True, "flash"), "cudnn": sdpa_fn(16, 16, 16, L, L, True, "cudnn"),
-               "flex": None if args.no_flex else flex_fn(16, 16, 16, L, L, True)}
-        fns.update({be: tessera_ragged_fn([L] * 16, [L] * 16, 16, 16, True, backend=be, ws=own_ws[be]) for be in backends})
-        fns = {n: f for n, f in fns.items() if f is not None}
-        times = {n: [] for n in fns}
-        for r in range(args.rounds):
-            order = list(fns)
-            order = order[r % len(order):] + order[:r % len(order)]  # rotate who goes first
-            for n in order:
-                times[n].append(common.bench_ms(fns[n]))
-        med = {n: statistics.median(t) for n, t in times.items()}
-        fa, cd, fx = med.get("flash"), med.get("cudnn"), med.get("flex")
-        for be in backends:
-            ms = med[be]
-            # Paired ratios: each round's peer time over ours from the same
-            # round, then the median. The power-capped clock drifts with the
-            # GPU's temperature from round to round (+-10% at 8k-16k), which
-            # a ratio of two medians does not cancel.
-            paired = {n: statistics.median(a / b for a, b in zip(times[n], times[be]))
-                      for n in ("flash", "cudnn", "flex") if n in times}
-            rows.append(dict(part="a", backend=be, seq=L, us=ms * 1e3, tflops=tflops(fl, ms), sdpa_flash_us=fa and fa * 1e3,
-                             sdpa_cudnn_us=cd and cd * 1e3, flex_us=fx and fx * 1e3, rounds_ms=times, paired_ratio=paired))
-            print(f"{L:>6} {be} {ms * 1e3:9.1f} {tflops(fl, ms):8.1f} {tflops(fl, ms) / peak:5.0%} | {ratio(fa, ms)} {ratio(cd, ms)} "
-                  f"{ratio(fx, ms)} | paired cudnn {paired.get('cudnn', float('nan')):.2f}x", flush=True)
+    rows = table1(args, backends, peak) if "a" in args.parts else []
 
     print("# (b) batch prefill, batch 16, 32/8 heads, causal (SDPA padded)")
-    for dist in ["const:1024", "uniform:512-1024", "zipf:1024"] if "b" in ap_parts else []:
+    for dist in ["const:1024", "uniform:512-1024", "zipf:1024"] if "b" in args.parts else []:
         lens = common.kv_lengths(dist, 16, seed=3)
         fl = flops(lens, lens, 32, True)
         fa, cd = sdpa(16, 32, 8, max(lens), max(lens), True, "flash"), sdpa(16, 32, 8, max(lens), max(lens), True, "cudnn")
@@ -226,11 +188,11 @@ def main():
             ms = tessera_ragged(lens, lens, 32, 8, True, backend=be)
             rows.append(dict(part="b", backend=be, lengths=dist, us=ms * 1e3, tflops=tflops(fl, ms),
                              sdpa_flash_us=fa and fa * 1e3, sdpa_cudnn_us=cd and cd * 1e3))
-            print(f"{dist:>16} {be} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash {ratio(fa, ms)} cudnn {ratio(cd, ms)}",
-                  flush=True)
+            print(f"{dist:>16} {be} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash {ratio(fa, ms)} "
+                  f"cudnn {ratio(cd, ms)}", flush=True)
 
     print("# (c) chunked prefill, batch 4, 32/8 heads, causal bottom-right, paged (page 16)")
-    for qc in [128, 512] if "c" in ap_parts else []:
+    for qc in [128, 512] if "c" in args.parts else []:
         for kv in ([4096, 16384, 32768] if not args.quick else [16384]):
             fl = flops([qc] * 4, [kv] * 4, 32, True)
             fa, cd = sdpa(4, 32, 8, qc, kv, False, "flash"), sdpa(4, 32, 8, qc, kv, False, "cudnn")
@@ -238,11 +200,11 @@ def main():
                 ms = tessera_paged([qc] * 4, [kv] * 4, 32, 8, True, 16, backend=be)
                 rows.append(dict(part="c", backend=be, q_chunk=qc, kv=kv, us=ms * 1e3, tflops=tflops(fl, ms),
                                  sdpa_flash_us=fa and fa * 1e3, sdpa_cudnn_us=cd and cd * 1e3))
-                print(f"q {qc:>4} kv {kv:>6} {be} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash {ratio(fa, ms)} "
-                      f"cudnn {ratio(cd, ms)}", flush=True)
+                print(f"q {qc:>4} kv {kv:>6} {be} {ms * 1e3:9.1f} us {tflops(fl, ms):7.1f} TFLOP/s | sdpa-flash "
+                      f"{ratio(fa, ms)} cudnn {ratio(cd, ms)}", flush=True)
 
     print("# (d) dense vs paged vs BSR (Bc = 1), 32/32 heads, non-causal")
-    for b, L in ([(8, 2048), (4, 8192)] if not args.quick else [(8, 2048)]) if "d" in ap_parts else []:
+    for b, L in ([(8, 2048), (4, 8192)] if not args.quick else [(8, 2048)]) if "d" in args.parts else []:
         for be in backends:
             dense = tessera_ragged([L] * b, [L] * b, 32, 32, False, backend=be)
             p1 = tessera_paged([L] * b, [L] * b, 32, 32, False, 1, backend=be)
@@ -254,11 +216,128 @@ def main():
             print(f"B {b} L {L} {be}: dense {tflops(fl, dense):.0f}, paged-1 {tflops(fl, p1):.0f} ({p1 / dense - 1:+.0%}), "
                   f"paged-16 {tflops(fl, p16):.0f} ({p16 / dense - 1:+.0%}), BSR Bc=1 {tflops(fl, bsr):.0f} "
                   f"({bsr / dense - 1:+.0%}) TFLOP/s", flush=True)
-    # A partial run is saved under its own name (prefill-a-...), never over a full one.
-    kind = "prefill" if ap_parts == "abcd" and not args.quick else "prefill-" + ("quick" if args.quick else ap_parts)
+    # A partial run is saved under its own name (prefill-a, prefill-quick, ...), never over a full one.
+    kind = "prefill" if args.parts == "abcd" and not args.quick else "prefill-" + ("quick" if args.quick else args.parts)
     if D != 128:
         kind += f"-d{D}"
-    path = common.save_results(kind, dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
+    return common.save_results(args.save_as or kind, dict(matmul_ceiling_tflops=peak, head_dim=D, dtype="float16", rows=rows))
+
+
+def ab_flops(L, b, h, window):
+    if window < 0:
+        return flops([L] * b, [L] * b, h, True)
+    keys = sum(min(i + 1, window + 1) for i in range(L))  # row i sees keys max(0, i - window) .. i
+    return 4 * keys * b * h * D
+
+
+def ab_check(fn, L, b, h, window):
+    """Max error / reference norm of one run against SDPA in float32 (causal, + window)."""
+    w, q, k, v, out = fn.inputs
+    out.fill_(float("nan"))
+    fn()
+    t = lambda x: x.view(b, L, h, D).transpose(1, 2)  # noqa: E731
+    i = torch.arange(L, device="cuda")
+    keep = i[None, :] <= i[:, None]
+    if window >= 0:
+        keep &= i[None, :] >= i[:, None] - window
+    ref = torch.nn.functional.scaled_dot_product_attention(t(q).float(), t(k).float(), t(v).float(), attn_mask=keep)
+    ref = ref.transpose(1, 2).reshape(b * L, h, D)
+    return ((out.float() - ref).abs().max() / ref.norm(dim=-1).max()).item()
+
+
+def ab(args):
+    """Settings of one template in interleaved rounds (each its own workspace), SDPA peers in the same rounds."""
+    configs = [common.parse_config(c, ("cta_q",)) for c in args.ab]
+    peers = [x.strip() for x in args.peers.split(",") if x.strip()]
+    if any(x not in ("flash", "cudnn") for x in peers):
+        raise SystemExit(f"--peers: expected flash and/or cudnn, got {args.peers!r}")
+    if peers and args.window >= 0:
+        raise SystemExit("--peers: SDPA peers time the causal mask only (no --window)")
+    seqs = [int(s) for s in args.seqs.split(",")]
+    b, h = args.batch, args.heads
+    wss = {n: common.new_workspace() for n, _ in configs}
+    errors, rows = {}, []
+    names = [n for n, _ in configs] + ["sdpa-" + x for x in peers]
+    print("TFLOP/s (median of rounds)\nseq      " + "".join(f"{n:>12s}" for n in names))
+    for L in seqs:
+        fns = {n: tessera_ragged_fn([L] * b, [L] * b, h, h, True, args.backend, int(o.get("cta_q", 0)), wss[n],
+                                    args.window) for n, o in configs}
+        for n, fn in fns.items():
+            if L == seqs[0]:
+                errors[n] = ab_check(fn, L, b, h, args.window)
+                print(f"check {n}: error {errors[n]:.2e}; grid {getattr(fn.inputs[0], 'grid', None)}", flush=True)
+                if not errors[n] < 1e-3:
+                    raise SystemExit(f"FAILED: {n} at seq {L}: max error / reference norm = {errors[n]}")
+        for x in peers:
+            fns["sdpa-" + x] = sdpa_fn(b, h, h, L, L, True, x)
+        times = common.interleaved({n: f for n, f in fns.items() if f is not None}, args.rounds)
+        fl = ab_flops(L, b, h, args.window)
+        tf = {n: tflops(fl, common.median(times[n])) if n in times else float("nan") for n in names}
+        row = dict(seq=L, tflops=tf, ms_rounds=times)
+        line = f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n in names)
+        if "sdpa-flash" in times:
+            row["vs_sdpa_flash"] = {n: common.paired_ratio(times, "sdpa-flash", n) for n, _ in configs}
+            line += "   vs flash (paired): " + " ".join(f"{n} {r:.3f}" for n, r in row["vs_sdpa_flash"].items())
+        rows.append(row)
+        print(line, flush=True)
+        del fns
+        torch.cuda.empty_cache()
+    return common.save_results(args.save_as or "prefill-ab", dict(
+        setting=dict(batch=b, heads=h, head_dim=D, dtype="float16", causal=True, backend=args.backend,
+                     window_left=args.window, rounds=args.rounds, peers=peers),
+        configs=dict(configs), check_error=errors, rows=rows))
+
+
+def single(args):
+    """One configuration, timed (a profiler's target: it runs the kernel a few dozen times)."""
+    L, b, h = args.seq, args.batch, args.heads
+    causal, hkv = not args.non_causal, args.kv_heads or args.heads
+    backend, kv = args.backend, args.kv
+    if args.sdpa:
+        ms = sdpa(b, h, hkv, L, L, causal, args.sdpa)
+        backend, kv = "sdpa-" + args.sdpa, "dense"
+    elif kv.startswith("paged:"):
+        ms = tessera_paged([L] * b, [L] * b, h, hkv, causal, int(kv[6:]), backend=backend)
+    elif kv == "bsr":
+        causal = False  # block-sparse masks are the sparsity pattern: no causal flag
+        ms = tessera_bsr_vector(L, L, b, h, hkv, backend=backend)
+    else:
+        ms = tessera_ragged([L] * b, [L] * b, h, hkv, causal, backend=backend)
+    fl = flops([L] * b, [L] * b, h, causal)
+    print(f"seq {L} batch {b} heads {h} causal {causal} {backend} {kv}: {ms * 1e3:.1f} us, {tflops(fl, ms):.1f} TFLOP/s")
+
+
+def main():
+    global D
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--parts", default="abcd", help="which of the parts (a)-(d) to run")
+    ap.add_argument("--backends", default=None, help="fa2,fa3 (default: both on sm_90, else fa2)")
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256])
+    ap.add_argument("--rounds", type=int, default=3, help="(a) and --ab: timing rounds, peers interleaved (medians)")
+    ap.add_argument("--ab", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                    help="a setting to A/B (repeatable; 'base:' = defaults); key: cta_q")
+    ap.add_argument("--seqs", default="1024,2048,4096,16384", help="--ab: sequence lengths")
+    ap.add_argument("--window", type=int, default=-1, help="--ab: causal sliding window, window_left (-1: none)")
+    ap.add_argument("--backend", default="fa3", choices=["fa2", "fa3", "auto"], help="--ab / --single: kernel template")
+    ap.add_argument("--peers", default="", help="--ab: SDPA backends timed in the same rounds (flash, cudnn)")
+    ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
+    ap.add_argument("--single", action="store_true", help="one configuration (--seq, --kv, --sdpa), e.g. for ncu")
+    ap.add_argument("--seq", type=int, default=4096, help="--single: sequence length")
+    ap.add_argument("--batch", type=int, default=16, help="--ab / --single: batch")
+    ap.add_argument("--heads", type=int, default=16, help="--ab / --single: query heads")
+    ap.add_argument("--kv-heads", type=int, default=0, help="--single: KV heads (0: as --heads)")
+    ap.add_argument("--non-causal", action="store_true", help="--single")
+    ap.add_argument("--kv", default="ragged", help="--single: ragged, paged:PAGE_SIZE or bsr (Br 16, Bc 1; non-causal)")
+    ap.add_argument("--sdpa", choices=["flash", "cudnn"], help="--single: time PyTorch SDPA's backend instead")
+    args = ap.parse_args()
+    D = args.head_dim
+    common.require()
+    args.backends = args.backends or ("fa2,fa3" if common.is_hopper() else "fa2")
+    if args.single:
+        return single(args)
+    path = ab(args) if args.ab else parts(args)
     print(f"# results: {path}")
 
 

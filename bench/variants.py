@@ -15,26 +15,22 @@ side by side with the peers users would pick instead, in one process.
 TFLOP/s count visible query-key pairs only (causal: half the square, the
 sliding window its band); decode reports TB/s of K and V read. Ratios are
 peer time / Tessera time (> 1: Tessera faster). Part (a) times the peers of
-each shape in interleaved rounds (--rounds, default 3) and reports medians.
+each shape in interleaved rounds (--rounds, default 3) and reports medians
+and ratios paired by round. Results: variants.json (every part), else
+variants-PARTS.json, or NAME.json with --save-as NAME.
 Usage: python bench/variants.py [--quick] [--no-flex] [--parts abc] [--backends fa2,fa3] [--rounds N]
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import common  # noqa: E402
-import tessera  # noqa: E402
+from common import F, torch, tessera  # noqa: E402
 
 D = 128
-DT = torch.float16
+DT = torch.float16 if torch else None
 CAP, WINDOW = 30.0, 1024
 workspace = common.workspace
 
@@ -70,7 +66,7 @@ def tessera_variant(variant, B, H, L, backend):
     extras = {"alibi_slopes": torch.from_numpy(tessera.variants.alibi_slopes(H)).cuda()} if variant == "alibi" else {}
     task = tessera.TaskInfo(H, H, page_size=1, max_batch=B, max_pages=1, max_total_q=B * L)
     if backend not in _OWN_WS:
-        _OWN_WS[backend] = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+        _OWN_WS[backend] = common.new_workspace()
     w = tessera.AttentionWrapper(tessera.AttentionSpec(spec, q_dtype=DT, head_dim=D), task, _OWN_WS[backend],
                                  kind="prefill", backend=backend)
     indptr = torch.arange(B + 1, dtype=torch.int32) * L
@@ -81,20 +77,8 @@ def tessera_variant(variant, B, H, L, backend):
     return lambda: w.run_ragged(q, k, v, out=out, **extras)
 
 
-_flex = None
-
-
 def flex_variant(variant, B, H, L):
     """Compiled FlexAttention of one variant as a callable (None when it does not compile)."""
-    global _flex
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    if _flex is None:
-        # One compiled kernel per (shape, score_mod): raise the recompile limits so every shape compiles.
-        for name, value in (("cache_size_limit", 1000), ("accumulated_cache_size_limit", 4000),
-                            ("recompile_limit", 1000), ("accumulated_recompile_limit", 4000)):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, value)
-        _flex = torch.compile(flex_attention)
     slopes = torch.from_numpy(tessera.variants.alibi_slopes(H)).cuda()
 
     def causal(b, h, qi, kv):
@@ -111,16 +95,7 @@ def flex_variant(variant, B, H, L):
 
     mask = window if variant == "sliding_window" else causal
     score_mod = {"soft_cap": soft_cap, "alibi": alibi}.get(variant)
-    bm = create_block_mask(mask, None, None, L, L, device="cuda")
-    q = torch.randn(B, H, L, D, dtype=DT, device="cuda")
-    k, v = torch.randn_like(q), torch.randn_like(q)
-    try:
-        fn = lambda: _flex(q, k, v, score_mod=score_mod, block_mask=bm)  # noqa: E731
-        fn()
-        return fn
-    except Exception as e:  # a compile failure must not end the run
-        print(f"# flex {variant} L={L}: {type(e).__name__}: {e}", flush=True)
-        return None
+    return common.flex_fn(B, H, H, L, L, mask, score_mod=score_mod, d=D, dtype=DT)
 
 
 # ------------------------------------------------------------------ (b)
@@ -232,16 +207,19 @@ def jit_costs():
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--parts", default="abc", help="which of the parts (a)-(c) to run")
     ap.add_argument("--variants", default="causal,soft_cap,alibi,sliding_window", help="part (a)'s variants")
-    ap.add_argument("--backends", default="fa2,fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2")
+    ap.add_argument("--backends", default=None, help="fa2,fa3 (default: both on sm_90, else fa2)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="part (a): timing rounds, peers interleaved; each time is the median of its rounds (clocks "
                          "drift with the power a run draws, so one timing right after a heavy peer can be ~10%% off)")
+    ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
     args = ap.parse_args()
+    common.require()
+    args.backends = args.backends or ("fa2,fa3" if common.is_hopper() else "fa2")
     backends = args.backends.split(",")
     peak = common.matmul_ceiling_tflops()
     read = common.read_probe_best()
@@ -256,17 +234,14 @@ def main():
             flex_fn = None if args.no_flex else flex_variant(variant, 16, 16, L)
             if flex_fn is not None:
                 fns["flex"] = flex_fn
-            times = {n: [] for n in fns}
-            for _ in range(args.rounds):  # interleaved: drift hits every peer alike
-                for n, fn in fns.items():
-                    times[n].append(common.bench_ms(fn))
-            med = {n: statistics.median(t) for n, t in times.items()}
+            times = common.interleaved(fns, args.rounds)  # drift hits every peer alike
+            med = {n: common.median(t) for n, t in times.items()}
             fx = med.get("flex")
             pairs = 16 * 16 * visible_pairs(L, variant)
             for be in backends:
                 ms = med[be]
                 # Paired: the median of each round's flex / ours (as bench/prefill.py part (a)).
-                paired = statistics.median(a / b for a, b in zip(times["flex"], times[be])) if fx else None
+                paired = common.paired_ratio(times, "flex", be) if fx else None
                 rows.append(dict(part="a", variant=variant, backend=be, seq=L, us=ms * 1e3, tflops=tflops(pairs, ms),
                                  flex_us=fx and fx * 1e3, flex_tflops=fx and tflops(pairs, fx), flex_paired_ratio=paired,
                                  rounds_ms={n: times[n] for n in (be, "flex") if n in times}))
@@ -298,7 +273,7 @@ def main():
         rows += jit_costs()
     # A partial run is saved under its own name (variants-a-..., variants-quick-...), never over a full one.
     kind = "variants" if args.parts == "abc" and not args.quick else "variants-" + ("quick" if args.quick else args.parts)
-    path = common.save_results(kind, dict(variants=args.variants, backends=args.backends, matmul_ceiling_tflops=peak,
+    path = common.save_results(args.save_as or kind, dict(variants=args.variants, backends=args.backends, matmul_ceiling_tflops=peak,
                                           read_tbps=read, head_dim=D, dtype="float16", rows=rows))
     print(f"# results: {path}")
 

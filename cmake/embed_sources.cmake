@@ -1,8 +1,8 @@
 # Writes OUT: a C++ file defining tessera::jit::embedded_headers(), one entry
-# (include name, contents) per .cuh under ROOT/tessera/device and
-# ROOT/tessera/abi. Contents are
-# emitted as raw string literals split into chunks (compiler literal limits).
-file(GLOB_RECURSE headers RELATIVE ${ROOT} ${ROOT}/tessera/device/*.cuh ${ROOT}/tessera/abi/*.cuh)
+# (include name, contents) per .cuh under ROOT/tessera, whatever its folder
+# (device code, the host/device ABI). Contents are emitted as raw string
+# literals split into chunks (compiler literal limits).
+file(GLOB_RECURSE headers RELATIVE ${ROOT} ${ROOT}/tessera/*.cuh)
 list(SORT headers)
 set(body "")
 foreach(h ${headers})

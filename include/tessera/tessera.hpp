@@ -16,7 +16,7 @@
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/reference/attention.hpp"
-#include "tessera/reference/merge.hpp"
+#include "tessera/cpu/merge.hpp"
 #include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 
 #include "tensor_convert.hpp"
 #include "tessera/core/dtype.hpp"
@@ -119,10 +120,15 @@ inline TaskInfo prefill_task(int num_qo_heads, int num_kv_heads, int page_size, 
 }
 
 // backend: 0 auto, 1 fa2, 2 fa3 (the Python wrappers map FlashInfer's names).
-inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend) {
+// tile: (cta_kv, warps_q, warps_kv, stages), PrefillTile's fields (0: heuristic).
+using TileArg = std::tuple<int, int, int, int>;
+
+inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const TileArg& tile = {}, int cluster = 0) {
   PrefillOptions opt;
   opt.cta_q = cta_q;
   opt.max_sms = max_sms;
+  opt.cluster = cluster;
+  opt.tile = {std::get<0>(tile), std::get<1>(tile), std::get<2>(tile), std::get<3>(tile)};
   if (backend < 0 || backend > 2)
     throw InvalidArgument("backend: expected 0 (auto), 1 (fa2) or 2 (fa3), got " + std::to_string(backend));
   opt.backend = static_cast<PrefillBackend>(backend);
@@ -131,6 +137,8 @@ inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend) {
 
 // Defined in bindings_cascade.cpp: CascadeAttention (composable formats).
 void bind_cascade(nanobind::module_& m);
+// Defined in bindings_cpu.cpp: CPU attention (the library's CPU path) and the float64 reference.
+void bind_cpu(nanobind::module_& m);
 
 // Defined in bindings_variants.cpp: variant specs, AttentionWrapper, RoPE ops, JIT cost.
 void bind_variants(nanobind::module_& m);

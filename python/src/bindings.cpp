@@ -36,7 +36,6 @@
 #include "tessera/formats/bsr.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/formats/ragged.hpp"
-#include "tessera/reference/attention.hpp"
 #include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
@@ -46,16 +45,6 @@ using namespace nb::literals;
 
 namespace tessera::python {
 namespace {
-
-using F64Array = nb::ndarray<nb::numpy, double>;
-
-// Hands a vector of doubles to numpy without a copy: the capsule owns the
-// vector and frees it when the array is collected.
-F64Array owned_array(std::vector<double>&& data, std::initializer_list<size_t> shape) {
-  auto* buf = new std::vector<double>(std::move(data));
-  nb::capsule owner(buf, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
-  return F64Array(buf->data(), shape, owner);
-}
 
 VariantSpec parse_variant(const std::string& s) {
   if (s == "standard") return variants::standard();
@@ -139,40 +128,6 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
   single_decode(spec, qa.view, ka.view, va.view, layout, oa.view, la.view, to_stream(stream), opt);
 }
 
-// CPU reference over ragged q / KV; returns float64 numpy (o [rows, H, D], lse [rows, H], base 2).
-std::pair<F64Array, F64Array> py_reference_attention_ragged(nb::handle q, std::vector<int32_t> qo_indptr, nb::handle k,
-                                                            nb::handle v, std::vector<int32_t> kv_indptr,
-                                                            double sm_scale, bool causal, double logits_soft_cap,
-                                                            nb::handle custom_mask, int window_left, bool rope,
-                                                            double rope_scale, double rope_theta) {
-  Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
-  RaggedIndex qo(std::move(qo_indptr), -1, "qo_indptr");
-  RaggedIndex kv(std::move(kv_indptr), -1, "kv_indptr");
-  reference::Options opt;
-  opt.sm_scale = sm_scale;
-  opt.causal = causal;
-  opt.logits_soft_cap = logits_soft_cap;
-  opt.window_left = window_left;
-  if (rope) opt.rope = reference::RopeOptions{false, rope_scale, rope_theta, -1};
-  if (!custom_mask.is_none()) {  // flat 0/1 bytes, requests' [q_len, kv_len] blocks concatenated
-    Arg m = to_arg("custom_mask", custom_mask);
-    check_dim("custom_mask", m.view, 1);
-    check_dtype_in("custom_mask", m.view, {DType::kUInt8, DType::kBool});
-    check_device("custom_mask", m.view, Device{});
-    check_contiguous("custom_mask", m.view);
-    const auto* bytes = static_cast<const uint8_t*>(m.view.data);
-    opt.custom_mask.assign(bytes, bytes + m.view.numel());  // empty: no position to mask either way
-  }
-  reference::Result r;
-  {
-    nb::gil_scoped_release release;
-    r = reference::attention_ragged(qa.view, qo, ka.view, va.view, kv, opt);
-  }
-  const auto rows = static_cast<size_t>(r.rows), heads = static_cast<size_t>(r.heads);
-  const auto dim = static_cast<size_t>(r.head_dim);
-  return {owned_array(std::move(r.o), {rows, heads, dim}), owned_array(std::move(r.lse), {rows, heads})};
-}
-
 // ---------------------------------------------------------------- paged KV cache
 void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb::handle batch_indices,
                               nb::handle positions, nb::handle k, nb::handle v, nb::handle kv_indices,
@@ -212,18 +167,19 @@ class PyBatchDecode {
                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
                 int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap,
-                bool rope)
+                bool rope, int tc_cta_q)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, rope),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
-             options(split_kv, max_sms, use_tensor_cores)),
+             options(split_kv, max_sms, use_tensor_cores, tc_cta_q)),
         layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
 
-  static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores) {
+  static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores, int tc_cta_q) {
     DecodeOptions opt;
     opt.planner.split_kv = split_kv;
     opt.max_sms = max_sms;
     opt.use_tensor_cores = use_tensor_cores;
+    opt.tc_cta_q = tc_cta_q;
     return opt;
   }
 
@@ -232,7 +188,7 @@ class PyBatchDecode {
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
                                                    bool split_kv, int max_sms, bool use_tensor_cores, int window_left,
-                                                   double logits_soft_cap, bool rope) {
+                                                   double logits_soft_cap, bool rope, int tc_cta_q) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -241,7 +197,7 @@ class PyBatchDecode {
     const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left,
                                                            logits_soft_cap, rope),
                                                task, num_sms,
-                                               options(split_kv, max_sms, use_tensor_cores));
+                                               options(split_kv, max_sms, use_tensor_cores, tc_cta_q));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -299,11 +255,11 @@ class PyBatchPrefill {
                  int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, bool causal,
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
-                 bool custom_mask, int window_left, double logits_soft_cap, bool rope)
+                 bool custom_mask, int window_left, double logits_soft_cap, bool rope, const TileArg& tile, int cluster)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, rope),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
-             options(cta_q, max_sms, backend)),
+             prefill_options(cta_q, max_sms, backend, tile, cluster)),
         layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
 
   // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
@@ -331,7 +287,6 @@ class PyBatchPrefill {
                        int64_t max_total_q, int64_t max_pages) {
     return prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
   }
-  static PrefillOptions options(int cta_q, int max_sms, int backend) { return prefill_options(cta_q, max_sms, backend); }
 
   static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
@@ -339,7 +294,8 @@ class PyBatchPrefill {
                                                    bool causal, int64_t max_batch, int64_t max_total_q,
                                                    int64_t max_pages, int num_sms, int device, int cta_q, int max_sms,
                                                    int backend, bool custom_mask, int window_left,
-                                                   double logits_soft_cap, bool rope) {
+                                                   double logits_soft_cap, bool rope, const TileArg& tile,
+                                                   int cluster) {
     const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -350,7 +306,7 @@ class PyBatchPrefill {
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
-    const auto s = BatchPrefill::workspace_size(sp, t, num_sms, options(cta_q, max_sms, backend));
+    const auto s = BatchPrefill::workspace_size(sp, t, num_sms, prefill_options(cta_q, max_sms, backend, tile, cluster));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -463,6 +419,7 @@ NB_MODULE(_C, m) {
   using namespace tessera::python;
   bind_variants(m);  // bindings_variants.cpp
   bind_cascade(m);   // bindings_cascade.cpp
+  bind_cpu(m);       // bindings_cpu.cpp
   m.doc() = "Low-level bindings of the Tessera C++ API (use the `tessera` package instead).";
   nb::register_exception_translator(translate);
 
@@ -481,12 +438,6 @@ NB_MODULE(_C, m) {
         "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim); window_left / "
         "logits_soft_cap as FlashInfer's (-1 / 0: off); rope: pos_encoding_mode ROPE_LLAMA; v_scale "
         "multiplies the output (in the kernel's epilogue).");
-  m.def("reference_attention_ragged", &py_reference_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a,
-        "kv_indptr"_a, "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
-        "custom_mask"_a.none() = nb::none(), "window_left"_a = -1, "rope"_a = false, "rope_scale"_a = 1.0,
-        "rope_theta"_a = 1e4,
-        "CPU reference attention in float64: returns (o [rows, H, D], lse [rows, H] base 2) as numpy. "
-        "custom_mask: flat uint8/bool 0/1 mask, each request's row-major [q_len, kv_len] block in turn.");
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
         "stream"_a = 0,
@@ -494,19 +445,21 @@ NB_MODULE(_C, m) {
   nb::class_<PyBatchDecode>(m, "BatchDecode",
                             "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
-                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool>(),
+                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool,
+                    int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
-           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
+           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false, "tc_cta_q"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
-           "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype).")
+           "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype); tc_cta_q its query tile "
+           "(0 heuristic, 16, 32, 64 or 128).")
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
                   "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
-                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
+                  "tc_cta_q"_a = 0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step whose page ids stay on the GPU: count int32 at ids_ptr on CUDA device `device`, "
@@ -527,21 +480,23 @@ NB_MODULE(_C, m) {
                              "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double, bool>(),
+                    double, bool, const TileArg&, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
-           "rope"_a = false,
+           "rope"_a = false, "tile"_a = TileArg{}, "cluster"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
+           "tile (cta_kv, warps_q, warps_kv, stages) overrides the heuristic's tile fields that are not 0; "
+           "cluster 2 runs CTA pairs on the Hopper kernel where they apply (0 auto = off, 1 off); "
            "backend 0 auto, 1 fa2, 2 fa3 (Hopper); custom_mask selects the packed custom-mask variant "
            "(plan takes mask_indptr, run packed_custom_mask).")
       .def_static("workspace_size", &PyBatchPrefill::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
                   "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
-                  "logits_soft_cap"_a = 0.0, "rope"_a = false,
+                  "logits_soft_cap"_a = 0.0, "rope"_a = false, "tile"_a = TileArg{}, "cluster"_a = 0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,

@@ -139,13 +139,3 @@ def arg(x):
     if x is not None and is_torch(x):
         return x.detach()
     return x
-
-
-def from_float64(values, like, dtype=None):
-    """Casts a float64 numpy result to like's framework (on the CPU) and to
-    like's dtype, or to the C++ dtype name `dtype` when given."""
-    if is_torch(like):
-        torch = _torch()
-        dt = like.dtype if dtype is None else getattr(torch, dtype)
-        return torch.from_numpy(np.ascontiguousarray(values)).to(dt)
-    return values.astype(like.dtype if dtype is None else np.dtype(dtype))

@@ -6,9 +6,9 @@ Tessera does not implement yet raise ValueError instead of being silently
 ignored.
 
 CUDA tensors (torch) run the JIT-compiled GPU kernel on torch's current
-stream. CPU inputs (numpy arrays or torch CPU tensors) run the C++ reference
-implementation in float64 and cast the result to q's dtype, so the API works
-on machines without a GPU (slowly: it is meant for tests and tools).
+stream. CPU inputs (numpy arrays or torch CPU tensors) run the C++ CPU path
+(float accumulation, o in q's dtype), so the API works on machines without a
+GPU (slowly: it is meant for tests and tools).
 """
 
 import functools
@@ -100,7 +100,7 @@ def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope, v_scal
 
 
 def _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope):
-    """CPU path: the float64 C++ reference, result cast to q's dtype."""
+    """CPU path: the C++ CPU attention (float accumulation), o in q's dtype."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
             raise TypeError(f"{name}: expected a CPU tensor like q, got one on {T.device_of(x)}")
@@ -109,10 +109,11 @@ def _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope):
     if kv_layout == "HND":  # strided NHD views, no copy
         k, v = k.swapaxes(0, 1), v.swapaxes(0, 1)
     kv_len = int(k.shape[0])
-    o64, lse64 = _C.reference_attention_ragged(T.arg(q[None]), [0, 1], T.arg(k), T.arg(v), [0, kv_len], scale,
-                                               logits_soft_cap=cap, window_left=window, rope=rope[0],
-                                               rope_scale=rope[1], rope_theta=rope[2])
-    return T.from_float64(o64[0], q), T.from_float64(lse64[0], q, "float32")
+    o, lse = T.empty(q, (1,) + tuple(q.shape)), T.empty(q, (1, q.shape[0]), "float32")
+    _C.cpu_attention_ragged(T.arg(q[None]), [0, 1], T.arg(k), T.arg(v), [0, kv_len], T.arg(o), T.arg(lse), scale,
+                            logits_soft_cap=cap, window_left=window, rope=rope[0], rope_scale=rope[1],
+                            rope_theta=rope[2])
+    return o[0], lse[0]
 
 
 # ======================================================================= batch decode
@@ -183,9 +184,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if paged_kv_indices_buffer is not None:
             self._fixed_pages = _positive_int(len(paged_kv_indices_buffer), "paged_kv_indices_buffer length")
         # Tessera-only knobs (not in FlashInfer's signature): the planner's KV
-        # splitting (False = the no-load-balancing ablation) and an SM cap.
+        # splitting (False = the no-load-balancing ablation), an SM cap and,
+        # with use_tensor_cores, the prefill kernel's query tile (0 = heuristic).
         self._split_kv = True
         self._max_sms = 0
+        self._tc_cta_q = 0
         self._native = None  # the C++ BatchDecode, built by plan()
         self._native_key = None  # what it was built for: dtypes, shape, bounds
         self._pinned = None  # the pinned host staging buffer it borrows
@@ -295,6 +298,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=self._split_kv, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
+                     tc_cta_q=self._tc_cta_q,
                      window_left=window, logits_soft_cap=cap, rope=rope)
 
         def size(want, device):

@@ -62,9 +62,13 @@ class _PrefillWrapper(W.PlannedWrapper):
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
         W.init_paged_wrapper(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         # Tessera-only knobs (not in FlashInfer's signature): the query tile
-        # (0 = chosen by the heuristic at the first plan) and an SM cap.
+        # (0 = chosen by the heuristic at the first plan), an SM cap, the
+        # tile override (cta_kv, warps_q, warps_kv, stages; 0 = heuristic)
+        # and the Hopper kernel's CTA pairs (2 = on; 0 = auto, off).
         self._cta_q = 0
         self._max_sms = 0
+        self._tile = (0, 0, 0, 0)
+        self._cluster = 0
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
         self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
 
@@ -125,8 +129,8 @@ class _PrefillWrapper(W.PlannedWrapper):
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer_once(self)
-        knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend,
-                     custom_mask=mask is not None)
+        knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
+                     cluster=self._cluster, custom_mask=mask is not None)
 
         def size(want, device):
             return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
@@ -555,7 +559,7 @@ def single_prefill_with_kv_cache(q, k, v, custom_mask=None, packed_custom_mask=N
     CUDA tensors run the batch prefill kernel (a batch of one, through a
     ragged wrapper and workspace cached per device; changing dtypes, heads,
     head_dim or causal between calls waits for the GPU once). CPU inputs
-    (numpy or torch CPU) run the float64 C++ reference, cast to q's dtype.
+    (numpy or torch CPU) run the C++ CPU path (float accumulation).
 
     Returns:
         o like q, or (o, lse) with return_lse: lse float32 [qo_len,
@@ -614,15 +618,15 @@ def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, ca
 
 
 def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope):
-    """CPU path: the float64 C++ reference, result cast to q's dtype."""
+    """CPU path: the C++ CPU attention (float accumulation), o in q's dtype."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
             raise TypeError(f"{name}: expected a CPU tensor like q, got one on {T.device_of(x)}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         T.dtype_name(x, name)
     qo_len, kv_len = int(q.shape[0]), int(k.shape[0])
-    o64, lse64 = _C.reference_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], scale, causal,
-                                               custom_mask=None if mask is None else mask.host_mask(),
-                                               logits_soft_cap=cap, window_left=window, rope=rope[0],
-                                               rope_scale=rope[1], rope_theta=rope[2])
-    return T.from_float64(o64, q), T.from_float64(lse64, q, "float32")
+    o, lse = T.empty(q, q.shape), T.empty(q, q.shape[:2], "float32")
+    _C.cpu_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], T.arg(o), T.arg(lse), scale,
+                            causal, custom_mask=None if mask is None else mask.host_mask(), logits_soft_cap=cap,
+                            window_left=window, rope=rope[0], rope_scale=rope[1], rope_theta=rope[2])
+    return o, lse

@@ -8,7 +8,7 @@ dtype (float16 or bfloat16); head_dim is 64, 128 or 256; rotary_dim (None: all)
 is a multiple of 16. Pairs are (j, j + rotary_dim / 2), or (2j, 2j + 1) with
 interleave=True; pair j turns by pos / rope_scale * rope_theta^(-2j /
 rotary_dim) radians. CUDA tensors run one kernel on torch's current stream;
-CPU tensors run the C++ reference math (float64, rounded to the dtype).
+CPU tensors run the C++ CPU path (tessera::cpu, rounded to the dtype).
 """
 
 import numbers

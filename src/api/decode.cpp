@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -17,17 +16,13 @@ using detail::str;
 
 namespace {
 
-// Tuning knobs for benchmarks and experiments, below the API: the tile and
-// pipeline depth may be forced with TESSERA_DECODE_TILE / TESSERA_DECODE_STAGES
-// when the options leave them to the heuristic.
-DecodeOptions with_env_overrides(DecodeOptions opt) {
-  auto env_int = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v && *v ? std::atoi(v) : 0;
-  };
-  if (!opt.tile) opt.tile = env_int("TESSERA_DECODE_TILE");
-  if (!opt.stages) opt.stages = env_int("TESSERA_DECODE_STAGES");
-  return opt;
+// tc_cta_q tunes the tensor-core path only, with the prefill wrapper's query tiles.
+void check_tc_cta_q(const DecodeOptions& opt) {
+  const int q = opt.tc_cta_q;
+  if (q != 0 && !opt.use_tensor_cores)
+    throw InvalidArgument("tc_cta_q: tunes the tensor-core path; expected 0 without use_tensor_cores, got " + str(q));
+  if (q != 0 && q != 16 && q != 32 && q != 64 && q != 128)
+    throw InvalidArgument("tc_cta_q: expected 0 (heuristic), 16, 32, 64 or 128, got " + str(q));
 }
 
 // use_tensor_cores: decode as a prefill whose requests each have one query,
@@ -37,8 +32,6 @@ TaskInfo tensor_core_task(TaskInfo task) {
   return task;
 }
 
-// Checked on the caller's options (before environment overrides, which only
-// tune the CUDA-core kernel).
 PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOptions& opt) {
   if (spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: use_tensor_cores runs decode on the tensor-core prefill kernel, which "
@@ -55,11 +48,8 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOption
   // Short decode steps stay unsplit (PlannerOptions::unsplit_max_kv; measured
   // on this path only: the CUDA-core kernel gained from splitting at every
   // batch-16 length, bench/results/decode-short-steps-*).
-  if (const char* e = std::getenv("TESSERA_DECODE_UNSPLIT_MAX_KV"); e && *e) p.planner.unsplit_max_kv = std::atoi(e);  // experiments
   if (p.planner.unsplit_max_kv < 0) p.planner.unsplit_max_kv = 1024;
-  // Experiments: force the prefill query tile (64 / 128 select the Hopper
-  // kernel on sm_90; the heuristic's 16 rows run the FA2 template).
-  if (const char* q = std::getenv("TESSERA_DECODE_TC_CTA_Q")) p.cta_q = std::atoi(q);
+  p.cta_q = opt.tc_cta_q;  // 0: the prefill heuristic's (64 rows on sm_90, which runs the Hopper kernel)
   return p;
 }
 
@@ -85,13 +75,13 @@ BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const Tas
 }
 
 BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
-                                               const DecodeOptions& opt_in) {
-  const DecodeOptions opt = with_env_overrides(opt_in);
+                                               const DecodeOptions& opt) {
   validate_task(task, spec);
+  check_tc_cta_q(opt);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
-  if (opt_in.use_tensor_cores)
-    return BatchPrefill::workspace_size(spec, tensor_core_task(task), num_sms, tensor_core_options(spec, opt_in));
+  if (opt.use_tensor_cores)
+    return BatchPrefill::workspace_size(spec, tensor_core_task(task), num_sms, tensor_core_options(spec, opt));
   const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
   const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms));
@@ -99,8 +89,9 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
 }
 
 BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace, DecodeOptions opt)
-    : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(with_env_overrides(opt)) {
+    : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(opt) {
   validate_task(task_, spec_);
+  check_tc_cta_q(opt_);
   if (opt_.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0, got " + str(opt_.max_sms));
   if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
   opt_.planner.window_left = spec_.variant.window_left;  // keys left of a declared window are never loaded

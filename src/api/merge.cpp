@@ -8,7 +8,7 @@
 #include "checks.hpp"
 #include "tessera/abi/merge_params.cuh"
 #include "tessera/formats/ragged.hpp"
-#include "tessera/reference/merge.hpp"
+#include "tessera/cpu/merge.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "checks.hpp"
@@ -17,6 +16,23 @@ namespace tessera {
 
 using detail::str;
 
+namespace {
+// Calls fn(config) for every configuration a first plan may choose under
+// opt: each query tile (only opt.cta_q if set) on each backend, with
+// opt.tile applied where opt.backend allows that backend. Also how the tile
+// is validated before any plan.
+template <typename Fn>
+void each_candidate(const AttentionSpec& spec, const PrefillOptions& opt, Fn fn) {
+  for (int q : {16, 32, 64, 128}) {
+    if (opt.cta_q && q != opt.cta_q) continue;
+    for (bool hopper : {false, true}) {
+      if (hopper && !catalog::hopper_supported(spec, q)) continue;
+      const bool allowed = opt.backend == PrefillBackend::kAuto || hopper == (opt.backend == PrefillBackend::kFA3);
+      fn(catalog::prefill_config(spec, q, hopper, allowed ? opt.tile : PrefillTile{}));
+    }
+  }
+}
+}  // namespace
 
 // Sections for a grid of ctas_per_group x groups CTAs: each group's plan
 // covers its num_kv_heads / groups heads of every request (the tiles and
@@ -83,18 +99,13 @@ std::pair<BatchPrefill::Sizes, BatchPrefill::Sizes> BatchPrefill::sizes(const At
   if (opt.cta_q) (void)catalog::prefill_config(spec, opt.cta_q);  // rejects an invalid cta_q
   Sizes whole, shared;
   size_t scratch = 0;
-  for (int q : {16, 32, 64, 128}) {
-    if (opt.cta_q && q != opt.cta_q) continue;
-    for (bool hopper : {false, true}) {  // whichever backend the first plan picks
-      if (hopper && !catalog::hopper_supported(spec, q)) continue;
-      const PrefillConfig c = catalog::prefill_config(spec, q, hopper);
-      const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
-      const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, q);
-      shared.device_bytes = std::max(shared.device_bytes, l.scratch);
-      shared.host_bytes = whole.host_bytes = std::max(whole.host_bytes, l.staged);
-      scratch = std::max(scratch, l.scratch_bytes);
-    }
-  }
+  each_candidate(spec, opt, [&](const PrefillConfig& c) {  // whichever the first plan picks
+    const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
+    const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, c.cta_q);
+    shared.device_bytes = std::max(shared.device_bytes, l.scratch);
+    shared.host_bytes = whole.host_bytes = std::max(whole.host_bytes, l.staged);
+    scratch = std::max(scratch, l.scratch_bytes);
+  });
   whole.device_bytes = shared.device_bytes + scratch;  // >= every layout's total
   return {whole, shared};
 }
@@ -106,16 +117,12 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
     throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(opt_.cluster));
   if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
+  each_candidate(spec_, opt_, [](const PrefillConfig&) {});              // validates the tile override
   if (variants::is_causal(spec_.variant)) opt_.causal_schedule = true;
   // Custom masks keep the full schedule: a masked-out tile only costs time,
   // a skipped visible one would be wrong (causal_schedule is the caller's
   // call). Each run then trims the items by the mask it brings (trim_items).
   custom_mask_ = spec_.variant == variants::custom_mask();
-  if (const char* env = std::getenv("TESSERA_MASK_TRIM"); env && *env) opt_.trim_masked_tiles = std::string(env) != "0";
-  if (const char* env = std::getenv("TESSERA_SM90_TMA")) tma_enabled_ = std::string(env) != "0";
-  if (const char* env = std::getenv("TESSERA_SM90_Q_TMA"); env && *env) q_tma_mode_ = std::string(env) == "0" ? 0 : 1;
-  // A/B runs: TESSERA_PREFILL_HEAD_GROUPS=1 / 0 plans heads in groups / one per group.
-  if (const char* env = std::getenv("TESSERA_PREFILL_HEAD_GROUPS"); env && *env) opt_.group_heads = std::string(env) != "0";
 }
 
 void BatchPrefill::use_shared_scratch(void* device_ptr, size_t bytes) {
@@ -241,12 +248,8 @@ void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
 // setting (bench/results/prefill-ab-pairs3-*.json), so only an explicit 2
 // turns them on.
 int BatchPrefill::choose_cluster(Source src) const {
-  int want = opt_.cluster;
-  if (const char* env = std::getenv("TESSERA_SM90_CLUSTER"); env && *env) want = std::atoi(env);
-  if (want < 0 || want > 2)
-    throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(want));
   const bool eligible = config_.hopper && config_.cta_q == 128 && src == Source::kRagged;
-  return eligible && want == 2 ? 2 : 1;
+  return eligible && opt_.cluster == 2 ? 2 : 1;
 }
 
 bool BatchPrefill::use_hopper(int cta_q) const {
@@ -288,10 +291,10 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     // bound, and its producer streams KV faster (H100, bench/decode_one.py:
     // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
     if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
-    config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q));
+    config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q), opt_.tile);
     config_.cluster = choose_cluster(src);
     for (;;) {  // once, or twice if the CTA pairs do not fit
-      source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster);
+      source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile);
       const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
                                               config_.ctas_per_sm, task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
       kernel_ = pk.kernel;
@@ -522,7 +525,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
     // on average (decode's one-token queries would load mostly unused rows:
     // cp.async copies only the valid ones).
     Sm90TensorMaps maps{};
-    if (kv.indices == nullptr && tma_enabled_) {
+    if (kv.indices == nullptr) {
       const int64_t tokens = kv.indptr ? total_kv_ : kv.single_len;
       maps.kv_on = tma::encode_kv_tiles(maps.k, kv.k, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
                                         kv.head_stride, config_.cta_kv) &&
@@ -530,8 +533,8 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
                                         kv.head_stride, config_.cta_kv);
     }
     const int group = task_.num_qo_heads / task_.num_kv_heads;
-    const bool q_fill = q_tma_mode_ == 1 || (q_tma_mode_ < 0 && total_q_ >= batch_ * (config_.cta_q / group));
-    if (q_tma_mode_ != 0 && q_fill && config_.cta_q % group == 0)
+    const bool q_fill = total_q_ >= batch_ * (config_.cta_q / group);
+    if (q_fill && config_.cta_q % group == 0)
       maps.q_on = tma::encode_q_tiles(maps.q, q.data, total_q_, task_.num_kv_heads, group, spec_.head_dim, q.stride(0),
                                       q.stride(1), config_.cta_q);
     kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps, pdl);

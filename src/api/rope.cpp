@@ -1,5 +1,5 @@
-// apply_rope / apply_rope_pos_ids: shared validation, then the CPU reference
-// math for host tensors or one JIT kernel launch for CUDA tensors.
+// apply_rope / apply_rope_pos_ids: shared validation, then the CPU path
+// (cpu/rope.hpp) for host tensors or one JIT kernel launch for CUDA tensors.
 #include "tessera/api/rope.hpp"
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include "checks.hpp"
 #include "tessera/abi/rope_params.cuh"
 #include "tessera/formats/ragged.hpp"
-#include "tessera/reference/attention.hpp"
+#include "tessera/cpu/rope.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
 
@@ -73,14 +73,7 @@ int check_common(const TensorView& q, const TensorView& k, const TensorView& q_r
 
 void rotate_cpu(const TensorView& x, const TensorView& out, const std::vector<int64_t>& pos, const RopeOptions& opt,
                 int rotary_dim) {
-  const reference::RopeOptions r{opt.interleave, opt.rope_scale, opt.rope_theta, rotary_dim};
-  const std::vector<double> y = reference::apply_rope(x, pos, r);
-  const int64_t H = x.size(1), D = x.size(2);
-  for (int64_t n = 0; n < x.size(0); ++n)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t d = 0; d < D; ++d)
-        store_from_float(out.data, out.dtype, static_cast<size_t>(n * out.stride(0) + h * out.stride(1) + d),
-                         static_cast<float>(y[(n * H + h) * D + d]));
+  cpu::rotate_rows(x, out, pos, opt.interleave, opt.rope_scale, opt.rope_theta, rotary_dim);
 }
 
 void launch(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,

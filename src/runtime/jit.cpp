@@ -144,6 +144,19 @@ std::string default_cache_dir() {
 }
 
 namespace {
+// The library's one logging switch: TESSERA_LOG unset, empty or 0 is quiet;
+// "jit" or 1 logs every JIT compile with ptxas's resource usage. Read once.
+bool log_jit() {
+  static const bool on = [] {
+    const char* v = std::getenv("TESSERA_LOG");
+    if (v == nullptr || *v == 0 || std::string(v) == "0") return false;
+    if (std::string(v) == "jit" || std::string(v) == "1") return true;
+    std::fprintf(stderr, "[tessera] TESSERA_LOG=%s: unknown value (expected jit, 1 or 0); logging off\n", v);
+    return false;
+  }();
+  return on;
+}
+
 // NVRTC's log of a compiled program (errors, warnings, ptxas's report).
 std::string program_log(nvrtcProgram prog) {
   size_t n = 0;
@@ -170,10 +183,9 @@ std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const
   std::vector<std::string> opts = {"--gpu-architecture=" + arch.str(), "-std=c++17", "--device-as-default-execution-space",
                                    "-DTESSERA_JIT=1", "--extra-device-vectorization"};
   opts.insert(opts.end(), src.options.begin(), src.options.end());
-  // TESSERA_PTXAS_VERBOSE=1: ptxas's resource report (registers, spills,
+  // TESSERA_LOG=jit (or 1): ptxas's resource report (registers, spills,
   // shared memory) of every kernel compiled, on stderr.
-  const char* verbose_env = std::getenv("TESSERA_PTXAS_VERBOSE");
-  const bool verbose = verbose_env && std::string(verbose_env) == "1";
+  const bool verbose = log_jit();
   if (verbose) opts.push_back("--ptxas-options=-v");
   std::vector<const char*> copts;
   for (auto& o : opts) copts.push_back(o.c_str());
@@ -182,7 +194,7 @@ std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const
     throw CompileError("NVRTC failed to compile kernel '" + src.entry + "' for " + arch.str() +
                        "\ngenerated source: " + source_path + "\n" + program_log(prog));
   if (verbose)
-    std::fprintf(stderr, "[ptxas] %s (%s):\n%s\n", src.entry.c_str(), arch.str().c_str(), program_log(prog).c_str());
+    std::fprintf(stderr, "[tessera jit] %s (%s):\n%s\n", src.entry.c_str(), arch.str().c_str(), program_log(prog).c_str());
   size_t size = 0;
   check_nvrtc(nvrtcGetCUBINSize(prog, &size), "get cubin size");
   std::vector<char> cubin(size);

@@ -1,7 +1,6 @@
 #include "tessera/runtime/planner.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "tessera/core/error.hpp"
@@ -311,13 +310,7 @@ void Planner::plan_prefill(std::span<const int32_t> qo_lens, std::span<const int
                           std::to_string(kv_lens.size()));
   if (group < 1 || cta_q < 1) throw InvalidArgument("group, cta_q: expected >= 1");
   tiles_.clear();
-  // Experiments: TESSERA_PLANNER_ORDER=length selects line 5's global order
-  // (read once: getenv scans the environment, and plan() runs every step).
-  static const bool global_order = [] {
-    const char* order = std::getenv("TESSERA_PLANNER_ORDER");
-    return order && std::string(order) == "length";
-  }();
-  group_by_request_ = !global_order;
+  group_by_request_ = true;
   for (size_t i = 0; i < qo_lens.size(); ++i) {
     const int64_t q = qo_lens[i], kv = kv_lens[i];
     if (q < 0 || kv < 0) throw InvalidArgument("qo_lens/kv_lens: expected values >= 0");

@@ -1,9 +1,9 @@
 #include "tessera/runtime/prefill_catalog.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "tessera/abi/shared_memory.cuh"
 #include "tessera/core/error.hpp"
@@ -23,29 +23,47 @@ static bool has_element_functors(const VariantSpec& v) {
   return v.code.find("Transform") != std::string::npos || v.code.find("LogitsMask") != std::string::npos;
 }
 
-// Tuning override, "cta_kv,warps_q,warps_kv,stages" (benchmarks and sweeps
-// only; zero fields keep the heuristic's choice).
-static void apply_override(PrefillConfig& c) {
-  const char* env = std::getenv("TESSERA_PREFILL_TILE");
-  if (env == nullptr || *env == 0) return;
-  int v[4] = {0, 0, 0, 0};
-  if (std::sscanf(env, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) != 4)
-    throw InvalidArgument(std::string("TESSERA_PREFILL_TILE: expected \"cta_kv,warps_q,warps_kv,stages\", got ") + env);
-  PrefillConfig t = c;
-  if (v[0]) t.cta_kv = v[0];
-  if (v[1]) t.warps_q = v[1];
-  if (v[2]) t.warps_kv = v[2];
-  if (v[3]) t.stages = v[3];
-  if (t.stages < 2) throw InvalidArgument(std::string("TESSERA_PREFILL_TILE: stages must be >= 2, got ") + env);
-  // Applies to the query tiles it fits (workspace sizing visits all of them).
-  if (t.cta_q % (16 * t.warps_q) == 0 && t.cta_kv % (16 * t.warps_kv) == 0) c = t;
+// The fields of `tile` that are set (0 keeps the heuristic's choice), each
+// range-checked; the caller checks that the result fits the kernel.
+static void apply_tile(PrefillConfig& c, const PrefillTile& tile) {
+  for (auto [name, v] : {std::pair{"tile.cta_kv", tile.cta_kv}, {"tile.warps_q", tile.warps_q},
+                         {"tile.warps_kv", tile.warps_kv}, {"tile.stages", tile.stages}})
+    if (v < 0) throw InvalidArgument(std::string(name) + ": expected >= 0 (0: the heuristic's choice), got " + std::to_string(v));
+  if (tile.stages == 1) throw InvalidArgument("tile.stages: expected 0 (heuristic) or >= 2 (a pipeline), got 1");
+  if (tile.cta_kv % 16) throw InvalidArgument("tile.cta_kv: expected a multiple of 16, got " + std::to_string(tile.cta_kv));
+  if (tile.cta_kv) c.cta_kv = tile.cta_kv;
+  if (tile.warps_q) c.warps_q = tile.warps_q;
+  if (tile.warps_kv) c.warps_kv = tile.warps_kv;
+  if (tile.stages) c.stages = tile.stages;
+}
+
+// The FA2 template's static requirements on a tile (prefill_sm80/mainloop.cuh,
+// prefill_sm80/kernel.cuh), checked here so a bad override is an InvalidArgument rather
+// than a compile error.
+static void check_fa2_tile(const PrefillConfig& c, int head_dim) {
+  auto fail = [&](const char* field, const std::string& why) {
+    throw InvalidArgument(std::string(field) + ": " + why + " (query tile " + std::to_string(c.cta_q) + ", KV tile " +
+                          std::to_string(c.cta_kv) + ", warps " + std::to_string(c.warps_q) + " x " +
+                          std::to_string(c.warps_kv) + ", " + std::to_string(c.stages) + " stages)");
+  };
+  if (c.cta_q % (16 * c.warps_q))
+    fail("tile.warps_q", "each warp takes whole 16-row m-tiles: expected cta_q a multiple of 16 x warps_q; set cta_q to pin the query tile");
+  if (c.cta_kv % (16 * c.warps_kv)) fail("tile.warps_kv", "expected cta_kv a multiple of 16 x warps_kv");
+  if (c.warps_q * c.warps_kv > 32) fail("tile.warps_q", "expected warps_q x warps_kv <= 32 (1024 threads)");
+  const int chunks = head_dim / 8;  // 16-byte chunks per row: the loaders copy whole rows per pass
+  if (c.cta_kv * chunks % c.threads || c.cta_q * chunks % c.threads)
+    fail("tile.cta_kv", "each tile must split into whole rows per pass of the " + std::to_string(c.threads) + " threads");
+  if (c.warps_kv > 1 && c.warps_kv * c.cta_q * (head_dim + 2) * 4 > c.stages * 2 * c.cta_kv * head_dim * 2)
+    fail("tile.warps_kv", "the KV-warp merge scratch does not fit the KV pipeline buffers");
+  if (c.smem_bytes > 227 * 1024)
+    fail("tile", "needs " + std::to_string(c.smem_bytes) + " bytes of shared memory (at most 232448)");
 }
 
 bool hopper_supported(const AttentionSpec& spec, int cta_q) {
   return (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) && (cta_q == 64 || cta_q == 128);
 }
 
-PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) {
+PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile) {
   validate_spec(spec);
   if (spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: the tensor-core prefill kernel needs q_dtype == kv_dtype (") +
@@ -69,10 +87,13 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     c.warps_kv = 1;
     c.cta_kv = spec.head_dim == 256 ? 64 : cta_q == 128 || spec.head_dim == 64 ? 128 : 64;
     c.stages = 2;
-    apply_override(c);
-    c.warps_q = cta_q / 16;  // the override may change only the KV tile and the stages here
-    c.warps_kv = 1;
-    if (c.cta_kv != 64 && c.cta_kv != 128) c.cta_kv = 128;
+    if (tile.warps_q || tile.warps_kv)
+      throw InvalidArgument("tile.warps_q, tile.warps_kv: the Hopper kernel's warp layout is fixed (one consumer "
+                            "warpgroup per 64 query rows); expected 0, or backend fa2");
+    apply_tile(c, tile);
+    if (c.cta_kv != 64 && c.cta_kv != 128)
+      throw InvalidArgument("tile.cta_kv: the Hopper kernel takes 64 or 128, got " + std::to_string(c.cta_kv) +
+                            " (backend fa2 takes other KV tiles)");
     c.threads = 128 * (cta_q / 64 + 1);
     // Ring depths: V gets one stage more than K (it is consumed a step later
     // and released only after P V: with 2 V stages the consumers waited on V
@@ -80,13 +101,6 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
     // still fits.
     c.v_stages = c.stages + 1;
     c.q_bufs = 2;
-    bool rings_forced = false;
-    if (const char* env = std::getenv("TESSERA_SM90_RINGS"); env && *env) {  // experiments: "k,v,q"
-      if (std::sscanf(env, "%d,%d,%d", &c.stages, &c.v_stages, &c.q_bufs) != 3 || c.stages < 2 || c.v_stages < 2 ||
-          c.q_bufs < 1 || c.q_bufs > 2)
-        throw InvalidArgument(std::string("TESSERA_SM90_RINGS: expected \"k_stages,v_stages,q_bufs\" (>= 2, >= 2, 1 or 2), got ") + env);
-      rings_forced = true;
-    }
     // The kernel's own layout (abi/shared_memory.cuh): Q buffers, K and V
     // stages and the alignment slack, + its static shared memory's bound.
     auto bytes = [&](int q_bufs) {
@@ -102,12 +116,12 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
       return per <= 227 * 1024 && (!two_ctas || 2 * per <= 228 * 1024);
     };
     if (c.q_bufs == 2 && !fits(2)) c.q_bufs = 1;
-    if (!rings_forced && !fits(1) && c.v_stages > c.stages) --c.v_stages;  // head dim 256 at 128 x 64
+    if (!fits(1) && c.v_stages > c.stages) --c.v_stages;  // head dim 256 at 128 x 64
     c.smem_bytes = bytes(c.q_bufs);
     const int per_cta = c.smem_bytes + static_bytes;
     c.ctas_per_sm = two_ctas && 2 * per_cta <= 228 * 1024 ? 2 : 1;
     if (per_cta > 227 * 1024)
-      throw InvalidArgument("TESSERA_PREFILL_TILE: the Hopper tile needs " + std::to_string(per_cta) +
+      throw InvalidArgument("tile: the Hopper tile needs " + std::to_string(per_cta) +
                             " bytes of shared memory (at most 232448)");
     return c;
   }
@@ -133,26 +147,16 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper) 
   const bool big_o = spec.head_dim == 256 || (rows32_d128 && has_element_functors(spec.variant));
   c.cta_kv = big_o && c.warps_kv == 1 ? 32 : 64;
   c.stages = 2;
-  apply_override(c);
+  apply_tile(c, tile);
   c.threads = 32 * c.warps_q * c.warps_kv;
   c.smem_bytes = 2 * (c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim);
+  check_fa2_tile(c, spec.head_dim);
   c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
   return c;
 }
 
-namespace {
-// Experiments only: space-separated -D options from environment variable
-// `var` for a kernel's compile-time switches; they are part of the cache key.
-void add_defines(jit::KernelSource& src, const char* var) {
-  if (const char* defs = std::getenv(var)) {
-    std::istringstream in(defs);
-    for (std::string d; in >> d;) src.options.push_back("-D" + d);
-  }
-}
-}  // namespace
-
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster) {
-  const PrefillConfig c = prefill_config(spec, cta_q, hopper);
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster, const PrefillTile& tile) {
+  const PrefillConfig c = prefill_config(spec, cta_q, hopper, tile);
   if (cluster != 1 && (!hopper || cluster != 2))
     throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
   std::ostringstream entry, tail;
@@ -165,24 +169,17 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
           << (cluster > 1 ? "_x" + std::to_string(cluster) : std::string()) << "_sm90ws";
     tail << c.cta_q << ", " << c.cta_kv << ", " << c.stages << ", " << c.v_stages << ", " << c.q_bufs << ", "
          << c.ctas_per_sm << ", " << cluster;
-    jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
-                                             std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
-                                             "tessera/device/kernels/prefill_sm90/kernel.cuh", "PrefillParams",
-                                             "batch_prefill_sm90", c.threads, tail.str(), c.ctas_per_sm,
-                                             "tessera::Sm90TensorMaps tma", cluster);
-    // Experiments only: extra -D options for the Hopper kernel's switches
-    // (e.g. TESSERA_SM90_PINGPONG=0), space separated; part of the cache key.
-    add_defines(src, "TESSERA_SM90_DEFINES");
-    return src;
+    return attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
+                                std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
+                            "tessera/device/kernels/prefill_sm90/kernel.cuh", "PrefillParams", "batch_prefill_sm90",
+                            c.threads, tail.str(), c.ctas_per_sm, "tessera::Sm90TensorMaps tma", cluster);
   }
   entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
   tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
-  jit::KernelSource src = attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " +
-                                           std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
-                                           "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill",
-                                           c.threads, tail.str());
-  add_defines(src, "TESSERA_PREFILL_DEFINES");  // experiments, as above (e.g. TESSERA_PREFILL_WIDE_STORE=0)
-  return src;
+  return attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " +
+                              std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
+                          "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill", c.threads,
+                          tail.str());
 }
 
 std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& v) {

@@ -157,4 +157,58 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   EXPECT_EQ(BatchDecode({}, task(), f.ws).tensor_core_prefill(), nullptr);
 }
 
+// DecodeOptions::tc_cta_q: the tensor-core path's query tile (0: heuristic,
+// else one of the prefill tiles), refused on the CUDA-core path.
+TEST(ApiErrors, DecodeTensorCoreQueryTile) {
+  FakeWorkspace f;
+  for (int bad : {-1, 8, 48, 256}) {
+    DecodeOptions opt = tensor_cores();
+    opt.tc_cta_q = bad;
+    EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, opt), InvalidArgument, "tc_cta_q");
+    EXPECT_THROW_MSG(BatchDecode::workspace_size({}, task(), 132, opt), InvalidArgument, "tc_cta_q");
+  }
+  DecodeOptions cuda_cores;
+  cuda_cores.tc_cta_q = 64;
+  EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, cuda_cores), InvalidArgument, "tc_cta_q");
+  for (int q : {16, 32, 64, 128}) {
+    DecodeOptions opt = tensor_cores();
+    opt.tc_cta_q = q;
+    BatchDecode dec({}, task(), f.ws, opt);
+    ASSERT_NE(dec.tensor_core_prefill(), nullptr);
+    EXPECT_EQ(dec.tensor_core_prefill()->config().cta_q, q);
+  }
+}
+
+// PrefillOptions::tile is checked when the wrapper is built and when its
+// workspace is sized, against every query tile and backend the first plan
+// may choose, with the field named.
+TEST(ApiErrors, PrefillTileOption) {
+  FakeWorkspace f;
+  auto with = [](PrefillTile t, int cta_q = 0, PrefillBackend b = PrefillBackend::kAuto) {
+    PrefillOptions opt;
+    opt.tile = t;
+    opt.cta_q = cta_q;
+    opt.backend = b;
+    return opt;
+  };
+  TaskInfo sized = task();
+  sized.max_total_q = 64;
+  auto throws = [&](const PrefillOptions& opt, const char* field) {
+    EXPECT_THROW_MSG(BatchPrefill({}, task(), f.ws, opt), InvalidArgument, field);
+    EXPECT_THROW_MSG(BatchPrefill::workspace_size({}, sized, 132, opt), InvalidArgument, field);
+  };
+  throws(with({.stages = 1}), "tile.stages");
+  throws(with({.cta_kv = 40}), "tile.cta_kv");
+  throws(with({.warps_kv = -2}), "tile.warps_kv");
+  throws(with({.warps_q = 4}), "tile.warps_q");                            // the heuristic may choose 16 rows
+  throws(with({.warps_q = 2}, 64), "tile.warps_q");                        // the Hopper kernel's warps are fixed
+  throws(with({.cta_kv = 32}, 128, PrefillBackend::kFA3), "tile.cta_kv");  // Hopper: 64 or 128
+  EXPECT_NO_THROW(BatchPrefill({}, task(), f.ws, with({.warps_q = 2}, 64, PrefillBackend::kFA2)));
+  EXPECT_NO_THROW(BatchPrefill({}, task(), f.ws, with({.cta_kv = 64, .stages = 3})));
+  EXPECT_GT(BatchPrefill::workspace_size({}, sized, 132, with({.cta_kv = 64, .stages = 3})).device_bytes, 0u);
+  // Fits the FA2 template at 128 rows but not the Hopper kernel (237568 bytes).
+  throws(with({.cta_kv = 128, .stages = 3}), "tile");
+  EXPECT_NO_THROW(BatchPrefill({}, task(), f.ws, with({.cta_kv = 128, .stages = 3}, 0, PrefillBackend::kFA2)));
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 // one kernel compile it once.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
 #include <limits>
 #include <fstream>
@@ -279,20 +280,47 @@ TEST(Jit, Fa2KvTileFollowsTheVariant) {
   EXPECT_EQ(kv_tile(variants::standard(), 256), 32);
 }
 
-TEST(Jit, HopperRingOverrideIsChecked) {
+// PrefillTile (PrefillOptions::tile): set fields replace the heuristic's,
+// reach the kernel's name and template arguments, and are checked against
+// each template's requirements with the field named.
+TEST(Jit, PrefillTileOverrideReachesTheKernel) {
   const AttentionSpec spec{variants::standard(), DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
-  setenv("TESSERA_SM90_RINGS", "2,2,2", 1);
-  const PrefillConfig c = catalog::prefill_config(spec, 128, true);
-  EXPECT_EQ(c.stages, 2);
-  EXPECT_EQ(c.v_stages, 2);
-  EXPECT_EQ(c.q_bufs, 2);
-  for (const char* bad : {"2,1,1", "2,3", "2,3,3", "x"}) {
-    setenv("TESSERA_SM90_RINGS", bad, 1);
-    EXPECT_THROW(catalog::prefill_config(spec, 128, true), InvalidArgument) << bad;
-  }
-  setenv("TESSERA_SM90_RINGS", "3,3,2", 1);  // 288 KB: too big for one CTA
-  EXPECT_THROW(catalog::prefill_config(spec, 128, true), InvalidArgument);
-  unsetenv("TESSERA_SM90_RINGS");
+  EXPECT_EQ(catalog::batch_prefill(spec, 64, false, 1, PrefillTile{}).source, catalog::batch_prefill(spec, 64).source);
+  // (cta_kv, warps_q, warps_kv, stages, v_stages, q_bufs, threads)
+  auto fields = [](const PrefillConfig& c) {
+    return std::array{c.cta_kv, c.warps_q, c.warps_kv, c.stages, c.v_stages, c.q_bufs, c.threads};
+  };
+  const PrefillTile fa2_tile{.cta_kv = 32, .warps_q = 2, .warps_kv = 1, .stages = 3};
+  const PrefillConfig fa2 = catalog::prefill_config(spec, 64, false, fa2_tile);
+  EXPECT_EQ(fields(fa2), (std::array{32, 2, 1, 3, 2, 1, 64}));
+  EXPECT_EQ(fa2.smem_bytes, 2 * (64 * 128 + 3 * 2 * 32 * 128));
+  const jit::KernelSource fa2_src = catalog::batch_prefill(spec, 64, false, 1, fa2_tile);
+  EXPECT_NE(fa2_src.entry.find("_q64_kv32_w2x1_s3"), std::string::npos) << fa2_src.entry;
+  EXPECT_NE(fa2_src.source.find("64, 32, 2, 1, 3"), std::string::npos);
+  // Zero fields keep the heuristic's choice (64-row tiles: 4 x 1 warps, 2 stages).
+  EXPECT_EQ(fields(catalog::prefill_config(spec, 64, false, {.cta_kv = 128})), (std::array{128, 4, 1, 2, 2, 1, 128}));
+  // Hopper: the KV tile and the K ring's depth (V one deeper, a second Q
+  // buffer where they fit); the warps follow the query tile.
+  const PrefillTile sm90_tile{.cta_kv = 64, .stages = 3};
+  EXPECT_EQ(fields(catalog::prefill_config(spec, 128, true, sm90_tile)), (std::array{64, 8, 1, 3, 4, 2, 384}));
+  EXPECT_NE(catalog::batch_prefill(spec, 128, true, 1, sm90_tile).entry.find("_kv64_k3v4q2"), std::string::npos);
+
+  auto fa2_throws = [&](int cta_q, PrefillTile t, const char* field) {
+    EXPECT_THROW_MSG(catalog::prefill_config(spec, cta_q, false, t), InvalidArgument, field);
+  };
+  fa2_throws(64, {.cta_kv = -16}, "tile.cta_kv");
+  fa2_throws(64, {.cta_kv = 24}, "tile.cta_kv");
+  fa2_throws(64, {.warps_q = -1}, "tile.warps_q");
+  fa2_throws(64, {.stages = 1}, "tile.stages");
+  fa2_throws(16, {.warps_q = 2}, "tile.warps_q");                 // 2 warps of 16 rows > a 16-row tile
+  fa2_throws(64, {.warps_q = 3}, "tile.warps_q");                 // 64 rows do not split over 3 warps
+  fa2_throws(64, {.cta_kv = 32, .warps_kv = 4}, "tile.warps_kv");  // 8 KV columns per warp
+  fa2_throws(64, {.cta_kv = 256, .warps_q = 4, .warps_kv = 16}, "tile.warps_q");  // 2048 threads
+  fa2_throws(64, {.cta_kv = 256, .stages = 4}, "tile");           // 512 KB of shared memory
+  EXPECT_THROW_MSG(catalog::prefill_config(spec, 128, true, {.cta_kv = 32}), InvalidArgument, "tile.cta_kv");
+  EXPECT_THROW_MSG(catalog::prefill_config(spec, 128, true, {.warps_q = 8}), InvalidArgument, "tile.warps_q");
+  EXPECT_THROW_MSG(catalog::prefill_config(spec, 128, true, {.stages = 6}), InvalidArgument, "tile");  // too big for one CTA
+  EXPECT_THROW_MSG(catalog::batch_prefill(spec, 64, false, 1, {.stages = 1}), InvalidArgument, "tile.stages");
 }
 
 // The Hopper kernel takes its K / V tensor maps as a second, grid-constant

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "tessera/reference/attention.hpp"
-#include "tessera/reference/merge.hpp"
+#include "tessera/cpu/merge.hpp"
 #include "test_util.hpp"
 
 namespace tessera {

@@ -7,7 +7,7 @@
 
 #include "gpu_util.hpp"
 #include "tessera/api/merge.hpp"
-#include "tessera/reference/merge.hpp"
+#include "tessera/cpu/merge.hpp"
 
 using namespace tessera;
 using namespace tessera::test;

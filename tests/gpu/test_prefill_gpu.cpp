@@ -237,15 +237,13 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillF32Out,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
 
-// Builds a wrapper for c with opt (TESSERA_SM90_TMA = tma while it loads its
-// kernel), plans it, hands it to check, and runs it `runs` times.
+// Builds a wrapper for c with opt, plans it, hands it to check, and runs it
+// `runs` times.
 template <typename Check>
 std::vector<Out> run_ragged_case(const RaggedCase& c, const PrefillOptions& opt, const DeviceTensor& dq,
-                                 const DeviceTensor& dk, const DeviceTensor& dv, const char* tma, int runs, Check check) {
-  setenv("TESSERA_SM90_TMA", tma, 1);
+                                 const DeviceTensor& dk, const DeviceTensor& dv, int runs, Check check) {
   Workspace ws = prefill_workspace(c.spec, c.task, opt);
   BatchPrefill pre(c.spec, c.task, ws, opt);
-  unsetenv("TESSERA_SM90_TMA");
   pre.plan_ragged(c.b.qo, c.b.kv_tokens);
   check(pre);
   std::vector<Out> outs;
@@ -256,10 +254,33 @@ std::vector<Out> run_ragged_case(const RaggedCase& c, const PrefillOptions& opt,
   return outs;
 }
 
+// The same run on the keys of ragged k / v ([N, Hkv, D] on the GPU) seen as
+// pages of one token, in order: the Hopper producer then gathers K / V
+// through the page table with cp.async instead of the TMA.
+Out run_one_token_pages(const AttentionSpec& spec, TaskInfo task, const PrefillOptions& opt,
+                        std::span<const int32_t> qo, std::span<const int32_t> kv, const DeviceTensor& dq,
+                        const DeviceTensor& dk, const DeviceTensor& dv) {
+  const int64_t N = kv.back(), Hkv = task.num_kv_heads, D = spec.head_dim;
+  std::vector<int32_t> indices(N), last;
+  std::iota(indices.begin(), indices.end(), 0);
+  for (size_t r = 0; r + 1 < kv.size(); ++r) last.push_back(kv[r + 1] > kv[r] ? 1 : 0);
+  task.page_size = 1;
+  task.max_pages = std::max<int64_t>(N, 1);
+  Workspace ws = prefill_workspace(spec, task, opt);
+  BatchPrefill pre(spec, task, ws, opt);
+  pre.plan_paged(qo, kv, indices, last);
+  TensorView kp = dk.view, vp = dv.view;
+  kp.shape = vp.shape = {N, 1, Hkv, D};
+  kp.strides = vp.strides = {Hkv * D, Hkv * D, D, 1};
+  return run_and_fetch([&](const TensorView& o, const TensorView& lse) {
+    pre.run(dq.view, PagedKVStorage(kp, vp, KVLayout::kNHD), o, lse);
+  }, spec.q_dtype, qo.back(), task.num_qo_heads, D);
+}
+
 // Contiguous KV on the Hopper kernel is loaded by the TMA (tensor maps, 64 x
 // CTA_KV boxes, rows past a chunk read from the neighbouring keys and masked);
-// the cp.async gather (TESSERA_SM90_TMA=0) must give the very same bits, and
-// both must match the reference.
+// the cp.async gather of the same keys as one-token pages must give the very
+// same bits, and both must match the reference.
 class PrefillTma : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, int>> {};
 
 TEST_P(PrefillTma, SameBitsAsCpAsyncAndMatchesReference) {
@@ -273,8 +294,8 @@ TEST_P(PrefillTma, SameBitsAsCpAsyncAndMatchesReference) {
   opt.cta_q = cta_q;
   opt.backend = PrefillBackend::kFA3;
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
-  auto run_with = [&](const char* tma) { return run_ragged_case(c, opt, dq, dk, dv, tma, 1, [](const BatchPrefill&) {})[0]; };
-  Out with_tma = run_with("1"), gathered = run_with("0");
+  const Out with_tma = run_ragged_case(c, opt, dq, dk, dv, 1, [](const BatchPrefill&) {})[0];
+  const Out gathered = run_one_token_pages(spec, task, opt, b.qo, b.kv_tokens, dq, dk, dv);
   EXPECT_CLOSE(compare(to_doubles(with_tma.o.view), ref.o), dt);
   EXPECT_CLOSE(compare(to_doubles(with_tma.lse.view), ref.lse), DType::kFloat16);
   EXPECT_TRUE(bitwise_equal(with_tma.o, gathered.o));
@@ -287,10 +308,8 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillTma,
 
 // CTA pairs (PrefillOptions::cluster = 2): clusters of two CTAs take 256-row
 // tiles, 128 rows each, and receive each K / V tile by one TMA multicast.
-// Must match the reference and repeat its bits (split tiles merge per rank);
-// the cp.async gather under the same pairing (TESSERA_SM90_TMA=0: each CTA
-// loads its own tiles, still paced by both CTAs' releases) must give the
-// same bits. max_sms 4 splits every long request into chunks.
+// Must match the reference and repeat its bits (split tiles merge per rank).
+// max_sms 4 splits every long request into chunks.
 class PrefillPairs : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, int>> {};
 
 TEST_P(PrefillPairs, MatchReferenceAndRepeat) {
@@ -306,31 +325,64 @@ TEST_P(PrefillPairs, MatchReferenceAndRepeat) {
   opt.cluster = 2;
   opt.max_sms = max_sms;
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
-  auto run_with = [&](const char* tma, int runs) {
-    return run_ragged_case(c, opt, dq, dk, dv, tma, runs, [](const BatchPrefill& pre) {
-      EXPECT_EQ(pre.cluster(), 2);
-      EXPECT_EQ(pre.ctas_per_group() % 2, 0);
-    });
-  };
-  const std::vector<Out> pairs = run_with("1", 2), gathered = run_with("0", 1);
+  const std::vector<Out> pairs = run_ragged_case(c, opt, dq, dk, dv, 2, [](const BatchPrefill& pre) {
+    EXPECT_EQ(pre.cluster(), 2);
+    EXPECT_EQ(pre.ctas_per_group() % 2, 0);
+  });
   EXPECT_CLOSE(compare(to_doubles(pairs[0].o.view), ref.o), dt);
   EXPECT_CLOSE(compare(to_doubles(pairs[0].lse.view), ref.lse), DType::kFloat16);
   EXPECT_TRUE(bitwise_equal(pairs[0].o, pairs[1].o));
   EXPECT_TRUE(bitwise_equal(pairs[0].lse, pairs[1].lse));
-  EXPECT_TRUE(bitwise_equal(pairs[0].o, gathered[0].o));
-  EXPECT_TRUE(bitwise_equal(pairs[0].lse, gathered[0].lse));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillPairs,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
                                             ::testing::Bool(), ::testing::Values(1, 4, 8), ::testing::Values(0, 4)));
 
+// PrefillOptions::tile (experts' override): KV tiles, warp layouts and
+// pipeline depths other than the heuristic's reach the kernel and still
+// match the reference.
+TEST(PrefillTileOverride, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(31);
+  const RaggedCase c(DType::kFloat16, 128, 4, true, 12, rng);
+  const auto& [b, q, k, v, ref, spec, task] = c;
+  auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+  struct Case {
+    PrefillBackend backend;
+    int cta_q;
+    PrefillTile tile;
+  };
+  for (const Case& t : {Case{PrefillBackend::kFA2, 64, {.cta_kv = 32, .stages = 3}},
+                        Case{PrefillBackend::kFA2, 32, {.warps_q = 1, .warps_kv = 2}},
+                        Case{PrefillBackend::kFA3, 128, {.cta_kv = 64, .stages = 3}}}) {
+    if (t.backend == PrefillBackend::kFA3 && jit::Arch::of_device(0).major != 9) continue;
+    SCOPED_TRACE("cta_q " + std::to_string(t.cta_q));
+    PrefillOptions opt;
+    opt.backend = t.backend;
+    opt.cta_q = t.cta_q;
+    opt.tile = t.tile;
+    const PrefillConfig want = catalog::prefill_config(spec, t.cta_q, t.backend == PrefillBackend::kFA3, t.tile);
+    const Out out = run_ragged_case(c, opt, dq, dk, dv, 1, [&](const BatchPrefill& pre) {
+      EXPECT_EQ(pre.config().cta_kv, want.cta_kv);
+      EXPECT_EQ(pre.config().warps_q, want.warps_q);
+      EXPECT_EQ(pre.config().warps_kv, want.warps_kv);
+      EXPECT_EQ(pre.config().stages, want.stages);
+      EXPECT_EQ(pre.kernel_source().entry, catalog::batch_prefill(spec, t.cta_q, want.hopper, 1, t.tile).entry);
+    })[0];
+    EXPECT_CLOSE(compare(to_doubles(out.o.view), ref.o), DType::kFloat16);
+    EXPECT_CLOSE(compare(to_doubles(out.lse.view), ref.lse), DType::kFloat16);
+  }
+}
+
 // The Hopper kernel's Q tiles by the TMA (a rank-4 map: the group's heads x
 // CTA_Q / group tokens; rows past a request's queries read the next
 // request's and are never stored) must give the bits of the cp.async Q
 // gather, and match the reference; q is also taken as a strided view (the
 // q slice of a packed qkv tensor), and with paged KV. Long and short
-// queries, an empty one.
+// queries, an empty one. The Q TMA runs where queries fill their tiles on
+// average; the same requests followed by many empty ones (which add no work
+// and leave the schedule as it is) take the gather instead.
 class PrefillQTma : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool>> {};
 
 TEST_P(PrefillQTma, SameBitsAsCpAsyncAndMatchesReference) {
@@ -339,13 +391,14 @@ TEST_P(PrefillQTma, SameBitsAsCpAsyncAndMatchesReference) {
   const auto [dt, D, group, cta_q, strided] = GetParam();
   std::mt19937_64 rng(D * 3 + group * 7 + cta_q + strided);
   const int64_t Hkv = 2, Hq = Hkv * group;
-  const std::vector<int32_t> q_len{130, 0, 257, 5, 64, 1}, kv_len{200, 7, 257, 300, 64, 90};
+  const std::vector<int32_t> q_len{130, 0, 257, 5, 64, 1, 600}, kv_len{200, 7, 257, 300, 64, 90, 640};
   std::vector<int32_t> qo{0}, kv{0};
   for (size_t r = 0; r < q_len.size(); ++r) {
     qo.push_back(qo.back() + q_len[r]);
     kv.push_back(kv.back() + kv_len[r]);
   }
   const int64_t rows = qo.back();
+  ASSERT_GE(rows, static_cast<int64_t>(q_len.size()) * (cta_q / group));  // the Q tiles fill on average
   HostTensor q = strided ? make_host_strided(dt, {rows, Hq, D}, {3 * Hq * D, D, 1}) : make_host(dt, {rows, Hq, D});
   HostTensor k = make_host(dt, {kv.back(), Hkv, D}), v = make_host(dt, {kv.back(), Hkv, D});
   fill_random(q, rng(), -2.f, 2.f);
@@ -355,50 +408,33 @@ TEST_P(PrefillQTma, SameBitsAsCpAsyncAndMatchesReference) {
   ro.causal = true;
   const reference::Result ref = reference::attention_ragged(q.view, RaggedIndex(qo), k.view, v.view, RaggedIndex(kv), ro);
   const AttentionSpec spec{variants::causal(), dt, dt, dt, static_cast<int>(D)};
-  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, 16, 1};
-  task.max_total_q = 1024;
+  const int empties = 256;  // (7 + 256) x 8 > 1057 rows: below one row per tile slot
+  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, 7 + empties, 1};
+  task.max_total_q = 2048;
   PrefillOptions opt;
   opt.cta_q = cta_q;
   opt.backend = PrefillBackend::kFA3;
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
-  auto run_with = [&](const char* q_tma, const char* kv_tma) {
-    setenv("TESSERA_SM90_Q_TMA", q_tma, 1);
-    setenv("TESSERA_SM90_TMA", kv_tma, 1);
+  auto run_ragged = [&](const std::vector<int32_t>& qo_, const std::vector<int32_t>& kv_) {
     Workspace ws = prefill_workspace(spec, task, opt);
     BatchPrefill pre(spec, task, ws, opt);
-    unsetenv("TESSERA_SM90_Q_TMA");
-    unsetenv("TESSERA_SM90_TMA");
-    pre.plan_ragged(qo, kv);
+    pre.plan_ragged(qo_, kv_);
     return run_and_fetch([&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); },
                          dt, rows, Hq, D);
   };
-  Out both = run_with("1", "1"), q_only = run_with("1", "0"), gathered = run_with("0", "0");
+  std::vector<int32_t> qo_e = qo, kv_e = kv;
+  qo_e.resize(qo.size() + empties, qo.back());
+  kv_e.resize(kv.size() + empties, kv.back());
+  const Out both = run_ragged(qo, kv), gathered = run_ragged(qo_e, kv_e);
   EXPECT_CLOSE(compare(to_doubles(both.o.view), ref.o), dt);
   EXPECT_CLOSE(compare(to_doubles(both.lse.view), ref.lse), DType::kFloat16);
   EXPECT_TRUE(bitwise_equal(both.o, gathered.o));
-  EXPECT_TRUE(bitwise_equal(q_only.o, gathered.o));
   EXPECT_TRUE(bitwise_equal(both.lse, gathered.lse));
-  // Paged KV (pages of one token over the same tensors; the producer gathers
-  // K / V through the page table) with Q by the TMA.
-  const int32_t total_kv = kv.back();
-  std::vector<int32_t> indices(total_kv), last(q_len.size(), 1);
-  std::iota(indices.begin(), indices.end(), 0);
-  for (size_t r = 0; r < q_len.size(); ++r)
-    if (kv_len[r] == 0) last[r] = 0;
-  TensorView kp = dk.view, vp = dv.view;
-  kp.shape = vp.shape = {total_kv, 1, Hkv, D};
-  kp.strides = vp.strides = {Hkv * D, Hkv * D, D, 1};
-  task.max_pages = total_kv;
-  setenv("TESSERA_SM90_Q_TMA", "1", 1);
-  Workspace ws = prefill_workspace(spec, task, opt);
-  BatchPrefill pre(spec, task, ws, opt);
-  unsetenv("TESSERA_SM90_Q_TMA");
-  pre.plan_paged(qo, kv, indices, last);
-  Out paged = run_and_fetch([&](const TensorView& o, const TensorView& lse) {
-    pre.run(dq.view, PagedKVStorage(kp, vp, KVLayout::kNHD), o, lse);
-  }, dt, rows, Hq, D);
+  // Paged KV (the producer gathers K / V through the page table) with Q by the TMA.
+  const Out paged = run_one_token_pages(spec, task, opt, qo, kv, dq, dk, dv);
   EXPECT_CLOSE(compare(to_doubles(paged.o.view), ref.o), dt);
   EXPECT_CLOSE(compare(to_doubles(paged.lse.view), ref.lse), DType::kFloat16);
+  EXPECT_TRUE(bitwise_equal(both.o, paged.o));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillQTma,

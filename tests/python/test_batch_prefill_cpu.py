@@ -145,6 +145,32 @@ def test_workspace_size_query():
     expect(ValueError, "cta_q", lambda: size(1, 1, 1, cta_q=48))
 
 
+def test_tile_and_tensor_core_query_tile_options():
+    """tile= (the C++ PrefillTile: cta_kv, warps_q, warps_kv, stages; 0 = heuristic) and BatchDecode's
+    tc_cta_q= are checked without a GPU: ValueError naming the field, TypeError for a malformed value."""
+    def size(**kw):
+        return _C.BatchPrefill.workspace_size("float16", "float16", "float16", 128, 32, 8, 16, "NHD", True, 8, 512,
+                                              64, num_sms=132, **kw)
+
+    assert size(tile=(64, 0, 0, 3))[0] > 0
+    assert size(tile=(0, 2, 0, 0), cta_q=64, backend=1)[0] > 0  # an FA2 warp layout for a pinned query tile
+    expect(ValueError, "tile.stages", lambda: size(tile=(0, 0, 0, 1)))
+    expect(ValueError, "tile.cta_kv", lambda: size(tile=(40, 0, 0, 0)))
+    expect(ValueError, "tile.warps_q", lambda: size(tile=(0, 4, 0, 0)))
+    expect(ValueError, "tile.cta_kv", lambda: size(tile=(32, 0, 0, 0), cta_q=128, backend=2))
+    for bad in [(64, 0, 0), "64,0,0,2", (64.5, 0, 0, 2)]:
+        with pytest.raises(TypeError):
+            size(tile=bad)
+
+    def decode_size(**kw):
+        return _C.BatchDecode.workspace_size("float16", "float16", "float16", 128, 32, 8, 16, "NHD", 8, 64,
+                                             num_sms=132, **kw)
+
+    assert decode_size(use_tensor_cores=True, tc_cta_q=64)[0] > 0
+    expect(ValueError, "tc_cta_q", lambda: decode_size(use_tensor_cores=True, tc_cta_q=48))
+    expect(ValueError, "tc_cta_q", lambda: decode_size(tc_cta_q=64))  # the CUDA-core path has no query tile
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_single_prefill_cpu(rng, causal, layout):

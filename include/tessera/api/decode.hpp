@@ -45,6 +45,9 @@ struct DecodeOptions {
   // Run on the tensor-core prefill kernel (see the file comment). Needs
   // q_dtype == kv_dtype; planner and max_sms apply as on the CUDA-core path.
   bool use_tensor_cores = false;
+  // With use_tensor_cores: the prefill kernel's query tile (0: its heuristic;
+  // else 16, 32, 64 or 128 fused rows, 64 / 128 run the Hopper kernel on sm_90).
+  int tc_cta_q = 0;
 };
 
 class BatchDecode {

@@ -62,7 +62,7 @@ struct PrefillOptions {
   // plan per head). Off by default: measured on the H100 Table-1 setting it
   // was 10% slower at 1k-4k tokens, 5% faster at 8k, even at 16k
   // (bench/results/prefill-ab-head-groups-*.json); the cause is not known
-  // yet. TESSERA_PREFILL_HEAD_GROUPS=1 turns it on for experiments.
+  // yet.
   bool group_heads = false;
   // Hopper kernel on contiguous (ragged) KV: CTA pairs (a cluster of 2) take
   // 256-row query tiles, 128 rows each, and receive every K / V tile in one
@@ -70,14 +70,17 @@ struct PrefillOptions {
   // under the power cap). 0: auto (off: on the H100 pairs measured 0.95x at
   // 1k and +-3% at 8k-16k), 1: off, 2: on where the kernel and KV source
   // allow it. Fixed at the first plan(), like the tile.
-  // TESSERA_SM90_CLUSTER overrides it for experiments.
   int cluster = 0;
   // Custom masks: before each run, a pass over the mask trims every work
   // item's KV range to the tiles holding a key that one of its queries sees
   // (page/mask_trim.cuh), so fully masked tiles at either end of a row block are
   // neither loaded nor computed (causal-like, banded and document masks).
-  // Same outputs, bit for bit. TESSERA_MASK_TRIM=0 turns it off (comparisons).
+  // Same outputs, bit for bit.
   bool trim_masked_tiles = true;
+  // Tile override for experts and tile sweeps (see PrefillTile; all 0: the
+  // heuristic's). It must suit every query tile the first plan may choose:
+  // pin cta_q (and backend) to set a warp layout. Checked at construction.
+  PrefillTile tile;
 };
 
 class BatchPrefill {
@@ -206,9 +209,6 @@ class BatchPrefill {
   double plan_us_ = 0;
   Source source_kind_ = Source::kNone;
   bool custom_mask_ = false;  // spec.variant is variants::custom_mask()
-  bool tma_enabled_ = true;   // Hopper kernel: TMA for contiguous K / V (TESSERA_SM90_TMA=0: cp.async, for comparisons)
-  int q_tma_mode_ = -1;       // Hopper kernel, TMA for Q tiles: -1 where queries fill their tiles on average,
-                              // 0 never, 1 wherever the map fits (TESSERA_SM90_Q_TMA=0 / 1: comparisons, tests)
   int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1, mask_bytes_ = 0;
   int32_t checked_max_page_ = -1;                  // largest page id paged_lengths() saw
   mutable PageIdErrors page_errors_;               // where the kernels record a bad page id (paged runs)

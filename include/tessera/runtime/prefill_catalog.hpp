@@ -21,6 +21,19 @@ struct PrefillConfig {
   int cluster = 1;      // Hopper: CTAs per cluster sharing K / V tiles (1 or 2)
 };
 
+// Tile override for experts (PrefillOptions::tile): each field 0 keeps the
+// heuristic's choice. The FA2 template takes any layout that satisfies its
+// static requirements (checked with InvalidArgument naming the field); the
+// Hopper kernel takes cta_kv 64 or 128 and stages (its K ring; V gets one
+// more where it fits), its warps being fixed by the query tile.
+struct PrefillTile {
+  int cta_kv = 0;    // KV tokens per tile (a multiple of 16)
+  int warps_q = 0;   // FA2: warps along the query tile (16 rows each)
+  int warps_kv = 0;  // FA2: warps along the KV tile
+  int stages = 0;    // pipeline depth, >= 2
+  bool operator==(const PrefillTile&) const = default;
+};
+
 namespace catalog {
 // Step 1 of the heuristic: the smallest query tile covering the average fused
 // query length (query length x group size under head-group fusion).
@@ -28,11 +41,12 @@ int choose_cta_q(double avg_fused_q_len);
 // Step 2: KV tile and warp layout for that query tile from register and
 // shared-memory limits of the head dimension.
 // hopper: the sm_90a wgmma mainloop (warpgroups of 64 query rows); needs
-// hopper_supported().
-PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false);
+// hopper_supported(). tile: the caller's override (see PrefillTile).
+PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false, const PrefillTile& tile = {});
 bool hopper_supported(const AttentionSpec& spec, int cta_q);
 // cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90/kernel.cuh, CLUSTER).
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1);
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1,
+                                const PrefillTile& tile = {});
 // Every prefill kernel of one variant: fp16/bf16, head dims 64/128/256, each
 // query tile, and the Hopper template where it applies.
 std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& variant);

@@ -1,0 +1,250 @@
+"""Old build vs new build, paired in one run: the performance acceptance of a
+change (every ratio >= --threshold, default 0.98).
+
+Two worker processes, one per build, each importing the tessera package of
+its own python folder (a build's `python/` with the compiled extension, or a
+checkout whose `python/` holds one: scripts/build_python.sh builds it in
+tree). The driver sets each case up in both, then times it in interleaved
+rounds, old and new alternating which goes first, one worker at a time on
+the GPU; it reports the median time of each and the median over rounds of
+old time / new time (> 1: the new build is faster), and exits 1 when a ratio
+is below the threshold.
+
+Cases (both builds get the same inputs: same seeds):
+  decode   page 16, fp16, head dim 128, batch 16 / 64 / 128, GQA 32/8 and
+           MHA 32/32, on tensor cores and CUDA cores; timed over rotating
+           cache copies replayed from a CUDA graph (common.bench_graph_ms);
+           each build's output checked against a float32 softmax first;
+  prefill  paper Table-1: batch 16, 16 heads, head dim 128, causal, fp16,
+           512 .. 16k, per kernel template (fa3 on sm_90, fa2); timed with
+           do_bench; the last 256 query rows of request 0 checked against
+           float32 attention first.
+
+Two builds side by side, e.g. the merge base against this checkout:
+  git worktree add /tmp/tessera-old OLD_COMMIT
+  (cd /tmp/tessera-old && bash scripts/build_python.sh)   # tessera._C in /tmp/tessera-old/python
+  bash scripts/build_python.sh                              # the new build, in ./python
+  python bench/ab.py --old /tmp/tessera-old --new .
+Both share the JIT disk cache; its keys hash the kernel sources, so each
+build compiles and loads its own kernels.
+
+Usage: python bench/ab.py --old OLD_DIR --new NEW_DIR [--rounds 5] [--only decode|prefill]
+           [--batches 16,64,128] [--heads 32/8,32/32] [--lengths const:1024,const:4096] [--paths tc,cc]
+           [--seqs 512,1024,2048,4096,8192,16384] [--backends fa3,fa2] [--threshold 0.98]
+Results: bench/results/ab.json (and $OUT/ab.json).
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TAG = "@@ab "  # prefix of the workers' replies on stdout (anything else there is the library's output)
+
+
+def python_dir(d):
+    """DIR itself when it holds the tessera package, else DIR/python."""
+    d = os.path.abspath(d)
+    if os.path.isdir(os.path.join(d, "tessera")):
+        return d
+    if os.path.isdir(os.path.join(d, "python", "tessera")):
+        return os.path.join(d, "python")
+    raise SystemExit(f"{d}: no tessera package there (nor in {d}/python)")
+
+
+# ------------------------------------------------------------------ worker
+class Worker:
+    """One build's benchmark process (this file with --worker DIR)."""
+
+    def __init__(self, name, pydir):
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", pydir],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.hello = self.call(op="hello")
+
+    def call(self, **msg):
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(TAG):
+                reply = json.loads(line[len(TAG):])
+                if "error" in reply:
+                    raise RuntimeError(f"{self.name}: {reply['error']}")
+                return reply
+            sys.stderr.write(f"[{self.name}] {line}")
+        raise RuntimeError(f"{self.name}: worker exited (rc {self.proc.wait()})")
+
+    def close(self):
+        try:
+            self.call(op="quit")
+        except Exception:
+            pass
+        self.proc.wait()
+
+
+def serve(pydir):
+    """Worker loop: JSON requests on stdin, TAG-prefixed JSON replies on stdout."""
+    sys.path.insert(0, HERE)
+    import common
+    tessera = common.require(pydir)  # this build's package, before decode / prefill import anything
+    import decode as dec
+    import prefill as pf
+    torch = common.torch
+    state = {}
+
+    def reply(**kw):
+        sys.stdout.write(TAG + json.dumps(kw) + "\n")
+        sys.stdout.flush()
+
+    def setup_decode(c):
+        lens = common.kv_lengths(c["lengths"], c["batch"], seed=c["batch"])
+        hq, hkv = c["hq"], c["hkv"]
+        torch.manual_seed(c["batch"])
+        q = torch.randn(c["batch"], hq, dec.D, dtype=dec.DTYPE, device="cuda")
+        out = torch.empty_like(q)
+        st = dec.decode_wrapper(tessera, lens, 16, hq, hkv, seed=c["batch"] + 16, tensor_cores=c["path"] == "tc")
+        out.fill_(float("nan"))
+        st["w"].run(q, (st["k"], st["v"]), out=out)
+        err = dec.spot_check(lens, q, out, st["k"], st["v"], st["indptr"], st["indices"], hq, hkv)
+        copies = common.rotation_copies(dec.needed_bytes(lens, hq, hkv))
+        caches = [(st["k"], st["v"])] + [(torch.randn_like(st["k"]), torch.randn_like(st["v"])) for _ in range(copies - 1)]
+        calls = [lambda kv=kv: st["w"].run(q, kv, out=out) for kv in caches]
+        return (lambda: common.bench_graph_ms(calls)), err, (st, q, out, caches)
+
+    def setup_prefill(c):
+        L, b, h = c["seq"], 16, 16
+        torch.manual_seed(L)
+        fn = pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, c["backend"], ws=common.new_workspace())
+        w, q, k, v, out = fn.inputs
+        out.fill_(float("nan"))
+        fn()
+        rows = min(256, L)  # request 0's last rows: they see every key, and the reference stays small
+        qq = q[L - rows:L].float().transpose(0, 1)
+        kk, vv = k[:L].float().transpose(0, 1), v[:L].float().transpose(0, 1)
+        i = torch.arange(L - rows, L, device="cuda")
+        keep = torch.arange(L, device="cuda")[None, :] <= i[:, None]
+        ref = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=keep).transpose(0, 1)
+        err = ((out[L - rows:L].float() - ref).abs().max() / ref.norm(dim=-1).max()).item()
+        return (lambda: common.bench_ms(fn)), err, (fn,)
+
+    for line in sys.stdin:
+        msg = json.loads(line)
+        try:
+            op = msg["op"]
+            if op == "hello":
+                reply(device=common.device_name(), tessera=getattr(tessera, "__file__", ""), torch=torch.__version__)
+            elif op == "setup":
+                c = msg["case"]
+                timer, err, keep = (setup_decode if c["kind"] == "decode" else setup_prefill)(c)
+                state.clear()
+                state.update(timer=timer, keep=keep)
+                reply(err=err)
+            elif op == "time":
+                reply(ms=state["timer"]())
+            elif op == "free":
+                state.clear()
+                torch.cuda.empty_cache()
+                reply(ok=True)
+            elif op == "quit":
+                reply(ok=True)
+                return
+        except Exception as e:  # reported to the driver, which stops the run
+            reply(error=f"{type(e).__name__}: {e}")
+
+
+# ------------------------------------------------------------------ driver
+def cases(args):
+    out = []
+    if args.only in ("", "decode"):
+        for hh in args.heads.split(","):
+            hq, hkv = (int(x) for x in hh.split("/"))
+            for b in (int(x) for x in args.batches.split(",")):
+                for lengths in args.lengths.split(","):
+                    for path in args.paths.split(","):
+                        out.append(dict(kind="decode", hq=hq, hkv=hkv, batch=b, lengths=lengths, path=path))
+    if args.only in ("", "prefill"):
+        for be in args.backends.split(","):
+            for L in (int(x) for x in args.seqs.split(",")):
+                out.append(dict(kind="prefill", backend=be, seq=L))
+    return out
+
+
+def label(c):
+    if c["kind"] == "decode":
+        return f"decode {c['path']} {c['hq']}/{c['hkv']} {c['lengths']} x {c['batch']}"
+    return f"prefill {c['backend']} Table-1 {c['seq']}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--old", help="the old build: its python/ folder (or a checkout holding one)")
+    ap.add_argument("--new", help="the new build: its python/ folder (or a checkout holding one)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
+    ap.add_argument("--only", default="", choices=["", "decode", "prefill"])
+    ap.add_argument("--batches", default="16,64,128", help="decode batches")
+    ap.add_argument("--heads", default="32/8,32/32", help="decode heads, HQ/HKV,... (GQA and MHA)")
+    ap.add_argument("--lengths", default="const:1024,const:4096", help="decode KV lengths (common.kv_lengths)")
+    ap.add_argument("--paths", default="tc,cc", help="decode kernels: tc (tensor cores), cc (CUDA cores)")
+    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384", help="prefill sequence lengths")
+    ap.add_argument("--backends", default="fa3,fa2", help="prefill kernel templates (fa3 needs sm_90)")
+    ap.add_argument("--threshold", type=float, default=0.98, help="lowest acceptable old/new time ratio")
+    ap.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return serve(args.worker)
+    if not args.old or not args.new:
+        ap.error("--old and --new are required")
+    try:
+        workers = {"old": Worker("old", python_dir(args.old)), "new": Worker("new", python_dir(args.new))}
+    except RuntimeError as e:  # the worker printed why (e.g. no torch, no extension) on stderr
+        raise SystemExit(f"ab: {e}")
+    device = workers["new"].hello["device"]
+    print(f"# {device}; old: {workers['old'].hello['tessera']}; new: {workers['new'].hello['tessera']}")
+    print(f"# {args.rounds} interleaved rounds per case; ratio = median over rounds of old time / new time "
+          f"(> 1: new faster); threshold {args.threshold}")
+    print(f"{'case':<44} {'old us':>10} {'new us':>10} {'ratio':>7}  check err (old / new)")
+    rows, failed = [], []
+    try:
+        for c in cases(args):
+            try:
+                errs = {n: w.call(op="setup", case=c)["err"] for n, w in workers.items()}
+            except RuntimeError as e:
+                raise SystemExit(f"ab: {label(c)}: {e}")
+            bad = [n for n, e in errs.items() if not (e is not None and e < 2e-3)]
+            if bad:
+                raise SystemExit(f"{label(c)}: {', '.join(bad)} output off the reference ({errs})")
+            times = {"old": [], "new": []}
+            for r in range(args.rounds):
+                for n in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    times[n].append(workers[n].call(op="time")["ms"])
+            for w in workers.values():
+                w.call(op="free")
+            ratio = statistics.median(o / n for o, n in zip(times["old"], times["new"]))
+            med = {n: statistics.median(t) for n, t in times.items()}
+            ok = ratio >= args.threshold
+            if not ok:
+                failed.append(label(c))
+            print(f"{label(c):<44} {med['old'] * 1e3:10.1f} {med['new'] * 1e3:10.1f} {ratio:7.3f}{'' if ok else ' <'}  "
+                  f"{errs['old']:.1e} / {errs['new']:.1e}", flush=True)
+            rows.append(dict(case=c, old_us=med["old"] * 1e3, new_us=med["new"] * 1e3, ratio=ratio,
+                             rounds_ms=times, check_err=errs))
+    finally:
+        for w in workers.values():
+            w.close()
+    doc = dict(device=device, date=datetime.date.today().isoformat(), command="python bench/ab.py " + " ".join(sys.argv[1:]),
+               old=workers["old"].hello, new=workers["new"].hello, rounds=args.rounds, threshold=args.threshold,
+               min_ratio=min((r["ratio"] for r in rows), default=None), below_threshold=failed, rows=rows)
+    text = json.dumps(doc, indent=1) + "\n"
+    for d in filter(None, (os.path.join(HERE, "results"), os.environ.get("OUT"))):
+        with open(os.path.join(d, "ab.json"), "w") as f:
+            f.write(text)
+    print(f"# min ratio {doc['min_ratio']:.3f}; " + (f"below {args.threshold}: {', '.join(failed)}" if failed
+                                                     else f"every ratio >= {args.threshold}"))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
