@@ -55,7 +55,7 @@ __device__ void noise_barrier_or_bulk(int kind, u32 smem_base, const void* src, 
   }
 }
 
-// N8 (row sums, prefill_sm90_mma.cuh): 1 adds eight m64n8k16 RS wgmmas (P
+// N8 (row sums, prefill_sm90/mma.cuh): 1 adds eight m64n8k16 RS wgmmas (P
 // times ones) after each group of 8; 2 issues only those.
 template <bool RS, int CHAINS, int N8 = 0>
 __global__ void __launch_bounds__(384) rate(int active_wgs, long long* cycles, float* sink, int noise, const void* src) {

@@ -90,11 +90,12 @@ struct PagedRunArgs {
   PagedKVStorage storage;
   RunOptions opt;
   PagedRunArgs(nanobind::handle q_, nanobind::handle k_, nanobind::handle v_, nanobind::handle o_,
-               nanobind::handle lse_, double sm_scale, KVLayout layout)
+               nanobind::handle lse_, double sm_scale, KVLayout layout, double v_scale = 1.0)
       : q(to_arg("q", q_)), k(to_arg(v_.is_none() ? "kv" : "k", k_)), v(to_optional_arg("v", v_)),
         o(to_arg("o", o_, true)), lse(to_optional_arg("lse", lse_, true)),
         storage(to_storage(k, v, !v_.is_none(), layout)) {
     opt.sm_scale = sm_scale;
+    opt.v_scale = v_scale;
   }
 };
 

@@ -107,7 +107,7 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
                       const std::string& kv_layout, const std::string& variant, const std::string& q_dtype,
                       const std::string& kv_dtype, const std::string& o_dtype, int head_dim, double sm_scale,
                       uintptr_t stream, int window_left, double logits_soft_cap, bool rope, double rope_scale,
-                      double rope_theta) {
+                      double rope_theta, double v_scale) {
   AttentionSpec spec;
   spec.variant = variants::from_plan_options(parse_variant(variant).causal, window_left,
                                              static_cast<float>(logits_soft_cap),
@@ -121,6 +121,7 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
   Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
   RunOptions opt;
   opt.sm_scale = sm_scale;
+  opt.v_scale = v_scale;
   const RopeExtras extras(rope, rope_scale, rope_theta);
   opt.extras = extras.get();
   nb::gil_scoped_release release;
@@ -219,8 +220,8 @@ class PyBatchDecode {
   }
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           bool pdl, double rope_scale, double rope_theta) {
-    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
+           bool pdl, double rope_scale, double rope_theta, double v_scale) {
+    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale);
     a.opt.pdl = pdl;
     const RopeExtras extras(rope_, rope_scale, rope_theta);
     a.opt.extras = extras.get();
@@ -350,8 +351,8 @@ class PyBatchPrefill {
 
   // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta) {
-    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
+           nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta, double v_scale) {
+    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale);
     a.opt.pdl = pdl;
     const RopeExtras extras(rope_, rope_scale, rope_theta);
     a.opt.extras = extras.get();
@@ -362,12 +363,14 @@ class PyBatchPrefill {
   }
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
-                  uintptr_t stream, nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta) {
+                  uintptr_t stream, nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta,
+                  double v_scale) {
     Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
     Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     RunOptions opt;
     opt.sm_scale = sm_scale;
+    opt.v_scale = v_scale;
     opt.pdl = pdl;
     const RopeExtras extras(rope_, rope_scale, rope_theta);
     opt.extras = extras.get();
@@ -431,9 +434,10 @@ NB_MODULE(_C, m) {
   m.def("single_decode", &py_single_decode, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "kv_layout"_a,
         "variant"_a, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "sm_scale"_a = -1.0, "stream"_a = 0,
         "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false, "rope_scale"_a = 1.0,
-        "rope_theta"_a = 1e4,
+        "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
         "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim); window_left / "
-        "logits_soft_cap as FlashInfer's (-1 / 0: off); rope: pos_encoding_mode ROPE_LLAMA.");
+        "logits_soft_cap as FlashInfer's (-1 / 0: off); rope: pos_encoding_mode ROPE_LLAMA; v_scale "
+        "multiplies the output (in the kernel's epilogue).");
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
         "stream"_a = 0,
@@ -463,9 +467,9 @@ NB_MODULE(_C, m) {
       .def("plan", &PyBatchDecode::plan, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
-           "stream"_a = 0, "pdl"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
+           "stream"_a = 0, "pdl"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
            "Decode attention for the planned step; sm_scale < 0 means 1/sqrt(head_dim); pdl: programmatic "
-           "dependent launch (sm_90+).")
+           "dependent launch (sm_90+); v_scale multiplies the output (in the kernel's epilogue).")
       .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("ctas_per_head", &PyBatchDecode::ctas_per_head, "Persistent CTAs per KV head (0 before plan).")
       .def_prop_ro("num_split_requests", &PyBatchDecode::num_split_requests,
@@ -508,13 +512,14 @@ NB_MODULE(_C, m) {
            "stream"_a = 0, "Plans a block-sparse step: M x N matrix of R x C blocks (C must equal page_size).")
       .def("run", &PyBatchPrefill::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
            "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false, "rope_scale"_a = 1.0,
-           "rope_theta"_a = 1e4,
+           "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
            "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D); "
            "packed_custom_mask: uint8 CUDA bits (custom_mask objects only); pdl: programmatic dependent launch.")
       .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
            "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
-           "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
-           "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask and pdl as for run.")
+           "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
+           "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask, pdl and v_scale as "
+           "for run.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")

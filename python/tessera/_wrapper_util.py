@@ -251,12 +251,6 @@ def run_scales(sm_scale, head_dim, q_scale, k_scale, v_scale):
     return scale, vs
 
 
-def scale_output(out, v_scale, rows=None):
-    """out[:rows] *= v_scale in place (run_scales' v_scale; None: nothing to do)."""
-    if v_scale is not None:
-        (out if rows is None else out[:rows]).mul_(v_scale)
-
-
 def unpack_paged_kv_cache(paged_kv_cache):
     """(k, v) for a (k_cache, v_cache) pair, (kv, None) for one interleaved [num_pages, 2, ...] tensor."""
     if isinstance(paged_kv_cache, (tuple, list)):

@@ -77,16 +77,16 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
             raise ValueError(f"{name}: expected a 3-D tensor ({kv_layout}), got shape {tuple(x.shape)}")
     scale, vs = W.run_scales(W.sm_scale_arg(sm_scale), int(q.shape[1]), q_scale, k_scale, v_scale)
 
-    if T.is_cuda(q):
-        o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope)
+    if T.is_cuda(q):  # v_scale in the kernel's epilogue
+        o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope, 1.0 if vs is None else vs)
     else:
         o, lse = _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope)
-    if vs is not None:
-        o = o * vs if not T.is_torch(o) else o.mul_(vs)
+        if vs is not None:
+            o = o * vs if not T.is_torch(o) else o.mul_(vs)
     return (o, lse) if return_lse else o
 
 
-def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope):
+def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope, v_scale):
     """CUDA path: the C++ single_decode on torch's current stream of q's device."""
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
     kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
@@ -95,7 +95,7 @@ def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope):
     with T.on_device_of(q):
         _C.single_decode(T.arg(q), T.arg(k), T.arg(v), o, lse, kv_layout, "standard", qd, kd, qd, int(q.shape[1]),
                          scale, T.stream_of(q), window_left=window, logits_soft_cap=cap, rope=rope[0],
-                         rope_scale=rope[1], rope_theta=rope[2])
+                         rope_scale=rope[1], rope_theta=rope[2], v_scale=v_scale)
     return o, lse
 
 
@@ -354,8 +354,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
             self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
-                             pdl=bool(enable_pdl), rope_scale=plan["rope"][1], rope_theta=plan["rope"][2])
-            W.scale_output(out, vs)
+                             pdl=bool(enable_pdl), rope_scale=plan["rope"][1], rope_theta=plan["rope"][2],
+                             v_scale=1.0 if vs is None else vs)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

@@ -153,7 +153,7 @@ class _PrefillWrapper(W.PlannedWrapper):
             raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
         scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
         W.check_run_window(window_left, self._planned["window_left"])
-        return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=vs)
+        return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs)
 
     def _outputs(self, q, out, lse, return_lse):
         return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
@@ -334,8 +334,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
                              plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
-                             rope_scale=plan["rope"][1], rope_theta=plan["rope"][2])
-            W.scale_output(out, plan["v_scale"], n)
+                             rope_scale=plan["rope"][1], rope_theta=plan["rope"][2], v_scale=plan["v_scale"])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -423,8 +422,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
             self._native.run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
                                     self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
                                     plan["mask"], pdl=plan["pdl"], rope_scale=plan["rope"][1],
-                                    rope_theta=plan["rope"][2])
-            W.scale_output(out, plan["v_scale"], n)
+                                    rope_theta=plan["rope"][2], v_scale=plan["v_scale"])
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "checks.hpp"
-#include "tessera/device/kernels/append_kv_params.cuh"
+#include "tessera/abi/append_kv_params.cuh"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"

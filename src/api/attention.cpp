@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "checks.hpp"
-#include "tessera/device/kernels/attention_rowwise_params.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/runtime/variant_params.hpp"
 
@@ -27,7 +27,8 @@ void validate_task(const TaskInfo& task, const AttentionSpec& spec) {
 
 namespace {
 
-RowwiseParams<NoExtra> rowwise_params(const TensorView& q, const TensorView& o, const TensorView& lse, float sm_scale) {
+RowwiseParams<NoExtra> rowwise_params(const TensorView& q, const TensorView& o, const TensorView& lse,
+                                      const RunOptions& opt, int head_dim) {
   RowwiseParams<NoExtra> p{};
   p.q = q.data;
   p.o = o.data;
@@ -38,7 +39,8 @@ RowwiseParams<NoExtra> rowwise_params(const TensorView& q, const TensorView& o, 
   p.o_stride_h = o.stride(1);
   p.total_q = static_cast<int>(q.size(0));
   p.num_qo_heads = static_cast<int>(q.size(1));
-  p.sm_scale = sm_scale;
+  p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, head_dim);
+  p.o_scale = detail::resolve_v_scale(opt.v_scale);
   return p;
 }
 
@@ -132,7 +134,7 @@ void BatchAttention::run(const TensorView& q, const PagedKVStorage& kv, const Te
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
   detail::check_workspace_device(q.device, ws_->device());
 
-  auto p = rowwise_params(q, o, lse, detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim));
+  auto p = rowwise_params(q, o, lse, opt, spec_.head_dim);
   auto* dev = static_cast<char*>(ws_->device_ptr());
   p.qo_indptr = reinterpret_cast<const int*>(dev + off_qo_indptr_);
   p.batch_size = static_cast<int>(batch_);
@@ -183,7 +185,7 @@ void single_decode(const AttentionSpec& spec, const TensorView& q, const TensorV
   detail::require_gpu("single_decode");
   cuda::DeviceGuard guard(q.device.index);
   const auto& kernel = jit::KernelCache::global().kernel(catalog::attention_rowwise(spec), q.device.index);
-  auto p = rowwise_params(q3, o3, lse2, detail::resolve_sm_scale(opt.sm_scale, spec.head_dim));
+  auto p = rowwise_params(q3, o3, lse2, opt, spec.head_dim);
   p.qo_indptr = nullptr;
   p.batch_size = 1;
   const int64_t token_stride = layout == KVLayout::kNHD ? k.stride(0) : k.stride(1);

@@ -90,6 +90,12 @@ float resolve_sm_scale(double sm_scale, int head_dim) {
   return sm_scale < 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))) : static_cast<float>(sm_scale);
 }
 
+float resolve_v_scale(double v_scale) {
+  if (!std::isfinite(v_scale) || !std::isfinite(static_cast<float>(v_scale)))
+    throw InvalidArgument("v_scale: expected a finite value, got " + std::to_string(v_scale));
+  return static_cast<float>(v_scale);
+}
+
 int page_shift(int page_size) {
   return (page_size & (page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(page_size)) : -1;
 }

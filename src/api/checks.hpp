@@ -53,6 +53,8 @@ void check_workspace_device(const Device& device, int workspace_device);
 
 // 1/sqrt(head_dim) when sm_scale < 0.
 float resolve_sm_scale(double sm_scale, int head_dim);
+// RunOptions::v_scale as the kernels' o_scale (finite, else InvalidArgument).
+float resolve_v_scale(double v_scale);
 // log2(page_size) when a power of two, else -1 (kernels then divide).
 int page_shift(int page_size);
 

@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "checks.hpp"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
@@ -242,6 +242,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   p.num_qo_heads = task_.num_qo_heads;
   p.page_shift = detail::page_shift(task_.page_size);
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
+  p.o_scale = detail::resolve_v_scale(opt.v_scale);
   ParamBlock block;  // p followed by the variant's extras
   pack_params(block, ParamsKind::kDecode, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "checks.hpp"
-#include "tessera/device/kernels/merge_states_params.cuh"
+#include "tessera/abi/merge_params.cuh"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/cpu/merge.hpp"
 #include "tessera/runtime/jit.hpp"

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "checks.hpp"
-#include "tessera/device/kernels/mask_trim_params.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/mask_trim_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/formats/custom_mask.hpp"
 #include "tessera/runtime/tensor_map.hpp"
 #include "tessera/runtime/variant_params.hpp"
@@ -499,6 +499,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.heads_per_group = task_.num_kv_heads / head_groups_;
   p.page_shift = detail::page_shift(kv.page_size);
   p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
+  p.o_scale = detail::resolve_v_scale(opt.v_scale);
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
   p.custom_mask_bytes = mask ? mask->numel() : 0;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;

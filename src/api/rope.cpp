@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "checks.hpp"
-#include "tessera/device/kernels/rope_params.cuh"
+#include "tessera/abi/rope_params.cuh"
 #include "tessera/formats/ragged.hpp"
 #include "tessera/cpu/rope.hpp"
 #include "tessera/runtime/jit.hpp"

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "tessera/abi/shared_memory.cuh"
 #include "tessera/core/error.hpp"
 
 namespace tessera::catalog {
@@ -36,8 +37,8 @@ static void apply_tile(PrefillConfig& c, const PrefillTile& tile) {
   if (tile.stages) c.stages = tile.stages;
 }
 
-// The FA2 template's static requirements on a tile (prefill_mainloop.cuh,
-// prefill.cuh), checked here so a bad override is an InvalidArgument rather
+// The FA2 template's static requirements on a tile (prefill_sm80/mainloop.cuh,
+// prefill_sm80/kernel.cuh), checked here so a bad override is an InvalidArgument rather
 // than a compile error.
 static void check_fa2_tile(const PrefillConfig& c, int head_dim) {
   auto fail = [&](const char* field, const std::string& why) {
@@ -73,7 +74,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
     if (!hopper_supported(spec, cta_q))
       throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64, 128 or 256 and a query tile of 64 or 128 rows, got head_dim " +
                             std::to_string(spec.head_dim) + ", tile " + std::to_string(cta_q));
-    // Warp-specialized (prefill_sm90.cuh): one producer warpgroup plus one
+    // Warp-specialized (prefill_sm90/kernel.cuh): one producer warpgroup plus one
     // consumer warpgroup per 64 query rows. 128-row tiles: 128-token KV
     // tiles, 2 stages, one CTA per SM (FA3's choice for head_dim 128; S and
     // O of 64 x 128 each fit the consumers' 224 registers). 64-row tiles:
@@ -100,13 +101,12 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
     // still fits.
     c.v_stages = c.stages + 1;
     c.q_bufs = 2;
-    // Mirror of Sm90Shape: Q buffers, K and V stages, + 1024 bytes of
-    // alignment slack; + the static pipeline barriers, 4 x CTA_KV paged row
-    // offsets and the consumers' kilobyte of ones (1024-byte aligned).
+    // The kernel's own layout (abi/shared_memory.cuh): Q buffers, K and V
+    // stages and the alignment slack, + its static shared memory's bound.
     auto bytes = [&](int q_bufs) {
-      return 2 * (q_bufs * c.cta_q * spec.head_dim + (c.stages + c.v_stages) * c.cta_kv * spec.head_dim) + 1024;
+      return sm90_smem_layout(spec.head_dim, c.cta_q, c.cta_kv, c.stages, c.v_stages, q_bufs).dynamic_bytes;
     };
-    const int static_bytes = 7168;
+    const int static_bytes = kSm90StaticSmemBound;
     // 64-row tiles aim at two CTAs per SM (their consumers hide each other's
     // softmax), 128-row ones and head dim 256 (a 64-row tile alone needs
     // 192 KB) at one.
@@ -171,14 +171,14 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
          << c.ctas_per_sm << ", " << cluster;
     return attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
                                 std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
-                            "tessera/device/kernels/prefill_sm90.cuh", "PrefillParams", "batch_prefill_sm90",
+                            "tessera/device/kernels/prefill_sm90/kernel.cuh", "PrefillParams", "batch_prefill_sm90",
                             c.threads, tail.str(), c.ctas_per_sm, "tessera::Sm90TensorMaps tma", cluster);
   }
   entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
   tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
   return attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " +
                               std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
-                          "tessera/device/kernels/prefill.cuh", "PrefillParams", "batch_prefill", c.threads,
+                          "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill", c.threads,
                           tail.str());
 }
 

@@ -6,10 +6,10 @@
 #include <sstream>
 
 #include "tessera/core/error.hpp"
-#include "tessera/device/kernels/attention_rowwise_params.cuh"
-#include "tessera/device/kernels/decode_params.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 
 namespace tessera {
 

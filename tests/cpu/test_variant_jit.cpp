@@ -117,7 +117,7 @@ TEST(VariantJit, DocsShowTheTestedExample) {
 TEST(VariantJit, SlotDetectionHoldsUnderNvrtc) {
   jit::KernelCache cache(fresh_dir("traits").string());
   const jit::KernelSource src{"tessera_traits_probe", R"(
-#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 using P = tessera::PrefillParams<tessera::NoExtra>;
 struct Plain : tessera::VariantBase { using tessera::VariantBase::VariantBase; };

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "tessera/device/kernels/attention_rowwise_params.cuh"
-#include "tessera/device/kernels/decode_params.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/runtime/variant_params.hpp"
 #include "test_util.hpp"
 #include "variant_cases.hpp"
@@ -167,6 +167,7 @@ TEST(VariantParams, PackWritesTheHeadAndTheExtrasByName) {
   PrefillParams<NoExtra> head{};
   head.num_qo_heads = 12;
   head.sm_scale = 0.25f;
+  head.o_scale = -0.75f;
   head.q = reinterpret_cast<const void*>(0x1234);
   VariantArgs args;
   args.set("max_distance", 7).set("decay", 0.5).set("head_scale", fake_cuda(DType::kFloat32, {12}, 0xabc0));
@@ -177,6 +178,7 @@ TEST(VariantParams, PackWritesTheHeadAndTheExtrasByName) {
   std::memcpy(&got, block.bytes, sizeof got);
   EXPECT_EQ(got.num_qo_heads, 12);
   EXPECT_EQ(got.sm_scale, 0.25f);
+  EXPECT_EQ(got.o_scale, -0.75f);  // v_scale rides in the head, not after the extras
   EXPECT_EQ(got.q, head.q);
   EXPECT_EQ(got.extra.head_scale, reinterpret_cast<const float*>(0xabc0));
   EXPECT_EQ(got.extra.decay, 0.5f);
@@ -194,6 +196,21 @@ TEST(VariantParams, PackWritesTheHeadAndTheExtrasByName) {
   pack_params(block, ParamsKind::kDecode, &d, variants::standard(), nullptr, kGpu0);
   EXPECT_EQ(block.size, sizeof d);
   EXPECT_EQ(std::memcmp(block.bytes, &d, offsetof(DecodeParams<NoExtra>, extra)), 0);
+}
+
+// The output scale (RunOptions::v_scale) is part of every attention
+// parameter block's fixed head and defaults to 1: a block the host fills
+// without it leaves outputs unscaled.
+template <template <typename> class P>
+void expect_output_scale_in_head() {
+  const P<NoExtra> p{};
+  EXPECT_EQ(p.o_scale, 1.f);
+  EXPECT_LT(offsetof(P<NoExtra>, o_scale), offsetof(P<NoExtra>, extra));
+}
+TEST(VariantParams, OutputScaleDefaultsToOneInTheHead) {
+  expect_output_scale_in_head<DecodeParams>();
+  expect_output_scale_in_head<PrefillParams>();
+  expect_output_scale_in_head<RowwiseParams>();
 }
 
 TEST(VariantParams, PackRejectsBadArgumentsByName) {

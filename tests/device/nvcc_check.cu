@@ -1,7 +1,20 @@
 // Compiled by nvcc at build time (never run): instantiates every device
 // template the JIT instantiates, so nvcc and NVRTC both accept the sources.
-#include "tessera/device/kernels/attention_rowwise.cuh"
-#include "tessera/device/kernels/merge_states.cuh"
+// The host/device ABI headers come first, each on its own.
+#include "tessera/abi/append_kv_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/abi/kv_view.cuh"
+#include "tessera/abi/mask_trim_params.cuh"
+#include "tessera/abi/merge_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
+#include "tessera/abi/rope_params.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/abi/shared_memory.cuh"
+#include "tessera/abi/tensor_map.cuh"
+#include "tessera/abi/types.cuh"
+#include "tessera/abi/variant_extra.cuh"
+#include "tessera/device/kernels/decode/rowwise.cuh"
+#include "tessera/device/kernels/merge/merge_states.cuh"
 
 namespace {
 struct StandardAttention : tessera::VariantBase {
@@ -40,7 +53,7 @@ template __global__ void merge_many_k<tessera::bf16_t>(const tessera::MergeManyP
 template __global__ void merge_many_k<float>(const tessera::MergeManyParams);
 
 // Batch decode: head-group fusion shapes for group sizes 1, 4, 8 and 32.
-#include "tessera/device/kernels/decode.cuh"
+#include "tessera/device/kernels/decode/kernel.cuh"
 using DP = tessera::DecodeParams<tessera::NoExtra>;
 template <typename V, typename T, int D, int G, int TILE>
 __global__ void decode_k(const DP p) { tessera::batch_decode<V, T, T, T, D, G, 128, TILE, 4>(p); }
@@ -50,7 +63,7 @@ template __global__ void decode_k<StandardAttention, tessera::half_t, 256, 8, 16
 template __global__ void decode_k<NoSoftmax, tessera::half_t, 128, 32, 32>(const DP);
 
 // Paged-KV append: raw 16-byte copies of fp16 and bf16 rows.
-#include "tessera/device/kernels/append_kv.cuh"
+#include "tessera/device/kernels/page/append_kv.cuh"
 template <typename T>
 __global__ void append_kv_k(const tessera::AppendKVParams p) { tessera::append_paged_kv<T>(p); }
 template __global__ void append_kv_k<tessera::half_t>(const tessera::AppendKVParams);
@@ -59,8 +72,8 @@ template __global__ void append_kv_k<tessera::bf16_t>(const tessera::AppendKVPar
 // Prefill: the FA2 template's four query tile shapes and the Hopper
 // warp-specialized template (two consumer warpgroups, and one with two CTAs
 // per SM).
-#include "tessera/device/kernels/prefill.cuh"
-#include "tessera/device/kernels/prefill_sm90.cuh"
+#include "tessera/device/kernels/prefill_sm80/kernel.cuh"
+#include "tessera/device/kernels/prefill_sm90/kernel.cuh"
 using PP = tessera::PrefillParams<tessera::NoExtra>;
 template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>
 __global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2>(p); }
@@ -113,7 +126,7 @@ template __global__ void prefill_sm90_k<CustomMaskAttention, tessera::bf16_t, 12
 // row-wise kernel apply them in registers, the tile helpers in shared memory
 // (what the prefill kernels call), on both swizzled layouts; the standalone
 // RoPE kernel shares the rotation math.
-#include "tessera/device/kernels/rope.cuh"
+#include "tessera/device/kernels/page/rope.cuh"
 namespace {
 struct alignas(8) RopeExtra {
   float rope_scale, rope_theta;

@@ -1,6 +1,7 @@
 """FlashInfer's run() scales on 16-bit caches (vLLM passes k_scale / v_scale
 to every decode and prefill run, 1.0 unless the cache is quantized): q_scale
-* k_scale multiplies the softmax scale and v_scale the output. GPU tests
+* k_scale multiplies the softmax scale and v_scale the output (in the
+kernels' epilogue). GPU tests
 ("skipped: no GPU" without torch + CUDA): the scaled run equals the run
 with the folded softmax scale, times v_scale; scales of 1 change nothing."""
 
@@ -66,3 +67,15 @@ def test_batch_prefill_scales(torch_cuda, rng, kind):
             return w.run(q, k, v, **scales)
 
     check_scaled(run, 2.0, 0.75, 0.5, 1.5 / np.sqrt(D), 1e-2)
+
+
+def test_single_decode_scales(torch_cuda, rng):
+    """The row-wise kernel's epilogue: a negative v_scale too (any finite value)."""
+    torch = torch_cuda
+    k, v = (uniform(torch, rng, (700, HKV, D), torch.float16) for _ in range(2))
+    q = uniform(torch, rng, (4 * HKV, D), torch.float16, -2.0, 2.0)
+
+    def run(sm_scale=None, **scales):
+        return tessera.single_decode_with_kv_cache(q, k, v, sm_scale=sm_scale, **scales)
+
+    check_scaled(run, 0.5, 4.0, -3.0, 2.0 / np.sqrt(D), 2e-3)

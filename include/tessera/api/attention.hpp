@@ -49,6 +49,9 @@ class VariantArgs;
 
 struct RunOptions {
   double sm_scale = -1.0;  // < 0: 1/sqrt(head_dim)
+  // Multiplies the output (FlashInfer's v_scale, V's dequantization scale),
+  // inside the kernels' epilogue; LSE is unchanged. Finite.
+  double v_scale = 1.0;
   // Values of the variant's extra scalars and tensors, by name (null: none;
   // a variant that declares extras needs them). Read during run() only.
   const VariantArgs* extras = nullptr;

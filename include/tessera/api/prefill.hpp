@@ -73,7 +73,7 @@ struct PrefillOptions {
   int cluster = 0;
   // Custom masks: before each run, a pass over the mask trims every work
   // item's KV range to the tiles holding a key that one of its queries sees
-  // (mask_trim.cuh), so fully masked tiles at either end of a row block are
+  // (page/mask_trim.cuh), so fully masked tiles at either end of a row block are
   // neither loaded nor computed (causal-like, banded and document masks).
   // Same outputs, bit for bit.
   bool trim_masked_tiles = true;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "tessera/core/tensor.hpp"
-#include "tessera/device/primitives/kv_view.cuh"
+#include "tessera/abi/kv_view.cuh"
 
 namespace tessera {
 

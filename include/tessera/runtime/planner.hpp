@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/device/kernels/decode_params.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
 
 namespace tessera {
 

@@ -44,7 +44,7 @@ int choose_cta_q(double avg_fused_q_len);
 // hopper_supported(). tile: the caller's override (see PrefillTile).
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false, const PrefillTile& tile = {});
 bool hopper_supported(const AttentionSpec& spec, int cta_q);
-// cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90.cuh, CLUSTER).
+// cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90/kernel.cuh, CLUSTER).
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1,
                                 const PrefillTile& tile = {});
 // Every prefill kernel of one variant: fp16/bf16, head dims 64/128/256, each

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "tessera/device/arch/tma.cuh"
+#include "tessera/abi/tensor_map.cuh"
 
 namespace tessera::tma {
 

@@ -2,14 +2,9 @@
 // directly so the device layer needs no toolkit header: the same source
 // compiles under nvcc and under NVRTC with only Tessera's embedded headers.
 #pragma once
+#include "tessera/abi/types.cuh"
 
 namespace tessera {
-
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef long long i64;
 
 // IEEE fp16 and bfloat16 as raw bits; arithmetic happens in float.
 struct half_t { u16 bits; };

@@ -3,15 +3,10 @@
 // its byte count on landing. The tensor map (128 bytes, built on the host by
 // cuTensorMapEncodeTiled) lives in a __grid_constant__ kernel parameter.
 #pragma once
+#include "tessera/abi/tensor_map.cuh"
 #include "tessera/device/arch/numeric.cuh"
 
 namespace tessera {
-
-// Opaque CUtensorMap (128 bytes, 128-aligned as CUDA 13 declares it): host and device code share
-// it without the driver header.
-struct alignas(128) TensorMap {
-  unsigned long long bits[16];
-};
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 

@@ -146,7 +146,7 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const u32 (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 // 64 x 8 outputs, A in registers, B K-major: the Hopper prefill's row sums
-// (P times a tile of ones, see prefill_sm90_mma.cuh; fp16 only, as they are).
+// (P times a tile of ones, see prefill_sm90/mma.cuh; fp16 only, as they are).
 __device__ __forceinline__ void wgmma_rs(float (&d)[4], const u32 (&a)[4], u64 desc_b, int scale_d, half_t, WgmmaN<8>) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"

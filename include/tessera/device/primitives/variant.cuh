@@ -42,6 +42,7 @@
 // variant's namespace, `Extra` (the variant's extra scalars and tensor
 // pointers, read as params.extra.<name>) and `kHeadDim`.
 #pragma once
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/device/arch/numeric.cuh"
 
 namespace tessera {
@@ -112,10 +113,5 @@ template <typename Variant>
 TESSERA_VARIANT_FN int window_first_key(int diag) {
   return diag - Variant::window_left;
 }
-
-// No extra parameters: the default `extra` block of kernel parameters.
-struct NoExtra {
-  int unused;
-};
 
 }  // namespace tessera

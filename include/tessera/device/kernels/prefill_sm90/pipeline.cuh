@@ -10,20 +10,12 @@
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/mbarrier.cuh"
 
-// PAIR_SWAP (experiments): the CTAs of a pair (CLUSTER = 2) swap halves of
-// their 2 * CTA_Q-row items every item (0: rank r always takes half r).
-// Producer and consumers must agree, hence here.
-#ifndef TESSERA_SM90_PAIR_SWAP
-#define TESSERA_SM90_PAIR_SWAP 1
-#endif
-
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 // Named barriers (0 is __syncthreads).
 constexpr int kSm90ConsumersBar = 1;  // all consumer warpgroups (epilogue merge)
-constexpr int kSm90PingPongBar = 2;   // 2, 3: consumer warpgroup 0 / 1 may issue its GEMMs
 constexpr int kSm90QueryBar = 4;      // 4, 5: one consumer warpgroup (query transform)
 constexpr int kSm90ProducerBar = 6;   // the producer warpgroup (key / value transforms)
 

@@ -11,7 +11,8 @@
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
-#include "tessera/device/kernels/attention_rowwise_params.cuh"
+#include "tessera/abi/rowwise_params.cuh"
+#include "tessera/device/primitives/kv_view.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 #include "tessera/device/primitives/ragged.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
@@ -100,7 +101,7 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
         for (int i = 0; i < VEC; ++i) out[i] += s_o[w][feat0 + i];
       }
     }
-    const float inv = (Variant::use_softmax && !acc.empty()) ? 1.f / acc.d : 1.f;
+    const float inv = ((Variant::use_softmax && !acc.empty()) ? 1.f / acc.d : 1.f) * p.o_scale;  // and the output scale
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       float val = (Variant::use_softmax && acc.empty()) ? 0.f : out[i] * inv;

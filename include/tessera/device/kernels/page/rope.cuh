@@ -9,7 +9,7 @@
 // thread does nothing. Chunks past rotary_dim are copied when out of place.
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
-#include "tessera/device/kernels/rope_params.cuh"
+#include "tessera/abi/rope_params.cuh"
 #include "tessera/device/primitives/ragged.cuh"
 #include "tessera/device/primitives/rope.cuh"
 

@@ -1,7 +1,7 @@
 // Parameter block of the standalone RoPE kernels (apply_rope,
 // apply_rope_pos_ids). Plain data shared by host and device.
 #pragma once
-#include "tessera/device/arch/numeric.cuh"
+#include "tessera/abi/types.cuh"
 
 namespace tessera {
 

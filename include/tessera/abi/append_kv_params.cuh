@@ -1,6 +1,6 @@
 // Parameter block of the paged-KV append kernel (plain data, host-includable).
 #pragma once
-#include "tessera/device/arch/numeric.cuh"
+#include "tessera/abi/types.cuh"
 
 namespace tessera {
 

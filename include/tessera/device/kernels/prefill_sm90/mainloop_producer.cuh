@@ -18,15 +18,10 @@
 #include "tessera/device/arch/cluster.cuh"
 #include "tessera/device/arch/tma.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
-#include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
-#include "tessera/device/kernels/prefill_sm90_trace.cuh"
-#include "tessera/device/kernels/prefill_tiles.cuh"
+#include "tessera/device/kernels/common/work_queue.cuh"
+#include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
+#include "tessera/device/kernels/common/tiles.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
-
-#ifndef TESSERA_SM90_EXP_HALF_KV
-#define TESSERA_SM90_EXP_HALF_KV 0
-#endif
 
 namespace tessera {
 
@@ -139,23 +134,13 @@ struct Sm90Producer {
   // Rows past the chunk's end hold the next keys of the tensor (or zeros past
   // its end): the consumers mask those columns, so P is 0 there.
   __device__ __forceinline__ void tma_item(const Sm90TensorMaps& tma, const Sm90Barriers<Rings>& bars,
-                                           RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head,
-                                           int trace_item) const {
+                                           RingPos<Rings::K_STAGES>& kv_pos, int n_tiles, int token0, int kv_head) const {
     constexpr u32 kTileBytes = CTA_KV * HEAD_DIM * sizeof(T), kBlockBytes = CTA_KV * 128;
     // In a cluster each CTA arms its own barrier for the whole tile and
     // copies its share of the 64-feature boxes (box cb from rank cb %
     // CLUSTER) into every CTA of the pair; a stage is reused only after the
     // consumers of both released it (the empty barriers count both).
     auto load = [&](const TensorMap* map, T* tile, u32 full, int t) {
-#if TESSERA_SM90_EXP_HALF_KV
-      // Experiment (wrong results): odd tiles reuse whatever the stage holds,
-      // so half the K / V bytes come from L2: what sharing tiles between
-      // two CTAs (TMA multicast) could save at most.
-      if (t % 2 == 1) {
-        mbarrier_arrive(full);
-        return;
-      }
-#endif
       mbarrier_arrive_expect_tx(full, kTileBytes);
 #pragma unroll
       for (int cb = 0; cb < HEAD_DIM / 64; ++cb) {
@@ -175,7 +160,6 @@ struct Sm90Producer {
     for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
       mbarrier_wait(bars.k_empty(kv_pos.index()), kv_pos.phase() ^ 1);
       load(&tma.k, k_smem + kv_pos.index() * (CTA_KV * HEAD_DIM), bars.k_full(kv_pos.index()), t);
-      if (t == 0) Sm90Trace::mark(Sm90Trace::kProducer, trace_item, 3);
       if (t > 0) load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, t - 1);
     }
     load_v(RingPos<Rings::V_STAGES>{kv_pos.count - 1}, n_tiles - 1);
@@ -226,9 +210,10 @@ struct Sm90Producer {
       tma_prefetch_map(&tma->v);
     }
     if (q_tma && tid == kQIssuer) tma_prefetch_map(&maps.q);
-    const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
-    const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
-    const PrefillWorkItem w_first = p.first_items[queue];
+    // A cluster's CTAs share one work queue (the consumers walk it too).
+    WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, static_cast<int>(blockIdx.x / CLUSTER));
+    const int wi0 = queue.begin, wi_end = queue.end;
+    const PrefillWorkItem w_first = queue.first();
     // Paged KV: the first item's first row offsets (page ids from the plan's
     // workspace) before the wait below, so its K copies can go right after.
     const i64 first_off = paged && wi0 < wi_end
@@ -238,15 +223,13 @@ struct Sm90Producer {
     // The plan's workspace was complete before the previous kernel started;
     // q, K and V may be that kernel's output (programmatic dependent launch).
     grid_dependency_wait();
-    using Tr = Sm90Trace;
     for (int wi = wi0; wi < wi_end; ++wi) {
-      Tr::mark(Tr::kProducer, wi - wi0, 0);
-      const PrefillWorkItem w = wi == wi0 ? w_first : p.work_items[wi];
+      const PrefillWorkItem w = queue.take(wi);
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       if (n_tiles == 0) continue;  // the consumers skip it too
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = w.qo_begin, qo_len = w.qo_len, page_base = w.kv_begin;
-      const int half = CLUSTER > 1 ? rank ^ (TESSERA_SM90_PAIR_SWAP ? (wi - wi0) & 1 : 0) : 0;  // as the consumers
+      const int half = CLUSTER > 1 ? rank ^ ((wi - wi0) & 1) : 0;  // as the consumers
       const int tile_row0 = (w.q_tile * CLUSTER + half) * CTA_Q;   // this CTA's first fused row
       Variant variant(p, b, qo_len, w.kv_len);
 
@@ -255,12 +238,10 @@ struct Sm90Producer {
       if (q_tma) {
         if (tid == kQIssuer) {
           mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
-          Tr::mark(Tr::kProducer, wi - wi0, 1);
           tma_q(&maps.q, q_dst, bars.q_full(q_pos.index()), qo_start + tile_row0 / p.group, kv_head);
         }
       } else {
         mbarrier_wait(bars.q_empty(q_pos.index()), q_pos.phase() ^ 1);
-        Tr::mark(Tr::kProducer, wi - wi0, 1);
         u32 q_addr = smem_addr(q_dst + QLayout::at(row0, ch));
 #pragma unroll 4
         for (int i = 0; i < Q_PASSES; ++i, q_addr += RPP * 64 * sizeof(T)) {
@@ -274,11 +255,9 @@ struct Sm90Producer {
         cp_async_arrive_noinc(bars.q_full(q_pos.index()));
       }
       q_pos = q_pos.next();
-      Tr::mark(Tr::kProducer, wi - wi0, 2);
 
       if (tma != nullptr) {
-        if (tid == 0) tma_item(*tma, bars, kv_pos, n_tiles, page_base + w.kv_start, kv_head, wi - wi0);
-        Tr::mark(Tr::kProducer, wi - wi0, 4);
+        if (tid == 0) tma_item(*tma, bars, kv_pos, n_tiles, page_base + w.kv_start, kv_head);
         continue;
       }
       // Order: K_0, then K_t and V_{t-1} for t = 1 .. n-1, then V_{n-1}: the
@@ -326,7 +305,6 @@ struct Sm90Producer {
     }
     cp_async_wait_all();  // no copy outlives its thread
     grid_dependency_launch_dependents();  // the next kernel may start setting up
-    Tr::print(Tr::kProducer, wi_end - wi0);
   }
 };
 

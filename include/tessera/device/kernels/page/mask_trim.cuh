@@ -20,7 +20,8 @@
 // order dependence).
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
-#include "tessera/device/kernels/mask_trim_params.cuh"
+#include "tessera/abi/mask_trim_params.cuh"
+#include "tessera/device/kernels/common/work_queue.cuh"
 
 namespace tessera {
 

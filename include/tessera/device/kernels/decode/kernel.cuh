@@ -1,13 +1,14 @@
 // Batch decode, persistent kernel: CTA (x, h) runs the work items the planner
 // queued for column x, for KV head h; each item streams a KV chunk (see
-// decode_mainloop.cuh), merges its token groups, then either writes the output
+// decode/mainloop.cuh), merges its token groups, then either writes the output
 // (unsplit request: split-K writethrough) or a partial state. The CTA that
 // finishes a split request's last chunk merges all of its partial states in
 // chunk order (fused contraction): values are reduced in a fixed order with no
 // atomics; one atomic counter per (request, KV head) only elects the merger.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
-#include "tessera/device/kernels/decode_mainloop.cuh"
+#include "tessera/device/kernels/common/work_queue.cuh"
+#include "tessera/device/kernels/decode/mainloop.cuh"
 
 namespace tessera {
 
@@ -62,12 +63,12 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
   const int feat0 = x * VEC;
   const int qo_head0 = h * GROUP + y * HPT;
 
-  const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
+  WorkQueue<DecodeWorkItem, QueueLoad::kPlain, Params> queue(p, blockIdx.x);
   // The plan's workspace is complete; q, K, V and the outputs may still be
   // the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
-  for (int wi = wi0; wi < wi_end; ++wi) {
-    const DecodeWorkItem w = p.work_items[wi];
+  for (int wi = queue.begin; wi < queue.end; ++wi) {
+    const DecodeWorkItem w = queue.take(wi);
     const int b = w.request;
     const int kv_len = device::kv_len(p.kv, b);
     const int page_base = p.kv.indptr ? p.kv.indptr[b] : 0;
@@ -141,13 +142,11 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
             for (int i = 0; i < VEC; ++i) o[i] += src[i];
           }
         }
-        float lse = 0.f;
-        if (Variant::use_softmax) {
-          const float inv = acc.empty() ? 0.f : 1.f / acc.d;
+        // Normalization and output scale in one factor (a multiply per row).
+        const float inv = (Variant::use_softmax ? (acc.empty() ? 0.f : 1.f / acc.d) : 1.f) * p.o_scale;
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) o[i] *= inv;
-          lse = acc.lse();
-        }
+        for (int i = 0; i < VEC; ++i) o[i] *= inv;
+        const float lse = Variant::use_softmax ? acc.lse() : 0.f;
         const int qo_head = qo_head0 + j;
         if (w.partial_slot < 0) {
           decode_store_output<Variant, Shape, DO>(p, variant, b, qo_head, feat0, o, lse, x == 0);

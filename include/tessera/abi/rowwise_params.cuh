@@ -1,7 +1,7 @@
 // Parameter block of the row-wise (query tile 1, CUDA cores) attention kernel.
 // Plain data: the host fills the very same struct and passes it by value.
 #pragma once
-#include "tessera/device/primitives/kv_view.cuh"
+#include "tessera/abi/kv_view.cuh"
 
 namespace tessera {
 
@@ -18,6 +18,10 @@ struct RowwiseParams {
   int num_qo_heads;
   int total_q;
   float sm_scale;
+  // Output scale (FlashInfer's v_scale: V's dequantization scale): O is
+  // multiplied by it where the epilogue normalizes rows, before the
+  // variant's OutputTransform; LSE is unchanged.
+  float o_scale = 1.f;
   Extra extra;  // the variant's own scalars / tensor pointers; keep last
 };
 

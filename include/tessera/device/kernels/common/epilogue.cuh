@@ -5,27 +5,15 @@
 // values; one counter per split tile says who is last). Split tiles' slots
 // and counters come from the plan of the CTA's head group, which every group
 // (blockIdx.y) shares: they are indexed slot * groups + group. A CTA pair
-// (CLUSTER = 2, prefill_sm90.cuh) shares slots of 2 * CTA_Q rows, rank r
+// (CLUSTER = 2, prefill_sm90/kernel.cuh) shares slots of 2 * CTA_Q rows, rank r
 // holding rows r * CTA_Q ..., and each rank merges its own rows (counter
 // index * CLUSTER + rank).
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
-#include "tessera/device/kernels/prefill_params.cuh"
-#include "tessera/device/kernels/prefill_softmax.cuh"
-
-// WIDE_STORE (experiments): 0 writes output rows in 4-byte pairs straight
-// from the accumulator layout instead of 16-byte chunks.
-#ifndef TESSERA_PREFILL_WIDE_STORE
-#define TESSERA_PREFILL_WIDE_STORE 1
-#endif
-
-// FAST_NORM (experiments): 0 normalizes rows with IEEE division and the
-// accurate log2f instead of the MUFU approximations.
-#ifndef TESSERA_PREFILL_FAST_NORM
-#define TESSERA_PREFILL_FAST_NORM 1
-#endif
+#include "tessera/device/kernels/common/work_queue.cuh"
+#include "tessera/device/kernels/common/softmax.cuh"
 
 namespace tessera {
 
@@ -35,8 +23,8 @@ namespace tessera {
 // saw a key (its maximum contributes exp2(0)), so the MUFU approximations
 // (2 ulp) are as good as IEEE division and the accurate log2f, which cost ~40
 // instructions per row with their range checks and slow paths.
-__device__ __forceinline__ float row_inverse(float d) { return TESSERA_PREFILL_FAST_NORM ? __fdividef(1.f, d) : 1.f / d; }
-__device__ __forceinline__ float row_log2(float d) { return TESSERA_PREFILL_FAST_NORM ? __log2f(d) : log2f(d); }
+__device__ __forceinline__ float row_inverse(float d) { return __fdividef(1.f, d); }
+__device__ __forceinline__ float row_log2(float d) { return __log2f(d); }
 
 // Full row sums: each quad lane summed a quarter of the columns.
 template <int MT, int NT_O>
@@ -66,7 +54,8 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
       if (!rows.valid[t][r]) continue;
       const int qo = rows.qo_idx[t][r], head = rows.head[t][r];
       const bool empty = st.d[t][r] == 0.f;
-      const float inv = Variant::use_softmax ? (empty ? 0.f : row_inverse(st.d[t][r])) : 1.f;
+      // Normalization and output scale in one factor (a multiply per row).
+      const float inv = (Variant::use_softmax ? (empty ? 0.f : row_inverse(st.d[t][r])) : 1.f) * p.o_scale;
       const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[t][r] + row_log2(st.d[t][r])) : 0.f;
       const int tile_row = warp_row0 + t * 16 + g + 8 * r;
       if (w.partial_slot < 0) {
@@ -80,7 +69,7 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
 #pragma unroll
           for (int n = 0; n < NT_O; ++n)
             *reinterpret_cast<float2*>(dst + n * 8 + quad * 2) = make_float2(out_value(n, 0), out_value(n, 1));
-        } else if constexpr (NT_O % 4 == 0 && TESSERA_PREFILL_WIDE_STORE) {
+        } else if constexpr (NT_O % 4 == 0) {
           // A quad holds 2 columns of each 8-column chunk of the row; after a
           // transpose within the quad each lane holds whole chunk 4k + quad,
           // so a row goes out in 16-byte stores of 64 contiguous bytes per

@@ -1,7 +1,7 @@
 // Parameter block of the pass that trims fully masked KV tiles off a
-// custom-mask plan's work items (mask_trim.cuh). Plain data, host-includable.
+// custom-mask plan's work items (page/mask_trim.cuh). Plain data, host-includable.
 #pragma once
-#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/abi/prefill_params.cuh"
 
 namespace tessera {
 

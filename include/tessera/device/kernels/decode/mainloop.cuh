@@ -10,7 +10,9 @@
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/vector_io.cuh"
-#include "tessera/device/kernels/decode_params.cuh"
+#include "tessera/abi/decode_params.cuh"
+#include "tessera/abi/shared_memory.cuh"
+#include "tessera/device/primitives/kv_view.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
@@ -20,15 +22,13 @@ namespace tessera {
 
 template <typename DKV, int HEAD_DIM, int GROUP, int MIN_THREADS, int TILE, int STAGES>
 struct DecodeShape {
-  static constexpr int VEC = 16 / static_cast<int>(sizeof(DKV));
-  static constexpr int TX = HEAD_DIM / VEC;
-  static constexpr int HPT = GROUP % 4 == 0 ? 4 : GROUP % 3 == 0 ? 3 : GROUP % 2 == 0 ? 2 : 1;
-  static constexpr int TY = GROUP / HPT;
-  static constexpr int TZ = TX * TY >= MIN_THREADS ? 1 : MIN_THREADS / (TX * TY);
-  static constexpr int THREADS = TX * TY * TZ;
+  // The host sizes the launch from the same geometry (abi/shared_memory.cuh).
+  static constexpr DecodeGeometry G =
+      decode_geometry(static_cast<int>(sizeof(DKV)), HEAD_DIM, GROUP, MIN_THREADS, TILE, STAGES);
+  static constexpr int VEC = G.vec, TX = G.tx, HPT = G.hpt, TY = G.ty, TZ = G.tz, THREADS = G.threads;
   static constexpr int R = TILE / TZ;  // tokens per z-group per tile
   static constexpr int TILE_ELEMS = TILE * HEAD_DIM;
-  static constexpr int SMEM_BYTES = STAGES * 2 * TILE_ELEMS * static_cast<int>(sizeof(DKV));
+  static constexpr int SMEM_BYTES = G.smem_bytes;
   static_assert(TX <= 32 && 32 % TX == 0, "a row's lanes must sit in one warp");
   static_assert(TILE % TZ == 0, "tile must split evenly over token groups");
 };

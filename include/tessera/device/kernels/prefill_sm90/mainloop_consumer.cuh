@@ -15,66 +15,23 @@
 // kernel runs at the H100's power cap (bench/power_probe.py), so work taken
 // off the consumers counts more than overlap. The two consumer warpgroups
 // run their steps independently: a
-// clock trace (bench/prefill_trace.py) shows a warpgroup's 64 x 128 x 16
-// wgmmas take ~130 cycles each whether or not the other warpgroup's run
-// beside them, so the tensor cores only fill when both issue at once, and a
-// ping-pong turn (one warpgroup's GEMMs at a time, TESSERA_SM90_PINGPONG=1)
-// caps the step at twice one warpgroup's GEMM time. Without it the step is
-// one warpgroup's GEMMs plus its softmax and waits, so those are what to
-// shorten: the next K and V barriers are probed during the softmax. The
+// warpgroup's 64 x 128 x 16 wgmmas take ~130 cycles each whether or not the
+// other warpgroup's run beside them, so the tensor cores only fill when both
+// issue at once, and a ping-pong turn (one warpgroup's GEMMs at a time) would
+// cap the step at twice one warpgroup's GEMM time (it measured 2.7-6.7%
+// slower). The step is one warpgroup's GEMMs plus its softmax and waits, so
+// those are what to shorten: the next K and V barriers are probed during the
+// softmax (each wait cost ~170 cycles even when the tile had landed). The
 // epilogue is shared with the FA2 template.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/arch/cluster.cuh"
-#include "tessera/device/kernels/prefill_epilogue.cuh"
-#include "tessera/device/kernels/prefill_sm90_mma.cuh"
-#include "tessera/device/kernels/prefill_sm90_pipeline.cuh"
-#include "tessera/device/kernels/prefill_sm90_trace.cuh"
-#include "tessera/device/kernels/prefill_tiles.cuh"
-
-// Switches for experiments (TESSERA_SM90_DEFINES at JIT time).
-// PINGPONG: 0 off; 1 a warpgroup hands the turn over after issuing both
-// GEMMs of a tile; 2 after issuing S = Q K^T only. A/B in one process
-// (bench/prefill_ab.py, Table-1 setting, 1k..16k): off + PROBE 2.7-6.7%
-// faster than turns after both GEMMs; turns after S no better.
-#ifndef TESSERA_SM90_PINGPONG
-#define TESSERA_SM90_PINGPONG 0
-#endif
-// PROBE: test the next K and V tiles' barriers during the softmax, so the
-// waits at the top of the next step cost nothing when they have landed
-// (each wait took ~170 cycles of the step even when the tile was there).
-#ifndef TESSERA_SM90_PROBE
-#define TESSERA_SM90_PROBE 1
-#endif
-// HEADER_AHEAD: load the next work item (which carries its request's
-// bounds) during this item's tiles (0: at the item's top).
-#ifndef TESSERA_SM90_HEADER_AHEAD
-#define TESSERA_SM90_HEADER_AHEAD 1
-#endif
-#ifndef TESSERA_SM90_UNIFORM
-#define TESSERA_SM90_UNIFORM 1
-#endif
-// TC_ROWSUM: softmax row sums on the tensor cores (P times ones,
-// wgmma_row_sums, those of P_{t-1} issued just ahead of S_t) instead of one
-// FADD per element (0).
-#ifndef TESSERA_SM90_TC_ROWSUM
-#define TESSERA_SM90_TC_ROWSUM 1
-#endif
-
-// MERGE_VEC (experiments): features per thread in the merge of a split
-// tile's chunks (prefill_merge_split). A/B on the H100 (bench/cascade.py
-// --profile, a 64-row tile cut 16 ways): 39.4 us at 8, 49.7 us at 16.
-#ifndef TESSERA_SM90_MERGE_VEC
-#define TESSERA_SM90_MERGE_VEC 8
-#endif
-
-// PAIR_SKIP (experiments): a CTA pair's warpgroups skip tiles past their
-// causal diagonal (0: compute every tile).
-#ifndef TESSERA_SM90_PAIR_SKIP
-#define TESSERA_SM90_PAIR_SKIP 1
-#endif
+#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/prefill_sm90/mma.cuh"
+#include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
+#include "tessera/device/kernels/common/tiles.cuh"
 
 namespace tessera {
 
@@ -86,11 +43,12 @@ struct Sm90Consumer {
   static constexpr int CONSUMERS = CTA_Q / 64, THREADS = 128 * CONSUMERS;
   static constexpr int NT_S = CTA_KV / 8, NT_O = HEAD_DIM / 8;
   using Traits = VariantTraits<Variant, Params>;
-  // Softmax row sums on the tensor cores (P times ones, TC_ROWSUM), for fp16
-  // only: they sum the rounded weights, and bf16's 8-bit mantissa put LSE
-  // ~1e-3 off. Not at head dim 256, whose 128 O registers per thread leave
-  // no room (spills).
-  static constexpr bool kTcSums = Variant::use_softmax && HEAD_DIM <= 128 && is_fp16<T> && TESSERA_SM90_TC_ROWSUM;
+  // Softmax row sums on the tensor cores (P times ones, wgmma_row_sums,
+  // those of P_{t-1} issued just ahead of S_t) instead of one FADD per
+  // element, for fp16 only: they sum the rounded weights, and bf16's 8-bit
+  // mantissa put LSE ~1e-3 off. Not at head dim 256, whose 128 O registers
+  // per thread leave no room (spills).
+  static constexpr bool kTcSums = Variant::use_softmax && HEAD_DIM <= 128 && is_fp16<T>;
 
   const Params& p;
   Sm90Pipeline<Rings>& pipe;
@@ -123,16 +81,6 @@ struct Sm90Consumer {
     }
   }
 
-  // Ping-pong: wait for this warpgroup's turn to issue GEMMs / hand it over.
-  static constexpr bool kPingPong = CONSUMERS == 2 && TESSERA_SM90_PINGPONG != 0;
-  static constexpr bool kPassAfterS = TESSERA_SM90_PINGPONG == 2;
-  __device__ __forceinline__ void take_turn() const {
-    if constexpr (kPingPong) named_barrier_sync(kSm90PingPongBar + wg, 256);
-  }
-  __device__ __forceinline__ void pass_turn() const {
-    if constexpr (kPingPong) named_barrier_arrive(kSm90PingPongBar + (1 - wg), 256);
-  }
-
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
     __shared__ int s_is_last;
@@ -146,7 +94,6 @@ struct Sm90Consumer {
       named_barrier_sync(kSm90ConsumersBar, THREADS);
       ones_desc = wgmma_desc(smem_addr(s_ones), 16, 1024);
     }
-    if (wg == 1) pass_turn();  // warpgroup 0 goes first
     const Sm90Barriers<Rings> bars(pipe);
     // Descriptors of the first Q buffer and the first K and V stages; the
     // loop offsets them (desc_at).
@@ -158,34 +105,27 @@ struct Sm90Consumer {
     using VPos = RingPos<Rings::V_STAGES>;
     // Work items come a step ahead (the next from work_items during this
     // item's tiles; the first beside work_indptr) and carry their request's
-    // bounds, so an item starts without dependent global loads (the seventh
-    // session's trace put 0.7-2.7k cycles per item on them).
-    Sm90Trace::grid(Sm90Trace::kStart);
-    int traced_tiles = 0;
-    const int queue = blockIdx.x / CLUSTER;  // a cluster's CTAs share one work queue
-    const int wi0 = p.work_indptr[queue], wi_end = p.work_indptr[queue + 1];
-    PrefillWorkItem w_next = p.first_items[queue];  // not behind work_indptr
+    // bounds, so an item starts without dependent global loads (they cost
+    // 0.7-2.7k cycles per item).
+    // A cluster's CTAs share one work queue.
+    WorkQueue<PrefillWorkItem, QueueLoad::kAhead, Params> queue(p, static_cast<int>(blockIdx.x / CLUSTER));
+    const int wi0 = queue.begin, wi_end = queue.end;
     grid_dependency_wait();  // before any read of the variant's tensors or write of o, lse, partial states
     // Every thread signals (some runtimes want all of a CTA's threads); the
     // producer's signal, after its last copy, is the one that counts.
     grid_dependency_launch_dependents();
     for (int wi = wi0; wi < wi_end; ++wi) {
-      using Tr = Sm90Trace;
-      Tr::mark(Tr::consumer(), wi - wi0, 0);
-      PrefillWorkItem w = TESSERA_SM90_HEADER_AHEAD || wi == wi0 ? w_next : p.work_items[wi];
-      if (TESSERA_SM90_HEADER_AHEAD && wi + 1 < wi_end) w_next = p.work_items[wi + 1];
-#if TESSERA_SM90_UNIFORM
+      PrefillWorkItem w = queue.take(wi);
       // Equal in every lane already; broadcasting makes ptxas see it, so the
       // tile loop's control and ring positions are warp-uniform.
       w.kv_start = warp_uniform(w.kv_start);
       w.kv_end = warp_uniform(w.kv_end);
-#endif
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
       const int qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len;
       // A pair's CTAs swap halves every item, so neither always gets the
       // half that sees one KV tile more (causal): the rings absorb the
       // difference instead of one CTA waiting for the other every item.
-      const int half = CLUSTER > 1 ? rank ^ (TESSERA_SM90_PAIR_SWAP ? (wi - wi0) & 1 : 0) : 0;
+      const int half = CLUSTER > 1 ? rank ^ ((wi - wi0) & 1) : 0;
       const int row0 = (w.q_tile * CLUSTER + half) * CTA_Q;  // first fused row of this CTA's tile
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
       // Tiles this warpgroup computes. In a pair: none without a valid row,
@@ -195,7 +135,7 @@ struct Sm90Consumer {
       // leaves no such tiles worth the registers: at head dim 256 the check
       // made ptxas spill.)
       int n_comp = n_tiles;
-      if constexpr (CLUSTER > 1 && TESSERA_SM90_PAIR_SKIP) {
+      if constexpr (CLUSTER > 1) {
         const int first_qo = (row0 + wg * 64) / p.group, last_qo = min((row0 + wg * 64 + 63) / p.group, qo_len - 1);
         if (first_qo >= qo_len) {
           n_comp = 0;
@@ -228,24 +168,17 @@ struct Sm90Consumer {
       PrefillState<1, NT_O> st;
       st.init();
       float dsum[4] = {0.f, 0.f, 0.f, 0.f};  // kTcSums: rows g (dsum[0]) and g + 8 (dsum[2])
-      Tr::value(Tr::consumer(), wi - wi0, 9, n_tiles);
-      Tr::mark(Tr::consumer(), wi - wi0, 1);
       if (n_tiles > 0) {
         const int qb = q_pos.index();
         T* q_tile = q_smem + qb * (CTA_Q * HEAD_DIM);
         mbarrier_wait(bars.q_full(qb), q_pos.phase());
-        Tr::mark(Tr::consumer(), wi - wi0, 2);
         if constexpr (Traits::query_transform) {
           transform_q_tile<Variant, HEAD_DIM, CTA_Q, Swizzle128>(variant, p, q_tile, threadIdx.x % 128, 128, wg * 64,
                                                                  wg * 64 + 64, b, row0, p.group, kv_head, qo_len);
           fence_proxy_async();
           named_barrier_sync(kSm90QueryBar + wg, 128);
         }
-#if TESSERA_SM90_UNIFORM
         auto uni = [](u64 d) { return (d >> 32 << 32) | static_cast<u32>(warp_uniform(static_cast<int>(d))); };
-#else
-        auto uni = [](u64 d) { return d; };
-#endif
         const u64 q_desc = uni(desc_at(q_desc0, qb * (CTA_Q * HEAD_DIM * 2) + wg * (64 * 128)));
         auto k_at = [&](int stage) { return uni(desc_at(k_desc0, stage * (CTA_KV * HEAD_DIM * 2))); };
         auto v_at = [&](int stage) { return uni(desc_at(v_desc0, stage * (CTA_KV * HEAD_DIM * 2))); };
@@ -261,31 +194,22 @@ struct Sm90Consumer {
         if (n_comp > 0) {
           // Tile 0: S, softmax (O is still zero: nothing to rescale).
           mbarrier_wait(bars.k_full(cur.index()), cur.phase());
-          Tr::mark(Tr::consumer(), wi - wi0, 3);
-          Tr::grid(Tr::kFirstK, traced_tiles == 0);
-          traced_tiles += n_tiles;
           wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
           wgmma_commit();
           mask_bits.load(p, variant, rows, w.kv_start + quad * 2, b, kv_head);  // in flight with S
           wgmma_wait<0>();
           wgmma_keep(sf);
-          Tr::mark(Tr::consumer(), wi - wi0, 4);
           release_kv(bars.k_empty(cur.index()), bars);
           if (n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
           prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
                                                   masked(0), causal_shift, scale, &mask_bits);
           pack_p<CTA_KV, T>(pa, s);
-          Tr::mark(Tr::consumer(), wi - wi0, 5);
 
-          bool k_ready = false, v_ready = false;  // probes of the next step's barriers (PROBE)
+          bool k_ready = false, v_ready = false;  // probes of the next step's barriers
           for (int t = 1; t < n_comp; ++t) {
             const VPos prev{cur.count};
             cur = cur.next();
-            Tr::tile(wi - wi0, t, 0);
             if (!k_ready) mbarrier_wait(bars.k_full(cur.index()), cur.phase());
-            Tr::tile(wi - wi0, t, 1);
-            take_turn();
-            Tr::tile(wi - wi0, t, 2);
             // Row sums of P_{t-1} (kTcSums) ride in S_t's group: done when S_t
             // is, so a raised maximum rescales them right after the softmax.
             // (Issued with P V instead, they lengthened the step's last wait:
@@ -296,19 +220,13 @@ struct Sm90Consumer {
             }
             wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
             wgmma_commit();
-            if constexpr (kPassAfterS) pass_turn();
-            Tr::tile(wi - wi0, t, 8);
             if (!v_ready) mbarrier_wait(bars.v_full(prev.index()), prev.phase());
-            Tr::tile(wi - wi0, t, 9);
             wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
             wgmma_commit();
-            if constexpr (!kPassAfterS) pass_turn();
             mask_bits.load(p, variant, rows, w.kv_start + t * CTA_KV + quad * 2, b, kv_head);  // in flight with S_t
-            Tr::tile(wi - wi0, t, 3);
             wgmma_wait<1>();  // S_t (the older group) is done, and the row sums of P_{t-1}
             wgmma_keep(sf);
             wgmma_keep(dsum);
-            Tr::tile(wi - wi0, t, 4);
             release_kv(bars.k_empty(cur.index()), bars);
             if (t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
             const bool raised =
@@ -324,13 +242,10 @@ struct Sm90Consumer {
             wgmma_keep(sf);  // the softmax stays above the wait, overlapping P_{t-1} V_{t-1}
             wgmma_keep(scale);
             wgmma_keep(st.d);
-            if constexpr (TESSERA_SM90_PROBE) {
-              const RingPos<Rings::K_STAGES> next_k = cur.next();  // K_{t+1}
-              const VPos next_v{cur.count};                          // V_t
-              k_ready = __all_sync(0xffffffffu, mbarrier_test(bars.k_full(next_k.index()), next_k.phase()));
-              v_ready = __all_sync(0xffffffffu, mbarrier_test(bars.v_full(next_v.index()), next_v.phase()));
-            }
-            Tr::tile(wi - wi0, t, 5);
+            const RingPos<Rings::K_STAGES> next_k = cur.next();  // K_{t+1}
+            const VPos next_v{cur.count};                          // V_t
+            k_ready = __all_sync(0xffffffffu, mbarrier_test(bars.k_full(next_k.index()), next_k.phase()));
+            v_ready = __all_sync(0xffffffffu, mbarrier_test(bars.v_full(next_v.index()), next_v.phase()));
             // Wait for O += P_{t-1} V_{t-1}: O may then be rescaled, pa
             // rewritten and V released. The wait sits in both arms of the
             // (warp-uniform) branch so that ptxas, which schedules freely
@@ -345,15 +260,12 @@ struct Sm90Consumer {
             }
             // With the wait inside the branch, ptxas keeps the registers the
             // P V wgmma reads untouched until here (SASS: no early wait).
-            Tr::tile(wi - wi0, t, 6);
             pack_p<CTA_KV, T>(pa, s);
             // V's release comes last: ptxas hoists a wait together with a
             // shared-memory arrive that follows it, and an early release here
             // dragged the wait above the softmax.
             release_kv(bars.v_empty(prev.index()), bars);
-            Tr::tile(wi - wi0, t, 7);
           }
-          Tr::mark(Tr::consumer(), wi - wi0, 6);
           const VPos last{cur.count};
           mbarrier_wait(bars.v_full(last.index()), last.phase());
           wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(last.index()));
@@ -364,8 +276,6 @@ struct Sm90Consumer {
           wgmma_keep(dsum);
           wgmma_keep(pa);
           release_kv(bars.v_empty(last.index()), bars);
-          Tr::mark(Tr::consumer(), wi - wi0, 7);
-          Tr::grid(Tr::kLastLoop);
           cur = cur.next();
         } else {
           mbarrier_arrive(bars.q_empty(qb));
@@ -390,15 +300,10 @@ struct Sm90Consumer {
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
                                                                 warp_row0, half);
       if (w.partial_slot >= 0)
-        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER, TESSERA_SM90_MERGE_VEC>(
+        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
             p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,
             [] { named_barrier_sync(kSm90ConsumersBar, THREADS); }, half);
-      Tr::mark(Tr::consumer(), wi - wi0, 8);
     }
-    Sm90Trace::print(Sm90Trace::consumer(), wi_end - wi0);
-    Sm90Trace::grid(Sm90Trace::kEnd);
-    Sm90Trace::grid_print(wi_end - wi0, traced_tiles);
-    if (wg == 0) take_turn();  // balances warpgroup 1's last hand-over
 #else
     __trap();  // Hopper kernels are only built for sm_90a
 #endif

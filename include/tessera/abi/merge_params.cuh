@@ -1,6 +1,6 @@
 // Parameter blocks of the attention-state merge kernels (plain data).
 #pragma once
-#include "tessera/device/arch/numeric.cuh"
+#include "tessera/abi/types.cuh"
 
 namespace tessera {
 

@@ -1,16 +1,16 @@
 // Parameter block and work items of the persistent tensor-core prefill
-// kernel (FA2 template). Plain data shared by host and device.
+// kernels (FA2 and Hopper templates). Plain data shared by host and device.
 #pragma once
-#include "tessera/device/arch/tma.cuh"
-#include "tessera/device/primitives/kv_view.cuh"
-#include "tessera/device/primitives/packed_mask.cuh"  // for the custom-mask variant
+#include "tessera/abi/tensor_map.cuh"
+#include "tessera/abi/kv_view.cuh"
 
 namespace tessera {
 
 // One unit of work: query tile `q_tile` of `request` (CTA_Q fused rows, a
 // fused row being (query position, head of the KV head's group), paper
 // Appendix A) against KV tokens [kv_start, kv_end); the request field also
-// names the KV head within the CTA group (item_request / item_kv_head).
+// names the KV head within the CTA group (item_request / item_kv_head in
+// device/kernels/common/work_queue.cuh).
 // The request's bounds ride along (filled by the wrapper from the host
 // arrays it uploads anyway), so an item starts without dependent loads of
 // qo_indptr / kv_indptr / last_page_len: on a short decode step each such
@@ -26,18 +26,6 @@ struct PrefillWorkItem {
   int qo_begin, qo_len;  // the request's queries: qo_indptr[b], its length
   int kv_begin, kv_len;  // kv_indptr[b] (first page, or first token of ragged KV), its KV length in tokens
 };
-
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-// The request and KV head a work item of CTA group blockIdx.y covers.
-template <typename Params>
-__device__ __forceinline__ int item_request(const Params& p, const PrefillWorkItem& w) {
-  return p.heads_per_group == 1 ? w.request : w.request / p.heads_per_group;
-}
-template <typename Params>
-__device__ __forceinline__ int item_kv_head(const Params& p, const PrefillWorkItem& w) {
-  return p.heads_per_group == 1 ? blockIdx.y : blockIdx.y * p.heads_per_group + w.request % p.heads_per_group;
-}
-#endif
 
 // Tensor maps for the Hopper kernel's TMA loads (a second,
 // __grid_constant__ kernel parameter), boxes of 64 features into
@@ -80,6 +68,10 @@ struct PrefillParams {
   int heads_per_group;
   int page_shift;
   float sm_scale;
+  // Output scale (FlashInfer's v_scale: V's dequantization scale): O is
+  // multiplied by it where the epilogue normalizes rows, before the
+  // variant's OutputTransform; LSE is unchanged.
+  float o_scale = 1.f;
   // Custom mask (variants::custom_mask(), else null): request b's
   // [qo_len, kv_len] boolean mask, row-major, packed 8 positions per byte
   // with little bit order (numpy packbits(bitorder="little")), starting at

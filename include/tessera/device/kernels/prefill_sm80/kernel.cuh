@@ -3,11 +3,11 @@
 // the fused query tile, pipelines KV tiles through shared memory, merges the
 // KV-split warps, and writes the output (unsplit tile) or a partial state,
 // the last finisher of a split tile merging its partials in chunk order
-// (prefill_epilogue.cuh). The Hopper template is prefill_sm90.cuh.
+// (common/epilogue.cuh). The Hopper template is prefill_sm90/kernel.cuh.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
-#include "tessera/device/kernels/prefill_epilogue.cuh"
-#include "tessera/device/kernels/prefill_mainloop.cuh"
+#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/prefill_sm80/mainloop.cuh"
 
 namespace tessera {
 
@@ -36,13 +36,12 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
   const int g = lane / 4, quad = lane % 4;
 
-  const int wi0 = p.work_indptr[blockIdx.x], wi_end = p.work_indptr[blockIdx.x + 1];
-  const PrefillWorkItem w_first = p.first_items[blockIdx.x];
+  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, blockIdx.x);
   // The plan's workspace is complete; q, K, V and the outputs may still be
   // the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
-  for (int wi = wi0; wi < wi_end; ++wi) {
-    const PrefillWorkItem w = wi == wi0 ? w_first : p.work_items[wi];
+  for (int wi = queue.begin; wi < queue.end; ++wi) {
+    const PrefillWorkItem w = queue.take(wi);
     const int b = item_request(p, w), kv_head = item_kv_head(p, w);
     const int qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len, page_base = w.kv_begin;
     const int row0 = w.q_tile * CTA_Q;  // first fused row of the tile

@@ -1,7 +1,7 @@
 // Prefill softmax: per-thread running state of the rows a thread owns, and
 // the per-tile logits / mask / online-softmax step (base 2, paper §3.2.1).
 #pragma once
-#include "tessera/device/kernels/prefill_params.cuh"
+#include "tessera/device/kernels/common/work_queue.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 

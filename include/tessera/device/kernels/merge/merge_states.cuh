@@ -5,7 +5,7 @@
 // order over states is the state order: deterministic, no atomics.
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
-#include "tessera/device/kernels/merge_states_params.cuh"
+#include "tessera/abi/merge_params.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 
 namespace tessera {

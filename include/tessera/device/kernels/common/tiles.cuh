@@ -9,12 +9,6 @@
 #include "tessera/device/primitives/kv_view.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
 
-// AFFINE_STEP (experiments): 0 computes each contiguous row's address with
-// its own 64-bit multiply and bounds check, as the paged path does.
-#ifndef TESSERA_PREFILL_AFFINE_STEP
-#define TESSERA_PREFILL_AFFINE_STEP 1
-#endif
-
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -102,7 +96,7 @@ struct KVTileLoader {
     // shared conversion per tile, not one per copy.
     const u32 k_dst = smem_addr(k_smem), v_dst = smem_addr(v_smem);
     auto dst = [&](int i) { return static_cast<u32>(Layout<HEAD_DIM, ROWS>::at(row0 + i * ROWS_PER_PASS, ch)) * 2u; };
-    if (TESSERA_PREFILL_AFFINE_STEP && affine) {
+    if (affine) {
       // Contiguous rows: this thread's rows are ROWS_PER_PASS apart, so its
       // addresses step by a constant (one 64-bit add per row instead of a
       // 64-bit multiply and a select). A row past kv_end keeps its address:
@@ -119,14 +113,7 @@ struct KVTileLoader {
       return;
     }
     i64 off[PASSES];
-    if (affine) {
-      const i64 affine_base = device::kv_token_offset(kv, page_base, start, head, shift);
-#pragma unroll
-      for (int i = 0; i < PASSES; ++i) {
-        const int r = row0 + i * ROWS_PER_PASS;
-        off[i] = start + r >= kv_end ? -1 : affine_base + r * kv.token_stride;
-      }
-    } else if (tile == 0) {
+    if (tile == 0) {
 #pragma unroll
       for (int i = 0; i < PASSES; ++i) {
         const int pos = start + row0 + i * ROWS_PER_PASS;

@@ -11,19 +11,12 @@
 #include "tessera/device/arch/ldmatrix.cuh"
 #include "tessera/device/arch/mma.cuh"
 #include "tessera/device/arch/vector_io.cuh"
-#include "tessera/device/kernels/prefill_softmax.cuh"
-#include "tessera/device/kernels/prefill_tiles.cuh"
+#include "tessera/device/kernels/common/softmax.cuh"
+#include "tessera/device/kernels/common/tiles.cuh"
 
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-
-// BOUND_GEMMS (experiments, wrong results): 1 leaves out the logits, mask
-// and softmax, P = S: how fast the template's two GEMMs and its data
-// movement alone run.
-#ifndef TESSERA_PREFILL_BOUND_GEMMS
-#define TESSERA_PREFILL_BOUND_GEMMS 0
-#endif
 
 template <int HEAD_DIM, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES>
 struct PrefillShape {
@@ -92,13 +85,8 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
     }
   }
 
-#if TESSERA_PREFILL_BOUND_GEMMS
-  // Speed bound (wrong results on purpose): the two GEMMs alone, P = S.
-  (void)rows;
-#else
   prefill_softmax_tile<Variant>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP + quad * 2, kv_end, b,
                                 kv_head, masked, causal_shift);
-#endif
 
 #pragma unroll
   for (int j = 0; j < NT_S / 2; ++j) {

@@ -3,7 +3,7 @@
 // the host fills DecodeParams with fixed workspace addresses, so a captured
 // CUDA graph stays valid while plan() rewrites the queues between replays.
 #pragma once
-#include "tessera/device/primitives/kv_view.cuh"
+#include "tessera/abi/kv_view.cuh"
 
 namespace tessera {
 
@@ -34,6 +34,10 @@ struct DecodeParams {
   int num_qo_heads;
   int page_shift;  // log2(page_size) if a power of two, else -1
   float sm_scale;
+  // Output scale (FlashInfer's v_scale: V's dequantization scale): O is
+  // multiplied by it where the epilogue normalizes rows, before the
+  // variant's OutputTransform; LSE is unchanged.
+  float o_scale = 1.f;
   Extra extra;  // the variant's own scalars / tensor pointers; keep last
 };
 

@@ -13,7 +13,7 @@
 // and storage describe is skipped instead of written out of bounds.
 #pragma once
 #include "tessera/device/arch/numeric.cuh"
-#include "tessera/device/kernels/append_kv_params.cuh"
+#include "tessera/abi/append_kv_params.cuh"
 
 namespace tessera {
 

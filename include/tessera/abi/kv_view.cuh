@@ -1,0 +1,43 @@
+// Views of KV storage as kernels see them. Plain structs (no device code) so
+// the host can fill them and pass them inside kernel parameter blocks.
+#pragma once
+#include "tessera/abi/types.cuh"
+
+namespace tessera {
+namespace device {
+
+// A paged KV cache as kernels see it. Token `pos` of request `b` lives in
+// storage page indices[indptr[b] + pos / page_size], slot pos % page_size; its
+// head h vector starts at element page*page_stride + h*head_stride +
+// slot*token_stride of k (or v). Strides cover NHD, HND and interleaved K/V.
+// Two special cases need no page table:
+//  * ragged KV (indices null): indptr counts tokens, request b's tokens are the
+//    rows indptr[b] .. indptr[b+1] of one [total_kv, H, D] tensor;
+//  * one contiguous request (indptr null): single_len tokens from row 0.
+struct PagedKV {
+  const void* k;
+  const void* v;
+  const int* indptr;         // [batch + 1]
+  const int* indices;        // [indptr[batch]]
+  const int* last_page_len;  // [batch]
+  i64 page_stride;
+  i64 head_stride;
+  i64 token_stride;
+  int page_size;
+  int num_kv_heads;
+  int single_len;  // used only when indptr is null
+  // Page-id checks on the GPU (page_error non-null): page tables that stay in
+  // device memory are never read by the host, so the kernels check each id
+  // against the storage's num_pages. A bad id is recorded in page_error
+  // (pinned host memory: [0] = 1, [1] = the id, [2] = num_pages; the wrapper
+  // raises it at its next call); its rows read as zeros (or, in the Hopper
+  // kernel's table, as page 0), never out of bounds. BatchDecode and
+  // BatchPrefill always ask for the checks (host ids too: they cost nothing
+  // measurable, and a captured graph keeps its parameters across plans);
+  // null skips them.
+  int num_pages = 0;
+  int* page_error = nullptr;
+};
+
+}  // namespace device
+}  // namespace tessera

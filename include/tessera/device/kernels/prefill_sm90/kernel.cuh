@@ -1,0 +1,115 @@
+// Prefill (Hopper template, sm_90a), persistent warp-specialized kernel
+// (paper §3.2 and Appendix B; the FA3 design): CTA (x, kv_head) runs the
+// planner's work queue of (query tile x KV chunk) items with one producer
+// warpgroup (Sm90Producer: TMA tile loads, or cp.async gathers from any KV
+// source, into rings of shared-memory stages) and CTA_Q / 64 consumer
+// warpgroups (Sm90Consumer:
+// wgmma mainloop, softmax overlapped with the tensor cores, shared epilogue
+// and split-KV merge). setmaxnreg moves registers from the producer, which
+// only computes addresses, to the consumers, which hold S, P and O.
+// Composed as FlashAttention-3's hopper/ kernel: Sm90PrefillKernel owns the
+// shared memory and assembles the mainloop (mainloop_producer.cuh,
+// mainloop_consumer.cuh over pipeline.cuh and mma.cuh), the epilogue
+// (common/epilogue.cuh) and the scheduler (common/work_queue.cuh).
+#pragma once
+#include "tessera/abi/shared_memory.cuh"
+#include "tessera/device/arch/cluster.cuh"
+#include "tessera/device/kernels/prefill_sm90/mainloop_consumer.cuh"
+#include "tessera/device/kernels/prefill_sm90/mainloop_producer.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Register split per thread (producer, consumer) for CONSUMERS consumer
+// warpgroups and CTAS CTAs per SM: the whole 64K-register file, the
+// producer keeping what its address arithmetic needs. ptxas fits each side
+// into its setmaxnreg count: with one consumer warpgroup, 40 producer
+// registers spilled 28-188 bytes, 64 none, and the consumer of a 64-row
+// tile fits 192 (head dims 64 / 128).
+template <int CONSUMERS, int CTAS>
+struct Sm90Registers {
+  static constexpr int PRODUCER = CONSUMERS == 2 ? 56 : 64;
+  static constexpr int CONSUMER = CONSUMERS == 2 ? 224 : (CTAS == 2 ? 192 : 240);
+  static_assert((PRODUCER + CONSUMERS * CONSUMER) * 128 * CTAS <= 65536, "register file");
+};
+
+// CLUSTER = 2: the CTAs of a cluster pair up on one work queue whose items
+// are 2 * CTA_Q rows (the planner's query tile), each CTA taking one half
+// (they swap halves every item): both stream the same K and V tiles,
+// which each tile's TMA copies deliver to both CTAs at once (multicast), so
+// L2 serves each tile once per pair. (Skipping every other K / V tile copy
+// lifted 16k causal prefill from 564 to 616 TFLOP/s in a bound measurement:
+// the kernels run at the power cap. The pairs,
+// which halve only the L2 reads, measured within +-3% of single CTAs at
+// 8k-16k and 5% slower at 1k, so they are opt-in: PrefillOptions::cluster.)
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
+          int V_STAGES, int Q_BUFS, int CTAS_PER_SM, int CLUSTER, typename Params>
+struct Sm90PrefillKernel {
+  using Rings = Sm90Rings<K_STAGES, V_STAGES, Q_BUFS>;
+  using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
+  // Mainloop: the producer's loads and the consumers' MMAs and softmax; the
+  // consumers end each item with the epilogue (common/epilogue.cuh). Both
+  // walk the planner's queue with the scheduler of every persistent kernel
+  // (common/work_queue.cuh).
+  using Producer = Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, Params>;
+  using Consumer = Sm90Consumer<Variant, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, Params>;
+  static constexpr int THREADS = 128 * (CTA_Q / 64 + 1);
+  // The dynamic shared memory: the same layout the host sizes the launch by.
+  static constexpr Sm90SmemLayout kSmem = sm90_smem_layout(HEAD_DIM, CTA_Q, CTA_KV, K_STAGES, V_STAGES, Q_BUFS);
+  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
+                "16-bit q and kv; 16- or 32-bit o");
+  static_assert(CTA_Q == 64 || CTA_Q == 128, "one or two consumer warpgroups of 64 query rows");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "wgmma tiles for head_dim 64, 128 and 256");
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "single CTAs or pairs");
+  static_assert(sizeof(Sm90Pipeline<Rings>) + 4 * CTA_KV * sizeof(i64) + 2 * kSm90SmemAlign + sizeof(int) <=
+                    kSm90StaticSmemBound,
+                "static shared memory within the bound the host assumes");
+
+  __device__ __forceinline__ static void run(const Params& p, const Sm90TensorMaps& tma) {
+    extern __shared__ uint4 smem_raw[];
+    __shared__ Sm90Pipeline<Rings> pipe;
+    __shared__ __align__(16) i64 row_offs[4 * CTA_KV];  // the producer's paged row-offset tables
+    static_assert(kSmem.q_offset == 0, "the Q buffers open the aligned window");
+    // q is stored as DKV: the MMA needs one operand type.
+    DKV* q_smem = reinterpret_cast<DKV*>((reinterpret_cast<size_t>(smem_raw) + (kSm90SmemAlign - 1)) &
+                                         ~size_t(kSm90SmemAlign - 1));
+    DKV* k_smem = q_smem + kSmem.k_offset / sizeof(DKV);
+    DKV* v_smem = k_smem + (kSmem.v_offset - kSmem.k_offset) / sizeof(DKV);
+    const bool kv_tma = Producer::uses_tma(tma) && p.kv.indices == nullptr;  // paged KV is gathered
+    const bool q_tma = tma.q_on != 0;
+    constexpr int kConsumers = THREADS - 128;
+    if (threadIdx.x == 0) {
+      pipe.init(kConsumers, CLUSTER == 1 ? kConsumers : CLUSTER * kConsumers / 32, kv_tma ? 1 : 128, q_tma ? 1 : 128);
+      if constexpr (CLUSTER > 1) fence_mbarrier_init_cluster();
+    }
+    if constexpr (CLUSTER > 1) {
+      cluster_sync();  // the peer's barriers exist before any copy or arrival reaches them
+    } else {
+      __syncthreads();
+    }
+
+    if (threadIdx.x < 128) {
+      setmaxnreg_dec<Regs::PRODUCER>();
+      Producer(p, pipe, q_smem, k_smem, v_smem, row_offs).run(tma, kv_tma, q_tma);
+    } else {
+      setmaxnreg_inc<Regs::CONSUMER>();
+      Consumer(p, pipe, q_smem, k_smem, v_smem).run();
+    }
+    // No CTA leaves while its peer may still copy into its shared memory or
+    // arrive on its barriers.
+    if constexpr (CLUSTER > 1) cluster_sync();
+  }
+};
+
+// The JIT's entry point (runtime/prefill_catalog.cpp).
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
+          int V_STAGES, int Q_BUFS, int CTAS_PER_SM, int CLUSTER, typename Params>
+__device__ __forceinline__ void batch_prefill_sm90(const Params& p, const Sm90TensorMaps& tma) {
+  Sm90PrefillKernel<Variant, DQ, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, K_STAGES, V_STAGES, Q_BUFS, CTAS_PER_SM, CLUSTER,
+                    Params>::run(p, tma);
+}
+
+#endif
+
+}  // namespace tessera
