@@ -31,8 +31,11 @@ namespace tessera::python {
 namespace {
 
 using Extras = std::vector<std::pair<std::string, std::string>>;  // (name, dtype name)
-// A variant as Python sees it: (name, code, use_softmax, causal, scalars, tensors).
-using SpecTuple = std::tuple<std::string, std::string, bool, bool, Extras, Extras, int>;  // ..., window_left
+// A variant as Python sees it: (name, code, use_softmax, causal, scalars,
+// tensors, window_left, headers, struct_name); a built-in names its headers
+// and struct, a user variant carries its code.
+using SpecTuple =
+    std::tuple<std::string, std::string, bool, bool, Extras, Extras, int, std::vector<std::string>, std::string>;
 
 std::vector<ExtraParam> to_params(const char* what, const Extras& e) {
   std::vector<ExtraParam> out;
@@ -47,7 +50,8 @@ Extras from_params(const std::vector<ExtraParam>& p) {
 }
 
 SpecTuple from_variant(const VariantSpec& v) {
-  return {v.name, v.code, v.use_softmax, v.causal, from_params(v.scalars), from_params(v.tensors), v.window_left};
+  return {v.name, v.code, v.use_softmax, v.causal, from_params(v.scalars), from_params(v.tensors), v.window_left,
+          v.headers, v.struct_name};
 }
 
 AttentionSpec to_spec(const SpecTuple& t, const std::string& q_dtype, const std::string& kv_dtype,
@@ -56,6 +60,8 @@ AttentionSpec to_spec(const SpecTuple& t, const std::string& q_dtype, const std:
   s.variant = VariantSpec{std::get<0>(t), std::get<1>(t), to_params("variant.scalars", std::get<4>(t)),
                           to_params("variant.tensors", std::get<5>(t)), std::get<2>(t), std::get<3>(t)};
   s.variant.window_left = std::get<6>(t);
+  s.variant.headers = std::get<7>(t);
+  s.variant.struct_name = std::get<8>(t);
   if (s.variant.window_left < -1)
     throw InvalidArgument("window_left: expected -1 (no window) or >= 0, got " + std::to_string(s.variant.window_left));
   s.q_dtype = parse_dtype("q_dtype", q_dtype);
@@ -302,7 +308,8 @@ nb::list py_measure_jit(const SpecTuple& variant, const std::string& dtype, int 
 void bind_variants(nb::module_& m) {
   m.def("builtin_variant", &builtin_variant, "kind"_a, "causal"_a = false, "interleave"_a = false, "cap"_a = 0.0,
         "window_left"_a = -1,
-        "A built-in variant as (name, code, use_softmax, causal, scalars, tensors); extras as (name, dtype) pairs.");
+        "A built-in variant as (name, code, use_softmax, causal, scalars, tensors, window_left, headers, struct_name): "
+        "code empty, headers and struct_name naming its device struct; extras as (name, dtype) pairs.");
   m.def("validate_variant", [](const SpecTuple& v) { (void)to_spec(v, "float16", "float16", "float16", 128); }, "variant"_a,
         "Checks a variant tuple (names, extras, parameter size) without compiling it.");
   m.def("alibi_slopes", &variants::alibi_slopes, "num_heads"_a, "The standard ALiBi slopes of num_heads heads.");

@@ -14,8 +14,9 @@ scalars (float32 / int32) and tensors (any dtype), which the code reads as
     attn.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len)       # once per step
     o = attn.run(q, (k_cache, v_cache), alibi_slopes=slopes)             # every layer
 
-The built-in variants below are specs of the same form, compiled by the same
-JIT path. Errors name the argument: ValueError for missing or unknown extras
+The built-in variants below are C++ structs in the library's device headers
+(include/tessera/device/variants/*.cuh): their specs name the header and the
+struct instead of carrying code, and compile by the same JIT path. Errors name the argument: ValueError for missing or unknown extras
 and bad values, TypeError for a wrong dtype, kind or device.
 """
 
@@ -66,6 +67,11 @@ def _tensor_dtype(dtype, name):
 class VariantSpec:
     """A variant: its struct's name, its CUDA code, flags and extras.
 
+    A built-in (tessera.variants.*) has no code: ``headers`` names the
+    library's device headers defining it and ``struct_name`` the struct (e.g.
+    ``tessera::variants::SoftCap<0x41f00000u>``); user variants leave both
+    empty and pass their code.
+
     extra_scalars / extra_tensors: dict or (name, dtype) pairs; scalars are
     float32 or int32, tensors any of float16, bfloat16, float32, int32,
     uint8, bool (the kernel sees ``const T*``). use_softmax=False or
@@ -83,10 +89,17 @@ class VariantSpec:
     extra_scalars: Tuple = ()
     extra_tensors: Tuple = ()
     window_left: int = -1
+    headers: Tuple = ()
+    struct_name: str = ""
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not isinstance(self.code, str):
             raise TypeError("name, code: expected strings")
+        if isinstance(self.headers, str) or not all(isinstance(h, str) for h in self.headers):
+            raise TypeError(f"headers: expected a sequence of header names, got {self.headers!r}")
+        if not isinstance(self.struct_name, str):
+            raise TypeError(f"struct_name: expected a string, got {type(self.struct_name).__name__}")
+        object.__setattr__(self, "headers", tuple(self.headers))
         object.__setattr__(self, "extra_scalars", _extra_list(self.extra_scalars, "extra_scalars", True))
         object.__setattr__(self, "extra_tensors", _extra_list(self.extra_tensors, "extra_tensors", False))
         _C.validate_variant(self._tuple())
@@ -95,11 +108,11 @@ class VariantSpec:
         if isinstance(self.window_left, bool) or not isinstance(self.window_left, int):
             raise TypeError(f"window_left: expected an int, got {type(self.window_left).__name__}")
         return (self.name, self.code, bool(self.use_softmax), bool(self.causal), list(self.extra_scalars),
-                list(self.extra_tensors), int(self.window_left))
+                list(self.extra_tensors), int(self.window_left), list(self.headers), self.struct_name)
 
     @classmethod
     def _from_tuple(cls, t):
-        return cls(t[0], t[1], t[2], t[3], tuple(t[4]), tuple(t[5]), t[6])
+        return cls(t[0], t[1], t[2], t[3], tuple(t[4]), tuple(t[5]), t[6], tuple(t[7]), t[8])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +151,7 @@ class TaskInfo:
 
 
 # ------------------------------------------------------------------ built-ins
+# Specs of the C++ built-ins (tessera::variants), naming their device structs.
 def _builtin(kind, **kw):
     return VariantSpec._from_tuple(_C.builtin_variant(kind, **kw))
 

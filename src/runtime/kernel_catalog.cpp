@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
-#include <cstdio>
 #include <sstream>
 
 #include "tessera/abi/shared_memory.cuh"
@@ -12,135 +10,6 @@
 #include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
-
-namespace variants {
-VariantSpec standard() {
-  return {"StandardAttention", "struct StandardAttention : tessera::VariantBase {\n"
-                               "  using tessera::VariantBase::VariantBase;\n"
-                               "};\n"};
-}
-VariantSpec causal() {
-  VariantSpec v{"CausalAttention",
-                "struct CausalAttention : tessera::VariantBase {\n"
-                "  using tessera::VariantBase::VariantBase;\n"
-                "  // Bottom-right aligned: the last query sees every key.\n"
-                "  static constexpr bool causal = true;\n"
-                "};\n"};
-  v.causal = true;
-  return v;
-}
-// Reads PrefillParams::custom_mask / mask_indptr, so prefill only. The
-// constructor resolves the request's first byte once per work item; the bit
-// index is 64-bit because qo_len * kv_len may pass 2^31. LogitsMaskBits reads
-// 32 bits at once (PackedMaskWords, device/primitives/packed_mask.cuh, also
-// used by the pass that trims fully masked KV tiles off the work items).
-VariantSpec custom_mask() {
-  return {"CustomMaskAttention",
-          "struct CustomMaskAttention : tessera::VariantBase {\n"
-          "  const tessera::u8* mask;         // this request's packed bits\n"
-          "  tessera::PackedMaskWords words;  // the same bits, 32 at a time\n"
-          "  template <typename Params>\n"
-          "  __device__ __forceinline__ CustomMaskAttention(const Params& p, int batch_idx, int qo_len_, int kv_len_)\n"
-          "      : tessera::VariantBase(p, batch_idx, qo_len_, kv_len_), mask(p.custom_mask + p.mask_indptr[batch_idx]),\n"
-          "        words(p.custom_mask, p.custom_mask_bytes, p.mask_indptr[batch_idx]) {}\n"
-          "  template <typename Params>\n"
-          "  __device__ __forceinline__ bool LogitsMask(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
-          "    const long long bit = static_cast<long long>(qo_idx) * kv_len + kv_idx;\n"
-          "    return (mask[bit >> 3] >> (bit & 7)) & 1;\n"
-          "  }\n"
-          "  template <typename Params>\n"
-          "  __device__ __forceinline__ unsigned LogitsMaskBits(const Params&, int, int qo_idx, int kv_idx, int, int) const {\n"
-          "    return words.bits32(static_cast<long long>(qo_idx) * kv_len + kv_idx);\n"
-          "  }\n"
-          "};\n"};
-}
-
-// Identifier-safe rendering of a value for variant names: '.' -> 'p',
-// '-' -> 'm', '+' dropped (e.g. 30 -> "30", 2.5 -> "2p5", 1e-05 -> "1em05").
-static std::string name_token(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '.') out += 'p';
-    else if (c == '-') out += 'm';
-    else if (c == '+') continue;
-    else out += c;
-  }
-  return out;
-}
-
-// Every built-in softmax variant with declared masks (causal, a sliding
-// window) and an optional logits soft cap comes from this one generator, so
-// any combination (a Gemma-2 layer uses all three) is a spec like the others.
-// cap <= 0: no soft cap; window_left = -1: no window.
-static VariantSpec declared_masks(bool causal, int window_left, float cap) {
-  std::string name = causal ? "Causal" : "";
-  char lit[64], shown[64];
-  if (window_left >= 0) name += "SlidingWindow_" + std::to_string(window_left);
-  if (cap > 0.f) {
-    std::snprintf(lit, sizeof lit, "%a", static_cast<double>(cap));  // hex float: exact round trip
-    std::snprintf(shown, sizeof shown, "%.9g", static_cast<double>(cap));
-    name += std::string(window_left >= 0 ? "_" : "") + "SoftCap_" + name_token(shown);
-  }
-  std::ostringstream code;
-  code << "struct " << name << " : tessera::VariantBase {\n"
-       << "  using tessera::VariantBase::VariantBase;\n"
-       << (causal ? "  static constexpr bool causal = true;\n" : "");
-  if (window_left >= 0)
-    code << "  // Sliding window: the query at bottom-right-aligned position p sees keys >= p - " << window_left << ".\n"
-         << "  static constexpr int window_left = " << window_left << ";\n";
-  if (cap > 0.f)
-    code << "  // logits soft cap " << shown << ": cap * tanh(logit / cap), logit = q.k * sm_scale\n"
-         << "  template <typename Params>\n"
-         << "  __device__ __forceinline__ float LogitsTransform(const Params&, float logit, int, int, int, int, int) const {\n"
-         << "    const float cap = " << lit << "f;\n"
-         << "    return cap * tanhf(logit * (1.0f / cap));\n"
-         << "  }\n";
-  code << "};\n";
-  VariantSpec v{name, code.str()};
-  v.causal = causal;
-  v.window_left = window_left;
-  return v;
-}
-
-static void check_cap(float cap, const char* arg) {
-  if (!(cap > 0.f) || !std::isfinite(cap)) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(cap));
-    throw InvalidArgument(std::string(arg) + ": expected a finite soft cap > 0, got " + buf);
-  }
-}
-
-static void check_window(int window_left, int lowest, const char* expected) {
-  if (window_left < lowest)
-    throw InvalidArgument(std::string("window_left: expected ") + expected + ", got " + std::to_string(window_left));
-}
-
-VariantSpec soft_cap(float cap, bool causal) {
-  check_cap(cap, "cap");
-  return declared_masks(causal, -1, cap);
-}
-
-VariantSpec sliding_window(int window_left, bool causal) {
-  check_window(window_left, 0, ">= 0 (keys a query sees to its left)");
-  return declared_masks(causal, window_left, 0.f);
-}
-
-VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap, PosEncoding pos_encoding) {
-  check_window(window_left, -1, "-1 (no window) or >= 0 (keys a query sees to its left)");
-  if (logits_soft_cap != 0.f) check_cap(logits_soft_cap, "logits_soft_cap");
-  if (pos_encoding == PosEncoding::kRopeLlama) {
-    if (window_left >= 0 || logits_soft_cap != 0.f)
-      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA with window_left / logits_soft_cap is not supported yet "
-                            "(expected -1 / 0, got " + std::to_string(window_left) + " / " +
-                            std::to_string(logits_soft_cap) + ")");
-    return rope(false, causal);
-  }
-  if (window_left < 0 && logits_soft_cap == 0.f) return causal ? variants::causal() : standard();
-  return declared_masks(causal, window_left, logits_soft_cap);
-}
-
-bool is_causal(const VariantSpec& v) { return v.causal; }
-}  // namespace variants
 
 std::string AttentionSpec::str() const {
   std::ostringstream os;
@@ -167,6 +36,26 @@ static bool is_identifier(const std::string& s) {
   return true;
 }
 
+// A variant is user code or a built-in's headers and struct, never both.
+static void validate_variant_source(const VariantSpec& v) {
+  if (v.headers.empty()) {
+    if (!v.struct_name.empty())
+      throw InvalidArgument("variant.struct_name: expected empty without headers (user variants name their struct in "
+                            "`name`), got '" + v.struct_name + "'");
+    return;
+  }
+  if (!v.code.empty())
+    throw InvalidArgument("variant.code: expected empty for a built-in variant (" + v.name + " names its headers)");
+  if (v.struct_name.empty()) throw InvalidArgument("variant.struct_name: expected the struct of built-in variant " + v.name);
+  static const std::string kDir = "tessera/device/variants/";
+  for (const std::string& h : v.headers) {
+    const bool embedded = std::any_of(jit::embedded_headers().begin(), jit::embedded_headers().end(),
+                                      [&](const auto& e) { return e.first == h; });
+    if (h.rfind(kDir, 0) != 0 || !embedded)
+      throw InvalidArgument("variant.headers: expected built-in variant headers (" + kDir + "*.cuh), got '" + h + "'");
+  }
+}
+
 void validate_variant(const VariantSpec& v) {
   if (!is_identifier(v.name)) throw InvalidArgument("variant.name: expected a C++ identifier, got '" + v.name + "'");
   std::vector<std::string> seen;
@@ -182,6 +71,7 @@ void validate_variant(const VariantSpec& v) {
   for (const ExtraParam& e : v.scalars)
     if (e.dtype != DType::kFloat32 && e.dtype != DType::kInt32)
       throw TypeMismatch(e.name + ": expected a float32 or int32 scalar type, got " + dtype_name(e.dtype));
+  validate_variant_source(v);
   const ParamsLayout largest = params_layout(ParamsKind::kPrefill, v);
   if (largest.total > kMaxParamBytes)
     throw InvalidArgument("variant: the extras of " + v.name + " need a " + std::to_string(largest.total) +
@@ -246,13 +136,16 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
   std::ostringstream src;
   src << "// Generated by tessera: " << comment << ", " << spec.str() << "\n"
       << "#include \"tessera/device/primitives/rope.cuh\"\n"  // for RoPE variants
-      << "#include \"" << header << "\"\n"
-      << "namespace tessera_variant {\n"
+      << "#include \"" << header << "\"\n";
+  for (const std::string& h : spec.variant.headers) src << "#include \"" << h << "\"\n";  // a built-in variant
+  src << "namespace tessera_variant {\n"
       << "constexpr int kHeadDim = " << spec.head_dim << ";\n"
-      << extra_struct_source(spec.variant)
-      << "#line 1 \"variant:" << spec.variant.name << "\"\n"
-      << spec.variant.code << "\n"
-      << "}  // namespace tessera_variant\n"
+      << extra_struct_source(spec.variant);
+  if (spec.variant.headers.empty())
+    src << "#line 1 \"variant:" << spec.variant.name << "\"\n" << spec.variant.code << "\n";
+  else
+    src << "using " << spec.variant.name << " = " << spec.variant.struct_name << ";\n";
+  src << "}  // namespace tessera_variant\n"
       << "#line 1 \"generated:" << entry << "\"\n"
       << generated_checks(spec, params_type)
       << "extern \"C\" __global__ void "

@@ -15,12 +15,20 @@ int choose_cta_q(double avg_fused_q_len) {
   return 128;
 }
 
-// Whether the variant's code defines any per-element functor (QueryTransform,
-// KeyTransform, ValueTransform, LogitsTransform, LogitsMask, OutputTransform).
-// A textual check, used only to pick a tile size: every tile size is correct
-// for every variant, and a mention in a comment only costs speed.
+// Whether the variant defines any per-element functor (QueryTransform,
+// KeyTransform, ValueTransform, LogitsTransform, LogitsMask, OutputTransform)
+// in its code or, for a built-in, its headers. A textual check, used only to
+// pick a tile size: every tile size is correct for every variant, and a
+// mention in a comment only costs speed.
 static bool has_element_functors(const VariantSpec& v) {
-  return v.code.find("Transform") != std::string::npos || v.code.find("LogitsMask") != std::string::npos;
+  auto mentions = [](const std::string& text) {
+    return text.find("Transform") != std::string::npos || text.find("LogitsMask") != std::string::npos;
+  };
+  if (mentions(v.code)) return true;
+  for (const std::string& h : v.headers)
+    for (const auto& [name, text] : jit::embedded_headers())
+      if (name == h && mentions(text)) return true;
+  return false;
 }
 
 // The fields of `tile` that are set (0 keeps the heuristic's choice), each

@@ -1,8 +1,13 @@
-// Built-in variants whose parameters are extras (values given at run() by
-// name, one kernel for all values): ALiBi, FlashSigmoid, attention sink and
-// fused RoPE. Each is only a VariantSpec, compiled by the same JIT path as a
-// user's variant.
+// The built-in variants as specs. Each names the device header that defines
+// it (include/tessera/device/variants/<name>.cuh) and the struct to
+// instantiate; the JIT includes the header and compiles the kernel exactly as
+// it compiles a user's variant. Combinations are spelled through the spec's
+// declarations (causal) and the composing SlidingWindow template, never as
+// new code.
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 
 #include "tessera/core/error.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
@@ -11,38 +16,108 @@ namespace tessera::variants {
 
 namespace {
 
-// The struct header every spec below starts with.
-std::string open_struct(const std::string& name, bool causal) {
-  return "struct " + name + " : tessera::VariantBase {\n  using tessera::VariantBase::VariantBase;\n" +
-         (causal ? "  static constexpr bool causal = true;\n" : "");
-}
-
-VariantSpec make(std::string name, std::string code, bool causal) {
-  VariantSpec v{std::move(name), std::move(code)};
+// A built-in: `file` under tessera/device/variants/, `type` the struct in
+// namespace tessera::variants.
+VariantSpec builtin(std::string name, const char* file, const std::string& type, bool causal = false) {
+  VariantSpec v{std::move(name), ""};
   v.causal = causal;
+  v.headers = {std::string("tessera/device/variants/") + file};
+  v.struct_name = "tessera::variants::" + type;
   return v;
 }
 
-// A variant whose one slot is LogitsTransform returning `expr` (over p,
-// logit, qo_idx, kv_idx, qo_head and the base's qo_len / kv_len).
-VariantSpec logits_variant(const std::string& name, bool causal, const std::string& decls, const std::string& expr) {
-  return make(name,
-              open_struct(name, causal) + decls +
-                  "  template <typename Params>\n"
-                  "  __device__ __forceinline__ float LogitsTransform(const Params& p, float logit, int, int qo_idx,\n"
-                  "                                                   int kv_idx, int qo_head, int) const {\n"
-                  "    return " + expr + ";\n"
-                  "  }\n"
-                  "};\n",
-              causal);
+// Identifier-safe rendering of a value for variant names: '.' -> 'p',
+// '-' -> 'm', '+' dropped (e.g. 30 -> "30", 2.5 -> "2p5", 1e-05 -> "1em05").
+std::string name_token(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '.') out += 'p';
+    else if (c == '-') out += 'm';
+    else if (c == '+') continue;
+    else out += c;
+  }
+  return out;
+}
+
+// Every built-in softmax variant with declared masks (causal, a sliding
+// window) and an optional logits soft cap comes from this one generator, so
+// any combination (a Gemma-2 layer uses all three) is a spec like the others:
+// SlidingWindow<W, SoftCap<bits>>, causal declared by the spec.
+// cap <= 0: no soft cap; window_left = -1: no window.
+VariantSpec declared_masks(bool causal, int window_left, float cap) {
+  std::string name = causal ? "Causal" : "";
+  std::string type;
+  std::vector<std::string> headers;
+  if (window_left >= 0) name += "SlidingWindow_" + std::to_string(window_left);
+  if (cap > 0.f) {
+    char shown[64], bits[16];
+    std::snprintf(shown, sizeof shown, "%.9g", static_cast<double>(cap));
+    std::snprintf(bits, sizeof bits, "0x%08xu", static_cast<unsigned>(std::bit_cast<uint32_t>(cap)));  // exact
+    name += std::string(window_left >= 0 ? "_" : "") + "SoftCap_" + name_token(shown);
+    type = std::string("tessera::variants::SoftCap<") + bits + ">";
+    headers.push_back("tessera/device/variants/soft_cap.cuh");
+  }
+  if (window_left >= 0) {
+    type = "tessera::variants::SlidingWindow<" + std::to_string(window_left) + (type.empty() ? "" : ", " + type) + ">";
+    headers.insert(headers.begin(), "tessera/device/variants/sliding_window.cuh");
+  }
+  VariantSpec v{name, ""};
+  v.causal = causal;
+  v.window_left = window_left;
+  v.headers = std::move(headers);
+  v.struct_name = std::move(type);
+  return v;
+}
+
+void check_cap(float cap, const char* arg) {
+  if (!(cap > 0.f) || !std::isfinite(cap)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(cap));
+    throw InvalidArgument(std::string(arg) + ": expected a finite soft cap > 0, got " + buf);
+  }
+}
+
+void check_window(int window_left, int lowest, const char* expected) {
+  if (window_left < lowest)
+    throw InvalidArgument(std::string("window_left: expected ") + expected + ", got " + std::to_string(window_left));
 }
 
 }  // namespace
 
+VariantSpec standard() { return builtin("StandardAttention", "standard.cuh", "StandardAttention"); }
+
+VariantSpec causal() { return builtin("CausalAttention", "causal.cuh", "CausalAttention", true); }
+
+VariantSpec custom_mask() { return builtin("CustomMaskAttention", "custom_mask.cuh", "CustomMaskAttention"); }
+
+VariantSpec soft_cap(float cap, bool causal) {
+  check_cap(cap, "cap");
+  return declared_masks(causal, -1, cap);
+}
+
+VariantSpec sliding_window(int window_left, bool causal) {
+  check_window(window_left, 0, ">= 0 (keys a query sees to its left)");
+  return declared_masks(causal, window_left, 0.f);
+}
+
+VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap, PosEncoding pos_encoding) {
+  check_window(window_left, -1, "-1 (no window) or >= 0 (keys a query sees to its left)");
+  if (logits_soft_cap != 0.f) check_cap(logits_soft_cap, "logits_soft_cap");
+  if (pos_encoding == PosEncoding::kRopeLlama) {
+    if (window_left >= 0 || logits_soft_cap != 0.f)
+      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA with window_left / logits_soft_cap is not supported yet "
+                            "(expected -1 / 0, got " + std::to_string(window_left) + " / " +
+                            std::to_string(logits_soft_cap) + ")");
+    return rope(false, causal);
+  }
+  if (window_left < 0 && logits_soft_cap == 0.f) return causal ? variants::causal() : standard();
+  return declared_masks(causal, window_left, logits_soft_cap);
+}
+
+bool is_causal(const VariantSpec& v) { return v.causal; }
+
 VariantSpec alibi(bool causal) {
-  VariantSpec v = logits_variant(causal ? "CausalAlibi" : "Alibi", causal,
-                                 "  // Linear bias by distance: slope * (kv_idx - q_pos), q_pos bottom-right aligned.\n",
-                                 "logit + __ldg(p.extra.alibi_slopes + qo_head) * static_cast<float>(kv_idx - (qo_idx + kv_len - qo_len))");
+  VariantSpec v = builtin(causal ? "CausalAlibi" : "Alibi", "alibi.cuh", "Alibi", causal);
   v.tensors = {{"alibi_slopes", DType::kFloat32}};
   return v;
 }
@@ -59,64 +134,23 @@ std::vector<float> alibi_slopes(int num_heads) {
 }
 
 VariantSpec flash_sigmoid(bool causal) {
-  VariantSpec v = logits_variant(causal ? "CausalFlashSigmoid" : "FlashSigmoid", causal,
-                                 "  static constexpr bool use_softmax = false;\n"
-                                 "  // o = sum_j sigmoid(logit_j * scale + bias) v_j\n",
-                                 "1.f / (1.f + __expf(-(logit * p.extra.sigmoid_scale + p.extra.sigmoid_bias)))");
+  VariantSpec v = builtin(causal ? "CausalFlashSigmoid" : "FlashSigmoid", "flash_sigmoid.cuh", "FlashSigmoid", causal);
   v.use_softmax = false;
   v.scalars = {{"sigmoid_scale", DType::kFloat32}, {"sigmoid_bias", DType::kFloat32}};
   return v;
 }
 
 VariantSpec attention_sink() {
-  VariantSpec v = make("AttentionSink",
-                       open_struct("AttentionSink", true) +
-                           "  // Streaming-LLM: the first sink_size keys, and the window_left keys before the\n"
-                           "  // query's (bottom-right aligned) position; causal masks the keys after it.\n"
-                           "  template <typename Params>\n"
-                           "  __device__ __forceinline__ bool LogitsMask(const Params& p, int, int qo_idx, int kv_idx, int,\n"
-                           "                                             int) const {\n"
-                           "    return kv_idx < p.extra.sink_size || kv_idx >= qo_idx + (kv_len - qo_len) - p.extra.window_left;\n"
-                           "  }\n"
-                           "};\n",
-                       true);
+  VariantSpec v = builtin("AttentionSink", "attention_sink.cuh", "AttentionSink", true);
   v.scalars = {{"sink_size", DType::kInt32}, {"window_left", DType::kInt32}};
   return v;
 }
 
 VariantSpec rope(bool interleave, bool causal) {
   const std::string name = std::string(causal ? "Causal" : "") + (interleave ? "RopeInterleaved" : "Rope");
-  const std::string layout = interleave ? "true" : "false";
-  std::string code = "struct " + name + " : tessera::VariantBase {\n" +
-                     (causal ? "  static constexpr bool causal = true;\n" : "") +
-                     "  // Llama RoPE on q (at q_pos = qo_idx + kv_len - qo_len) and k (at kv_idx), pairs " +
-                     (interleave ? "(2j, 2j + 1)" : "(j, j + head_dim / 2)") +
-                     ".\n"
-                     "  static constexpr tessera::Pairing pairing = tessera::Pairing::" +
-                     (interleave ? "kAdjacent" : "kHalves") +
-                     ";\n"
-                     "  tessera::RopeFreqs freqs;\n"
-                     "  template <typename Params>\n"
-                     "  __device__ __forceinline__ " +
-                     name +
-                     "(const Params& p, int b, int qo_len_, int kv_len_)\n"
-                     "      : tessera::VariantBase(p, b, qo_len_, kv_len_), freqs(p.extra.rope_scale, p.extra.rope_theta, kHeadDim) {}\n"
-                     "  template <typename Params>\n"
-                     "  __device__ __forceinline__ float QueryTransform(const Params&, float q, float partner, int, int qo_idx,\n"
-                     "                                                  int, int feat) const {\n"
-                     "    return tessera::rope_rotate<" +
-                     layout +
-                     ">(freqs, q, partner, qo_idx + kv_len - qo_len, feat, kHeadDim);\n"
-                     "  }\n"
-                     "  template <typename Params>\n"
-                     "  __device__ __forceinline__ float KeyTransform(const Params&, float k, float partner, int, int kv_idx,\n"
-                     "                                                int, int feat) const {\n"
-                     "    return tessera::rope_rotate<" +
-                     layout +
-                     ">(freqs, k, partner, kv_idx, feat, kHeadDim);\n"
-                     "  }\n"
-                     "};\n";
-  VariantSpec v = make(name, std::move(code), causal);
+  VariantSpec v = builtin(name, "rope.cuh",
+                          std::string("Rope<tessera::Pairing::") + (interleave ? "kAdjacent" : "kHalves") + ", kHeadDim>",
+                          causal);
   v.scalars = {{"rope_scale", DType::kFloat32}, {"rope_theta", DType::kFloat32}};
   return v;
 }

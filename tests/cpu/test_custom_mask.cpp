@@ -162,7 +162,11 @@ TEST(CustomMask, WorkspaceAndPrefillOnly) {
   // Every (dtype, head dim, tile, backend) of the variant is a built-in kernel.
   const auto kernels = catalog::builtin_prefill_kernels(variants::custom_mask());
   EXPECT_EQ(kernels.size(), 2u * 3u * 4u + 2u * 3u * 2u);  // FA2: dtypes x head dims x tiles; Hopper: x 2 tiles
-  for (const auto& k : kernels) EXPECT_NE(k.source.find("mask_indptr"), std::string::npos) << k.entry;
+  for (const auto& k : kernels)  // the variant reading the mask bits: its header and struct
+    EXPECT_NE(k.source.find("#include \"tessera/device/variants/custom_mask.cuh\"\n"), std::string::npos) << k.entry;
+  for (const auto& k : kernels)
+    EXPECT_NE(k.source.find("using CustomMaskAttention = tessera::variants::CustomMaskAttention;"), std::string::npos)
+        << k.entry;
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ using test::is_elf;
 
 namespace {
 
-bool pairwise(const VariantSpec& v) { return v.code.find("tessera::Pairing::k") != std::string::npos; }
+bool pairwise(const VariantSpec& v) { return (v.code + v.struct_name).find("tessera::Pairing::k") != std::string::npos; }
 
 std::vector<VariantSpec> new_variants() {
   return {variants::alibi(true),        variants::flash_sigmoid(false), variants::attention_sink(),

@@ -183,3 +183,45 @@ template <typename T, int D, bool IL>
 __global__ void rope_k(const tessera::RopeParams p) { tessera::apply_rope<T, D, IL>(p); }
 template __global__ void rope_k<tessera::half_t, 128, false>(const tessera::RopeParams);
 template __global__ void rope_k<tessera::bf16_t, 64, true>(const tessera::RopeParams);
+
+// The built-in variants (device/variants/*.cuh, what the JIT includes by
+// name): each instantiated in a kernel over a parameter block carrying every
+// built-in's extras, so nvcc type-checks the structs and their slots.
+#include "tessera/device/variants/alibi.cuh"
+#include "tessera/device/variants/attention_sink.cuh"
+#include "tessera/device/variants/causal.cuh"
+#include "tessera/device/variants/custom_mask.cuh"
+#include "tessera/device/variants/flash_sigmoid.cuh"
+#include "tessera/device/variants/rope.cuh"
+#include "tessera/device/variants/sliding_window.cuh"
+#include "tessera/device/variants/soft_cap.cuh"
+#include "tessera/device/variants/standard.cuh"
+namespace {
+struct alignas(8) BuiltinExtras {
+  const float* alibi_slopes;
+  float sigmoid_scale, sigmoid_bias;
+  int sink_size, window_left;
+  float rope_scale, rope_theta;
+};
+using RPB = tessera::RowwiseParams<BuiltinExtras>;
+namespace tv = tessera::variants;
+}  // namespace
+static_assert(tv::float_from_bits(0x41f00000u) == 30.f && tv::float_from_bits(0x3a83126fu) == 1e-3f &&
+                  tv::float_from_bits(0x00000001u) == 1e-45f && tv::float_from_bits(0x7f7fffffu) == 3.4028234663852886e38f,
+              "soft cap bits decode exactly (normal, subnormal, largest)");
+static_assert(tv::SlidingWindow<64, tv::SoftCap<0x41f00000u>>::window_left == 64 && !tv::FlashSigmoid::use_softmax &&
+                  tv::CausalAttention::causal && tv::AttentionSink::causal,
+              "declared flags");
+static_assert(tessera::VariantTraits<tv::SlidingWindow<64, tv::SoftCap<0x41f00000u>>, RPB>::logits_transform,
+              "the composing template keeps its base's slots");
+template <typename V>
+__global__ void rowwise_builtin_k(const RPB p) { tessera::attention_rowwise<V, tessera::half_t, tessera::half_t, tessera::half_t, 128, 4>(p); }
+template __global__ void rowwise_builtin_k<tv::StandardAttention>(const RPB);
+template __global__ void rowwise_builtin_k<tv::CausalAttention>(const RPB);
+template __global__ void rowwise_builtin_k<tv::SlidingWindow<64, tv::SoftCap<0x41f00000u>>>(const RPB);
+template __global__ void rowwise_builtin_k<tv::Alibi>(const RPB);
+template __global__ void rowwise_builtin_k<tv::FlashSigmoid>(const RPB);
+template __global__ void rowwise_builtin_k<tv::AttentionSink>(const RPB);
+template __global__ void rowwise_builtin_k<tv::Rope<tessera::Pairing::kHalves, 128>>(const RPB);
+template __global__ void rowwise_builtin_k<tv::Rope<tessera::Pairing::kAdjacent, 128>>(const RPB);
+template __global__ void prefill_k<tv::CustomMaskAttention, tessera::bf16_t, 128, 64, 64, 4, 1>(const PP);

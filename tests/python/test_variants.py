@@ -77,7 +77,8 @@ def test_builtin_specs():
     s = tessera.variants.flash_sigmoid()
     assert not s.use_softmax and [n for n, _ in s.extra_scalars] == ["sigmoid_scale", "sigmoid_bias"]
     assert tessera.variants.attention_sink().extra_scalars == (("sink_size", "int32"), ("window_left", "int32"))
-    assert "kAdjacent" in tessera.variants.rope(interleave=True).code
+    r = tessera.variants.rope(interleave=True)
+    assert not r.code and r.headers == ("tessera/device/variants/rope.cuh",) and "kAdjacent" in r.struct_name
     assert tessera.variants.soft_cap(30, causal=True).name == "CausalSoftCap_30"
     np.testing.assert_allclose(tessera.variants.alibi_slopes(4), [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8])
     assert docs_spec().extra_scalars == (("decay", "float32"), ("max_distance", "int32"))
@@ -110,6 +111,23 @@ def test_spec_errors_name_the_argument():
         tessera.VariantSpec("V", code, extra_scalars={"sm_scale": "float"})
     with pytest.raises(ValueError, match="kind"):
         tessera.variants._builtin("nope")
+
+
+def test_builtins_name_their_device_structs():
+    # Built-ins carry no code: the C++ spec's header and struct, which the JIT includes and names.
+    s = tessera.variants.soft_cap(30, causal=True)
+    assert s.code == "" and s.headers == ("tessera/device/variants/soft_cap.cuh",)
+    assert s.struct_name == "tessera::variants::SoftCap<0x41f00000u>" and s.causal
+    assert tessera.variants.causal().struct_name == "tessera::variants::CausalAttention"
+    assert tessera.variants.sliding_window(64).struct_name == "tessera::variants::SlidingWindow<64>"
+    assert tessera.VariantSpec("V", "struct V : tessera::VariantBase {};").headers == ()
+    header = ("tessera/device/variants/causal.cuh",)
+    with pytest.raises(ValueError, match="variant.code"):
+        tessera.VariantSpec("C", "struct C {};", headers=header, struct_name="tessera::variants::CausalAttention")
+    with pytest.raises(ValueError, match="variant.headers"):
+        tessera.VariantSpec("C", "", headers=("my_variant.cuh",), struct_name="C")
+    with pytest.raises(TypeError, match="headers"):
+        tessera.VariantSpec("C", "", headers="tessera/device/variants/causal.cuh", struct_name="C")
 
 
 @pytest.mark.parametrize("interleave", [False, True])

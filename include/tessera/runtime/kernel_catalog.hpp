@@ -19,9 +19,14 @@ struct ExtraParam {
   bool operator==(const ExtraParam&) const = default;
 };
 
-// A variant as code: `code` defines `struct <name> : tessera::VariantBase`
-// overriding any functor slots (see device/primitives/variant.cuh). Built-in
-// variants are specs of exactly this form.
+// A variant: a struct deriving from tessera::VariantBase that overrides any
+// functor slots (see device/primitives/variant.cuh), given one of two ways:
+// - user code: `code` defines `struct <name> : tessera::VariantBase` (one
+//   string, e.g. a file's contents); `headers` and `struct_name` are empty.
+// - a built-in: `code` is empty, `headers` names the device headers that
+//   define it (embedded for NVRTC, under tessera/device/variants/) and
+//   `struct_name` the struct, e.g. "tessera::variants::SoftCap<0x41f00000u>"
+//   (a type in the scope of the generated namespace, so it may use kHeadDim).
 //
 // The JIT turns the extras into `struct Extra` in the variant's namespace:
 // the tensors as `const T* <name>` (in order), then the scalars as `float` /
@@ -30,7 +35,7 @@ struct ExtraParam {
 // take effect whether the spec or the code says so; the host schedules
 // causally (skipping tiles above the diagonal) only when the spec says so.
 struct VariantSpec {
-  std::string name;
+  std::string name;  // a C++ identifier: the struct's name in the kernel and in kernel names
   std::string code;
   std::vector<ExtraParam> scalars = {};
   std::vector<ExtraParam> tensors = {};
@@ -40,22 +45,27 @@ struct VariantSpec {
   // position - window_left), declared so the planners skip the keys left of
   // it instead of loading and masking them; -1: none.
   int window_left = -1;
+  std::vector<std::string> headers = {};  // built-ins: include names of their device headers
+  std::string struct_name = {};           // built-ins: the struct the kernel instantiates
   bool operator==(const VariantSpec&) const = default;
 };
 
 namespace variants {
 VariantSpec standard();  // plain softmax attention
 VariantSpec causal();    // bottom-right aligned causal mask
+// The built-ins (device/variants/*.cuh). Specs naming the same struct with
+// the same flags and extras compile to the same kernels.
+//
 // FlashInfer's custom mask: a bit per (query, key) of each request, packed
 // (see BatchPrefill::plan_paged / run with a mask). Prefill kernels only.
 VariantSpec custom_mask();
 // FlashInfer's logits soft cap: logit = cap * tanh(logit / cap), where the
-// logit is q.k * sm_scale. `cap` (> 0, finite) is baked into the code and the
-// name (one kernel per value); `causal` adds the bottom-right causal mask.
+// logit is q.k * sm_scale. `cap` (> 0, finite) is baked into the struct and
+// the name (one kernel per value); `causal` adds the bottom-right causal mask.
 VariantSpec soft_cap(float cap, bool causal = false);
 // FlashInfer's sliding window: a query at bottom-right-aligned position
 // p = qo_idx + kv_len - qo_len sees keys kv_idx >= p - window_left (>= 0);
-// with `causal` also kv_idx <= p. Baked into the code and name like soft_cap.
+// with `causal` also kv_idx <= p. Baked into the struct and name like soft_cap.
 VariantSpec sliding_window(int window_left, bool causal = false);
 // The variant FlashInfer's plan() options select: standard() or causal() for
 // the defaults (window_left = -1, logits_soft_cap = 0), else the sliding
@@ -127,7 +137,8 @@ namespace catalog {
 constexpr int kRowwiseWarps = 4;
 // The translation unit of an attention kernel: includes `header`, puts the
 // variant's code in namespace tessera_variant (with #line so compile errors
-// point at the user's lines), and defines the extern "C" entry
+// point at the user's lines) or, for a built-in, includes its headers and
+// names its struct there (`using <name> = <struct_name>;`), and defines the extern "C" entry
 // `entry(const params_type<Extra> p)` calling
 // `fn<Variant, DQ, DKV, DO, head_dim, template_tail>(p)`; min_blocks > 0 asks
 // the compiler to fit that many CTAs per SM (__launch_bounds__).
