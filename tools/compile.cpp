@@ -2,8 +2,13 @@
 // given architectures, with no GPU needed (CI runs this for sm_80 and sm_90a).
 // With --load (GPU only) it also loads each kernel onto the device and times
 // that, and times in-memory lookups of loaded kernels.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "commands.hpp"
 #include "tessera/runtime/cuda.hpp"
@@ -17,6 +22,41 @@ namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// KernelCache::precompile, plus a progress line at most every 15 s: a cold
+// cache takes minutes on a small machine, and a silent step looks hung.
+void compile_with_progress(jit::KernelCache& cache, const std::vector<jit::KernelSource>& kernels,
+                           const jit::Arch& arch, int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  size_t done = 0;
+  double last_report_ms = 0;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < kernels.size();) {
+      std::exception_ptr err;
+      try {
+        cache.cubin(kernels[i], arch);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (err && !first_error) first_error = err;
+      const double ms = ms_since(t0);
+      if (++done < kernels.size() && ms - last_report_ms >= 15000) {
+        last_report_ms = ms;
+        std::printf("  %s: %zu/%zu kernels, %.0f s\n", arch.str().c_str(), done, kernels.size(), ms / 1e3);
+        std::fflush(stdout);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
 }  // namespace
 
 int run_compile(const std::vector<std::string>& archs, int threads, bool verbose, bool load) {
@@ -24,10 +64,11 @@ int run_compile(const std::vector<std::string>& archs, int threads, bool verbose
   auto kernels = catalog::builtin_kernels();
   for (auto& k : catalog::builtin_prefill_kernels()) kernels.push_back(std::move(k));
   std::printf("kernel cache: %s\n", cache.dir().c_str());
+  std::fflush(stdout);
   for (const auto& name : archs) {
     const jit::Arch arch = jit::Arch::parse(name);
     const auto t0 = std::chrono::steady_clock::now();
-    cache.precompile(kernels, arch, threads);
+    compile_with_progress(cache, kernels, arch, threads);
     const double s = ms_since(t0) / 1e3;
     int compiled = 0;
     double compile_ms = 0, max_compile = 0, load_ms = 0, max_load = 0;
@@ -48,6 +89,7 @@ int run_compile(const std::vector<std::string>& archs, int threads, bool verbose
                 "(mean %.2f ms, max %.2f ms per kernel)\n",
                 arch.str().c_str(), kernels.size(), s, compiled, compiled ? compile_ms / compiled : 0.0, max_compile,
                 from_disk, from_disk ? load_ms / from_disk : 0.0, max_load);
+    std::fflush(stdout);
   }
   if (load) {
     if (!cuda::gpu_available()) {

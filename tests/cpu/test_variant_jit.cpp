@@ -16,7 +16,7 @@
 #include "variant_cases.hpp"
 
 using namespace tessera;
-using test::fresh_dir;
+using test::ScratchDir;
 using test::is_elf;
 
 namespace {
@@ -40,7 +40,7 @@ std::string compile_error(jit::KernelCache& cache, const jit::KernelSource& src,
 }  // namespace
 
 TEST(VariantJit, NewBuiltinsCompileIntoEveryKernelFamily) {
-  jit::KernelCache cache(fresh_dir("variants").string());
+  jit::KernelCache cache;  // the run's shared cache
   std::vector<jit::KernelSource> ampere, hopper;
   for (const VariantSpec& v : new_variants()) {
     const AttentionSpec f16{v, DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
@@ -71,7 +71,8 @@ TEST(VariantJit, GeneratedKernelCarriesSpecFlagsAndLayoutChecks) {
   EXPECT_NE(catalog::batch_decode(sig, 1).source.find("use_softmax = false &&"), std::string::npos);
 
   // The layout assertion is compiled: a host layout that disagrees fails.
-  jit::KernelCache cache(fresh_dir("layout").string());
+  const ScratchDir dir("layout");  // the failing compile writes its source there
+  jit::KernelCache cache(dir.str());
   jit::KernelSource tampered = src;
   const size_t at = tampered.source.find("sizeof(tessera::DecodeParams<tessera_variant::Extra>) == ");
   ASSERT_NE(at, std::string::npos) << src.source;
@@ -82,7 +83,8 @@ TEST(VariantJit, GeneratedKernelCarriesSpecFlagsAndLayoutChecks) {
 }
 
 TEST(VariantJit, UserCompileErrorPointsAtTheUsersLine) {
-  jit::KernelCache cache(fresh_dir("userline").string());
+  const ScratchDir dir("userline");
+  jit::KernelCache cache(dir.str());
   VariantSpec v{"Oops",
                 "struct Oops : tessera::VariantBase {\n"
                 "  using tessera::VariantBase::VariantBase;\n"
@@ -115,7 +117,7 @@ TEST(VariantJit, DocsShowTheTestedExample) {
 // masks): the detection must hold under NVRTC, not only nvcc
 // (tests/device/nvcc_check.cu asserts the same there).
 TEST(VariantJit, SlotDetectionHoldsUnderNvrtc) {
-  jit::KernelCache cache(fresh_dir("traits").string());
+  jit::KernelCache cache;  // the run's shared cache
   const jit::KernelSource src{"tessera_traits_probe", R"(
 #include "tessera/abi/prefill_params.cuh"
 #include "tessera/device/primitives/variant_traits.cuh"
