@@ -93,7 +93,7 @@ TEST(VariantBuiltins, TileHeuristicSeesTheHeadersFunctors) {
 // The composed and declared-mask built-ins compile under NVRTC (the other
 // built-ins: test_variant_jit.cpp, `tessera compile`).
 TEST(VariantBuiltins, CombinationsCompile) {
-  jit::KernelCache cache(test::fresh_dir("builtin_variants").string());
+  jit::KernelCache cache;  // the run's shared cache
   const AttentionSpec both{variants::from_plan_options(true, 4096, 50.f), DType::kFloat16, DType::kFloat16,
                            DType::kFloat16, 128};
   const AttentionSpec window{variants::sliding_window(64), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 64};
