@@ -1,7 +1,7 @@
 // FlashInfer's packed custom mask, read 32 bits at a time: request b's
 // [qo_len, kv_len] booleans, row-major, 8 per byte in little bit order,
 // starting at byte mask_indptr[b] of one buffer. Used by the custom-mask
-// variant (one word per 32 keys of a row, kernel_catalog.cpp) and by the pass
+// variant (one word per 32 keys of a row, device/variants/custom_mask.cuh) and by the pass
 // that trims fully masked KV tiles off the work items (page/mask_trim.cuh).
 #pragma once
 #include "tessera/device/arch/numeric.cuh"

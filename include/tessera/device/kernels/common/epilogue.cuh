@@ -45,7 +45,7 @@ template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 
 __device__ __forceinline__ void prefill_store_rows(const Params& p, const Variant& variant,
                                                    const PrefillState<MT, NT_O>& st, const RowInfo<MT>& rows,
                                                    const PrefillWorkItem& w, int qo_start, int b, int kv_head,
-                                                   int warp_row0, int rank = 0) {
+                                                   int warp_row0, float o_scale, int rank = 0) {
   const int g = (threadIdx.x % 32) / 4, quad = threadIdx.x % 4;
 #pragma unroll
   for (int t = 0; t < MT; ++t)
@@ -55,7 +55,7 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
       const int qo = rows.qo_idx[t][r], head = rows.head[t][r];
       const bool empty = st.d[t][r] == 0.f;
       // Normalization and output scale in one factor (a multiply per row).
-      const float inv = (Variant::use_softmax ? (empty ? 0.f : row_inverse(st.d[t][r])) : 1.f) * p.o_scale;
+      const float inv = (Variant::use_softmax ? (empty ? 0.f : row_inverse(st.d[t][r])) : 1.f) * o_scale;
       const float lse = Variant::use_softmax ? (empty ? neg_inf() : st.m[t][r] + row_log2(st.d[t][r])) : 0.f;
       const int tile_row = warp_row0 + t * 16 + g + 8 * r;
       if (w.partial_slot < 0) {

@@ -298,7 +298,7 @@ struct Sm90Consumer {
         prefill_sum_quads(st);
       }
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
-                                                                warp_row0, half);
+                                                                warp_row0, p.o_scale, half);
       if (w.partial_slot >= 0)
         prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
             p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,
