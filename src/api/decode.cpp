@@ -153,16 +153,6 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
                                             task_.num_kv_heads, opt_.max_sms, "BatchDecode::plan");
     kernel_ = pk.kernel;
     ctas_per_head_ = pk.ctas_per_head;
-    // Three CTAs per SM keep the kernel's loads in flight; a fourth only
-    // helps when the work needs more than one wave of three
-    // (PlannerOptions::saturating_ctas).
-    constexpr int kSaturatingPerSm = 3;
-    if (opt_.planner.saturating_ctas < 0)
-      opt_.planner.saturating_ctas =
-          pk.ctas_per_sm > kSaturatingPerSm
-              ? detail::ctas_per_head(task_.num_kv_heads, cuda::device_info(ws_->device()).sm_count, kSaturatingPerSm,
-                                      opt_.max_sms)
-              : 0;
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
     layout_ = layout_for(spec_, task_, ctas_per_head_);
@@ -257,10 +247,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   pack_params(block, ParamsKind::kDecode, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
   // The grid is the same every step (persistent CTAs): graph-capturable.
-  // Heads interleave along one grid dimension (CTA b: head b % H, queue b / H),
-  // so a plan that leaves the last queues empty leaves the last CTAs idle and
-  // the block scheduler spreads the busy ones over every SM.
-  kernel_->launch(dim3(ctas_per_head_ * task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream,
+  kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream,
                   block.data(), opt.pdl);
   detail::check_launch("BatchDecode::run");
 }

@@ -175,20 +175,32 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   return static_cast<double>(max_cost) / 16.0;
 }
 
-int64_t Planner::choose_chunks(int ctas, double tile_rows, const PlannerOptions& opt, int64_t total, int64_t longest,
-                               double& best) {
+void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
+  int64_t total = 0, longest = 1;
+  for (const Tile& t : tiles_) {
+    total += t.kv_len;
+    longest = std::max<int64_t>(longest, t.kv_len);
+  }
+  // Short steps keep every tile whole (PlannerOptions::unsplit_max_kv), for
+  // near-equal lengths only: unsplit, a step lasts as long as its longest
+  // tile, split about as long as the mean SM's share (batch 16 of 256..1024
+  // keys ran 15% slower unsplit), so the longest may exceed that share by 1/8.
+  const int64_t n_tiles = static_cast<int64_t>(tiles_.size()), sms = std::max(1, opt.unsplit_min_tiles);
+  const bool short_step = opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas &&
+                          longest <= opt.unsplit_max_kv && 8 * longest * sms <= 9 * total;
+  const bool split = opt.split_kv && !short_step;
   // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
   int64_t L = INT32_MAX;
   const int64_t a = std::max(1, opt.chunk_align);
   auto aligned = [a](int64_t x) { return (x + a - 1) / a * a; };
-  L = aligned(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)));
-  best = assign(L, ctas, tile_rows, opt);
+  if (split) L = aligned(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)));
+  double best = assign(L, ctas, tile_rows, opt);
 
   // Refinement (FlashInfer's implementation does likewise): the smallest L
   // whose chunks fit one wave of CTAs, found by binary search. It avoids an
   // extra round of chunks when a batch barely overflows the CTAs, but can lose
   // on skewed batches, so the plan with the lower cost wins (ties: line 3's).
-  {
+  if (split) {
     auto chunks_at = [&](int64_t len) {
       int64_t n = 0;
       for (const Tile& t : tiles_) n += std::max<int64_t>(1, (t.kv_len + len - 1) / len);
@@ -214,7 +226,7 @@ int64_t Planner::choose_chunks(int ctas, double tile_rows, const PlannerOptions&
   // Merge-aware L: the estimate adds the largest split tile's merge (see
   // PlannerOptions::merge_cost); while that is over a tenth of it, double L
   // as long as the estimate drops (ties keep the shorter chunks).
-  if (opt.merge_cost > 0) {
+  if (split && opt.merge_cost > 0) {
     double est = best + merge_estimate(opt);
     while (merge_estimate(opt) > 0.1 * est && L < aligned(longest)) {
       const int64_t next = aligned(std::min<int64_t>(2 * L, longest));
@@ -230,35 +242,6 @@ int64_t Planner::choose_chunks(int ctas, double tile_rows, const PlannerOptions&
       L = next;
     }
   }
-  return L;
-}
-
-void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
-  int64_t total = 0, longest = 1;
-  for (const Tile& t : tiles_) {
-    total += t.kv_len;
-    longest = std::max<int64_t>(longest, t.kv_len);
-  }
-  // Short steps keep every tile whole (PlannerOptions::unsplit_max_kv), for
-  // near-equal lengths only: unsplit, a step lasts as long as its longest
-  // tile, split about as long as the mean SM's share (batch 16 of 256..1024
-  // keys ran 15% slower unsplit), so the longest may exceed that share by 1/8.
-  const int64_t n_tiles = static_cast<int64_t>(tiles_.size()), sms = std::max(1, opt.unsplit_min_tiles);
-  const bool short_step = opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas &&
-                          longest <= opt.unsplit_max_kv && 8 * longest * sms <= 9 * total;
-  const bool split = opt.split_kv && !short_step;
-  double best = 0;
-  int64_t L = INT32_MAX;
-  // Fewer CTAs first (PlannerOptions::saturating_ctas): kept when each of
-  // them gets at most one chunk, i.e. when they cover the step in one wave.
-  const int fewer = opt.saturating_ctas;
-  bool done = false;
-  if (split && fewer > 0 && fewer < ctas) {  // <= 0: off
-    L = choose_chunks(fewer, tile_rows, opt, total, longest, best);
-    done = cur_.chunks.size() <= static_cast<size_t>(fewer);
-  }
-  if (!done) L = split ? choose_chunks(ctas, tile_rows, opt, total, longest, best) : INT32_MAX;
-  if (!split) best = assign(L, ctas, tile_rows, opt);
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
   out.num_slots = cur_.slots;
   out.num_split = cur_.split;

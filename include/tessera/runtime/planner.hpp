@@ -61,15 +61,6 @@ struct PlannerOptions {
   // -1 = the wrapper's choice (1024 for decode on tensor cores, else off).
   int unsplit_max_kv = -1;
   int unsplit_min_tiles = 1;  // set by the wrapper: its CTAs / CTAs per SM
-  // Fewer CTAs when they suffice (not in the paper's model; 0: off). A grid
-  // sized by occupancy can hold more CTAs per SM than a memory-bound kernel
-  // needs to keep its SM's loads in flight. When a plan on saturating_ctas
-  // CTAs covers the step in one wave (at most one chunk each), it is taken and
-  // the other CTAs stay idle: the same bytes per SM in fewer, longer chunks,
-  // so fewer items and merges. Otherwise every CTA shares the work. Set by the
-  // CUDA-core decode wrapper (its kernel fits 4 CTAs per SM, 3 keep it busy)
-  // when left at -1.
-  int saturating_ctas = -1;
 };
 
 // What every plan reports besides its work items.
@@ -127,10 +118,6 @@ class Planner {
   // Chunks the tiles, assigns chunks to CTAs; fills stats and, per chunk in
   // queue order, the chunk and its owning CTA (order_).
   void schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out);
-  // Lines 3-13 on `ctas` CTAs, the refinement and the merge-aware growth:
-  // returns L_kv, leaves the assignment in cur_ and its largest CTA cost in best.
-  int64_t choose_chunks(int ctas, double tile_rows, const PlannerOptions& opt, int64_t total, int64_t longest,
-                        double& best);
   // merge_cost * the largest rows * chunks of a split tile of the current assignment.
   double merge_estimate(const PlannerOptions& opt) const;
   // Drops the keys before first_key (rounded down to chunk_align) from a tile.

@@ -58,14 +58,12 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
   DKV* smem = reinterpret_cast<DKV*>(smem_raw);
   __shared__ int s_is_last;
 
-  // CTA b serves KV head b % H from queue b / H (see BatchDecode::run).
-  const int num_kv_heads = p.num_qo_heads / GROUP;
-  const int h = blockIdx.x % num_kv_heads;
+  const int h = blockIdx.y;
   const int x = threadIdx.x % TX, y = (threadIdx.x / TX) % TY, z = threadIdx.x / (TX * TY);
   const int feat0 = x * VEC;
   const int qo_head0 = h * GROUP + y * HPT;
 
-  WorkQueue<DecodeWorkItem, QueueLoad::kPlain, Params> queue(p, blockIdx.x / num_kv_heads);
+  WorkQueue<DecodeWorkItem, QueueLoad::kPlain, Params> queue(p, blockIdx.x);
   // The plan's workspace is complete; q, K, V and the outputs may still be
   // the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
