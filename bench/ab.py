@@ -29,7 +29,7 @@ Both share the JIT disk cache; its keys hash the kernel sources, so each
 build compiles and loads its own kernels.
 
 Usage: python bench/ab.py --old OLD_DIR --new NEW_DIR [--rounds 5] [--only decode|prefill]
-           [--batches 16,64,128] [--heads 32/8,32/32] [--lengths const:1024,const:4096] [--paths tc,cc]
+           [--batches 16,64,128] [--heads 32/8,32/32] [--lengths const:1024,const:4096] [--paths tc,cc,hint]
            [--seqs 512,1024,2048,4096,8192,16384] [--backends fa3,fa2] [--threshold 0.98]
 Results: bench/results/ab.json (and $OUT/ab.json).
 """
@@ -105,7 +105,8 @@ def serve(pydir):
         torch.manual_seed(c["batch"])
         q = torch.randn(c["batch"], hq, dec.D, dtype=dec.DTYPE, device="cuda")
         out = torch.empty_like(q)
-        st = dec.decode_wrapper(tessera, lens, 16, hq, hkv, seed=c["batch"] + 16, tensor_cores=c["path"] == "tc")
+        st = dec.decode_wrapper(tessera, lens, 16, hq, hkv, seed=c["batch"] + 16, tensor_cores=c["path"] == "tc",
+                                cuda_cores=c["path"] == "cc")
         out.fill_(float("nan"))
         st["w"].run(q, (st["k"], st["v"]), out=out)
         err = dec.spot_check(lens, q, out, st["k"], st["v"], st["indptr"], st["indices"], hq, hkv)
@@ -187,7 +188,8 @@ def main():
     ap.add_argument("--batches", default="16,64,128", help="decode batches")
     ap.add_argument("--heads", default="32/8,32/32", help="decode heads, HQ/HKV,... (GQA and MHA)")
     ap.add_argument("--lengths", default="const:1024,const:4096", help="decode KV lengths (common.kv_lengths)")
-    ap.add_argument("--paths", default="tc,cc", help="decode kernels: tc (tensor cores), cc (CUDA cores)")
+    ap.add_argument("--paths", default="tc,cc,hint", help="decode kernels: tc (use_tensor_cores=True), cc (the "
+                    "CUDA-core kernel, forced where a build picks), hint (use_tensor_cores=False: the build's pick)")
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384", help="prefill sequence lengths")
     ap.add_argument("--backends", default="fa3,fa2", help="prefill kernel templates (fa3 needs sm_90)")
     ap.add_argument("--threshold", type=float, default=0.98, help="lowest acceptable old/new time ratio")

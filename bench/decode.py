@@ -86,13 +86,16 @@ def spot_check(lens, q, out, k, v, indptr, indices, hq, hkv):
 
 
 def decode_wrapper(lib, lens, page_size, hq, hkv, seed, tensor_cores=False, split=True, shuffle=True,
-                   device_ids=False, ws=None):
-    """A planned paged decode wrapper of `lib` (tessera or flashinfer) and its cache."""
+                   device_ids=False, ws=None, cuda_cores=False):
+    """A planned paged decode wrapper of `lib` (tessera or flashinfer) and its cache; cuda_cores forces
+    Tessera's CUDA-core kernel (use_tensor_cores=False alone lets the wrapper pick)."""
     k, v, indptr, indices, last = paged_cache(lens, page_size, hkv, seed=seed, shuffle=shuffle)
     if device_ids:  # the page table stays on the GPU, as serving engines keep it (plan() never reads it)
         indices = indices.cuda()
     ws = common.new_workspace(256 << 20) if ws is None else ws
     w = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
+    if cuda_cores:
+        w._cuda_cores = True  # Tessera-only: the CUDA-core kernel whatever the wrapper would pick
     if not split:
         w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
     w.plan(indptr, indices, last, hq, hkv, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)

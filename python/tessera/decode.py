@@ -151,10 +151,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             use_cuda_graph: fix the workspace bounds (see the class doc).
             use_tensor_cores: run decode on the tensor-core prefill kernel
                 (each request a query of length 1, its group of query heads
-                packed into rows of one query tile), as FlashInfer does. It
-                pays off for grouped-query attention (num_qo_heads /
-                num_kv_heads >= 4), where the default CUDA-core kernel turns
-                compute-bound. Needs q_data_type == kv_data_type.
+                packed into rows of one query tile). Needs q_data_type ==
+                kv_data_type. As in FlashInfer's docs, a hint: with False the
+                wrapper picks the kernel, the tensor cores on sm_90 when the
+                dtypes match (faster there at every measured batch, length
+                and group size), else the CUDA-core kernel.
             paged_kv_indptr_buffer, paged_kv_indices_buffer,
             paged_kv_last_page_len_buffer: optional 1-D tensors whose lengths
                 fix max_batch (indptr length - 1, or last_page_len length) and
@@ -185,10 +186,12 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             self._fixed_pages = _positive_int(len(paged_kv_indices_buffer), "paged_kv_indices_buffer length")
         # Tessera-only knobs (not in FlashInfer's signature): the planner's KV
         # splitting (False = the no-load-balancing ablation), an SM cap and,
-        # with use_tensor_cores, the prefill kernel's query tile (0 = heuristic).
+        # with use_tensor_cores, the prefill kernel's query tile (0 = heuristic);
+        # _cuda_cores runs the CUDA-core kernel whatever the wrapper would pick.
         self._split_kv = True
         self._max_sms = 0
         self._tc_cta_q = 0
+        self._cuda_cores = False
         self._native = None  # the C++ BatchDecode, built by plan()
         self._native_key = None  # what it was built for: dtypes, shape, bounds
         self._pinned = None  # the pinned host staging buffer it borrows
@@ -298,7 +301,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=self._split_kv, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
-                     tc_cta_q=self._tc_cta_q,
+                     tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores,
                      window_left=window, logits_soft_cap=cap, rope=rope)
 
         def size(want, device):

@@ -32,6 +32,17 @@ TaskInfo tensor_core_task(TaskInfo task) {
   return task;
 }
 
+bool cuda_core_tuning(const DecodeOptions& opt) {
+  return opt.cuda_cores || opt.ctas_per_sm != 0 || opt.tile != 0 || opt.stages != 0;
+}
+
+// Whether the wrapper may pick the tensor cores: built-in variants (a user's
+// variant is compiled for the kernel it asked for) with equal q and KV dtypes.
+bool tensor_cores_eligible(const AttentionSpec& spec, const DecodeOptions& opt) {
+  return !opt.use_tensor_cores && !cuda_core_tuning(opt) && spec.q_dtype == spec.kv_dtype &&
+         !spec.variant.headers.empty();
+}
+
 PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOptions& opt) {
   if (spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: use_tensor_cores runs decode on the tensor-core prefill kernel, which "
@@ -80,12 +91,27 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
   check_tc_cta_q(opt);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
+  if (opt.use_tensor_cores && opt.cuda_cores)
+    throw InvalidArgument("cuda_cores: expected false with use_tensor_cores (they ask for different kernels)");
   if (opt.use_tensor_cores)
     return BatchPrefill::workspace_size(spec, tensor_core_task(task), num_sms, tensor_core_options(spec, opt));
+  if (tensor_cores_eligible(spec, opt)) {  // the kernel is picked on the device: room for either
+    DecodeOptions tc = opt, cc = opt;
+    tc.use_tensor_cores = true;
+    cc.cuda_cores = true;
+    const Sizes a = workspace_size(spec, task, num_sms, tc), b = workspace_size(spec, task, num_sms, cc);
+    return {std::max(a.device_bytes, b.device_bytes), std::max(a.host_bytes, b.host_bytes)};
+  }
   const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
   const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms));
   return {l.total, l.staged};
+}
+
+bool BatchDecode::runs_on_tensor_cores(const AttentionSpec& spec, const DecodeOptions& opt, int device) {
+  if (opt.use_tensor_cores) return true;
+  if (!tensor_cores_eligible(spec, opt) || !cuda::gpu_available()) return false;
+  return cuda::device_info(device).major == 9;  // measured on sm_90 only (docs/performance.md)
 }
 
 BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace, DecodeOptions opt)
@@ -95,8 +121,12 @@ BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace
   if (opt_.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0, got " + str(opt_.max_sms));
   if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
   opt_.planner.window_left = spec_.variant.window_left;  // keys left of a declared window are never loaded
-  if (opt.use_tensor_cores) {  // the prefill wrapper owns kernel, schedule and workspace sections
-    tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), workspace, tensor_core_options(spec_, opt));
+  if (opt_.use_tensor_cores && opt_.cuda_cores)
+    throw InvalidArgument("cuda_cores: expected false with use_tensor_cores (they ask for different kernels)");
+  if (runs_on_tensor_cores(spec_, opt_, workspace.device())) {  // the prefill wrapper owns kernel, schedule, sections
+    DecodeOptions tc = opt_;
+    tc.use_tensor_cores = true;
+    tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), workspace, tensor_core_options(spec_, tc));
     return;
   }
   const int group = task_.num_qo_heads / task_.num_kv_heads;

@@ -154,7 +154,26 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   std::vector<int32_t> ip1 = {0, 17}, idx17(17, 0), last1 = {1};
   EXPECT_THROW_MSG(dec.plan(ip1, idx17, last1), InvalidArgument, "max_pages");
   EXPECT_THROW_MSG(dec.plan(BSRMatrix(4, 64, 2, 16, {0, 1, 2}, {0, 1})), InvalidArgument, "Br");
-  EXPECT_EQ(BatchDecode({}, task(), f.ws).tensor_core_prefill(), nullptr);
+  DecodeOptions cc;
+  cc.cuda_cores = true;
+  EXPECT_EQ(BatchDecode({}, task(), f.ws, cc).tensor_core_prefill(), nullptr);
+  DecodeOptions both = tensor_cores();
+  both.cuda_cores = true;
+  EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, both), InvalidArgument, "cuda_cores");
+  EXPECT_THROW_MSG(BatchDecode::workspace_size(spec, t, 132, both), InvalidArgument, "cuda_cores");
+  // Left to the wrapper (use_tensor_cores false, no CUDA-core tuning): room
+  // for either kernel, since it picks one on the device.
+  const auto cc_size = BatchDecode::workspace_size(spec, t, 132, cc);
+  const auto pick = BatchDecode::workspace_size(spec, t, 132);
+  EXPECT_EQ(pick.device_bytes, std::max(cc_size.device_bytes, tc.device_bytes));
+  EXPECT_EQ(pick.host_bytes, std::max(cc_size.host_bytes, tc.host_bytes));
+  EXPECT_TRUE(BatchDecode::runs_on_tensor_cores(spec, tensor_cores(), 0));
+  EXPECT_FALSE(BatchDecode::runs_on_tensor_cores(spec, cc, 0));
+  DecodeOptions tuned;
+  tuned.tile = 32;  // CUDA-core tuning asks for that kernel
+  EXPECT_FALSE(BatchDecode::runs_on_tensor_cores(spec, tuned, 0));
+  const AttentionSpec q_kv_differ{variants::standard(), DType::kFloat16, DType::kBFloat16, DType::kFloat16, 128};
+  EXPECT_FALSE(BatchDecode::runs_on_tensor_cores(q_kv_differ, {}, 0)) << "q_dtype != kv_dtype: CUDA cores only";
 }
 
 // DecodeOptions::tc_cta_q: the tensor-core path's query tile (0: heuristic,

@@ -14,6 +14,12 @@ using namespace tessera::test;
 
 namespace {
 
+DecodeOptions cuda_cores() {
+  DecodeOptions opt;
+  opt.cuda_cores = true;
+  return opt;
+}
+
 class DecodeGpu : public ::testing::TestWithParam<DecodeSweepParam> {};
 
 TEST_P(DecodeGpu, MatchesReferenceAndIsDeterministic) {
@@ -24,6 +30,7 @@ TEST_P(DecodeGpu, MatchesReferenceAndIsDeterministic) {
   for (bool split : {true, false}) {
     SCOPED_TRACE(split ? "split-KV" : "no split");
     DecodeOptions opt;
+    opt.cuda_cores = true;  // this file tests the CUDA-core kernel (test_decode_tc_gpu.cpp: the other)
     opt.planner.split_kv = split;
     Workspace ws = decode_workspace(spec, task, opt);
     BatchDecode dec(spec, task, ws, opt);
@@ -40,7 +47,7 @@ INSTANTIATE_TEST_SUITE_P(All, DecodeGpu,
 
 TEST(DecodeGpuExtra, BsrInputMatchesPaged) {
   SKIP_WITHOUT_GPU();
-  check_bsr_input({DType::kFloat16, 128, 4, 16, KVLayout::kNHD}, {17, 0, 4000, 250}, 8, DecodeOptions(),
+  check_bsr_input({DType::kFloat16, 128, 4, 16, KVLayout::kNHD}, {17, 0, 4000, 250}, 8, cuda_cores(),
                   /*check_lse=*/false);
 }
 
@@ -48,7 +55,7 @@ TEST(DecodeGpuExtra, BsrInputMatchesPaged) {
 // lengths (and batch) change, re-planning between replays.
 TEST(DecodeGpuExtra, CudaGraphReplayAcrossSteps) {
   SKIP_WITHOUT_GPU();
-  check_cuda_graph_replay({DType::kFloat16, 128, 4, 16, KVLayout::kNHD}, DecodeOptions(), /*with_lse=*/false,
+  check_cuda_graph_replay({DType::kFloat16, 128, 4, 16, KVLayout::kNHD}, cuda_cores(), /*with_lse=*/false,
                           /*zero_length_request=*/false);
 }
 
@@ -56,8 +63,8 @@ TEST(DecodeGpuExtra, BadInput) {
   SKIP_WITHOUT_GPU();
   const AttentionSpec spec;
   TaskInfo task{8, 2, 16, KVLayout::kNHD, 4, 64};
-  Workspace ws = decode_workspace(spec, task);
-  BatchDecode dec(spec, task, ws);
+  Workspace ws = decode_workspace(spec, task, cuda_cores());
+  BatchDecode dec(spec, task, ws, cuda_cores());
   std::vector<int32_t> indptr = {0, 1, 3}, indices = {0, 5, 2}, last = {4, 16};
   dec.plan(indptr, indices, last);
   HostTensor q = make_host(DType::kFloat16, {2, 8, 128}), k = make_host(DType::kFloat16, {6, 16, 2, 128});

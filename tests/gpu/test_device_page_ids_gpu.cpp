@@ -30,6 +30,7 @@ DeviceTensor device_ids(const std::vector<int32_t>& ids, int64_t extra = 0) {
 DecodeOptions decode_options(bool tensor_cores) {
   DecodeOptions opt;
   opt.use_tensor_cores = tensor_cores;
+  opt.cuda_cores = !tensor_cores;
   return opt;
 }
 

@@ -126,6 +126,7 @@ TEST_P(PdlDecode, SeesTheAppendBeforeIt) {
   auto [t, p, ref, spec, task] = make_sweep_problem(c, {1, 300, 2000, 64, 4097, 17}, rng);
   DecodeOptions opt;
   opt.use_tensor_cores = tc;
+  opt.cuda_cores = !tc;
   Workspace ws = decode_workspace(spec, task, opt);
   BatchDecode dec(spec, task, ws, opt);
   dec.plan(t.indptr, t.indices, t.last);

@@ -173,6 +173,7 @@ TEST_P(DecodeVariant, MatchesReference) {
   for (bool split : {true, false}) {
     SCOPED_TRACE(split ? "split-KV" : "no split");
     DecodeOptions opt;
+    opt.cuda_cores = true;  // the CUDA-core kernel's variants (the tensor-core path runs the prefill's)
     opt.planner.split_kv = split;
     Workspace ws = decode_workspace(spec, task, opt);
     BatchDecode dec(spec, task, ws, opt);

@@ -30,13 +30,15 @@ LENS = [0, 1, 7, 300, 2900, 33, 129, 1]
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_batch_decode_gpu(torch_cuda, rng, poison, dtype, layout, interleaved, page_size):
+@pytest.mark.parametrize("kernel", ["picked", "cuda_cores"])
+def test_batch_decode_gpu(torch_cuda, rng, poison, dtype, layout, interleaved, page_size, kernel):
     torch = torch_cuda
     tdt = getattr(torch, dtype)
     indptr, indices, last, num_pages = make_table(rng, LENS, page_size)
     cache, k, v = random_cache(torch, rng, layout, num_pages, page_size, tdt, interleaved)
     q = random_q(torch, rng, len(LENS), tdt)
     wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), kv_layout=layout)
+    wrapper._cuda_cores = kernel == "cuda_cores"  # else the wrapper picks (tensor cores on sm_90)
     # FlashInfer users often keep the page table on the GPU: plan copies it.
     wrapper.plan(torch.from_numpy(indptr).cuda(), torch.from_numpy(indices).cuda(), torch.from_numpy(last).cuda(),
                  HQ, HKV, HEAD_DIM, page_size, q_data_type=tdt)
@@ -271,6 +273,7 @@ def test_batch_decode_gpu_tensor_cores(torch_cuda, rng, poison, dtype, layout, p
     assert torch.equal(o2, o) and torch.equal(lse2, lse)  # bitwise deterministic
     # Same attention as the CUDA-core path, to rounding.
     cuda_cores = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
+    cuda_cores._cuda_cores = True
     cuda_cores.plan(indptr, indices, last, hkv * group, hkv, head_dim, page_size, q_data_type=tdt)
     check(o, None, to_np(cuda_cores.run(q, cache)), None, dtype)
 
@@ -282,6 +285,7 @@ def test_batch_decode_gpu_window_and_soft_cap(torch_cuda, rng, poison, tensor_co
     torch = torch_cuda
     indptr, indices, last, cache, k, v, q = random_problem(torch, rng, TC_LENS, "NHD", 16, torch.float16, 2, 4, 128)
     wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", use_tensor_cores=tensor_cores)
+    wrapper._cuda_cores = not tensor_cores
     wrapper.plan(indptr, indices, last, 8, 2, 128, 16, window_left=window_left, logits_soft_cap=logits_soft_cap,
                  q_data_type=torch.float16)
     o, lse = wrapper.run(q, cache, return_lse=True, window_left=window_left)
@@ -290,6 +294,7 @@ def test_batch_decode_gpu_window_and_soft_cap(torch_cuda, rng, poison, tensor_co
                                       window_left=window_left, logits_soft_cap=logits_soft_cap or 0.0)
     check(o, lse, ref_o, ref_lse, "float16")
     plain = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", use_tensor_cores=tensor_cores)
+    plain._cuda_cores = not tensor_cores
     plain.plan(indptr, indices, last, 8, 2, 128, 16, q_data_type=torch.float16)
     assert rel_error(to_np(plain.run(q, cache)), ref_o) > 1e-2  # the options change the result
     with pytest.raises(ValueError, match="window_left"):

@@ -33,6 +33,7 @@ def test_decode_device_ids_same_bits_as_host_ids(torch_cuda, rng, tensor_cores, 
     cache, k, v = random_cache(torch, rng, "NHD", num_pages, page_size, torch.float16, False)
     q = random_q(torch, rng, len(LENS), torch.float16)
     wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_tensor_cores=tensor_cores)
+    wrapper._cuda_cores = not tensor_cores
     plan_decode(wrapper, indptr, indices, last, page_size, torch.float16)
     o_host, lse_host = wrapper.run(q, cache, return_lse=True)
     ref_o, ref_lse = ref_batch_decode(q.cpu().float().numpy(), k.cpu().float().numpy(), v.cpu().float().numpy(),

@@ -38,6 +38,7 @@ def test_enable_pdl_sees_the_append_before_it(torch_cuda, rng, kind):
     if kind.startswith("decode"):
         q = random_q(torch, rng, len(lens), torch.float16)
         w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_tensor_cores=kind == "decode-tc")
+        w._cuda_cores = kind != "decode-tc"
         w.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16)
     else:
         q_len = [1, 7, 30, 2, 5]

@@ -115,6 +115,7 @@ def test_batch_decode_rope_gpu(torch_cuda, rng, poison, use_tensor_cores, dtype,
     cache, k, v = random_cache(torch, rng, layout, table[3], page_size, d, tdt, False)
     q = uniform(torch, rng, (len(lens), hq, d), tdt, -2.0, 2.0)
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, use_tensor_cores=use_tensor_cores)
+    w._cuda_cores = not use_tensor_cores
     w.plan(*(torch.from_numpy(x) for x in table[:3]), hq, HKV, d, page_size, q_data_type=tdt,
            **rope_kwargs(rope_scale, rope_theta))
     o, lse = w.run(q, cache, return_lse=True)

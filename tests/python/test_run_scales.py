@@ -34,6 +34,7 @@ def test_batch_decode_scales(torch_cuda, rng, use_tensor_cores):
     cache, _, _ = random_cache(torch, rng, "NHD", table[3], 16, D, torch.float16, False)
     q = uniform(torch, rng, (len(lens), 4 * HKV, D), torch.float16, -2.0, 2.0)
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_tensor_cores=use_tensor_cores)
+    w._cuda_cores = not use_tensor_cores
 
     def run(sm_scale=None, **scales):
         w.plan(*(torch.from_numpy(x) for x in table[:3]), 4 * HKV, HKV, D, 16, q_data_type=torch.float16,

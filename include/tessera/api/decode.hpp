@@ -13,13 +13,17 @@
 // Workspace bounds (max batch, max pages) come from the task, or else from the
 // first plan(); a later plan beyond them is an error.
 //
-// DecodeOptions::use_tensor_cores (FlashInfer's option of the same name) runs
-// the step on the tensor-core prefill kernel instead, as a prefill whose
-// requests each have one query: head-group fusion packs a request's group of
-// query heads into rows of one query tile, so every K/V tile read feeds the
-// whole group through mma. It pays off for GQA (group >= 4), where the
-// CUDA-core kernel's per-head dot products make decode compute-bound. The
-// contract (bounds, graph capture, errors) is the same on both paths.
+// The step runs on one of two kernels. The tensor-core path decodes as a
+// prefill whose requests each have one query: head-group fusion packs a
+// request's group of query heads into rows of one query tile, so every K/V
+// tile read feeds the whole group through mma. The CUDA-core kernel computes
+// per-head dot products. DecodeOptions::use_tensor_cores is FlashInfer's
+// option of the same name and, as there, a hint: false lets the wrapper pick
+// (the tensor cores on sm_90 for built-in variants with q_dtype == kv_dtype,
+// where they were faster at every measured batch, length and group size; the
+// CUDA cores otherwise), true asks for the tensor cores. cuda_cores, or any
+// CUDA-core tuning option, asks for the CUDA-core kernel. The contract
+// (bounds, graph capture, errors) is the same on both paths.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -44,7 +48,11 @@ struct DecodeOptions {
   int stages = 0;       // pipeline depth (0: heuristic)
   // Run on the tensor-core prefill kernel (see the file comment). Needs
   // q_dtype == kv_dtype; planner and max_sms apply as on the CUDA-core path.
+  // false: the wrapper picks the kernel (see the file comment).
   bool use_tensor_cores = false;
+  // Run on the CUDA-core kernel whatever the wrapper would pick (implied by a
+  // non-zero ctas_per_sm, tile or stages; excludes use_tensor_cores).
+  bool cuda_cores = false;
   // With use_tensor_cores: the prefill kernel's query tile (0: its heuristic;
   // else 16, 32, 64 or 128 fused rows, 64 / 128 run the Hopper kernel on sm_90).
   int tc_cta_q = 0;
@@ -84,7 +92,10 @@ class BatchDecode {
   double last_plan_us() const { return plan_us_; }  // host time of the last plan()
   int ctas_per_head() const { return tc_ ? tc_->ctas_per_group() : ctas_per_head_; }
   const jit::KernelSource& kernel_source() const { return tc_ ? tc_->kernel_source() : source_; }
-  // The prefill wrapper that runs decode with use_tensor_cores, else nullptr.
+  // Whether plan()/run() use the tensor-core path: use_tensor_cores, or the
+  // wrapper's pick for this spec on `device` (see the file comment).
+  static bool runs_on_tensor_cores(const AttentionSpec& spec, const DecodeOptions& opt, int device);
+  // The prefill wrapper that runs decode on tensor cores, else nullptr.
   const BatchPrefill* tensor_core_prefill() const { return tc_.get(); }
 
  private:
