@@ -43,6 +43,14 @@ bool tensor_cores_eligible(const AttentionSpec& spec, const DecodeOptions& opt) 
          !spec.variant.headers.empty();
 }
 
+// The flags agree, and a spec left to the wrapper is one the CUDA-core kernel
+// takes too, so it is refused (e.g. a custom mask) on every device alike.
+void check_kernel_choice(const AttentionSpec& spec, const TaskInfo& task, const DecodeOptions& opt) {
+  if (opt.use_tensor_cores && opt.cuda_cores)
+    throw InvalidArgument("cuda_cores: expected false with use_tensor_cores (they ask for different kernels)");
+  if (!opt.use_tensor_cores) (void)catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
+}
+
 PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOptions& opt) {
   if (spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: use_tensor_cores runs decode on the tensor-core prefill kernel, which "
@@ -89,10 +97,9 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
                                                const DecodeOptions& opt) {
   validate_task(task, spec);
   check_tc_cta_q(opt);
+  check_kernel_choice(spec, task, opt);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
-  if (opt.use_tensor_cores && opt.cuda_cores)
-    throw InvalidArgument("cuda_cores: expected false with use_tensor_cores (they ask for different kernels)");
   if (opt.use_tensor_cores)
     return BatchPrefill::workspace_size(spec, tensor_core_task(task), num_sms, tensor_core_options(spec, opt));
   if (tensor_cores_eligible(spec, opt)) {  // the kernel is picked on the device: room for either
@@ -121,8 +128,7 @@ BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace
   if (opt_.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0, got " + str(opt_.max_sms));
   if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
   opt_.planner.window_left = spec_.variant.window_left;  // keys left of a declared window are never loaded
-  if (opt_.use_tensor_cores && opt_.cuda_cores)
-    throw InvalidArgument("cuda_cores: expected false with use_tensor_cores (they ask for different kernels)");
+  check_kernel_choice(spec_, task_, opt_);
   if (runs_on_tensor_cores(spec_, opt_, workspace.device())) {  // the prefill wrapper owns kernel, schedule, sections
     DecodeOptions tc = opt_;
     tc.use_tensor_cores = true;

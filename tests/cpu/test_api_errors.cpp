@@ -157,6 +157,7 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   DecodeOptions cc;
   cc.cuda_cores = true;
   EXPECT_EQ(BatchDecode({}, task(), f.ws, cc).tensor_core_prefill(), nullptr);
+  t.max_batch = 64;
   DecodeOptions both = tensor_cores();
   both.cuda_cores = true;
   EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, both), InvalidArgument, "cuda_cores");
