@@ -10,65 +10,14 @@
 #include <random>
 #include <tuple>
 
+#include "planner_check.hpp"
 #include "tessera/runtime/planner.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
+using tessera::test::check_decode_plan;
 
 namespace {
-
-void check_plan(const std::vector<int32_t>& lens, int ctas, const PlannerOptions& opt, const DecodePlan& plan) {
-  ASSERT_EQ(plan.work_indptr.size(), static_cast<size_t>(ctas + 1));
-  ASSERT_EQ(plan.work_indptr.front(), 0);
-  ASSERT_EQ(plan.work_indptr.back(), static_cast<int32_t>(plan.items.size()));
-  std::vector<std::vector<std::pair<int, int>>> covered(lens.size());
-  std::vector<int> seen_chunks(lens.size(), 0);
-  std::vector<std::vector<std::pair<int, int>>> slots(lens.size());  // (kv_start, slot - first_slot)
-  double max_cost = 0, max_item = 0, total = 0;
-  for (int c = 0; c < ctas; ++c) {
-    double cost = 0;
-    for (int i = plan.work_indptr[c]; i < plan.work_indptr[c + 1]; ++i) {
-      const DecodeWorkItem& w = plan.items[i];
-      ASSERT_GE(w.request, 0);
-      ASSERT_LT(w.request, static_cast<int>(lens.size()));
-      covered[w.request].push_back({w.kv_start, w.kv_end});
-      ++seen_chunks[w.request];
-      const double item = opt.alpha + opt.beta * (w.kv_end - w.kv_start);
-      cost += item;
-      max_item = std::max(max_item, item);
-      if (w.num_chunks == 1) {
-        EXPECT_EQ(w.partial_slot, -1) << "an unsplit request writes through";
-      } else {
-        EXPECT_GE(w.partial_slot, w.first_slot);
-        EXPECT_LT(w.partial_slot, w.first_slot + w.num_chunks);
-        slots[w.request].push_back({w.kv_start, w.partial_slot - w.first_slot});
-        EXPECT_LT(w.partial_slot, plan.num_slots);
-      }
-    }
-    max_cost = std::max(max_cost, cost);
-    total += cost;
-  }
-  for (auto& v : slots) {  // a split request's chunks take consecutive slots in KV order
-    std::sort(v.begin(), v.end());
-    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i].second, static_cast<int>(i));
-  }
-  for (size_t r = 0; r < lens.size(); ++r) {  // exact cover of [0, len)
-    auto& v = covered[r];
-    std::sort(v.begin(), v.end());
-    ASSERT_FALSE(v.empty()) << "request " << r << " has no work item";
-    int at = 0;
-    for (auto [s, e] : v) {
-      EXPECT_EQ(s, at) << "request " << r;
-      EXPECT_LE(e - s, plan.chunk_size);
-      at = e;
-    }
-    EXPECT_EQ(at, lens[r]) << "request " << r;
-  }
-  // Greedy longest-first assignment: no CTA exceeds the mean by more than one item.
-  EXPECT_LE(max_cost, total / ctas + max_item + 1e-9);
-  EXPECT_LE(plan.num_slots, decode_max_slots(ctas));
-  EXPECT_LE(static_cast<int64_t>(plan.items.size()), decode_max_items(static_cast<int64_t>(lens.size()), ctas));
-}
 
 TEST(Planner, CoversBalancesAndBounds) {
   Planner planner;
@@ -81,7 +30,7 @@ TEST(Planner, CoversBalancesAndBounds) {
     lens[0] = 0;
     PlannerOptions opt;
     planner.plan_decode(lens, ctas, opt, plan);
-    check_plan(lens, ctas, opt, plan);
+    check_decode_plan(lens, ctas, opt, plan);
   }
 }
 
@@ -124,7 +73,7 @@ TEST(Planner, ChunksFitOneWaveAndHaveNoTinyTails) {
   std::vector<int32_t> skew(64, 300);
   skew[7] = 40000;
   planner.plan_decode(skew, 99, {}, plan);
-  check_plan(skew, 99, {}, plan);
+  check_decode_plan(skew, 99, {}, plan);
   EXPECT_GT(plan.num_split_requests, 0);
 }
 
@@ -142,7 +91,7 @@ TEST(Planner, ShortStepsStayWhole) {
   EXPECT_EQ(plan.num_split_requests, 0);
   EXPECT_EQ(plan.num_slots, 0);
   EXPECT_EQ(plan.items.size(), 16u);
-  check_plan(even, 32, opt, plan);
+  check_decode_plan(even, 32, opt, plan);
   // Any of the three conditions missing: the usual split plan.
   std::vector<int32_t> longer(16, 2048);  // a tile over unsplit_max_kv
   planner.plan_decode(longer, 32, opt, plan);
@@ -162,12 +111,12 @@ TEST(Planner, ShortStepsStayWhole) {
   skew[3] = 4000;
   planner.plan_decode(skew, 32, opt, plan);
   EXPECT_GT(plan.num_split_requests, 0);
-  check_plan(skew, 32, opt, plan);
+  check_decode_plan(skew, 32, opt, plan);
   // More tiles than CTAs: no wave of whole tiles to keep.
   std::vector<int32_t> many(40, 512);
   opt.split_kv = true;
   planner.plan_decode(many, 32, opt, plan);
-  check_plan(many, 32, opt, plan);
+  check_decode_plan(many, 32, opt, plan);
   // 0 turns it off.
   opt.unsplit_max_kv = 0;
   planner.plan_decode(even, 32, opt, plan);
@@ -183,7 +132,7 @@ TEST(Planner, NoSplitAblation) {
   planner.plan_decode(lens, 8, opt, plan);
   EXPECT_EQ(plan.items.size(), lens.size());
   EXPECT_EQ(plan.num_slots, 0);
-  check_plan(lens, 8, opt, plan);
+  check_decode_plan(lens, 8, opt, plan);
 }
 
 TEST(Planner, DeterministicAndTimed) {
