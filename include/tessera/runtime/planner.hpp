@@ -27,7 +27,7 @@ struct PlannerOptions {
   bool split_kv = true;  // false: one chunk per tile (the ablation "no load balancing")
   double alpha = 32.0;   // fixed cost of a work item per query row of the tile, in KV-token units
   double beta = 1.0;     // cost per KV token
-  int min_chunk = 64;    // chunks are never cut shorter than this many tokens
+  int min_chunk = 64;    // floor of L_kv (a tile's chunks are near-equal pieces of at most L_kv, each > L_kv / 2 but its last)
   int chunk_align = 16;  // L_kv is rounded up to a multiple of this
   // Cost of merging one row of one chunk's partial state, in KV-token units
   // (not in the paper's model). The last CTA to finish a split tile merges
