@@ -21,12 +21,21 @@ The public functions mirror FlashInfer's Python API names and signatures:
   TaskInfo: any attention variant as CUDA code with extra parameters (the
   paper's Listing 1); tessera.variants holds the built-in variants.
 
+Arguments: every FlashInfer parameter of these functions is accepted, in
+FlashInfer's order and with its defaults. A parameter whose feature Tessera
+does not implement yet runs at its default and raises
+tessera.NotSupportedError (a NotImplementedError and a ValueError, its
+message starting with the argument's name and saying "not supported yet")
+for any other value; it is never ignored. Workspaces may have any dtype (they
+are used as bytes); index arrays may be int32 or int64.
+
 Inputs are torch tensors (CPU or CUDA) or numpy arrays; results come back in
 the same framework, on the same device. torch is optional: with numpy alone
 everything runs on the CPU. tessera.gpu_available() says whether a CUDA
 device can be used, no_gpu_reason() why not.
 """
 
+from ._errors import NotSupportedError
 from ._native import _C
 from .cascade import (MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
                       merge_states_ragged)
@@ -85,6 +94,7 @@ __all__ = [
     "TaskInfo",
     "VariantSpec",
     "variants",
+    "NotSupportedError",
     "gpu_available",
     "no_gpu_reason",
     "compile_builtin",

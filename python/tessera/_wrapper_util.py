@@ -15,23 +15,30 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _tensors as T
+from ._errors import not_supported
 
 LAYOUTS = ("NHD", "HND")
 INT32_MAX = 2**31 - 1
 _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}
 
 
+_POS_ENCODINGS = ("NONE", "ROPE_LLAMA", "ALIBI")
+
+
 def reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, rope_scale, rope_theta):
-    """Raises ValueError for FlashInfer options whose non-default values Tessera cannot honour here
-    (callers that support RoPE check it with pos_encoding_arg and pass "NONE", None, None)."""
+    """Rejects FlashInfer options whose non-default values Tessera cannot honour here: NotSupportedError for a
+    known feature, ValueError for a value FlashInfer does not know either (callers that support RoPE check it
+    with pos_encoding_arg and pass "NONE", None, None)."""
     if pos_encoding_mode != "NONE":
-        raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is supported here")
+        if pos_encoding_mode in _POS_ENCODINGS:
+            raise not_supported("pos_encoding_mode", pos_encoding_mode, "only 'NONE' is implemented here")
+        raise ValueError(f"pos_encoding_mode: expected one of {_POS_ENCODINGS}, got {pos_encoding_mode!r}")
     for name, value in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
         if value is not None:
             raise ValueError(f"{name}={value}: expected None without pos_encoding_mode='ROPE_LLAMA'")
     for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
         if value is not None:
-            raise ValueError(f"{name}: quantization scales are not supported yet")
+            raise not_supported(name, value, "quantization scales are not implemented here")
 
 
 def pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta):
@@ -47,10 +54,11 @@ def pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta):
     if pos_encoding_mode == "NONE":
         reject_unsupported("NONE", None, None, None, rope_scale, rope_theta)
         return False, 1.0, 1e4
+    if pos_encoding_mode == "ALIBI":
+        raise not_supported("pos_encoding_mode", pos_encoding_mode, "ALiBi is not built into these wrappers; it "
+                            "runs as tessera.variants.alibi() through tessera.AttentionWrapper")
     if pos_encoding_mode != "ROPE_LLAMA":
-        hint = ("; ALiBi is tessera.variants.alibi() through tessera.AttentionWrapper"
-                if pos_encoding_mode == "ALIBI" else "")
-        raise ValueError(f"pos_encoding_mode: expected 'NONE' or 'ROPE_LLAMA', got {pos_encoding_mode!r}{hint}")
+        raise ValueError(f"pos_encoding_mode: expected 'NONE' or 'ROPE_LLAMA', got {pos_encoding_mode!r}")
     out = []
     for name, value, default in (("rope_scale", rope_scale, 1.0), ("rope_theta", rope_theta, 1e4)):
         if value is None:
@@ -71,8 +79,8 @@ _FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32
 def check_rope_options(rope, window, cap):
     """ROPE_LLAMA (rope[0]) is not combined with a window or a soft cap yet."""
     if rope[0] and (window != -1 or cap != 0.0):
-        raise ValueError(f"pos_encoding_mode='ROPE_LLAMA' with window_left / logits_soft_cap is not supported yet "
-                         f"(expected -1 / None, got {window} / {cap})")
+        raise not_supported("pos_encoding_mode", "ROPE_LLAMA", f"fused RoPE is not combined with window_left / "
+                            f"logits_soft_cap yet: expected -1 / None with it, got {window} / {cap}")
 
 
 def plan_options(window_left, logits_soft_cap):
@@ -108,9 +116,9 @@ BACKENDS = {"auto": 0, "fa2": 1, "fa3": 2}
 def check_backend(backend, jit_args, allowed=("auto", "fa2")):
     """Selects among Tessera's own kernels ('fa3' = the Hopper template, prefill only); custom JIT variants are not exposed yet."""
     if backend not in allowed:
-        raise ValueError(f"backend={backend!r}: not supported yet (expected one of {', '.join(repr(a) for a in allowed)})")
+        raise not_supported("backend", backend, f"Tessera's kernels are {', '.join(repr(a) for a in allowed)}")
     if jit_args is not None:
-        raise ValueError("jit_args: custom JIT variants are not supported yet")
+        raise not_supported("jit_args", jit_args, "custom variants run through tessera.AttentionWrapper")
 
 
 def dtype_arg(value, name):
@@ -223,8 +231,11 @@ def sm_scale_arg(sm_scale):
 
 
 def _scale_value(name, x, positive):
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        raise not_supported(name, x, "scales are floats here; per-head or device tensors of scales are not "
+                            "implemented")
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name}: expected a float or None, got {type(x).__name__} (tensor scales are not supported)")
+        raise TypeError(f"{name}: expected a float or None, got {type(x).__name__}")
     x = float(x)
     if not math.isfinite(x) or (positive and x <= 0.0):
         raise ValueError(f"{name}: expected a finite float{' > 0' if positive else ''} or None, got {x}")
@@ -264,21 +275,45 @@ def unpack_paged_kv_cache(paged_kv_cache):
     return paged_kv_cache, None
 
 
+def workspace_bytes(buf, name="float_workspace_buffer"):
+    """A workspace of any dtype (FlashInfer users pass uint8, int8, float...) as its flat uint8 view: the
+    same memory, counted in bytes. Needs a contiguous tensor (torch or numpy)."""
+    T.framework(buf, name)
+    if T.is_torch(buf):
+        if not buf.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor")
+        return buf.reshape(-1).view(T._torch().uint8)
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a contiguous array")
+    return buf.reshape(-1).view(np.uint8)
+
+
 def check_workspace_buffer(buf):
-    """float_workspace_buffer must be a contiguous torch uint8 CUDA tensor (checked at plan(), not in the
-    constructor, so option errors surface first on machines without a GPU)."""
-    if not (T.is_cuda(buf) and str(buf.dtype) == "torch.uint8"):
-        raise TypeError(f"float_workspace_buffer: expected a torch uint8 CUDA tensor, got "
+    """float_workspace_buffer as the byte view the C++ objects borrow: a contiguous torch CUDA tensor of any
+    dtype (checked at plan(), not in the constructor, so option errors surface first without a GPU)."""
+    if not T.is_cuda(buf):
+        raise TypeError(f"float_workspace_buffer: expected a torch CUDA tensor (any dtype), got "
                         f"{type(buf).__name__} of {getattr(buf, 'dtype', '?')} on {T.device_of(buf)}")
-    if not buf.is_contiguous():
-        raise ValueError("float_workspace_buffer: expected a contiguous tensor")
+    return workspace_bytes(buf)
 
 
 def check_workspace_buffer_once(owner):
-    """check_workspace_buffer on owner's buffer at its first plan() (the buffer object is fixed at construction)."""
+    """check_workspace_buffer on owner's buffer at its first plan() after construction or
+    reset_workspace_buffer(); from then on owner._float_workspace_buffer is the byte view."""
     if not owner._buffer_checked:
-        check_workspace_buffer(owner._float_workspace_buffer)
+        owner._float_workspace_buffer = check_workspace_buffer(owner._float_workspace_buffer)
         owner._buffer_checked = True
+
+
+def reset_workspace(owner, float_workspace_buffer):
+    """FlashInfer's reset_workspace_buffer(): later plans use the new buffer. The C++ object holds the old
+    one's address, so the next plan() builds a new one (waiting for queued work first, as any re-size
+    does) and run() needs that plan."""
+    T.framework(float_workspace_buffer, "float_workspace_buffer")
+    owner._float_workspace_buffer = float_workspace_buffer
+    owner._buffer_checked = False
+    owner._native_key = None
+    owner._planned = None
 
 
 def init_paged_wrapper(owner, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):

@@ -233,7 +233,7 @@ class AttentionWrapper:
         if kind not in ("auto", "decode", "prefill"):
             raise ValueError(f"kind: expected 'auto', 'decode' or 'prefill', got {kind!r}")
         W.check_backend(backend, None, allowed=("auto", "fa2", "fa3"))
-        W.check_workspace_buffer(float_workspace_buffer)
+        buf = W.check_workspace_buffer(float_workspace_buffer)  # any dtype, as bytes
         self._spec, self._task = spec, task_info
         q, kv, o = spec._dtypes()
         t = task_info
@@ -244,7 +244,6 @@ class AttentionWrapper:
                   W.positive_int(max_total_q, "max_total_q"), W.positive_int(t.max_pages, "max_pages"))
         knobs = dict(kind=kind, backend=W.BACKENDS[backend], use_tensor_cores=bool(use_tensor_cores))
         torch = T._torch()
-        buf = float_workspace_buffer
         device = buf.device.index or 0
         dev_bytes, host_bytes = _C.AttentionWrapper.workspace_size(*config, device=device, **knobs)
         if dev_bytes > buf.numel():
