@@ -13,6 +13,9 @@ GPU (slowly: it is meant for tests and tools).
 
 import functools
 
+import numpy as np
+
+from . import _compat as C
 from . import _tensors as T
 from . import _wrapper_util as W
 from ._native import _C
@@ -144,9 +147,10 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                  backend="auto", jit_args=None):
         """
         Args:
-            float_workspace_buffer: a torch uint8 CUDA tensor (FlashInfer users
-                allocate 128 MB) used as the device workspace. It must stay
-                alive and unused by anything else while the wrapper is in use.
+            float_workspace_buffer: a contiguous CUDA tensor of any dtype
+                (FlashInfer users allocate 128 MB), used as bytes for the
+                device workspace. It must stay alive and unused by anything
+                else while the wrapper is in use.
             kv_layout: "NHD" or "HND".
             use_cuda_graph: fix the workspace bounds (see the class doc).
             use_tensor_cores: run decode on the tensor-core prefill kernel
@@ -203,15 +207,40 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
     def use_tensor_cores(self):
         return self._use_tensor_cores
 
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
+        """Moves the wrapper to a new workspace (any dtype, used as bytes); plan() again before run().
+
+        int_workspace_buffer: accepted for FlashInfer's signature; Tessera keeps
+        the whole schedule in float_workspace_buffer and does not write it.
+        """
+        C.check_int_workspace(int_workspace_buffer, "int_workspace_buffer")
+        W.reset_workspace(self, float_workspace_buffer)
+
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-             pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-             kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True,
-             o_data_type=None):
+             *deprecated_positional_args, **kwargs):
         """Plans one decode step.
 
+        The options after page_size are keyword arguments (those of
+        _plan_impl, documented there). As in FlashInfer, giving them by
+        position still works, in the order of _DECODE_PLAN_LEGACY, with a
+        DeprecationWarning.
+        """
+        if deprecated_positional_args:
+            kwargs = C.merge_legacy_positional("BatchDecodeWithPagedKVCacheWrapper.plan", deprecated_positional_args,
+                                               _DECODE_PLAN_LEGACY, kwargs)
+        self._plan_impl(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kwargs)
+
+    @C.recorded_plan
+    def _plan_impl(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+                   pos_encoding_mode="NONE", window_left=-1, window_right=0, logits_soft_cap=None,
+                   q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
+                   rope_scale=None, rope_theta=None, non_blocking=True, block_tables=None, seq_lens=None,
+                   fixed_split_size=None, disable_split_kv=False, q_len_per_req=1, is_causal=None):
+        """Plans one decode step (FlashInfer's plan() options, keyword-only).
+
         Args:
-            indptr: int [batch + 1] page-table row pointers (torch on any
-                device, numpy or list; copied to the host).
+            indptr: int [batch + 1] page-table row pointers (int32 or int64;
+                torch on any device, numpy or list; copied to the host).
             indices: int [indptr[-1]] page indices (a longer buffer is
                 fine). A CUDA tensor on the workspace's device stays there:
                 plan() copies it on the stream without reading it, as
@@ -225,6 +254,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             page_size: tokens per page.
             window_left: -1 (no window), or the keys (>= 0) each query sees to
                 the left of its own position (its request's last key).
+            window_right: 0 or -1: the query is its request's last position,
+                so no key lies to its right either way. Other values are not
+                supported yet.
             logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
                 (cap * tanh(logit / cap)). A window and a cap may be combined.
             pos_encoding_mode: "NONE", or "ROPE_LLAMA" (Llama RoPE fused into
@@ -237,30 +269,50 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 (deprecated in FlashInfer) fills kv_data_type when it is None.
             sm_scale: softmax scale; None means 1 / sqrt(head_dim).
             non_blocking: accepted; the schedule upload is always asynchronous.
+            seq_lens: None, or each request's KV length; it must equal what
+                indptr / last_page_len give (FlashInfer's backends read
+                either).
+            disable_split_kv: True plans every request's KV as one chunk (no
+                split-KV merge), as FlashInfer does for deterministic CUDA
+                graphs.
+            q_len_per_req: 1 (one query per request); is_causal: None or False.
+            block_tables, fixed_split_size: only their defaults (None) so far.
         """
         # The scalar arguments rarely change between steps: their checks (and
         # the C++ workspace_size probe) run when they do, not every step.
         scalars = (pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
-                   rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
+                   rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size, window_right,
+                   fixed_split_size, q_len_per_req, is_causal, disable_split_kv)
         scalars += tuple(map(type, scalars))  # 1, 1.0 and True compare equal; their checks differ
         if scalars == self._checked_scalars:
             q_dt, kv_dt, o_dt, shape, scale, options, rope = self._checked
         else:
+            _check_decode_only_options(window_right, fixed_split_size, q_len_per_req, is_causal, disable_split_kv)
             q_dt, kv_dt, o_dt, shape, scale, options, rope = self._check_scalars(
                 pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
                 rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
             self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale, options, rope)
+        C.refuse_given("a dense block table is what TensorRT-LLM backends read; Tessera reads indptr / indices",
+                       block_tables=block_tables)
         indptr = _host_ints(indptr, "indptr")
         last_page_len = _host_ints(last_page_len, "last_page_len")
         if indptr.size < 1:
             raise ValueError("indptr: expected batch_size + 1 >= 1 entries, got 0")
         batch = indptr.size - 1
+        if seq_lens is not None:
+            pages = np.diff(indptr.astype(np.int64))
+            if last_page_len.size == pages.size:  # else the C++ plan() names last_page_len
+                C.same_lengths(seq_lens, np.where(pages > 0, (pages - 1) * shape[3] + last_page_len, 0), "seq_lens",
+                               "indptr / last_page_len")
         buf = self._float_workspace_buffer
         # A CUDA tensor of ids stays on the GPU: plan() copies it without
         # reading it, and the kernels check the ids (see W.page_ids).
         indices = W.page_ids(indices, int(indptr[-1]), "indices", buf)
         W.check_workspace_buffer_once(self)
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0],), max(batch, 1), max(len(indices), 1))
+        buf = self._float_workspace_buffer
+        split = self._split_kv and not disable_split_kv
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split), max(batch, 1),
+                            max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
         if isinstance(indices, W.DeviceIds):
             self._native.plan_device(indptr, indices.ptr, indices.count, indices.device, last_page_len,
@@ -298,11 +350,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts."""
         bounds = (W.Bound("max_batch", "indptr", "batch size", self._fixed_batch, "paged_kv_indptr_buffer"),
                   W.Bound("max_pages", "indices", "page count", self._fixed_pages, "paged_kv_indices_buffer"))
-        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope = config
+        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
-        knobs = dict(split_kv=self._split_kv, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
-                     tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores,
-                     window_left=window, logits_soft_cap=cap, rope=rope)
+        knobs = dict(split_kv=split, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
+                     tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores, window_left=window, logits_soft_cap=cap,
+                     rope=rope)
 
         def size(want, device):
             return _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
@@ -313,7 +365,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         W.ensure_native(self, config, (batch, pages), bounds, size, make)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-            return_lse=False, enable_pdl=None, window_left=None):
+            return_lse=False, enable_pdl=None, window_left=None, sinks=None, q_len_per_req=None,
+            skip_softmax_threshold_scale_factor=None, kv_cache_sf=None):
         """Decode attention of the planned step.
 
         Args:
@@ -335,6 +388,10 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 the stream (e.g. the append of this step's K / V) finishes,
                 and waits for it before reading q, K, V or writing outputs.
             window_left: None or the value given to plan().
+            q_len_per_req: None or 1 (FlashInfer moved it to plan()).
+            sinks, skip_softmax_threshold_scale_factor, kv_cache_sf: only
+                None so far (attention sinks, skip-softmax sparsity and NVFP4
+                caches are not implemented).
 
         Returns:
             out, or (out, lse) with return_lse.
@@ -342,7 +399,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if self._planned is None:
             raise ValueError("run: expected plan() to be called first")
         if args:
-            raise ValueError("run: extra positional arguments (custom JIT variants) are not supported yet")
+            raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
+                                  "tessera.AttentionWrapper")
+        _check_run_features(sinks, skip_softmax_threshold_scale_factor, kv_cache_sf)
+        if q_len_per_req is not None and C.int_arg(q_len_per_req, "q_len_per_req") != 1:
+            _refuse_q_len_per_req(q_len_per_req)
         scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
         W.check_run_window(window_left, self._planned["window_left"])
         k, v = _unpack_paged_kv_cache(paged_kv_cache)
@@ -363,5 +424,69 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
+    def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None, v_scale=None,
+                window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None):
+        """FlashInfer's deprecated plan-options-at-run call: these options replace those of the last plan() (here
+        and for later runs; plan() runs again when they differ, since the kernel is chosen at plan()), then run()."""
+        C.replan(self, type(self)._plan_impl, dict(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                                   logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                                                   rope_scale=rope_scale, rope_theta=rope_theta))
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+
+    def forward_return_lse(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None,
+                           v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
+                           rope_theta=None):
+        """forward() returning (out, lse), lse in base 2."""
+        C.replan(self, type(self)._plan_impl, dict(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                                   logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                                                   rope_scale=rope_scale, rope_theta=rope_theta))
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+
     def end_forward(self):
         """Kept for FlashInfer compatibility; nothing to release."""
+
+
+# plan()'s options in FlashInfer's deprecated positional order (after page_size).
+_DECODE_PLAN_LEGACY = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type",
+                       "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
+                       "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
+
+
+def _refuse_q_len_per_req(value):
+    raise C.not_supported("q_len_per_req", value, "decode runs one query per request; several (speculative "
+                          "verification) run as batch prefill with a causal mask")
+
+
+def _check_decode_only_options(window_right, fixed_split_size, q_len_per_req, is_causal, disable_split_kv):
+    """plan()'s options for features decode does not have yet; each accepts its default."""
+    if C.int_arg(window_right, "window_right") not in (0, -1):
+        raise C.not_supported("window_right", window_right, "with one query per request, the last position, no key "
+                              "lies to its right: only 0 or -1 (no bound) mean something here")
+    C.fixed_split_size_arg(fixed_split_size)
+    n = C.int_arg(q_len_per_req, "q_len_per_req")
+    if n < 1:
+        raise ValueError(f"q_len_per_req: expected an int >= 1, got {n}")
+    if n != 1:
+        _refuse_q_len_per_req(q_len_per_req)
+    C.refuse_true("is_causal", is_causal, "a causal mask within a request needs several queries per request")
+    if not isinstance(disable_split_kv, (bool, np.bool_)):
+        raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
+
+
+def _check_run_features(sinks, skip_softmax_threshold_scale_factor, kv_cache_sf):
+    C.refuse_given("attention sinks are not implemented", sinks=sinks)
+    C.refuse_given("skip-softmax sparsity is not implemented",
+                   skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
+    C.refuse_given("NVFP4 KV caches are not implemented", kv_cache_sf=kv_cache_sf)
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer's CUDA-graph decode wrapper: BatchDecodeWithPagedKVCacheWrapper with use_cuda_graph=True and
+    the index buffers that fix its bounds (indptr_buffer: max_batch + 1 entries, indices_buffer: max_pages,
+    last_page_len_buffer: max_batch). plan() is not captured; run() is."""
+
+    def __init__(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer, kv_layout="NHD",
+                 use_tensor_cores=False):
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
+                         paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer)
