@@ -197,7 +197,7 @@ def test_bsr_gpu(torch_cuda, rng, poison, R, C, dtype, head_dim, group, causal):
     k, v = uniform(torch, rng, (N, HKV, head_dim), tdt), uniform(torch, rng, (N, HKV, head_dim), tdt)
     wrapper = tessera.BlockSparseAttentionWrapper(workspace(torch))
     wrapper.plan(torch.from_numpy(indptr), torch.from_numpy(indices), M, N, R, C, hq, HKV, head_dim, causal=causal,
-                 q_data_type=tdt)
+                 q_data_type=tdt, o_data_type=tdt)  # FlashInfer's o_data_type default is float16 whatever q is
     o, lse = wrapper.run(q, k, v, return_lse=True)
     torch.cuda.synchronize()
     assert o.shape == (M, hq, head_dim) and lse.shape == (M, hq)

@@ -1,0 +1,224 @@
+"""What the batch prefill wrappers share (prefill.py's paged and ragged
+wrappers, sparse.py's block-sparse one): option checks, workspace bounds,
+plan bookkeeping, run() outputs and FlashInfer's compatibility methods.
+
+All three run one tensor-core kernel family (the FA2 template of the C++
+BatchPrefill, or the Hopper one): only the addresses of the KV rows differ
+between a paged cache, ragged KV and a block-sparse matrix (paper section
+3.2.1).
+"""
+
+import numpy as np
+
+from . import _compat as C
+from . import _tensors as T
+from . import _wrapper_util as W
+from ._native import _C
+
+
+def reject_prefill_options(mask_names, masks, head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta,
+                           rope_ok=True):
+    """Rejects what these wrappers do not support; returns W.pos_encoding_arg's (rope, scale, theta)
+    (rope_ok=False: only pos_encoding_mode "NONE")."""
+    for name, value in zip(mask_names, masks):
+        if value is not None:
+            raise C.not_supported(name, value, "custom masks are not implemented for this wrapper")
+    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+        raise C.not_supported("head_dim_vo", head_dim_vo, f"a value head dimension different from head_dim_qk "
+                              f"({head_dim_qk}) is not implemented")
+    if rope_ok:
+        return W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
+    W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
+    return False, 1.0, 1e4
+
+
+def indptr_arg(x, name):
+    arr = W.host_ints(x, name)
+    if arr.size < 1:
+        raise ValueError(f"{name}: expected batch_size + 1 >= 1 entries, got 0")
+    return arr
+
+
+class PrefillWrapper(W.PlannedWrapper):
+    """What the three batch wrappers share: options, workspace bounds, plan bookkeeping and run() outputs."""
+
+    def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs=None,
+                 variant_owns_mask=False):
+        W.init_paged_wrapper(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        C.refuse_given("custom variants run through tessera.AttentionWrapper", jit_kwargs=jit_kwargs)
+        C.refuse_true("variant_owns_mask", variant_owns_mask, "custom variants run through tessera.AttentionWrapper")
+        # Tessera-only knobs (not in FlashInfer's signature): the query tile
+        # (0 = chosen by the heuristic at the first plan), an SM cap, the
+        # tile override (cta_kv, warps_q, warps_kv, stages; 0 = heuristic)
+        # and the Hopper kernel's CTA pairs (2 = on; 0 = auto, off).
+        self._cta_q = 0
+        self._max_sms = 0
+        self._tile = (0, 0, 0, 0)
+        self._cluster = 0
+        self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
+        self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
+
+    @property
+    def cta_q(self):
+        """Query rows per CTA tile chosen at the first plan (None before)."""
+        return self._native.cta_q if self._native is not None else None
+
+    @property
+    def grid(self):
+        """(CTAs per head group, CTAs per cluster) of the persistent kernel, fixed at the first plan (None before)."""
+        return (self._native.ctas_per_head, self._native.cluster) if self._native is not None else None
+
+    def _fix_batch(self, buffers):
+        """max_batch from FlashInfer's index buffers: (name, buffer, entries beyond the batch size)."""
+        for name, buf, extra in buffers:
+            if buf is None:
+                continue
+            n = W.positive_int(len(buf) - extra, f"{name} length" + (f" - {extra}" if extra else ""))
+            if self._fixed_batch is not None and n != self._fixed_batch:
+                raise ValueError(f"{name}: expected a length giving batch size {self._fixed_batch} like the other "
+                                 f"index buffers, got {len(buf)} entries")
+            self._fixed_batch = n
+
+    def _config(self, num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale,
+                q_data_type, kv_data_type, o_data_type, window_left=-1, logits_soft_cap=None, masked=False,
+                rope=(False, 1.0, 1e4)):
+        """The C++ configuration tuple (constructor order), the softmax scale and the variant options
+        {window_left, logits_soft_cap, rope}; validates without a GPU (masked: a custom mask is given;
+        rope: W.pos_encoding_arg's result).
+
+        The arguments rarely change between steps: the checks (and the C++
+        probe, which builds the variant) run when they do, as in decode."""
+        args = (num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale, q_data_type,
+                kv_data_type, o_data_type, window_left, logits_soft_cap, masked, rope[0])
+        key = args + tuple(map(type, args))  # 1, 1.0 and True compare equal; their checks differ
+        if key == self._config_key:
+            return self._config_checked
+        window, cap = W.plan_options(window_left, logits_soft_cap)
+        W.check_rope_options(rope, window, cap)
+        if masked and (window != -1 or cap != 0.0 or rope[0]):
+            name, value = (("window_left", window_left) if window != -1 else ("logits_soft_cap", logits_soft_cap)
+                           if cap != 0.0 else ("pos_encoding_mode", "ROPE_LLAMA"))
+            raise C.not_supported(name, value, "custom masks are not combined with a window, a soft cap or fused "
+                                  "RoPE yet")
+        options = dict(window_left=window, logits_soft_cap=cap, rope=rope[0])
+        q_dt = W.dtype_arg(q_data_type, "q_data_type")
+        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
+        o_dt = q_dt if o_data_type is None else W.dtype_arg(o_data_type, "o_data_type")
+        hq = W.positive_int(num_qo_heads, "num_qo_heads")
+        hkv = W.positive_int(num_kv_heads, "num_kv_heads")
+        d = W.positive_int(head_dim, head_dim_name)
+        ps = W.positive_int(page_size, "page_size")
+        scale = W.sm_scale_arg(sm_scale)
+        config = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, layout, bool(causal))
+        # The C++ checks of dtypes, heads, head_dim and options, without touching a GPU.
+        _C.BatchPrefill.workspace_size(*config, 1, 1, 1, num_sms=1, custom_mask=masked, **options)
+        self._config_key, self._config_checked = key, (config, scale, options)
+        return config, scale, options
+
+    def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(False, 1.0, 1e4), **planned):
+        """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
+        plan_fn(native, stream) on torch's current stream."""
+        buf = self._float_workspace_buffer
+        W.check_workspace_buffer_once(self)
+        knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
+                     cluster=self._cluster, custom_mask=mask is not None)
+
+        def size(want, device):
+            return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
+
+        def make(want, ws, ws_bytes, host, host_bytes, device):
+            return _C.BatchPrefill(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
+
+        W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"],
+                                        options["rope"]), counts, bounds, size, make)
+        with T.on_device_of(buf):
+            bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
+            plan_fn(self._native, T.stream_of(buf))
+        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
+                             rope=rope, head_dim=config[3])
+
+    def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None, lse_base="log2",
+                   lse_layout="NH", **features):
+        """run()'s checks; `features` are FlashInfer run() arguments whose feature is not implemented (None: off)."""
+        if self._planned is None:
+            raise ValueError("run: expected plan() to be called first")
+        if args:
+            raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
+                                  "tessera.AttentionWrapper")
+        for name, value in features.items():
+            C.refuse_given(_RUN_FEATURES[name], **{name: value})
+        C.lse_options(lse_base, lse_layout)
+        scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
+        W.check_run_window(window_left, self._planned["window_left"])
+        return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs)
+
+    def _outputs(self, q, out, lse, return_lse):
+        return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
+
+    def _rows(self, x, n):
+        """The first n rows of x in CUDA-graph mode, where tensors are allocated for the largest step and a
+        plan may use fewer rows (the kernel reads the planned lengths from the workspace, so a graph captured
+        with these tensors stays valid); x itself otherwise, so a mismatch is reported by the C++ checks."""
+        if x is not None and self._use_cuda_graph and T.is_torch(x) and x.dim() >= 1 and x.shape[0] > n:
+            return x[:n]
+        return x
+
+    def end_forward(self):
+        """Kept for FlashInfer compatibility; nothing to release."""
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
+        """Moves the wrapper to a new workspace (any dtype, used as bytes); plan() again before run().
+
+        int_workspace_buffer: accepted for FlashInfer's signature; Tessera keeps
+        the whole schedule in float_workspace_buffer and does not write it.
+        """
+        C.check_int_workspace(int_workspace_buffer, "int_workspace_buffer")
+        W.reset_workspace(self, float_workspace_buffer)
+
+    def _replan(self, **options):
+        """FlashInfer's deprecated forward(): its options replace the last plan()'s (see C.replan)."""
+        C.replan(self, type(self).plan, options)
+
+
+# What each FlashInfer run() argument without a Tessera implementation would need.
+_RUN_FEATURES = {
+    "sinks": "attention sinks are not implemented",
+    "kv_cache_sf": "NVFP4 KV caches are not implemented",
+    "skip_softmax_threshold_scale_factor": "skip-softmax sparsity is not implemented",
+    "o_scale": "an output quantization scale is not implemented",
+}
+
+
+def check_run_flags(use_fp16_softmax, uses_spcompress):
+    """TensorRT-LLM kernel selections of FlashInfer's paged run(): off (None / False) only."""
+    C.refuse_true("use_fp16_softmax", use_fp16_softmax, "a float16 softmax accumulator is a TensorRT-LLM kernel "
+                  "variant; Tessera accumulates in float32")
+    C.refuse_true("uses_spcompress", uses_spcompress, "sparse compression is a TensorRT-LLM kernel variant")
+
+
+def check_plan_extras(qo, kv_lengths, derived_from, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                      max_item_len_ptr, seq_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv,
+                      fixed_split_size, disable_split_kv, uniform_q_len):
+    """The paged and ragged plan() arguments FlashInfer added for other backends and features.
+
+    qo: the host qo_indptr; kv_lengths(): each request's KV length as
+    Tessera derives it, from `derived_from` (called only when needed, so the
+    common step pays nothing). Lengths and bounds that agree with them are
+    accepted (they say nothing new); anything that needs a feature raises
+    NotSupportedError.
+    """
+    C.multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
+    C.fixed_split_size_arg(fixed_split_size)
+    C.refuse_true("disable_split_kv", disable_split_kv, "the prefill binding does not expose the planner's "
+                  "split_kv switch yet")
+    C.uniform_q_len_arg(uniform_q_len)
+    if seq_lens is not None or max_sequence_kv is not None:
+        kv = kv_lengths()
+        if seq_lens is not None:
+            C.same_lengths(seq_lens, kv, "seq_lens", derived_from)
+        C.max_length(max_sequence_kv, kv, "max_sequence_kv", "KV length")
+    if seq_lens_q is not None or max_token_per_sequence is not None:
+        q = np.diff(qo.astype(np.int64))
+        if seq_lens_q is not None:
+            C.same_lengths(seq_lens_q, q, "seq_lens_q", "qo_indptr")
+        C.max_length(max_token_per_sequence, q, "max_token_per_sequence", "query length")
