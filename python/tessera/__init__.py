@@ -6,8 +6,8 @@ The public functions mirror FlashInfer's Python API names and signatures:
   merge_states_ragged (flashinfer.cascade): combine partial attention states;
   LSE values are in base 2 throughout. MultiLevelCascadeAttentionWrapper:
   shared prefixes as levels of the paged cache (composable formats).
-* tessera.single_decode_with_kv_cache and
-  BatchDecodeWithPagedKVCacheWrapper (flashinfer.decode).
+* tessera.single_decode_with_kv_cache, BatchDecodeWithPagedKVCacheWrapper
+  and CUDAGraphBatchDecodeWithPagedKVCacheWrapper (flashinfer.decode).
 * tessera.single_prefill_with_kv_cache, BatchPrefillWithPagedKVCacheWrapper,
   BatchPrefillWithRaggedKVCacheWrapper and BlockSparseAttentionWrapper
   (flashinfer.prefill, flashinfer.sparse).
@@ -26,8 +26,9 @@ FlashInfer's order and with its defaults. A parameter whose feature Tessera
 does not implement yet runs at its default and raises
 tessera.NotSupportedError (a NotImplementedError and a ValueError, its
 message starting with the argument's name and saying "not supported yet")
-for any other value; it is never ignored. Workspaces may have any dtype (they
-are used as bytes); index arrays may be int32 or int64.
+for any other value; it is never ignored. Tessera's own options come after
+FlashInfer's, keyword-only. Workspaces may have any dtype (they are used as
+bytes); index arrays may be int32 or int64.
 
 Inputs are torch tensors (CPU or CUDA) or numpy arrays; results come back in
 the same framework, on the same device. torch is optional: with numpy alone
@@ -39,7 +40,8 @@ from ._errors import NotSupportedError
 from ._native import _C
 from .cascade import (MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
                       merge_states_ragged)
-from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+                     single_decode_with_kv_cache)
 from .jit import cache_dir, compile_builtin
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 from .prefill import (
@@ -75,6 +77,7 @@ __all__ = [
     "MultiLevelCascadeAttentionWrapper",
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
     "BatchPrefillWithPagedKVCacheWrapper",

@@ -19,6 +19,7 @@ the CPU) or torch tensors (CPU, or CUDA where the work runs on torch's
 current stream); results have the inputs' framework, device and dtype.
 """
 
+from . import _compat as C
 from . import _tensors as T
 from . import _wrapper_util as W
 from ._native import _C
@@ -145,20 +146,23 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
 
     def __init__(self, num_levels, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf_arr=None, paged_kv_indptr_buf_arr=None, paged_kv_indices_buf_arr=None,
-                 paged_kv_last_page_len_buf_arr=None, backend="auto"):
+                 paged_kv_last_page_len_buf_arr=None, *, backend="auto"):
         """
         Args:
             num_levels: number of levels (>= 1).
-            float_workspace_buffer: torch uint8 CUDA tensor, the device
-                workspace (FlashInfer users allocate 128 MB); kept alive and
-                unused by anything else while the wrapper is in use.
+            float_workspace_buffer: a contiguous CUDA tensor of any dtype, used
+                as bytes for the device workspace (FlashInfer users allocate
+                128 MB); kept alive and unused by anything else while the
+                wrapper is in use.
             kv_layout: "NHD" or "HND".
             use_cuda_graph: fix the workspace bounds at the first plan().
             qo_indptr_buf_arr, paged_kv_indptr_buf_arr, paged_kv_indices_buf_arr,
             paged_kv_last_page_len_buf_arr: optional lists (one per level) of
                 FlashInfer's CUDA-graph index buffers; their lengths fix the
                 bounds (largest group count, largest page count).
-            backend: "auto", "fa2" or "fa3" (the batch-prefill kernel template of every level).
+            backend: Tessera's (keyword-only; FlashInfer's wrapper has none):
+                "auto", "fa2" or "fa3", the batch-prefill kernel template of
+                every level.
         """
         self._num_levels = W.positive_int(num_levels, "num_levels")
         W.init_paged_wrapper(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, None)
@@ -211,8 +215,8 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
         window, cap = W.plan_options(window_left, logits_soft_cap)
         if window != -1:
-            raise ValueError(f"window_left={window_left}: sliding windows are not supported in a cascade "
-                             "(the window spans levels); use -1")
+            raise C.not_supported("window_left", window_left, "a sliding window spans the levels of a cascade; "
+                                  "only -1 is implemented")
         qo = [W.host_ints(x, f"qo_indptr_arr[{i}]")
               for i, x in enumerate(self._per_level(qo_indptr_arr, "qo_indptr_arr"))]
         kv = [W.host_ints(x, f"paged_kv_indptr_arr[{i}]")
@@ -272,8 +276,11 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
 
     begin_forward = plan
 
-    def run(self, q, paged_kv_cache, out=None, lse=None, return_lse=False):
+    def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False):
         """Attention of the planned step over every level.
+
+        FlashInfer's run() takes q and paged_kv_cache and returns out;
+        out, lse and return_lse are Tessera's keyword-only additions.
 
         Args:
             q: [rows, num_qo_heads, head_dim] CUDA tensor of q_data_type
@@ -302,6 +309,15 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         return (out, lse) if return_lse else out
 
     forward = run
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffers):
+        """Moves the wrapper to a new workspace (any dtype, used as bytes); plan() again before run().
+
+        int_workspace_buffers: one tensor per level, accepted for FlashInfer's
+        signature; Tessera keeps the schedules in float_workspace_buffer.
+        """
+        C.check_int_workspace(list(int_workspace_buffers), "int_workspace_buffers")
+        W.reset_workspace(self, float_workspace_buffer)
 
     def end_forward(self):
         """Kept for FlashInfer compatibility; nothing to release."""

@@ -17,8 +17,21 @@ the argument; nothing is written then).
 import numpy as np
 
 from . import _tensors as T
+from . import _wrapper_util as W
 from ._native import _C
 from .decode import _LAYOUTS, _unpack_paged_kv_cache
+
+
+def _int32_indices(x, name):
+    """An index tensor as int32 (FlashInfer casts its index tensors too): any integer dtype is accepted; host
+    values must fit. Anything else is left for the C++ checks, which name the argument."""
+    if isinstance(x, np.ndarray) and x.dtype.kind in "iu" and x.dtype != np.int32:
+        if x.size and (int(x.min()) < -W.INT32_MAX - 1 or int(x.max()) > W.INT32_MAX):
+            raise ValueError(f"{name}: expected values that fit in int32")
+        return x.astype(np.int32)
+    if T.is_torch(x) and str(x.dtype) in ("torch.int64", "torch.int16", "torch.int8", "torch.uint8"):
+        return x.int()
+    return x
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
@@ -27,19 +40,20 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
 
     Args:
         append_key, append_value: [nnz, num_kv_heads, head_dim], the cache's dtype.
-        batch_indices: int32 [nnz], the request of each appended token.
-        positions: int32 [nnz], each token's position within its request.
+        batch_indices: int [nnz], the request of each appended token.
+        positions: int [nnz], each token's position within its request.
         paged_kv_cache: (k_cache, v_cache), each [num_pages, page_size,
             num_kv_heads, head_dim] (NHD) or [num_pages, num_kv_heads,
             page_size, head_dim] (HND), or one interleaved tensor
             [num_pages, 2, ...].
-        kv_indices: int32 page indices of the page table.
-        kv_indptr: int32 [batch + 1] page-table row pointers.
-        kv_last_page_len: int32 [batch] tokens in each request's last page.
+        kv_indices: int page indices of the page table.
+        kv_indptr: int [batch + 1] page-table row pointers.
+        kv_last_page_len: int [batch] tokens in each request's last page.
         kv_layout: "NHD" or "HND".
 
-    All tensors share one framework and device. Token i is written to page
-    kv_indices[kv_indptr[b] + p // page_size], slot p % page_size, with
+    Index tensors may be int32 or int64 (read as int32, as FlashInfer
+    does). All tensors share one framework and device. Token i is written to
+    page kv_indices[kv_indptr[b] + p // page_size], slot p % page_size, with
     b = batch_indices[i], p = positions[i].
     """
     if kv_layout not in _LAYOUTS:
@@ -48,9 +62,12 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     T.common_framework(append_key=append_key, append_value=append_value, batch_indices=batch_indices,
                        positions=positions, paged_kv_cache=k, kv_indices=kv_indices, kv_indptr=kv_indptr,
                        kv_last_page_len=kv_last_page_len)
+    index = [_int32_indices(x, name) for x, name in ((batch_indices, "batch_indices"), (positions, "positions"),
+                                                     (kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"),
+                                                     (kv_last_page_len, "kv_last_page_len"))]
     with T.on_device_of(k):
-        _C.append_paged_kv_cache(T.arg(append_key), T.arg(append_value), T.arg(batch_indices), T.arg(positions),
-                                 T.arg(k), T.arg(v), T.arg(kv_indices), T.arg(kv_indptr), T.arg(kv_last_page_len),
+        _C.append_paged_kv_cache(T.arg(append_key), T.arg(append_value), T.arg(index[0]), T.arg(index[1]),
+                                 T.arg(k), T.arg(v), T.arg(index[2]), T.arg(index[3]), T.arg(index[4]),
                                  kv_layout, T.stream_of(k))
 
 
@@ -62,23 +79,59 @@ def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
     return lens * (pages > 0)
 
 
-def get_batch_indices_positions(append_indptr, seq_lens, nnz):
+def get_batch_indices_positions(append_indptr, seq_lens, nnz, batch_indices=None, positions=None):
     """batch_indices and positions (int32 [nnz]) for append_paged_kv_cache.
 
     Request b appends tokens append_indptr[b] .. append_indptr[b+1]-1, which
     become the last tokens of its seq_lens[b] (the length after the append).
-    Works on numpy arrays and torch tensors (on their device).
+    Entries at or beyond append_indptr[-1] (nnz may be larger, e.g. a CUDA
+    graph's padded size) get batch index -1 and position 0, as in FlashInfer.
+    Works on numpy arrays and torch tensors (on their device, without a
+    host synchronization); indices may be int32 or int64.
+
+    batch_indices, positions: optional int32 [nnz] outputs on
+    append_indptr's device, written in place and returned.
     """
-    counts = append_indptr[1:] - append_indptr[:-1]
-    if T.is_torch(append_indptr):
+    nnz = int(nnz)
+    torch_in = T.is_torch(append_indptr)
+    for name, out in (("batch_indices", batch_indices), ("positions", positions)):
+        if out is not None:
+            _check_output(out, name, nnz, append_indptr, torch_in)
+    if torch_in:
         torch = T._torch()
         dev = append_indptr.device
-        batch = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts.long(), output_size=nnz)
-        starts = (seq_lens.to(dev).long() - counts.long())[batch]
-        offsets = torch.arange(nnz, device=dev) - append_indptr.long()[batch]
-        return batch.int(), (starts + offsets).int()
-    append_indptr = np.asarray(append_indptr, dtype=np.int64)
-    counts = np.asarray(counts, dtype=np.int64)
-    batch = np.repeat(np.arange(len(counts)), counts)
-    positions = (np.asarray(seq_lens, dtype=np.int64) - counts)[batch] + np.arange(nnz) - append_indptr[batch]
-    return batch.astype(np.int32), positions.astype(np.int32)
+        indptr = append_indptr.long()
+        rows = torch.arange(nnz, device=dev)
+        batch = torch.searchsorted(indptr[1:].contiguous(), rows, right=True)
+        valid = batch < indptr.numel() - 1
+        b = batch.clamp(max=max(indptr.numel() - 2, 0))
+        start = seq_lens.to(dev).long() - (indptr[1:] - indptr[:-1])
+        pos = start[b] + rows - indptr[b] if indptr.numel() > 1 else rows
+        batch, pos = torch.where(valid, batch, -1).int(), torch.where(valid, pos, 0).int()
+    else:
+        indptr = np.asarray(append_indptr, dtype=np.int64)
+        rows = np.arange(nnz, dtype=np.int64)
+        batch = np.searchsorted(indptr[1:], rows, side="right")
+        valid = batch < indptr.size - 1
+        b = np.minimum(batch, max(indptr.size - 2, 0))
+        start = np.asarray(seq_lens, dtype=np.int64) - np.diff(indptr)
+        pos = start[b] + rows - indptr[b] if indptr.size > 1 else rows
+        batch, pos = np.where(valid, batch, -1).astype(np.int32), np.where(valid, pos, 0).astype(np.int32)
+    if batch_indices is not None:
+        batch_indices[...] = batch
+        batch = batch_indices
+    if positions is not None:
+        positions[...] = pos
+        pos = positions
+    return batch, pos
+
+
+def _check_output(out, name, nnz, like, torch_in):
+    dtype = str(out.dtype).replace("torch.", "") if T.is_torch(out) else np.dtype(out.dtype).name
+    if T.is_torch(out) != torch_in or (torch_in and out.device != like.device):
+        raise TypeError(f"{name}: expected a tensor on append_indptr's device, got {type(out).__name__} on "
+                        f"{T.device_of(out)}")
+    if dtype != "int32":
+        raise TypeError(f"{name}: expected int32, got {dtype}")
+    if tuple(out.shape) != (nnz,):
+        raise ValueError(f"{name}: expected shape ({nnz},), got {tuple(out.shape)}")
