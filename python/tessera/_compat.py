@@ -37,7 +37,7 @@ import numpy as np
 
 from . import _tensors as T
 from . import _wrapper_util as W
-from ._errors import NotSupportedError, not_supported  # noqa: F401 (NotSupportedError is re-exported)
+from ._errors import not_supported
 
 
 def refuse_given(why, **arguments):

@@ -13,7 +13,7 @@ class NotSupportedError(NotImplementedError, ValueError):
 
 def describe(value):
     """A short text for a value in a message (tensors by shape, not by content)."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
+    if not isinstance(value, type) and hasattr(value, "shape") and hasattr(value, "dtype"):
         return f"a {type(value).__name__} of shape {tuple(value.shape)}"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

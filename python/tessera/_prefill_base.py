@@ -140,14 +140,14 @@ class PrefillWrapper(W.PlannedWrapper):
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None, lse_base="log2",
                    lse_layout="NH", **features):
         """run()'s checks; `features` are FlashInfer run() arguments whose feature is not implemented (None: off)."""
-        if self._planned is None:
-            raise ValueError("run: expected plan() to be called first")
         if args:
             raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
                                   "tessera.AttentionWrapper")
         for name, value in features.items():
             C.refuse_given(_RUN_FEATURES[name], **{name: value})
         C.lse_options(lse_base, lse_layout)
+        if self._planned is None:
+            raise ValueError("run: expected plan() to be called first")
         scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
         W.check_run_window(window_left, self._planned["window_left"])
         return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs)

@@ -11,6 +11,8 @@ at their defaults (see _compat.py).
 
 import functools
 
+import numpy as np
+
 from . import _compat as C
 from . import _masks as M
 from . import _prefill_base as B
@@ -156,7 +158,7 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope, o_dtype
             raise TypeError(f"{name}: expected a CPU tensor like q, got one on {T.device_of(x)}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         T.dtype_name(x, name)
-    if o_dtype is not None and str(o_dtype).replace("torch.", "") != T.dtype_name(q, "q"):
+    if o_dtype is not None and _dtype_name(o_dtype) != T.dtype_name(q, "q"):
         raise C.not_supported("o_dtype", o_dtype, "the CPU path writes o in q's dtype")
     scale, vs = W.run_scales(scale, int(q.shape[2]), None, k_scale, v_scale)
     qo_len, kv_len = int(q.shape[0]), int(k.shape[0])
@@ -167,3 +169,15 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope, o_dtype
     if vs is not None:
         o = o.mul_(vs) if T.is_torch(o) else o * vs
     return o, lse
+
+
+def _dtype_name(value):
+    """A dtype given as a torch dtype, numpy dtype or name, as its name ('float32'); the value itself if none."""
+    if isinstance(value, str):
+        return {"half": "float16", "float": "float32", "bf16": "bfloat16"}.get(value, value)
+    if type(value).__module__ == "torch":
+        return str(value).replace("torch.", "")
+    try:
+        return np.dtype(value).name
+    except TypeError:
+        return value

@@ -396,14 +396,14 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         Returns:
             out, or (out, lse) with return_lse.
         """
-        if self._planned is None:
-            raise ValueError("run: expected plan() to be called first")
         if args:
             raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
                                   "tessera.AttentionWrapper")
         _check_run_features(sinks, skip_softmax_threshold_scale_factor, kv_cache_sf)
         if q_len_per_req is not None and C.int_arg(q_len_per_req, "q_len_per_req") != 1:
             _refuse_q_len_per_req(q_len_per_req)
+        if self._planned is None:
+            raise ValueError("run: expected plan() to be called first")
         scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
         W.check_run_window(window_left, self._planned["window_left"])
         k, v = _unpack_paged_kv_cache(paged_kv_cache)

@@ -222,10 +222,10 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         Returns:
             out, or (out, lse) with return_lse.
         """
+        B.check_run_flags(use_fp16_softmax, uses_spcompress)
         plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, window_left, lse_base, lse_layout,
                                sinks=sinks, kv_cache_sf=kv_cache_sf,
                                skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
-        B.check_run_flags(use_fp16_softmax, uses_spcompress)
         k, v = W.unpack_paged_kv_cache(paged_kv_cache)
         out, lse = self._outputs(q, out, lse, return_lse)
         n = plan["total_q"]
