@@ -86,7 +86,7 @@ def spot_check(lens, q, out, k, v, indptr, indices, hq, hkv):
 
 
 def decode_wrapper(lib, lens, page_size, hq, hkv, seed, tensor_cores=False, split=True, shuffle=True,
-                   device_ids=False, ws=None, cuda_cores=False):
+                   device_ids=False, ws=None, cuda_cores=False, fixed_split_size=None):
     """A planned paged decode wrapper of `lib` (tessera or flashinfer) and its cache; cuda_cores forces
     Tessera's CUDA-core kernel (use_tensor_cores=False alone lets the wrapper pick)."""
     k, v, indptr, indices, last = paged_cache(lens, page_size, hkv, seed=seed, shuffle=shuffle)
@@ -98,7 +98,8 @@ def decode_wrapper(lib, lens, page_size, hq, hkv, seed, tensor_cores=False, spli
         w._cuda_cores = True  # Tessera-only: the CUDA-core kernel whatever the wrapper would pick
     if not split:
         w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
-    w.plan(indptr, indices, last, hq, hkv, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
+    extra = {} if fixed_split_size is None else dict(fixed_split_size=fixed_split_size)
+    w.plan(indptr, indices, last, hq, hkv, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE, **extra)
     return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices, last=last)
 
 

@@ -11,8 +11,11 @@ replayed from a CUDA graph (common.bench_graph_ms), the same for every
 callable, programmatic dependent launch on for both (FlashInfer's sm_90 default); ratios are the median over rounds of FlashInfer's time / ours
 (> 1: Tessera faster), paired by round.
 
+With --fixed PAGES, also Tessera's batch-invariant mode (fixed_split_size =
+PAGES, use_tensor_cores=False) and its cost against the default plan.
+
 Usage: python bench/decode_vs_flashinfer.py [--rounds 5] [--batches 16,64,128]
-           [--heads 32/8,32/32] [--lengths const:1024,const:4096,uniform:512-4096,zipf:2048]
+           [--heads 32/8,32/32] [--lengths const:1024,const:4096,uniform:512-4096,zipf:2048] [--fixed 64]
 Results: bench/results/decode-vs-flashinfer.json
 """
 import argparse
@@ -30,6 +33,7 @@ def main():
     ap.add_argument("--batches", default="16,64,128")
     ap.add_argument("--heads", default="32/8,32/32")
     ap.add_argument("--lengths", default="const:1024,const:4096,uniform:512-4096,zipf:2048")
+    ap.add_argument("--fixed", type=int, default=0, help="fixed_split_size in pages for a batch-invariant row")
     args = ap.parse_args()
     tessera = common.require()
     torch = common.torch
@@ -39,6 +43,8 @@ def main():
     callers = {  # name: (library, use_tensor_cores, force Tessera's CUDA-core kernel)
         "tessera": (tessera, False, False), "tessera-tc": (tessera, True, False),
         "tessera-cc": (tessera, False, True), "fi": (fi, False, False), "fi-tc": (fi, True, False)}
+    if args.fixed:
+        callers["tessera-fixed"] = (tessera, False, False)
     rows = []
     print(f"{'Hq/Hkv':>6} {'lengths':>18} {'B':>4} | " + " ".join(f"{n + ' us':>13}" for n in callers) +
           " | fi/tessera fi-tc/tessera-tc fi/tessera-cc")
@@ -53,7 +59,8 @@ def main():
                 fns, errs, outs, keep = {}, {}, {}, []
                 base = None
                 for name, (lib, tc, cc) in callers.items():
-                    st = dec.decode_wrapper(lib, lens, 16, hq, hkv, seed=b + 16, tensor_cores=tc, cuda_cores=cc)
+                    st = dec.decode_wrapper(lib, lens, 16, hq, hkv, seed=b + 16, tensor_cores=tc, cuda_cores=cc,
+                                            fixed_split_size=args.fixed if name == "tessera-fixed" else None)
                     if base is None:
                         base = st
                         caches = [(st["k"], st["v"])] + [(torch.randn_like(st["k"]), torch.randn_like(st["v"]))
@@ -77,6 +84,8 @@ def main():
                          "fi-tc/tessera-tc": common.paired_ratio(times, "fi-tc", "tessera-tc"),
                          "fi/tessera-cc": common.paired_ratio(times, "fi", "tessera-cc"),
                          "fi-tc/tessera": common.paired_ratio(times, "fi-tc", "tessera")}
+                if args.fixed:  # the batch-invariant mode's cost: > 1 means slower than the default plan
+                    ratio["fixed/default"] = common.paired_ratio(times, "tessera-fixed", "tessera")
                 rows.append(dict(hq=hq, hkv=hkv, lengths=dist, batch=b, us=med, ratios=ratio, check_err=errs,
                                  max_diff_vs_flashinfer=agree, rounds_ms=times))
                 print(f"{hq:>3}/{hkv:<2} {dist:>18} {b:>4} | " + " ".join(f"{med[n]:13.1f}" for n in callers) +

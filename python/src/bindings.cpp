@@ -167,15 +167,17 @@ class PyBatchDecode {
                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
                 int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap,
-                bool rope, int tc_cta_q, bool cuda_cores)
+                bool rope, int tc_cta_q, bool cuda_cores, int fixed_chunk)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, rope),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
-             options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores)),
+             options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk)),
         layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
 
-  static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores, int tc_cta_q, bool cuda_cores) {
+  static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores, int tc_cta_q, bool cuda_cores,
+                               int fixed_chunk) {
     DecodeOptions opt;
+    opt.planner.fixed_chunk = fixed_chunk;
     opt.cuda_cores = cuda_cores;
     opt.planner.split_kv = split_kv;
     opt.max_sms = max_sms;
@@ -190,7 +192,7 @@ class PyBatchDecode {
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
                                                    bool split_kv, int max_sms, bool use_tensor_cores, int window_left,
                                                    double logits_soft_cap, bool rope, int tc_cta_q,
-                                                   bool cuda_cores) {
+                                                   bool cuda_cores, int fixed_chunk) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -199,7 +201,7 @@ class PyBatchDecode {
     const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left,
                                                            logits_soft_cap, rope),
                                                task, num_sms,
-                                               options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores));
+                                               options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -448,22 +450,22 @@ NB_MODULE(_C, m) {
                             "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool,
-                    int, bool>(),
+                    int, bool, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
            "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false, "tc_cta_q"_a = 0,
-           "cuda_cores"_a = false,
+           "cuda_cores"_a = false, "fixed_chunk"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
            "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype); tc_cta_q its query tile "
            "(0 heuristic, 16, 32, 64 or 128). Neither flag: the wrapper picks (DecodeOptions); cuda_cores: "
-           "the CUDA-core kernel.")
+           "the CUDA-core kernel. fixed_chunk > 0: batch-invariant KV chunks of that many keys.")
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
                   "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
-                  "tc_cta_q"_a = 0, "cuda_cores"_a = false,
+                  "tc_cta_q"_a = 0, "cuda_cores"_a = false, "fixed_chunk"_a = 0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_last_page_len"_a, "stream"_a = 0,

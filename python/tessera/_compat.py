@@ -66,11 +66,21 @@ def int_arg(value, name, allow_none=False):
 
 
 def fixed_split_size_arg(fixed_split_size):
-    """FlashInfer's fixed_split_size: None (or -1, what FlashInfer turns None into) is the planner's own split."""
+    """FlashInfer's fixed_split_size in pages: None (or -1, what FlashInfer turns None into) is the planner's own
+    split, returned as 0; else the positive page count."""
     value = int_arg(fixed_split_size, "fixed_split_size", allow_none=True)
-    if value is not None and value != -1:
-        raise not_supported("fixed_split_size", value, "the planner chooses KV chunk sizes itself; a fixed split "
-                            "size for batch-invariant results is a planner feature Tessera does not have")
+    if value is None or value == -1:
+        return 0
+    if value < 1:
+        raise ValueError(f"fixed_split_size: expected None, -1 or a page count >= 1, got {value}")
+    return value
+
+
+def refuse_fixed_split_size(fixed_split_size):
+    """Wrappers whose plans do not take a fixed split size yet: only its defaults."""
+    if fixed_split_size_arg(fixed_split_size):
+        raise not_supported("fixed_split_size", fixed_split_size, "batch-invariant fixed splits are planned for "
+                            "decode (BatchDecodeWithPagedKVCacheWrapper) only so far")
 
 
 def multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr):

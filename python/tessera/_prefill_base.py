@@ -208,7 +208,7 @@ def check_plan_extras(qo, kv_lengths, derived_from, prefix_len_ptr, token_pos_in
     NotSupportedError.
     """
     C.multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
-    C.fixed_split_size_arg(fixed_split_size)
+    C.refuse_fixed_split_size(fixed_split_size)
     C.refuse_true("disable_split_kv", disable_split_kv, "the prefill binding does not expose the planner's "
                   "split_kv switch yet")
     C.uniform_q_len_arg(uniform_q_len)

@@ -275,8 +275,15 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             disable_split_kv: True plans every request's KV as one chunk (no
                 split-KV merge), as FlashInfer does for deterministic CUDA
                 graphs.
+            fixed_split_size: None or -1 (the planner sizes KV chunks per
+                step), or a page count: every request's KV is cut into
+                near-equal chunks of at most that many pages whatever else is
+                in the batch, so a request's output is bitwise the same in
+                any batch (and under CUDA graphs); the chunks are still
+                balanced over the CTAs. About the mean KV length in pages is
+                a good value (the default plan's cost on bench/results/).
             q_len_per_req: 1 (one query per request); is_causal: None or False.
-            block_tables, fixed_split_size: only their defaults (None) so far.
+            block_tables: only its default (None) so far.
         """
         # The scalar arguments rarely change between steps: their checks (and
         # the C++ workspace_size probe) run when they do, not every step.
@@ -311,7 +318,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         W.check_workspace_buffer_once(self)
         buf = self._float_workspace_buffer
         split = self._split_kv and not disable_split_kv
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split), max(batch, 1),
+        # Batch-invariant chunks of fixed_split_size pages (0: the planner's own).
+        fixed = C.fixed_split_size_arg(fixed_split_size) * shape[3]
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split, fixed), max(batch, 1),
                             max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
         if isinstance(indices, W.DeviceIds):
@@ -350,11 +359,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts."""
         bounds = (W.Bound("max_batch", "indptr", "batch size", self._fixed_batch, "paged_kv_indptr_buffer"),
                   W.Bound("max_pages", "indices", "page count", self._fixed_pages, "paged_kv_indices_buffer"))
-        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split = config
+        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split, fixed = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=split, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
                      tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores, window_left=window, logits_soft_cap=cap,
-                     rope=rope)
+                     rope=rope, fixed_chunk=fixed)
 
         def size(want, device):
             return _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)

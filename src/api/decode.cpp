@@ -75,20 +75,26 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOption
 
 }  // namespace
 
-BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head) {
+BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head,
+                                            int fixed_chunk) {
+  // Fixed chunks (PlannerOptions::fixed_chunk) may need more items and
+  // partial states than a plan of its own choosing: the workspace holds both.
+  const int64_t fixed = fixed_chunk_bound(task.max_pages * task.page_size, task.max_batch, fixed_chunk);
+  const int64_t items = std::max(decode_max_items(task.max_batch, ctas_per_head), fixed);
+  const int64_t slots = std::max(decode_max_slots(ctas_per_head), fixed);
   Layout l;
   WorkspaceLayout w;
   // Staged sections (copied from the pinned buffer each plan), then device-only ones.
   l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.last = w.add(sizeof(int32_t) * task.max_batch);
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_head + 1));
-  l.items = w.add(sizeof(DecodeWorkItem) * decode_max_items(task.max_batch, ctas_per_head));
+  l.items = w.add(sizeof(DecodeWorkItem) * items);
   // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
   l.counters = w.add(sizeof(int32_t) * task.max_batch * task.num_kv_heads);
-  l.partial_lse = w.add(sizeof(float) * decode_max_slots(ctas_per_head) * task.num_qo_heads);
-  l.partial_o = w.add(sizeof(float) * decode_max_slots(ctas_per_head) * task.num_qo_heads * spec.head_dim);
+  l.partial_lse = w.add(sizeof(float) * slots * task.num_qo_heads);
+  l.partial_o = w.add(sizeof(float) * slots * task.num_qo_heads * spec.head_dim);
   l.total = w.total();
   return l;
 }
@@ -111,7 +117,8 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
   }
   const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
-  const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms));
+  const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms),
+                              opt.planner.fixed_chunk);
   return {l.total, l.staged};
 }
 
@@ -191,7 +198,7 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
     ctas_per_head_ = pk.ctas_per_head;
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
-    layout_ = layout_for(spec_, task_, ctas_per_head_);
+    layout_ = layout_for(spec_, task_, ctas_per_head_, opt_.planner.fixed_chunk);
     detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
     // Merge counters start at zero; every run leaves them at zero.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,

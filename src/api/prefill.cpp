@@ -39,31 +39,39 @@ void each_candidate(const AttentionSpec& spec, const PrefillOptions& opt, Fn fn)
 // items scale by that), its split tiles' counters and partial states are
 // kept per group.
 BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group,
-                                              int groups, int cta_q) {
+                                              int groups, int cta_q, int fixed_chunk) {
   const int group = task.num_qo_heads / task.num_kv_heads;
   const int64_t heads_per_group = task.num_kv_heads / groups;
   const int64_t tiles = prefill_max_tiles(task.max_total_q * heads_per_group, task.max_batch * heads_per_group, group, cta_q);
+  // Fixed chunks (PlannerOptions::fixed_chunk): room for the chunks of one
+  // query tile per request over every key; plan() checks a batch whose
+  // requests have several query tiles against it.
+  const int64_t fixed = fixed_chunk_bound(task.max_pages * task.page_size * heads_per_group, tiles, fixed_chunk);
+  const int64_t max_items = std::max(prefill_max_items(tiles, ctas_per_group), fixed);
   Layout l;
+  l.max_items = max_items;
   WorkspaceLayout w;
   l.qo_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.last = w.add(sizeof(int32_t) * task.max_batch);
   if (spec.variant == variants::custom_mask()) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_group + 1));
-  l.items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_group));
+  l.items = w.add(sizeof(PrefillWorkItem) * max_items);
   l.first_items = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
   // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
   if (spec.variant == variants::custom_mask()) {  // written on the GPU by each run
-    l.trimmed_items = w.add(sizeof(PrefillWorkItem) * prefill_max_items(tiles, ctas_per_group));
+    l.trimmed_items = w.add(sizeof(PrefillWorkItem) * max_items);
     l.trimmed_first = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
   }
   // Split-KV scratch, relative to its own base: the workspace's tail, or a
   // region shared with other BatchPrefills (use_shared_scratch).
   WorkspaceLayout s;
-  l.counters = s.add(sizeof(int32_t) * max_split_tiles(ctas_per_group) * groups);
-  const int64_t rows = max_split_slots(ctas_per_group) * groups * cta_q;
+  l.max_split_tiles = std::max(max_split_tiles(ctas_per_group), std::min(fixed, tiles));
+  l.max_slot_rows = std::max(max_split_slots(ctas_per_group) * cta_q, fixed * cta_q);
+  l.counters = s.add(sizeof(int32_t) * l.max_split_tiles * groups);
+  const int64_t rows = l.max_slot_rows * groups;
   l.partial_lse = s.add(sizeof(float) * rows);
   l.partial_o = s.add(sizeof(float) * rows * spec.head_dim);
   l.scratch_bytes = s.total();
@@ -101,7 +109,7 @@ std::pair<BatchPrefill::Sizes, BatchPrefill::Sizes> BatchPrefill::sizes(const At
   size_t scratch = 0;
   each_candidate(spec, opt, [&](const PrefillConfig& c) {  // whichever the first plan picks
     const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
-    const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, c.cta_q);
+    const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, c.cta_q, opt.planner.fixed_chunk);
     shared.device_bytes = std::max(shared.device_bytes, l.scratch);
     shared.host_bytes = whole.host_bytes = std::max(whole.host_bytes, l.staged);
     scratch = std::max(scratch, l.scratch_bytes);
@@ -314,7 +322,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(kv_indices.count, 1);
-    layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q);
+    layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q, opt_.planner.fixed_chunk);
     detail::check_workspace_size(*ws_, shared_scratch_ ? layout_.scratch : layout_.total, layout_.staged);
     if (shared_scratch_ && shared_scratch_bytes_ < layout_.scratch_bytes)
       throw InvalidArgument("scratch: expected at least " + str(layout_.scratch_bytes) + " bytes of shared scratch, got " +
@@ -361,6 +369,11 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
                           popt, plan_);
   }
 
+  if (popt.fixed_chunk > 0 &&
+      (plan_.num_split > layout_.max_split_tiles || int64_t{plan_.num_slots} * plan_cta_q > layout_.max_slot_rows ||
+       static_cast<int64_t>(plan_.items.size()) > layout_.max_items))
+    throw InvalidArgument("fixed_chunk: " + str(plan_.items.size()) + " chunks of at most " + str(plan_.chunk_size) +
+                          " keys exceed the workspace sized for it; expected a larger fixed_chunk");
   // Each item carries its request's bounds (the kernels then need no
   // dependent loads of the indptr arrays before their first copies).
   for (PrefillWorkItem& item : plan_.items) {

@@ -188,12 +188,15 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   const int64_t n_tiles = static_cast<int64_t>(tiles_.size()), sms = std::max(1, opt.unsplit_min_tiles);
   const bool short_step = opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas &&
                           longest <= opt.unsplit_max_kv && 8 * longest * sms <= 9 * total;
-  const bool split = opt.split_kv && !short_step;
+  if (opt.fixed_chunk < 0) throw InvalidArgument("fixed_chunk: expected >= 0, got " + std::to_string(opt.fixed_chunk));
+  const bool fixed = opt.split_kv && opt.fixed_chunk > 0;
+  const bool split = opt.split_kv && !short_step && !fixed;
   // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
   int64_t L = INT32_MAX;
   const int64_t a = std::max(1, opt.chunk_align);
   auto aligned = [a](int64_t x) { return (x + a - 1) / a * a; };
   if (split) L = aligned(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)));
+  if (fixed) L = aligned(opt.fixed_chunk);
   double best = assign(L, ctas, tile_rows, opt);
 
   // Refinement (FlashInfer's implementation does likewise): the smallest L

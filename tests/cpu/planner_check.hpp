@@ -247,10 +247,16 @@ inline void check_plan(const std::vector<PlanTile>& tiles, int32_t requests, int
     for (size_t c = 0; c < counter_uses.size(); ++c) ASSERT_EQ(counter_uses[c], 1) << "merge counter " << c;
   }
 
-  // Workspace bounds (paper Appendix D.3).
-  EXPECT_LE(stats.num_slots, bounds.slots) << "partial slots over the workspace bound";
-  EXPECT_LE(stats.num_split, bounds.split_tiles) << "split tiles (merge counters) over the workspace bound";
-  EXPECT_LE(static_cast<int64_t>(items.size()), bounds.items) << "work items over the workspace bound";
+  // Workspace bounds (paper Appendix D.3; fixed chunks: fixed_chunk_bound).
+  int64_t keys = 0;
+  for (const PlanTile& t : tiles) keys += t.end - t.begin;
+  const bool fixed = opt.split_kv && opt.fixed_chunk > 0;
+  const int64_t fixed_bound = fixed_chunk_bound(keys, static_cast<int64_t>(tiles.size()), opt.fixed_chunk);
+  EXPECT_LE(stats.num_slots, std::max(bounds.slots, fixed_bound)) << "partial slots over the workspace bound";
+  EXPECT_LE(stats.num_split, fixed ? static_cast<int64_t>(tiles.size()) : bounds.split_tiles)
+      << "split tiles (merge counters) over the workspace bound";
+  EXPECT_LE(static_cast<int64_t>(items.size()), std::max(bounds.items, fixed_bound))
+      << "work items over the workspace bound";
 
   // Short steps (PlannerOptions::unsplit_max_kv) and the ablation stay whole;
   // otherwise L is at least line 3's total / ctas and a multiple of chunk_align.
@@ -263,7 +269,9 @@ inline void check_plan(const std::vector<PlanTile>& tiles, int32_t requests, int
   const bool short_step = opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas &&
                           longest <= opt.unsplit_max_kv && 8 * longest * sms <= 9 * total;
   const int64_t L3 = align_up(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)), align);
-  if (!opt.split_kv || short_step) {
+  if (fixed) {
+    EXPECT_EQ(stats.chunk_size, align_up(opt.fixed_chunk, align)) << "fixed chunks: L is fixed_chunk, aligned";
+  } else if (!opt.split_kv || short_step) {
     EXPECT_EQ(stats.num_split, 0) << (short_step ? "a short step is split" : "split_kv off, yet split");
     EXPECT_EQ(stats.chunk_size, INT32_MAX);
   } else {
@@ -299,7 +307,7 @@ inline void check_plan(const std::vector<PlanTile>& tiles, int32_t requests, int
 
   // The refinement keeps line 3's plan unless it is cheaper; without merge
   // costs the later growth of L never runs, so no plan is worse than line 3's.
-  if (opt.split_kv && !short_step && opt.merge_cost <= 0) {
+  if (opt.split_kv && !short_step && !fixed && opt.merge_cost <= 0) {
     std::vector<PlanItem> line3;
     for (const PlanTile& t : tiles)
       for (auto [s, e] : chunks_of(t, L3, align)) line3.push_back({t.request, t.q_tile, s, e, -1, -1, 1, -1});

@@ -135,6 +135,40 @@ TEST(Planner, NoSplitAblation) {
   check_decode_plan(lens, 8, opt, plan);
 }
 
+// PlannerOptions::fixed_chunk: a request's chunks (their bounds and merge
+// slots relative to its first) are the same in any batch, at any position.
+TEST(Planner, FixedChunksAreBatchInvariant) {
+  PlannerOptions opt;
+  opt.fixed_chunk = 1000;  // rounded up to chunk_align (16): 1008
+  auto chunks_of = [&](std::vector<int32_t> lens, int32_t request, int ctas) {
+    Planner planner;
+    DecodePlan plan;
+    planner.plan_decode(lens, ctas, opt, plan);
+    check_decode_plan(lens, ctas, opt, plan);
+    std::vector<std::tuple<int, int, int, int>> mine;
+    for (const DecodeWorkItem& w : plan.items)
+      if (w.request == request)
+        mine.emplace_back(w.kv_start, w.kv_end, w.num_chunks, w.partial_slot < 0 ? -1 : w.partial_slot - w.first_slot);
+    std::sort(mine.begin(), mine.end());
+    return mine;
+  };
+  const auto alone = chunks_of({3001}, 0, 64);
+  ASSERT_EQ(alone.size(), 3u);  // 3001 keys in near-equal pieces of at most 1008
+  EXPECT_EQ(std::get<1>(alone[0]) - std::get<0>(alone[0]), 1008);
+  EXPECT_EQ(chunks_of({50, 3001, 7000}, 1, 64), alone);
+  EXPECT_EQ(chunks_of(std::vector<int32_t>(300, 2000), 0, 64).size(), 2u);
+  std::vector<int32_t> crowd(200, 5000);
+  crowd[137] = 3001;
+  EXPECT_EQ(chunks_of(crowd, 137, 17), alone);
+  // Short requests stay whole, even where the planner would split them.
+  std::vector<int32_t> few = {900, 900};
+  EXPECT_EQ(chunks_of(few, 1, 132).size(), 1u);
+  opt.fixed_chunk = -1;
+  Planner planner;
+  DecodePlan plan;
+  EXPECT_THROW_MSG(planner.plan_decode(few, 8, opt, plan), InvalidArgument, "fixed_chunk");
+}
+
 TEST(Planner, DeterministicAndTimed) {
   std::mt19937_64 rng(9);
   std::vector<int32_t> lens(256);

@@ -126,6 +126,7 @@ PlannerOptions draw_options(Rng& rng, int ctas) {
   o.serpentine = rng.chance(0.25);
   o.unsplit_max_kv = static_cast<int>(rng.pick<int64_t>({-1, 0, 1024, rng.uniform(1, 8192)}));
   o.unsplit_min_tiles = static_cast<int>(rng.pick<int64_t>({1, rng.uniform(1, ctas), std::max(1, ctas / 4)}));
+  if (rng.chance(0.1)) o.fixed_chunk = static_cast<int>(rng.pick<int64_t>({1024, rng.uniform(512, 8192)}));
   return o;
 }
 
@@ -145,7 +146,7 @@ std::string options(const PlannerOptions& o) {
     << "; opt.min_chunk = " << o.min_chunk << "; opt.chunk_align = " << o.chunk_align
     << "; opt.merge_cost = " << o.merge_cost << "; opt.window_left = " << o.window_left
     << "; opt.serpentine = " << o.serpentine << "; opt.unsplit_max_kv = " << o.unsplit_max_kv
-    << "; opt.unsplit_min_tiles = " << o.unsplit_min_tiles << ";";
+    << "; opt.unsplit_min_tiles = " << o.unsplit_min_tiles << "; opt.fixed_chunk = " << o.fixed_chunk << ";";
   return s.str();
 }
 

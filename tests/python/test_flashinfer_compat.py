@@ -164,7 +164,6 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("jit_kwargs", lambda: paged_w(jit_kwargs={"x": 1})),
     ("variant_owns_mask", lambda: ragged_w(variant_owns_mask=True)),
     ("window_right", lambda: decode_w().plan(**DECODE, window_right=4)),
-    ("fixed_split_size", lambda: decode_w().plan(**DECODE, fixed_split_size=8)),
     ("q_len_per_req", lambda: decode_w().plan(**DECODE, q_len_per_req=4)),
     ("is_causal", lambda: decode_w().plan(**DECODE, is_causal=True)),
     ("block_tables", lambda: decode_w().plan(**DECODE, block_tables=np.zeros((2, 2), np.int32))),
@@ -265,7 +264,9 @@ def test_decode_plan_options_by_position_follow_flashinfer_order():
     with pytest.warns(DeprecationWarning, match="by position is deprecated"):
         with pytest.raises(ValueError, match="^sm_scale"):  # the 8th option is sm_scale
             decode_w().plan(*positional, "NONE", -1, None, "float16", None, None, None, -1.0)
-    with pytest.warns(DeprecationWarning), pytest.raises(tessera.NotSupportedError, match="^fixed_split_size="):
+    # The 14th option is fixed_split_size (pages): accepted, so the CPU
+    # workspace is what stops this plan.
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="^float_workspace_buffer"):
         decode_w().plan(*positional, "NONE", -1, None, "float16", None, None, None, None, None, None, True, None,
                         None, 8)
     with warnings.catch_warnings():
@@ -469,3 +470,16 @@ def test_gpu_batch_indices_positions_outputs(torch_cuda):
     got = tessera.get_batch_indices_positions(append_indptr, seq_lens, 7, batch, positions)
     assert got[0] is batch and got[1] is positions
     assert batch.tolist() == [0, 0, 2, 2, 2, -1, -1] and positions.tolist() == [8, 9, 0, 1, 2, 0, 0]
+
+
+def test_decode_fixed_split_size_values():
+    """fixed_split_size: None / -1 (the planner's own chunks) or a page count >= 1; bools and 0 are refused."""
+    for ok in (None, -1, 1, 8):  # accepted: the CPU workspace is what stops these plans
+        with pytest.raises(TypeError, match="^float_workspace_buffer"):
+            decode_w().plan(**DECODE, fixed_split_size=ok)
+    with pytest.raises(ValueError, match="^fixed_split_size"):
+        decode_w().plan(**DECODE, fixed_split_size=0)
+    with pytest.raises(TypeError, match="^fixed_split_size"):
+        decode_w().plan(**DECODE, fixed_split_size=True)
+    with pytest.raises(tessera.NotSupportedError, match="^fixed_split_size="):
+        paged_w().plan(**PAGED, fixed_split_size=16)

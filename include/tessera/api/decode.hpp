@@ -103,7 +103,7 @@ class BatchDecode {
     size_t kv_indptr = 0, indices = 0, last = 0, work_indptr = 0, items = 0, staged = 0;
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
   };
-  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head);
+  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int fixed_chunk);
   void plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv_indices, const TensorView* device_indices,
                 std::span<const int32_t> kv_last_page_len, cudaStream_t stream);
   void plan_tensor_cores(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,

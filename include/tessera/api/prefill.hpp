@@ -162,11 +162,13 @@ class BatchPrefill {
     size_t trimmed_items = 0, trimmed_first = 0;  // custom masks: the items trim_masked_items() narrowed
     size_t counters = 0, partial_lse = 0, partial_o = 0;  // relative to the scratch base
     size_t scratch = 0, scratch_bytes = 0, total = 0;      // the scratch's offset in the workspace, its size
+    int64_t max_items = 0, max_split_tiles = 0, max_slot_rows = 0;  // what the sections hold (per head group)
   };
   static std::pair<Sizes, Sizes> sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                        const PrefillOptions& opt);
   char* scratch_base() const;
-  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q);
+  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q,
+                           int fixed_chunk);
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);

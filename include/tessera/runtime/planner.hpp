@@ -61,6 +61,15 @@ struct PlannerOptions {
   // -1 = the wrapper's choice (1024 for decode on tensor cores, else off).
   int unsplit_max_kv = -1;
   int unsplit_min_tiles = 1;  // set by the wrapper: its CTAs / CTAs per SM
+  // Batch-invariant chunks (FlashInfer's fixed_split_size; 0: off). > 0:
+  // every tile is cut into near-equal chunks of at most fixed_chunk keys
+  // (rounded up to chunk_align) whatever else is in the batch, and none of
+  // the batch-dependent rules applies (line 3's L, the refinement, short
+  // steps, merge-aware growth). A tile's chunks, their merge order and so its
+  // output are then bitwise the same in any batch; the greedy assignment
+  // still balances the CTAs. The workspace holds the extra partial states
+  // (fixed_chunk_bound).
+  int fixed_chunk = 0;
 };
 
 // What every plan reports besides its work items.
@@ -94,6 +103,11 @@ inline int64_t prefill_max_tiles(int64_t max_total_q, int64_t max_batch, int gro
   return (max_total_q * group + cta_q - 1) / cta_q + max_batch;
 }
 inline int64_t prefill_max_items(int64_t max_tiles, int64_t ctas) { return max_tiles + 2 * ctas; }
+// With PlannerOptions::fixed_chunk = L (aligned), tiles holding total_keys
+// keys make at most total_keys / L + tiles chunks (each tile one partial piece).
+inline int64_t fixed_chunk_bound(int64_t total_keys, int64_t tiles, int64_t L) {
+  return L > 0 ? (total_keys + L - 1) / L + tiles : 0;
+}
 
 class Planner {
  public:
