@@ -398,8 +398,13 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 and waits for it before reading q, K, V or writing outputs.
             window_left: None or the value given to plan().
             q_len_per_req: None or 1 (FlashInfer moved it to plan()).
-            sinks, skip_softmax_threshold_scale_factor, kv_cache_sf: only
-                None so far (attention sinks, skip-softmax sparsity and NVFP4
+            sinks: None, or float32 [num_qo_heads] CUDA attention-sink logits
+                (gpt-oss): a virtual key per head with that logit (natural
+                units, not scaled by sm_scale) and a zero value joins each
+                row's softmax; applied to the kernel's (out, lse) as a merge
+                with that state.
+            skip_softmax_threshold_scale_factor, kv_cache_sf: only
+                None so far (skip-softmax sparsity and NVFP4
                 caches are not implemented).
 
         Returns:
@@ -408,7 +413,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if args:
             raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
                                   "tessera.AttentionWrapper")
-        _check_run_features(sinks, skip_softmax_threshold_scale_factor, kv_cache_sf)
+        _check_run_features(skip_softmax_threshold_scale_factor, kv_cache_sf)
         if q_len_per_req is not None and C.int_arg(q_len_per_req, "q_len_per_req") != 1:
             _refuse_q_len_per_req(q_len_per_req)
         if self._planned is None:
@@ -421,14 +426,17 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         plan = self._planned
         if len(q.shape) != 3:
             raise ValueError(f"q: expected a 3-D tensor [batch_size, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
+        sinks = W.check_sinks(sinks, q, plan["num_qo_heads"])
         if out is None:
             out = T.empty(q, q.shape, plan["o_dtype"])
-        if lse is None and return_lse:
+        if lse is None and (return_lse or sinks is not None):
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
             self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
                              pdl=bool(enable_pdl), rope_scale=plan["rope"][1], rope_theta=plan["rope"][2],
                              v_scale=1.0 if vs is None else vs)
+            if sinks is not None:
+                W.apply_sinks(out, lse, sinks)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -482,8 +490,7 @@ def _check_decode_only_options(window_right, fixed_split_size, q_len_per_req, is
         raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
 
 
-def _check_run_features(sinks, skip_softmax_threshold_scale_factor, kv_cache_sf):
-    C.refuse_given("attention sinks are not implemented", sinks=sinks)
+def _check_run_features(skip_softmax_threshold_scale_factor, kv_cache_sf):
     C.refuse_given("skip-softmax sparsity is not implemented",
                    skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
     C.refuse_given("NVFP4 KV caches are not implemented", kv_cache_sf=kv_cache_sf)
