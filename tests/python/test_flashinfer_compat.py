@@ -164,12 +164,11 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("jit_kwargs", lambda: paged_w(jit_kwargs={"x": 1})),
     ("variant_owns_mask", lambda: ragged_w(variant_owns_mask=True)),
     ("window_right", lambda: decode_w().plan(**DECODE, window_right=4)),
-    ("q_len_per_req", lambda: decode_w().plan(**DECODE, q_len_per_req=4)),
-    ("is_causal", lambda: decode_w().plan(**DECODE, is_causal=True)),
+    ("fixed_split_size", lambda: decode_w().plan(**DECODE, q_len_per_req=2, fixed_split_size=8)),
+    ("disable_split_kv", lambda: decode_w().plan(**DECODE, q_len_per_req=2, disable_split_kv=True)),
     ("block_tables", lambda: decode_w().plan(**DECODE, block_tables=np.zeros((2, 2), np.int32))),
     ("seq_lens", lambda: decode_w().plan(**DECODE, seq_lens=np.array([5, 31]))),
     ("pos_encoding_mode", lambda: decode_w().plan(**DECODE, pos_encoding_mode="ALIBI")),
-    ("q_len_per_req", lambda: decode_w().run(_Q, (_K, _K), q_len_per_req=2)),
     ("skip_softmax_threshold_scale_factor", lambda: decode_w().run(_Q, (_K, _K),
                                                                    skip_softmax_threshold_scale_factor=0.5)),
     ("kv_cache_sf", lambda: decode_w().run(_Q, (_K, _K), kv_cache_sf=(_T, _T))),
@@ -239,6 +238,7 @@ def test_values_that_say_nothing_new_are_accepted(call):
 
 @pytest.mark.parametrize("error, name, call", [
     (ValueError, "q_len_per_req", lambda: decode_w().plan(**DECODE, q_len_per_req=0)),
+    (TypeError, "is_causal", lambda: decode_w().plan(**DECODE, q_len_per_req=2, is_causal="yes")),
     (TypeError, "window_right", lambda: decode_w().plan(**DECODE, window_right=0.5)),
     (TypeError, "disable_split_kv", lambda: decode_w().plan(**DECODE, disable_split_kv="yes")),
     (ValueError, "seq_lens", lambda: decode_w().plan(**DECODE, seq_lens=np.array([5]))),
