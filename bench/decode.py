@@ -105,8 +105,9 @@ def decode_wrapper(lib, lens, page_size, hq, hkv, seed, tensor_cores=False, spli
 
 def run_tessera(lens, page_size, hq, hkv, q, split=True, check=False, shuffle=True, tensor_cores=False, bench=True,
                 device_ids=False):
+    # tensor_cores=False times the CUDA-core kernel itself (the wrapper would pick tensor cores on sm_90).
     st = decode_wrapper(tessera, lens, page_size, hq, hkv, len(lens) + page_size, tensor_cores, split, shuffle,
-                        device_ids)
+                        device_ids, cuda_cores=not tensor_cores)
     w, k, v = st["w"], st["k"], st["v"]
     # plan() runs once per generation step: the first one also loads the
     # kernel and sizes the workspace, so the host time that matters is that of
@@ -271,7 +272,8 @@ def ab(args, workloads):
         copies = common.rotation_copies(nb) if args.timing == "graph" else 1
         fns, errs = {}, {}
         for name, opt in configs:
-            st = decode_wrapper(tessera, lens, 16, hq, hkv, seed=b + 16, tensor_cores=opt.get("tc", "1") == "1",
+            tc = opt.get("tc", "1") == "1"  # tc=0: the CUDA-core kernel itself
+            st = decode_wrapper(tessera, lens, 16, hq, hkv, seed=b + 16, tensor_cores=tc, cuda_cores=not tc,
                                 split=opt.get("split", "1") == "1")
             pdl = opt.get("pdl", "0") == "1"
             out.fill_(float("nan"))
