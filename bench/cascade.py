@@ -102,6 +102,7 @@ def run_case(prompts, n, prefix, hq, hkv, rng, show=False):
     for tc in (False, True):
         ws = common.new_workspace(256 << 20)
         dec = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+        dec._cuda_cores = not tc  # both kernels, whatever the wrapper would pick
         dec.plan(*flat, hq, hkv, D, PS, q_data_type=DT)
         o2 = torch.empty_like(q)
         row[f"flat_{'tc' if tc else 'cc'}_us"] = common.bench_ms(lambda: dec.run(q, (k, v), out=o2)) * 1e3

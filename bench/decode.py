@@ -319,6 +319,7 @@ def step_timing(workloads, save_as):
         for tc in (False, True):
             _, _, indptr, indices, last = caches[0]
             w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.workspace(), "NHD", use_tensor_cores=tc)
+            w._cuda_cores = not tc  # both kernels, whatever the wrapper would pick
             w.plan(indptr, indices, last, hq, hkv, D, 16, q_data_type=DTYPE, kv_data_type=DTYPE)
             out = torch.empty_like(q)
             # One plan (copy 0's page table) for every copy: the copies have the
