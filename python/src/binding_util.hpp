@@ -99,16 +99,33 @@ struct PagedRunArgs {
   }
 };
 
-// run()'s extras of a ROPE_LLAMA spec (rope_scale, rope_theta), or none.
-struct RopeExtras {
+// FlashInfer's pos_encoding_mode as the bindings take it: 0 NONE,
+// 1 ROPE_LLAMA, 2 ALIBI.
+inline variants::PosEncoding to_pos_encoding(int code) {
+  if (code < 0 || code > 2)
+    throw InvalidArgument("pos_encoding: expected 0 (NONE), 1 (ROPE_LLAMA) or 2 (ALIBI), got " + std::to_string(code));
+  return static_cast<variants::PosEncoding>(code);
+}
+
+// run()'s extras of the positional encoding: rope_scale / rope_theta for
+// ROPE_LLAMA, the alibi_slopes tensor (float32 [num_qo_heads] on the GPU)
+// for ALIBI, none otherwise.
+struct PosEncodingExtras {
   VariantArgs args;
-  bool rope;
-  RopeExtras(bool rope_, double rope_scale, double rope_theta) : rope(rope_) {
-    if (!rope) return;
-    args.set("rope_scale", rope_scale);
-    args.set("rope_theta", rope_theta);
+  Arg slopes;
+  bool any;
+  PosEncodingExtras(int code, double rope_scale, double rope_theta, nanobind::handle alibi_slopes)
+      : slopes(to_optional_arg("alibi_slopes", alibi_slopes)), any(code != 0) {
+    const variants::PosEncoding pos = to_pos_encoding(code);
+    if (pos == variants::PosEncoding::kRopeLlama) {
+      args.set("rope_scale", rope_scale);
+      args.set("rope_theta", rope_theta);
+    } else if (pos == variants::PosEncoding::kAlibi) {
+      if (alibi_slopes.is_none()) throw InvalidArgument("alibi_slopes: expected a float32 tensor with ALIBI, got None");
+      args.set("alibi_slopes", slopes.view);
+    }
   }
-  const VariantArgs* get() const { return rope ? &args : nullptr; }
+  const VariantArgs* get() const { return any ? &args : nullptr; }
 };
 
 // A prefill-family task (bounds as the workspace needs them).

@@ -107,12 +107,11 @@ void py_merge_states_ragged(nb::handle v, nb::handle s, nb::handle indptr, nb::h
 void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
                       const std::string& kv_layout, const std::string& variant, const std::string& q_dtype,
                       const std::string& kv_dtype, const std::string& o_dtype, int head_dim, double sm_scale,
-                      uintptr_t stream, int window_left, double logits_soft_cap, bool rope, double rope_scale,
-                      double rope_theta, double v_scale) {
+                      uintptr_t stream, int window_left, double logits_soft_cap, int pos_encoding,
+                      double rope_scale, double rope_theta, double v_scale, nb::handle alibi_slopes) {
   AttentionSpec spec;
   spec.variant = variants::from_plan_options(parse_variant(variant).causal, window_left,
-                                             static_cast<float>(logits_soft_cap),
-                                             rope ? variants::PosEncoding::kRopeLlama : variants::PosEncoding::kNone);
+                                             static_cast<float>(logits_soft_cap), to_pos_encoding(pos_encoding));
   spec.q_dtype = parse_dtype("q_dtype", q_dtype);
   spec.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
   spec.o_dtype = parse_dtype("o_dtype", o_dtype);
@@ -123,7 +122,7 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
   RunOptions opt;
   opt.sm_scale = sm_scale;
   opt.v_scale = v_scale;
-  const RopeExtras extras(rope, rope_scale, rope_theta);
+  const PosEncodingExtras extras(pos_encoding, rope_scale, rope_theta, alibi_slopes);
   opt.extras = extras.get();
   nb::gil_scoped_release release;
   single_decode(spec, qa.view, ka.view, va.view, layout, oa.view, la.view, to_stream(stream), opt);
@@ -146,13 +145,13 @@ void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb
                         to_stream(stream));
 }
 
-// window_left / logits_soft_cap / rope: FlashInfer's plan() options (-1 / 0 /
-// false: off; rope is pos_encoding_mode="ROPE_LLAMA").
+// window_left / logits_soft_cap / pos_encoding: FlashInfer's plan() options
+// (-1 / 0 / 0: off; pos_encoding as to_pos_encoding reads it).
 AttentionSpec decode_spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
-                          int head_dim, int window_left = -1, double logits_soft_cap = 0.0, bool rope = false) {
+                          int head_dim, int window_left = -1, double logits_soft_cap = 0.0, int pos_encoding = 0) {
   AttentionSpec spec;
   spec.variant = variants::from_plan_options(false, window_left, static_cast<float>(logits_soft_cap),
-                                             rope ? variants::PosEncoding::kRopeLlama : variants::PosEncoding::kNone);
+                                             to_pos_encoding(pos_encoding));
   spec.q_dtype = parse_dtype("q_dtype", q_dtype);
   spec.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
   spec.o_dtype = parse_dtype("o_dtype", o_dtype);
@@ -168,12 +167,12 @@ class PyBatchDecode {
                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
                 int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap,
-                bool rope, int tc_cta_q, bool cuda_cores, int fixed_chunk)
+                int pos_encoding, int tc_cta_q, bool cuda_cores, int fixed_chunk)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
-        dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, rope),
+        dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, pos_encoding),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
              options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk)),
-        layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
+        layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding) {}
 
   static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores, int tc_cta_q, bool cuda_cores,
                                int fixed_chunk) {
@@ -192,7 +191,7 @@ class PyBatchDecode {
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
                                                    bool split_kv, int max_sms, bool use_tensor_cores, int window_left,
-                                                   double logits_soft_cap, bool rope, int tc_cta_q,
+                                                   double logits_soft_cap, int pos_encoding, int tc_cta_q,
                                                    bool cuda_cores, int fixed_chunk) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
@@ -200,7 +199,7 @@ class PyBatchDecode {
       num_sms = cuda::device_info(device).sm_count;
     }
     const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left,
-                                                           logits_soft_cap, rope),
+                                                           logits_soft_cap, pos_encoding),
                                                task, num_sms,
                                                options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk));
     return {s.device_bytes, s.host_bytes};
@@ -225,10 +224,10 @@ class PyBatchDecode {
   }
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           bool pdl, double rope_scale, double rope_theta, double v_scale) {
+           bool pdl, double rope_scale, double rope_theta, double v_scale, nb::handle alibi_slopes) {
     PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale);
     a.opt.pdl = pdl;
-    const RopeExtras extras(rope_, rope_scale, rope_theta);
+    const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
     a.opt.extras = extras.get();
     nb::gil_scoped_release release;
     dec_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
@@ -248,7 +247,7 @@ class PyBatchDecode {
   Workspace ws_;     // declared before dec_, which keeps a pointer to it
   BatchDecode dec_;
   KVLayout layout_;
-  bool rope_;  // pos_encoding_mode ROPE_LLAMA: run() passes rope_scale / rope_theta
+  int pos_encoding_;  // ROPE_LLAMA: run() passes rope_scale / rope_theta; ALIBI: alibi_slopes
 };
 
 // BatchPrefill over a borrowed workspace, like PyBatchDecode. One object
@@ -260,32 +259,34 @@ class PyBatchPrefill {
                  int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, bool causal,
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
-                 bool custom_mask, int window_left, double logits_soft_cap, bool rope, const TileArg& tile, int cluster)
+                 bool custom_mask, int window_left, double logits_soft_cap, int pos_encoding, const TileArg& tile,
+                 int cluster)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
-        pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, rope),
+        pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap,
+                  pos_encoding),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
              prefill_options(cta_q, max_sms, backend, tile, cluster)),
-        layout_(parse_kv_layout(layout.c_str())), rope_(rope) {}
+        layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding) {}
 
   // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
-  // part belongs in the mask itself). window_left / logits_soft_cap / rope
-  // (ROPE_LLAMA): FlashInfer's plan() options (-1 / 0 / false: off), not
+  // part belongs in the mask itself). window_left / logits_soft_cap /
+  // pos_encoding: FlashInfer's plan() options (-1 / 0 / 0: off), not
   // combined with a custom mask.
   static AttentionSpec spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
                             int head_dim, bool causal, bool custom_mask, int window_left, double logits_soft_cap,
-                            bool rope) {
+                            int pos_encoding) {
     if (causal && custom_mask)
       throw InvalidArgument("causal: expected False with a custom mask (put the causal part into the mask)");
     if (custom_mask && (window_left != -1 || logits_soft_cap != 0.0))
       throw InvalidArgument("window_left / logits_soft_cap: expected -1 / 0 with a custom mask (not supported together "
                             "yet), got " + std::to_string(window_left) + " / " + std::to_string(logits_soft_cap));
-    if (custom_mask && rope)
-      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA with a custom mask is not supported yet (expected NONE)");
+    if (custom_mask && pos_encoding != 0)
+      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA / ALIBI with a custom mask is not supported yet (expected "
+                            "NONE)");
     AttentionSpec s = decode_spec(q_dtype, kv_dtype, o_dtype, head_dim);
     s.variant = custom_mask ? variants::custom_mask()
                             : variants::from_plan_options(causal, window_left, static_cast<float>(logits_soft_cap),
-                                                          rope ? variants::PosEncoding::kRopeLlama
-                                                               : variants::PosEncoding::kNone);
+                                                          to_pos_encoding(pos_encoding));
     return s;
   }
   static TaskInfo task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
@@ -299,7 +300,7 @@ class PyBatchPrefill {
                                                    bool causal, int64_t max_batch, int64_t max_total_q,
                                                    int64_t max_pages, int num_sms, int device, int cta_q, int max_sms,
                                                    int backend, bool custom_mask, int window_left,
-                                                   double logits_soft_cap, bool rope, const TileArg& tile,
+                                                   double logits_soft_cap, int pos_encoding, const TileArg& tile,
                                                    int cluster) {
     const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
     if (num_sms <= 0) {
@@ -307,7 +308,7 @@ class PyBatchPrefill {
       num_sms = cuda::device_info(device).sm_count;
     }
     const AttentionSpec sp =
-        spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, rope);
+        spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, pos_encoding);
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
@@ -356,10 +357,11 @@ class PyBatchPrefill {
 
   // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta, double v_scale) {
+           nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta, double v_scale,
+           nb::handle alibi_slopes) {
     PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale);
     a.opt.pdl = pdl;
-    const RopeExtras extras(rope_, rope_scale, rope_theta);
+    const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
     a.opt.extras = extras.get();
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     nb::gil_scoped_release release;
@@ -369,7 +371,7 @@ class PyBatchPrefill {
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
                   uintptr_t stream, nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta,
-                  double v_scale) {
+                  double v_scale, nb::handle alibi_slopes) {
     Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
     Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
@@ -377,7 +379,7 @@ class PyBatchPrefill {
     opt.sm_scale = sm_scale;
     opt.v_scale = v_scale;
     opt.pdl = pdl;
-    const RopeExtras extras(rope_, rope_scale, rope_theta);
+    const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
     opt.extras = extras.get();
     nb::gil_scoped_release release;
     if (!packed_custom_mask.is_none())
@@ -395,7 +397,7 @@ class PyBatchPrefill {
   Workspace ws_;  // declared before pre_, which keeps a pointer to it
   BatchPrefill pre_;
   KVLayout layout_;
-  bool rope_;  // pos_encoding_mode ROPE_LLAMA: run() passes rope_scale / rope_theta
+  int pos_encoding_;  // ROPE_LLAMA: run() passes rope_scale / rope_theta; ALIBI: alibi_slopes
 };
 
 // ---------------------------------------------------------------- JIT
@@ -448,10 +450,11 @@ NB_MODULE(_C, m) {
         "stream"_a = 0, "Merges states indptr[i]..indptr[i+1] of v [total, H, D] into row i of v_out.");
   m.def("single_decode", &py_single_decode, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "kv_layout"_a,
         "variant"_a, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "sm_scale"_a = -1.0, "stream"_a = 0,
-        "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false, "rope_scale"_a = 1.0,
-        "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
+        "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "rope_scale"_a = 1.0,
+        "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(),
         "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim); window_left / "
-        "logits_soft_cap as FlashInfer's (-1 / 0: off); rope: pos_encoding_mode ROPE_LLAMA; v_scale "
+        "logits_soft_cap as FlashInfer's (-1 / 0: off); pos_encoding: 0 NONE, 1 ROPE_LLAMA, 2 ALIBI (with "
+        "alibi_slopes, float32 [num_qo_heads] on the GPU); v_scale "
         "multiplies the output (in the kernel's epilogue).");
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
@@ -465,7 +468,7 @@ NB_MODULE(_C, m) {
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
-           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false, "tc_cta_q"_a = 0,
+           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tc_cta_q"_a = 0,
            "cuda_cores"_a = false, "fixed_chunk"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
@@ -475,7 +478,7 @@ NB_MODULE(_C, m) {
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
-                  "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "rope"_a = false,
+                  "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0,
                   "tc_cta_q"_a = 0, "cuda_cores"_a = false, "fixed_chunk"_a = 0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
@@ -486,6 +489,7 @@ NB_MODULE(_C, m) {
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
            "stream"_a = 0, "pdl"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
+           "alibi_slopes"_a.none() = nb::none(),
            "Decode attention for the planned step; sm_scale < 0 means 1/sqrt(head_dim); pdl: programmatic "
            "dependent launch (sm_90+); v_scale multiplies the output (in the kernel's epilogue).")
       .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
@@ -503,7 +507,7 @@ NB_MODULE(_C, m) {
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
-           "rope"_a = false, "tile"_a = TileArg{}, "cluster"_a = 0,
+           "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
            "tile (cta_kv, warps_q, warps_kv, stages) overrides the heuristic's tile fields that are not 0; "
@@ -514,7 +518,7 @@ NB_MODULE(_C, m) {
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
                   "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
-                  "logits_soft_cap"_a = 0.0, "rope"_a = false, "tile"_a = TileArg{}, "cluster"_a = 0,
+                  "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
@@ -530,12 +534,12 @@ NB_MODULE(_C, m) {
            "stream"_a = 0, "Plans a block-sparse step: M x N matrix of R x C blocks (C must equal page_size).")
       .def("run", &PyBatchPrefill::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
            "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false, "rope_scale"_a = 1.0,
-           "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
+           "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(),
            "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D); "
            "packed_custom_mask: uint8 CUDA bits (custom_mask objects only); pdl: programmatic dependent launch.")
       .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
            "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
-           "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
+           "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(),
            "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask, pdl and v_scale as "
            "for run.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")

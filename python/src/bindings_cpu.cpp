@@ -51,7 +51,7 @@ std::vector<uint8_t> mask_bytes(nb::handle custom_mask) {
 void py_cpu_attention_ragged(nb::handle q, std::vector<int32_t> qo_indptr, nb::handle k, nb::handle v,
                              std::vector<int32_t> kv_indptr, nb::handle o, nb::handle lse, double sm_scale, bool causal,
                              double logits_soft_cap, nb::handle custom_mask, int window_left, bool rope,
-                             double rope_scale, double rope_theta) {
+                             double rope_scale, double rope_theta, std::vector<float> alibi_slopes) {
   Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
   Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
   const std::vector<uint8_t> mask = mask_bytes(custom_mask);
@@ -64,6 +64,7 @@ void py_cpu_attention_ragged(nb::handle q, std::vector<int32_t> qo_indptr, nb::h
   opt.rope = rope;
   opt.rope_scale = rope_scale;
   opt.rope_theta = rope_theta;
+  opt.alibi_slopes = alibi_slopes;
   nb::gil_scoped_release release;
   cpu::attention_ragged(qa.view, qo_indptr, ka.view, va.view, kv_indptr, opt, oa.view, la.view);
 }
@@ -100,9 +101,10 @@ void bind_cpu(nb::module_& m) {
   m.def("cpu_attention_ragged", &py_cpu_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a, "kv_indptr"_a, "o"_a,
         "lse"_a.none(), "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
         "custom_mask"_a.none() = nb::none(), "window_left"_a = -1, "rope"_a = false, "rope_scale"_a = 1.0,
-        "rope_theta"_a = 1e4,
+        "rope_theta"_a = 1e4, "alibi_slopes"_a = std::vector<float>{},
         "CPU attention (float accumulation) into o [rows, H, D] and lse [rows, H] float32 base 2 (or None); "
-        "custom_mask as for reference_attention_ragged.");
+        "custom_mask as for reference_attention_ragged; alibi_slopes: one per query head (FlashInfer's ALiBi, "
+        "slope * (key index - query index), before the soft cap) or empty.");
   m.def("reference_attention_ragged", &py_reference_attention_ragged, "q"_a, "qo_indptr"_a, "k"_a, "v"_a,
         "kv_indptr"_a, "sm_scale"_a = -1.0, "causal"_a = false, "logits_soft_cap"_a = 0.0,
         "custom_mask"_a.none() = nb::none(), "window_left"_a = -1, "rope"_a = false, "rope_scale"_a = 1.0,

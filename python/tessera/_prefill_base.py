@@ -81,7 +81,7 @@ class PrefillWrapper(W.PlannedWrapper):
 
     def _config(self, num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale,
                 q_data_type, kv_data_type, o_data_type, window_left=-1, logits_soft_cap=None, masked=False,
-                rope=(False, 1.0, 1e4)):
+                rope=(W.POS_NONE, 1.0, 1e4)):
         """The C++ configuration tuple (constructor order), the softmax scale and the variant options
         {window_left, logits_soft_cap, rope}; validates without a GPU (masked: a custom mask is given;
         rope: W.pos_encoding_arg's result).
@@ -94,13 +94,12 @@ class PrefillWrapper(W.PlannedWrapper):
         if key == self._config_key:
             return self._config_checked
         window, cap = W.plan_options(window_left, logits_soft_cap)
-        W.check_rope_options(rope, window, cap)
         if masked and (window != -1 or cap != 0.0 or rope[0]):
             name, value = (("window_left", window_left) if window != -1 else ("logits_soft_cap", logits_soft_cap)
-                           if cap != 0.0 else ("pos_encoding_mode", "ROPE_LLAMA"))
-            raise C.not_supported(name, value, "custom masks are not combined with a window, a soft cap or fused "
-                                  "RoPE yet")
-        options = dict(window_left=window, logits_soft_cap=cap, rope=rope[0])
+                           if cap != 0.0 else ("pos_encoding_mode", W.pos_encoding_mode_name(rope[0])))
+            raise C.not_supported(name, value, "custom masks are not combined with a window, a soft cap, fused "
+                                  "RoPE or ALiBi yet")
+        options = dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0])
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
         kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
         o_dt = q_dt if o_data_type is None else W.dtype_arg(o_data_type, "o_data_type")
@@ -115,7 +114,8 @@ class PrefillWrapper(W.PlannedWrapper):
         self._config_key, self._config_checked = key, (config, scale, options)
         return config, scale, options
 
-    def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(False, 1.0, 1e4), **planned):
+    def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(W.POS_NONE, 1.0, 1e4),
+              **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
@@ -130,12 +130,13 @@ class PrefillWrapper(W.PlannedWrapper):
             return _C.BatchPrefill(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
 
         W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"],
-                                        options["rope"]), counts, bounds, size, make)
+                                        options["pos_encoding"]), counts, bounds, size, make)
         with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
         self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
-                             rope=rope, head_dim=config[3], num_qo_heads=config[4])
+                             rope=rope, alibi_slopes=W.plan_alibi_slopes(rope, config[4], buf.device),
+                             head_dim=config[3], num_qo_heads=config[4])
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None, lse_base="log2",
                    lse_layout="NH", **features):

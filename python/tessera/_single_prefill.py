@@ -96,13 +96,12 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     W.check_backend(backend, None, allowed=("auto", "fa2", "fa3"))
     rope = B.reject_prefill_options((), (), None, None, pos_encoding_mode, rope_scale, rope_theta)
     window, cap = W.plan_options(window_left, logits_soft_cap)
-    W.check_rope_options(rope, window, cap)
     masked = custom_mask is not None or packed_custom_mask is not None
     if masked and (window != -1 or cap != 0.0 or rope[0]):
         name, value = (("window_left", window_left) if window != -1 else ("logits_soft_cap", logits_soft_cap)
                        if cap != 0.0 else ("pos_encoding_mode", pos_encoding_mode))
-        raise C.not_supported(name, value, "custom masks are not combined with a window, a soft cap or fused RoPE "
-                              "yet")
+        raise C.not_supported(name, value, "custom masks are not combined with a window, a soft cap, fused RoPE or "
+                              "ALiBi yet")
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 3:
         raise ValueError(f"q: expected a 3-D tensor [qo_len, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
@@ -142,8 +141,10 @@ def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, ca
     # Checks heads, head_dim and dtypes (the C++ messages name them) before anything is allocated.
     config_args = (qd, kd, od, d, hq, hkv, 1, "NHD", causal, 1, max(qo_len, 1), 1)
     wrapper = _single_wrapper(q, config_args, any(m is not None for m in masks.values()),
-                              dict(window_left=window, logits_soft_cap=cap, rope=rope[0]), backend)
-    rope_args = dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=rope[1], rope_theta=rope[2]) if rope[0] else {}
+                              dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0]), backend)
+    rope_args = dict(pos_encoding_mode=W.pos_encoding_mode_name(rope[0]))
+    if rope[0] == W.POS_ROPE_LLAMA:
+        rope_args.update(rope_scale=rope[1], rope_theta=rope[2])
     wrapper.plan([0, qo_len], [0, kv_len], hq, hkv, d, causal=causal, sm_scale=sm_scale, q_data_type=qd,
                  kv_data_type=kd, o_data_type=od, window_left=window, logits_soft_cap=cap, **masks, **rope_args)
     if return_lse:
@@ -165,7 +166,8 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope, o_dtype
     o, lse = T.empty(q, q.shape), T.empty(q, q.shape[:2], "float32")
     _C.cpu_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], T.arg(o), T.arg(lse), scale,
                             causal, custom_mask=None if mask is None else mask.host_mask(), logits_soft_cap=cap,
-                            window_left=window, rope=rope[0], rope_scale=rope[1], rope_theta=rope[2])
+                            window_left=window, rope=rope[0] == W.POS_ROPE_LLAMA, rope_scale=rope[1], rope_theta=rope[2],
+                            alibi_slopes=list(_C.alibi_slopes(int(q.shape[1]))) if rope[0] == W.POS_ALIBI else [])
     if vs is not None:
         o = o.mul_(vs) if T.is_torch(o) else o * vs
     return o, lse

@@ -44,24 +44,30 @@ def reject_unsupported(pos_encoding_mode, q_scale, k_scale, v_scale, rope_scale,
             raise not_supported(name, value, "quantization scales are not implemented here")
 
 
+POS_NONE, POS_ROPE_LLAMA, POS_ALIBI = 0, 1, 2  # the bindings' pos_encoding codes
+
+
 def pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta):
-    """FlashInfer's pos_encoding_mode with its rope_scale / rope_theta as (rope, scale, theta).
+    """FlashInfer's pos_encoding_mode with its rope_scale / rope_theta as (code, scale, theta), code one of
+    POS_NONE / POS_ROPE_LLAMA / POS_ALIBI.
 
     "NONE": no positional encoding (rope_scale / rope_theta must be None).
     "ROPE_LLAMA": Llama RoPE (half-split pairs, all head_dim features) fused
     into the kernel, on q at its position (kv_len - qo_len + i) and on k at
     its index in the request; rope_scale (default 1) divides positions,
-    rope_theta (default 1e4) is the frequency base. "ALIBI" is a variant
-    here: tessera.variants.alibi() through tessera.AttentionWrapper.
+    rope_theta (default 1e4) is the frequency base.
+    "ALIBI": FlashInfer's ALiBi, logit += slope[head] * (j - i) for key j and
+    query i (indices within the request), the standard slopes of
+    num_qo_heads heads (tessera.variants.alibi_slopes); rope_scale /
+    rope_theta must be None.
+    Any of them combines with window_left and logits_soft_cap (the cap
+    applies to the encoded logit).
     """
-    if pos_encoding_mode == "NONE":
+    if pos_encoding_mode in ("NONE", "ALIBI"):
         reject_unsupported("NONE", None, None, None, rope_scale, rope_theta)
-        return False, 1.0, 1e4
-    if pos_encoding_mode == "ALIBI":
-        raise not_supported("pos_encoding_mode", pos_encoding_mode, "ALiBi is not built into these wrappers; it "
-                            "runs as tessera.variants.alibi() through tessera.AttentionWrapper")
+        return (POS_NONE if pos_encoding_mode == "NONE" else POS_ALIBI), 1.0, 1e4
     if pos_encoding_mode != "ROPE_LLAMA":
-        raise ValueError(f"pos_encoding_mode: expected 'NONE' or 'ROPE_LLAMA', got {pos_encoding_mode!r}")
+        raise ValueError(f"pos_encoding_mode: expected one of {_POS_ENCODINGS}, got {pos_encoding_mode!r}")
     out = []
     for name, value, default in (("rope_scale", rope_scale, 1.0), ("rope_theta", rope_theta, 1e4)):
         if value is None:
@@ -72,18 +78,47 @@ def pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta):
         if not (math.isfinite(value) and 0.0 < value <= _FLOAT32_MAX):
             raise ValueError(f"{name}: expected a finite float > 0, got {value}")
         out.append(value)
-    return True, out[0], out[1]
+    return POS_ROPE_LLAMA, out[0], out[1]
+
+
+def pos_encoding_mode_name(code):
+    """The pos_encoding_mode string of a pos_encoding_arg code."""
+    return _POS_ENCODINGS[code]
+
+
+_ALIBI_SLOPES = {}
+
+
+def alibi_slopes_tensor(num_qo_heads, device):
+    """The standard ALiBi slopes of num_qo_heads heads as a float32 torch tensor on `device`, made once per
+    (heads, device) and kept, so run() passes a pointer and allocates nothing after the first call."""
+    import torch
+    key = (int(num_qo_heads), str(device))
+    t = _ALIBI_SLOPES.get(key)
+    if t is None:
+        from ._native import _C
+        t = torch.tensor(_C.alibi_slopes(int(num_qo_heads)), dtype=torch.float32, device=device)
+        _ALIBI_SLOPES[key] = t
+    return t
+
+
+def plan_alibi_slopes(rope, num_qo_heads, device):
+    """plan()'s slopes tensor for ALIBI (None otherwise), made outside any CUDA-graph capture."""
+    return alibi_slopes_tensor(num_qo_heads, device) if rope[0] == POS_ALIBI else None
+
+
+def run_pos_encoding_args(rope, slopes):
+    """run()'s positional-encoding keywords for the bindings (rope: pos_encoding_arg's result; slopes:
+    plan_alibi_slopes's)."""
+    return dict(pos_encoding_scalars(rope), alibi_slopes=slopes)
+
+
+def pos_encoding_scalars(rope):
+    return dict(rope_scale=rope[1], rope_theta=rope[2])
 
 
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32
-
-
-def check_rope_options(rope, window, cap):
-    """ROPE_LLAMA (rope[0]) is not combined with a window or a soft cap yet."""
-    if rope[0] and (window != -1 or cap != 0.0):
-        raise not_supported("pos_encoding_mode", "ROPE_LLAMA", f"fused RoPE is not combined with window_left / "
-                            f"logits_soft_cap yet: expected -1 / None with it, got {window} / {cap}")
 
 
 def plan_options(window_left, logits_soft_cap):

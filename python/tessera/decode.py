@@ -71,7 +71,6 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
     rope = W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
     window, cap = W.plan_options(window_left, logits_soft_cap)
-    W.check_rope_options(rope, window, cap)
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 2:
         raise ValueError(f"q: expected a 2-D tensor [num_qo_heads, head_dim], got shape {tuple(q.shape)}")
@@ -95,10 +94,11 @@ def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope, v_scal
     kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
     o = T.empty(q, q.shape)
     lse = T.empty(q, q.shape[:1], "float32") if return_lse else None
+    slopes = W.plan_alibi_slopes(rope, int(q.shape[0]), q.device)
     with T.on_device_of(q):
         _C.single_decode(T.arg(q), T.arg(k), T.arg(v), o, lse, kv_layout, "standard", qd, kd, qd, int(q.shape[1]),
-                         scale, T.stream_of(q), window_left=window, logits_soft_cap=cap, rope=rope[0],
-                         rope_scale=rope[1], rope_theta=rope[2], v_scale=v_scale)
+                         scale, T.stream_of(q), window_left=window, logits_soft_cap=cap, pos_encoding=rope[0],
+                         v_scale=v_scale, **W.run_pos_encoding_args(rope, slopes))
     return o, lse
 
 
@@ -114,9 +114,14 @@ def _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope):
     kv_len = int(k.shape[0])
     o, lse = T.empty(q, (1,) + tuple(q.shape)), T.empty(q, (1, q.shape[0]), "float32")
     _C.cpu_attention_ragged(T.arg(q[None]), [0, 1], T.arg(k), T.arg(v), [0, kv_len], T.arg(o), T.arg(lse), scale,
-                            logits_soft_cap=cap, window_left=window, rope=rope[0], rope_scale=rope[1],
-                            rope_theta=rope[2])
+                            logits_soft_cap=cap, window_left=window, rope=rope[0] == W.POS_ROPE_LLAMA,
+                            alibi_slopes=_cpu_alibi_slopes(rope, int(q.shape[0])), **W.pos_encoding_scalars(rope))
     return o[0], lse[0]
+
+
+def _cpu_alibi_slopes(rope, num_qo_heads):
+    """The CPU path's ALiBi slopes (a list; empty without ALIBI)."""
+    return list(_C.alibi_slopes(num_qo_heads)) if rope[0] == W.POS_ALIBI else []
 
 
 # ======================================================================= batch decode
@@ -346,7 +351,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         else:
             self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
-                         "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope}
+                         "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope,
+                         "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device)}
 
     def _plan_multi_token(self, n, is_causal, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
                           page_size, **options):
@@ -371,7 +377,6 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         (window_left, logits_soft_cap), (rope, rope_scale, rope_theta))."""
         rope = W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
         options = W.plan_options(window_left, logits_soft_cap)
-        W.check_rope_options(rope, *options)
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
@@ -384,7 +389,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         # The C++ checks of dtypes, heads and head_dim, without touching a GPU.
         _C.BatchDecode.workspace_size(q_dt, kv_dt, o_dt, shape[2], shape[0], shape[1], shape[3], self._kv_layout, 1, 1,
                                       num_sms=1, use_tensor_cores=self._use_tensor_cores, window_left=options[0],
-                                      logits_soft_cap=options[1], rope=rope[0])
+                                      logits_soft_cap=options[1], pos_encoding=rope[0])
         return q_dt, kv_dt, o_dt, shape, scale, options, rope
 
     begin_forward = plan
@@ -397,7 +402,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=split, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
                      tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores, window_left=window, logits_soft_cap=cap,
-                     rope=rope, fixed_chunk=fixed)
+                     pos_encoding=rope, fixed_chunk=fixed)
 
         def size(want, device):
             return _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
@@ -472,8 +477,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
             self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
-                             pdl=bool(enable_pdl), rope_scale=plan["rope"][1], rope_theta=plan["rope"][2],
-                             v_scale=1.0 if vs is None else vs)
+                             pdl=bool(enable_pdl), v_scale=1.0 if vs is None else vs,
+                             **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
             if sinks is not None:
                 W.apply_sinks(out, lse, sinks)
         return (out, lse) if return_lse else out

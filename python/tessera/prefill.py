@@ -236,8 +236,8 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         n = plan["total_q"]
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
-                             plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
-                             rope_scale=plan["rope"][1], rope_theta=plan["rope"][2], v_scale=plan["v_scale"])
+                             plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],
+                             **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
             if sinks is not None:
                 W.apply_sinks(self._rows(out, n), self._rows(lse, n), sinks)
         if not return_lse:
@@ -366,8 +366,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         with T.on_device_of(q):
             self._native.run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
                                     self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
-                                    plan["mask"], pdl=plan["pdl"], rope_scale=plan["rope"][1],
-                                    rope_theta=plan["rope"][2], v_scale=plan["v_scale"])
+                                    plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],
+                                    **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
         if not return_lse:
             return out
         C.finish_lse(self._rows(lse, n), lse_base)

@@ -53,6 +53,9 @@ void check_inputs(const TensorView& q, std::span<const int32_t> qo, const Tensor
     check_shape("lse", lse, {q.size(0), q.size(1)});
     check_dtype("lse", lse, DType::kFloat32);
   }
+  if (!opt.alibi_slopes.empty() && static_cast<int64_t>(opt.alibi_slopes.size()) != q.size(1))
+    throw InvalidArgument("alibi_slopes: expected one slope per query head (" + std::to_string(q.size(1)) + "), got " +
+                          std::to_string(opt.alibi_slopes.size()));
   if (opt.window_left < -1) throw InvalidArgument("window_left: expected -1 (off) or >= 0, got " + std::to_string(opt.window_left));
   int64_t mask_bytes = 0;
   for (size_t i = 0; i + 1 < qo.size(); ++i) mask_bytes += int64_t(qo[i + 1] - qo[i]) * (kv[i + 1] - kv[i]);
@@ -99,6 +102,7 @@ void attention_ragged(const TensorView& q, std::span<const int32_t> qo, const Te
             float dot = 0.f;
             for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
             double logit = dot * scale;
+            if (!opt.alibi_slopes.empty()) logit += opt.alibi_slopes[h] * static_cast<double>(t0 + j - i);
             if (opt.logits_soft_cap > 0) logit = opt.logits_soft_cap * std::tanh(logit / opt.logits_soft_cap);
             s[j] = static_cast<float>(logit * std::numbers::log2e);
             tile_max = std::max(tile_max, s[j]);

@@ -39,32 +39,45 @@ std::string name_token(const std::string& s) {
   return out;
 }
 
-// Every built-in softmax variant with declared masks (causal, a sliding
-// window) and an optional logits soft cap comes from this one generator, so
-// any combination (a Gemma-2 layer uses all three) is a spec like the others:
-// SlidingWindow<W, SoftCap<bits>>, causal declared by the spec.
+// Every built-in softmax variant FlashInfer's plan options can select comes
+// from this one generator, so any combination (a Gemma-2 layer uses a window
+// and a soft cap; Llama layers add RoPE) is a spec like the others: the
+// positional encoding at the bottom (StandardAttention, Rope or
+// QueryIndexAlibi), SoftCap<bits, ...> on its logits, SlidingWindow<W, ...>
+// declared on top; causal declared by the spec.
 // cap <= 0: no soft cap; window_left = -1: no window.
-VariantSpec declared_masks(bool causal, int window_left, float cap) {
-  std::string name = causal ? "Causal" : "";
+VariantSpec plan_variant(bool causal, int window_left, float cap, PosEncoding pos) {
+  std::vector<std::string> parts;
   std::string type;
-  std::vector<std::string> headers;
-  if (window_left >= 0) name += "SlidingWindow_" + std::to_string(window_left);
+  VariantSpec v{"", ""};
+  if (pos == PosEncoding::kRopeLlama) {
+    parts.push_back("Rope");
+    type = "tessera::variants::Rope<tessera::Pairing::kHalves, kHeadDim>";
+    v.headers.push_back("tessera/device/variants/rope.cuh");
+    v.scalars = {{"rope_scale", DType::kFloat32}, {"rope_theta", DType::kFloat32}};
+  } else if (pos == PosEncoding::kAlibi) {
+    parts.push_back("QueryIndexAlibi");
+    type = "tessera::variants::QueryIndexAlibi<>";
+    v.headers.push_back("tessera/device/variants/alibi.cuh");
+    v.tensors = {{"alibi_slopes", DType::kFloat32}};
+  }
+  if (window_left >= 0) parts.push_back("SlidingWindow_" + std::to_string(window_left));
   if (cap > 0.f) {
     char shown[64], bits[16];
     std::snprintf(shown, sizeof shown, "%.9g", static_cast<double>(cap));
     std::snprintf(bits, sizeof bits, "0x%08xu", static_cast<unsigned>(std::bit_cast<uint32_t>(cap)));  // exact
-    name += std::string(window_left >= 0 ? "_" : "") + "SoftCap_" + name_token(shown);
-    type = std::string("tessera::variants::SoftCap<") + bits + ">";
-    headers.push_back("tessera/device/variants/soft_cap.cuh");
+    parts.push_back("SoftCap_" + name_token(shown));
+    type = std::string("tessera::variants::SoftCap<") + bits + (type.empty() ? "" : ", " + type) + ">";
+    v.headers.push_back("tessera/device/variants/soft_cap.cuh");
   }
   if (window_left >= 0) {
     type = "tessera::variants::SlidingWindow<" + std::to_string(window_left) + (type.empty() ? "" : ", " + type) + ">";
-    headers.insert(headers.begin(), "tessera/device/variants/sliding_window.cuh");
+    v.headers.insert(v.headers.begin(), "tessera/device/variants/sliding_window.cuh");
   }
-  VariantSpec v{name, ""};
+  v.name = causal ? "Causal" : "";
+  for (size_t i = 0; i < parts.size(); ++i) v.name += (i ? "_" : "") + parts[i];
   v.causal = causal;
   v.window_left = window_left;
-  v.headers = std::move(headers);
   v.struct_name = std::move(type);
   return v;
 }
@@ -92,26 +105,25 @@ VariantSpec custom_mask() { return builtin("CustomMaskAttention", "custom_mask.c
 
 VariantSpec soft_cap(float cap, bool causal) {
   check_cap(cap, "cap");
-  return declared_masks(causal, -1, cap);
+  return plan_variant(causal, -1, cap, PosEncoding::kNone);
 }
 
 VariantSpec sliding_window(int window_left, bool causal) {
   check_window(window_left, 0, ">= 0 (keys a query sees to its left)");
-  return declared_masks(causal, window_left, 0.f);
+  return plan_variant(causal, window_left, 0.f, PosEncoding::kNone);
 }
 
 VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap, PosEncoding pos_encoding) {
   check_window(window_left, -1, "-1 (no window) or >= 0 (keys a query sees to its left)");
   if (logits_soft_cap != 0.f) check_cap(logits_soft_cap, "logits_soft_cap");
-  if (pos_encoding == PosEncoding::kRopeLlama) {
-    if (window_left >= 0 || logits_soft_cap != 0.f)
-      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA with window_left / logits_soft_cap is not supported yet "
-                            "(expected -1 / 0, got " + std::to_string(window_left) + " / " +
-                            std::to_string(logits_soft_cap) + ")");
-    return rope(false, causal);
-  }
-  if (window_left < 0 && logits_soft_cap == 0.f) return causal ? variants::causal() : standard();
-  return declared_masks(causal, window_left, logits_soft_cap);
+  if (pos_encoding != PosEncoding::kNone && pos_encoding != PosEncoding::kRopeLlama &&
+      pos_encoding != PosEncoding::kAlibi)
+    throw InvalidArgument("pos_encoding: expected kNone, kRopeLlama or kAlibi, got " +
+                          std::to_string(static_cast<int>(pos_encoding)));
+  if (pos_encoding == PosEncoding::kRopeLlama && window_left < 0 && logits_soft_cap == 0.f) return rope(false, causal);
+  if (pos_encoding == PosEncoding::kNone && window_left < 0 && logits_soft_cap == 0.f)
+    return causal ? variants::causal() : standard();
+  return plan_variant(causal, window_left, logits_soft_cap, pos_encoding);
 }
 
 bool is_causal(const VariantSpec& v) { return v.causal; }

@@ -233,15 +233,33 @@ TEST(Jit, SoftCapAndSlidingWindowSpecs) {
   EXPECT_THROW_MSG(variants::from_plan_options(false, -1, -1.f), InvalidArgument, "logits_soft_cap");
   EXPECT_THROW_MSG(variants::from_plan_options(false, -1, std::numeric_limits<float>::quiet_NaN()), InvalidArgument,
                    "logits_soft_cap");
-  // pos_encoding_mode ROPE_LLAMA: the built-in rope variant (half-split), causal or not; not with a window or cap.
+  // pos_encoding_mode ROPE_LLAMA: the built-in rope variant (half-split), causal or not; with a window and / or a
+  // cap, the composing templates on top of it.
   using variants::PosEncoding;
   EXPECT_EQ(variants::from_plan_options(false, -1, 0.f, PosEncoding::kRopeLlama), variants::rope(false, false));
   EXPECT_EQ(variants::from_plan_options(true, -1, 0.f, PosEncoding::kRopeLlama), variants::rope(false, true));
   EXPECT_EQ(variants::from_plan_options(true, -1, 0.f, PosEncoding::kNone), variants::causal());
-  EXPECT_THROW_MSG(variants::from_plan_options(true, 16, 0.f, PosEncoding::kRopeLlama), InvalidArgument,
-                   "pos_encoding_mode");
-  EXPECT_THROW_MSG(variants::from_plan_options(false, -1, 30.f, PosEncoding::kRopeLlama), InvalidArgument,
-                   "pos_encoding_mode");
+  const VariantSpec rope_all = variants::from_plan_options(true, 16, 30.f, PosEncoding::kRopeLlama);
+  EXPECT_EQ(rope_all.name, "CausalRope_SlidingWindow_16_SoftCap_30");
+  EXPECT_EQ(rope_all.struct_name, "tessera::variants::SlidingWindow<16, tessera::variants::SoftCap<0x41f00000u, "
+                                  "tessera::variants::Rope<tessera::Pairing::kHalves, kHeadDim>>>");
+  EXPECT_EQ(rope_all.scalars, variants::rope(false, true).scalars);
+  EXPECT_EQ(rope_all.window_left, 16);
+  EXPECT_TRUE(rope_all.causal);
+  // ALIBI: FlashInfer's bias (QueryIndexAlibi), alone or under a cap / window; its slopes are an extra tensor.
+  const VariantSpec alibi = variants::from_plan_options(false, -1, 0.f, PosEncoding::kAlibi);
+  EXPECT_EQ(alibi.name, "QueryIndexAlibi");
+  EXPECT_EQ(alibi.struct_name, "tessera::variants::QueryIndexAlibi<>");
+  ASSERT_EQ(alibi.tensors.size(), 1u);
+  EXPECT_EQ(alibi.tensors[0].name, "alibi_slopes");
+  EXPECT_EQ(alibi.headers, (std::vector<std::string>{"tessera/device/variants/alibi.cuh"}));
+  const VariantSpec alibi_cap = variants::from_plan_options(true, -1, 30.f, PosEncoding::kAlibi);
+  EXPECT_EQ(alibi_cap.name, "CausalQueryIndexAlibi_SoftCap_30");
+  EXPECT_EQ(alibi_cap.struct_name,
+            "tessera::variants::SoftCap<0x41f00000u, tessera::variants::QueryIndexAlibi<>>");
+  EXPECT_NE(alibi, variants::alibi(false));  // the AttentionWrapper variant aligns q_pos bottom-right
+  EXPECT_THROW_MSG(variants::from_plan_options(false, -1, 0.f, static_cast<PosEncoding>(7)), InvalidArgument,
+                   "pos_encoding");
 
   EXPECT_TRUE(variants::is_causal(variants::causal()));
   EXPECT_TRUE(variants::is_causal(a));

@@ -102,4 +102,15 @@ TEST(VariantBuiltins, CombinationsCompile) {
   for (const auto& k : ampere) EXPECT_TRUE(test::is_elf(cache.cubin(k, jit::Arch::parse("sm_80"))->image)) << k.entry;
   const jit::KernelSource hopper = catalog::batch_prefill(both, 128, true);
   EXPECT_TRUE(test::is_elf(cache.cubin(hopper, jit::Arch::parse("sm_90a"))->image)) << hopper.entry;
+  // The positional encodings under the composing templates: RoPE (a paired
+  // transform) under a cap and a window, ALiBi (an extra tensor) under a cap.
+  using variants::PosEncoding;
+  const AttentionSpec rope_all{variants::from_plan_options(false, 100, 30.f, PosEncoding::kRopeLlama),
+                               DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
+  const AttentionSpec alibi_cap{variants::from_plan_options(true, -1, 30.f, PosEncoding::kAlibi), DType::kBFloat16,
+                                DType::kBFloat16, DType::kBFloat16, 128};
+  const jit::KernelSource rope_decode = catalog::batch_decode(rope_all, 4);
+  EXPECT_TRUE(test::is_elf(cache.cubin(rope_decode, jit::Arch::parse("sm_80"))->image)) << rope_decode.entry;
+  const jit::KernelSource alibi_prefill = catalog::batch_prefill(alibi_cap, 128, true);
+  EXPECT_TRUE(test::is_elf(cache.cubin(alibi_prefill, jit::Arch::parse("sm_90a"))->image)) << alibi_prefill.entry;
 }

@@ -15,11 +15,12 @@ from conftest import TOL, rel_error, to_np
 HKV = 2  # KV heads of most cases
 WORKSPACE_BYTES = 128 << 20
 
-def ref_request(q, k, v, causal, sm_scale=None, visible=None, window_left=-1, logits_soft_cap=0.0):
+def ref_request(q, k, v, causal, sm_scale=None, visible=None, window_left=-1, logits_soft_cap=0.0,
+                alibi_slopes=None):
     """float64 (o [n, Hq, D], lse [n, Hq]) of q [n, Hq, D] over k, v [L, Hkv, D]; visible: optional bool [n, L].
 
-    window_left >= 0: query i sees keys j >= i + L - n - window_left; logits_soft_cap > 0: each logit x (after
-    sm_scale) becomes cap * tanh(x / cap)."""
+    window_left >= 0: query i sees keys j >= i + L - n - window_left; alibi_slopes [Hq]: FlashInfer's ALiBi, each
+    logit (after sm_scale) gains slope * (j - i); logits_soft_cap > 0: then each logit x becomes cap * tanh(x / cap)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     (n, hq, d), L = q.shape, k.shape[0]
     group = hq // k.shape[1]
@@ -32,6 +33,8 @@ def ref_request(q, k, v, causal, sm_scale=None, visible=None, window_left=-1, lo
     o, lse = np.zeros((n, hq, d)), np.full((n, hq), -np.inf)
     for h in range(hq):
         s = q[:, h, :] @ k[:, h // group, :].T * scale  # natural-base logits
+        if alibi_slopes is not None:
+            s = s + float(alibi_slopes[h]) * (np.arange(L)[None, :] - np.arange(n)[:, None])
         if logits_soft_cap:
             s = logits_soft_cap * np.tanh(s / logits_soft_cap)
         s = np.where(vis, s, -np.inf)

@@ -375,10 +375,10 @@ def test_wrapper_tensor_cores_validation_without_gpu():
             w.plan(**plan_args(q_data_type=dt))
 
 
-@pytest.mark.parametrize("option, value", [("pos_encoding_mode", "ALIBI"), ("pos_encoding_mode", "rope"),
+@pytest.mark.parametrize("option, value", [("pos_encoding_mode", "XPOS"), ("pos_encoding_mode", "rope"),
                                            ("rope_scale", 2.0), ("rope_theta", 1e4)])
 def test_wrapper_plan_rejects_unsupported_options(option, value):
-    """Only NONE and ROPE_LLAMA; RoPE's parameters only with ROPE_LLAMA (test_pos_encoding.py runs it)."""
+    """Only NONE, ROPE_LLAMA and ALIBI; RoPE's parameters only with ROPE_LLAMA (test_pos_encoding.py runs it)."""
     with pytest.raises(ValueError, match=option):
         cpu_wrapper().plan(**plan_args(**{option: value}))
 

@@ -28,10 +28,10 @@ def test_constructor_options():
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("pos_encoding_mode", "ALIBI", "pos_encoding_mode"), ("rope_scale", 2.0, "rope_scale"),
+    ("pos_encoding_mode", "XPOS", "pos_encoding_mode"), ("rope_scale", 2.0, "rope_scale"),
     ("rope_theta", 1e4, "rope_theta"), ("head_dim_vo", 64, "not supported yet")])
 def test_plan_rejects_unsupported_options(option, value, message):
-    """ROPE_LLAMA is supported (test_pos_encoding.py); other modes, and RoPE parameters without it, are not."""
+    """ROPE_LLAMA and ALIBI are supported (test_pos_encoding.py); other modes, and RoPE parameters without it, are not."""
     expect(ValueError, message, lambda: cpu_paged().plan(**paged_args(**{option: value})))
     ragged = tessera.BatchPrefillWithRaggedKVCacheWrapper(np.zeros(16, np.uint8))
     expect(ValueError, message, lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, **{option: value}))

@@ -153,7 +153,7 @@ def test_decode_bad_sm_scale():
 @pytest.mark.parametrize(
     "option, value, error",
     [
-        ("pos_encoding_mode", "ALIBI", ValueError),
+        ("pos_encoding_mode", "XPOS", ValueError),
         ("rope_scale", 1.0, ValueError),
         ("rope_theta", 1e4, ValueError),
         ("q_scale", 0.0, ValueError),

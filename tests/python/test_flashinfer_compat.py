@@ -168,7 +168,6 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("disable_split_kv", lambda: decode_w().plan(**DECODE, q_len_per_req=2, disable_split_kv=True)),
     ("block_tables", lambda: decode_w().plan(**DECODE, block_tables=np.zeros((2, 2), np.int32))),
     ("seq_lens", lambda: decode_w().plan(**DECODE, seq_lens=np.array([5, 31]))),
-    ("pos_encoding_mode", lambda: decode_w().plan(**DECODE, pos_encoding_mode="ALIBI")),
     ("skip_softmax_threshold_scale_factor", lambda: decode_w().run(_Q, (_K, _K),
                                                                    skip_softmax_threshold_scale_factor=0.5)),
     ("kv_cache_sf", lambda: decode_w().run(_Q, (_K, _K), kv_cache_sf=(_T, _T))),

@@ -21,6 +21,10 @@ struct AttentionOptions {
   std::span<const uint8_t> custom_mask;
   bool rope = false;  // ROPE_LLAMA on q (at its position) and k (at its index), all features
   double rope_scale = 1.0, rope_theta = 1e4;
+  // One slope per query head (empty: no ALiBi): logit += slope * (j - i),
+  // i the query's index in its request, j the key's (FlashInfer's ALiBi,
+  // variants::PosEncoding::kAlibi); applied before the soft cap.
+  std::span<const float> alibi_slopes;
 };
 
 // q [rows, Hq, D], k / v [keys, Hkv, D] (fp16, bf16 or fp32, any strides),

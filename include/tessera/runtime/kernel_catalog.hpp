@@ -71,10 +71,14 @@ VariantSpec sliding_window(int window_left, bool causal = false);
 // the defaults (window_left = -1, logits_soft_cap = 0), else the sliding
 // window and / or soft cap above, combined in one spec when both are set.
 // logits_soft_cap: 0 = off, else finite > 0; window_left: -1 = off, else >= 0.
-// pos_encoding: FlashInfer's pos_encoding_mode; kRopeLlama selects rope(false,
-// causal) below (extras rope_scale, rope_theta at run()), not combined with
-// a window or a soft cap yet.
-enum class PosEncoding { kNone, kRopeLlama };
+// pos_encoding: FlashInfer's pos_encoding_mode. kRopeLlama adds rope(false,
+// causal)'s fused RoPE (extras rope_scale, rope_theta at run()); kAlibi adds
+// FlashInfer's ALiBi bias, slope * (kv_idx - qo_idx) with qo_idx the query's
+// index among the request's new tokens (QueryIndexAlibi in
+// device/variants/alibi.cuh; extra tensor alibi_slopes float32
+// [num_qo_heads]). Either combines with a window and a soft cap (the cap
+// applies to the encoded logit).
+enum class PosEncoding { kNone, kRopeLlama, kAlibi };
 VariantSpec from_plan_options(bool causal, int window_left = -1, float logits_soft_cap = 0.f,
                               PosEncoding pos_encoding = PosEncoding::kNone);
 // True for variants whose spec declares causal (BatchPrefill schedules them

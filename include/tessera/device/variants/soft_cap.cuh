@@ -1,9 +1,11 @@
 // FlashInfer's logits soft cap: logit = cap * tanh(logit / cap), where the
 // logit is q.k * sm_scale. The cap is compiled into the kernel (one kernel per
 // value). C++17 has no float template parameters, so it travels as its
-// IEEE-754 bits: SoftCap<0x41f00000u> caps at 30.
+// IEEE-754 bits: SoftCap<0x41f00000u> caps at 30. A composing template: on
+// top of another variant, it caps that variant's logits (SoftCap<bits,
+// Rope<...>>, a RoPE layer with a cap).
 #pragma once
-#include "tessera/device/primitives/variant.cuh"
+#include "tessera/device/variants/standard.cuh"
 
 namespace tessera::variants {
 
@@ -17,14 +19,15 @@ constexpr float float_from_bits(unsigned bits) {
   return (bits >> 31) ? -x : x;
 }
 
-template <unsigned CapBits>
-struct SoftCap : VariantBase {
-  using VariantBase::VariantBase;
+template <unsigned CapBits, typename Base = StandardAttention>
+struct SoftCap : Base {
+  using Base::Base;
   static constexpr float kCap = float_from_bits(CapBits);
   template <typename Params>
-  __device__ __forceinline__ float LogitsTransform(const Params&, float logit, int, int, int, int, int) const {
+  __device__ __forceinline__ float LogitsTransform(const Params& p, float logit, int b, int qo_idx, int kv_idx,
+                                                   int qo_head, int kv_head) const {
     const float cap = kCap;
-    return cap * tanhf(logit * (1.0f / cap));
+    return cap * tanhf(Base::LogitsTransform(p, logit, b, qo_idx, kv_idx, qo_head, kv_head) * (1.0f / cap));
   }
 };
 
