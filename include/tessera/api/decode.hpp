@@ -46,12 +46,14 @@ struct DecodeOptions {
   int ctas_per_sm = 0;  // 0: from the tile configuration and the kernel's occupancy
   int tile = 0;         // KV tokens per pipeline stage (0: heuristic)
   int stages = 0;       // pipeline depth (0: heuristic)
+  int heads_per_thread = 0;  // at most this many of a group's query heads per thread, 1..4 (0: heuristic, 4)
   // Run on the tensor-core prefill kernel (see the file comment). Needs
   // q_dtype == kv_dtype; planner and max_sms apply as on the CUDA-core path.
   // false: the wrapper picks the kernel (see the file comment).
   bool use_tensor_cores = false;
   // Run on the CUDA-core kernel whatever the wrapper would pick (implied by a
-  // non-zero ctas_per_sm, tile or stages; excludes use_tensor_cores).
+  // non-zero ctas_per_sm, tile, stages or heads_per_thread; excludes
+  // use_tensor_cores).
   bool cuda_cores = false;
   // With use_tensor_cores: the prefill kernel's query tile (0: its heuristic;
   // else 16, 32, 64 or 128 fused rows, 64 / 128 run the Hopper kernel on sm_90).
