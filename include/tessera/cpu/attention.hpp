@@ -21,9 +21,13 @@ struct AttentionOptions {
   std::span<const uint8_t> custom_mask;
   bool rope = false;  // ROPE_LLAMA on q (at its position) and k (at its index), all features
   double rope_scale = 1.0, rope_theta = 1e4;
+  // Dequantization scales of K and V (an fp8 cache's): k_scale multiplies the
+  // softmax scale, v_scale the output, as on the GPU (RunOptions).
+  double k_scale = 1.0, v_scale = 1.0;
 };
 
-// q [rows, Hq, D], k / v [keys, Hkv, D] (fp16, bf16 or fp32, any strides),
+// q [rows, Hq, D], k / v [keys, Hkv, D] (fp16, bf16 or fp32; k / v also fp8,
+// widened exactly; any strides),
 // requests given by qo_indptr / kv_indptr. Writes o [rows, Hq, D] (any float
 // dtype) and lse [rows, Hq] (float32, base 2; may be undefined). Rows that
 // see no key get o = 0 and lse = -inf.
