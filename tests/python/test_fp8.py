@@ -163,22 +163,22 @@ def test_fp8_append_quantizes_like_torch(torch_cuda, rng, rows, kv_dtype, layout
     kt = torch.tensor([0.02], device="cuda")
     tessera.append_paged_kv_cache(key, value, batch, pos, (k_cache, v_cache), indices, indptr, last, layout,
                                   k_scale=0.01, v_scale=kt)
-    # Gather what landed where the page table says, and compare with torch's conversion.
-    kk, vv = (x if layout == "NHD" else x.transpose(1, 2) for x in (k_cache, v_cache))
+    # Gather (as bytes) what landed where the page table says; compare with torch's conversion.
     pages = torch.from_numpy(table[1]).cuda().long()  # every request's pages, in order
-    flat_k = kk[pages].reshape(-1, HKV, HEAD_DIM)
-    flat_v = vv[pages].reshape(-1, HKV, HEAD_DIM)
     starts = np.concatenate([[0], np.cumsum([(n + page_size - 1) // page_size for n in lens])]) * page_size
-    got_k = torch.cat([flat_k[s: s + n] for s, n in zip(starts, lens)])
-    got_v = torch.cat([flat_v[s: s + n] for s, n in zip(starts, lens)])
+
+    def landed(cache):
+        x = cache.view(torch.uint8)
+        flat = (x if layout == "NHD" else x.transpose(1, 2))[pages].reshape(-1, HKV, HEAD_DIM)
+        return torch.cat([flat[s: s + n] for s, n in zip(starts, lens)])
+
     want_k = (key.float() / 0.01).to(getattr(torch, kv_dtype))
     want_v = (value.float() / kt).to(getattr(torch, kv_dtype))
-    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
-    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
+    assert torch.equal(landed(k_cache), want_k.view(torch.uint8))
+    assert torch.equal(landed(v_cache), want_v.view(torch.uint8))
     # fp8 rows into the fp8 cache: a copy (FlashInfer's own call)
     tessera.append_paged_kv_cache(want_v, want_k, batch, pos, (k_cache, v_cache), indices, indptr, last, layout)
-    got_k = torch.cat([kk[pages].reshape(-1, HKV, HEAD_DIM)[s: s + n] for s, n in zip(starts, lens)])
-    assert torch.equal(got_k.view(torch.uint8), want_v.view(torch.uint8))
+    assert torch.equal(landed(k_cache), want_v.view(torch.uint8))
 
 
 @pytest.mark.parametrize("kv_dtype", FP8)
@@ -212,7 +212,7 @@ def test_fp8_bad_input_gpu(torch_cuda, rng):
     q = torch.zeros(2, HQ, HEAD_DIM, dtype=torch.float16, device="cuda")
     w = planned(torch, table, 16, torch.float16, torch.float8_e4m3fn)
     with pytest.raises(TypeError, match="paged_kv_cache"):
-        w.run(q, (k.to(torch.float8_e5m2), v.to(torch.float8_e5m2)))
+        w.run(q, (k.float().to(torch.float8_e5m2), v.float().to(torch.float8_e5m2)))
     with pytest.raises(TypeError, match="kv"):
         w.run(q, (k.half(), v.half()))
     with pytest.raises(TypeError, match="k_scale"):
