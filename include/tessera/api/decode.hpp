@@ -23,7 +23,10 @@
 // where they were faster at every measured batch, length and group size; the
 // CUDA cores otherwise), true asks for the tensor cores. cuda_cores, or any
 // CUDA-core tuning option, asks for the CUDA-core kernel. The contract
-// (bounds, graph capture, errors) is the same on both paths.
+// (bounds, graph capture, errors) is the same on both paths. An fp8 KV cache
+// (kv_dtype float8_e4m3fn / float8_e5m2) runs on the CUDA-core kernel, which
+// widens it in registers; use_tensor_cores refuses it (TypeMismatch naming
+// kv_dtype), as do scale tensors (RunOptions) on the tensor-core path.
 #pragma once
 #include <cuda_runtime_api.h>
 
