@@ -60,6 +60,11 @@ fi
 [ -f "$prefix/lib/cmake/tessera/tesseraConfig.cmake" ] && [ -f "$prefix/include/tessera/tessera.hpp" ] || {
   echo "package: FAIL (the install has no tesseraConfig.cmake or headers)"; exit 1; }
 echo "package: installed $(find "$prefix" -type f | wc -l) files into a temporary prefix"
+if [ "$fresh" = 0 ]; then  # build/ has the tool, so the install ships the kernel pack
+  n=$(find "$prefix/share/tessera/kernels" -name '*.cubin' 2>/dev/null | wc -l)
+  [ "$n" -gt 0 ] || { echo "package: FAIL (the install has no kernel pack in share/tessera/kernels)"; exit 1; }
+  echo "package: the install ships $n prebuilt kernels"
+fi
 
 quiet configure-find-package cmake -S "$example" -B "$tmp/find-package" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix"

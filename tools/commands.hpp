@@ -13,7 +13,7 @@ struct DemoOptions {
 int run_demo(const DemoOptions& opt);
 
 // Compiles every built-in kernel for each arch; prints per-kernel times.
-int run_compile(const std::vector<std::string>& archs, int threads, bool verbose, bool load);
+int run_compile(const std::vector<std::string>& archs, int threads, bool verbose, bool load, const std::string& pack);
 
 // Host time of steady-state BatchDecode::plan() calls, and of the planner alone.
 int run_plan_time(int batch, int reps);

@@ -1,14 +1,15 @@
 // `tessera compile`: JIT-compiles every built-in kernel to cubin for the
 // given architectures, with no GPU needed (CI runs this for sm_80 and sm_90a).
+// With --pack DIR it also writes them to a kernel pack (the install's
+// prebuilt kernels, jit.hpp).
 // With --load (GPU only) it also loads each kernel onto the device and times
 // that, and times in-memory lookups of loaded kernels.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <exception>
-#include <mutex>
-#include <thread>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
 
 #include "commands.hpp"
 #include "tessera/runtime/cuda.hpp"
@@ -23,43 +24,39 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// KernelCache::precompile, plus a progress line at most every 15 s: a cold
+// KernelCache::precompile, with a progress line at most every 15 s: a cold
 // cache takes minutes on a small machine, and a silent step looks hung.
 void compile_with_progress(jit::KernelCache& cache, const std::vector<jit::KernelSource>& kernels,
                            const jit::Arch& arch, int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const auto t0 = std::chrono::steady_clock::now();
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  size_t done = 0;
   double last_report_ms = 0;
-  std::exception_ptr first_error;
-  auto worker = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < kernels.size();) {
-      std::exception_ptr err;
-      try {
-        cache.cubin(kernels[i], arch);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (err && !first_error) first_error = err;
-      const double ms = ms_since(t0);
-      if (++done < kernels.size() && ms - last_report_ms >= 15000) {
-        last_report_ms = ms;
-        std::printf("  %s: %zu/%zu kernels, %.0f s\n", arch.str().c_str(), done, kernels.size(), ms / 1e3);
-        std::fflush(stdout);
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
-  if (first_error) std::rethrow_exception(first_error);
+  cache.precompile(kernels, arch, threads, [&](size_t done, size_t total) {
+    const double ms = ms_since(t0);
+    if (done == total || ms - last_report_ms < 15000) return;
+    last_report_ms = ms;
+    std::printf("  %s: %zu/%zu kernels, %.0f s\n", arch.str().c_str(), done, total, ms / 1e3);
+    std::fflush(stdout);
+  });
+}
+
+// Writes each kernel's cubin to DIR/<key>.cubin: a kernel pack (jit.hpp).
+void write_pack(jit::KernelCache& cache, const std::vector<jit::KernelSource>& kernels, const jit::Arch& arch,
+                const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  for (const auto& k : kernels) {
+    auto bin = cache.cubin(k, arch);
+    const auto path = std::filesystem::path(dir) / (bin->key + ".cubin");
+    const auto tmp = path.string() + ".tmp";
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bin->image.data(), static_cast<std::streamsize>(bin->image.size()));
+    out.close();
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+    std::filesystem::rename(tmp, path);
+  }
 }
 }  // namespace
 
-int run_compile(const std::vector<std::string>& archs, int threads, bool verbose, bool load) {
+int run_compile(const std::vector<std::string>& archs, int threads, bool verbose, bool load, const std::string& pack) {
   auto& cache = jit::KernelCache::global();
   auto kernels = catalog::builtin_kernels();
   for (auto& k : catalog::builtin_prefill_kernels()) kernels.push_back(std::move(k));
@@ -89,6 +86,10 @@ int run_compile(const std::vector<std::string>& archs, int threads, bool verbose
                 "(mean %.2f ms, max %.2f ms per kernel)\n",
                 arch.str().c_str(), kernels.size(), s, compiled, compiled ? compile_ms / compiled : 0.0, max_compile,
                 from_disk, from_disk ? load_ms / from_disk : 0.0, max_load);
+    if (!pack.empty()) {
+      write_pack(cache, kernels, arch, pack);
+      std::printf("%s: %zu kernels written to the kernel pack %s\n", arch.str().c_str(), kernels.size(), pack.c_str());
+    }
     std::fflush(stdout);
   }
   if (load) {

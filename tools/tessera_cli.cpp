@@ -1,6 +1,6 @@
 // `tessera`: the command-line tool.
 //   tessera demo [--small] [--seed N] [--iters N]   serving-style attention step, verified
-//   tessera compile [--arch sm_80,sm_90a] [--threads N] [--verbose] [--load]
+//   tessera compile [--arch sm_80,sm_90a] [--threads N] [--verbose] [--load] [--pack DIR]
 //   tessera plan-time [--batch N] [--reps N]         host time of BatchDecode::plan()
 //   tessera info                                     GPU, NVRTC and cache
 #include <cstdio>
@@ -21,7 +21,8 @@ void usage() {
   std::puts(
       "usage: tessera <command> [options]\n"
       "  demo     [--small] [--seed N] [--iters N]  run a verified serving-style attention step\n"
-      "  compile  [--arch LIST] [--threads N] [--verbose] [--load]  JIT-compile every built-in kernel\n"
+      "  compile  [--arch LIST] [--threads N] [--verbose] [--load] [--pack DIR]  JIT-compile every built-in\n"
+      "           kernel (--pack: also write them to DIR, a kernel pack an install ships)\n"
       "  plan-time [--batch N] [--reps N]  host time of steady-state decode plan() calls\n"
       "  info     show the GPU, NVRTC version and kernel cache directory");
 }
@@ -84,15 +85,17 @@ int main(int argc, char** argv) {
       std::vector<std::string> archs = {"sm_80", "sm_89", "sm_90a"};
       int threads = 0;
       bool verbose = false, load = false;
+      std::string pack;
       for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--arch" && i + 1 < argc) archs = split(argv[++i]);
         else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
         else if (a == "--verbose") verbose = true;
         else if (a == "--load") load = true;
+        else if (a == "--pack" && i + 1 < argc) pack = argv[++i];
         else { usage(); return 2; }
       }
-      return tessera::tools::run_compile(archs, threads, verbose, load);
+      return tessera::tools::run_compile(archs, threads, verbose, load, pack);
     }
     if (cmd == "info") return info();
     usage();

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -285,6 +286,10 @@ void compile_kernels() {
 }
 
 int run() {
+#ifdef TESSERA_KERNEL_PACK_DIR
+  if (std::filesystem::is_directory(TESSERA_KERNEL_PACK_DIR)) jit::KernelCache::global().add_pack(TESSERA_KERNEL_PACK_DIR);
+#endif
+  for (const auto& pack : jit::KernelCache::global().packs()) std::printf("kernel pack: %s\n", pack.c_str());
   std::mt19937 rng(2024);
   const bool gpu = cuda::gpu_available();
   if (gpu) std::printf("GPU: %s\n", cuda::device_info(cuda::current_device()).name.c_str());

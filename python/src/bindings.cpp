@@ -11,6 +11,7 @@
 //   tessera::TypeMismatch    -> TypeError
 //   tessera::CompileError    -> RuntimeError("CompileError: ...")
 //   tessera::CudaError       -> RuntimeError("CudaError: ...")
+#include <chrono>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -426,14 +427,24 @@ class PyBatchPrefill {
 // ---------------------------------------------------------------- JIT
 // Compiles every built-in kernel for `arch` (no GPU needed) and reports, per
 // kernel, how long NVRTC took and whether the cubin came from the disk cache.
-nb::list py_compile_builtin(const std::string& arch, int threads) {
+// progress: a line on stderr at most every 10 s while it runs (a cold cache
+// takes minutes on a small machine, and a silent call looks hung).
+nb::list py_compile_builtin(const std::string& arch, int threads, bool progress) {
   const jit::Arch target = jit::Arch::parse(arch);
-  const std::vector<jit::KernelSource> srcs = catalog::builtin_kernels();
+  std::vector<jit::KernelSource> srcs = catalog::builtin_kernels();
+  for (auto& k : catalog::builtin_prefill_kernels()) srcs.push_back(std::move(k));
   auto& cache = jit::KernelCache::global();
   std::vector<std::shared_ptr<const jit::Cubin>> cubins;
   {
     nb::gil_scoped_release release;
-    cache.precompile(srcs, target, threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    double last = 0;
+    cache.precompile(srcs, target, threads, [&](size_t done, size_t total) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!progress || done == total || s - last < 10) return;
+      last = s;
+      std::fprintf(stderr, "tessera: %s kernels %zu/%zu compiled or loaded, %.0f s\n", arch.c_str(), done, total, s);
+    });
     for (const auto& src : srcs) cubins.push_back(cache.cubin(src, target));  // memory hits now
   }
   nb::list out;
@@ -570,8 +581,12 @@ NB_MODULE(_C, m) {
   m.def("gpu_available", &tessera::cuda::gpu_available, "True when a usable CUDA device is present.");
   m.def("no_gpu_reason", &tessera::cuda::no_gpu_reason, "Why no GPU is usable ('' when one is).");
   m.def("device_count", &tessera::cuda::device_count, "Number of usable CUDA devices (0 without a driver).");
-  m.def("compile_builtin", &py_compile_builtin, "arch"_a, "threads"_a = 0,
+  m.def("compile_builtin", &py_compile_builtin, "arch"_a, "threads"_a = 0, "progress"_a = true,
         "JIT-compiles every built-in kernel for arch; returns [(entry, compile_ms, from_disk)].");
+  m.def("add_kernel_pack", [](const std::string& dir) { tessera::jit::KernelCache::global().add_pack(dir); },
+        "dir"_a, "Adds a directory of prebuilt cubins (a kernel pack) to the JIT's lookup.");
+  m.def("kernel_packs", []() { return tessera::jit::KernelCache::global().packs(); },
+        "The kernel packs the JIT looks in, in order.");
   m.def("cache_dir", []() { return tessera::jit::KernelCache::global().dir(); }, "The JIT disk cache directory.");
   m.def("nvrtc_version", &tessera::jit::nvrtc_version, "Version of the NVRTC library in use.");
 }

@@ -135,7 +135,7 @@ class PrefillWrapper(W.PlannedWrapper):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
         self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
-                             rope=rope, head_dim=config[3])
+                             rope=rope, head_dim=config[3], num_qo_heads=config[4])
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None, lse_base="log2",
                    lse_layout="NH", **features):
@@ -182,7 +182,6 @@ class PrefillWrapper(W.PlannedWrapper):
 
 # What each FlashInfer run() argument without a Tessera implementation would need.
 _RUN_FEATURES = {
-    "sinks": "attention sinks are not implemented",
     "kv_cache_sf": "NVFP4 KV caches are not implemented",
     "skip_softmax_threshold_scale_factor": "skip-softmax sparsity is not implemented",
     "o_scale": "an output quantization scale is not implemented",

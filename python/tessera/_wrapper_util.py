@@ -15,6 +15,9 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _tensors as T
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
 from ._errors import not_supported
 
 LAYOUTS = ("NHD", "HND")
@@ -389,6 +392,34 @@ def run_outputs(q, out, lse, return_lse, o_dtype):
     if lse is None and return_lse:
         lse = T.empty(q, q.shape[:2], "float32")
     return out, lse
+
+
+def check_sinks(sinks, q, num_qo_heads):
+    """FlashInfer's attention sinks: None, or a floating CUDA tensor [num_qo_heads] on q's device."""
+    if sinks is None:
+        return None
+    if not T.is_cuda(sinks):
+        raise TypeError(f"sinks: expected a CUDA tensor [num_qo_heads], got {type(sinks).__name__} on "
+                        f"{T.device_of(sinks)}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks: expected a floating-point tensor (float32), got {sinks.dtype}")
+    if tuple(sinks.shape) != (num_qo_heads,):
+        raise ValueError(f"sinks: expected shape ({num_qo_heads},) (one logit per query head), got {tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks: expected a tensor on {q.device} (q's device), got {sinks.device}")
+    return sinks
+
+
+def apply_sinks(out, lse, sinks):
+    """Attention sinks (gpt-oss; FlashInfer's `sinks`): one virtual key per query head, logit sinks[h] (natural
+    units, not scaled by sm_scale) and value zero, joins every row's softmax. That is a merge of each row's
+    state (out, lse) with the state (0, s), s = sinks * log2(e): out *= 1 / (1 + 2^(s - lse)) and lse becomes
+    log2(2^lse + 2^s), in place (lse in base 2, as the kernels write it). An empty row (lse = -inf) keeps
+    out = 0 and gets lse = s."""
+    s = sinks.float() * _LOG2E
+    keep = ((lse - s) * _LN2).sigmoid()  # 1 / (1 + 2^(s - lse))
+    out.copy_((out.float() * keep.unsqueeze(-1)).to(out.dtype))
+    lse.copy_(lse.logaddexp2(s.expand_as(lse)))
 
 
 def buffer_length(buf, name):

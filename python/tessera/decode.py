@@ -196,6 +196,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         self._use_tensor_cores = bool(use_tensor_cores)
         # Kept only so the caller's buffers outlive the wrapper as in FlashInfer.
         self._paged_kv_buffers = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+        self._multi = None  # the prefill wrapper that runs q_len_per_req > 1 steps (built at the first such plan)
         self._fixed_batch = self._fixed_pages = None
         if paged_kv_indptr_buffer is not None:
             self._fixed_batch = _positive_int(len(paged_kv_indptr_buffer) - 1, "paged_kv_indptr_buffer length - 1")
@@ -235,6 +236,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         """
         C.check_int_workspace(int_workspace_buffer, "int_workspace_buffer")
         W.reset_workspace(self, float_workspace_buffer)
+        self._multi = None
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              *deprecated_positional_args, **kwargs):
@@ -306,7 +308,13 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 any batch (and under CUDA graphs); the chunks are still
                 balanced over the CTAs. About the mean KV length in pages is
                 a good value (the default plan's cost on bench/results/).
-            q_len_per_req: 1 (one query per request); is_causal: None or False.
+            q_len_per_req: queries per request (1: decode). n > 1 (speculative
+                / MTP verification): q holds request b's n queries, its last
+                n positions, in rows [b * n, (b + 1) * n); they attend
+                causally (query j sees keys < kv_len - (n - 1 - j)) unless
+                is_causal is False. Runs on the prefill kernels.
+            is_causal: None or True (causal among a request's queries), or
+                False (each sees all keys).
             block_tables: only its default (None) so far.
         """
         # The scalar arguments rarely change between steps: their checks (and
@@ -325,6 +333,15 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale, options, rope)
         C.refuse_given("a dense block table is what TensorRT-LLM backends read; Tessera reads indptr / indices",
                        block_tables=block_tables)
+        n = C.int_arg(q_len_per_req, "q_len_per_req")
+        if n > 1:
+            self._plan_multi_token(n, is_causal, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                                   page_size, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                   logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
+                                   kv_data_type=kv_data_type if kv_data_type is not None else data_type,
+                                   o_data_type=o_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
+                                   rope_theta=rope_theta, seq_lens=seq_lens)
+            return
         indptr = _host_ints(indptr, "indptr")
         last_page_len = _host_ints(last_page_len, "last_page_len")
         if indptr.size < 1:
@@ -354,6 +371,23 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "kv_dtype": kv_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope}
+
+    def _plan_multi_token(self, n, is_causal, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                          page_size, **options):
+        """q_len_per_req = n > 1 (speculative / MTP verification): request b's queries are rows [b * n, (b + 1) * n)
+        of q, its last n positions, so the step is a batch prefill with n queries per request, causal (bottom-right
+        aligned: query j sees keys < kv_len - (n - 1 - j)) unless is_causal is False. It runs on the prefill
+        wrapper (its tensor-core kernels), on this wrapper's workspace."""
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper  # prefill imports this module's helpers
+        if self._multi is None:
+            self._multi = BatchPrefillWithPagedKVCacheWrapper(self._float_workspace_buffer, self._kv_layout,
+                                                              self._use_cuda_graph, None, *self._paged_kv_buffers)
+        batch = _host_ints(indptr, "indptr").size - 1
+        qo_indptr = np.arange(max(batch, 0) + 1, dtype=np.int32) * n
+        self._planned = None  # a failed plan() leaves nothing to run
+        self._multi.plan(qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                         causal=is_causal is not False, **options)
+        self._planned = {"multi": n, "batch": batch}
 
     def _check_scalars(self, pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type,
                        sm_scale, rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size):
@@ -427,8 +461,13 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 and waits for it before reading q, K, V or writing outputs.
             window_left: None or the value given to plan().
             q_len_per_req: None or 1 (FlashInfer moved it to plan()).
-            sinks, skip_softmax_threshold_scale_factor, kv_cache_sf: only
-                None so far (attention sinks, skip-softmax sparsity and NVFP4
+            sinks: None, or float32 [num_qo_heads] CUDA attention-sink logits
+                (gpt-oss): a virtual key per head with that logit (natural
+                units, not scaled by sm_scale) and a zero value joins each
+                row's softmax; applied to the kernel's (out, lse) as a merge
+                with that state.
+            skip_softmax_threshold_scale_factor, kv_cache_sf: only
+                None so far (skip-softmax sparsity and NVFP4
                 caches are not implemented).
 
         Returns:
@@ -437,11 +476,16 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if args:
             raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
                                   "tessera.AttentionWrapper")
-        _check_run_features(sinks, skip_softmax_threshold_scale_factor, kv_cache_sf)
-        if q_len_per_req is not None and C.int_arg(q_len_per_req, "q_len_per_req") != 1:
-            _refuse_q_len_per_req(q_len_per_req)
+        _check_run_features(skip_softmax_threshold_scale_factor, kv_cache_sf)
         if self._planned is None:
             raise ValueError("run: expected plan() to be called first")
+        planned_n = self._planned.get("multi", 1)
+        if q_len_per_req is not None and C.int_arg(q_len_per_req, "q_len_per_req") != planned_n:
+            raise ValueError(f"q_len_per_req: expected {planned_n} (as planned), got {q_len_per_req}")
+        if planned_n > 1:
+            return self._multi.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
+                                   lse=lse, return_lse=return_lse, enable_pdl=enable_pdl, window_left=window_left,
+                                   sinks=sinks)
         if not T.is_cuda(q):
             raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
         plan = self._planned
@@ -453,14 +497,17 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         v = T.kv_bits(v, "paged_kv_cache", plan["kv_dtype"])[0]
         if len(q.shape) != 3:
             raise ValueError(f"q: expected a 3-D tensor [batch_size, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
+        sinks = W.check_sinks(sinks, q, plan["num_qo_heads"])
         if out is None:
             out = T.empty(q, q.shape, plan["o_dtype"])
-        if lse is None and return_lse:
+        if lse is None and (return_lse or sinks is not None):
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
             self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
                              pdl=bool(enable_pdl), rope_scale=plan["rope"][1], rope_theta=plan["rope"][2],
                              v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt), v_scale_tensor=T.arg(vt))
+            if sinks is not None:
+                W.apply_sinks(out, lse, sinks)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -493,11 +540,6 @@ _DECODE_PLAN_LEGACY = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q
                        "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
 
 
-def _refuse_q_len_per_req(value):
-    raise C.not_supported("q_len_per_req", value, "decode runs one query per request; several (speculative "
-                          "verification) run as batch prefill with a causal mask")
-
-
 def _check_decode_only_options(window_right, fixed_split_size, q_len_per_req, is_causal, disable_split_kv):
     """plan()'s options for features decode does not have yet; each accepts its default."""
     if C.int_arg(window_right, "window_right") not in (0, -1):
@@ -507,15 +549,17 @@ def _check_decode_only_options(window_right, fixed_split_size, q_len_per_req, is
     n = C.int_arg(q_len_per_req, "q_len_per_req")
     if n < 1:
         raise ValueError(f"q_len_per_req: expected an int >= 1, got {n}")
-    if n != 1:
-        _refuse_q_len_per_req(q_len_per_req)
-    C.refuse_true("is_causal", is_causal, "a causal mask within a request needs several queries per request")
+    if is_causal is not None and not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal: expected None or a bool, got {type(is_causal).__name__}")
     if not isinstance(disable_split_kv, (bool, np.bool_)):
         raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
+    if n > 1:  # these run on the prefill wrapper, whose plan does not take them yet
+        C.refuse_fixed_split_size(fixed_split_size)
+        C.refuse_true("disable_split_kv", disable_split_kv, "q_len_per_req > 1 runs as batch prefill, whose plan "
+                      "keeps the planner's KV split")
 
 
-def _check_run_features(sinks, skip_softmax_threshold_scale_factor, kv_cache_sf):
-    C.refuse_given("attention sinks are not implemented", sinks=sinks)
+def _check_run_features(skip_softmax_threshold_scale_factor, kv_cache_sf):
     C.refuse_given("skip-softmax sparsity is not implemented",
                    skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
     C.refuse_given("NVFP4 KV caches are not implemented", kv_cache_sf=kv_cache_sf)

@@ -3,6 +3,8 @@ location of the kernel cache.
 
 Tessera compiles kernels with NVRTC at first use and caches the cubins on disk
 ($TESSERA_CACHE_DIR, else $XDG_CACHE_HOME/tessera, else ~/.cache/tessera).
+Installed packages ship the built-in kernels prebuilt for sm_80 and sm_90a
+(kernel packs, see kernel_packs()): those load without compiling.
 compile_builtin fills that cache ahead of time (no GPU needed), e.g. while
 building a container image, so the first request does not pay for compilation.
 """
@@ -16,10 +18,11 @@ CompiledKernel.__doc__ = """One built-in kernel: its entry name, NVRTC time in m
 the disk cache) and whether it was loaded from the disk cache."""
 
 
-def compile_builtin(arch="sm_90a", threads=0):
+def compile_builtin(arch="sm_90a", threads=0, progress=True):
     """Compiles every built-in kernel for `arch` ("sm_80", "sm_90a", "8.9", ...).
 
     threads: compiler threads (0 = all hardware threads).
+    progress: print a line to stderr at most every 10 s while compiling.
     Returns a list of CompiledKernel(entry, compile_ms, from_disk).
     Raises RuntimeError("CompileError: ...") if NVRTC rejects a kernel.
     """
@@ -27,7 +30,13 @@ def compile_builtin(arch="sm_90a", threads=0):
         raise TypeError(f"arch: expected a string such as 'sm_90a', got {type(arch).__name__}")
     if not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads: expected a non-negative int, got {threads!r}")
-    return [CompiledKernel(*t) for t in _C.compile_builtin(arch, threads)]
+    return [CompiledKernel(*t) for t in _C.compile_builtin(arch, threads, bool(progress))]
+
+
+def kernel_packs():
+    """The directories of prebuilt kernels (kernel packs) the JIT looks in before its cache: an installed
+    wheel's tessera/kernels and the C++ install's share/tessera/kernels when present."""
+    return list(_C.kernel_packs())
 
 
 def cache_dir():

@@ -215,7 +215,9 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
             enable_pdl: programmatic dependent launch (sm_90+; ignored
                 before), as for BatchDecodeWithPagedKVCacheWrapper.run.
             window_left: None or the value given to plan().
-            sinks, kv_cache_sf, skip_softmax_threshold_scale_factor: only
+            sinks: None, or float32 [num_qo_heads] attention-sink logits,
+                as for BatchDecodeWithPagedKVCacheWrapper.run.
+            kv_cache_sf, skip_softmax_threshold_scale_factor: only
                 None so far; use_fp16_softmax, uses_spcompress (TensorRT-LLM
                 kernel variants): None or False.
 
@@ -224,15 +226,20 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         """
         B.check_run_flags(use_fp16_softmax, uses_spcompress)
         plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, window_left, lse_base, lse_layout,
-                               sinks=sinks, kv_cache_sf=kv_cache_sf,
+                               kv_cache_sf=kv_cache_sf,
                                skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
         k, v = W.unpack_paged_kv_cache(paged_kv_cache)
         out, lse = self._outputs(q, out, lse, return_lse)
+        sinks = W.check_sinks(sinks, q, plan["num_qo_heads"])
+        if sinks is not None and lse is None:
+            lse = T.empty(q, q.shape[:2], "float32")
         n = plan["total_q"]
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
                              plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
                              rope_scale=plan["rope"][1], rope_theta=plan["rope"][2], v_scale=plan["v_scale"])
+            if sinks is not None:
+                W.apply_sinks(self._rows(out, n), self._rows(lse, n), sinks)
         if not return_lse:
             return out
         C.finish_lse(self._rows(lse, n), lse_base)

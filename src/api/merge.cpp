@@ -3,6 +3,7 @@
 #include "tessera/api/merge.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "checks.hpp"
@@ -23,10 +24,11 @@ void check_values(const char* name, const TensorView& v, int64_t ndim) {
   check_dtype_in(name, v, {DType::kFloat16, DType::kBFloat16, DType::kFloat32});
   const int64_t d = v.size(-1);
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(v.dtype));
-  // Each (row, head) is split over head_dim / vec threads of a 128-thread block.
-  if (d < vec || d % vec != 0 || 128 % (d / vec) != 0)
-    throw InvalidArgument(std::string(name) + ": expected head_dim a multiple of " + str(vec) + " dividing " + str(128 * vec) +
-                          " (e.g. 64, 128, 256), got " + str(d));
+  // A row is d / vec 16-byte vectors spread evenly over the lanes of one warp
+  // (abi/merge_params.cuh): a power of two, at most kMergeMaxVectors.
+  if (d < vec || d % vec != 0 || kMergeMaxVectors % (d / vec) != 0)
+    throw InvalidArgument(std::string(name) + ": expected head_dim a multiple of " + str(vec) + " dividing " +
+                          str(kMergeMaxVectors * vec) + " (e.g. 64, 128, 256), got " + str(d));
   if (v.device.is_cuda()) detail::check_cuda_vectors(name, v);
   else check_last_dim_contiguous(name, v);
 }
@@ -52,20 +54,22 @@ StateOut state_out(const TensorView& v, const TensorView& s) {
   return o;
 }
 
-unsigned merge_blocks(int64_t rows, int64_t heads, int64_t head_dim, DType t) {
-  const int64_t threads_per_pair = head_dim / (16 / static_cast<int64_t>(dtype_size(t)));
-  const int64_t pairs_per_block = 128 / threads_per_pair;
-  return static_cast<unsigned>((rows * heads + pairs_per_block - 1) / pairs_per_block);
-}
+// 16-byte vectors per row of head_dim values of type t.
+int merge_vectors(int64_t head_dim, DType t) { return static_cast<int>(head_dim * dtype_size(t) / 16); }
 
+// steps: rows per thread (merge_pair_steps for merge_pair, 1 for merge_many).
 template <typename Params>
-void launch(const jit::KernelSource& src, const TensorView& like, Params& p, int64_t rows, cudaStream_t stream,
+void launch(const jit::KernelSource& src, const TensorView& like, Params& p, int steps, cudaStream_t stream,
             const char* what) {
-  if (rows == 0 || p.num_heads == 0) return;
+  const int64_t rows = static_cast<int64_t>(p.num_rows) * p.num_heads;
+  if (rows == 0) return;
+  if (rows > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument(std::string(what) + ": expected fewer than 2^31 (row, head) pairs, got " + str(rows));
   detail::require_gpu(what);
   cuda::DeviceGuard guard(like.device.index);
   const auto& k = jit::KernelCache::global().kernel(src, like.device.index);
-  k.launch(dim3(merge_blocks(rows, p.num_heads, p.head_dim, like.dtype)), dim3(128), 0, stream, &p);
+  const int64_t per_block = merge_rows_per_block(merge_vectors(p.head_dim, like.dtype), steps);
+  k.launch(dim3(static_cast<unsigned>((rows + per_block - 1) / per_block)), dim3(kMergeThreads), 0, stream, &p);
   detail::check_launch(what);
 }
 
@@ -105,7 +109,8 @@ void launch_pair(const TensorView& v_a, const TensorView& s_a, const TensorView&
   MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out),
                     wants(mask) ? static_cast<const unsigned char*>(mask.data) : nullptr,
                     static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2))};
-  launch(catalog::merge_pair(v_a.dtype, v_out.dtype), v_a, p, v_a.size(0), stream, what);
+  const int per_lane = merge_per_lane(merge_vectors(v_a.size(2), v_a.dtype));
+  launch(catalog::merge_pair(v_a.dtype, v_out.dtype, per_lane), v_a, p, merge_pair_steps(per_lane), stream, what);
 }
 
 }  // namespace
@@ -183,7 +188,7 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   }
   MergeManyParams p{in, state_out(v_out, s_out), nullptr, static_cast<int>(S),
                     static_cast<int>(n), static_cast<int>(h), static_cast<int>(d)};
-  launch(catalog::merge_many(v.dtype), v, p, n, stream, "merge_states");
+  launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream, "merge_states");
 }
 
 void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorView& indptr, const TensorView& v_out,
@@ -213,7 +218,8 @@ void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorV
   if (!v.device.is_cuda()) return cpu::merge_states_ragged(v, s, indptr, v_out, s_out);
   MergeManyParams p{state_set(v, s, 0), state_out(v_out, s_out), static_cast<const int*>(indptr.data), 0,
                     static_cast<int>(n), static_cast<int>(h), static_cast<int>(d)};
-  launch(catalog::merge_many(v.dtype), v, p, n, stream, "merge_states_ragged");
+  launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream,
+         "merge_states_ragged");
 }
 
 }  // namespace tessera

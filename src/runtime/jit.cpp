@@ -3,6 +3,7 @@
 
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -136,6 +137,14 @@ std::string nvrtc_version() {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
+std::string install_pack_dir() {
+#ifdef TESSERA_INSTALL_PACK_DIR
+  return TESSERA_INSTALL_PACK_DIR;  // a path set by CMake at configure time; it changes no kernel
+#else
+  return {};
+#endif
+}
+
 std::string default_cache_dir() {
   if (const char* d = std::getenv("TESSERA_CACHE_DIR"); d && *d) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tessera";
@@ -255,8 +264,26 @@ void LoadedKernel::set_max_dynamic_smem(int bytes) const {
 KernelCache::KernelCache(std::string dir) : dir_(dir.empty() ? default_cache_dir() : std::move(dir)) {}
 
 KernelCache& KernelCache::global() {
-  static KernelCache cache;
+  static KernelCache& cache = []() -> KernelCache& {
+    static KernelCache c;
+    std::error_code ec;
+    if (const std::string pack = install_pack_dir(); !pack.empty() && fs::is_directory(pack, ec)) c.add_pack(pack);
+    return c;
+  }();
   return cache;
+}
+
+void KernelCache::add_pack(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec))
+    throw InvalidArgument("dir: expected an existing kernel pack directory, got '" + dir + "'");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(packs_.begin(), packs_.end(), dir) == packs_.end()) packs_.push_back(dir);
+}
+
+std::vector<std::string> KernelCache::packs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return packs_;
 }
 
 std::string KernelCache::key(const KernelSource& src, const Arch& arch) const {
@@ -296,6 +323,16 @@ std::shared_ptr<const Cubin> KernelCache::cubin(const KernelSource& src, const A
   out->key = k;
   const fs::path bin_path = fs::path(dir_) / (k + ".cubin");
   auto t0 = std::chrono::steady_clock::now();
+  for (const std::string& pack : packs()) {
+    if (!read_file(fs::path(pack) / (k + ".cubin"), out->image)) continue;
+    out->from_disk = out->from_pack = true;
+    out->load_ms = ms_since(t0);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.pack_hits;
+    stats_.disk_load_ms_total += out->load_ms;
+    cubins_[k] = out;
+    return out;
+  }
   if (read_file(bin_path, out->image)) {
     out->from_disk = true;
     out->load_ms = ms_since(t0);
@@ -349,19 +386,25 @@ const LoadedKernel& KernelCache::kernel(const KernelSource& src, int device) {
   return *slot;
 }
 
-void KernelCache::precompile(std::span<const KernelSource> srcs, const Arch& arch, int threads) {
+void KernelCache::precompile(std::span<const KernelSource> srcs, const Arch& arch, int threads,
+                             const std::function<void(size_t, size_t)>& progress) {
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
   std::atomic<size_t> next{0};
   std::mutex err_mu;
+  size_t done = 0;
   std::exception_ptr first_error;
   auto worker = [&] {
     for (size_t i; (i = next.fetch_add(1)) < srcs.size();) {
+      std::exception_ptr err;
       try {
         cubin(srcs[i], arch);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(err_mu);
-        if (!first_error) first_error = std::current_exception();
+        err = std::current_exception();
       }
+      std::lock_guard<std::mutex> lock(err_mu);
+      if (err && !first_error) first_error = err;
+      ++done;
+      if (progress) progress(done, srcs.size());
     }
   };
   std::vector<std::thread> pool;

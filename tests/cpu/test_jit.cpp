@@ -78,6 +78,51 @@ TEST(Jit, SecondCacheLoadsFromDisk) {
   EXPECT_EQ(warm.stats().memory_hits, 1);
 }
 
+// Kernel packs (prebuilt cubins an install ships): looked up after memory and
+// before the disk cache, in the order added; a miss falls through.
+TEST(Jit, KernelPacksComeBeforeTheDiskCache) {
+  const ScratchDir cache_dir("pack_cache"), pack_a("pack_a"), pack_b("pack_b");
+  fs::create_directories(pack_a.path());
+  fs::create_directories(pack_b.path());
+  const auto src = catalog::merge_pair(DType::kFloat16), other = catalog::merge_pair(DType::kBFloat16);
+  const auto arch = jit::Arch::parse("sm_80");
+  jit::KernelCache cache(cache_dir.str());
+  EXPECT_THROW_MSG(cache.add_pack((cache_dir.path() / "missing").string()), InvalidArgument, "dir");
+  const std::string key = cache.key(src, arch);
+  auto put = [&](const fs::path& dir, const std::string& text) {
+    std::ofstream(dir / (key + ".cubin"), std::ios::binary) << text;
+  };
+  put(pack_b.path(), "from pack b");
+  put(pack_a.path(), "from pack a");
+  cache.add_pack(pack_a.str());
+  cache.add_pack(pack_b.str());
+  cache.add_pack(pack_a.str());  // added once
+  ASSERT_EQ(cache.packs(), (std::vector<std::string>{pack_a.str(), pack_b.str()}));
+  auto bin = cache.cubin(src, arch);
+  EXPECT_TRUE(bin->from_pack && bin->from_disk);
+  EXPECT_EQ(std::string(bin->image.begin(), bin->image.end()), "from pack a");
+  EXPECT_EQ(cache.stats().pack_hits, 1);
+  EXPECT_EQ(cache.stats().compiles, 0);
+  EXPECT_FALSE(fs::exists(cache_dir.path() / (key + ".cubin"))) << "a pack hit writes nothing to the cache";
+  auto miss = cache.cubin(other, arch);  // in no pack: compiled into the cache
+  EXPECT_FALSE(miss->from_pack);
+  EXPECT_TRUE(is_elf(miss->image));
+  EXPECT_EQ(cache.stats().compiles, 1);
+}
+
+TEST(Jit, PrecompileReportsProgress) {
+  const ScratchDir dir("progress");
+  jit::KernelCache cache(dir.str());
+  const std::vector<jit::KernelSource> srcs = {catalog::merge_pair(DType::kFloat16), catalog::merge_pair(DType::kBFloat16),
+                                               catalog::merge_many(DType::kFloat32)};
+  std::vector<size_t> seen;
+  cache.precompile(srcs, jit::Arch::parse("sm_80"), 2, [&](size_t done, size_t total) {
+    EXPECT_EQ(total, srcs.size());
+    seen.push_back(done);
+  });
+  EXPECT_EQ(seen, (std::vector<size_t>{1, 2, 3})) << "one call per kernel, one at a time, in order of completion";
+}
+
 TEST(Jit, KeySeparatesSourceOptionsAndArch) {
   const ScratchDir dir("keys");
   jit::KernelCache cache(dir.str());

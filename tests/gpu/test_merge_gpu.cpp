@@ -1,10 +1,15 @@
 // GPU merge kernels against the CPU merge (itself tested against recomputed
 // attention in tests/cpu/test_merge_cpu.cpp), on random states with LSE gaps
-// of hundreds, empty states (-inf with NaN values), fp16/bf16/fp32.
+// of hundreds, empty states (-inf with NaN values), fp16/bf16/fp32; and the
+// corners of the kernels' layout (abi/merge_params.cuh): rows per warp step
+// and per thread that the row count leaves partly filled, 1, 2 or 4 vectors
+// per lane, strided views, the fp32-state cascade merge into 16 bits.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
+#include "../../src/api/checks.hpp"  // detail::merge_state_into (the cascade's merge)
 #include "gpu_util.hpp"
 #include "tessera/api/merge.hpp"
 #include "tessera/cpu/merge.hpp"
@@ -117,6 +122,154 @@ INSTANTIATE_TEST_SUITE_P(All, MergeGpu,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32),
                                             ::testing::Values(64, 128, 256)));
 
+// [N, H, D] values (and [N, H] scales) with padding between heads and rows
+// when `strided`: head stride 2D, row stride (2H + 1) D; scales likewise.
+HostTensor values(DType dt, int64_t N, int64_t H, int64_t D, bool strided) {
+  return strided ? make_host_strided(dt, {N, H, D}, {(2 * H + 1) * D, 2 * D, 1}) : make_host(dt, {N, H, D});
+}
+HostTensor scales(int64_t N, int64_t H, bool strided) {
+  return strided ? make_host_strided(DType::kFloat32, {N, H}, {2 * H + 3, 2}) : make_host(DType::kFloat32, {N, H});
+}
+
+// Random scales through the view (any strides) with the empty-state corners
+// pinned: row 0 has a empty, row 1 b empty, row 2 both; empty values are NaN.
+void fill_pair(HostTensor& va, HostTensor& sa, HostTensor& vb, HostTensor& sb, uint64_t seed) {
+  const int64_t N = va.view.size(0), H = va.view.size(1), D = va.view.size(2);
+  fill_random(va, seed);
+  fill_random(vb, seed + 1);
+  HostTensor ra = random_scales({N, H}, seed + 2), rb = random_scales({N, H}, seed + 3);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      float a = ra.get(r * H + h), b = rb.get(r * H + h);
+      if (r == 0) a = -INFINITY;
+      if (r == 1) b = -INFINITY;
+      if (r == 2) a = b = -INFINITY;
+      store(sa.view, {r, h}, a);
+      store(sb.view, {r, h}, b);
+      for (int64_t d = 0; d < D; ++d) {
+        if (std::isinf(a)) store(va.view, {r, h, d}, NAN);
+        if (std::isinf(b)) store(vb.view, {r, h, d}, NAN);
+      }
+    }
+}
+
+class MergeGpuLayout : public ::testing::TestWithParam<std::tuple<DType, int, int64_t, bool>> {};
+
+// merge_state, then merge_state_in_place with a mask, on N rows of 3 heads.
+TEST_P(MergeGpuLayout, PairAndInPlace) {
+  SKIP_WITHOUT_GPU();
+  const auto [dt, D, N, strided] = GetParam();
+  const int64_t H = 3;
+  HostTensor va = values(dt, N, H, D, strided), vb = values(dt, N, H, D, strided);
+  HostTensor sa = scales(N, H, strided), sb = scales(N, H, strided);
+  fill_pair(va, sa, vb, sb, 40 + N);
+  HostTensor ref_v = make_host(dt, {N, H, D}), ref_s = make_host(DType::kFloat32, {N, H});
+  cpu::merge_state(va.view, sa.view, vb.view, sb.view, ref_v.view, ref_s.view);
+
+  auto dva = to_device(va), dsa = to_device(sa), dvb = to_device(vb), dsb = to_device(sb);
+  HostTensor out_v = values(dt, N, H, D, strided), out_s = scales(N, H, strided);
+  auto dvo = poisoned_like(out_v), dso = poisoned_like(out_s);
+  merge_state(dva.view, dsa.view, dvb.view, dsb.view, dvo.view, dso.view);
+  // Without the LSE output: the values alone.
+  auto dvo2 = poisoned_like(out_v);
+  merge_state(dva.view, dsa.view, dvb.view, dsb.view, dvo2.view, TensorView());
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ref_vd = to_doubles(ref_v.view), ref_sd = to_doubles(ref_s.view);
+  EXPECT_CLOSE(compare(to_doubles(to_host(dvo, out_v).view), ref_vd), dt);
+  EXPECT_CLOSE(compare(to_doubles(to_host(dso, out_s).view), ref_sd), DType::kFloat32);
+  EXPECT_CLOSE(compare(to_doubles(to_host(dvo2, out_v).view), ref_vd), dt);
+  if (N > 2) {  // both empty: zeros and -inf
+    HostTensor got = to_host(dvo, out_v), got_s = to_host(dso, out_s);
+    for (int64_t h = 0; h < H; ++h) {
+      EXPECT_EQ(load(got_s.view, {2, h}), -INFINITY);
+      for (int64_t d = 0; d < D; ++d) EXPECT_EQ(load(got.view, {2, h, d}), 0.f);
+    }
+  }
+
+  // In place, every third row masked out: those keep a's bits.
+  HostTensor mask = make_host(DType::kUInt8, {N});
+  for (int64_t r = 0; r < N; ++r) static_cast<uint8_t*>(mask.view.data)[r] = r % 3 != 1;
+  auto dmask = to_device(mask);
+  merge_state_in_place(dva.view, dsa.view, dvb.view, dsb.view, dmask.view);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  HostTensor got_v = to_host(dva, va), got_s = to_host(dsa, sa);
+  std::vector<double> got, want, got_lse, want_lse;  // the merged rows
+  const size_t es = dtype_size(dt);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      if (r % 3 == 1) {
+        EXPECT_EQ(std::memcmp(&got_s.storage[offset_of(got_s.view, {r, h}) * 4],
+                              &sa.storage[offset_of(sa.view, {r, h}) * 4], 4), 0) << r << "," << h;
+        EXPECT_EQ(std::memcmp(&got_v.storage[offset_of(got_v.view, {r, h, 0}) * es],
+                              &va.storage[offset_of(va.view, {r, h, 0}) * es], D * es), 0) << r << "," << h;
+        continue;
+      }
+      got_lse.push_back(load(got_s.view, {r, h}));
+      want_lse.push_back(load(ref_s.view, {r, h}));
+      for (int64_t d = 0; d < D; ++d) {
+        got.push_back(load(got_v.view, {r, h, d}));
+        want.push_back(load(ref_v.view, {r, h, d}));
+      }
+    }
+  EXPECT_CLOSE(compare(got, want), dt);
+  EXPECT_CLOSE(compare(got_lse, want_lse), DType::kFloat32);
+}
+
+// merge_states over 1 .. 9 states per row (blocks of 4 loads: full, partial,
+// several), odd row counts, empty states and all-empty rows.
+TEST_P(MergeGpuLayout, ManyStates) {
+  SKIP_WITHOUT_GPU();
+  const auto [dt, D, N, strided] = GetParam();
+  if (strided) GTEST_SKIP() << "merge_states: dims 0 and 1 must be contiguous with each other";
+  const int64_t H = 3;
+  for (int64_t S : {1, 2, 4, 5, 9}) {
+    HostTensor v = make_host(dt, {N, S, H, D});
+    fill_random(v, 60 + S);
+    HostTensor s = random_scales({N, S, H}, 70 + S);
+    for (int64_t j = 0; j < S; ++j) s.set(j * H + 1, -INFINITY);  // row 0, head 1: every state empty
+    poison_empty(v, s, D);
+    HostTensor ref_v = make_host(dt, {N, H, D}), ref_s = make_host(DType::kFloat32, {N, H});
+    cpu::merge_states(v.view, s.view, ref_v.view, ref_s.view);
+    auto dv = to_device(v), ds = to_device(s), dvo = poisoned_like(ref_v), dso = poisoned_like(ref_s);
+    merge_states(dv.view, ds.view, dvo.view, dso.view);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    SCOPED_TRACE("states " + std::to_string(S));
+    HostTensor got_v = to_host(dvo, ref_v), got_s = to_host(dso, ref_s);
+    EXPECT_CLOSE(compare(to_doubles(got_v.view), to_doubles(ref_v.view)), dt);
+    EXPECT_CLOSE(compare(to_doubles(got_s.view), to_doubles(ref_s.view)), DType::kFloat32);
+    EXPECT_EQ(got_s.get(1), -INFINITY);
+    for (int64_t d = 0; d < D; ++d) EXPECT_EQ(got_v.get(D + d), 0.f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layout, MergeGpuLayout,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32),
+                                            ::testing::Values(64, 128, 256), ::testing::Values<int64_t>(1, 3, 1001),
+                                            ::testing::Bool()));
+
+// The cascade's merge: fp32 states into a 16-bit output (1 and 2 vectors per
+// lane), in place on the LSE.
+TEST(MergeGpuCascade, Fp32StatesIntoHalfOutput) {
+  SKIP_WITHOUT_GPU();
+  for (DType out_dt : {DType::kFloat16, DType::kBFloat16})
+    for (int64_t D : {64, 128, 256}) {
+      const int64_t N = 45, H = 5;
+      HostTensor va = make_host(DType::kFloat32, {N, H, D}), vb = make_host(DType::kFloat32, {N, H, D});
+      HostTensor sa = make_host(DType::kFloat32, {N, H}), sb = make_host(DType::kFloat32, {N, H});
+      fill_pair(va, sa, vb, sb, 90 + D);
+      HostTensor ref_v = make_host(DType::kFloat32, {N, H, D}), ref_s = make_host(DType::kFloat32, {N, H});
+      cpu::merge_state(va.view, sa.view, vb.view, sb.view, ref_v.view, ref_s.view);
+      auto dva = to_device(va), dsa = to_device(sa), dvb = to_device(vb), dsb = to_device(sb);
+      HostTensor out = make_host(out_dt, {N, H, D});
+      auto dout = poisoned_like(out);
+      detail::merge_state_into(dva.view, dsa.view, dvb.view, dsb.view, dout.view, dsa.view, TensorView(), nullptr);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      SCOPED_TRACE(std::string(dtype_name(out_dt)) + " D=" + std::to_string(D));
+      EXPECT_CLOSE(compare(to_doubles(to_host(dout, out).view), to_doubles(ref_v.view)), out_dt);
+      EXPECT_CLOSE(compare(to_doubles(to_host(dsa, sa).view), to_doubles(ref_s.view)), DType::kFloat32);
+    }
+}
+
 TEST(MergeGpuErrors, BadInputs) {
   SKIP_WITHOUT_GPU();
   HostTensor v = make_host(DType::kFloat16, {4, 2, 64}), s = make_host(DType::kFloat32, {4, 2});
@@ -131,6 +284,21 @@ TEST(MergeGpuErrors, BadInputs) {
   HostTensor out = make_host(DType::kFloat16, {2, 2, 64}), outs = make_host(DType::kFloat32, {2, 2});
   auto dout = to_device(out), douts = to_device(outs);
   EXPECT_THROW_MSG(merge_states_ragged(dv.view, ds.view, dip.view, dout.view, douts.view), InvalidArgument, "indptr");
+  // Strides the 16-byte vectors cannot follow: a head stride of 68 fp16
+  // elements, an offset data pointer.
+  HostTensor odd = make_host_strided(DType::kFloat16, {4, 2, 64}, {136, 68, 1});
+  auto dodd = to_device(odd);
+  EXPECT_THROW_MSG(merge_state(dodd.view, ds.view, dv.view, ds.view, dv2.view, ds2.view), InvalidArgument,
+                   "v_a: expected every stride to be a multiple of 8");
+  TensorView shifted = dv.view;
+  shifted.data = static_cast<char*>(shifted.data) + 2;
+  EXPECT_THROW_MSG(merge_state(dv2.view, ds.view, shifted, ds.view, dv2.view, ds2.view), InvalidArgument,
+                   "v_b: expected a 16-byte aligned data pointer");
+  // A row of 1032 fp16 values is not a power-of-two count of vectors.
+  HostTensor wide = make_host(DType::kFloat16, {1, 1, 1032}), ws = make_host(DType::kFloat32, {1, 1});
+  auto dwide = to_device(wide), dws = to_device(ws);
+  EXPECT_THROW_MSG(merge_state(dwide.view, dws.view, dwide.view, dws.view, dwide.view, dws.view), InvalidArgument,
+                   "head_dim");
 }
 
 }  // namespace

@@ -9,9 +9,16 @@ import pytest
 
 import tessera
 from conftest import to_np
-from decode_reference import HEAD_DIM, HKV, HQ, check, page_shape, ref_batch_decode, workspace
+from decode_reference import HEAD_DIM, HKV, HQ, check, page_shape, ref_batch_decode
 
 PAGE = 16
+# Fixed chunks need partial states for every chunk of every long request: on
+# the tensor-core path each holds a whole query tile (see the decode docs).
+WORKSPACE_BYTES = 1 << 30
+
+
+def workspace(torch):
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
 TARGET = 3001  # the request followed through every batch: several fixed chunks, a partial last page
 # (other requests' lengths, the target's position among them)
 BATCHES = [([], 0), ([50, 7000], 1), ([100] * 40, 40), ([8000] * 6 + [1, 0], 3), ([5000] * 63, 17)]

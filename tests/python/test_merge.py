@@ -224,3 +224,70 @@ def test_merge_states_deterministic_gpu(torch_cuda, rng):
     b_v, b_s = tessera.merge_states(tv, ts)
     torch.cuda.synchronize()
     assert torch.equal(a_v, b_v) and torch.equal(a_s, b_s)
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("head_dim", GPU_DIMS)
+@pytest.mark.parametrize("seq_len", [1, 3, 1001])
+def test_merge_state_layout_gpu(torch_cuda, rng, poison, dtype, head_dim, seq_len):
+    """Row counts that leave a warp step or a thread's second row empty; empty
+    states (NaN values) on either side and on both."""
+    torch = torch_cuda
+    v, s = make_states(rng, 2, (seq_len, 5, head_dim), np.float32)
+    s[0, 0] = -np.inf  # a empty in row 0, b in row 1 (when there is one), both in the last row's head 2
+    v[0, 0] = np.nan
+    s[1, min(1, seq_len - 1), 1:] = -np.inf
+    v[1, min(1, seq_len - 1), 1:] = np.nan
+    s[:, -1, 2] = -np.inf
+    tv, ts = to_gpu(torch, v, dtype), torch.from_numpy(s).cuda()
+    out_v, out_s = tessera.merge_state(tv[0], ts[0], tv[1], ts[1])
+    torch.cuda.synchronize()
+    v_ref, s_ref = ref_merge(to_np(tv), s)
+    check(out_v, out_s, v_ref, s_ref, dtype)
+    assert (to_np(out_v)[-1, 2] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("head_dim", GPU_DIMS)
+def test_merge_state_strided_views_gpu(torch_cuda, rng, poison, dtype, head_dim):
+    """Every other head of a bigger state set (head stride 2 * head_dim), merged
+    into and in place on strided views."""
+    torch = torch_cuda
+    v, s = make_states(rng, 2, (41, 8, head_dim), np.float32)
+    s[1, 4, ::3] = -np.inf
+    tv, ts = to_gpu(torch, v, dtype), torch.from_numpy(s).cuda()
+    a_v, a_s, b_v, b_s = tv[0, :, ::2], ts[0, :, ::2], tv[1, :, ::2], ts[1, :, ::2]
+    out_v, out_s = tessera.merge_state(a_v, a_s, b_v, b_s)
+    torch.cuda.synchronize()
+    v_ref, s_ref = ref_merge(to_np(tv)[:, :, ::2], s[:, :, ::2])
+    check(out_v, out_s, v_ref, s_ref, dtype)
+    tessera.merge_state_in_place(a_v, a_s, b_v, b_s)
+    torch.cuda.synchronize()
+    check(a_v, a_s, v_ref, s_ref, dtype)
+    assert torch.equal(tv[0, :, 1::2], to_gpu(torch, v[0, :, 1::2], dtype))  # the other heads untouched
+
+
+def test_merge_state_misaligned_stride_gpu(torch_cuda, rng):
+    """A head stride the 16-byte vectors cannot follow is refused, not misread."""
+    torch = torch_cuda
+    big = torch.zeros(4, 2, 68, dtype=torch.float16, device="cuda")
+    v = big[:, :, :64]  # head stride 68 elements
+    s = torch.zeros(4, 2, dtype=torch.float32, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        tessera.merge_state(v, s, v, s)
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("num_states", [2, 5, 8])
+def test_merge_states_many_rows_gpu(torch_cuda, rng, poison, dtype, num_states):
+    """Many rows (several blocks), head_dim 128, partial and whole blocks of 4 states."""
+    torch = torch_cuda
+    v, s = make_states(rng, num_states, (517, 6, 128), np.float32, lse_range=40.0)
+    s[:, 7, 3] = -np.inf
+    s[num_states - 1, 9] = -np.inf
+    tv = to_gpu(torch, v.transpose(1, 0, 2, 3), dtype)
+    ts = torch.from_numpy(np.ascontiguousarray(s.transpose(1, 0, 2))).cuda()
+    out_v, out_s = tessera.merge_states(tv, ts)
+    torch.cuda.synchronize()
+    v_ref, s_ref = ref_merge(to_np(tv).transpose(1, 0, 2, 3), s)
+    check(out_v, out_s, v_ref, s_ref, dtype)

@@ -41,4 +41,26 @@ struct MergeManyParams {
   int num_rows, num_heads, head_dim;
 };
 
+// Thread layout of the merge kernels, shared by the host (grid size) and the
+// kernels. A row, one (token, head) of head_dim values, is `vectors` 16-byte
+// vectors held by min(vectors, 32) lanes of one warp, merge_per_lane(vectors)
+// each, so a row never spans warps and its LSE is read and written inside one
+// warp. A warp takes 32 / lanes rows a step; a thread of merge_pair takes
+// merge_pair_steps such rows (all their loads in flight together), one of
+// merge_many one row (its states' loads in flight in blocks). One row per
+// thread: at 16 bytes a lane a full GPU already has more bytes in flight than
+// HBM needs, and a thread's own work before its first store is what a short
+// merge waits for (two rows per thread, with libm's exp2f / log2f / IEEE
+// division, took 36.8 / 6.1 us at 4096 / 512 x 32 x 128 fp16 on the H100; one
+// row with bare MUFU ops 36.4 / 5.6: bench/merge.py). The kernels compute the
+// same numbers at run time (they cannot call these constexpr host functions
+// there under nvcc).
+constexpr int kMergeThreads = 256;
+constexpr int kMergeMaxVectors = 128;  // per_lane <= 4
+constexpr int merge_per_lane(int vectors) { return vectors > 32 ? vectors / 32 : 1; }
+constexpr int merge_pair_steps(int) { return 1; }
+constexpr int merge_rows_per_block(int vectors, int steps) {
+  return kMergeThreads / 32 * (vectors >= 32 ? 1 : 32 / vectors) * steps;
+}
+
 }  // namespace tessera

@@ -8,10 +8,19 @@
 // Disk cache: $TESSERA_CACHE_DIR, else $XDG_CACHE_HOME/tessera, else
 // ~/.cache/tessera. Files: <dir>/<key>.cubin and, for diagnostics,
 // <dir>/src/<key>.cu (the generated source).
+//
+// Kernel packs: read-only directories of <key>.cubin files built ahead of
+// time (`tessera compile --pack DIR`), which installs ship so the built-in
+// kernels need no JIT at first use: the C++ install's share/tessera/kernels
+// (known to the library) and the Python package's tessera/kernels (added at
+// import). A cubin is looked up in memory, then in the packs, then in the
+// disk cache, then compiled. A pack built by another NVRTC or other headers
+// simply misses: its keys differ.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,6 +55,7 @@ struct Cubin {
   double compile_ms = 0;  // NVRTC time; 0 when it came from disk
   double load_ms = 0;     // disk read time when it came from disk
   bool from_disk = false;
+  bool from_pack = false;  // found in a kernel pack (from_disk is then true too)
 };
 
 // A kernel loaded on one device. Launch passes `params` (a pointer to the
@@ -77,13 +87,14 @@ class LoadedKernel {
 };
 
 struct CacheStats {
-  int64_t memory_hits = 0, disk_hits = 0, compiles = 0, loads = 0;
+  int64_t memory_hits = 0, disk_hits = 0, pack_hits = 0, compiles = 0, loads = 0;
   double compile_ms_total = 0, disk_load_ms_total = 0;
 };
 
 class KernelCache {
  public:
-  // dir empty: the default cache directory (see above).
+  // dir empty: the default cache directory (see above). The global cache
+  // starts with the C++ install's kernel pack when it exists.
   explicit KernelCache(std::string dir = "");
   static KernelCache& global();
 
@@ -93,7 +104,14 @@ class KernelCache {
   const LoadedKernel& kernel(const KernelSource& src, int device);
   // Compiles many kernels on `threads` threads (0: hardware concurrency).
   // Errors are collected and rethrown (first one) after all finished.
-  void precompile(std::span<const KernelSource> srcs, const Arch& arch, int threads = 0);
+  // progress (optional) is called after each kernel with (done, total), one
+  // call at a time.
+  void precompile(std::span<const KernelSource> srcs, const Arch& arch, int threads = 0,
+                  const std::function<void(size_t, size_t)>& progress = {});
+  // Adds a kernel pack (see above), searched after those added before; a
+  // directory that does not exist is an error (InvalidArgument).
+  void add_pack(const std::string& dir);
+  std::vector<std::string> packs() const;
 
   std::string key(const KernelSource& src, const Arch& arch) const;
   const std::string& dir() const { return dir_; }
@@ -103,6 +121,7 @@ class KernelCache {
 
  private:
   std::string dir_;
+  std::vector<std::string> packs_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const Cubin>> cubins_;
   std::map<std::pair<std::string, int>, std::unique_ptr<LoadedKernel>> loaded_;
@@ -115,6 +134,9 @@ class KernelCache {
 std::vector<char> compile_cubin(const KernelSource& src, const Arch& arch, const std::string& source_path);
 std::string nvrtc_version();
 std::string default_cache_dir();
+// The C++ install's kernel pack (<prefix>/share/tessera/kernels), or "" when
+// the library was not configured for one.
+std::string install_pack_dir();
 // Embedded device headers: (include name, contents).
 const std::vector<std::pair<std::string, std::string>>& embedded_headers();
 

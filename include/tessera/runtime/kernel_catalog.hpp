@@ -170,10 +170,12 @@ jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile = 
                                int heads_per_thread = 0);
 // Row-wise (query tile 1, CUDA cores) attention over a paged KV cache.
 jit::KernelSource attention_rowwise(const AttentionSpec& spec);
-// State merges; dtype of the values (fp16, bf16, fp32).
+// State merges; dtype of the values (fp16, bf16, fp32). per_lane: 16-byte
+// vectors of a row per lane, merge_per_lane(head_dim * elem / 16) (1, 2 or 4;
+// abi/merge_params.cuh): one kernel per layout keeps each one's registers low.
 jit::KernelSource merge_pair(DType v_dtype);
-jit::KernelSource merge_pair(DType v_dtype, DType out_dtype);  // fp32 states into a 16-bit output
-jit::KernelSource merge_many(DType v_dtype);
+jit::KernelSource merge_pair(DType v_dtype, DType out_dtype, int per_lane = 1);  // out: fp32 states into 16 bits
+jit::KernelSource merge_many(DType v_dtype, int per_lane = 1);
 // Paged-KV append of rows of the cache's dtype (a raw copy; fp16, bf16, fp8).
 jit::KernelSource append_paged_kv(DType kv_dtype);
 // Paged-KV append of `rows` (fp16 / bf16) into a `cache` of fp8, quantized

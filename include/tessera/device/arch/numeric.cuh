@@ -50,6 +50,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// log2(x) and 1 / x as bare MUFU ops, for arguments in a tame range (a sum of
+// softmax weights, >= 1): log2f() and IEEE division add range handling and a
+// slow-path call that such arguments never need.
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 #endif
 
 }  // namespace tessera

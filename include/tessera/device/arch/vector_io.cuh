@@ -69,6 +69,21 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
   }
 }
 
+// The raw 16 bytes at p (16-byte aligned), converted later by unpack_vec:
+// a kernel that keeps its loads raw can issue all of them before the first
+// conversion waits on one.
+__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// The 16 bytes of raw as N = 16 / sizeof(T) float registers.
+template <int N, typename T>
+__device__ __forceinline__ void unpack_vec(const uint4& raw, float (&out)[N]) {
+  static_assert(N * sizeof(T) == 16, "a 16-byte vector");
+  union { uint4 raw; T elem[N]; } u;
+  u.raw = raw;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(u.elem[i]);
+}
+
 // Two floats as two consecutive 16-bit elements of T, in one 32-bit word.
 template <typename T>
 __device__ __forceinline__ u32 pack_pair(float x, float y) {

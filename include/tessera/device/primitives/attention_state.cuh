@@ -13,22 +13,23 @@ namespace tessera {
 
 // Weights (wa, wb) with wa + wb = 1 that merge two states of scales sa, sb,
 // and the merged scale. Exact for |sa - sb| in the hundreds: only the
-// difference is exponentiated.
+// difference is exponentiated. Branch-free, on bare MUFU ops: the larger
+// weight is 2^0 = 1, so their sum lies in [1, 2] and needs no range handling;
+// both empty gives (0, 0, -inf).
 struct MergeWeights {
   float wa, wb, lse;
 };
 
 __device__ __forceinline__ MergeWeights merge_weights(float sa, float sb) {
+  const float m = fmaxf(sa, sb);
+  const float m_safe = m == neg_inf() ? 0.f : m;
+  const float ea = fast_exp2(sa - m_safe), eb = fast_exp2(sb - m_safe);  // -inf -> 0
+  const float sum = ea + eb;
+  const float inv = sum > 0.f ? fast_rcp(sum) : 0.f;
   MergeWeights w;
-  float m = fmaxf(sa, sb);
-  if (m == neg_inf()) {  // both empty
-    w.wa = 0.f; w.wb = 0.f; w.lse = neg_inf();
-    return w;
-  }
-  float ea = exp2f(sa - m), eb = exp2f(sb - m);  // -inf - m -> 0
-  float inv = 1.f / (ea + eb);
-  w.wa = ea * inv; w.wb = eb * inv;
-  w.lse = m + log2f(ea + eb);
+  w.wa = ea * inv;
+  w.wb = eb * inv;
+  w.lse = sum > 0.f ? m + fast_log2(sum) : neg_inf();
   return w;
 }
 

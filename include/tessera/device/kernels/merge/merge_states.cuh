@@ -1,87 +1,203 @@
 // Attention-state merge kernels (paper §2.2): pairwise (merge_state and its
 // in-place form) and many-to-one (merge_states, fixed or ragged counts).
-// Thread mapping: each (row, head) pair is handled by head_dim / VEC threads,
-// each owning VEC consecutive features (one 16-byte access). The reduction
-// order over states is the state order: deterministic, no atomics.
+//
+// A merge reads each value once and does a few flops per element, so these
+// kernels are written to keep HBM busy (layout: abi/merge_params.cuh):
+//  * a row (one token and head) lives in one warp, 16 bytes per lane access;
+//  * every load a thread needs (values and LSEs of all its rows, or of a block
+//    of states) is issued, raw, before any result is used: the values never
+//    wait for the LSEs, so a thread pays one memory round trip, not two (a
+//    branch on the weights between the two loads serializes them);
+//  * the weights are computed once per row and lane in fp32 with exp2 (LSEs
+//    are base 2), then applied to the vectors.
+// Reduction order over states is the state order: deterministic, no atomics.
+// An empty state (LSE -inf) weighs 0 and its values, even NaN, are never used.
 #pragma once
-#include "tessera/device/arch/vector_io.cuh"
 #include "tessera/abi/merge_params.cuh"
+#include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 
 namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-constexpr int kMergeThreads = 128;
-
 template <typename T>
 struct MergeVec { static constexpr int N = 16 / static_cast<int>(sizeof(T)); };
 
-template <typename T>
-__device__ __forceinline__ bool merge_coords(int head_dim, int num_pairs, int& pair, int& feat) {
-  const int threads_per_pair = head_dim / MergeVec<T>::N;
-  const int pairs_per_block = kMergeThreads / threads_per_pair;
-  pair = blockIdx.x * pairs_per_block + threadIdx.x / threads_per_pair;
-  feat = (threadIdx.x % threads_per_pair) * MergeVec<T>::N;
-  return pair < num_pairs;
+// A lane's place in the layout: its first row (rows of later steps follow
+// `rows_per_warp` apart), whether it leads its row (writes the LSE), and the
+// first element of its first vector (its next ones lie lanes * N further).
+struct MergeLane {
+  int row, rows_per_warp, feat, stride;
+  bool leader;
+};
+
+// lanes: lanes per row (a power of two <= 32); steps: rows per thread.
+template <int N>
+__device__ __forceinline__ MergeLane merge_lane(int lanes, int steps) {
+  MergeLane l;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(blockIdx.x) * (kMergeThreads / 32) + static_cast<int>(threadIdx.x) / 32;
+  l.rows_per_warp = 32 / lanes;
+  l.row = warp * l.rows_per_warp * steps + lane / lanes;
+  l.feat = (lane % lanes) * N;
+  l.stride = lanes * N;
+  l.leader = lane % lanes == 0;
+  return l;
+}
+
+// Element offset of (state, head) in a state set, or of (row, head) in an output.
+__device__ __forceinline__ i64 value_offset(i64 state, int head, i64 stride_state, i64 stride_head) {
+  return state * stride_state + head * stride_head;
+}
+
+// Rows of merge_pair, C vectors per lane, STEPS rows per thread.
+template <typename T, typename TO, int C, int STEPS>
+__device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int lanes) {
+  constexpr int N = MergeVec<T>::N;
+  const MergeLane l = merge_lane<N>(lanes, STEPS);
+  const int rows = p.num_rows * p.num_heads;
+  const T* va_base = static_cast<const T*>(p.a.v) + l.feat;
+  const T* vb_base = static_cast<const T*>(p.b.v) + l.feat;
+  int tok[STEPS], head[STEPS];
+  bool live[STEPS];
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    const int r = l.row + s * l.rows_per_warp;
+    live[s] = r < rows;
+    tok[s] = live[s] ? r / p.num_heads : 0;
+    head[s] = r - tok[s] * p.num_heads;
+    // A masked-out row is neither read nor written (the only load a value
+    // waits for; without a mask nothing does).
+    if (p.mask != nullptr && live[s]) live[s] = p.mask[tok[s]] != 0;
+  }
+  // Every load first, raw.
+  uint4 ra[STEPS][C], rb[STEPS][C];
+  float sa[STEPS], sb[STEPS];
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    if (!live[s]) continue;
+    const T* pa = va_base + value_offset(tok[s], head[s], p.a.v_stride_state, p.a.v_stride_head);
+    const T* pb = vb_base + value_offset(tok[s], head[s], p.b.v_stride_state, p.b.v_stride_head);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      ra[s][c] = load16(pa + c * l.stride);
+      rb[s][c] = load16(pb + c * l.stride);
+    }
+    sa[s] = p.a.s[value_offset(tok[s], head[s], p.a.s_stride_state, p.a.s_stride_head)];
+    sb[s] = p.b.s[value_offset(tok[s], head[s], p.b.s_stride_state, p.b.s_stride_head)];
+  }
+  float out[STEPS][C][N], lse[STEPS];
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    const MergeWeights w = merge_weights(live[s] ? sa[s] : neg_inf(), live[s] ? sb[s] : neg_inf());
+    lse[s] = w.lse;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float a[N], b[N];
+      unpack_vec<N, T>(ra[s][c], a);
+      unpack_vec<N, T>(rb[s][c], b);
+#pragma unroll
+      for (int i = 0; i < N; ++i) out[s][c][i] = merge_value(a[i], w.wa, b[i], w.wb);
+    }
+  }
+  // In place (out == a), lanes of a row read the LSE the leader overwrites:
+  // every read of the warp happens before any write.
+  __syncwarp();
+  TO* vo_base = static_cast<TO*>(p.out.v) + l.feat;
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    if (!live[s]) continue;
+    TO* po = vo_base + value_offset(tok[s], head[s], p.out.v_stride_state, p.out.v_stride_head);
+#pragma unroll
+    for (int c = 0; c < C; ++c) store_vec<N>(po + c * l.stride, out[s][c]);
+    if (p.out.s != nullptr && l.leader)
+      p.out.s[value_offset(tok[s], head[s], p.out.s_stride_state, p.out.s_stride_head)] = lse[s];
+  }
 }
 
 // TO: the output's element type (T's, or a 16-bit type for fp32 states: a
-// cascade's last merge writes the caller's output).
-template <typename T, typename TO = T>
+// cascade's last merge writes the caller's output). C: vectors per lane
+// (merge_per_lane), a template argument so that each kernel holds only the
+// registers of its own layout.
+template <typename T, typename TO = T, int C = 1>
 __device__ __forceinline__ void merge_pair(const MergePairParams& p) {
-  constexpr int N = MergeVec<T>::N;
-  int pair, feat;
-  if (!merge_coords<T>(p.head_dim, p.num_rows * p.num_heads, pair, feat)) return;
-  const int row = pair / p.num_heads, head = pair % p.num_heads;
-  if (p.mask != nullptr && p.mask[row] == 0) return;
-  const float sa = p.a.s[row * p.a.s_stride_state + head * p.a.s_stride_head];
-  const float sb = p.b.s[row * p.b.s_stride_state + head * p.b.s_stride_head];
-  const MergeWeights w = merge_weights(sa, sb);
-  float va[N], vb[N], out[N];
-  load_vec<N>(static_cast<const T*>(p.a.v) + row * p.a.v_stride_state + head * p.a.v_stride_head + feat, va);
-  load_vec<N>(static_cast<const T*>(p.b.v) + row * p.b.v_stride_state + head * p.b.v_stride_head + feat, vb);
-#pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = merge_value(va[i], w.wa, vb[i], w.wb);
-  // Everything is read before anything is written: in-place (out == a) is safe
-  // because each thread only touches its own features.
-  store_vec<N>(static_cast<TO*>(p.out.v) + row * p.out.v_stride_state + head * p.out.v_stride_head + feat, out);
-  if (p.out.s != nullptr && feat == 0) p.out.s[row * p.out.s_stride_state + head * p.out.s_stride_head] = w.lse;
+  merge_pair_rows<T, TO, C, 1>(p, p.head_dim / MergeVec<T>::N / C);  // merge_pair_steps
 }
 
-template <typename T>
-__device__ __forceinline__ void merge_many(const MergeManyParams& p) {
-  constexpr int N = MergeVec<T>::N;
-  int pair, feat;
-  if (!merge_coords<T>(p.head_dim, p.num_rows * p.num_heads, pair, feat)) return;
-  const int row = pair / p.num_heads, head = pair % p.num_heads;
-  const int first = p.indptr ? p.indptr[row] : row * p.states_per_row;
-  const int count = p.indptr ? p.indptr[row + 1] - first : p.states_per_row;
+// States merged per block of loads in merge_many: B * C vectors in flight per lane.
+constexpr int kMergeBlock = 4;
+
+// One row of merge_many, C vectors per lane: one pass over the row's states
+// in blocks of kMergeBlock whose loads are issued together, folded into a
+// running maximum (online softmax, base 2).
+template <typename T, int C>
+__device__ __forceinline__ void merge_many_rows(const MergeManyParams& p, int lanes) {
+  constexpr int N = MergeVec<T>::N, B = kMergeBlock;
+  const MergeLane l = merge_lane<N>(lanes, 1);
+  if (l.row >= p.num_rows * p.num_heads) return;  // no warp-wide step follows
+  const int tok = l.row / p.num_heads, head = l.row - tok * p.num_heads;
+  const int first = p.indptr ? p.indptr[tok] : tok * p.states_per_row;
+  const int count = p.indptr ? p.indptr[tok + 1] - first : p.states_per_row;
+  const T* v = static_cast<const T*>(p.in.v) + head * p.in.v_stride_head + l.feat;
   const float* s = p.in.s + head * p.in.s_stride_head;
-  // Two passes over the scales: the max, then the weights relative to it.
-  float m = neg_inf();
-  for (int j = 0; j < count; ++j) m = fmaxf(m, s[(i64)(first + j) * p.in.s_stride_state]);
-  float acc[N];
+  float acc[C][N];
 #pragma unroll
-  for (int i = 0; i < N; ++i) acc[i] = 0.f;
-  float denom = 0.f;
-  if (m != neg_inf()) {
-    for (int j = 0; j < count; ++j) {
-      const float w = exp2f(s[(i64)(first + j) * p.in.s_stride_state] - m);
-      if (w == 0.f) continue;  // empty state: its values are never read
-      float v[N];
-      load_vec<N>(static_cast<const T*>(p.in.v) + (i64)(first + j) * p.in.v_stride_state + head * p.in.v_stride_head + feat, v);
+  for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int i = 0; i < N; ++i) acc[i] += w * v[i];
-      denom += w;
+    for (int i = 0; i < N; ++i) acc[c][i] = 0.f;
+  float m = neg_inf(), denom = 0.f;
+  for (int j0 = 0; j0 < count; j0 += B) {
+    uint4 raw[B][C];
+    float lj[B];
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const bool in = j0 + j < count;
+      const i64 st = first + j0 + j;
+#pragma unroll
+      for (int c = 0; c < C; ++c) raw[j][c] = in ? load16(v + st * p.in.v_stride_state + c * l.stride) : make_uint4(0, 0, 0, 0);
+      lj[j] = in ? s[st * p.in.s_stride_state] : neg_inf();
     }
-  }
-  const float inv = denom > 0.f ? 1.f / denom : 0.f;
+    float m_new = m;
 #pragma unroll
-  for (int i = 0; i < N; ++i) acc[i] *= inv;
-  store_vec<N>(static_cast<T*>(p.out.v) + row * p.out.v_stride_state + head * p.out.v_stride_head + feat, acc);
-  if (p.out.s != nullptr && feat == 0)
-    p.out.s[row * p.out.s_stride_state + head * p.out.s_stride_head] = denom > 0.f ? m + log2f(denom) : neg_inf();
+    for (int j = 0; j < B; ++j) m_new = fmaxf(m_new, lj[j]);
+    if (m_new == neg_inf()) continue;  // every state so far is empty
+    const float rescale = fast_exp2(m - m_new);  // 0 while m is -inf (acc, denom are 0 then)
+    denom *= rescale;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[c][i] *= rescale;
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const float w = fast_exp2(lj[j] - m_new);  // -inf (empty or past the end) -> 0
+      denom += w;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        float x[N];
+        unpack_vec<N, T>(raw[j][c], x);
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[c][i] += w > 0.f ? w * x[i] : 0.f;  // 0 * NaN would leak
+      }
+    }
+    m = m_new;
+  }
+  const float inv = denom > 0.f ? fast_rcp(denom) : 0.f;  // denom >= 1: the largest weight is 1
+  T* o = static_cast<T*>(p.out.v) + value_offset(tok, head, p.out.v_stride_state, p.out.v_stride_head) + l.feat;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[c][i] *= inv;
+    store_vec<N>(o + c * l.stride, acc[c]);
+  }
+  if (p.out.s != nullptr && l.leader)
+    p.out.s[value_offset(tok, head, p.out.s_stride_state, p.out.s_stride_head)] =
+        denom > 0.f ? m + fast_log2(denom) : neg_inf();
+}
+
+template <typename T, int C = 1>
+__device__ __forceinline__ void merge_many(const MergeManyParams& p) {
+  merge_many_rows<T, C>(p, p.head_dim / MergeVec<T>::N / C);
 }
 
 #endif
