@@ -291,7 +291,10 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   p.counters = reinterpret_cast<int*>(dev + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
   p.page_shift = detail::page_shift(task_.page_size);
-  const detail::KernelScales scales = detail::resolve_run_scales(opt, spec_.head_dim, q.device);
+  // The 16-bit kernels read their scales from the parameter block only (no
+  // register held across the loop for them): a 16-bit cache takes float scales.
+  const detail::KernelScales scales = detail::resolve_run_scales(
+      opt, spec_.head_dim, q.device, is_fp8(spec_.kv_dtype) ? nullptr : "a 16-bit KV cache on CUDA cores");
   p.sm_scale = scales.sm_scale;
   p.o_scale = scales.o_scale;
   p.kv_scales = scales.tensors;

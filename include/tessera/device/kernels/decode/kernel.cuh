@@ -69,7 +69,7 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
   // The plan's workspace is complete; q, K, V, the outputs and the scale
   // tensors may still be the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
-  const device::RunScales scales = device::read_run_scales(p);
+  const device::RunScales scales = is_fp8<DKV> ? device::read_run_scales(p) : device::RunScales{p.sm_scale, p.o_scale};
   for (int wi = queue.begin; wi < queue.end; ++wi) {
     const DecodeWorkItem w = queue.take(wi);
     const int b = w.request;
@@ -146,7 +146,8 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
           }
         }
         // Normalization and output scale in one factor (a multiply per row).
-        const float inv = (Variant::use_softmax ? (acc.empty() ? 0.f : 1.f / acc.d) : 1.f) * scales.o_scale;
+        const float inv =
+            (Variant::use_softmax ? (acc.empty() ? 0.f : 1.f / acc.d) : 1.f) * (is_fp8<DKV> ? scales.o_scale : p.o_scale);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) o[i] *= inv;
         const float lse = Variant::use_softmax ? acc.lse() : 0.f;

@@ -110,7 +110,9 @@ __device__ __forceinline__ void decode_compute_tile(const Params& p, const Varia
       for (int i = 0; i < VEC; ++i) part += q[j][i] * k[i];
 #pragma unroll
       for (int off = TX / 2; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-      float logit = variant.LogitsTransform(p, part * sm_scale, b, 0, pos, qo_head0 + j, h);
+      // 16-bit KV: the scale straight from the parameter block (a constant-bank
+      // operand, no register held across the loop).
+      float logit = variant.LogitsTransform(p, part * (is_fp8<DKV> ? sm_scale : p.sm_scale), b, 0, pos, qo_head0 + j, h);
       // The query sits on the request's last key (its diagonal is kv_len - 1).
       const bool keep = pos < kv_end &&
                         (Variant::window_left < 0 || pos >= window_first_key<Variant>(variant.kv_len - 1)) &&
