@@ -20,9 +20,18 @@ Modes:
   --step-timing  one step per workload timed four ways: after do_bench's
                  flush (dirty L2), with a clean L2, back to back on a stream,
                  from a CUDA graph; results: decode-step-timing.json
+  --fp8          an fp8 (e4m3) KV cache against fp16 on the same shapes
+                 (FP8_WORKLOADS or --workloads): fp16 on the CUDA-core
+                 kernel and the wrapper's pick, fp8 (CUDA cores; with GQA
+                 also fewer query heads per thread), timed in interleaved
+                 rounds from CUDA graphs over rotating cache copies; fp8 /
+                 fp16 time ratios (paired by round) and TB/s counting the
+                 fp8 bytes read, as a fraction of the HBM read ceiling;
+                 results: decode-fp8.json
 --save-as NAME writes bench/results/NAME.json instead (the grid's --quick run: decode-quick).
 
 Usage: python bench/decode.py [--quick] [--no-flex] [--plan-only]
+       python bench/decode.py --fp8 [--rounds 5] [--workloads 32/8:const:4096:64,...]
        python bench/decode.py --ab base: --ab nosplit:split=0 [--timing graph] [--workloads W,...] [--rounds 5]
        python bench/decode.py --step-timing [--workloads 32/8:uniform:512-1024:16]
 """
@@ -52,6 +61,10 @@ WORKLOADS = [  # issue 3's decode workloads: (hq, hkv), lengths, batch
 ]
 
 
+FP8_WORKLOADS = [(h, d, b) for h in ((32, 8), (32, 32)) for d, b in (("const:1024", 16), ("const:4096", 64),
+                                                                    ("const:4096", 128))]
+
+
 def paged_cache(lens, page_size, hkv, seed, shuffle=True):
     g = torch.Generator(device="cuda").manual_seed(seed)
     pages = [(n + page_size - 1) // page_size for n in lens]
@@ -66,18 +79,23 @@ def paged_cache(lens, page_size, hkv, seed, shuffle=True):
     return k, v, indptr, perm, last
 
 
-def needed_bytes(lens, hq, hkv):
-    return sum(lens) * hkv * D * 2 * 2 + 2 * len(lens) * hq * D * 2
+def needed_bytes(lens, hq, hkv, kv_bytes=2):
+    """Bytes a step must move: each request's K and V once (kv_bytes a value), q and o (fp16)."""
+    return sum(lens) * hkv * D * 2 * kv_bytes + 2 * len(lens) * hq * D * 2
 
 
-def spot_check(lens, q, out, k, v, indptr, indices, hq, hkv):
+def spot_check(lens, q, out, k, v, indptr, indices, hq, hkv, kv_dtype=None):
     """Max error, relative to the reference's max, of the first and last
-    request against a float32 softmax."""
+    request against a float32 softmax. kv_dtype: the fp8 type of uint8 k, v
+    (gathered as bytes, then widened)."""
     errs = []
     for r in (0, len(lens) - 1):
         pages = indices[indptr[r]:indptr[r + 1]].long().cuda()
-        kk = k[pages].reshape(-1, hkv, D)[: lens[r]].float()
-        vv = v[pages].reshape(-1, hkv, D)[: lens[r]].float()
+        kk, vv = k[pages], v[pages]
+        if kv_dtype is not None:
+            kk, vv = kk.view(kv_dtype), vv.view(kv_dtype)
+        kk = kk.reshape(-1, hkv, D)[: lens[r]].float()
+        vv = vv.reshape(-1, hkv, D)[: lens[r]].float()
         qq = q[r].float().view(hkv, hq // hkv, D)
         s = torch.einsum("hgd,nhd->hgn", qq, kk) / D**0.5
         ref = torch.einsum("hgn,nhd->hgd", torch.softmax(s, -1), vv).reshape(hq, D)
@@ -356,6 +374,65 @@ def step_timing(workloads, save_as):
     return common.save_results(save_as or "decode-step-timing", dict(page_size=16, head_dim=D, rows=rows))
 
 
+def fp8_rows(args, workloads):
+    """fp8 (e4m3) against fp16 KV on the same shapes, in interleaved rounds (CUDA graphs, rotating copies)."""
+    read_tbps, copy_tbps = common.hbm_ceilings()
+    ceiling = max(read_tbps, common.read_probe_best())
+    e4m3 = torch.float8_e4m3fn
+    print(f"# {common.device_name()}: HBM read ceiling {ceiling:.2f} TB/s; page 16, d {D}, fp16 q / o; us (TB/s of the "
+          f"bytes each step reads, fp8 counted as 1 byte); ratios: median over rounds of fp8 / fp16 time")
+    rows = []
+    for (hq, hkv), dist, b in workloads:
+        lens = common.kv_lengths(dist, b, seed=b)
+        group = hq // hkv
+        k, v, indptr, indices, last = paged_cache(lens, 16, hkv, seed=b)
+        q = torch.randn(b, hq, D, dtype=DTYPE, device="cuda")
+        configs = {"fp16-cc": (DTYPE, True, 0), "fp16": (DTYPE, False, 0), "fp8": (e4m3, False, 0)}
+        if group >= 4:  # fewer heads per thread: fewer registers, K / V widened once per head group
+            configs["fp8-h2"] = (e4m3, False, 2)
+            configs["fp8-h1"] = (e4m3, False, 1)
+        caches = {}
+        for kv_dtype in (DTYPE, e4m3):
+            n = common.rotation_copies(needed_bytes(lens, hq, hkv, 2 if kv_dtype == DTYPE else 1))
+            caches[kv_dtype] = [(k.to(kv_dtype), v.to(kv_dtype))] + [
+                (torch.randn_like(k).to(kv_dtype), torch.randn_like(v).to(kv_dtype)) for _ in range(n - 1)]
+        fns, errs, nbytes, keep = {}, {}, {}, []
+        for name, (kv_dtype, cuda_cores, hpt) in configs.items():
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), "NHD")
+            w._cuda_cores = cuda_cores
+            w._heads_per_thread = hpt
+            w.plan(indptr, indices, last, hq, hkv, D, 16, q_data_type=DTYPE, kv_data_type=kv_dtype)
+            out = torch.full_like(q, float("nan"))
+            kv0 = caches[kv_dtype][0]
+            w.run(q, kv0, out=out)
+            torch.cuda.synchronize()
+            fp8 = kv_dtype == e4m3
+            errs[name] = spot_check(lens, q, out, *(x.view(torch.uint8) if fp8 else x for x in kv0), indptr, indices,
+                                    hq, hkv, e4m3 if fp8 else None)
+            if not errs[name] < 1e-3:
+                raise SystemExit(f"{name}: error {errs[name]:.2e} on {hq}/{hkv} {dist} x {b}")
+            nbytes[name] = needed_bytes(lens, hq, hkv, 1 if fp8 else 2)
+            calls = [lambda kv=kv, w=w, o=out: w.run(q, kv, out=o) for kv in caches[kv_dtype]]
+            fns[name] = lambda calls=calls: common.bench_graph_ms(calls)
+            keep.append(w)
+        times = common.interleaved(fns, args.rounds, timer=lambda f: f())
+        us = {n: common.median(t) * 1e3 for n, t in times.items()}
+        tbps = {n: nbytes[n] / (us[n] * 1e-6) / 1e12 for n in us}
+        ratio = {f"{n}/{base}": common.paired_ratio(times, n, base) for n in configs if n.startswith("fp8")
+                 for base in ("fp16-cc", "fp16")}
+        rows.append(dict(hq=hq, hkv=hkv, lengths=dist, batch=b, us=us, tbps=tbps,
+                         frac_ceiling={n: t / ceiling for n, t in tbps.items()}, ratios=ratio, check_err=errs,
+                         rounds_ms=times))
+        cells = " | ".join(f"{n} {us[n]:7.1f} ({tbps[n]:4.2f}, {tbps[n] / ceiling:4.0%})" for n in configs)
+        print(f"{hq:>3}/{hkv:<2} {dist:>11} {b:>4} | {cells} | fp8/fp16-cc {ratio['fp8/fp16-cc']:.3f}, "
+              f"fp8/fp16 {ratio['fp8/fp16']:.3f}", flush=True)
+        del keep, caches, fns, k, v
+        torch.cuda.empty_cache()
+    return common.save_results(args.save_as or "decode-fp8", dict(read_ceiling_tbps=ceiling, copy_tbps=copy_tbps,
+                                                                head_dim=D, page_size=16, kv_dtype="float8_e4m3fn",
+                                                                rows=rows))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="grid: a small grid")
@@ -364,6 +441,7 @@ def main():
     ap.add_argument("--ab", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                     help="a setting to A/B (repeatable; 'base:' = tensor-core defaults); keys: tc, split, pdl")
     ap.add_argument("--step-timing", action="store_true", help="one step timed flushed / clean / stream / graph")
+    ap.add_argument("--fp8", action="store_true", help="an fp8 (e4m3) KV cache against fp16, same shapes")
     ap.add_argument("--workloads", default="",
                     help="--ab / --step-timing: HQ/HKV:LENGTHS:BATCH,... (e.g. 32/8:const:1024:16); "
                          "default: issue 3's list (--ab), 32/8:uniform:512-1024:16 (--step-timing)")
@@ -371,7 +449,7 @@ def main():
     ap.add_argument("--timing", choices=("flush", "graph"), default="flush",
                     help="--ab: flush = do_bench (L2 zeroed between calls); graph = rotating cache copies (>= 2x L2) "
                          "replayed back to back from a CUDA graph")
-    ap.add_argument("--rounds", type=int, default=5, help="--ab: interleaved rounds")
+    ap.add_argument("--rounds", type=int, default=5, help="--ab / --fp8: interleaved rounds")
     ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
     args = ap.parse_args()
     workloads = [common.parse_workload(w) for w in args.workloads.split(",")] if args.workloads else None
@@ -379,7 +457,9 @@ def main():
     if args.plan_only:
         plan_timing()
         return
-    if args.ab:
+    if args.fp8:
+        path = fp8_rows(args, workloads or FP8_WORKLOADS)
+    elif args.ab:
         path = ab(args, workloads or (WORKLOADS[:4] if args.quick_workloads else WORKLOADS))
     elif args.step_timing:
         path = step_timing(workloads or [((32, 8), "uniform:512-1024", 16)], args.save_as)

@@ -3,10 +3,12 @@
 // already hold some tokens and receive more, appended rows in shuffled order
 // (optionally with padded strides), and the expected cache computed by
 // logical indexing (page, slot, head, feature), independently of the strides
-// model the library uses.
+// model the library uses. A 16-bit append into an fp8 cache expects each
+// value divided by its scale and rounded by float_to_fp8.
 #pragma once
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -24,6 +26,10 @@ struct AppendCase {
   std::vector<int32_t> old_lens, add_lens;  // tokens before the append, tokens appended
   int64_t spare_pages = 3;                  // pool pages no request uses
   bool padded_rows = false;                 // append rows with a padded token stride
+  std::optional<DType> cache_dt;            // the cache's dtype when not dt (an fp8 cache of 16-bit rows)
+  float k_scale = 1.f, v_scale = 1.f;       // what a quantizing append divides by
+  float row_lo = -1.f, row_hi = 1.f;        // range of the appended values
+  DType cache() const { return cache_dt.value_or(dt); }
 };
 
 struct AppendProblem {
@@ -91,16 +97,16 @@ inline AppendProblem make_append_problem(const AppendCase& c, uint64_t seed) {
     p.key = make_host(c.dt, {nnz, H, D});
     p.value = make_host(c.dt, {nnz, H, D});
   }
-  fill_random(p.key, rng());
-  fill_random(p.value, rng());
+  fill_random(p.key, rng(), c.row_lo, c.row_hi);
+  fill_random(p.value, rng(), c.row_lo, c.row_hi);
   if (c.interleaved) {
     std::vector<int64_t> s = page_shape(c, p.num_pages);
     s.insert(s.begin() + 1, 2);
-    p.kv = make_host(c.dt, s);
+    p.kv = make_host(c.cache(), s);
     fill_random(p.kv, rng(), 5.f, 6.f);  // old contents, distinguishable from appended values
   } else {
-    p.k = make_host(c.dt, page_shape(c, p.num_pages));
-    p.v = make_host(c.dt, page_shape(c, p.num_pages));
+    p.k = make_host(c.cache(), page_shape(c, p.num_pages));
+    p.v = make_host(c.cache(), page_shape(c, p.num_pages));
     fill_random(p.k, rng(), 5.f, 6.f);
     fill_random(p.v, rng(), 5.f, 6.f);
   }
@@ -119,7 +125,8 @@ AppendProblem expected_after_append(const AppendCase& c, const AppendProblem& p,
     for (int64_t h = 0; h < c.heads; ++h) {
       for (int64_t d = 0; d < c.head_dim; ++d) {
         const int64_t n = static_cast<int64_t>(i);
-        const float kx = load(e.key.view, {n, h, d}), vx = load(e.value.view, {n, h, d});
+        // Divided in float, as the kernel does; a copy's scale is 1 (exact).
+        const float kx = load(e.key.view, {n, h, d}) / c.k_scale, vx = load(e.value.view, {n, h, d}) / c.v_scale;
         const int64_t a = c.layout == KVLayout::kNHD ? slot : h, bb = c.layout == KVLayout::kNHD ? h : slot;
         if (c.interleaved) {
           store(e.kv.view, {page, 0, a, bb, d}, kx);

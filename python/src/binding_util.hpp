@@ -18,10 +18,34 @@
 namespace tessera::python {
 
 inline DType parse_dtype(const char* what, const std::string& s) {
-  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32, DType::kUInt8, DType::kBool})
+  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32, DType::kUInt8, DType::kBool,
+                  DType::kFloat8E4M3, DType::kFloat8E5M2})
     if (s == dtype_name(t)) return t;
-  throw TypeMismatch(std::string(what) + ": expected a dtype name (float16, bfloat16, float32, ...), got '" + s + "'");
+  throw TypeMismatch(std::string(what) + ": expected a dtype name (float16, bfloat16, float32, float8_e4m3fn, ...), got '" +
+                     s + "'");
 }
+
+// fp8 tensors cross from Python as uint8 views of their bits, with the dtype
+// named beside them (the Python layer does this, as DLPack exporters differ
+// on fp8, and serving engines keep fp8 caches as uint8 tensors anyway): a
+// uint8 view becomes `want` when that is an fp8 type.
+inline void retag_fp8(Arg& a, DType want) {
+  if (is_fp8(want) && a.view.dtype == DType::kUInt8) a.view.dtype = want;
+}
+
+// run()'s KV dequantization scales (RunOptions): floats, and optional
+// 1-element float32 CUDA tensors (None: none) that the kernel reads at run time.
+struct ScaleArgs {
+  Arg k_tensor, v_tensor;
+  ScaleArgs(nanobind::handle k, nanobind::handle v)
+      : k_tensor(to_optional_arg("k_scale", k)), v_tensor(to_optional_arg("v_scale", v)) {}
+  void apply(RunOptions& opt, double k_scale, double v_scale) const {
+    opt.k_scale = k_scale;
+    opt.v_scale = v_scale;
+    opt.k_scale_tensor = k_tensor.view;
+    opt.v_scale_tensor = v_tensor.view;
+  }
+};
 
 // k: [pages, ...] (4-D, with v) or the interleaved [pages, 2, ...] (5-D, v None).
 inline PagedKVStorage to_storage(const Arg& k, const Arg& v, bool has_v, KVLayout layout) {
@@ -85,15 +109,17 @@ struct PagedPlanArgs {
 // run()'s tensors of a paged step, converted once: q, the cache as k / v
 // (or one interleaved tensor when v is None), o, lse (None: undefined), and
 // the softmax scale.
+// kv_dtype: the spec's (an fp8 cache may come as uint8 views, retag_fp8).
 struct PagedRunArgs {
   Arg q, k, v, o, lse;
   PagedKVStorage storage;
   RunOptions opt;
   PagedRunArgs(nanobind::handle q_, nanobind::handle k_, nanobind::handle v_, nanobind::handle o_,
-               nanobind::handle lse_, double sm_scale, KVLayout layout, double v_scale = 1.0)
+               nanobind::handle lse_, double sm_scale, KVLayout layout, double v_scale = 1.0,
+               DType kv_dtype = DType::kFloat16)
       : q(to_arg("q", q_)), k(to_arg(v_.is_none() ? "kv" : "k", k_)), v(to_optional_arg("v", v_)),
         o(to_arg("o", o_, true)), lse(to_optional_arg("lse", lse_, true)),
-        storage(to_storage(k, v, !v_.is_none(), layout)) {
+        storage((retag_fp8(k, kv_dtype), retag_fp8(v, kv_dtype), to_storage(k, v, !v_.is_none(), layout))) {
     opt.sm_scale = sm_scale;
     opt.v_scale = v_scale;
   }

@@ -108,7 +108,8 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
                       const std::string& kv_layout, const std::string& variant, const std::string& q_dtype,
                       const std::string& kv_dtype, const std::string& o_dtype, int head_dim, double sm_scale,
                       uintptr_t stream, int window_left, double logits_soft_cap, int pos_encoding,
-                      double rope_scale, double rope_theta, double v_scale, nb::handle alibi_slopes) {
+                      double rope_scale, double rope_theta, double v_scale, double k_scale, nb::handle k_scale_tensor,
+                      nb::handle v_scale_tensor, nb::handle alibi_slopes) {
   AttentionSpec spec;
   spec.variant = variants::from_plan_options(parse_variant(variant).causal, window_left,
                                              static_cast<float>(logits_soft_cap), to_pos_encoding(pos_encoding));
@@ -118,10 +119,13 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
   spec.head_dim = head_dim;
   const KVLayout layout = parse_kv_layout(kv_layout.c_str());
   Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
+  retag_fp8(ka, spec.kv_dtype);
+  retag_fp8(va, spec.kv_dtype);
   Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
   RunOptions opt;
   opt.sm_scale = sm_scale;
-  opt.v_scale = v_scale;
+  const ScaleArgs scales(k_scale_tensor, v_scale_tensor);
+  scales.apply(opt, k_scale, v_scale);
   const PosEncodingExtras extras(pos_encoding, rope_scale, rope_theta, alibi_slopes);
   opt.extras = extras.get();
   nb::gil_scoped_release release;
@@ -132,17 +136,33 @@ void py_single_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb
 void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb::handle batch_indices,
                               nb::handle positions, nb::handle k, nb::handle v, nb::handle kv_indices,
                               nb::handle kv_indptr, nb::handle kv_last_page_len, const std::string& kv_layout,
-                              uintptr_t stream) {
+                              uintptr_t stream, const std::string& cache_dtype, const std::string& append_dtype,
+                              double k_scale, double v_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor) {
   const KVLayout layout = parse_kv_layout(kv_layout.c_str());
   Arg ak = to_arg("append_key", append_key), av = to_arg("append_value", append_value);
   Arg bi = to_arg("batch_indices", batch_indices), pos = to_arg("positions", positions);
   Arg ka = to_arg(v.is_none() ? "kv" : "k", k, true), va = to_optional_arg("v", v, true);
   Arg idx = to_arg("kv_indices", kv_indices), ptr = to_arg("kv_indptr", kv_indptr);
   Arg last = to_arg("kv_last_page_len", kv_last_page_len);
+  // fp8 tensors come as uint8 views with their dtype named (retag_fp8).
+  if (!cache_dtype.empty()) {
+    retag_fp8(ka, parse_dtype("cache_dtype", cache_dtype));
+    retag_fp8(va, parse_dtype("cache_dtype", cache_dtype));
+  }
+  if (!append_dtype.empty()) {
+    retag_fp8(ak, parse_dtype("append_dtype", append_dtype));
+    retag_fp8(av, parse_dtype("append_dtype", append_dtype));
+  }
   const PagedKVStorage storage = to_storage(ka, va, !v.is_none(), layout);
+  AppendOptions opt;
+  opt.k_scale = k_scale;
+  opt.v_scale = v_scale;
+  Arg kt = to_optional_arg("k_scale", k_scale_tensor), vt = to_optional_arg("v_scale", v_scale_tensor);
+  opt.k_scale_tensor = kt.view;
+  opt.v_scale_tensor = vt.view;
   nb::gil_scoped_release release;
   append_paged_kv_cache(ak.view, av.view, bi.view, pos.view, storage, idx.view, ptr.view, last.view,
-                        to_stream(stream));
+                        to_stream(stream), opt);
 }
 
 // window_left / logits_soft_cap / pos_encoding: FlashInfer's plan() options
@@ -167,16 +187,18 @@ class PyBatchDecode {
                 int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
                 int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap,
-                int pos_encoding, int tc_cta_q, bool cuda_cores, int fixed_chunk)
+                int pos_encoding, int tc_cta_q, bool cuda_cores, int fixed_chunk, int heads_per_thread)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, pos_encoding),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
-             options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk)),
-        layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding) {}
+             options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk, heads_per_thread)),
+        layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding),
+        kv_dtype_(parse_dtype("kv_dtype", kv_dtype)) {}
 
   static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores, int tc_cta_q, bool cuda_cores,
-                               int fixed_chunk) {
+                               int fixed_chunk, int heads_per_thread) {
     DecodeOptions opt;
+    opt.heads_per_thread = heads_per_thread;
     opt.planner.fixed_chunk = fixed_chunk;
     opt.cuda_cores = cuda_cores;
     opt.planner.split_kv = split_kv;
@@ -192,7 +214,7 @@ class PyBatchDecode {
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
                                                    bool split_kv, int max_sms, bool use_tensor_cores, int window_left,
                                                    double logits_soft_cap, int pos_encoding, int tc_cta_q,
-                                                   bool cuda_cores, int fixed_chunk) {
+                                                   bool cuda_cores, int fixed_chunk, int heads_per_thread) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -201,7 +223,8 @@ class PyBatchDecode {
     const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left,
                                                            logits_soft_cap, pos_encoding),
                                                task, num_sms,
-                                               options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk));
+                                               options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk,
+                                                       heads_per_thread));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -224,9 +247,12 @@ class PyBatchDecode {
   }
 
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
-           bool pdl, double rope_scale, double rope_theta, double v_scale, nb::handle alibi_slopes) {
-    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale);
+           bool pdl, double rope_scale, double rope_theta, double v_scale, double k_scale, nb::handle k_scale_tensor,
+           nb::handle v_scale_tensor, nb::handle alibi_slopes) {
+    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale, kv_dtype_);
     a.opt.pdl = pdl;
+    const ScaleArgs scales(k_scale_tensor, v_scale_tensor);
+    scales.apply(a.opt, k_scale, v_scale);
     const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
     a.opt.extras = extras.get();
     nb::gil_scoped_release release;
@@ -248,6 +274,7 @@ class PyBatchDecode {
   BatchDecode dec_;
   KVLayout layout_;
   int pos_encoding_;  // ROPE_LLAMA: run() passes rope_scale / rope_theta; ALIBI: alibi_slopes
+  DType kv_dtype_;    // an fp8 cache may come as uint8 views (retag_fp8)
 };
 
 // BatchPrefill over a borrowed workspace, like PyBatchDecode. One object
@@ -451,35 +478,41 @@ NB_MODULE(_C, m) {
   m.def("single_decode", &py_single_decode, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "kv_layout"_a,
         "variant"_a, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "sm_scale"_a = -1.0, "stream"_a = 0,
         "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "rope_scale"_a = 1.0,
-        "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(),
+        "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "k_scale"_a = 1.0, "k_scale_tensor"_a.none() = nb::none(),
+        "v_scale_tensor"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
         "GPU decode of one request with contiguous KV; sm_scale < 0 means 1/sqrt(head_dim); window_left / "
         "logits_soft_cap as FlashInfer's (-1 / 0: off); pos_encoding: 0 NONE, 1 ROPE_LLAMA, 2 ALIBI (with "
-        "alibi_slopes, float32 [num_qo_heads] on the GPU); v_scale "
-        "multiplies the output (in the kernel's epilogue).");
+        "alibi_slopes, float32 [num_qo_heads] on the GPU); k_scale multiplies "
+        "the softmax scale, v_scale the output (in the kernel's epilogue); the *_scale_tensor (1-element float32 "
+        "CUDA tensors, read by the kernel) multiply them too. An fp8 kv_dtype may come as uint8 views of k, v.");
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
-        "stream"_a = 0,
-        "Writes rows [nnz, H, D] into the paged cache (k, v) or interleaved k (v None); int32 index tensors.");
+        "stream"_a = 0, "cache_dtype"_a = "", "append_dtype"_a = "", "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+        "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
+        "Writes rows [nnz, H, D] into the paged cache (k, v) or interleaved k (v None); int32 index tensors. "
+        "16-bit rows into an fp8 cache are quantized (divided by the scales, saturated); cache_dtype / "
+        "append_dtype name the fp8 type of uint8 views ('' : as given).");
   nb::class_<PyBatchDecode>(m, "BatchDecode",
                             "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool,
-                    int, bool, int>(),
+                    int, bool, int, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
            "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tc_cta_q"_a = 0,
-           "cuda_cores"_a = false, "fixed_chunk"_a = 0,
+           "cuda_cores"_a = false, "fixed_chunk"_a = 0, "heads_per_thread"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
            "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype); tc_cta_q its query tile "
            "(0 heuristic, 16, 32, 64 or 128). Neither flag: the wrapper picks (DecodeOptions); cuda_cores: "
-           "the CUDA-core kernel. fixed_chunk > 0: batch-invariant KV chunks of that many keys.")
+           "the CUDA-core kernel. fixed_chunk > 0: batch-invariant KV chunks of that many keys. heads_per_thread "
+           "(1..4, 0 heuristic): the CUDA-core kernel's query heads per thread (tuning).")
       .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
                   "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
                   "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0,
-                  "tc_cta_q"_a = 0, "cuda_cores"_a = false, "fixed_chunk"_a = 0,
+                  "tc_cta_q"_a = 0, "cuda_cores"_a = false, "fixed_chunk"_a = 0, "heads_per_thread"_a = 0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_last_page_len"_a, "stream"_a = 0,
@@ -489,9 +522,12 @@ NB_MODULE(_C, m) {
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
            "stream"_a = 0, "pdl"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
+           "k_scale"_a = 1.0, "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
            "alibi_slopes"_a.none() = nb::none(),
            "Decode attention for the planned step; sm_scale < 0 means 1/sqrt(head_dim); pdl: programmatic "
-           "dependent launch (sm_90+); v_scale multiplies the output (in the kernel's epilogue).")
+           "dependent launch (sm_90+); k_scale multiplies the softmax scale, v_scale the output (in the kernel's "
+           "epilogue); the *_scale_tensor (1-element float32 CUDA tensors, read by the kernel at run time, CUDA-core "
+           "kernel only) multiply them too. An fp8 kv_dtype's cache may come as uint8 views.")
       .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("ctas_per_head", &PyBatchDecode::ctas_per_head, "Persistent CTAs per KV head (0 before plan).")
       .def_prop_ro("num_split_requests", &PyBatchDecode::num_split_requests,

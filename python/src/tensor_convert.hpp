@@ -42,13 +42,17 @@ inline DType to_dtype(const char* name, nb::dlpack::dtype dt) {
     if (code == dtype_code::Int && dt.bits == 32) return DType::kInt32;
     if (code == dtype_code::UInt && dt.bits == 8) return DType::kUInt8;
     if (code == dtype_code::Bool && dt.bits == 8) return DType::kBool;
+    if (code == dtype_code::Float8_E4M3FN && dt.bits == 8) return DType::kFloat8E4M3;
+    if (code == dtype_code::Float8_E5M2 && dt.bits == 8) return DType::kFloat8E5M2;
   }
   static const char* const kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
   std::string got = dt.code < 7 ? kinds[dt.code] + std::to_string(dt.bits)
                                 : "DLPack code " + std::to_string(dt.code) + " bits " + std::to_string(dt.bits);
   if (dt.lanes != 1) got += "x" + std::to_string(dt.lanes);
-  throw nb::type_error(
-      (std::string(name) + ": expected dtype float16, bfloat16, float32, int32, uint8 or bool, got " + got).c_str());
+  throw nb::type_error((std::string(name) +
+                        ": expected dtype float16, bfloat16, float32, float8_e4m3fn, float8_e5m2, int32, uint8 or "
+                        "bool, got " + got)
+                           .c_str());
 }
 
 // Maps a DLPack device to Tessera's: host memory or a CUDA device.

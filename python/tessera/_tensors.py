@@ -84,6 +84,36 @@ def dtype_name(x, name, allowed=("float16", "bfloat16", "float32")):
     return s
 
 
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def dtype_str(x):
+    """The dtype of a torch tensor or numpy array as a name ('float16', 'float8_e4m3fn', 'uint8', ...)."""
+    return str(x.dtype).replace("torch.", "") if is_torch(x) else np.dtype(x.dtype).name
+
+
+def kv_bits(x, name, want=None):
+    """A KV tensor as handed to the bindings, and the dtype name to give them.
+
+    fp8 crosses as a uint8 view of the same bits with its dtype named beside
+    it (DLPack exporters differ on fp8): an fp8 tensor (torch.float8_e4m3fn /
+    float8_e5m2, or numpy's ml_dtypes types) becomes its uint8 view; a uint8
+    tensor stands for `want` when that is an fp8 type (serving engines keep
+    fp8 caches as uint8). An fp8 tensor of another fp8 type than `want` is a
+    TypeError naming `name`. Anything else passes unchanged (the C++ checks
+    name a wrong dtype). Returns (tensor, dtype name or None)."""
+    if x is None:
+        return None, None
+    s = dtype_str(x)
+    if s in FP8:
+        if want is not None and want != s:
+            raise TypeError(f"{name}: expected dtype {want} (the KV dtype), got {s}")
+        return (x.view(_torch().uint8) if is_torch(x) else x.view(np.uint8)), s
+    if s == "uint8" and want in FP8:
+        return x, want
+    return x, None
+
+
 def empty(like, shape, dtype=None):
     """An uninitialised array of `shape` with like's framework and device.
 

@@ -159,8 +159,13 @@ def check_backend(backend, jit_args, allowed=("auto", "fa2")):
         raise not_supported("jit_args", jit_args, "custom variants run through tessera.AttentionWrapper")
 
 
-def dtype_arg(value, name):
-    """A data type given as a torch dtype, numpy dtype or string, as 'float16' or 'bfloat16'."""
+_FP8_ALIASES = {"float8_e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+                "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2"}
+
+
+def dtype_arg(value, name, fp8=False):
+    """A data type given as a torch dtype, numpy dtype or string, as 'float16' or 'bfloat16', or with fp8 (KV
+    data types of the decode wrappers) also 'float8_e4m3fn' or 'float8_e5m2'."""
     if isinstance(value, str):
         s = value
     elif type(value).__module__ == "torch":  # torch.dtype, without importing torch
@@ -171,9 +176,18 @@ def dtype_arg(value, name):
         except TypeError:
             raise TypeError(f"{name}: expected a data type (torch dtype or name), got {value!r}") from None
     s = s.replace("torch.", "")
-    s = _DTYPE_ALIASES.get(s, s)
+    s = _DTYPE_ALIASES.get(s, _FP8_ALIASES.get(s, s))
+    if s in T.FP8:
+        if fp8:
+            return s
+        if name.startswith("q"):
+            raise TypeError(f"{name}: expected float16 or bfloat16, got {s} (fp8 is for the KV cache: "
+                            "kv_data_type; queries stay 16-bit)")
+        raise TypeError(f"{name}: expected float16 or bfloat16, got {s} (fp8 KV caches run on batch decode on CUDA "
+                        "cores only so far: BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache)")
     if s not in ("float16", "bfloat16"):
-        raise TypeError(f"{name}: expected float16 or bfloat16, got {s} (other data types are not supported yet)")
+        raise TypeError(f"{name}: expected float16 or bfloat16{', float8_e4m3fn or float8_e5m2' if fp8 else ''}, "
+                        f"got {s} (other data types are not supported yet)")
     return s
 
 
@@ -270,8 +284,9 @@ def sm_scale_arg(sm_scale):
 
 def _scale_value(name, x, positive):
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        raise not_supported(name, x, "scales are floats here; per-head or device tensors of scales are not "
-                            "implemented")
+        raise not_supported(name, x, "scales are floats here; 1-element scale tensors are read by the CUDA-core "
+                            "decode kernels only (BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache, "
+                            "append_paged_kv_cache), per-head scales are not implemented")
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name}: expected a float or None, got {type(x).__name__}")
     x = float(x)
@@ -298,6 +313,35 @@ def run_scales(sm_scale, head_dim, q_scale, k_scale, v_scale):
     if not (0.0 < scale <= _FLOAT32_MAX):
         raise ValueError(f"q_scale, k_scale: the softmax scale they give, {scale}, is not a positive float32")
     return scale, vs
+
+
+def is_tensor(x):
+    return x is not None and (T.is_torch(x) or isinstance(x, np.ndarray))
+
+
+def scale_tensor(name, x, like, like_name="q"):
+    """A k_scale / v_scale given as a tensor: a 1-element float32 tensor on `like`'s device (read by the kernel at
+    run time, so a captured CUDA graph replays with its new value). TypeError / ValueError naming it otherwise."""
+    if T.framework(x, name) != T.framework(like, like_name) or T.device_of(x) != T.device_of(like):
+        raise TypeError(f"{name}: expected a {T.framework(like, like_name)} tensor on {T.device_of(like)} like "
+                        f"{like_name}, got a {T.framework(x, name)} one on {T.device_of(x)}")
+    if T.dtype_str(x) != "float32":
+        raise TypeError(f"{name}: expected a float32 tensor, got {T.dtype_str(x)}")
+    n = int(np.prod(x.shape)) if len(x.shape) else 1
+    if n != 1:
+        raise ValueError(f"{name}: expected a 1-element tensor (a per-tensor scale), got shape {tuple(x.shape)}")
+    return x
+
+
+def run_scales_with_tensors(sm_scale, head_dim, q_scale, k_scale, v_scale, like):
+    """run_scales, with k_scale / v_scale also given as 1-element float32 tensors on like's device (the CUDA-core
+    decode kernels read those at run time). Returns (softmax scale, v_scale or None, k tensor or None, v tensor or
+    None): float scales folded as run_scales does."""
+    kt = scale_tensor("k_scale", k_scale, like) if is_tensor(k_scale) else None
+    vt = scale_tensor("v_scale", v_scale, like) if is_tensor(v_scale) else None
+    scale, vs = run_scales(sm_scale, head_dim, q_scale, None if kt is not None else k_scale,
+                           None if vt is not None else v_scale)
+    return scale, vs, kt, vt
 
 
 def unpack_paged_kv_cache(paged_kv_cache):

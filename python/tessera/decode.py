@@ -12,6 +12,7 @@ GPU (slowly: it is meant for tests and tools).
 """
 
 import functools
+import math
 
 import numpy as np
 
@@ -40,7 +41,9 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         q: [num_qo_heads, head_dim], float16 or bfloat16 on the GPU
             (float32 is also accepted on the CPU).
         k, v: [kv_len, num_kv_heads, head_dim] for kv_layout "NHD", or
-            [num_kv_heads, kv_len, head_dim] for "HND"; same shape and dtype.
+            [num_kv_heads, kv_len, head_dim] for "HND"; same shape and dtype:
+            q's, or fp8 (torch.float8_e4m3fn / float8_e5m2: a quantized
+            cache, read with k_scale / v_scale; the output is q's dtype).
         kv_layout: "NHD" or "HND".
         pos_encoding_mode: "NONE", or "ROPE_LLAMA": Llama RoPE fused into
             the kernel, q rotated at position kv_len - 1 and key i at i
@@ -51,9 +54,12 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
             1e4); None otherwise.
         use_tensor_cores: accepted for compatibility; the kernel is chosen
             by Tessera and the result does not depend on it.
-        q_scale, k_scale, v_scale: None or floats, as FlashInfer applies them
-            to 16-bit caches: q_scale * k_scale multiplies the softmax scale,
-            v_scale the output.
+        q_scale, k_scale, v_scale: None or floats, as FlashInfer applies them:
+            q_scale * k_scale multiplies the softmax scale, v_scale the
+            output (an fp8 cache's dequantization scales). k_scale / v_scale
+            may also be 1-element float32 tensors on q's device, read by the
+            kernel when it runs (a captured CUDA graph replays with their
+            current values).
         window_left: -1 (no window), or the keys (>= 0) the query sees to the
             left of its own position (the last key): keys >= kv_len - 1 - window_left.
         logits_soft_cap: None or 0.0 (off), or a cap > 0: logit = cap *
@@ -77,45 +83,59 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     for name, x in (("k", k), ("v", v)):
         if len(x.shape) != 3:
             raise ValueError(f"{name}: expected a 3-D tensor ({kv_layout}), got shape {tuple(x.shape)}")
-    scale, vs = W.run_scales(W.sm_scale_arg(sm_scale), int(q.shape[1]), q_scale, k_scale, v_scale)
+    head_dim = int(q.shape[1])
+    scale, vs, kt, vt = W.run_scales_with_tensors(W.sm_scale_arg(sm_scale), head_dim, q_scale, k_scale, v_scale, q)
+    vs = 1.0 if vs is None else vs
+    k, kd = T.kv_bits(k, "k")
+    v, vd = T.kv_bits(v, "v", kd)
+    if kd != vd:
+        raise TypeError(f"v: expected the dtype of k ({kd or T.dtype_str(k)}), got {vd or T.dtype_str(v)}")
 
-    if T.is_cuda(q):  # v_scale in the kernel's epilogue
-        o, lse = _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope, 1.0 if vs is None else vs)
-    else:
-        o, lse = _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope)
-        if vs is not None:
-            o = o * vs if not T.is_torch(o) else o.mul_(vs)
+    if T.is_cuda(q):  # v_scale in the kernel's epilogue, scale tensors read by the kernel
+        o, lse = _decode_gpu(q, k, v, kd, kv_layout, scale, return_lse, window, cap, rope, vs, kt, vt)
+    else:  # host scale tensors: their values now (nothing to wait for)
+        if kt is not None:
+            scale = (scale if scale > 0 else 1.0 / math.sqrt(head_dim)) * float(kt.reshape(-1)[0])
+        if vt is not None:
+            vs *= float(vt.reshape(-1)[0])
+        o, lse = _decode_cpu(q, k, v, kd, kv_layout, scale, window, cap, rope, vs)
     return (o, lse) if return_lse else o
 
 
-def _decode_gpu(q, k, v, kv_layout, scale, return_lse, window, cap, rope, v_scale):
-    """CUDA path: the C++ single_decode on torch's current stream of q's device."""
+def _decode_gpu(q, k, v, kd, kv_layout, scale, return_lse, window, cap, rope, v_scale, k_tensor, v_tensor):
+    """CUDA path: the C++ single_decode on torch's current stream of q's device. kd: the fp8 dtype of uint8 k, v
+    views (T.kv_bits), else None."""
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
-    kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
+    kd = kd or T.dtype_name(k, "k", ("float16", "bfloat16"))
     o = T.empty(q, q.shape)
     lse = T.empty(q, q.shape[:1], "float32") if return_lse else None
     slopes = W.plan_alibi_slopes(rope, int(q.shape[0]), q.device)
     with T.on_device_of(q):
         _C.single_decode(T.arg(q), T.arg(k), T.arg(v), o, lse, kv_layout, "standard", qd, kd, qd, int(q.shape[1]),
                          scale, T.stream_of(q), window_left=window, logits_soft_cap=cap, pos_encoding=rope[0],
-                         v_scale=v_scale, **W.run_pos_encoding_args(rope, slopes))
+                         v_scale=v_scale, k_scale_tensor=T.arg(k_tensor), v_scale_tensor=T.arg(v_tensor),
+                         **W.run_pos_encoding_args(rope, slopes))
     return o, lse
 
 
-def _decode_cpu(q, k, v, kv_layout, scale, window, cap, rope):
-    """CPU path: the C++ CPU attention (float accumulation), o in q's dtype."""
+def _decode_cpu(q, k, v, kd, kv_layout, scale, window, cap, rope, v_scale):
+    """CPU path: the C++ CPU attention (float accumulation), o in q's dtype. kd: the fp8 dtype of uint8 k, v views
+    (T.kv_bits), else None."""
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
             raise TypeError(f"{name}: expected a CPU tensor like q, got one on {T.device_of(x)}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        T.dtype_name(x, name)
+    T.dtype_name(q, "q")
+    if kd is None:
+        for name, x in (("k", k), ("v", v)):
+            T.dtype_name(x, name)
     if kv_layout == "HND":  # strided NHD views, no copy
         k, v = k.swapaxes(0, 1), v.swapaxes(0, 1)
     kv_len = int(k.shape[0])
     o, lse = T.empty(q, (1,) + tuple(q.shape)), T.empty(q, (1, q.shape[0]), "float32")
     _C.cpu_attention_ragged(T.arg(q[None]), [0, 1], T.arg(k), T.arg(v), [0, kv_len], T.arg(o), T.arg(lse), scale,
                             logits_soft_cap=cap, window_left=window, rope=rope[0] == W.POS_ROPE_LLAMA,
-                            alibi_slopes=_cpu_alibi_slopes(rope, int(q.shape[0])), **W.pos_encoding_scalars(rope))
+                            alibi_slopes=_cpu_alibi_slopes(rope, int(q.shape[0])), kv_dtype=kd or "", v_scale=v_scale,
+                            **W.pos_encoding_scalars(rope))
     return o[0], lse[0]
 
 
@@ -202,6 +222,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         self._max_sms = 0
         self._tc_cta_q = 0
         self._cuda_cores = False
+        self._heads_per_thread = 0  # the CUDA-core kernel's query heads per thread (0: heuristic)
         self._native = None  # the C++ BatchDecode, built by plan()
         self._native_key = None  # what it was built for: dtypes, shape, bounds
         self._pinned = None  # the pinned host staging buffer it borrows
@@ -272,7 +293,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 logits_soft_cap yet.
             rope_scale, rope_theta: with ROPE_LLAMA (None: 1 and 1e4), else None.
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16 (torch
-                dtype or name); kv and o default to q's. data_type
+                dtype or name); kv and o default to q's. kv_data_type may
+                also be torch.float8_e4m3fn / float8_e5m2 ("float8_e4m3fn",
+                "float8_e5m2"): an fp8 cache, read on the CUDA-core kernel
+                (use_tensor_cores=True is refused with it) with run()'s
+                k_scale / v_scale as its dequantization scales. data_type
                 (deprecated in FlashInfer) fills kv_data_type when it is None.
             sm_scale: softmax scale; None means 1 / sqrt(head_dim).
             non_blocking: accepted; the schedule upload is always asynchronous.
@@ -350,7 +375,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                                      T.stream_of(buf))
         else:
             self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
-        self._planned = {"batch": batch, "q_dtype": q_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
+        self._planned = {"batch": batch, "q_dtype": q_dt, "kv_dtype": kv_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope,
                          "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device)}
 
@@ -381,7 +406,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         q_dt = _dtype_arg(q_data_type, "q_data_type")
-        kv_dt = q_dt if kv_data_type is None else _dtype_arg(kv_data_type, "kv_data_type")
+        kv_dt = q_dt if kv_data_type is None else _dtype_arg(kv_data_type, "kv_data_type", fp8=True)
         o_dt = q_dt if o_data_type is None else _dtype_arg(o_data_type, "o_data_type")
         shape = tuple(_positive_int(x, n) for x, n in ((num_qo_heads, "num_qo_heads"), (num_kv_heads, "num_kv_heads"),
                                                        (head_dim, "head_dim"), (page_size, "page_size")))
@@ -402,7 +427,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=split, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
                      tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores, window_left=window, logits_soft_cap=cap,
-                     pos_encoding=rope, fixed_chunk=fixed)
+                     pos_encoding=rope, fixed_chunk=fixed, heads_per_thread=self._heads_per_thread)
 
         def size(want, device):
             return _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
@@ -422,10 +447,15 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             paged_kv_cache: (k_cache, v_cache), each [num_pages, page_size,
                 num_kv_heads, head_dim] (NHD) or [num_pages, num_kv_heads,
                 page_size, head_dim] (HND), or one interleaved tensor
-                [num_pages, 2, ...] (K at index 0, V at 1).
+                [num_pages, 2, ...] (K at index 0, V at 1), of kv_data_type
+                (an fp8 cache may also be uint8 tensors of its bits).
             q_scale, k_scale, v_scale: None or floats (serving engines pass
                 1.0 for 16-bit caches): q_scale * k_scale multiplies the
-                softmax scale, v_scale the output, as in FlashInfer.
+                softmax scale, v_scale the output, as in FlashInfer: an fp8
+                cache's dequantization scales. k_scale / v_scale may also be
+                1-element float32 CUDA tensors, read by the kernel when it
+                runs (a captured CUDA graph replays with their current
+                values; the CUDA-core kernel only, which fp8 caches use).
             out: optional output like q (o_data_type); allocated when None.
             lse: optional float32 [batch, num_qo_heads] for the log-sum-exp;
                 allocated when None and return_lse.
@@ -462,12 +492,15 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             return self._multi.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
                                    lse=lse, return_lse=return_lse, enable_pdl=enable_pdl, window_left=window_left,
                                    sinks=sinks)
-        scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
-        W.check_run_window(window_left, self._planned["window_left"])
-        k, v = _unpack_paged_kv_cache(paged_kv_cache)
         if not T.is_cuda(q):
             raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
         plan = self._planned
+        scale, vs, kt, vt = W.run_scales_with_tensors(plan["sm_scale"], plan["head_dim"], q_scale, k_scale, v_scale, q)
+        W.check_run_window(window_left, plan["window_left"])
+        k, v = _unpack_paged_kv_cache(paged_kv_cache)
+        # An fp8 cache crosses as uint8 views (T.kv_bits); its fp8 type must be the planned one.
+        k = T.kv_bits(k, "paged_kv_cache", plan["kv_dtype"])[0]
+        v = T.kv_bits(v, "paged_kv_cache", plan["kv_dtype"])[0]
         if len(q.shape) != 3:
             raise ValueError(f"q: expected a 3-D tensor [batch_size, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
         sinks = W.check_sinks(sinks, q, plan["num_qo_heads"])
@@ -477,8 +510,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
             self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
-                             pdl=bool(enable_pdl), v_scale=1.0 if vs is None else vs,
-                             **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
+                             pdl=bool(enable_pdl), v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt),
+                             v_scale_tensor=T.arg(vt), **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
             if sinks is not None:
                 W.apply_sinks(out, lse, sinks)
         return (out, lse) if return_lse else out

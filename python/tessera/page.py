@@ -14,6 +14,8 @@ written by plain loops after every index has been checked (ValueError naming
 the argument; nothing is written then).
 """
 
+import numbers
+
 import numpy as np
 
 from . import _tensors as T
@@ -35,11 +37,16 @@ def _int32_indices(x, name):
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
-                          kv_last_page_len, kv_layout="NHD"):
+                          kv_last_page_len, kv_layout="NHD", *, k_scale=None, v_scale=None):
     """Appends tokens to a paged KV cache, in place.
 
     Args:
-        append_key, append_value: [nnz, num_kv_heads, head_dim], the cache's dtype.
+        append_key, append_value: [nnz, num_kv_heads, head_dim], the cache's
+            dtype (copied bit for bit), or float16 / bfloat16 into an fp8
+            cache (torch.float8_e4m3fn / float8_e5m2): quantized, each value
+            divided by k_scale (v_scale), rounded to nearest even and
+            saturated to the format's largest finite value (448 / 57344),
+            the same bits on the GPU and the CPU.
         batch_indices: int [nnz], the request of each appended token.
         positions: int [nnz], each token's position within its request.
         paged_kv_cache: (k_cache, v_cache), each [num_pages, page_size,
@@ -50,6 +57,11 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         kv_indptr: int [batch + 1] page-table row pointers.
         kv_last_page_len: int [batch] tokens in each request's last page.
         kv_layout: "NHD" or "HND".
+        k_scale, v_scale: (Tessera's, keyword-only) the scales a quantizing
+            append divides by, those run() reads the cache with: None (1),
+            floats, or 1-element float32 tensors on the cache's device (read
+            by the kernel when it runs, so a captured CUDA graph appends with
+            their current values). Only None for a copy of the cache's dtype.
 
     Index tensors may be int32 or int64 (read as int32, as FlashInfer
     does). All tensors share one framework and device. Token i is written to
@@ -65,10 +77,24 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     index = [_int32_indices(x, name) for x, name in ((batch_indices, "batch_indices"), (positions, "positions"),
                                                      (kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"),
                                                      (kv_last_page_len, "kv_last_page_len"))]
+    # fp8 tensors cross as uint8 views with their dtype named (T.kv_bits).
+    k, cache_dt = T.kv_bits(k, "paged_kv_cache")
+    v, v_dt = T.kv_bits(v, "paged_kv_cache", cache_dt)
+    append_key, append_dt = T.kv_bits(append_key, "append_key")
+    append_value, _ = T.kv_bits(append_value, "append_value", append_dt)
+    scales = {}
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if W.is_tensor(x):
+            scales[name + "_tensor"] = T.arg(W.scale_tensor(name, x, k, "paged_kv_cache"))
+        elif x is not None:
+            if isinstance(x, bool) or not isinstance(x, numbers.Real):
+                raise TypeError(f"{name}: expected a float, a 1-element float32 tensor or None, got {type(x).__name__}")
+            scales[name] = float(x)
     with T.on_device_of(k):
         _C.append_paged_kv_cache(T.arg(append_key), T.arg(append_value), T.arg(index[0]), T.arg(index[1]),
                                  T.arg(k), T.arg(v), T.arg(index[2]), T.arg(index[3]), T.arg(index[4]),
-                                 kv_layout, T.stream_of(k))
+                                 kv_layout, T.stream_of(k), cache_dtype=cache_dt or "", append_dtype=append_dt or "",
+                                 **scales)
 
 
 def get_seq_lens(kv_indptr, kv_last_page_len, page_size):

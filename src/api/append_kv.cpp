@@ -1,9 +1,11 @@
 // append_paged_kv_cache: validation shared by both paths, then plain loops on
-// the CPU (host tensors, every index checked first) or one JIT copy kernel on
-// the GPU (indices guarded on the device; see append_kv.hpp for why).
+// the CPU (host tensors, every index checked first) or one JIT copy (or
+// quantizing) kernel on the GPU (indices guarded on the device; see
+// append_kv.hpp for why).
 #include "tessera/api/append_kv.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -24,8 +26,10 @@ constexpr int kThreads = 256;          // must match kAppendThreads (device/kern
 void check_rows(const char* name, const TensorView& t, const PagedKVStorage& kv) {
   check_dim(name, t, 3);
   check_shape(name, t, {-1, kv.num_kv_heads(), kv.head_dim()});
-  if (t.dtype != kv.dtype())
-    throw TypeMismatch(std::string(name) + ": expected the cache's dtype " + dtype_name(kv.dtype()) + ", got " +
+  const bool quantize = is_fp8(kv.dtype()) && is_half_precision(t.dtype);
+  if (t.dtype != kv.dtype() && !quantize)
+    throw TypeMismatch(std::string(name) + ": expected the cache's dtype " + dtype_name(kv.dtype()) +
+                       (is_fp8(kv.dtype()) ? " or float16 / bfloat16 (quantized on the way)" : "") + ", got " +
                        dtype_name(t.dtype));
   check_device(name, t, kv.device());
   if (kv.device().is_cuda()) detail::check_cuda_vectors(name, t);
@@ -34,11 +38,64 @@ void check_rows(const char* name, const TensorView& t, const PagedKVStorage& kv)
 
 const int32_t* ints(const TensorView& t) { return static_cast<const int32_t*>(t.data); }
 
+// The scales a quantizing append divides by, as given: the floats, and the
+// tensors' device pointers (host pointers on the CPU path).
+struct Scales {
+  float k = 1.f, v = 1.f;
+  const float* k_tensor = nullptr;
+  const float* v_tensor = nullptr;
+};
+
+const float* scale_tensor(const char* name, const TensorView& t, const Device& dev) {
+  if (!t.defined() || t.data == nullptr) return nullptr;
+  check_dtype(name, t, DType::kFloat32);
+  if (t.numel() != 1) throw InvalidArgument(std::string(name) + ": expected a 1-element tensor, got shape " + t.shape_str());
+  check_device(name, t, dev);
+  return static_cast<const float*>(t.data);
+}
+
+// Scales of a quantizing append (positive, finite floats; tensors on the
+// cache's device); the defaults for a copy of the cache's own dtype.
+Scales check_scales(const AppendOptions& opt, bool quantize, const Device& dev) {
+  Scales s;
+  for (auto [name, x] : {std::pair{"k_scale", opt.k_scale}, {"v_scale", opt.v_scale}}) {
+    if (!quantize && x != 1.0)
+      throw InvalidArgument(std::string(name) + ": only an append of 16-bit rows into an fp8 cache is scaled; "
+                            "expected 1.0, got " + std::to_string(x));
+    if (!(x > 0) || !std::isfinite(static_cast<float>(x)))
+      throw InvalidArgument(std::string(name) + ": expected a positive finite float32 value, got " + std::to_string(x));
+  }
+  s.k = static_cast<float>(opt.k_scale);
+  s.v = static_cast<float>(opt.v_scale);
+  s.k_tensor = scale_tensor("k_scale_tensor", opt.k_scale_tensor, dev);
+  s.v_tensor = scale_tensor("v_scale_tensor", opt.v_scale_tensor, dev);
+  if (!quantize && (s.k_tensor || s.v_tensor))
+    throw InvalidArgument(std::string(s.k_tensor ? "k_scale_tensor" : "v_scale_tensor") +
+                          ": only an append of 16-bit rows into an fp8 cache is scaled");
+  return s;
+}
+
+// Row h of token i of `rows`, stored into the cache at element offset `to`:
+// a byte copy, or quantized (value / scale, rounded as the GPU does).
+void store_row(const TensorView& rows, int64_t i, int64_t h, void* cache, DType cache_dtype, int64_t to, int64_t D,
+               float scale) {
+  const size_t in = dtype_size(rows.dtype), out = dtype_size(cache_dtype);
+  const char* src = static_cast<const char*>(rows.data) + (i * rows.stride(0) + h * rows.stride(1)) * in;
+  char* dst = static_cast<char*>(cache) + to * out;
+  if (rows.dtype == cache_dtype) {
+    std::memcpy(dst, src, static_cast<size_t>(D) * out);
+    return;
+  }
+  for (int64_t d = 0; d < D; ++d)
+    reinterpret_cast<uint8_t*>(dst)[d] = float_to_fp8(load_as_float(src, rows.dtype, static_cast<size_t>(d)) / scale,
+                                                      cache_dtype);
+}
+
 // The CPU path: validates every index before writing anything, so a bad call
 // leaves the cache untouched.
 void append_cpu(const TensorView& key, const TensorView& value, const TensorView& batch_indices,
                 const TensorView& positions, const PagedKVStorage& kv, const TensorView& kv_indices,
-                const TensorView& kv_indptr, const TensorView& kv_last_page_len) {
+                const TensorView& kv_indptr, const TensorView& kv_last_page_len, const Scales& sc) {
   const int64_t nnz = key.size(0), batch = kv_indptr.size(0) - 1, num_indices = kv_indices.size(0);
   const int32_t* indptr = ints(kv_indptr);
   const int32_t* last = ints(kv_last_page_len);
@@ -73,13 +130,13 @@ void append_cpu(const TensorView& key, const TensorView& value, const TensorView
                             ") (pages in the cache), got kv_indices[" + str(j) + "]=" + str(pages[j]));
     dst[i] = kv.offset(pages[j], 0, pos[i] % ps);
   }
-  const size_t elem = dtype_size(kv.dtype()), row_bytes = static_cast<size_t>(kv.head_dim()) * elem;
-  auto at = [elem](void* base, int64_t offset) { return static_cast<char*>(base) + offset * elem; };
+  // As the kernel: the float scale times the tensor's value, in float.
+  const float k_scale = sc.k_tensor ? sc.k * *sc.k_tensor : sc.k, v_scale = sc.v_tensor ? sc.v * *sc.v_tensor : sc.v;
   for (int64_t i = 0; i < nnz; ++i) {
     for (int64_t h = 0; h < kv.num_kv_heads(); ++h) {
       const int64_t to = dst[i] + h * kv.head_stride();
-      std::memcpy(at(kv.k().data, to), at(key.data, i * key.stride(0) + h * key.stride(1)), row_bytes);
-      std::memcpy(at(kv.v().data, to), at(value.data, i * value.stride(0) + h * value.stride(1)), row_bytes);
+      store_row(key, i, h, kv.k().data, kv.dtype(), to, kv.head_dim(), k_scale);
+      store_row(value, i, h, kv.v().data, kv.dtype(), to, kv.head_dim(), v_scale);
     }
   }
 }
@@ -89,10 +146,15 @@ void append_cpu(const TensorView& key, const TensorView& value, const TensorView
 void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
                            const TensorView& batch_indices, const TensorView& positions, const PagedKVStorage& kv,
                            const TensorView& kv_indices, const TensorView& kv_indptr,
-                           const TensorView& kv_last_page_len, cudaStream_t stream) {
+                           const TensorView& kv_last_page_len, cudaStream_t stream, const AppendOptions& opt) {
   const Device dev = kv.device();
   check_rows("append_key", append_key, kv);
   check_rows("append_value", append_value, kv);
+  if (append_value.dtype != append_key.dtype)
+    throw TypeMismatch(std::string("append_value: expected the dtype of append_key (") + dtype_name(append_key.dtype) +
+                       "), got " + dtype_name(append_value.dtype));
+  const bool quantize = append_key.dtype != kv.dtype();
+  const Scales sc = check_scales(opt, quantize, dev);
   const int64_t nnz = append_key.size(0);
   check_shape("append_value", append_value, {nnz, kv.num_kv_heads(), kv.head_dim()});
   detail::check_index_vector("batch_indices", batch_indices, dev);
@@ -109,7 +171,8 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
     throw InvalidArgument("kv: expected fewer than 2^31 pages, got " + str(kv.num_pages()));
 
   if (!dev.is_cuda())
-    return append_cpu(append_key, append_value, batch_indices, positions, kv, kv_indices, kv_indptr, kv_last_page_len);
+    return append_cpu(append_key, append_value, batch_indices, positions, kv, kv_indices, kv_indptr, kv_last_page_len,
+                      sc);
 
   detail::check_cuda_vectors("kv", kv.k());
   detail::check_cuda_vectors("kv", kv.v());
@@ -138,11 +201,16 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   p.page_size = kv.page_size();
   p.num_heads = kv.num_kv_heads();
   p.head_dim = kv.head_dim();
+  p.k_scale = sc.k;
+  p.v_scale = sc.v;
+  p.k_scale_ptr = sc.k_tensor;
+  p.v_scale_ptr = sc.v_tensor;
+  // One thread per 16-byte vector of the cache.
   const int64_t vecs = nnz * kv.num_kv_heads() * (kv.head_dim() / (16 / static_cast<int64_t>(dtype_size(kv.dtype()))));
   const unsigned blocks = detail::grid_stride_blocks(vecs, kThreads);
   detail::require_gpu("append_paged_kv_cache");
   cuda::DeviceGuard guard(dev.index);
-  const auto& kernel = jit::KernelCache::global().kernel(catalog::append_paged_kv(kv.dtype()), dev.index);
+  const auto& kernel = jit::KernelCache::global().kernel(catalog::append_paged_kv(append_key.dtype, kv.dtype()), dev.index);
   kernel.launch(dim3(blocks), dim3(kThreads), 0, stream, &p);
   detail::check_launch("append_paged_kv_cache");
 }

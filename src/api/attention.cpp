@@ -39,8 +39,10 @@ RowwiseParams<NoExtra> rowwise_params(const TensorView& q, const TensorView& o, 
   p.o_stride_h = o.stride(1);
   p.total_q = static_cast<int>(q.size(0));
   p.num_qo_heads = static_cast<int>(q.size(1));
-  p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, head_dim);
-  p.o_scale = detail::resolve_v_scale(opt.v_scale);
+  const detail::KernelScales scales = detail::resolve_run_scales(opt, head_dim, q.device);
+  p.sm_scale = scales.sm_scale;
+  p.o_scale = scales.o_scale;
+  p.kv_scales = scales.tensors;
   return p;
 }
 

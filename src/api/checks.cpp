@@ -96,6 +96,36 @@ float resolve_v_scale(double v_scale) {
   return static_cast<float>(v_scale);
 }
 
+namespace {
+
+const float* scale_tensor(const char* name, const TensorView& t, const Device& device, const char* refuse) {
+  if (!has(t)) return nullptr;
+  if (refuse)
+    throw InvalidArgument(std::string(name) + ": scale tensors are not read by " + refuse +
+                          " yet; pass the scale as a float (k_scale / v_scale)");
+  check_dtype(name, t, DType::kFloat32);
+  if (t.numel() != 1) throw InvalidArgument(std::string(name) + ": expected a 1-element tensor, got shape " + t.shape_str());
+  check_device(name, t, device);
+  return static_cast<const float*>(t.data);
+}
+
+}  // namespace
+
+KernelScales resolve_run_scales(const RunOptions& opt, int head_dim, const Device& device, const char* refuse_tensors) {
+  if (!(opt.k_scale > 0) || !std::isfinite(opt.k_scale))
+    throw InvalidArgument("k_scale: expected a positive finite value, got " + std::to_string(opt.k_scale));
+  KernelScales s;
+  const double sm = resolve_sm_scale(opt.sm_scale, head_dim) * opt.k_scale;
+  if (!(sm > 0) || !std::isfinite(static_cast<float>(sm)))
+    throw InvalidArgument("k_scale: the softmax scale times k_scale, " + std::to_string(sm) +
+                          ", is not a positive float32");
+  s.sm_scale = static_cast<float>(sm);
+  s.o_scale = resolve_v_scale(opt.v_scale);
+  s.tensors.k = scale_tensor("k_scale_tensor", opt.k_scale_tensor, device, refuse_tensors);
+  s.tensors.v = scale_tensor("v_scale_tensor", opt.v_scale_tensor, device, refuse_tensors);
+  return s;
+}
+
 int page_shift(int page_size) {
   return (page_size & (page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(page_size)) : -1;
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tessera/abi/kv_view.cuh"
 #include "tessera/api/attention.hpp"
 #include "tessera/api/workspace.hpp"
 #include "tessera/runtime/jit.hpp"
@@ -55,6 +56,17 @@ void check_workspace_device(const Device& device, int workspace_device);
 float resolve_sm_scale(double sm_scale, int head_dim);
 // RunOptions::v_scale as the kernels' o_scale (finite, else InvalidArgument).
 float resolve_v_scale(double v_scale);
+
+// A run's scales as a kernel takes them: sm_scale (resolve_sm_scale) times
+// k_scale, o_scale = v_scale, and the scale tensors (1-element float32 CUDA
+// tensors on `device`). `refuse_tensors`: the kernel family (named there)
+// reads no scale tensors, so given ones are refused (InvalidArgument).
+struct KernelScales {
+  float sm_scale = 1.f, o_scale = 1.f;
+  device::KVScaleTensors tensors;
+};
+KernelScales resolve_run_scales(const RunOptions& opt, int head_dim, const Device& device,
+                                const char* refuse_tensors = nullptr);
 // log2(page_size) when a power of two, else -1 (kernels then divide).
 int page_shift(int page_size);
 

@@ -33,7 +33,7 @@ TaskInfo tensor_core_task(TaskInfo task) {
 }
 
 bool cuda_core_tuning(const DecodeOptions& opt) {
-  return opt.cuda_cores || opt.ctas_per_sm != 0 || opt.tile != 0 || opt.stages != 0;
+  return opt.cuda_cores || opt.ctas_per_sm != 0 || opt.tile != 0 || opt.stages != 0 || opt.heads_per_thread != 0;
 }
 
 // Whether the wrapper may pick the tensor cores: built-in variants (a user's
@@ -48,15 +48,21 @@ bool tensor_cores_eligible(const AttentionSpec& spec, const DecodeOptions& opt) 
 void check_kernel_choice(const AttentionSpec& spec, const TaskInfo& task, const DecodeOptions& opt) {
   if (opt.use_tensor_cores && opt.cuda_cores)
     throw InvalidArgument("cuda_cores: expected false with use_tensor_cores (they ask for different kernels)");
-  if (!opt.use_tensor_cores) (void)catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
+  if (!opt.use_tensor_cores)
+    (void)catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages, opt.heads_per_thread);
 }
 
 PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOptions& opt) {
+  if (is_fp8(spec.kv_dtype))
+    throw TypeMismatch(std::string("kv_dtype: use_tensor_cores with a ") + dtype_name(spec.kv_dtype) +
+                       " KV cache is not supported yet (the tensor-core kernels read 16-bit K / V); leave "
+                       "use_tensor_cores false: fp8 caches run on the CUDA-core decode kernel");
   if (spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: use_tensor_cores runs decode on the tensor-core prefill kernel, which "
                                    "needs q_dtype == kv_dtype (") +
                        dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));
-  for (auto [name, v] : {std::pair{"ctas_per_sm", opt.ctas_per_sm}, {"tile", opt.tile}, {"stages", opt.stages}})
+  for (auto [name, v] : {std::pair{"ctas_per_sm", opt.ctas_per_sm}, {"tile", opt.tile}, {"stages", opt.stages},
+                         {"heads_per_thread", opt.heads_per_thread}})
     if (v != 0)
       throw InvalidArgument(std::string(name) + ": tunes the CUDA-core decode kernel; expected 0 with use_tensor_cores, got " +
                             str(v));
@@ -115,7 +121,8 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
     const Sizes a = workspace_size(spec, task, num_sms, tc), b = workspace_size(spec, task, num_sms, cc);
     return {std::max(a.device_bytes, b.device_bytes), std::max(a.host_bytes, b.host_bytes)};
   }
-  const DecodeConfig c = catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages);
+  const DecodeConfig c =
+      catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages, opt.heads_per_thread);
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
   const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms),
                               opt.planner.fixed_chunk);
@@ -143,8 +150,8 @@ BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace
     return;
   }
   const int group = task_.num_qo_heads / task_.num_kv_heads;
-  config_ = catalog::decode_config(spec_, group, opt_.tile, opt_.stages);
-  source_ = catalog::batch_decode(spec_, group, opt_.tile, opt_.stages);
+  config_ = catalog::decode_config(spec_, group, opt_.tile, opt_.stages, opt_.heads_per_thread);
+  source_ = catalog::batch_decode(spec_, group, opt_.tile, opt_.stages, opt_.heads_per_thread);
 }
 
 void BatchDecode::plan(const BSRMatrix& bsr, cudaStream_t stream) {
@@ -284,8 +291,13 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   p.counters = reinterpret_cast<int*>(dev + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
   p.page_shift = detail::page_shift(task_.page_size);
-  p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
-  p.o_scale = detail::resolve_v_scale(opt.v_scale);
+  // The 16-bit kernels read their scales from the parameter block only (no
+  // register held across the loop for them): a 16-bit cache takes float scales.
+  const detail::KernelScales scales = detail::resolve_run_scales(
+      opt, spec_.head_dim, q.device, is_fp8(spec_.kv_dtype) ? nullptr : "a 16-bit KV cache on CUDA cores");
+  p.sm_scale = scales.sm_scale;
+  p.o_scale = scales.o_scale;
+  p.kv_scales = scales.tensors;
   ParamBlock block;  // p followed by the variant's extras
   pack_params(block, ParamsKind::kDecode, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());

@@ -511,8 +511,10 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.group = task_.num_qo_heads / task_.num_kv_heads;
   p.heads_per_group = task_.num_kv_heads / head_groups_;
   p.page_shift = detail::page_shift(kv.page_size);
-  p.sm_scale = detail::resolve_sm_scale(opt.sm_scale, spec_.head_dim);
-  p.o_scale = detail::resolve_v_scale(opt.v_scale);
+  const detail::KernelScales scales =
+      detail::resolve_run_scales(opt, spec_.head_dim, q.device, "the tensor-core prefill kernels");
+  p.sm_scale = scales.sm_scale;
+  p.o_scale = scales.o_scale;
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
   p.custom_mask_bytes = mask ? mask->numel() : 0;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;

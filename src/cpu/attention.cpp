@@ -33,9 +33,18 @@ void check_inputs(const TensorView& q, std::span<const int32_t> qo, const Tensor
                   std::span<const int32_t> kv, const AttentionOptions& opt, const TensorView& o, const TensorView& lse) {
   for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}}) {
     check_device(name, *t, Device{});
-    check_dtype_in(name, *t, {DType::kFloat16, DType::kBFloat16, DType::kFloat32});
+    if (t == &k || t == &v)
+      check_dtype_in(name, *t, {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat8E4M3, DType::kFloat8E5M2});
+    else
+      check_dtype_in(name, *t, {DType::kFloat16, DType::kBFloat16, DType::kFloat32});
     check_dim(name, *t, 3);
   }
+  if (v.dtype != k.dtype)
+    throw TypeMismatch(std::string("v: expected the dtype of k (") + dtype_name(k.dtype) + "), got " + dtype_name(v.dtype));
+  for (auto [name, x] : {std::pair{"k_scale", opt.k_scale}, {"v_scale", opt.v_scale}})
+    if (!std::isfinite(x) || (name[0] == 'k' && !(x > 0)))
+      throw InvalidArgument(std::string(name) + ": expected a " + (name[0] == 'k' ? "positive " : "") +
+                            "finite value, got " + std::to_string(x));
   validate_indptr("qo_indptr", qo);
   validate_indptr("kv_indptr", kv);
   if (qo.size() != kv.size())
@@ -71,7 +80,7 @@ void attention_ragged(const TensorView& q, std::span<const int32_t> qo, const Te
                       const TensorView& lse) {
   check_inputs(q, qo, k, v, kv, opt, o, lse);
   const int64_t Hq = q.size(1), Hkv = k.size(1), D = q.size(2), group = Hq / Hkv;
-  const double scale = opt.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : opt.sm_scale;
+  const double scale = (opt.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : opt.sm_scale) * opt.k_scale;
   const std::vector<double> rates = opt.rope ? rope_rates(opt.rope_scale, opt.rope_theta, static_cast<int>(D))
                                              : std::vector<double>{};
   const uint8_t* mask = opt.custom_mask.empty() ? nullptr : opt.custom_mask.data();
@@ -123,7 +132,7 @@ void attention_ragged(const TensorView& q, std::span<const int32_t> qo, const Te
         const int64_t row = q0 + i;
         for (int64_t d = 0; d < D; ++d)
           store_from_float(o.data, o.dtype, static_cast<size_t>(row * o.stride(0) + h * o.stride(1) + d * o.stride(2)),
-                           l > 0 ? acc[d] / l : 0.f);
+                           l > 0 ? static_cast<float>(acc[d] / l * opt.v_scale) : 0.f);
         if (lse.data)
           static_cast<float*>(lse.data)[row * lse.stride(0) + h * lse.stride(1)] = l > 0 ? m + std::log2(l) : kNegInf;
       }

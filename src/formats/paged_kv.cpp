@@ -136,7 +136,7 @@ int64_t PageTable::kv_len(int64_t req) const {
 namespace {
 
 void check_storage_tensor(const char* name, const TensorView& t, int64_t ndim) {
-  check_dtype_in(name, t, {DType::kFloat16, DType::kBFloat16});
+  check_dtype_in(name, t, {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2});
   check_dim(name, t, ndim);
   check_last_dim_contiguous(name, t);
 }

@@ -72,8 +72,9 @@ void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<To
     for (int64_t h = 0; h < Hkv; ++h)
       for (int64_t d = 0; d < D; ++d) {
         const int64_t idx = (j * Hkv + h) * D + d;
-        kd[idx] = read(src.k, src.k_dtype, tokens[j].k_off + h * src.k_head_stride + d * src.k_dim_stride);
-        vd[idx] = read(src.v, src.v_dtype, tokens[j].v_off + h * src.v_head_stride + d * src.v_dim_stride);
+        // Dequantized: the stored value times its tensor's scale (exact in double).
+        kd[idx] = read(src.k, src.k_dtype, tokens[j].k_off + h * src.k_head_stride + d * src.k_dim_stride) * opt.k_scale;
+        vd[idx] = read(src.v, src.v_dtype, tokens[j].v_off + h * src.v_head_stride + d * src.v_dim_stride) * opt.v_scale;
       }
   if (opt.rope)
     for (int64_t j = 0; j < n_kv; ++j)
@@ -133,6 +134,12 @@ void check_host_float(const char* name, const TensorView& t) {
   check_dtype_in(name, t, {DType::kFloat16, DType::kBFloat16, DType::kFloat32});
 }
 
+// K / V: also fp8 (read exactly, then times Options::k_scale / v_scale).
+void check_host_kv(const char* name, const TensorView& t) {
+  check_device(name, t, Device{});
+  check_dtype_in(name, t, {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat8E4M3, DType::kFloat8E5M2});
+}
+
 // Validates q [total, Hq, D] against the KV head count / dim; fills QueryInfo.
 QueryInfo check_query(const TensorView& q, int64_t total_rows, const char* rows_what, int64_t kv_heads,
                       int64_t kv_head_dim, const char* kv_name, const Options& opt) {
@@ -159,6 +166,8 @@ QueryInfo check_query(const TensorView& q, int64_t total_rows, const char* rows_
     throw InvalidArgument("alibi_slopes: expected one slope per query head (" + str(q.size(1)) + "), got " +
                           str(static_cast<int64_t>(opt.alibi_slopes.size())));
   if (opt.rope) check_rope(*opt.rope, q.size(2));
+  for (auto [name, x] : {std::pair{"k_scale", opt.k_scale}, {"v_scale", opt.v_scale}})
+    if (!std::isfinite(x)) throw InvalidArgument(std::string(name) + ": expected a finite value, got " + std::to_string(x));
   QueryInfo qi{&q, q.size(1), q.size(2), kv_heads, opt.sm_scale};
   if (qi.sm_scale < 0.0) qi.sm_scale = 1.0 / std::sqrt(static_cast<double>(qi.head_dim));
   return qi;
@@ -246,8 +255,8 @@ std::vector<double> apply_rope(const TensorView& x, const std::vector<int64_t>& 
 
 Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const TensorView& k, const TensorView& v,
                         const RaggedIndex& kv, const Options& opt) {
-  check_host_float("k", k);
-  check_host_float("v", v);
+  check_host_kv("k", k);
+  check_host_kv("v", v);
   check_dim("k", k, 3);
   check_dim("v", v, 3);
   if (v.shape != k.shape)
@@ -316,8 +325,8 @@ Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView
   if (opt.window_left != -1)
     throw InvalidArgument("opt.window_left: expected -1 for BSR attention (the BSR matrix is the mask), got " +
                           std::to_string(opt.window_left));
-  check_host_float("k", k);
-  check_host_float("v", v);
+  check_host_kv("k", k);
+  check_host_kv("v", v);
   check_dim("k", k, 3);
   check_dim("v", v, 3);
   if (v.shape != k.shape)

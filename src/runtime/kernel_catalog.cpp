@@ -20,8 +20,12 @@ std::string AttentionSpec::str() const {
 
 void validate_spec(const AttentionSpec& spec) {
   auto half = [](DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; };
-  if (!half(spec.q_dtype)) throw TypeMismatch(std::string("q_dtype: expected float16 or bfloat16, got ") + dtype_name(spec.q_dtype));
-  if (!half(spec.kv_dtype)) throw TypeMismatch(std::string("kv_dtype: expected float16 or bfloat16, got ") + dtype_name(spec.kv_dtype));
+  if (!half(spec.q_dtype))
+    throw TypeMismatch(std::string("q_dtype: expected float16 or bfloat16, got ") + dtype_name(spec.q_dtype) +
+                       (is_fp8(spec.q_dtype) ? " (fp8 is for the KV cache: kv_dtype; queries stay 16-bit)" : ""));
+  if (!half(spec.kv_dtype) && !is_fp8(spec.kv_dtype))
+    throw TypeMismatch(std::string("kv_dtype: expected float16, bfloat16, float8_e4m3fn or float8_e5m2, got ") +
+                       dtype_name(spec.kv_dtype));
   if (!half(spec.o_dtype) && spec.o_dtype != DType::kFloat32)  // fp32: the tensor-core prefill kernels only
     throw TypeMismatch(std::string("o_dtype: expected float16, bfloat16 or float32, got ") + dtype_name(spec.o_dtype));
   if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256)
@@ -100,8 +104,17 @@ std::string dtype_tag(DType t) {
     case DType::kFloat16: return "f16";
     case DType::kBFloat16: return "bf16";
     case DType::kFloat32: return "f32";
+    case DType::kFloat8E4M3: return "e4m3";
+    case DType::kFloat8E5M2: return "e5m2";
     default: return "x";
   }
+}
+
+void require_16bit_kv(const AttentionSpec& spec, const char* kernel) {
+  if (is_fp8(spec.kv_dtype))
+    throw TypeMismatch(std::string("kv_dtype: ") + dtype_name(spec.kv_dtype) + " KV caches are not supported by " +
+                       kernel + " yet; expected float16 or bfloat16 (fp8 caches run on the CUDA-core decode "
+                       "kernels: BatchDecode without use_tensor_cores, single_decode, BatchAttention)");
 }
 
 // The parts of a generated kernel around the variant's code.
@@ -170,7 +183,7 @@ jit::KernelSource attention_rowwise(const AttentionSpec& spec) {
                           "RowwiseParams", "attention_rowwise", kRowwiseWarps * 32, std::to_string(kRowwiseWarps));
 }
 
-DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int stages) {
+DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int stages, int heads_per_thread) {
   validate_spec(spec);
   require_non_mask_variant(spec, "batch decode");
   require_half_output(spec, "batch decode on CUDA cores");
@@ -178,25 +191,29 @@ DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int s
   DecodeConfig c;
   const int elem = static_cast<int>(dtype_size(spec.kv_dtype));
   if (tile < 0 || stages < 0 || stages == 1) throw InvalidArgument("tile/stages: expected 0 (heuristic), tile >= 1, stages >= 2");
+  if (heads_per_thread < 0 || heads_per_thread > 4)
+    throw InvalidArgument("heads_per_thread: expected 0 (heuristic) or 1..4, got " + std::to_string(heads_per_thread));
+  c.heads_per_thread = heads_per_thread ? heads_per_thread : 4;
   c.tile = tile ? tile : std::max(16, 16384 / (spec.head_dim * elem * 2));
   c.stages = stages ? stages : 2;  // 2 x 16 KB: more CTAs per SM beat deeper pipelines (bench/decode_sweep.py)
   // The kernel's own geometry (DecodeShape; abi/shared_memory.cuh).
-  const DecodeGeometry g0 = decode_geometry(elem, spec.head_dim, group, c.min_threads, c.tile, c.stages);
+  const DecodeGeometry g0 = decode_geometry(elem, spec.head_dim, group, c.min_threads, c.tile, c.stages, c.heads_per_thread);
   // Every thread copies whole chunks and every token group whole tokens.
   if (c.tile % (g0.ty * g0.tz) != 0) c.tile = (c.tile + g0.ty * g0.tz - 1) / (g0.ty * g0.tz) * (g0.ty * g0.tz);
-  const DecodeGeometry g = decode_geometry(elem, spec.head_dim, group, c.min_threads, c.tile, c.stages);
+  const DecodeGeometry g = decode_geometry(elem, spec.head_dim, group, c.min_threads, c.tile, c.stages, c.heads_per_thread);
   c.threads = g.threads;
   c.smem_bytes = g.smem_bytes;
   c.ctas_per_sm = std::max(1, std::min({(227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads, 8}));
   return c;
 }
 
-jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile, int stages) {
-  const DecodeConfig c = decode_config(spec, group, tile, stages);
+jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile, int stages, int heads_per_thread) {
+  const DecodeConfig c = decode_config(spec, group, tile, stages, heads_per_thread);
   std::ostringstream entry, tail;
   entry << "tessera_decode_" << spec.variant.name << "_" << dtype_tag(spec.q_dtype) << "_" << dtype_tag(spec.kv_dtype) << "_"
         << dtype_tag(spec.o_dtype) << "_d" << spec.head_dim << "_g" << group << "_t" << c.tile << "_s" << c.stages;
-  tail << group << ", " << c.min_threads << ", " << c.tile << ", " << c.stages;
+  if (c.heads_per_thread != 4) entry << "_h" << c.heads_per_thread;
+  tail << group << ", " << c.min_threads << ", " << c.tile << ", " << c.stages << ", " << c.heads_per_thread;
   return attention_source(spec, entry.str(), "batch decode, group " + std::to_string(group),
                           "tessera/device/kernels/decode/kernel.cuh", "DecodeParams", "batch_decode", c.threads, tail.str());
 }
@@ -234,17 +251,29 @@ jit::KernelSource merge_pair(DType t, DType out, int per_lane) {
 jit::KernelSource merge_pair(DType t) { return merge_pair(t, t); }
 jit::KernelSource merge_many(DType t, int per_lane) { return merge_source("merge_many", "MergeManyParams", t, t, per_lane); }
 
-jit::KernelSource append_paged_kv(DType t) {
-  if (t != DType::kFloat16 && t != DType::kBFloat16)
-    throw TypeMismatch(std::string("kv: expected float16 or bfloat16, got ") + dtype_name(t));
-  const std::string entry = "tessera_append_paged_kv_" + dtype_tag(t);
+jit::KernelSource append_paged_kv(DType t) { return append_paged_kv(t, t); }
+
+jit::KernelSource append_paged_kv(DType rows, DType cache) {
+  if (!is_half_precision(cache) && !is_fp8(cache))
+    throw TypeMismatch(std::string("kv: expected float16, bfloat16, float8_e4m3fn or float8_e5m2, got ") +
+                       dtype_name(cache));
+  if (rows != cache && !(is_half_precision(rows) && is_fp8(cache)))
+    throw TypeMismatch(std::string("append_key: expected the cache's dtype ") + dtype_name(cache) +
+                       (is_fp8(cache) ? " or float16 / bfloat16 (quantized on the way)" : "") + ", got " +
+                       dtype_name(rows));
+  const bool quantize = rows != cache;
+  const std::string entry = "tessera_append_paged_kv_" + (quantize ? dtype_tag(rows) + "_to_" : "") + dtype_tag(cache);
   std::ostringstream src;
-  src << "// Generated by tessera: paged-KV append over " << dtype_name(t) << " storage\n"
+  src << "// Generated by tessera: paged-KV append of " << dtype_name(rows) << " rows into " << dtype_name(cache)
+      << " storage\n"
       << "#include \"tessera/device/kernels/page/append_kv.cuh\"\n"
       << "extern \"C\" __global__ void __launch_bounds__(tessera::kAppendThreads) " << entry
-      << "(const tessera::AppendKVParams p) {\n"
-      << "  tessera::append_paged_kv<" << dtype_device_name(t) << ">(p);\n"
-      << "}\n";
+      << "(const tessera::AppendKVParams p) {\n";
+  if (quantize)
+    src << "  tessera::append_paged_kv_quantize<" << dtype_device_name(rows) << ", " << dtype_device_name(cache) << ">(p);\n";
+  else
+    src << "  tessera::append_paged_kv<" << dtype_device_name(cache) << ">(p);\n";
+  src << "}\n";
   return {entry, src.str(), {}};
 }
 
@@ -296,7 +325,17 @@ std::vector<jit::KernelSource> builtin_kernels() {
   for (DType t : {DType::kFloat16, DType::kBFloat16})
     for (int d : {64, 128, 256})
       for (int g : {1, 4, 8}) out.push_back(batch_decode({variants::standard(), t, t, t, d}, g));
-  for (DType t : {DType::kFloat16, DType::kBFloat16}) out.push_back(append_paged_kv(t));
+  // fp8 KV caches: 16-bit queries and outputs, fp8 K / V.
+  for (DType t : {DType::kFloat16, DType::kBFloat16})
+    for (DType kv : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+      for (int d : {64, 128, 256}) {
+        out.push_back(attention_rowwise({variants::standard(), t, kv, t, d}));
+        for (int g : {1, 4, 8}) out.push_back(batch_decode({variants::standard(), t, kv, t, d}, g));
+      }
+      out.push_back(append_paged_kv(t, kv));
+    }
+  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2})
+    out.push_back(append_paged_kv(t));
   out.push_back(trim_masked_items());
   for (DType t : {DType::kFloat16, DType::kBFloat16})
     for (int d : {64, 128, 256})

@@ -73,6 +73,7 @@ bool hopper_supported(const AttentionSpec& spec, int cta_q) {
 
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile) {
   validate_spec(spec);
+  require_16bit_kv(spec, "the tensor-core prefill kernels (batch prefill, cascade, decode with use_tensor_cores)");
   if (spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: the tensor-core prefill kernel needs q_dtype == kv_dtype (") +
                        dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));

@@ -45,6 +45,12 @@ template __global__ void rowwise<StandardAttention, tessera::half_t, 64>(const P
 template __global__ void rowwise<StandardAttention, tessera::bf16_t, 128>(const P);
 template __global__ void rowwise<CausalAttention, tessera::half_t, 256>(const P);
 template __global__ void rowwise<NoSoftmax, tessera::bf16_t, 128>(const P);
+// fp8 KV caches (2-, 4- and 8-byte fp8 vectors).
+template <typename V, typename T, typename KV, int D>
+__global__ void rowwise_fp8(const P p) { tessera::attention_rowwise<V, T, KV, T, D, 4>(p); }
+template __global__ void rowwise_fp8<StandardAttention, tessera::half_t, tessera::fp8_e4m3_t, 64>(const P);
+template __global__ void rowwise_fp8<CausalAttention, tessera::bf16_t, tessera::fp8_e5m2_t, 128>(const P);
+template __global__ void rowwise_fp8<StandardAttention, tessera::half_t, tessera::fp8_e5m2_t, 256>(const P);
 template __global__ void merge_pair_k<tessera::half_t>(const tessera::MergePairParams);
 template __global__ void merge_pair_k<tessera::bf16_t>(const tessera::MergePairParams);
 template __global__ void merge_pair_k<float>(const tessera::MergePairParams);
@@ -61,13 +67,25 @@ template __global__ void decode_k<StandardAttention, tessera::half_t, 128, 1, 32
 template __global__ void decode_k<StandardAttention, tessera::bf16_t, 64, 4, 64>(const DP);
 template __global__ void decode_k<StandardAttention, tessera::half_t, 256, 8, 16>(const DP);
 template __global__ void decode_k<NoSoftmax, tessera::half_t, 128, 32, 32>(const DP);
+// fp8 KV: 16 features a lane, 16-bit q / o.
+template <typename V, typename T, typename KV, int D, int G, int TILE>
+__global__ void decode_fp8_k(const DP p) { tessera::batch_decode<V, T, KV, T, D, G, 128, TILE, 2>(p); }
+template __global__ void decode_fp8_k<StandardAttention, tessera::half_t, tessera::fp8_e4m3_t, 128, 4, 64>(const DP);
+template __global__ void decode_fp8_k<StandardAttention, tessera::bf16_t, tessera::fp8_e5m2_t, 64, 1, 128>(const DP);
+template __global__ void decode_fp8_k<StandardAttention, tessera::half_t, tessera::fp8_e5m2_t, 256, 8, 32>(const DP);
 
-// Paged-KV append: raw 16-byte copies of fp16 and bf16 rows.
+// Paged-KV append: raw 16-byte copies of fp16, bf16 and fp8 rows; 16-bit
+// rows quantized into fp8 caches.
 #include "tessera/device/kernels/page/append_kv.cuh"
 template <typename T>
 __global__ void append_kv_k(const tessera::AppendKVParams p) { tessera::append_paged_kv<T>(p); }
 template __global__ void append_kv_k<tessera::half_t>(const tessera::AppendKVParams);
 template __global__ void append_kv_k<tessera::bf16_t>(const tessera::AppendKVParams);
+template __global__ void append_kv_k<tessera::fp8_e4m3_t>(const tessera::AppendKVParams);
+template <typename T, typename C>
+__global__ void append_q_k(const tessera::AppendKVParams p) { tessera::append_paged_kv_quantize<T, C>(p); }
+template __global__ void append_q_k<tessera::half_t, tessera::fp8_e4m3_t>(const tessera::AppendKVParams);
+template __global__ void append_q_k<tessera::bf16_t, tessera::fp8_e5m2_t>(const tessera::AppendKVParams);
 
 // Prefill: the FA2 template's four query tile shapes and the Hopper
 // warp-specialized template (two consumer warpgroups, and one with two CTAs

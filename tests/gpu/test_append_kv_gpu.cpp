@@ -1,6 +1,7 @@
 // append_paged_kv_cache on the GPU against the CPU path, bit for bit over the
 // whole storage (so a stray write anywhere shows): fp16/bf16, NHD/HND,
-// separate/interleaved K/V, page sizes 1/16/5, padded input rows; the
+// separate/interleaved K/V, page sizes 1/16/5, padded input rows; 16-bit
+// rows quantized into fp8 caches and fp8 rows copied; the
 // device-side guard (out-of-range tokens are skipped, the rest written); a
 // large append that exercises the grid-stride loop; CUDA-graph capture.
 #include <gtest/gtest.h>
@@ -50,9 +51,9 @@ struct DeviceAppend {
   PagedKVStorage storage(const AppendCase& c) const {
     return c.interleaved ? PagedKVStorage(kv.view, c.layout) : PagedKVStorage(k.view, v.view, c.layout);
   }
-  void append(const AppendCase& c, cudaStream_t stream = nullptr) const {
+  void append(const AppendCase& c, cudaStream_t stream = nullptr, const AppendOptions& opt = {}) const {
     append_paged_kv_cache(key.view, value.view, batch_indices.view, positions.view, storage(c), indices.view,
-                          indptr.view, last.view, stream);
+                          indptr.view, last.view, stream, opt);
   }
   // The cache copied back into a problem laid out like `like`.
   AppendProblem download(const AppendCase& c, const AppendProblem& like) const {
@@ -106,6 +107,67 @@ INSTANTIATE_TEST_SUITE_P(All, AppendGpu,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
                                             ::testing::Values(KVLayout::kNHD, KVLayout::kHND), ::testing::Bool(),
                                             ::testing::Values(1, 16, 5)));
+
+// 16-bit rows quantized into fp8 caches: the same bits as float_to_fp8 of
+// value / scale (saturating: |3 / 0.005| > 448), scales as floats or as
+// device tensors times floats.
+class AppendFp8Gpu : public ::testing::TestWithParam<std::tuple<DType, DType, KVLayout, bool>> {};
+
+TEST_P(AppendFp8Gpu, MatchesFloatToFp8Bitwise) {
+  SKIP_WITHOUT_GPU();
+  const auto [rows, cache, layout, interleaved] = GetParam();
+  AppendCase c;
+  c.dt = rows;
+  c.cache_dt = cache;
+  c.layout = layout;
+  c.interleaved = interleaved;
+  c.page_size = interleaved ? 5 : 16;
+  c.heads = 4;
+  c.head_dim = 128;
+  c.old_lens = {0, 5, 16, 31, 100, 7, 250};
+  c.add_lens = {3, 1, 1, 2, 40, 0, 1};
+  c.row_lo = -3.f, c.row_hi = 3.f;
+  c.k_scale = 0.0125f;
+  c.v_scale = 0.005f;
+  for (bool tensor : {false, true}) {
+    SCOPED_TRACE(tensor ? "scale tensors" : "float scales");
+    AppendProblem p = make_append_problem(c, 41);
+    HostTensor kt = make_host(DType::kFloat32, {1}), vt = make_host(DType::kFloat32, {1});
+    kt.set(0, 0.5f);
+    vt.set(0, 2.f);
+    DeviceTensor dkt = to_device(kt), dvt = to_device(vt);
+    AppendOptions opt;
+    opt.k_scale = tensor ? c.k_scale / 0.5f : c.k_scale;
+    opt.v_scale = tensor ? c.v_scale / 2.f : c.v_scale;
+    if (tensor) {
+      opt.k_scale_tensor = dkt.view;
+      opt.v_scale_tensor = dvt.view;
+    }
+    DeviceAppend d(c, p);
+    d.append(c, nullptr, opt);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_same_cache(c, d.download(c, p), expected_after_append(c, p));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AppendFp8Gpu,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                                            ::testing::Values(DType::kFloat8E4M3, DType::kFloat8E5M2),
+                                            ::testing::Values(KVLayout::kNHD, KVLayout::kHND), ::testing::Bool()));
+
+TEST(AppendGpuExtra, Fp8RowsCopiedBitForBit) {
+  SKIP_WITHOUT_GPU();
+  AppendCase c;
+  c.dt = DType::kFloat8E4M3;
+  c.head_dim = 256;
+  c.old_lens = {0, 100, 3};
+  c.add_lens = {40, 20, 17};
+  AppendProblem p = make_append_problem(c, 3);
+  DeviceAppend dev(c, p);
+  dev.append(c);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_same_cache(c, dev.download(c, p), expected_after_append(c, p));
+}
 
 TEST(AppendGpuExtra, HeadDims) {
   SKIP_WITHOUT_GPU();

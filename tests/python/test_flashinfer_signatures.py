@@ -164,6 +164,7 @@ FLASHINFER = {
 TESSERA_EXTRAS = {
     "MultiLevelCascadeAttentionWrapper.__init__": ("backend",),
     "MultiLevelCascadeAttentionWrapper.run": ("out", "lse", "return_lse"),
+    "append_paged_kv_cache": ("k_scale", "v_scale"),
 }
 
 _EMPTY = inspect.Parameter.empty

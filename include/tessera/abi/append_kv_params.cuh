@@ -31,6 +31,13 @@ struct AppendKVParams {
   int page_size;
   int num_heads;
   int head_dim;
+  // Quantizing appends (16-bit rows into an fp8 cache): every K (V) value is
+  // divided by k_scale (v_scale), times *k_scale_ptr (*v_scale_ptr) when
+  // non-null (a 1-element float32 device tensor), and rounded to fp8 with
+  // saturation. Raw copies ignore them.
+  float k_scale, v_scale;
+  const float* k_scale_ptr;
+  const float* v_scale_ptr;
 };
 
 }  // namespace tessera

@@ -39,5 +39,16 @@ struct PagedKV {
   int* page_error = nullptr;
 };
 
+// Dequantization scales of a quantized (fp8) KV cache given as 1-element
+// float32 device tensors (FlashInfer's k_scale / v_scale as tensors): the
+// kernel reads them at run time, so a captured CUDA graph picks up new values
+// at every replay. k multiplies the softmax scale, v the output (both folded
+// into factors the kernel applies anyway; see read_run_scales). Null: 1.
+// Scalar scales never come here: the host folds them into sm_scale / o_scale.
+struct KVScaleTensors {
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
 }  // namespace device
 }  // namespace tessera

@@ -22,6 +22,7 @@ struct RowwiseParams {
   // multiplied by it where the epilogue normalizes rows, before the
   // variant's OutputTransform; LSE is unchanged.
   float o_scale = 1.f;
+  device::KVScaleTensors kv_scales;  // fp8 caches' scales as device tensors (null: none)
   Extra extra;  // the variant's own scalars / tensor pointers; keep last
 };
 

@@ -9,23 +9,33 @@ namespace tessera {
 
 // ---------------------------------------------------------------- batch decode
 // Thread layout and pipeline of the CUDA-core decode kernel (x fastest): TX
-// lanes cover the head dimension, VEC elements (16 bytes) each; TY groups
-// split the GROUP query heads, HPT heads per thread; TZ groups split a tile's
-// tokens. Dynamic shared memory: STAGES stages of a K and a V tile.
+// lanes cover the head dimension, VEC elements (16 bytes of KV: 8 fp16, 16
+// fp8) each; TY groups split the GROUP query heads, HPT heads per thread; TZ
+// groups split a tile's tokens. Dynamic shared memory: STAGES stages of a K
+// and a V tile, and at least the end-of-chunk merge scratch (TZ x GROUP
+// states of m, d and HEAD_DIM floats), which reuses it: fp8's narrow rows
+// mean more token groups, whose scratch can outgrow two 16 KB stages.
 struct DecodeGeometry {
   int vec, tx, hpt, ty, tz, threads;
   int smem_bytes;
 };
+// max_hpt caps HPT (the largest of 4, 3, 2, 1 dividing GROUP): fewer heads
+// per thread hold fewer q / O registers (16-feature fp8 vectors double
+// them) at the price of widening each K / V vector once per head group.
 constexpr DecodeGeometry decode_geometry(int elem_bytes, int head_dim, int group, int min_threads, int tile,
-                                         int stages) {
+                                         int stages, int max_hpt = 4) {
   DecodeGeometry g{};
   g.vec = 16 / elem_bytes;
   g.tx = head_dim / g.vec;
-  g.hpt = group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
+  g.hpt = 1;
+  for (int h = 4; h > 1; --h)
+    if (g.hpt == 1 && h <= max_hpt && group % h == 0) g.hpt = h;
   g.ty = group / g.hpt;
   g.tz = g.tx * g.ty >= min_threads ? 1 : min_threads / (g.tx * g.ty);
   g.threads = g.tx * g.ty * g.tz;
-  g.smem_bytes = stages * 2 * tile * head_dim * elem_bytes;
+  const int pipeline = stages * 2 * tile * head_dim * elem_bytes;
+  const int merge = g.tz * group * (2 + head_dim) * 4;
+  g.smem_bytes = pipeline > merge ? pipeline : merge;
   return g;
 }
 

@@ -1,7 +1,8 @@
 // Writing new K/V tokens into a paged KV cache (FlashInfer's
 // append_paged_kv_cache).
 //
-//   append_key, append_value  [nnz, num_kv_heads, head_dim], the storage's dtype
+//   append_key, append_value  [nnz, num_kv_heads, head_dim], the storage's dtype,
+//                             or float16 / bfloat16 into an fp8 storage (below)
 //   batch_indices, positions  int32 [nnz]: token i belongs to request
 //                             batch_indices[i] at position positions[i]
 //   kv_indices, kv_indptr, kv_last_page_len   int32 page table of the cache
@@ -10,7 +11,12 @@
 //
 // Token i goes to page kv_indices[kv_indptr[b] + pos / page_size], slot
 // pos % page_size, of both K and V storage (any layout PagedKVStorage
-// accepts: NHD, HND, separate or interleaved). Values are copied bit for bit.
+// accepts: NHD, HND, separate or interleaved). Rows of the storage's dtype
+// are copied bit for bit. 16-bit rows into an fp8 storage (float8_e4m3fn,
+// float8_e5m2) are quantized: each K value divided by the K scale (each V by
+// the V scale; AppendOptions), rounded to nearest even and saturated to the
+// format's largest finite value (448 / 57344; NaN stays NaN), the same bits
+// on the GPU and the CPU (float_to_fp8).
 //
 // CUDA tensors: one kernel launch on `stream`, no synchronization and no
 // allocation (capturable in a CUDA graph). The index tensors stay on the GPU
@@ -28,9 +34,21 @@
 
 namespace tessera {
 
+// Quantizing appends only: the dequantization scales the cache is read with
+// (RunOptions::k_scale / v_scale), as floats and / or 1-element float32
+// tensors on the storage's device (the kernel reads these at run time, so a
+// captured graph appends with their current values); a value is stored as
+// x / (k_scale * *k_scale_tensor). Appends of the storage's own dtype take
+// the defaults only (InvalidArgument naming the scale otherwise).
+struct AppendOptions {
+  double k_scale = 1.0, v_scale = 1.0;
+  TensorView k_scale_tensor, v_scale_tensor;  // undefined: none
+};
+
 void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
                            const TensorView& batch_indices, const TensorView& positions, const PagedKVStorage& kv,
                            const TensorView& kv_indices, const TensorView& kv_indptr,
-                           const TensorView& kv_last_page_len, cudaStream_t stream = nullptr);
+                           const TensorView& kv_last_page_len, cudaStream_t stream = nullptr,
+                           const AppendOptions& opt = {});
 
 }  // namespace tessera

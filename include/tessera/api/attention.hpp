@@ -49,9 +49,23 @@ class VariantArgs;
 
 struct RunOptions {
   double sm_scale = -1.0;  // < 0: 1/sqrt(head_dim)
+  // K's dequantization scale (FlashInfer's k_scale, e.g. of an fp8 cache):
+  // multiplies the softmax scale on the host, so it costs the kernel
+  // nothing. Positive, finite.
+  double k_scale = 1.0;
   // Multiplies the output (FlashInfer's v_scale, V's dequantization scale),
   // inside the kernels' epilogue; LSE is unchanged. Finite.
   double v_scale = 1.0;
+  // The same scales as 1-element float32 CUDA tensors on q's device, read by
+  // the kernel at run time (times k_scale / v_scale): a captured CUDA graph
+  // replays with whatever values they hold then, without re-capture. The
+  // CUDA-core decode kernels read them (BatchDecode without tensor cores,
+  // single_decode, BatchAttention); the tensor-core kernels refuse them
+  // (InvalidArgument naming k_scale_tensor / v_scale_tensor). Undefined: none.
+  TensorView k_scale_tensor, v_scale_tensor;
+  // Variant transforms (Query/Key/ValueTransform) see K and V as stored; the
+  // scales apply to the logits (LogitsTransform sees q.k * sm_scale * k_scale)
+  // and to the output before OutputTransform.
   // Values of the variant's extra scalars and tensors, by name (null: none;
   // a variant that declares extras needs them). Read during run() only.
   const VariantArgs* extras = nullptr;

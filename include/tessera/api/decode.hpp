@@ -23,7 +23,10 @@
 // where they were faster at every measured batch, length and group size; the
 // CUDA cores otherwise), true asks for the tensor cores. cuda_cores, or any
 // CUDA-core tuning option, asks for the CUDA-core kernel. The contract
-// (bounds, graph capture, errors) is the same on both paths.
+// (bounds, graph capture, errors) is the same on both paths. An fp8 KV cache
+// (kv_dtype float8_e4m3fn / float8_e5m2) runs on the CUDA-core kernel, which
+// widens it in registers; use_tensor_cores refuses it (TypeMismatch naming
+// kv_dtype), as do scale tensors (RunOptions) on the tensor-core path.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -46,12 +49,14 @@ struct DecodeOptions {
   int ctas_per_sm = 0;  // 0: from the tile configuration and the kernel's occupancy
   int tile = 0;         // KV tokens per pipeline stage (0: heuristic)
   int stages = 0;       // pipeline depth (0: heuristic)
+  int heads_per_thread = 0;  // at most this many of a group's query heads per thread, 1..4 (0: heuristic, 4)
   // Run on the tensor-core prefill kernel (see the file comment). Needs
   // q_dtype == kv_dtype; planner and max_sms apply as on the CUDA-core path.
   // false: the wrapper picks the kernel (see the file comment).
   bool use_tensor_cores = false;
   // Run on the CUDA-core kernel whatever the wrapper would pick (implied by a
-  // non-zero ctas_per_sm, tile or stages; excludes use_tensor_cores).
+  // non-zero ctas_per_sm, tile, stages or heads_per_thread; excludes
+  // use_tensor_cores).
   bool cuda_cores = false;
   // With use_tensor_cores: the prefill kernel's query tile (0: its heuristic;
   // else 16, 32, 64 or 128 fused rows, 64 / 128 run the Hopper kernel on sm_90).

@@ -25,9 +25,13 @@ struct AttentionOptions {
   // i the query's index in its request, j the key's (FlashInfer's ALiBi,
   // variants::PosEncoding::kAlibi); applied before the soft cap.
   std::span<const float> alibi_slopes;
+  // Dequantization scales of K and V (an fp8 cache's): k_scale multiplies the
+  // softmax scale, v_scale the output, as on the GPU (RunOptions).
+  double k_scale = 1.0, v_scale = 1.0;
 };
 
-// q [rows, Hq, D], k / v [keys, Hkv, D] (fp16, bf16 or fp32, any strides),
+// q [rows, Hq, D], k / v [keys, Hkv, D] (fp16, bf16 or fp32; k / v also fp8,
+// widened exactly; any strides),
 // requests given by qo_indptr / kv_indptr. Writes o [rows, Hq, D] (any float
 // dtype) and lse [rows, Hq] (float32, base 2; may be undefined). Rows that
 // see no key get o = 0 and lse = -inf.

@@ -2,8 +2,8 @@
 // compares against. Deliberately simple (no tiling, no online softmax): scores
 // are materialized per query row, then softmax in double.
 //
-// Tensors are host TensorViews of float16 / bfloat16 / float32 with the last
-// dimension contiguous. Queries are ragged: q [total_q, num_qo_heads, head_dim]
+// Tensors are host TensorViews of float16 / bfloat16 / float32 (K and V also
+// fp8: float8_e4m3fn, float8_e5m2) with the last dimension contiguous. Queries are ragged: q [total_q, num_qo_heads, head_dim]
 // with qo indptr; qo head h reads KV head h / (num_qo_heads / num_kv_heads).
 // LSE is returned in base 2 (see device/primitives/attention_state.cuh);
 // a row that sees no key gets O = 0 and LSE = -inf.
@@ -67,6 +67,9 @@ struct Options {
   // sigmoid(logit * sigmoid_scale + sigmoid_bias) v, lse = 0 for every row.
   bool flash_sigmoid = false;
   double sigmoid_scale = 1.0, sigmoid_bias = 0.0;
+  // Dequantization scales (an fp8 cache's): K and V are read as stored value
+  // times k_scale / v_scale, then everything runs on those values.
+  double k_scale = 1.0, v_scale = 1.0;
 };
 
 struct Result {

@@ -120,9 +120,10 @@ struct AttentionSpec {
   bool operator==(const AttentionSpec&) const = default;
   std::string str() const;  // e.g. "standard/q=float16/kv=float16/o=float16/d=128"
 };
-// Validates dtypes (fp16/bf16), head_dim (64/128/256) and the variant (name
-// and extras: identifiers, unique, scalar dtypes float32/int32, parameter
-// block within the launch limit); throws InvalidArgument / TypeMismatch.
+// Validates dtypes (q and o fp16/bf16, o also fp32; KV fp16/bf16 or fp8, see
+// require_16bit_kv), head_dim (64/128/256) and the variant (name and extras:
+// identifiers, unique, scalar dtypes float32/int32, parameter block within
+// the launch limit); throws InvalidArgument / TypeMismatch.
 void validate_spec(const AttentionSpec& spec);
 void validate_variant(const VariantSpec& variant);
 
@@ -132,6 +133,7 @@ struct DecodeConfig {
   int min_threads = 128;
   int tile = 32;    // KV tokens per pipeline stage
   int stages = 2;   // pipeline depth
+  int heads_per_thread = 4;  // at most this many query heads per thread (abi/shared_memory.cuh)
   int threads = 0;  // derived: the kernel's block size
   int smem_bytes = 0;
   int ctas_per_sm = 0;  // from shared memory and threads (occupancy may lower it)
@@ -154,15 +156,22 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
                                    const char* header, const char* params_type, const char* fn, int threads,
                                    const std::string& template_tail, int min_blocks = 0,
                                    const std::string& second_param = "", int cluster = 1);
-// Short dtype tag for kernel names: f16, bf16, f32.
+// Short dtype tag for kernel names: f16, bf16, f32, e4m3, e5m2.
 std::string dtype_tag(DType t);
+// An fp8 KV cache (kv_dtype float8_e4m3fn / float8_e5m2, with 16-bit q and o)
+// is read by the CUDA-core decode kernels (batch_decode, attention_rowwise);
+// every other kernel family calls this first and refuses it with a
+// TypeMismatch naming kv_dtype and `kernel`.
+void require_16bit_kv(const AttentionSpec& spec, const char* kernel);
 // Heuristic: a tile of ~16 KB of K+V per stage, 2 stages, 128 threads or more:
 // 32 KB of shared memory lets 7 CTAs share an SM, which on an H100 covered HBM
 // latency better than deeper pipelines (see bench/decode_sweep.py).
-// tile / stages > 0 override the heuristic (tuning, benchmarks).
-DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile = 0, int stages = 0);
+// tile / stages / heads_per_thread (1..4) > 0 override the heuristic
+// (tuning, benchmarks).
+DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile = 0, int stages = 0, int heads_per_thread = 0);
 // Persistent batch decode with head-group fusion for `group` query heads per KV head.
-jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile = 0, int stages = 0);
+jit::KernelSource batch_decode(const AttentionSpec& spec, int group, int tile = 0, int stages = 0,
+                               int heads_per_thread = 0);
 // Row-wise (query tile 1, CUDA cores) attention over a paged KV cache.
 jit::KernelSource attention_rowwise(const AttentionSpec& spec);
 // State merges; dtype of the values (fp16, bf16, fp32). per_lane: 16-byte
@@ -171,8 +180,12 @@ jit::KernelSource attention_rowwise(const AttentionSpec& spec);
 jit::KernelSource merge_pair(DType v_dtype);
 jit::KernelSource merge_pair(DType v_dtype, DType out_dtype, int per_lane = 1);  // out: fp32 states into 16 bits
 jit::KernelSource merge_many(DType v_dtype, int per_lane = 1);
-// Paged-KV append (a raw copy); dtype of the cache (fp16, bf16).
+// Paged-KV append of rows of the cache's dtype (a raw copy; fp16, bf16, fp8).
 jit::KernelSource append_paged_kv(DType kv_dtype);
+// Paged-KV append of `rows` (fp16 / bf16) into a `cache` of fp8, quantized
+// on the way (divided by the scale, rounded with saturation); rows == cache
+// is the raw copy above.
+jit::KernelSource append_paged_kv(DType rows, DType cache);
 // Custom masks: a plan's work items trimmed to their visible KV tiles (BatchPrefill::run).
 jit::KernelSource trim_masked_items();
 // Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256.

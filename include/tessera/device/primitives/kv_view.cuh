@@ -8,6 +8,18 @@ namespace tessera {
 namespace device {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+// The softmax and output scales of a run: the parameter block's, times the
+// KV scale tensors' current values (KVScaleTensors). Read once per CTA,
+// after grid_dependency_wait (a previous kernel may write the tensors).
+struct RunScales {
+  float sm_scale, o_scale;
+};
+template <typename Params>
+__device__ __forceinline__ RunScales read_run_scales(const Params& p) {
+  return {p.kv_scales.k ? p.sm_scale * __ldg(p.kv_scales.k) : p.sm_scale,
+          p.kv_scales.v ? p.o_scale * __ldg(p.kv_scales.v) : p.o_scale};
+}
+
 // A page id read from the table: itself when in [0, num_pages) or unchecked,
 // else -1 after recording it (see PagedKV::page_error).
 __device__ __forceinline__ int check_page(const PagedKV& kv, int id) {

@@ -36,7 +36,9 @@ __device__ __forceinline__ void decode_merge_partials(const Params& p, const Var
     // A long request can have ~100 chunks: merged in blocks whose loads
     // are in flight together (merge_chunk_states).
     float acc[VEC];
-    const float lse = merge_chunk_states<VEC, Variant::use_softmax>(
+    // As many loads in flight per block as at 8 features (fp16 rows); fp8's
+    // 16-feature vectors take half the chunks per block in the same registers.
+    const float lse = merge_chunk_states<VEC, Variant::use_softmax, 64 / VEC>(
         w.num_chunks,
         [&](int c) { return __ldcg(p.partial_lse + static_cast<i64>(w.first_slot + c) * p.num_qo_heads + qo_head); },
         [&](int c, int i) {
@@ -49,9 +51,9 @@ __device__ __forceinline__ void decode_merge_partials(const Params& p, const Var
 }
 
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int GROUP, int MIN_THREADS, int TILE,
-          int STAGES, typename Params>
+          int STAGES, int MAX_HPT = 4, typename Params>
 __device__ __forceinline__ void batch_decode(const Params& p) {
-  using Shape = DecodeShape<DKV, HEAD_DIM, GROUP, MIN_THREADS, TILE, STAGES>;
+  using Shape = DecodeShape<DKV, HEAD_DIM, GROUP, MIN_THREADS, TILE, STAGES, MAX_HPT>;
   constexpr int HPT = Shape::HPT, VEC = Shape::VEC, TX = Shape::TX, TY = Shape::TY, TZ = Shape::TZ;
   static_assert(TZ * GROUP * (2 + HEAD_DIM) * 4 <= Shape::SMEM_BYTES, "merge scratch must fit the pipeline buffers");
   extern __shared__ uint4 smem_raw[];
@@ -64,9 +66,10 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
   const int qo_head0 = h * GROUP + y * HPT;
 
   WorkQueue<DecodeWorkItem, QueueLoad::kPlain, Params> queue(p, blockIdx.x);
-  // The plan's workspace is complete; q, K, V and the outputs may still be
-  // the previous kernel's (programmatic dependent launch).
+  // The plan's workspace is complete; q, K, V, the outputs and the scale
+  // tensors may still be the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
+  const device::RunScales scales = is_fp8<DKV> ? device::read_run_scales(p) : device::RunScales{p.sm_scale, p.o_scale};
   for (int wi = queue.begin; wi < queue.end; ++wi) {
     const DecodeWorkItem w = queue.take(wi);
     const int b = w.request;
@@ -103,7 +106,7 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
                                 page_base, w.kv_start + nt * TILE, w.kv_end, h, p.page_shift);
       cp_async_commit();
       const int cs = t % STAGES;
-      decode_compute_tile<Variant, Shape>(p, variant, st, q, smem + (2 * cs) * Shape::TILE_ELEMS,
+      decode_compute_tile<Variant, Shape>(p, variant, st, scales.sm_scale, q, smem + (2 * cs) * Shape::TILE_ELEMS,
                                           smem + (2 * cs + 1) * Shape::TILE_ELEMS, w.kv_start + t * TILE, w.kv_end, b,
                                           h, qo_head0, x, z);
     }
@@ -143,7 +146,8 @@ __device__ __forceinline__ void batch_decode(const Params& p) {
           }
         }
         // Normalization and output scale in one factor (a multiply per row).
-        const float inv = (Variant::use_softmax ? (acc.empty() ? 0.f : 1.f / acc.d) : 1.f) * p.o_scale;
+        const float inv =
+            (Variant::use_softmax ? (acc.empty() ? 0.f : 1.f / acc.d) : 1.f) * (is_fp8<DKV> ? scales.o_scale : p.o_scale);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) o[i] *= inv;
         const float lse = Variant::use_softmax ? acc.lse() : 0.f;

@@ -4,9 +4,9 @@
 // Appendix A), so each KV byte is read from HBM once.
 //
 // Thread layout (x fastest): TX lanes cover the head dimension, VEC features
-// (16 bytes) each; TY groups split the GROUP query heads, HPT heads per thread;
-// TZ groups split the tile's tokens, R tokens each, with private softmax states
-// merged at the end of the chunk.
+// (16 bytes of KV: 8 fp16, 16 fp8) each; TY groups split the GROUP query
+// heads, HPT heads per thread; TZ groups split the tile's tokens, R tokens
+// each, with private softmax states merged at the end of the chunk.
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/vector_io.cuh"
@@ -20,11 +20,11 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-template <typename DKV, int HEAD_DIM, int GROUP, int MIN_THREADS, int TILE, int STAGES>
+template <typename DKV, int HEAD_DIM, int GROUP, int MIN_THREADS, int TILE, int STAGES, int MAX_HPT>
 struct DecodeShape {
   // The host sizes the launch from the same geometry (abi/shared_memory.cuh).
   static constexpr DecodeGeometry G =
-      decode_geometry(static_cast<int>(sizeof(DKV)), HEAD_DIM, GROUP, MIN_THREADS, TILE, STAGES);
+      decode_geometry(static_cast<int>(sizeof(DKV)), HEAD_DIM, GROUP, MIN_THREADS, TILE, STAGES, MAX_HPT);
   static constexpr int VEC = G.vec, TX = G.tx, HPT = G.hpt, TY = G.ty, TZ = G.tz, THREADS = G.threads;
   static constexpr int R = TILE / TZ;  // tokens per z-group per tile
   static constexpr int TILE_ELEMS = TILE * HEAD_DIM;
@@ -83,10 +83,13 @@ struct DecodeState {
   }
 };
 
-// Computes one tile held in shared memory into the thread's state.
+// Computes one tile held in shared memory into the thread's state; K and V
+// are widened to float as they are read (fp8: in packed pairs, vector_io.cuh).
+// sm_scale includes K's dequantization scale (read_run_scales), so a
+// quantized K costs no extra multiply.
 template <typename Variant, typename Shape, typename DKV, typename Params>
 __device__ __forceinline__ void decode_compute_tile(const Params& p, const Variant& variant, DecodeState<Shape>& st,
-                                                    const float (&q)[Shape::HPT][Shape::VEC], const DKV* k_stage,
+                                                    float sm_scale, const float (&q)[Shape::HPT][Shape::VEC], const DKV* k_stage,
                                                     const DKV* v_stage, int tile_start, int kv_end, int b, int h,
                                                     int qo_head0, int x, int z) {
   constexpr int HPT = Shape::HPT, R = Shape::R, VEC = Shape::VEC, TX = Shape::TX;
@@ -107,7 +110,9 @@ __device__ __forceinline__ void decode_compute_tile(const Params& p, const Varia
       for (int i = 0; i < VEC; ++i) part += q[j][i] * k[i];
 #pragma unroll
       for (int off = TX / 2; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-      float logit = variant.LogitsTransform(p, part * p.sm_scale, b, 0, pos, qo_head0 + j, h);
+      // 16-bit KV: the scale straight from the parameter block (a constant-bank
+      // operand, no register held across the loop).
+      float logit = variant.LogitsTransform(p, part * (is_fp8<DKV> ? sm_scale : p.sm_scale), b, 0, pos, qo_head0 + j, h);
       // The query sits on the request's last key (its diagonal is kv_len - 1).
       const bool keep = pos < kv_end &&
                         (Variant::window_left < 0 || pos >= window_first_key<Variant>(variant.kv_len - 1)) &&

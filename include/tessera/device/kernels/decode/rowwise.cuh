@@ -6,8 +6,9 @@
 //
 // Work split: each warp takes every NUM_WARPS-th KV token; inside a warp, lane
 // l owns features [l*VEC, (l+1)*VEC) of the head dimension (VEC = D/32, so one
-// 4/8/16-byte access per lane per token). Warps keep private online-softmax
-// states, merged in a fixed order at the end (deterministic).
+// 4/8/16-byte access per lane per token, 2/4/8 bytes of an fp8 cache). Warps
+// keep private online-softmax states, merged in a fixed order at the end
+// (deterministic).
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
@@ -39,6 +40,7 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
   const int kv_head = qo_head / group;
   const int feat0 = lane * VEC;
   Variant variant(p, b, qo_len, kv_len);
+  const device::RunScales scales = device::read_run_scales(p);  // K's scale in sm_scale, V's in o_scale
 
   float q[VEC];
   const DQ* q_row = static_cast<const DQ*>(p.q) + row * p.q_stride_n + qo_head * p.q_stride_h;
@@ -68,7 +70,7 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) dot += q[i] * k[i];
-    float logit = warp_sum(dot) * p.sm_scale;
+    float logit = warp_sum(dot) * scales.sm_scale;
     logit = variant.LogitsTransform(p, logit, b, qo_idx, t, qo_head, kv_head);
     if (Variant::use_softmax) {
       float2 f = st.update(logit * kLog2e);
@@ -101,7 +103,7 @@ __device__ __forceinline__ void attention_rowwise(const Params& p) {
         for (int i = 0; i < VEC; ++i) out[i] += s_o[w][feat0 + i];
       }
     }
-    const float inv = ((Variant::use_softmax && !acc.empty()) ? 1.f / acc.d : 1.f) * p.o_scale;  // and the output scale
+    const float inv = ((Variant::use_softmax && !acc.empty()) ? 1.f / acc.d : 1.f) * scales.o_scale;  // and the output scale
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       float val = (Variant::use_softmax && acc.empty()) ? 0.f : out[i] * inv;

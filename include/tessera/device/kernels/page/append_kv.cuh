@@ -1,18 +1,21 @@
 // Appends new K/V tokens to a paged KV cache (FlashInfer's
-// append_paged_kv_cache). A pure copy: values move as raw 16-byte vectors, so
-// the cache holds exactly the bits of the appended rows.
+// append_paged_kv_cache). Rows of the cache's dtype are a pure copy: values
+// move as raw 16-byte vectors, so the cache holds exactly the bits of the
+// appended rows. 16-bit rows into an fp8 cache are quantized on the way:
+// divided by the scale, rounded to nearest even with saturation (arch/fp8.cuh).
 //
-// Thread mapping: one thread per 16-byte vector of one (token, head) row, both
-// K and V; a grid-stride loop covers any nnz with a bounded grid. Neighbouring
-// threads copy neighbouring vectors of the same row, so both the reads and the
-// writes of a warp are contiguous runs of head_dim elements.
+// Thread mapping: one thread per 16-byte vector of the cache of one (token,
+// head) row, both K and V; a grid-stride loop covers any nnz with a bounded
+// grid. Neighbouring threads write neighbouring vectors of the same row, so
+// both the reads and the writes of a warp are contiguous runs of head_dim
+// elements.
 //
 // Device-side guard: the host cannot validate GPU index tensors without a
 // synchronizing copy (which would also break CUDA-graph capture), so a token
 // whose request index, position or page index is outside what the page table
 // and storage describe is skipped instead of written out of bounds.
 #pragma once
-#include "tessera/device/arch/numeric.cuh"
+#include "tessera/device/arch/vector_io.cuh"
 #include "tessera/abi/append_kv_params.cuh"
 
 namespace tessera {
@@ -36,9 +39,10 @@ __device__ __forceinline__ i64 append_slot_offset(const AppendKVParams& p, int b
   return page * p.page_stride + slot * p.token_stride;
 }
 
-template <typename T>
-__device__ __forceinline__ void append_paged_kv(const AppendKVParams& p) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+// Calls copy(i, h, c, dst) for every 16-byte vector of the cache to write:
+// row i's head h from element c, at storage element offset dst.
+template <int kVec, typename Copy>
+__device__ __forceinline__ void append_for_each_vector(const AppendKVParams& p, Copy copy) {
   const int vecs_per_head = p.head_dim / kVec;
   const i64 vecs_per_token = static_cast<i64>(p.num_heads) * vecs_per_head;
   const i64 total = p.nnz * vecs_per_token;
@@ -50,14 +54,48 @@ __device__ __forceinline__ void append_paged_kv(const AppendKVParams& p) {
     const int c = (rem - h * vecs_per_head) * kVec;
     const i64 base = append_slot_offset(p, p.batch_indices[i], p.positions[i]);
     if (base < 0) continue;
-    const i64 dst = base + h * p.head_stride + c;
+    copy(i, h, c, base + h * p.head_stride + c);
+  }
+}
+
+// 16 values of a 16-bit row divided by `scale`, as 16 fp8 bytes.
+template <typename TIn, typename TCache>
+__device__ __forceinline__ uint4 quantize16(const TIn* src, float scale) {
+  float x[16];
+  load_vec<16>(src, x);
+  u32 w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    w[j] = float_to_fp8x2<TCache>(x[4 * j] / scale, x[4 * j + 1] / scale) |
+           (float_to_fp8x2<TCache>(x[4 * j + 2] / scale, x[4 * j + 3] / scale) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// 16-bit rows (TIn) into an fp8 cache (TCache).
+template <typename TIn, typename TCache>
+__device__ __forceinline__ void append_paged_kv_quantize(const AppendKVParams& p) {
+  static_assert(sizeof(TIn) == 2 && is_fp8<TCache>, "16-bit rows into an fp8 cache");
+  const float k_scale = p.k_scale_ptr ? p.k_scale * __ldg(p.k_scale_ptr) : p.k_scale;
+  const float v_scale = p.v_scale_ptr ? p.v_scale * __ldg(p.v_scale_ptr) : p.v_scale;
+  append_for_each_vector<16>(p, [&](i64 i, int h, int c, i64 dst) {
+    const TIn* k = static_cast<const TIn*>(p.append_k) + i * p.k_stride_n + h * p.k_stride_h + c;
+    const TIn* v = static_cast<const TIn*>(p.append_v) + i * p.v_stride_n + h * p.v_stride_h + c;
+    *reinterpret_cast<uint4*>(static_cast<TCache*>(p.k) + dst) = quantize16<TIn, TCache>(k, k_scale);
+    *reinterpret_cast<uint4*>(static_cast<TCache*>(p.v) + dst) = quantize16<TIn, TCache>(v, v_scale);
+  });
+}
+
+// Rows of the cache's own dtype: raw 16-byte copies.
+template <typename T>
+__device__ __forceinline__ void append_paged_kv(const AppendKVParams& p) {
+  append_for_each_vector<16 / static_cast<int>(sizeof(T))>(p, [&](i64 i, int h, int c, i64 dst) {
     const uint4 kv = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.append_k) + i * p.k_stride_n +
                                                      h * p.k_stride_h + c);
     const uint4 vv = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.append_v) + i * p.v_stride_n +
                                                      h * p.v_stride_h + c);
     *reinterpret_cast<uint4*>(static_cast<T*>(p.k) + dst) = kv;
     *reinterpret_cast<uint4*>(static_cast<T*>(p.v) + dst) = vv;
-  }
+  });
 }
 
 #endif

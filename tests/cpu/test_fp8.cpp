@@ -1,0 +1,328 @@
+// fp8 KV caches on the host: the e4m3 / e5m2 conversions against independent
+// oracles (every code; rounding checked by a nearest-value search), the
+// validation that admits fp8 K / V only where a kernel reads it and names
+// q_dtype / kv_dtype otherwise, the CPU attention and the reference on fp8
+// K / V with scales, and the quantizing CPU append.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "append_kv_util.hpp"
+#include "fake_workspace.hpp"
+#include "tessera/api/append_kv.hpp"
+#include "tessera/api/cascade.hpp"
+#include "tessera/api/decode.hpp"
+#include "tessera/api/prefill.hpp"
+#include "tessera/cpu/attention.hpp"
+#include "tessera/reference/attention.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+#include "tessera/runtime/prefill_catalog.hpp"
+
+using namespace tessera;
+using namespace tessera::test;
+
+namespace {
+
+constexpr DType kE4M3 = DType::kFloat8E4M3, kE5M2 = DType::kFloat8E5M2;
+
+TEST(Fp8Dtype, NamesSizesTags) {
+  EXPECT_STREQ(dtype_name(kE4M3), "float8_e4m3fn");
+  EXPECT_STREQ(dtype_name(kE5M2), "float8_e5m2");
+  EXPECT_EQ(dtype_size(kE4M3), 1u);
+  EXPECT_EQ(dtype_size(kE5M2), 1u);
+  EXPECT_STREQ(dtype_device_name(kE4M3), "tessera::fp8_e4m3_t");
+  EXPECT_EQ(catalog::dtype_tag(kE5M2), "e5m2");
+  EXPECT_TRUE(is_fp8(kE4M3) && is_fp8(kE5M2) && !is_fp8(DType::kFloat16) && !is_fp8(DType::kUInt8));
+  EXPECT_EQ(fp8_max(kE4M3), 448.f);
+  EXPECT_EQ(fp8_max(kE5M2), 57344.f);
+}
+
+// e5m2 is the top byte of the fp16 of the same value; e4m3's exponent and
+// mantissa bits placed into an fp16 one bit lower read 2^-8 of the value (the
+// identity the sm_80 kernels widen with).
+TEST(Fp8Dtype, EveryCodeDecodes) {
+  for (int c = 0; c < 256; ++c) {
+    const float e5 = fp8_to_float(static_cast<uint8_t>(c), kE5M2), h5 = half_to_float(static_cast<uint16_t>(c << 8));
+    EXPECT_TRUE(e5 == h5 || (std::isnan(e5) && std::isnan(h5))) << c;
+    const float e4 = fp8_to_float(static_cast<uint8_t>(c), kE4M3);
+    if ((c & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(e4)) << c;
+      continue;
+    }
+    const uint16_t bits = static_cast<uint16_t>(((c & 0x80) << 8) | ((c & 0x7f) << 7));
+    EXPECT_EQ(e4, half_to_float(bits) * 256.f) << c;
+  }
+  EXPECT_EQ(fp8_to_float(0x38, kE4M3), 1.f);
+  EXPECT_EQ(fp8_to_float(0x01, kE4M3), std::ldexp(1.f, -9));
+  EXPECT_EQ(fp8_to_float(0x7e, kE4M3), 448.f);
+  EXPECT_EQ(fp8_to_float(0x3c, kE5M2), 1.f);
+  EXPECT_TRUE(std::isinf(fp8_to_float(0x7c, kE5M2)));
+}
+
+// The nearest finite code by search (ties to the even code), saturating
+// beyond the largest finite value: an oracle independent of the arithmetic.
+uint8_t nearest_code(float x, DType t) {
+  if (std::isnan(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(static_cast<double>(x));
+  int best = 0;
+  double best_err = INFINITY;
+  for (int c = 0; c < 128; ++c) {
+    const float v = fp8_to_float(static_cast<uint8_t>(c), t);
+    if (!std::isfinite(v)) continue;
+    const double err = std::fabs(a - v);
+    if (err < best_err || (err == best_err && (c & 1) == 0)) best = c, best_err = err;
+  }
+  return sign | static_cast<uint8_t>(best);
+}
+
+TEST(Fp8Dtype, RoundsToNearestEvenAndSaturates) {
+  for (DType t : {kE4M3, kE5M2}) {
+    SCOPED_TRACE(dtype_name(t));
+    for (int c = 0; c < 256; ++c) {  // every finite code round-trips, and each midpoint goes to the even side
+      const float v = fp8_to_float(static_cast<uint8_t>(c), t);
+      if (!std::isfinite(v)) continue;
+      EXPECT_EQ(float_to_fp8(v, t), c) << c;
+      const float next = fp8_to_float(static_cast<uint8_t>(c + 1), t);
+      if ((c & 0x7f) < 0x7f && std::isfinite(next) && (c & 0x7f) != (t == kE4M3 ? 0x7e : 0x7b)) {
+        const float mid = 0.5f * (v + next);
+        EXPECT_EQ(float_to_fp8(mid, t), nearest_code(mid, t)) << c;
+      }
+    }
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> e(-24.f, 18.f);
+    for (int i = 0; i < 20000; ++i) {
+      const float x = std::exp2(e(rng)) * (rng() % 2 ? -1.f : 1.f);
+      ASSERT_EQ(float_to_fp8(x, t), nearest_code(x, t)) << x;
+    }
+    EXPECT_EQ(float_to_fp8(1e30f, t), t == kE4M3 ? 0x7e : 0x7b);
+    EXPECT_EQ(float_to_fp8(-INFINITY, t), t == kE4M3 ? 0xfe : 0xfb);
+    EXPECT_EQ(float_to_fp8(std::numeric_limits<float>::quiet_NaN(), t), 0x7f);
+  }
+  EXPECT_EQ(float_to_fp8(464.f, kE4M3), 0x7e);  // between 448 and 480 (NaN code): saturates
+}
+
+// ------------------------------------------------------------------ validation
+AttentionSpec fp8_spec(DType q = DType::kFloat16, DType kv = kE4M3, int d = 128) {
+  return {variants::standard(), q, kv, q, d};
+}
+TaskInfo task() { return {8, 2, 16, KVLayout::kNHD, 4, 64, 64}; }
+
+TEST(Fp8Validation, KvOnly) {
+  validate_spec(fp8_spec());
+  validate_spec(fp8_spec(DType::kBFloat16, kE5M2, 64));
+  EXPECT_THROW_MSG(validate_spec(fp8_spec(kE4M3, kE4M3)), TypeMismatch, "q_dtype");
+  AttentionSpec o8 = fp8_spec();
+  o8.o_dtype = kE5M2;
+  EXPECT_THROW_MSG(validate_spec(o8), TypeMismatch, "o_dtype");
+}
+
+TEST(Fp8Validation, KernelFamiliesThatReadOnly16BitKvSayKvDtype) {
+  FakeWorkspace f;
+  EXPECT_THROW_MSG(BatchPrefill(fp8_spec(), task(), f.ws), TypeMismatch, "kv_dtype");
+  EXPECT_THROW_MSG(BatchPrefill::workspace_size(fp8_spec(), task(), 132), TypeMismatch, "kv_dtype");
+  EXPECT_THROW_MSG(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2), 64), TypeMismatch, "kv_dtype");
+  DecodeOptions tc;
+  tc.use_tensor_cores = true;
+  EXPECT_THROW_MSG(BatchDecode(fp8_spec(), task(), f.ws, tc), TypeMismatch, "kv_dtype");
+  EXPECT_THROW_MSG(BatchDecode::workspace_size(fp8_spec(), task(), 132, tc), TypeMismatch, "kv_dtype");
+  const std::vector<AttentionSpec> levels = {fp8_spec(), fp8_spec()};
+  EXPECT_THROW_MSG(CascadeAttention::workspace_size(levels, task(), 132), TypeMismatch, "kv_dtype");
+}
+
+// The wrapper's pick is the CUDA-core kernel (dtypes differ), on every device.
+TEST(Fp8Validation, DecodeRunsOnCudaCores) {
+  EXPECT_FALSE(BatchDecode::runs_on_tensor_cores(fp8_spec(), {}, 0));
+  EXPECT_GT(BatchDecode::workspace_size(fp8_spec(), task(), 132).device_bytes, 0u);
+}
+
+// One stage of K and V stays ~16 KB: twice the tokens of fp16; 16 features a lane.
+TEST(Fp8Validation, DecodeTile) {
+  for (int d : {64, 128, 256})
+    for (int g : {1, 4, 8}) {
+      const DecodeConfig f16 = catalog::decode_config(fp8_spec(DType::kFloat16, DType::kFloat16, d), g);
+      const DecodeConfig f8 = catalog::decode_config(fp8_spec(DType::kFloat16, kE4M3, d), g);
+      EXPECT_EQ(f8.tile, 2 * f16.tile) << d << " " << g;
+      EXPECT_GE(f8.smem_bytes, 32768) << d << " " << g;
+      EXPECT_LE(f8.smem_bytes, 40000) << d << " " << g;
+    }
+  const jit::KernelSource src = catalog::batch_decode(fp8_spec(DType::kBFloat16, kE5M2, 128), 4);
+  EXPECT_EQ(src.entry, "tessera_decode_" + variants::standard().name + "_bf16_e5m2_bf16_d128_g4_t64_s2");
+  EXPECT_NE(src.source.find("tessera::fp8_e5m2_t"), std::string::npos);
+}
+
+TEST(Fp8Validation, BuiltinsIncludeFp8Kernels) {
+  int decode = 0, rowwise = 0, append = 0;
+  for (const auto& k : catalog::builtin_kernels()) {
+    if (k.entry.find("_e4m3_") == std::string::npos && k.entry.find("_e5m2_") == std::string::npos &&
+        k.entry.find("to_e") == std::string::npos)
+      continue;
+    decode += k.entry.rfind("tessera_decode_", 0) == 0;
+    rowwise += k.entry.rfind("tessera_rowwise_", 0) == 0;
+    append += k.entry.rfind("tessera_append_", 0) == 0;
+  }
+  EXPECT_EQ(decode, 36);   // q f16 / bf16 x e4m3 / e5m2 x d 64 / 128 / 256 x group 1 / 4 / 8
+  EXPECT_EQ(rowwise, 12);
+  EXPECT_EQ(append, 4);
+}
+
+// ------------------------------------------------------------------ CPU attention
+// fp8 K / V with scales against (a) the reference on the same fp8 tensors and
+// (b) the reference on float32 copies holding the dequantized values.
+TEST(Fp8CpuAttention, MatchesReferenceOnDequantizedKv) {
+  const std::vector<int32_t> qo{0, 1, 2, 3}, kv{0, 70, 70, 300};  // request 1: no keys
+  const int64_t Hq = 8, Hkv = 2, D = 64, keys = kv.back();
+  for (DType t : {kE4M3, kE5M2}) {
+    SCOPED_TRACE(dtype_name(t));
+    HostTensor q = make_host(DType::kFloat16, {3, Hq, D}), k = make_host(t, {keys, Hkv, D}), v = make_host(t, {keys, Hkv, D});
+    fill_random(q, 1, -2.f, 2.f);
+    fill_random(k, 2, -200.f, 200.f);
+    fill_random(v, 3, -200.f, 200.f);
+    const double ks = 0.0078125, vs = 0.00390625;  // powers of two: the float32 copies are exact
+    HostTensor kf = make_host(DType::kFloat32, {keys, Hkv, D}), vf = make_host(DType::kFloat32, {keys, Hkv, D});
+    for (size_t i = 0; i < kf.storage_elems(); ++i) {
+      kf.set(i, static_cast<float>(k.get(i) * ks));
+      vf.set(i, static_cast<float>(v.get(i) * vs));
+    }
+    reference::Options ro;
+    ro.k_scale = ks;
+    ro.v_scale = vs;
+    const auto ref = reference::attention_ragged(q.view, RaggedIndex(qo), k.view, v.view, RaggedIndex(kv), ro);
+    const auto deq = reference::attention_ragged(q.view, RaggedIndex(qo), kf.view, vf.view, RaggedIndex(kv));
+    EXPECT_EQ(ref.o, deq.o);
+    EXPECT_EQ(ref.lse, deq.lse);
+
+    cpu::AttentionOptions opt;
+    opt.k_scale = ks;
+    opt.v_scale = vs;
+    HostTensor o = make_host(DType::kFloat32, {3, Hq, D}), lse = make_host(DType::kFloat32, {3, Hq});
+    cpu::attention_ragged(q.view, qo, k.view, v.view, kv, opt, o.view, lse.view);
+    double err = 0, mx = 0;
+    for (size_t i = 0; i < ref.o.size(); ++i) {
+      err = std::max(err, std::abs(o.get(i) - ref.o[i]));
+      mx = std::max(mx, std::abs(ref.o[i]));
+    }
+    EXPECT_LT(err / mx, 1e-4);
+    EXPECT_EQ(lse.get(Hq), -INFINITY);  // the request without keys
+  }
+}
+
+TEST(Fp8CpuAttention, Errors) {
+  HostTensor q = make_host(DType::kFloat16, {1, 2, 64}), k = make_host(kE4M3, {3, 1, 64}), v = make_host(kE5M2, {3, 1, 64});
+  HostTensor o = make_host(DType::kFloat16, {1, 2, 64});
+  EXPECT_THROW_MSG(cpu::attention_ragged(q.view, std::vector<int32_t>{0, 1}, k.view, v.view, std::vector<int32_t>{0, 3}, {},
+                                         o.view, TensorView()),
+                   TypeMismatch, "v");
+  cpu::AttentionOptions bad;
+  bad.k_scale = 0;
+  EXPECT_THROW_MSG(cpu::attention_ragged(q.view, std::vector<int32_t>{0, 1}, k.view, k.view, std::vector<int32_t>{0, 3},
+                                         bad, o.view, TensorView()),
+                   InvalidArgument, "k_scale");
+  HostTensor q8 = make_host(kE4M3, {1, 2, 64});
+  EXPECT_THROW_MSG(cpu::attention_ragged(q8.view, std::vector<int32_t>{0, 1}, k.view, k.view, std::vector<int32_t>{0, 3},
+                                         {}, o.view, TensorView()),
+                   TypeMismatch, "q");
+}
+
+// ------------------------------------------------------------------ CPU append
+void append_cpu(const AppendCase& c, AppendProblem& p, const AppendOptions& opt) {
+  append_paged_kv_cache(p.key.view, p.value.view, AppendProblem::ints(p.batch_indices),
+                        AppendProblem::ints(p.positions), p.storage(c), AppendProblem::ints(p.indices),
+                        AppendProblem::ints(p.indptr), AppendProblem::ints(p.last), nullptr, opt);
+}
+
+class Fp8AppendCpu : public ::testing::TestWithParam<std::tuple<DType, DType, KVLayout, bool>> {};
+
+// Quantized values (saturating where |x / scale| > max) land where the page
+// table says, and nothing else changes; scale tensors multiply the floats.
+TEST_P(Fp8AppendCpu, QuantizesIntoPlace) {
+  const auto [rows, cache, layout, interleaved] = GetParam();
+  AppendCase c;
+  c.dt = rows;
+  c.cache_dt = cache;
+  c.layout = layout;
+  c.interleaved = interleaved;
+  c.page_size = 5;
+  c.old_lens = {0, 5, 16, 31};
+  c.add_lens = {3, 1, 2, 20};
+  c.row_lo = -3.f, c.row_hi = 3.f;
+  for (bool tensor : {false, true}) {
+    SCOPED_TRACE(tensor ? "scale tensors" : "float scales");
+    c.k_scale = 0.0125f;  // |3 / 0.0125| = 240: e4m3 saturates past 448 only for v
+    c.v_scale = 0.005f;
+    AppendProblem p = make_append_problem(c, 31);
+    const AppendProblem want = expected_after_append(c, p);
+    AppendOptions opt;
+    float k_t = 0.5f, v_t = 2.f;  // tensor x float = the scales above
+    HostTensor kt = make_host(DType::kFloat32, {1}), vt = make_host(DType::kFloat32, {1});
+    kt.set(0, k_t);
+    vt.set(0, v_t);
+    if (tensor) {
+      opt.k_scale = c.k_scale / k_t;
+      opt.v_scale = c.v_scale / v_t;
+      opt.k_scale_tensor = kt.view;
+      opt.v_scale_tensor = vt.view;
+    } else {
+      opt.k_scale = c.k_scale;
+      opt.v_scale = c.v_scale;
+    }
+    append_cpu(c, p, opt);
+    expect_same_cache(c, p, want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Fp8AppendCpu,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                                            ::testing::Values(kE4M3, kE5M2),
+                                            ::testing::Values(KVLayout::kNHD, KVLayout::kHND), ::testing::Bool()));
+
+TEST(Fp8AppendCpuExtra, Fp8RowsAreCopiedBitForBit) {
+  AppendCase c;
+  c.dt = kE5M2;
+  c.old_lens = {2, 0};
+  c.add_lens = {7, 30};
+  AppendProblem p = make_append_problem(c, 5);
+  const AppendProblem want = expected_after_append(c, p);
+  append_cpu(c, p, {});
+  expect_same_cache(c, p, want);
+}
+
+TEST(Fp8AppendCpuExtra, Errors) {
+  AppendCase c;
+  c.dt = DType::kFloat16;
+  c.cache_dt = kE4M3;
+  c.old_lens = {2};
+  c.add_lens = {3};
+  AppendProblem p = make_append_problem(c, 5);
+  AppendOptions o;
+  o.k_scale = -1;
+  EXPECT_THROW_MSG(append_cpu(c, p, o), InvalidArgument, "k_scale");
+  o = {};
+  HostTensor two = make_host(DType::kFloat32, {2}), f16 = make_host(DType::kFloat16, {1});
+  o.v_scale_tensor = two.view;
+  EXPECT_THROW_MSG(append_cpu(c, p, o), InvalidArgument, "v_scale_tensor");
+  o.v_scale_tensor = f16.view;
+  EXPECT_THROW_MSG(append_cpu(c, p, o), TypeMismatch, "v_scale_tensor");
+  // A copy of the cache's own dtype takes no scale; fp8 rows go only into their own dtype.
+  AppendCase same;
+  same.old_lens = {2};
+  same.add_lens = {3};
+  AppendProblem q = make_append_problem(same, 5);
+  o = {};
+  o.k_scale = 2;
+  EXPECT_THROW_MSG(append_cpu(same, q, o), InvalidArgument, "k_scale");
+  AppendCase wrong = same;
+  wrong.dt = kE4M3;
+  wrong.cache_dt = DType::kFloat16;
+  AppendProblem r = make_append_problem(wrong, 5);
+  EXPECT_THROW_MSG(append_cpu(wrong, r, {}), TypeMismatch, "append_key");
+  AppendCase mixed = c;
+  mixed.cache_dt = kE5M2;
+  AppendProblem m = make_append_problem(mixed, 5);
+  m.value = make_host(DType::kBFloat16, {m.value.view.size(0), 2, 64});
+  EXPECT_THROW_MSG(append_cpu(mixed, m, {}), TypeMismatch, "append_value");
+}
+
+}  // namespace
