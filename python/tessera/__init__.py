@@ -24,6 +24,9 @@ The public functions mirror FlashInfer's Python API names and signatures:
   decode requests (any query length each) in one persistent launch of the
   paged prefill kernel, on a workspace the wrapper owns; returns (out, lse),
   lse in base 2.
+* tessera.PODWithPagedKVCacheWrapper (flashinfer.pod): one prefill request
+  (contiguous K / V) and a planned decode batch per run(), as two launches
+  (batch decode, then single prefill) where FlashInfer fuses them.
 * tessera.append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
   (flashinfer.page).
 * tessera.packbits, segment_packbits (flashinfer.quantization): pack custom
@@ -59,6 +62,7 @@ from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWit
                      single_decode_with_kv_cache)
 from .jit import cache_dir, compile_builtin
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .pod import PODWithPagedKVCacheWrapper
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -94,6 +98,7 @@ __all__ = [
     "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
     "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
     "BatchAttention",
+    "PODWithPagedKVCacheWrapper",
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
