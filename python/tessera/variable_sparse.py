@@ -193,7 +193,8 @@ class VariableBlockSparseAttentionWrapper:
                 group, head_dim] (filled, and the result returned in the
                 head-major layout as FlashInfer does).
             lse: optional float32 [num_qo_heads, M] or [num_kv_heads * M,
-                group], likewise; filled when given.
+                group], likewise; filled when given. Where the two shapes
+                coincide (M == group), the head-major layout is meant.
             return_lse: also return the LSE (base 2).
             enable_pdl: programmatic dependent launch (sm_90+).
 
