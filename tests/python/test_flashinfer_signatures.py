@@ -319,7 +319,8 @@ METHODS = {
 
 
 # FlashInfer module paths (flashinfer.X.Y) of the names above: the same objects as the top-level ones.
-MODULE_PATHS = [("attention", "BatchAttention"), ("pod", "PODWithPagedKVCacheWrapper"), ("cascade", "BatchDecodeWithSharedPrefixPagedKVCacheWrapper"),
+MODULE_PATHS = [("attention", "BatchAttention"), ("pod", "PODWithPagedKVCacheWrapper"),
+                ("cascade", "BatchDecodeWithSharedPrefixPagedKVCacheWrapper"),
                 ("cascade", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"),
                 ("cascade", "MultiLevelCascadeAttentionWrapper"), ("sparse", "VariableBlockSparseAttentionWrapper"),
                 ("sparse", "BlockSparseAttentionWrapper"), ("prefill", "BlockSparseAttentionWrapper"),

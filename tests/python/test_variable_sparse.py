@@ -182,7 +182,7 @@ def test_matches_reference(torch_cuda, rng, poison, dtype, head_dim, hkv, group,
     out_k = torch.full((hkv * M, group, head_dim), float("nan"), device="cuda", dtype=tdt)
     o3 = w.run(q, k, v, out=out_k)
     assert torch.equal(o3, o) and not out_k.isnan().any()
-    expect(ValueError, "^out: expected shape", lambda: w.run(q, k, v, out=torch.empty(3, device="cuda")))
+    expect(ValueError, "^out: expected shape", lambda: w.run(q, k, v, out=torch.empty(3, device="cuda", dtype=tdt)))
     expect(ValueError, "^q: expected shape", lambda: w.run(q[:, 1:], k, v))
     expect(ValueError, "^k: expected shape", lambda: w.run(q, k[:, 1:], v))
 
