@@ -6,11 +6,27 @@ The public functions mirror FlashInfer's Python API names and signatures:
   merge_states_ragged (flashinfer.cascade): combine partial attention states;
   LSE values are in base 2 throughout. MultiLevelCascadeAttentionWrapper:
   shared prefixes as levels of the paged cache (composable formats).
+  BatchDecodeWithSharedPrefixPagedKVCacheWrapper and
+  BatchPrefillWithSharedPrefixPagedKVCacheWrapper: a prefix every request
+  shares, as contiguous K / V, plus each request's paged suffix; the prefix
+  runs as one single prefill over all query rows, merged with the batch
+  wrapper's suffix state.
 * tessera.single_decode_with_kv_cache, BatchDecodeWithPagedKVCacheWrapper
   and CUDAGraphBatchDecodeWithPagedKVCacheWrapper (flashinfer.decode).
 * tessera.single_prefill_with_kv_cache, BatchPrefillWithPagedKVCacheWrapper,
   BatchPrefillWithRaggedKVCacheWrapper and BlockSparseAttentionWrapper
   (flashinfer.prefill, flashinfer.sparse).
+* tessera.VariableBlockSparseAttentionWrapper (flashinfer.sparse): block
+  masks per KV head with variable row / column block sizes, run as one
+  batch prefill whose requests are (KV head, block row) pairs over their
+  visible keys (ids built on the host at plan()).
+* tessera.BatchAttention (flashinfer.attention): a batch mixing prefill and
+  decode requests (any query length each) in one persistent launch of the
+  paged prefill kernel, on a workspace the wrapper owns; returns (out, lse),
+  lse in base 2.
+* tessera.PODWithPagedKVCacheWrapper (flashinfer.pod): one prefill request
+  (contiguous K / V) and a planned decode batch per run(), as two launches
+  (batch decode, then single prefill) where FlashInfer fuses them.
 * tessera.append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
   (flashinfer.page).
 * tessera.packbits, segment_packbits (flashinfer.quantization): pack custom
@@ -38,12 +54,15 @@ device can be used, no_gpu_reason() why not.
 
 from ._errors import NotSupportedError
 from ._native import _C
-from .cascade import (MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
+from .attention import BatchAttention
+from .cascade import (BatchDecodeWithSharedPrefixPagedKVCacheWrapper, BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
+                      MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
                       merge_states_ragged)
 from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
                      single_decode_with_kv_cache)
 from .jit import cache_dir, compile_builtin
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .pod import PODWithPagedKVCacheWrapper
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -52,6 +71,7 @@ from .prefill import (
     single_prefill_with_kv_cache_return_lse,
 )
 from .quantization import packbits, segment_packbits
+from .sparse import VariableBlockSparseAttentionWrapper
 from . import variants
 from .rope import apply_rope, apply_rope_inplace, apply_rope_pos_ids, apply_rope_pos_ids_inplace
 from .variants import AttentionSpec, AttentionWrapper, TaskInfo, VariantSpec
@@ -75,6 +95,10 @@ __all__ = [
     "merge_states",
     "merge_states_ragged",
     "MultiLevelCascadeAttentionWrapper",
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+    "BatchAttention",
+    "PODWithPagedKVCacheWrapper",
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
@@ -83,6 +107,7 @@ __all__ = [
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BlockSparseAttentionWrapper",
+    "VariableBlockSparseAttentionWrapper",
     "append_paged_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",

@@ -321,3 +321,8 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
 
     def end_forward(self):
         """Kept for FlashInfer compatibility; nothing to release."""
+
+
+# FlashInfer's flashinfer.cascade also holds the shared-prefix wrappers (shared_prefix.py).
+from .shared_prefix import (BatchDecodeWithSharedPrefixPagedKVCacheWrapper,  # noqa: E402,F401
+                            BatchPrefillWithSharedPrefixPagedKVCacheWrapper)

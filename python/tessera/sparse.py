@@ -1,9 +1,10 @@
-"""Block-sparse attention (FlashInfer's ``flashinfer.sparse`` name): BlockSparseAttentionWrapper.
+"""Block-sparse attention (FlashInfer's ``flashinfer.sparse`` names): BlockSparseAttentionWrapper here,
+VariableBlockSparseAttentionWrapper (variable block sizes, a mask per KV head) in variable_sparse.py.
 
 It runs the batch prefill kernels of _prefill_base.py with each block row as
 one request whose pages are its column blocks. FlashInfer 0.7.2's arguments
 are all accepted; those for features Tessera does not implement yet (masks
-within blocks, per-head block masks, the VSA backends' options, FP8 scale
+within blocks, BlockSparseAttentionWrapper's per-head block masks, the VSA backends' options, FP8 scale
 tensors) raise tessera.NotSupportedError unless left at their defaults (see
 _compat.py).
 """
@@ -114,3 +115,7 @@ class BlockSparseAttentionWrapper(B.PrefillWrapper):
         self._replan(pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=use_fp16_qk_reduction,
                      logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
         return self.run(q, k, v, scale_q, scale_k, scale_v)
+
+
+# FlashInfer's flashinfer.sparse also holds the variable-block wrapper (variable_sparse.py).
+from .variable_sparse import VariableBlockSparseAttentionWrapper  # noqa: E402,F401

@@ -125,6 +125,18 @@ FLASHINFER = {
         "q, k, v, scale_q=None, scale_k=None, scale_v=None, pos_encoding_mode='NONE', "
         "use_fp16_qk_reduction=False, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None"),
     ("sparse", "BlockSparseAttentionWrapper.reset_workspace_buffer"): "float_workspace_buffer, int_workspace_buffer",
+    ("sparse", "VariableBlockSparseAttentionWrapper.__init__"): "float_workspace_buffer, backend='auto'",
+    ("sparse", "VariableBlockSparseAttentionWrapper.reset_workspace_buffer"): (
+        "float_workspace_buffer, int_workspace_buffer"),
+    ("sparse", "VariableBlockSparseAttentionWrapper.plan"): (
+        "block_mask_map, block_row_sz, block_col_sz, num_qo_heads, num_kv_heads, head_dim, causal=False, "
+        "pos_encoding_mode='NONE', use_fp16_qk_reduction=False, logits_soft_cap=None, sm_scale=None, "
+        "rope_scale=None, rope_theta=None, non_blocking=True, q_data_type='float16', kv_data_type=None"),
+    ("sparse", "VariableBlockSparseAttentionWrapper.run"): (
+        "q, k, v, out=None, lse=None, return_lse=False, enable_pdl=None"),
+    ("sparse", "VariableBlockSparseAttentionWrapper.forward"): (
+        "q, k, v, pos_encoding_mode='NONE', use_fp16_qk_reduction=False, logits_soft_cap=None, sm_scale=None, "
+        "rope_scale=None, rope_theta=None"),
     # flashinfer.cascade
     ("cascade", "merge_state"): "v_a, s_a, v_b, s_b",
     ("cascade", "merge_state_in_place"): "v, s, v_other, s_other, mask=None",
@@ -140,6 +152,47 @@ FLASHINFER = {
     ("cascade", "MultiLevelCascadeAttentionWrapper.run"): "q, paged_kv_cache",
     ("cascade", "MultiLevelCascadeAttentionWrapper.reset_workspace_buffer"): (
         "float_workspace_buffer, int_workspace_buffers"),
+    ("cascade", "BatchDecodeWithSharedPrefixPagedKVCacheWrapper.__init__"): "float_workspace_buffer, kv_layout='NHD'",
+    ("cascade", "BatchDecodeWithSharedPrefixPagedKVCacheWrapper.reset_workspace_buffer"): (
+        "float_workspace_buffer, int_workspace_buffer"),
+    ("cascade", "BatchDecodeWithSharedPrefixPagedKVCacheWrapper.begin_forward"): (
+        "unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, "
+        "page_size, data_type='float16'"),
+    ("cascade", "BatchDecodeWithSharedPrefixPagedKVCacheWrapper.forward"): "q, k_shared, v_shared, unique_kv_cache",
+    ("cascade", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper.__init__"): "float_workspace_buffer, kv_layout='NHD'",
+    ("cascade", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper.reset_workspace_buffer"): (
+        "float_workspace_buffer, int_workspace_buffer"),
+    ("cascade", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper.begin_forward"): (
+        "qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads, "
+        "head_dim, page_size"),
+    ("cascade", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper.forward"): (
+        "q, k_shared, v_shared, unique_kv_cache, causal=False, use_fp16_qk_reduction=False, sm_scale=None, "
+        "rope_scale=None, rope_theta=None"),
+    # flashinfer.attention (FlashInfer's dtype defaults are torch.bfloat16; torch is optional here, so the name)
+    ("attention", "BatchAttention.__init__"): "kv_layout='NHD', device='cuda'",
+    ("attention", "BatchAttention.plan"): (
+        "qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, "
+        "page_size, causal=False, sm_scale=None, logits_soft_cap=None, q_data_type='bfloat16', "
+        "kv_data_type='bfloat16', use_profiler=False"),
+    ("attention", "BatchAttention.run"): (
+        "q, kv_cache, out=None, lse=None, k_scale=None, v_scale=None, logits_soft_cap=0.0, profiler_buffer=None, "
+        "kv_cache_sf=None"),
+    # flashinfer.pod
+    ("pod", "PODWithPagedKVCacheWrapper.__init__"): (
+        "float_workspace_buffer, kv_layout='NHD', use_cuda_graph=False, paged_kv_indptr_buffer=None, "
+        "paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, jit_args=None"),
+    ("pod", "PODWithPagedKVCacheWrapper.reset_workspace_buffer"): "float_workspace_buffer, int_workspace_buffer",
+    ("pod", "PODWithPagedKVCacheWrapper.plan"): (
+        "indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode='NONE', "
+        "window_left=-1, q_data_type='float16', kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, "
+        "rope_theta=None, non_blocking=True"),
+    ("pod", "PODWithPagedKVCacheWrapper.run"): (
+        "q_p, k_p, v_p, q_d, paged_kv_cache_d, custom_mask_p=None, packed_custom_mask_p=None, causal_p=False, "
+        "kv_layout_p='NHD', pos_encoding_mode_p='NONE', sm_scale_p=None, window_left_p=-1, rope_scale_p=None, "
+        "rope_theta_p=None, return_lse_p=False, custom_mask_d=None, packed_custom_mask_d=None, causal_d=False, "
+        "kv_layout_d='NHD', pos_encoding_mode_d='NONE', sm_scale_d=None, window_left_d=-1, rope_scale_d=None, "
+        "rope_theta_d=None, q_scale=None, k_scale=None, v_scale=None, return_lse_d=False, "
+        "use_fp16_qk_reduction=False, enable_pdl=None, *args"),
     # flashinfer.page
     ("page", "append_paged_kv_cache"): (
         "append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr, "
@@ -239,6 +292,8 @@ TOP_LEVEL = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper"
              "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "single_prefill_with_kv_cache",
              "single_prefill_with_kv_cache_return_lse", "BatchPrefillWithPagedKVCacheWrapper",
              "BatchPrefillWithRaggedKVCacheWrapper", "BlockSparseAttentionWrapper", "MultiLevelCascadeAttentionWrapper",
+             "BatchDecodeWithSharedPrefixPagedKVCacheWrapper", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+             "BatchAttention", "VariableBlockSparseAttentionWrapper", "PODWithPagedKVCacheWrapper",
              "merge_state", "merge_state_in_place", "merge_states", "append_paged_kv_cache",
              "get_batch_indices_positions", "get_seq_lens", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
              "apply_rope_pos_ids_inplace", "packbits", "segment_packbits"]
@@ -256,7 +311,26 @@ METHODS = {
     "BlockSparseAttentionWrapper": ["plan", "begin_forward", "run", "forward", "reset_workspace_buffer"],
     "MultiLevelCascadeAttentionWrapper": ["plan", "begin_forward", "run", "forward", "reset_workspace_buffer",
                                           "is_cuda_graph_enabled"],
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper": ["begin_forward", "forward", "reset_workspace_buffer"],
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper": ["begin_forward", "forward", "reset_workspace_buffer"],
+    "BatchAttention": ["plan", "run"],
+    "PODWithPagedKVCacheWrapper": ["plan", "begin_forward", "run", "reset_workspace_buffer", "is_cuda_graph_enabled"],
+    "VariableBlockSparseAttentionWrapper": ["plan", "run", "forward", "reset_workspace_buffer"],
 }
+
+
+# FlashInfer module paths (flashinfer.X.Y) of the names above: the same objects as the top-level ones.
+MODULE_PATHS = [("attention", "BatchAttention"), ("pod", "PODWithPagedKVCacheWrapper"),
+                ("cascade", "BatchDecodeWithSharedPrefixPagedKVCacheWrapper"),
+                ("cascade", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"),
+                ("cascade", "MultiLevelCascadeAttentionWrapper"), ("sparse", "VariableBlockSparseAttentionWrapper"),
+                ("sparse", "BlockSparseAttentionWrapper"), ("prefill", "BlockSparseAttentionWrapper"),
+                ("decode", "BatchDecodeWithPagedKVCacheWrapper"), ("prefill", "BatchPrefillWithPagedKVCacheWrapper")]
+
+
+@pytest.mark.parametrize("module, name", MODULE_PATHS)
+def test_flashinfer_module_path_resolves(module, name):
+    assert getattr(importlib.import_module(f"tessera.{module}"), name) is getattr(tessera, name)
 
 
 @pytest.mark.parametrize("name", TOP_LEVEL)
