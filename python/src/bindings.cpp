@@ -495,7 +495,7 @@ NB_MODULE(_C, m) {
   nb::class_<PyBatchDecode>(m, "BatchDecode",
                             "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
-                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, bool,
+                    int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, int,
                     int, bool, int, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
@@ -538,7 +538,7 @@ NB_MODULE(_C, m) {
                              "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double, bool, const TileArg&, int>(),
+                    double, int, const TileArg&, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
