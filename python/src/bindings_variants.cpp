@@ -230,27 +230,46 @@ class PyAttentionWrapper {
   KVLayout layout_;
 };
 
-RopeOptions rope_options(int rotary_dim, bool interleave, double rope_scale, double rope_theta) {
-  return RopeOptions{rotary_dim, interleave, rope_scale, rope_theta};
+RopeOptions rope_options(int rotary_dim, bool interleave, double rope_scale, double rope_theta, bool llama31,
+                         double low_freq_factor, double high_freq_factor, double old_context_len) {
+  RopeOptions o{rotary_dim, interleave, rope_scale, rope_theta};
+  o.llama31 = llama31;
+  o.low_freq_factor = low_freq_factor;
+  o.high_freq_factor = high_freq_factor;
+  o.old_context_len = old_context_len;
+  return o;
 }
 
 void py_apply_rope_pos_ids(nb::handle q, nb::handle k, nb::handle q_rope, nb::handle k_rope, nb::handle pos_ids,
-                           int rotary_dim, bool interleave, double rope_scale, double rope_theta, uintptr_t stream) {
+                           int rotary_dim, bool interleave, double rope_scale, double rope_theta, bool llama31,
+                           double low_freq_factor, double high_freq_factor, double old_context_len, uintptr_t stream) {
   Arg qa = to_arg("q", q), ka = to_arg("k", k), qo = to_arg("q_rope", q_rope, true), ko = to_arg("k_rope", k_rope, true);
   Arg pa = to_arg("pos_ids", pos_ids);
+  const RopeOptions o = rope_options(rotary_dim, interleave, rope_scale, rope_theta, llama31, low_freq_factor,
+                                     high_freq_factor, old_context_len);
   nb::gil_scoped_release release;
-  apply_rope_pos_ids(qa.view, ka.view, qo.view, ko.view, pa.view, rope_options(rotary_dim, interleave, rope_scale, rope_theta),
-                     to_stream(stream));
+  apply_rope_pos_ids(qa.view, ka.view, qo.view, ko.view, pa.view, o, to_stream(stream));
 }
 
 void py_apply_rope(nb::handle q, nb::handle k, nb::handle q_rope, nb::handle k_rope, nb::handle indptr,
                    nb::handle offsets, int rotary_dim, bool interleave, double rope_scale, double rope_theta,
+                   bool llama31, double low_freq_factor, double high_freq_factor, double old_context_len,
                    uintptr_t stream) {
   Arg qa = to_arg("q", q), ka = to_arg("k", k), qo = to_arg("q_rope", q_rope, true), ko = to_arg("k_rope", k_rope, true);
   Arg ia = to_arg("indptr", indptr), oa = to_arg("offsets", offsets);
+  const RopeOptions o = rope_options(rotary_dim, interleave, rope_scale, rope_theta, llama31, low_freq_factor,
+                                     high_freq_factor, old_context_len);
   nb::gil_scoped_release release;
-  apply_rope(qa.view, ka.view, qo.view, ko.view, ia.view, oa.view, rope_options(rotary_dim, interleave, rope_scale, rope_theta),
-             to_stream(stream));
+  apply_rope(qa.view, ka.view, qo.view, ko.view, ia.view, oa.view, o, to_stream(stream));
+}
+
+void py_apply_rope_pos_ids_cos_sin_cache(nb::handle q, nb::handle k, nb::handle q_rope, nb::handle k_rope,
+                                         nb::handle cos_sin_cache, nb::handle pos_ids, bool interleave,
+                                         uintptr_t stream) {
+  Arg qa = to_arg("q", q), ka = to_arg("k", k), qo = to_arg("q_rope", q_rope, true), ko = to_arg("k_rope", k_rope, true);
+  Arg ca = to_arg("cos_sin_cache", cos_sin_cache), pa = to_arg("pos_ids", pos_ids);
+  nb::gil_scoped_release release;
+  apply_rope_pos_ids_cos_sin_cache(qa.view, ka.view, qo.view, ko.view, ca.view, pa.view, interleave, to_stream(stream));
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -343,11 +362,16 @@ void bind_variants(nb::module_& m) {
            "sm_scale"_a = -1.0, "stream"_a = 0, "extras"_a = nb::dict(), "Ragged run; extras by name.")
       .def_prop_ro("kind", &PyAttentionWrapper::kind, "'decode' or 'prefill' once chosen, else 'auto'.");
   m.def("apply_rope_pos_ids", &py_apply_rope_pos_ids, "q"_a, "k"_a, "q_rope"_a, "k_rope"_a, "pos_ids"_a,
-        "rotary_dim"_a = -1, "interleave"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "stream"_a = 0,
-        "RoPE of q/k rows at pos_ids into q_rope/k_rope (may alias q/k).");
+        "rotary_dim"_a = -1, "interleave"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "llama31"_a = false,
+        "low_freq_factor"_a = 1.0, "high_freq_factor"_a = 4.0, "old_context_len"_a = 8192.0, "stream"_a = 0,
+        "RoPE of q/k rows at pos_ids into q_rope/k_rope (may alias q/k); llama31: Llama 3.1 frequencies.");
   m.def("apply_rope", &py_apply_rope, "q"_a, "k"_a, "q_rope"_a, "k_rope"_a, "indptr"_a, "offsets"_a,
-        "rotary_dim"_a = -1, "interleave"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "stream"_a = 0,
-        "RoPE of ragged q/k rows (row n of request b at offsets[b] + n - indptr[b]).");
+        "rotary_dim"_a = -1, "interleave"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "llama31"_a = false,
+        "low_freq_factor"_a = 1.0, "high_freq_factor"_a = 4.0, "old_context_len"_a = 8192.0, "stream"_a = 0,
+        "RoPE of ragged q/k rows (row n of request b at offsets[b] + n - indptr[b]); llama31: Llama 3.1 frequencies.");
+  m.def("apply_rope_pos_ids_cos_sin_cache", &py_apply_rope_pos_ids_cos_sin_cache, "q"_a, "k"_a, "q_rope"_a, "k_rope"_a,
+        "cos_sin_cache"_a, "pos_ids"_a, "interleave"_a = false, "stream"_a = 0,
+        "RoPE of q/k rows at pos_ids with angles from a float32 [max_pos, rotary_dim] cos/sin cache.");
   m.def("measure_jit", &py_measure_jit, "variant"_a, "dtype"_a, "head_dim"_a, "group"_a, "families"_a, "dir"_a,
         "lookups"_a = 10000, "Cold compile, warm load and lookup times of a variant's kernels on the current GPU.");
 }

@@ -31,8 +31,9 @@ The public functions mirror FlashInfer's Python API names and signatures:
   (flashinfer.page).
 * tessera.packbits, segment_packbits (flashinfer.quantization): pack custom
   attention masks (bitorder="little" is the order the kernels read).
-* tessera.apply_rope, apply_rope_pos_ids and their _inplace forms
-  (flashinfer.rope).
+* tessera.apply_rope, apply_rope_pos_ids, apply_llama31_rope,
+  apply_llama31_rope_pos_ids, apply_rope_with_cos_sin_cache and their
+  _inplace forms (flashinfer.rope): linear, Llama 3.1 or cached angles.
 * tessera.AttentionWrapper with tessera.AttentionSpec / VariantSpec /
   TaskInfo: any attention variant as CUDA code with extra parameters (the
   paper's Listing 1); tessera.variants holds the built-in variants.
@@ -73,7 +74,9 @@ from .prefill import (
 from .quantization import packbits, segment_packbits
 from .sparse import VariableBlockSparseAttentionWrapper
 from . import variants
-from .rope import apply_rope, apply_rope_inplace, apply_rope_pos_ids, apply_rope_pos_ids_inplace
+from .rope import (apply_llama31_rope, apply_llama31_rope_inplace, apply_llama31_rope_pos_ids,
+                   apply_llama31_rope_pos_ids_inplace, apply_rope, apply_rope_inplace, apply_rope_pos_ids,
+                   apply_rope_pos_ids_inplace, apply_rope_with_cos_sin_cache, apply_rope_with_cos_sin_cache_inplace)
 from .variants import AttentionSpec, AttentionWrapper, TaskInfo, VariantSpec
 
 __version__ = "0.1.0"
@@ -117,6 +120,12 @@ __all__ = [
     "apply_rope_inplace",
     "apply_rope_pos_ids",
     "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
     "AttentionSpec",
     "AttentionWrapper",
     "TaskInfo",

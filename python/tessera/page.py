@@ -111,7 +111,8 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz, batch_indices=None
     Request b appends tokens append_indptr[b] .. append_indptr[b+1]-1, which
     become the last tokens of its seq_lens[b] (the length after the append).
     Entries at or beyond append_indptr[-1] (nnz may be larger, e.g. a CUDA
-    graph's padded size) get batch index -1 and position 0, as in FlashInfer.
+    graph's padded size) get batch index -1 and position 0, as in FlashInfer
+    (a given positions buffer keeps its values there, as FlashInfer's does).
     Works on numpy arrays and torch tensors (on their device, without a
     host synchronization); indices may be int32 or int64.
 
@@ -147,7 +148,10 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz, batch_indices=None
         batch_indices[...] = batch
         batch = batch_indices
     if positions is not None:
-        positions[...] = pos
+        if torch_in:
+            positions.copy_(T._torch().where(valid, pos, positions))  # no host synchronization
+        else:
+            np.copyto(positions, pos, where=valid)
         pos = positions
     return batch, pos
 

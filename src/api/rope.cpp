@@ -1,4 +1,5 @@
-// apply_rope / apply_rope_pos_ids: shared validation, then the CPU path
+// apply_rope / apply_rope_pos_ids (linear or Llama 3.1 frequencies) and
+// apply_rope_pos_ids_cos_sin_cache: shared validation, then the CPU path
 // (cpu/rope.hpp) for host tensors or one JIT kernel launch for CUDA tensors.
 #include "tessera/api/rope.hpp"
 
@@ -46,9 +47,8 @@ void check_index(const char* name, const TensorView& t, int64_t size, const Devi
     throw InvalidArgument(std::string(name) + ": expected " + str(size) + " entries, got " + str(t.size(0)));
 }
 
-// Validates the tensors and options; returns the rotary dimension.
-int check_common(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
-                 const RopeOptions& opt) {
+// Validates q, k and their outputs.
+void check_rows(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope) {
   check_head_rows("q", q, q.device);
   check_head_rows("k", k, q.device);
   if (k.dtype != q.dtype)
@@ -61,27 +61,47 @@ int check_common(const TensorView& q, const TensorView& k, const TensorView& q_r
   if (q.size(0) > std::numeric_limits<int32_t>::max()) throw InvalidArgument("q: expected fewer than 2^31 rows");
   check_out("q_rope", q_rope, "q", q);
   check_out("k_rope", k_rope, "k", k);
+}
+
+void check_positive(const char* name, double v) {
+  if (!(v > 0.0) || !std::isfinite(v))
+    throw InvalidArgument(std::string(name) + ": expected a finite value > 0, got " + std::to_string(v));
+}
+
+// Validates the tensors and options; returns the rotary dimension.
+int check_common(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
+                 const RopeOptions& opt) {
+  check_rows(q, k, q_rope, k_rope);
+  const int64_t d = q.size(2);
   const int64_t rd = opt.rotary_dim < 0 ? d : opt.rotary_dim;
   if (rd < 16 || rd > d || rd % 16 != 0)
     throw InvalidArgument("rotary_dim: expected a multiple of 16 in [16, head_dim=" + str(d) + "] (or < 0 for all), got " +
                           str(opt.rotary_dim));
-  for (auto [name, v] : {std::pair{"rope_scale", opt.rope_scale}, {"rope_theta", opt.rope_theta}})
-    if (!(v > 0.0) || !std::isfinite(v))
-      throw InvalidArgument(std::string(name) + ": expected a finite value > 0, got " + std::to_string(v));
+  check_positive("rope_scale", opt.rope_scale);
+  check_positive("rope_theta", opt.rope_theta);
+  if (opt.llama31) {
+    check_positive("low_freq_factor", opt.low_freq_factor);
+    check_positive("high_freq_factor", opt.high_freq_factor);
+    if (!(opt.high_freq_factor > opt.low_freq_factor))
+      throw InvalidArgument("high_freq_factor: expected a value > low_freq_factor=" + std::to_string(opt.low_freq_factor) +
+                            ", got " + std::to_string(opt.high_freq_factor));
+    check_positive("old_context_len", opt.old_context_len);
+  }
   return static_cast<int>(rd);
 }
 
-void rotate_cpu(const TensorView& x, const TensorView& out, const std::vector<int64_t>& pos, const RopeOptions& opt,
-                int rotary_dim) {
-  cpu::rotate_rows(x, out, pos, opt.interleave, opt.rope_scale, opt.rope_theta, rotary_dim);
+std::vector<double> cpu_rates(const RopeOptions& opt, int rotary_dim) {
+  return opt.llama31 ? cpu::rope_rates_llama31(opt.rope_scale, opt.rope_theta, rotary_dim, opt.low_freq_factor,
+                                               opt.high_freq_factor, opt.old_context_len)
+                     : cpu::rope_rates(opt.rope_scale, opt.rope_theta, rotary_dim);
 }
 
-void launch(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
-            const int* pos_ids, const int* indptr, const int* offsets, int64_t batch, const RopeOptions& opt,
-            int rotary_dim, cudaStream_t stream) {
+// p: the mode's own fields (smooth_a / smooth_b, cos_sin_cache) already set.
+void launch(RopeParams p, RopeMode mode, const TensorView& q, const TensorView& k, const TensorView& q_rope,
+            const TensorView& k_rope, const int* pos_ids, const int* indptr, const int* offsets, int64_t batch,
+            bool interleave, int rotary_dim, cudaStream_t stream) {
   detail::require_gpu("apply_rope");
   check_same_device("q", q, "k", k);
-  RopeParams p{};
   p.q = q.data;
   p.k = k.data;
   p.q_out = q_rope.data;
@@ -98,15 +118,27 @@ void launch(const TensorView& q, const TensorView& k, const TensorView& q_rope, 
   p.num_q_heads = static_cast<int>(q.size(1));
   p.num_k_heads = static_cast<int>(k.size(1));
   p.rotary_dim = rotary_dim;
-  p.rope_scale = static_cast<float>(opt.rope_scale);
-  p.rope_theta = static_cast<float>(opt.rope_theta);
   const int64_t total = p.nnz * (p.num_q_heads + p.num_k_heads) * (q.size(2) / 8);
   if (total == 0) return;
   cuda::DeviceGuard guard(q.device.index);
   const auto& kernel = jit::KernelCache::global().kernel(
-      catalog::apply_rope(q.dtype, static_cast<int>(q.size(2)), opt.interleave), q.device.index);
+      catalog::apply_rope(q.dtype, static_cast<int>(q.size(2)), interleave, mode), q.device.index);
   kernel.launch(dim3(detail::grid_stride_blocks(total, kThreads)), dim3(kThreads), 0, stream, &p);
   detail::check_launch("apply_rope");
+}
+
+// The computed modes' parameters (linear or Llama 3.1).
+RopeParams freq_params(const RopeOptions& opt, RopeMode& mode) {
+  RopeParams p{};
+  p.rope_scale = static_cast<float>(opt.rope_scale);
+  p.rope_theta = static_cast<float>(opt.rope_theta);
+  mode = opt.llama31 ? RopeMode::kLlama31 : RopeMode::kLinear;
+  if (opt.llama31) {
+    const double band = opt.high_freq_factor - opt.low_freq_factor;
+    p.smooth_a = static_cast<float>(opt.old_context_len / band);
+    p.smooth_b = static_cast<float>(-opt.low_freq_factor / band);
+  }
+  return p;
 }
 
 }  // namespace
@@ -116,13 +148,17 @@ void apply_rope_pos_ids(const TensorView& q, const TensorView& k, const TensorVi
   const int rd = check_common(q, k, q_rope, k_rope, opt);
   check_index("pos_ids", pos_ids, q.size(0), q.device);
   if (q.device.is_cuda()) {
-    launch(q, k, q_rope, k_rope, static_cast<const int*>(pos_ids.data), nullptr, nullptr, 0, opt, rd, stream);
+    RopeMode mode;
+    const RopeParams p = freq_params(opt, mode);
+    launch(p, mode, q, k, q_rope, k_rope, static_cast<const int*>(pos_ids.data), nullptr, nullptr, 0, opt.interleave, rd,
+           stream);
     return;
   }
   const int32_t* ids = static_cast<const int32_t*>(pos_ids.data);
   const std::vector<int64_t> pos(ids, ids + q.size(0));
-  rotate_cpu(q, q_rope, pos, opt, rd);
-  rotate_cpu(k, k_rope, pos, opt, rd);
+  const cpu::RopeAngles angles = cpu::rope_angles(cpu_rates(opt, rd));
+  cpu::rotate_rows(q, q_rope, pos, opt.interleave, rd, angles);
+  cpu::rotate_rows(k, k_rope, pos, opt.interleave, rd, angles);
 }
 
 void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_rope, const TensorView& k_rope,
@@ -137,8 +173,10 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ro
   if (q.device.is_cuda()) {
     // The GPU copies are not read back (that would synchronize): a row
     // outside indptr's range takes the first or last request's offset.
-    launch(q, k, q_rope, k_rope, nullptr, static_cast<const int*>(indptr.data), static_cast<const int*>(offsets.data),
-           batch, opt, rd, stream);
+    RopeMode mode;
+    const RopeParams p = freq_params(opt, mode);
+    launch(p, mode, q, k, q_rope, k_rope, nullptr, static_cast<const int*>(indptr.data),
+           static_cast<const int*>(offsets.data), batch, opt.interleave, rd, stream);
     return;
   }
   const int32_t* ip = static_cast<const int32_t*>(indptr.data);
@@ -149,8 +187,52 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ro
   std::vector<int64_t> pos(q.size(0));
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t n = ip[b]; n < ip[b + 1]; ++n) pos[n] = off[b] + (n - ip[b]);
-  rotate_cpu(q, q_rope, pos, opt, rd);
-  rotate_cpu(k, k_rope, pos, opt, rd);
+  const cpu::RopeAngles angles = cpu::rope_angles(cpu_rates(opt, rd));
+  cpu::rotate_rows(q, q_rope, pos, opt.interleave, rd, angles);
+  cpu::rotate_rows(k, k_rope, pos, opt.interleave, rd, angles);
+}
+
+void apply_rope_pos_ids_cos_sin_cache(const TensorView& q, const TensorView& k, const TensorView& q_rope,
+                                      const TensorView& k_rope, const TensorView& cos_sin_cache,
+                                      const TensorView& pos_ids, bool interleave, cudaStream_t stream) {
+  check_rows(q, k, q_rope, k_rope);
+  check_dim("cos_sin_cache", cos_sin_cache, 2);
+  if (cos_sin_cache.dtype != DType::kFloat32)
+    throw TypeMismatch(std::string("cos_sin_cache: expected float32, got ") + dtype_name(cos_sin_cache.dtype));
+  check_device("cos_sin_cache", cos_sin_cache, q.device);
+  check_last_dim_contiguous("cos_sin_cache", cos_sin_cache);
+  const int64_t d = q.size(2), rd = cos_sin_cache.size(1), rows = cos_sin_cache.size(0);
+  if (rd < 16 || rd > d || rd % 16 != 0)
+    throw InvalidArgument("cos_sin_cache: expected [max_pos, rotary_dim] with rotary_dim a multiple of 16 in [16, head_dim=" +
+                          str(d) + "], got " + cos_sin_cache.shape_str());
+  if (rows > 0 && cos_sin_cache.stride(0) < rd)
+    throw InvalidArgument("cos_sin_cache: expected rows that do not overlap, got row stride " +
+                          str(cos_sin_cache.stride(0)));
+  check_index("pos_ids", pos_ids, q.size(0), q.device);
+  if (q.device.is_cuda()) {
+    RopeParams p{};
+    p.rope_scale = p.rope_theta = 1.f;
+    p.cos_sin_cache = static_cast<const float*>(cos_sin_cache.data);
+    p.cache_stride = cos_sin_cache.stride(0);
+    p.cache_rows = rows;
+    launch(p, RopeMode::kCosSinCache, q, k, q_rope, k_rope, static_cast<const int*>(pos_ids.data), nullptr, nullptr, 0,
+           interleave, static_cast<int>(rd), stream);
+    return;
+  }
+  const int32_t* ids = static_cast<const int32_t*>(pos_ids.data);
+  const std::vector<int64_t> pos(ids, ids + q.size(0));
+  for (int64_t n = 0; n < q.size(0); ++n)
+    if (pos[n] < 0 || pos[n] >= rows)
+      throw InvalidArgument("pos_ids: expected positions in [0, " + str(rows) + ") (rows of cos_sin_cache), got " +
+                            str(pos[n]) + " at " + str(n));
+  const float* cache = static_cast<const float*>(cos_sin_cache.data);
+  const int64_t row_stride = cos_sin_cache.stride(0), half = rd / 2;
+  const cpu::RopeAngles angles = [=](int64_t at, std::span<double> cos, std::span<double> sin) {
+    const float* row = cache + at * row_stride;
+    for (int64_t j = 0; j < half; ++j) cos[j] = row[j], sin[j] = row[half + j];
+  };
+  cpu::rotate_rows(q, q_rope, pos, interleave, static_cast<int>(rd), angles);
+  cpu::rotate_rows(k, k_rope, pos, interleave, static_cast<int>(rd), angles);
 }
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <string>
 
 namespace tessera::reference {
@@ -30,6 +31,8 @@ void check_rope(const RopeOptions& r, int64_t head_dim) {
     throw InvalidArgument("rope_scale: expected a finite value > 0, got " + std::to_string(r.rope_scale));
   if (!(r.rope_theta > 0.0) || !std::isfinite(r.rope_theta))
     throw InvalidArgument("rope_theta: expected a finite value > 0, got " + std::to_string(r.rope_theta));
+  if (r.llama31 && !(r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor && r.old_context_len > 0.0))
+    throw InvalidArgument("low_freq_factor: expected 0 < low_freq_factor < high_freq_factor and old_context_len > 0");
 }
 
 // Where the tokens of one group live: token j's head h vector starts at
@@ -222,17 +225,65 @@ class RequestMasks {
 
 }  // namespace
 
+namespace {
+
+// Turns pair j of x by cos[j], sin[j], j < half.
+void turn_pairs(double* x, int64_t half, bool interleave, const double* cos, const double* sin) {
+  for (int64_t j = 0; j < half; ++j) {
+    double& a = interleave ? x[2 * j] : x[j];
+    double& b = interleave ? x[2 * j + 1] : x[j + half];
+    const double a0 = a, b0 = b;
+    a = a0 * cos[j] - b0 * sin[j];
+    b = b0 * cos[j] + a0 * sin[j];
+  }
+}
+
+}  // namespace
+
 void rope_rotate(double* x, int64_t head_dim, double pos, const RopeOptions& opt) {
   const int64_t dim = opt.rotary_dim < 0 ? head_dim : opt.rotary_dim, half = dim / 2;
+  std::vector<double> c(half), s(half);
   for (int64_t j = 0; j < half; ++j) {
-    const double angle = pos / opt.rope_scale * std::pow(opt.rope_theta, -2.0 * static_cast<double>(j) / dim);
-    const double c = std::cos(angle), s = std::sin(angle);
-    double& a = opt.interleave ? x[2 * j] : x[j];
-    double& b = opt.interleave ? x[2 * j + 1] : x[j + half];
-    const double a0 = a, b0 = b;
-    a = a0 * c - b0 * s;
-    b = b0 * c + a0 * s;
+    double freq = std::pow(opt.rope_theta, -2.0 * static_cast<double>(j) / dim);
+    if (!opt.llama31) {
+      freq /= opt.rope_scale;
+    } else {
+      const double wavelen = 2 * std::numbers::pi / freq;
+      if (wavelen > opt.old_context_len / opt.low_freq_factor) {
+        freq /= opt.rope_scale;
+      } else if (wavelen >= opt.old_context_len / opt.high_freq_factor) {
+        const double t = (opt.old_context_len / wavelen - opt.low_freq_factor) /
+                         (opt.high_freq_factor - opt.low_freq_factor);
+        freq = (1 - t) * freq / opt.rope_scale + t * freq;
+      }
+    }
+    c[j] = std::cos(pos * freq), s[j] = std::sin(pos * freq);
   }
+  turn_pairs(x, half, opt.interleave, c.data(), s.data());
+}
+
+std::vector<double> apply_rope_cos_sin(const TensorView& x, const std::vector<int64_t>& pos,
+                                       const std::vector<double>& cache, int64_t rotary_dim, bool interleave) {
+  check_host_float("x", x);
+  check_dim("x", x, 3);
+  const int64_t H = x.size(1), D = x.size(2);
+  if (rotary_dim < 2 || rotary_dim > D || rotary_dim % 2 != 0)
+    throw InvalidArgument("rotary_dim: expected an even number in [2, head_dim=" + str(D) + "], got " + str(rotary_dim));
+  if (static_cast<int64_t>(pos.size()) != x.size(0))
+    throw InvalidArgument("pos: expected one position per row (" + str(x.size(0)) + ")");
+  const int64_t rows = static_cast<int64_t>(cache.size()) / rotary_dim;
+  std::vector<double> out(x.size(0) * H * D);
+  for (int64_t n = 0; n < x.size(0); ++n) {
+    if (pos[n] < 0 || pos[n] >= rows)
+      throw InvalidArgument("pos: expected positions in [0, " + str(rows) + "), got " + str(pos[n]));
+    const double* row = &cache[pos[n] * rotary_dim];
+    for (int64_t h = 0; h < H; ++h) {
+      double* o = &out[(n * H + h) * D];
+      for (int64_t d = 0; d < D; ++d) o[d] = read(x.data, x.dtype, n * x.stride(0) + h * x.stride(1) + d * x.stride(2));
+      turn_pairs(o, rotary_dim / 2, interleave, row, row + rotary_dim / 2);
+    }
+  }
+  return out;
 }
 
 std::vector<double> apply_rope(const TensorView& x, const std::vector<int64_t>& pos, const RopeOptions& opt) {

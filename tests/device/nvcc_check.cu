@@ -197,10 +197,13 @@ __global__ void tile_transforms_k(const PPR p, int tid, int nthreads) {
 }
 template __global__ void tile_transforms_k<tessera::RowSwizzle>(const PPR, int, int);
 template __global__ void tile_transforms_k<tessera::Swizzle128>(const PPR, int, int);
-template <typename T, int D, bool IL>
-__global__ void rope_k(const tessera::RopeParams p) { tessera::apply_rope<T, D, IL>(p); }
-template __global__ void rope_k<tessera::half_t, 128, false>(const tessera::RopeParams);
-template __global__ void rope_k<tessera::bf16_t, 64, true>(const tessera::RopeParams);
+template <typename T, int D, bool IL, tessera::RopeMode M>
+__global__ void rope_k(const tessera::RopeParams p) { tessera::apply_rope<T, D, IL, M>(p); }
+template __global__ void rope_k<tessera::half_t, 128, false, tessera::RopeMode::kLinear>(const tessera::RopeParams);
+template __global__ void rope_k<tessera::bf16_t, 64, true, tessera::RopeMode::kLinear>(const tessera::RopeParams);
+template __global__ void rope_k<tessera::half_t, 256, true, tessera::RopeMode::kLlama31>(const tessera::RopeParams);
+template __global__ void rope_k<tessera::bf16_t, 128, false, tessera::RopeMode::kCosSinCache>(const tessera::RopeParams);
+template __global__ void rope_k<tessera::half_t, 64, true, tessera::RopeMode::kCosSinCache>(const tessera::RopeParams);
 
 // The built-in variants (device/variants/*.cuh, what the JIT includes by
 // name): each instantiated in a kernel over a parameter block carrying every

@@ -1,9 +1,10 @@
 // AttentionWrapper and the RoPE ops on a GPU, beyond the built-in matrix:
 // run()'s extras checks with real tensors, the custom-mask variant's bits as
 // a run() argument, a CUDA graph captured with extras and replayed after
-// re-plans, apply_rope / apply_rope_pos_ids against the reference (both
-// layouts, partial rotary_dim, in place), and fused RoPE decode against the
-// unfused pipeline (apply_rope on q and the cache, then plain decode).
+// re-plans, apply_rope / apply_rope_pos_ids (linear and Llama 3.1
+// frequencies) and apply_rope_pos_ids_cos_sin_cache against the reference
+// (both layouts, partial rotary_dim, in place), and fused RoPE decode against
+// the unfused pipeline (apply_rope on q and the cache, then plain decode).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -185,6 +186,7 @@ struct RopeGpuCase {
   DType dt;
   int D, rotary_dim;
   bool interleave, in_place, pos_ids;
+  bool llama31 = false;
 };
 
 class ApplyRopeGpu : public ::testing::TestWithParam<RopeGpuCase> {};
@@ -192,7 +194,14 @@ class ApplyRopeGpu : public ::testing::TestWithParam<RopeGpuCase> {};
 TEST_P(ApplyRopeGpu, MatchesReference) {
   SKIP_WITHOUT_GPU();
   const RopeGpuCase c = GetParam();
-  const RopeOptions o{c.rotary_dim, c.interleave, c.interleave ? 2.0 : 1.0, c.interleave ? 5e5 : 1e4};
+  RopeOptions o{c.rotary_dim, c.interleave, c.interleave ? 2.0 : 1.0, c.interleave ? 5e5 : 1e4};
+  if (c.llama31) {
+    // A short old context, so the positions here (up to ~1000) see all three
+    // bands: wavelengths above 600 scaled by 8, below 120 kept, between blended.
+    o.llama31 = true;
+    o.rope_scale = 8.0, o.rope_theta = 5e5;
+    o.low_freq_factor = 1.0, o.high_freq_factor = 5.0, o.old_context_len = 600.0;
+  }
   // Positions up to ~1000: float RoPE frequencies carry ~1e-7 relative
   // error (device/primitives/rope.cuh), ~1e-4 rad here, well inside fp16's
   // rounding of the result; far larger positions would measure that error.
@@ -204,7 +213,10 @@ TEST_P(ApplyRopeGpu, MatchesReference) {
   HostTensor q = make_host(c.dt, {nnz, 8, c.D}), k = make_host(c.dt, {nnz, 2, c.D});
   fill_random(q, 31, -3, 3);
   fill_random(k, 32, -3, 3);
-  const reference::RopeOptions ro{c.interleave, o.rope_scale, o.rope_theta, c.rotary_dim};
+  reference::RopeOptions ro{c.interleave, o.rope_scale, o.rope_theta, c.rotary_dim};
+  ro.llama31 = o.llama31;
+  ro.low_freq_factor = o.low_freq_factor, ro.high_freq_factor = o.high_freq_factor;
+  ro.old_context_len = o.old_context_len;
   const auto want_q = reference::apply_rope(q.view, pos, ro), want_k = reference::apply_rope(k.view, pos, ro);
   auto dq = to_device(q), dk = to_device(k);
   DeviceTensor qo = c.in_place ? to_device(q) : poisoned_like(q), ko = c.in_place ? to_device(k) : poisoned_like(k);
@@ -233,13 +245,100 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ApplyRopeGpu,
                                            RopeGpuCase{DType::kFloat16, 128, -1, true, true, false},
                                            RopeGpuCase{DType::kBFloat16, 64, 32, false, true, true},
                                            RopeGpuCase{DType::kBFloat16, 256, 128, true, false, false},
-                                           RopeGpuCase{DType::kFloat16, 64, -1, false, false, false}),
+                                           RopeGpuCase{DType::kFloat16, 64, -1, false, false, false},
+                                           RopeGpuCase{DType::kFloat16, 128, -1, false, false, true, true},
+                                           RopeGpuCase{DType::kBFloat16, 128, 64, true, true, true, true},
+                                           RopeGpuCase{DType::kFloat16, 256, 128, false, true, false, true},
+                                           RopeGpuCase{DType::kBFloat16, 64, -1, true, false, false, true}),
                          [](const auto& info) {
                            const RopeGpuCase& c = info.param;
                            return std::string(dtype_name(c.dt)) + "_d" + std::to_string(c.D) + "_rd" +
                                   std::to_string(c.rotary_dim < 0 ? c.D : c.rotary_dim) +
                                   (c.interleave ? "_interleave" : "_half") + (c.in_place ? "_inplace" : "") +
-                                  (c.pos_ids ? "_pos_ids" : "_indptr");
+                                  (c.pos_ids ? "_pos_ids" : "_indptr") + (c.llama31 ? "_llama31" : "");
+                         });
+
+struct RopeCacheGpuCase {
+  DType dt;
+  int D, rotary_dim;
+  bool interleave, in_place;
+};
+
+class ApplyRopeCosSinCacheGpu : public ::testing::TestWithParam<RopeCacheGpuCase> {};
+
+// The cache holds arbitrary values (not unit cos/sin pairs), so a column read
+// from the wrong place shows; a row past the cache (last position) must come
+// out NaN in its rotated features and unchanged beyond rotary_dim.
+TEST_P(ApplyRopeCosSinCacheGpu, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const RopeCacheGpuCase c = GetParam();
+  const int64_t nnz = 301, rows = 1100, rd = c.rotary_dim;
+  std::mt19937_64 rng(c.D * 3 + rd + c.interleave);
+  std::vector<int64_t> pos(nnz);
+  for (int64_t n = 0; n < nnz; ++n) pos[n] = static_cast<int64_t>(rng() % rows);
+  pos[7] = 0, pos[8] = rows - 1;
+  HostTensor q = make_host(c.dt, {nnz, 8, c.D}), k = make_host(c.dt, {nnz, 2, c.D});
+  fill_random(q, 41, -3, 3);
+  fill_random(k, 42, -3, 3);
+  // A padded row stride (rd + 16 floats): rows need not be contiguous.
+  const int64_t stride = rd + 16;
+  HostTensor cache = make_host(DType::kFloat32, {rows, stride});
+  std::vector<double> dense(rows * rd);
+  std::uniform_real_distribution<float> u(-1.25f, 1.25f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < stride; ++j) {
+      const float v = u(rng);
+      reinterpret_cast<float*>(cache.storage.data())[r * stride + j] = v;
+      if (j < rd) dense[r * rd + j] = v;
+    }
+  HostTensor cache_view = cache;
+  cache_view.view.shape = {rows, rd};
+  cache_view.view.strides = {stride, 1};
+  const auto want_q = reference::apply_rope_cos_sin(q.view, pos, dense, rd, c.interleave);
+  const auto want_k = reference::apply_rope_cos_sin(k.view, pos, dense, rd, c.interleave);
+  auto dq = to_device(q), dk = to_device(k), dcache = to_device(cache_view);
+  DeviceTensor qo = c.in_place ? to_device(q) : poisoned_like(q), ko = c.in_place ? to_device(k) : poisoned_like(k);
+  const TensorView& qin = c.in_place ? qo.view : dq.view;
+  const TensorView& kin = c.in_place ? ko.view : dk.view;
+  HostTensor ids = make_host(DType::kInt32, {nnz});
+  for (int64_t n = 0; n < nnz; ++n) reinterpret_cast<int32_t*>(ids.storage.data())[n] = static_cast<int32_t>(pos[n]);
+  auto d_ids = to_device(ids);
+  apply_rope_pos_ids_cos_sin_cache(qin, kin, qo.view, ko.view, dcache.view, d_ids.view, c.interleave);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(compare(to_doubles(to_host(qo, q).view), want_q), c.dt);
+  EXPECT_CLOSE(compare(to_doubles(to_host(ko, k).view), want_k), c.dt);
+
+  // Position `rows` (one past the cache) on row 0: NaN where rotated, the input beyond.
+  reinterpret_cast<int32_t*>(ids.storage.data())[0] = static_cast<int32_t>(rows);
+  auto d_far = to_device(ids);
+  DeviceTensor qf = poisoned_like(q), kf = poisoned_like(k);
+  apply_rope_pos_ids_cos_sin_cache(dq.view, dk.view, qf.view, kf.view, dcache.view, d_far.view, c.interleave);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const HostTensor hq = to_host(qf, q);
+  for (int64_t h = 0; h < 8; ++h)
+    for (int64_t d = 0; d < c.D; ++d) {
+      const float got = load(hq.view, {0, h, d});
+      if (d < rd) EXPECT_TRUE(std::isnan(got)) << "head " << h << " feature " << d;
+      else EXPECT_EQ(got, load(q.view, {0, h, d})) << "head " << h << " feature " << d;
+    }
+  const auto rest = to_doubles(hq.view);
+  const size_t row = static_cast<size_t>(8 * c.D);
+  EXPECT_CLOSE(compare(std::vector<double>(rest.begin() + row, rest.end()),
+                       std::vector<double>(want_q.begin() + row, want_q.end())),
+               c.dt);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ApplyRopeCosSinCacheGpu,
+                         ::testing::Values(RopeCacheGpuCase{DType::kFloat16, 128, 128, false, false},
+                                           RopeCacheGpuCase{DType::kFloat16, 128, 64, true, true},
+                                           RopeCacheGpuCase{DType::kBFloat16, 64, 32, false, true},
+                                           RopeCacheGpuCase{DType::kBFloat16, 256, 256, true, false},
+                                           RopeCacheGpuCase{DType::kFloat16, 256, 96, false, false}),
+                         [](const auto& info) {
+                           const RopeCacheGpuCase& c = info.param;
+                           return std::string(dtype_name(c.dt)) + "_d" + std::to_string(c.D) + "_rd" +
+                                  std::to_string(c.rotary_dim) + (c.interleave ? "_interleave" : "_half") +
+                                  (c.in_place ? "_inplace" : "");
                          });
 
 // Fused RoPE decode == apply_rope on q (at kv_len - 1) and on every cached

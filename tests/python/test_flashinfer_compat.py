@@ -138,13 +138,16 @@ def test_append_paged_kv_cache_reads_int64_indices_like_int32(rng):
 
 
 def test_get_batch_indices_positions_outputs_and_padding():
-    """FlashInfer's optional int32 outputs, written in place; entries past append_indptr[-1] get (-1, 0)."""
+    """FlashInfer's optional int32 outputs, written in place; entries past append_indptr[-1] get (-1, 0), except
+    that a given positions buffer keeps its values there (FlashInfer resets only batch_indices)."""
     append_indptr, seq_lens = np.array([0, 2, 2, 5], np.int64), np.array([10, 4, 3], np.int64)
     batch, positions = np.full(7, 99, np.int32), np.full(7, 99, np.int32)
     got = tessera.get_batch_indices_positions(append_indptr, seq_lens, 7, batch, positions)
     assert got[0] is batch and got[1] is positions
     np.testing.assert_array_equal(batch, [0, 0, 2, 2, 2, -1, -1])
-    np.testing.assert_array_equal(positions, [8, 9, 0, 1, 2, 0, 0])
+    np.testing.assert_array_equal(positions, [8, 9, 0, 1, 2, 99, 99])
+    np.testing.assert_array_equal(tessera.get_batch_indices_positions(append_indptr, seq_lens, 7)[1],
+                                  [8, 9, 0, 1, 2, 0, 0])
     only_positions = np.zeros(5, np.int32)
     b, p = tessera.get_batch_indices_positions(append_indptr, seq_lens, 5, positions=only_positions)
     assert p is only_positions and b.dtype == np.int32
@@ -466,7 +469,10 @@ def test_gpu_batch_indices_positions_outputs(torch_cuda):
     positions = torch.full((7,), 99, dtype=torch.int32, device="cuda")
     got = tessera.get_batch_indices_positions(append_indptr, seq_lens, 7, batch, positions)
     assert got[0] is batch and got[1] is positions
-    assert batch.tolist() == [0, 0, 2, 2, 2, -1, -1] and positions.tolist() == [8, 9, 0, 1, 2, 0, 0]
+    # FlashInfer fills a given batch_indices with -1 first but leaves a given positions' padding as it was.
+    assert batch.tolist() == [0, 0, 2, 2, 2, -1, -1] and positions.tolist() == [8, 9, 0, 1, 2, 99, 99]
+    _, fresh = tessera.get_batch_indices_positions(append_indptr, seq_lens, 7)
+    assert fresh.tolist() == [8, 9, 0, 1, 2, 0, 0]
 
 
 def test_decode_fixed_split_size_values():

@@ -208,6 +208,21 @@ FLASHINFER = {
         "q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=10000.0"),
     ("rope", "apply_rope_pos_ids_inplace"): (
         "q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=10000.0"),
+    ("rope", "apply_llama31_rope"): (
+        "q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, "
+        "low_freq_factor=1, high_freq_factor=4, old_context_len=8192"),
+    ("rope", "apply_llama31_rope_inplace"): (
+        "q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, "
+        "low_freq_factor=1, high_freq_factor=4, old_context_len=8192"),
+    ("rope", "apply_llama31_rope_pos_ids"): (
+        "q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, "
+        "low_freq_factor=1, high_freq_factor=4, old_context_len=8192"),
+    ("rope", "apply_llama31_rope_pos_ids_inplace"): (
+        "q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=500000.0, "
+        "low_freq_factor=1, high_freq_factor=4, old_context_len=8192"),
+    ("rope", "apply_rope_with_cos_sin_cache"): "positions, query, key, head_size, cos_sin_cache, is_neox=True",
+    ("rope", "apply_rope_with_cos_sin_cache_inplace"): (
+        "positions, query, key, head_size, cos_sin_cache, is_neox=True"),
     # flashinfer.quantization
     ("quantization", "packbits"): "x, bitorder='big'",
     ("quantization", "segment_packbits"): "x, indptr, bitorder='big'",
@@ -296,7 +311,9 @@ TOP_LEVEL = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper"
              "BatchAttention", "VariableBlockSparseAttentionWrapper", "PODWithPagedKVCacheWrapper",
              "merge_state", "merge_state_in_place", "merge_states", "append_paged_kv_cache",
              "get_batch_indices_positions", "get_seq_lens", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
-             "apply_rope_pos_ids_inplace", "packbits", "segment_packbits"]
+             "apply_rope_pos_ids_inplace", "apply_llama31_rope", "apply_llama31_rope_inplace",
+             "apply_llama31_rope_pos_ids", "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
+             "apply_rope_with_cos_sin_cache_inplace", "packbits", "segment_packbits"]
 
 # Methods and attributes of FlashInfer's wrappers that Tessera implements.
 METHODS = {

@@ -29,6 +29,14 @@ struct RopeOptions {
   double rope_scale = 1.0;
   double rope_theta = 1e4;
   int64_t rotary_dim = -1;
+  // Llama 3.1 (Hugging Face's "llama3" rope_type): with wavelength w = 2 pi /
+  // rope_theta^(-2j / rotary_dim), a pair keeps its frequency when w <
+  // old_context_len / high_freq_factor, divides it by rope_scale when w >
+  // old_context_len / low_freq_factor, and in between takes (1 - t) / rope_scale
+  // + t of it, t = (old_context_len / w - low_freq_factor) / (high_freq_factor
+  // - low_freq_factor).
+  bool llama31 = false;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0, old_context_len = 8192.0;
 };
 // Rotates x[0 .. head_dim) (in place) as a row at position pos.
 void rope_rotate(double* x, int64_t head_dim, double pos, const RopeOptions& opt);
@@ -111,5 +119,10 @@ void dense_attention(const std::vector<double>& q, const std::vector<double>& k,
 // (host, fp16/bf16/fp32) rotated row by row at positions pos[nnz]; returns
 // [nnz, heads, head_dim] doubles.
 std::vector<double> apply_rope(const TensorView& x, const std::vector<int64_t>& pos, const RopeOptions& opt);
+// apply_rope_pos_ids_cos_sin_cache reference: pair j of a row at position p
+// turns by the angle whose cosine is cache[p * rotary_dim + j] and sine
+// cache[p * rotary_dim + rotary_dim / 2 + j] (cache [max_pos, rotary_dim]).
+std::vector<double> apply_rope_cos_sin(const TensorView& x, const std::vector<int64_t>& pos,
+                                       const std::vector<double>& cache, int64_t rotary_dim, bool interleave);
 
 }  // namespace tessera::reference

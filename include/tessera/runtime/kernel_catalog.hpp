@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/abi/rope_params.cuh"
 #include "tessera/core/dtype.hpp"
 #include "tessera/runtime/jit.hpp"
 
@@ -188,8 +189,9 @@ jit::KernelSource append_paged_kv(DType kv_dtype);
 jit::KernelSource append_paged_kv(DType rows, DType cache);
 // Custom masks: a plan's work items trimmed to their visible KV tiles (BatchPrefill::run).
 jit::KernelSource trim_masked_items();
-// Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256.
-jit::KernelSource apply_rope(DType dtype, int head_dim, bool interleave);
+// Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256; mode:
+// where the angles come from (linear, Llama 3.1 or a cos/sin cache).
+jit::KernelSource apply_rope(DType dtype, int head_dim, bool interleave, RopeMode mode = RopeMode::kLinear);
 // Every built-in kernel (all dtypes, head dims and built-in variants).
 std::vector<jit::KernelSource> builtin_kernels();
 }  // namespace catalog

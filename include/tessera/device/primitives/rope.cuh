@@ -4,10 +4,18 @@
 //
 // Feature pair j of the first rotary_dim features turns by pos * freq_j
 // radians, freq_j = rope_theta^(-2j / rotary_dim) / rope_scale (rope_scale
-// stretches positions, "linear" scaling). Pairs are (j, j + rotary_dim / 2)
-// (half-split, GPT-NeoX / Llama layout) or (2j, 2j + 1) (interleaved, GPT-J
-// layout). The pair's first feature becomes x cos - partner sin, the second
-// x cos + partner sin.
+// stretches positions, "linear" scaling). Llama 3.1 scaling
+// (rope_llama31_turns) divides only the low frequencies by rope_scale: with
+// f_j = rope_theta^(-2j / rotary_dim) / (2 pi) in turns per position,
+// s = clamp(f_j * smooth_a + smooth_b, 0, 1) and the frequency becomes
+// f_j * ((1 - s) / rope_scale + s), where smooth_a = old_context_len /
+// (high_freq_factor - low_freq_factor) and smooth_b = -low_freq_factor /
+// (high_freq_factor - low_freq_factor): wavelengths above old_context_len /
+// low_freq_factor are stretched, those below old_context_len /
+// high_freq_factor kept, the band between blended. Pairs are (j, j +
+// rotary_dim / 2) (half-split, GPT-NeoX / Llama layout) or (2j, 2j + 1)
+// (interleaved, GPT-J layout). The pair's first feature becomes x cos -
+// partner sin, the second x cos + partner sin.
 //
 // Precision: angles reach thousands of radians, where a float product
 // pos * freq alone would be off by ~1e-4 rad. Angles are carried in turns and
@@ -36,6 +44,13 @@ struct RopeFreqs {
   __device__ __forceinline__ float turns(int j) const { return exp2f(static_cast<float>(j) * log2_step) * turns_per_pos; }
 };
 
+// Llama 3.1 scaling of a frequency f (turns per position, without
+// rope_scale: RopeFreqs(1, rope_theta, rotary_dim).turns(j)); see above.
+__device__ __forceinline__ float rope_llama31_turns(float f, float smooth_a, float smooth_b, float rcp_scale) {
+  const float s = fminf(fmaxf(fmaf(f, smooth_a, smooth_b), 0.f), 1.f);
+  return f * fmaf(1.f - s, rcp_scale, s);
+}
+
 // sin and cos of 2 pi * pos * turns, with pos * turns reduced exactly (see above).
 __device__ __forceinline__ void rope_sincos(float turns, int pos, float& s, float& c) {
   const float p = static_cast<float>(pos);  // exact below 2^24
@@ -56,12 +71,18 @@ __device__ __forceinline__ bool rope_first(int f, int rotary_dim) {
   return INTERLEAVE ? (f & 1) == 0 : f < rotary_dim / 2;
 }
 
+// Feature x of a pair turned by the angle of cosine c and sine s, its
+// partner holding `partner`; first: x is the pair's first feature.
+__device__ __forceinline__ float rope_turn(float x, float partner, float c, float s, bool first) {
+  return first ? x * c - partner * s : x * c + partner * s;
+}
+
 // Feature f of a row at position pos, its pair partner holding `partner`.
 template <bool INTERLEAVE>
 __device__ __forceinline__ float rope_rotate(const RopeFreqs& fr, float x, float partner, int pos, int f, int rotary_dim) {
   float s, c;
   rope_sincos(fr.turns(rope_pair<INTERLEAVE>(f, rotary_dim)), pos, s, c);
-  return rope_first<INTERLEAVE>(f, rotary_dim) ? x * c - partner * s : x * c + partner * s;
+  return rope_turn(x, partner, c, s, rope_first<INTERLEAVE>(f, rotary_dim));
 }
 
 #endif

@@ -1,6 +1,9 @@
-// Standalone RoPE (FlashInfer's apply_rope / apply_rope_pos_ids): rotates
-// the rows of q and k with the same math as the fused RoPE variants
-// (primitives/rope.cuh), out of place or in place.
+// Standalone RoPE (FlashInfer's apply_rope / apply_rope_pos_ids, their
+// Llama 3.1 forms and apply_rope_pos_ids_cos_sin_cache): rotates the rows of
+// q and k with the same math as the fused RoPE variants (primitives/rope.cuh),
+// out of place or in place. MODE (abi/rope_params.cuh) picks where the angles
+// come from: computed (linear or Llama 3.1 frequencies) or read from a float32
+// cos/sin cache. Each pair's cos and sin are found once.
 //
 // Thread mapping: one thread per 16-byte chunk of one (row, head), q heads
 // then k heads, in a grid-stride loop. Half-split pairs live in different
@@ -19,13 +22,14 @@ namespace tessera {
 
 constexpr int kRopeThreads = 256;
 
-template <typename T, int HEAD_DIM, bool INTERLEAVE>
+template <typename T, int HEAD_DIM, bool INTERLEAVE, RopeMode MODE = RopeMode::kLinear>
 __device__ __forceinline__ void apply_rope(const RopeParams& p) {
   constexpr int CH = HEAD_DIM / 8;
   const int heads = p.num_q_heads + p.num_k_heads;
   const i64 per_row = static_cast<i64>(heads) * CH, total = p.nnz * per_row;
   const int rot_ch = p.rotary_dim / 8, half_ch = rot_ch / 2;
-  const RopeFreqs fr(p.rope_scale, p.rope_theta, p.rotary_dim);
+  // Llama 3.1 scales f_j itself (rope_llama31_turns), so its base has no rope_scale.
+  const RopeFreqs fr(MODE == RopeMode::kLlama31 ? 1.f : p.rope_scale, p.rope_theta, p.rotary_dim);
   const i64 step = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 t = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
     const i64 n = t / per_row;
@@ -48,18 +52,41 @@ __device__ __forceinline__ void apply_rope(const RopeParams& p) {
       const int b = find_request(p.indptr, p.batch, static_cast<int>(n));
       pos = p.offsets[b] + static_cast<int>(n) - p.indptr[b];
     }
+    // cos and sin of pair j's angle.
+    auto angle = [&](int j, float& cs, float& sn) {
+      if constexpr (MODE == RopeMode::kCosSinCache) {
+        if (pos >= 0 && pos < p.cache_rows) {
+          const float* row = p.cos_sin_cache + static_cast<i64>(pos) * p.cache_stride;
+          cs = __ldg(row + j);
+          sn = __ldg(row + p.rotary_dim / 2 + j);
+        } else {
+          cs = sn = __int_as_float(0x7fffffff);  // NaN: a position outside the cache
+        }
+      } else if constexpr (MODE == RopeMode::kLlama31) {
+        rope_sincos(rope_llama31_turns(fr.turns(j), p.smooth_a, p.smooth_b, 1.f / p.rope_scale), pos, sn, cs);
+      } else {
+        rope_sincos(fr.turns(j), pos, sn, cs);
+      }
+    };
     float a[8], ra[8];
     load_vec<8>(src + c * 8, a);
     if constexpr (INTERLEAVE) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ra[i] = rope_rotate<true>(fr, a[i], a[i ^ 1], pos, c * 8 + i, p.rotary_dim);
+      for (int i = 0; i < 8; i += 2) {
+        float cs, sn;
+        angle((c * 8 + i) >> 1, cs, sn);
+        ra[i] = rope_turn(a[i], a[i + 1], cs, sn, true);
+        ra[i + 1] = rope_turn(a[i + 1], a[i], cs, sn, false);
+      }
     } else {
       float b[8], rb[8];
       load_vec<8>(src + (c + half_ch) * 8, b);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        ra[i] = rope_rotate<false>(fr, a[i], b[i], pos, c * 8 + i, p.rotary_dim);
-        rb[i] = rope_rotate<false>(fr, b[i], a[i], pos, (c + half_ch) * 8 + i, p.rotary_dim);
+        float cs, sn;
+        angle(c * 8 + i, cs, sn);
+        ra[i] = rope_turn(a[i], b[i], cs, sn, true);
+        rb[i] = rope_turn(b[i], a[i], cs, sn, false);
       }
       store_vec<8>(dst + (c + half_ch) * 8, rb);
     }
