@@ -193,7 +193,10 @@ DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int s
   if (tile < 0 || stages < 0 || stages == 1) throw InvalidArgument("tile/stages: expected 0 (heuristic), tile >= 1, stages >= 2");
   if (heads_per_thread < 0 || heads_per_thread > 4)
     throw InvalidArgument("heads_per_thread: expected 0 (heuristic) or 1..4, got " + std::to_string(heads_per_thread));
-  c.heads_per_thread = heads_per_thread ? heads_per_thread : 4;
+  // fp8 caches: 2 query heads per thread. Widening fp8 costs registers per
+  // head group, and at 4 heads the kernel held fewer CTAs per SM; 2 measured
+  // 7-13% faster on GQA 32/8 (bench/decode.py --fp8, the fp8-h2 rows).
+  c.heads_per_thread = heads_per_thread ? heads_per_thread : (is_fp8(spec.kv_dtype) ? 2 : 4);
   c.tile = tile ? tile : std::max(16, 16384 / (spec.head_dim * elem * 2));
   c.stages = stages ? stages : 2;  // 2 x 16 KB: more CTAs per SM beat deeper pipelines (bench/decode_sweep.py)
   // The kernel's own geometry (DecodeShape; abi/shared_memory.cuh).

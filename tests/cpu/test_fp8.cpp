@@ -149,7 +149,10 @@ TEST(Fp8Validation, DecodeTile) {
       EXPECT_LE(f8.smem_bytes, 40000) << d << " " << g;
     }
   const jit::KernelSource src = catalog::batch_decode(fp8_spec(DType::kBFloat16, kE5M2, 128), 4);
-  EXPECT_EQ(src.entry, "tessera_decode_" + variants::standard().name + "_bf16_e5m2_bf16_d128_g4_t64_s2");
+  // fp8 caches default to 2 query heads per thread (the _h2 suffix); 16-bit ones to 4.
+  EXPECT_EQ(src.entry, "tessera_decode_" + variants::standard().name + "_bf16_e5m2_bf16_d128_g4_t64_s2_h2");
+  EXPECT_EQ(catalog::decode_config(fp8_spec(DType::kFloat16, kE4M3, 128), 4).heads_per_thread, 2);
+  EXPECT_EQ(catalog::decode_config(fp8_spec(DType::kFloat16, DType::kFloat16, 128), 4).heads_per_thread, 4);
   EXPECT_NE(src.source.find("tessera::fp8_e5m2_t"), std::string::npos);
 }
 
