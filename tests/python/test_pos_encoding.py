@@ -107,18 +107,20 @@ def test_rope_argument_errors():
 
 
 POS_MODES = ["ROPE_LLAMA", "ALIBI"]
+# (mode, rope_scale, rope_theta) of the GPU tests: RoPE at FlashInfer's defaults and at other values, ALiBi.
+POS_CASES = [("ROPE_LLAMA", None, None), ("ROPE_LLAMA", 4.0, 1e6), ("ALIBI", None, None)]
 OPTION_SETS = [(-1, 0.0), (12, 0.0), (-1, 5.0), (20, 5.0)]  # (window_left, logits_soft_cap)
 
 
-def pos_kwargs(mode):
-    return dict(pos_encoding_mode=mode) if mode == "ALIBI" else rope_kwargs(2.0, 5e5)
+def pos_kwargs(mode, rope_scale=2.0, rope_theta=5e5):
+    return dict(pos_encoding_mode=mode) if mode == "ALIBI" else rope_kwargs(rope_scale, rope_theta)
 
 
-def ref_pos(q, k, v, mode, causal, window_left=-1, logits_soft_cap=0.0):
+def ref_pos(q, k, v, mode, causal, window_left=-1, logits_soft_cap=0.0, rope_scale=2.0, rope_theta=5e5):
     """One request's float64 (o, lse) with `mode` (pos_kwargs's parameters), a window and a soft cap."""
     slopes = None
     if mode == "ROPE_LLAMA":
-        q, k = rope_request(np.asarray(q, np.float64), np.asarray(k, np.float64), 2.0, 5e5)
+        q, k = rope_request(np.asarray(q, np.float64), np.asarray(k, np.float64), rope_scale, rope_theta)
     else:
         slopes = tessera.variants.alibi_slopes(q.shape[1]).astype(np.float64)
     return ref_request(q, k, v, causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
@@ -155,61 +157,6 @@ def test_single_prefill_pos_options_cpu(rng, mode, window_left, cap, causal):
 
 
 # ======================================================================= GPU
-@pytest.mark.parametrize("use_tensor_cores", [False, True])
-@pytest.mark.parametrize("dtype, page_size, layout, rope_scale, rope_theta", [
-    ("float16", 16, "NHD", None, None), ("bfloat16", 1, "HND", 2.0, 5e5), ("float16", 1, "NHD", 4.0, 1e6)])
-def test_batch_decode_rope_gpu(torch_cuda, rng, poison, use_tensor_cores, dtype, page_size, layout, rope_scale,
-                               rope_theta):
-    torch = torch_cuda
-    tdt = getattr(torch, dtype)
-    hq, d = 4 * HKV, 128
-    lens = [0, 1, 37, 300, 1500]
-    table = make_table(rng, lens, page_size)
-    cache, k, v = random_cache(torch, rng, layout, table[3], page_size, d, tdt, False)
-    q = uniform(torch, rng, (len(lens), hq, d), tdt, -2.0, 2.0)
-    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, use_tensor_cores=use_tensor_cores)
-    w._cuda_cores = not use_tensor_cores
-    w.plan(*(torch.from_numpy(x) for x in table[:3]), hq, HKV, d, page_size, q_data_type=tdt,
-           **rope_kwargs(rope_scale, rope_theta))
-    o, lse = w.run(q, cache, return_lse=True)
-    torch.cuda.synchronize()
-    kn, vn, qn = to_np(k), to_np(v), to_np(q)
-    ref_o, ref_lse = np.zeros(qn.shape), np.full(qn.shape[:2], -np.inf)
-    for b in range(len(lens)):
-        kb, vb = gather_pages(kn, vn, layout, table, page_size, b)
-        if len(kb):
-            qr, kr = rope_request(qn[b][None], kb, rope_scale, rope_theta)
-            ref_o[b], ref_lse[b] = ref_decode(qr[0], kr, vb)
-    check(o, lse, ref_o, ref_lse, dtype)
-    # Bitwise the same on a second run.
-    o2 = w.run(q, cache)
-    assert torch.equal(o, o2)
-
-
-@pytest.mark.parametrize("kind", ["paged", "ragged"])
-@pytest.mark.parametrize("backend", ["fa2", "auto"])
-@pytest.mark.parametrize("dtype, causal, rope_scale, rope_theta", [
-    ("float16", True, None, None), ("bfloat16", True, 2.0, 5e5), ("float16", False, 1.0, 1e6)])
-def test_batch_prefill_rope_gpu(torch_cuda, rng, poison, kind, backend, dtype, causal, rope_scale, rope_theta):
-    torch = torch_cuda
-    tdt = getattr(torch, dtype)
-    hq, d, page_size = 4 * HKV, 128, 16
-    q_lens, kv_lens = zip(*[(0, 10), (1, 300), (37, 37), (100, 190), (64, 577)])
-    qo = indptr_of(q_lens)
-    q = uniform(torch, rng, (int(qo[-1]), hq, d), tdt, -2.0, 2.0)
-    o, lse, kv_of = run_batch(torch, rng, q, qo, kv_lens, hq, d, tdt, page_size if kind == "paged" else 0,
-                              dict(causal=causal, **rope_kwargs(rope_scale, rope_theta)), dict(backend=backend))
-    torch.cuda.synchronize()
-    qn = to_np(q)
-    ref_o, ref_lse = np.zeros(qn.shape), np.full(qn.shape[:2], -np.inf)
-    for i in range(len(q_lens)):
-        a, b = qo[i], qo[i + 1]
-        kb, vb = kv_of(i)
-        qr, kr = rope_request(qn[a:b], kb, rope_scale, rope_theta)
-        ref_o[a:b], ref_lse[a:b] = ref_batch(qr, [0, b - a], lambda _: (kr, vb), causal)
-    check(o, lse, ref_o, ref_lse, dtype)
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_single_rope_gpu_matches_cpu(torch_cuda, rng, dtype):
     """single_decode / single_prefill with ROPE_LLAMA: the GPU kernels against the CPU reference path."""
@@ -229,12 +176,12 @@ def test_single_rope_gpu_matches_cpu(torch_cuda, rng, dtype):
 
 
 @pytest.mark.parametrize("use_tensor_cores", [False, True])
-@pytest.mark.parametrize("mode", POS_MODES)
+@pytest.mark.parametrize("mode, rope_scale, rope_theta", POS_CASES)
 @pytest.mark.parametrize("dtype, page_size, layout, window_left, cap", [
     ("float16", 16, "NHD", -1, 0.0), ("bfloat16", 1, "HND", 100, 0.0), ("float16", 8, "HND", -1, 30.0),
     ("float16", 16, "NHD", 200, 30.0)])
-def test_batch_decode_pos_options_gpu(torch_cuda, rng, poison, use_tensor_cores, mode, dtype, page_size, layout,
-                                      window_left, cap):
+def test_batch_decode_pos_options_gpu(torch_cuda, rng, poison, use_tensor_cores, mode, rope_scale, rope_theta, dtype,
+                                      page_size, layout, window_left, cap):
     torch = torch_cuda
     tdt = getattr(torch, dtype)
     hq, d = 4 * HKV, 128
@@ -245,7 +192,7 @@ def test_batch_decode_pos_options_gpu(torch_cuda, rng, poison, use_tensor_cores,
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, use_tensor_cores=use_tensor_cores)
     w._cuda_cores = not use_tensor_cores
     w.plan(*(torch.from_numpy(x) for x in table[:3]), hq, HKV, d, page_size, q_data_type=tdt,
-           window_left=window_left, logits_soft_cap=cap or None, **pos_kwargs(mode))
+           window_left=window_left, logits_soft_cap=cap or None, **pos_kwargs(mode, rope_scale, rope_theta))
     o, lse = w.run(q, cache, return_lse=True)
     torch.cuda.synchronize()
     kn, vn, qn = to_np(k), to_np(v), to_np(q)
@@ -253,7 +200,7 @@ def test_batch_decode_pos_options_gpu(torch_cuda, rng, poison, use_tensor_cores,
     for b in range(len(lens)):
         kb, vb = gather_pages(kn, vn, layout, table, page_size, b)
         if len(kb):
-            ro, rl = ref_pos(qn[b][None], kb, vb, mode, False, window_left, cap)
+            ro, rl = ref_pos(qn[b][None], kb, vb, mode, False, window_left, cap, rope_scale, rope_theta)
             ref_o[b], ref_lse[b] = ro[0], rl[0]
     check(o, lse, ref_o, ref_lse, dtype)
     assert torch.equal(o, w.run(q, cache))  # bitwise the same on a second run
@@ -261,10 +208,11 @@ def test_batch_decode_pos_options_gpu(torch_cuda, rng, poison, use_tensor_cores,
 
 @pytest.mark.parametrize("kind", ["paged", "ragged"])
 @pytest.mark.parametrize("backend", ["fa2", "auto"])
-@pytest.mark.parametrize("mode", POS_MODES)
+@pytest.mark.parametrize("mode, rope_scale, rope_theta", POS_CASES)
 @pytest.mark.parametrize("dtype, causal, window_left, cap", [
     ("float16", True, -1, 0.0), ("bfloat16", True, 64, 30.0), ("float16", False, -1, 30.0)])
-def test_batch_prefill_pos_options_gpu(torch_cuda, rng, poison, kind, backend, mode, dtype, causal, window_left, cap):
+def test_batch_prefill_pos_options_gpu(torch_cuda, rng, poison, kind, backend, mode, rope_scale, rope_theta, dtype,
+                                       causal, window_left, cap):
     torch = torch_cuda
     tdt = getattr(torch, dtype)
     hq, d, page_size = 4 * HKV, 128, 16
@@ -273,14 +221,14 @@ def test_batch_prefill_pos_options_gpu(torch_cuda, rng, poison, kind, backend, m
     q = uniform(torch, rng, (int(qo[-1]), hq, d), tdt, -2.0, 2.0)
     o, lse, kv_of = run_batch(torch, rng, q, qo, kv_lens, hq, d, tdt, page_size if kind == "paged" else 0,
                               dict(causal=causal, window_left=window_left, logits_soft_cap=cap or None,
-                                   **pos_kwargs(mode)), dict(backend=backend))
+                                   **pos_kwargs(mode, rope_scale, rope_theta)), dict(backend=backend))
     torch.cuda.synchronize()
     qn = to_np(q)
     ref_o, ref_lse = np.zeros(qn.shape), np.full(qn.shape[:2], -np.inf)
     for i in range(len(q_lens)):
         a, b = qo[i], qo[i + 1]
         kb, vb = kv_of(i)
-        ref_o[a:b], ref_lse[a:b] = ref_pos(qn[a:b], kb, vb, mode, causal, window_left, cap)
+        ref_o[a:b], ref_lse[a:b] = ref_pos(qn[a:b], kb, vb, mode, causal, window_left, cap, rope_scale, rope_theta)
     check(o, lse, ref_o, ref_lse, dtype)
 
 
