@@ -166,8 +166,12 @@ inline TaskInfo prefill_task(int num_qo_heads, int num_kv_heads, int page_size, 
 // tile: (cta_kv, warps_q, warps_kv, stages), PrefillTile's fields (0: heuristic).
 using TileArg = std::tuple<int, int, int, int>;
 
-inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const TileArg& tile = {}, int cluster = 0) {
+// split_kv / fixed_chunk: the planner's (PlannerOptions; fixed_chunk in keys, 0: off).
+inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const TileArg& tile = {}, int cluster = 0,
+                                      bool split_kv = true, int fixed_chunk = 0) {
   PrefillOptions opt;
+  opt.planner.split_kv = split_kv;
+  opt.planner.fixed_chunk = fixed_chunk;
   opt.cta_q = cta_q;
   opt.max_sms = max_sms;
   opt.cluster = cluster;

@@ -76,13 +76,6 @@ def fixed_split_size_arg(fixed_split_size):
     return value
 
 
-def refuse_fixed_split_size(fixed_split_size):
-    """Wrappers whose plans do not take a fixed split size yet: only its defaults."""
-    if fixed_split_size_arg(fixed_split_size):
-        raise not_supported("fixed_split_size", fixed_split_size, "batch-invariant fixed splits are planned for "
-                            "decode (BatchDecodeWithPagedKVCacheWrapper) only so far")
-
-
 def multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr):
     """FlashInfer's multi-item scoring mask (its four plan() arguments): only 'off' is supported."""
     refuse_given("multi-item scoring masks are not implemented", prefix_len_ptr=prefix_len_ptr,

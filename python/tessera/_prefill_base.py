@@ -115,13 +115,13 @@ class PrefillWrapper(W.PlannedWrapper):
         return config, scale, options
 
     def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(W.POS_NONE, 1.0, 1e4),
-              **planned):
+              planner=(True, 0), **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer_once(self)
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
-                     cluster=self._cluster, custom_mask=mask is not None)
+                     cluster=self._cluster, custom_mask=mask is not None, split_kv=planner[0], fixed_chunk=planner[1])
 
         def size(want, device):
             return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
@@ -130,7 +130,7 @@ class PrefillWrapper(W.PlannedWrapper):
             return _C.BatchPrefill(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
 
         W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"],
-                                        options["pos_encoding"]), counts, bounds, size, make)
+                                        options["pos_encoding"]) + tuple(planner), counts, bounds, size, make)
         with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
@@ -205,12 +205,13 @@ def check_plan_extras(qo, kv_lengths, derived_from, prefix_len_ptr, token_pos_in
     Tessera derives it, from `derived_from` (called only when needed, so the
     common step pays nothing). Lengths and bounds that agree with them are
     accepted (they say nothing new); anything that needs a feature raises
-    NotSupportedError.
+    NotSupportedError. Returns the planner options plan() passes on:
+    (fixed_split_size in pages, 0 = off; split_kv = not disable_split_kv).
     """
     C.multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
-    C.refuse_fixed_split_size(fixed_split_size)
-    C.refuse_true("disable_split_kv", disable_split_kv, "the prefill binding does not expose the planner's "
-                  "split_kv switch yet")
+    fixed_pages = C.fixed_split_size_arg(fixed_split_size)
+    if not isinstance(disable_split_kv, (bool, np.bool_)):
+        raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
     C.uniform_q_len_arg(uniform_q_len)
     if seq_lens is not None or max_sequence_kv is not None:
         kv = kv_lengths()
@@ -222,3 +223,4 @@ def check_plan_extras(qo, kv_lengths, derived_from, prefix_len_ptr, token_pos_in
         if seq_lens_q is not None:
             C.same_lengths(seq_lens_q, q, "seq_lens_q", "qo_indptr")
         C.max_length(max_token_per_sequence, q, "max_token_per_sequence", "query length")
+    return fixed_pages, not bool(disable_split_kv)

@@ -346,7 +346,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                                    logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                                    kv_data_type=kv_data_type if kv_data_type is not None else data_type,
                                    o_data_type=o_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
-                                   rope_theta=rope_theta, seq_lens=seq_lens)
+                                   rope_theta=rope_theta, seq_lens=seq_lens, fixed_split_size=fixed_split_size,
+                                   disable_split_kv=disable_split_kv)
             return
         indptr = _host_ints(indptr, "indptr")
         last_page_len = _host_ints(last_page_len, "last_page_len")
@@ -559,10 +560,6 @@ def _check_decode_only_options(window_right, fixed_split_size, q_len_per_req, is
         raise TypeError(f"is_causal: expected None or a bool, got {type(is_causal).__name__}")
     if not isinstance(disable_split_kv, (bool, np.bool_)):
         raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
-    if n > 1:  # these run on the prefill wrapper, whose plan does not take them yet
-        C.refuse_fixed_split_size(fixed_split_size)
-        C.refuse_true("disable_split_kv", disable_split_kv, "q_len_per_req > 1 runs as batch prefill, whose plan "
-                      "keeps the planner's KV split")
 
 
 def _check_run_features(skip_softmax_threshold_scale_factor, kv_cache_sf):

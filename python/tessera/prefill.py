@@ -149,8 +149,12 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
             uniform_q_len: a CUDA-graph scheduling hint; accepted, and the
                 planner sizes tiles from the actual lengths.
             prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
-            max_item_len_ptr (multi-item scoring), block_tables,
-            fixed_split_size, disable_split_kv: only their defaults so far.
+            max_item_len_ptr (multi-item scoring), block_tables: only their
+                defaults so far.
+            fixed_split_size: None / -1, or a batch-invariant mode: every
+                request's KV split into chunks of this many pages, so its
+                output is bitwise the same whatever else is in the batch.
+            disable_split_kv: True plans every request's KV as one chunk.
         """
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
@@ -166,10 +170,10 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         batch, total_q = qo.size - 1, int(qo[-1])
         if kv.size != qo.size:
             raise ValueError(f"paged_kv_indptr: expected {qo.size} entries (like qo_indptr), got {kv.size}")
-        B.check_plan_extras(qo, lambda: M.paged_kv_lengths(kv, last, config[6]), "the page table", prefix_len_ptr,
-                            token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q,
-                            max_token_per_sequence, max_sequence_kv, fixed_split_size, disable_split_kv,
-                            uniform_q_len)
+        fixed, split = B.check_plan_extras(qo, lambda: M.paged_kv_lengths(kv, last, config[6]), "the page table",
+                                           prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                                           max_item_len_ptr, seq_lens, seq_lens_q, max_token_per_sequence,
+                                           max_sequence_kv, fixed_split_size, disable_split_kv, uniform_q_len)
         # A CUDA tensor of ids stays on the GPU (see W.page_ids), except with
         # a custom mask, whose plan takes host ids.
         indices = W.page_ids(paged_kv_indices, int(kv[-1]), "paged_kv_indices", self._float_workspace_buffer,
@@ -187,7 +191,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                    lambda n, s: (n.plan_paged_device(qo, kv, indices.ptr, indices.count, indices.device, last, s)
                                  if isinstance(indices, W.DeviceIds) else
                                  n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr)),
-                   mask=mask, rope=rope, total_q=total_q)
+                   mask=mask, rope=rope, planner=(split, fixed * config[6]), total_q=total_q)
 
     begin_forward = plan
 
@@ -324,10 +328,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         kv = B.indptr_arg(kv_indptr, "kv_indptr")
         if kv.size != qo.size:
             raise ValueError(f"kv_indptr: expected {qo.size} entries (like qo_indptr), got {kv.size}")
-        B.check_plan_extras(qo, lambda: M.indptr_lengths(kv, "kv_indptr"), "kv_indptr", prefix_len_ptr,
-                            token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q,
-                            max_token_per_sequence, max_sequence_kv, fixed_split_size, disable_split_kv,
-                            uniform_q_len)
+        # Ragged KV is a cache of one-token pages: fixed_split_size counts tokens.
+        fixed, split = B.check_plan_extras(qo, lambda: M.indptr_lengths(kv, "kv_indptr"), "kv_indptr",
+                                           prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                                           max_item_len_ptr, seq_lens, seq_lens_q, max_token_per_sequence,
+                                           max_sequence_kv, fixed_split_size, disable_split_kv, uniform_q_len)
         C.same_indptr(v_indptr, kv, "v_indptr", "kv_indptr")
         C.same_indptr(o_indptr, qo, "o_indptr", "qo_indptr")
         batch, total_q = qo.size - 1, int(qo[-1])
@@ -340,7 +345,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
                   W.Bound("max_pages", "kv_indptr", "page count"))
         self._plan(config, scale, options, (max(batch, 1), max(total_q, 1), 1), bounds,
                    lambda n, s: n.plan_ragged(qo, kv, s, None if mask is None else mask.indptr), mask=mask,
-                   rope=rope, total_q=total_q, total_kv=int(kv[-1]))
+                   rope=rope, planner=(split, fixed), total_q=total_q, total_kv=int(kv[-1]))
 
     begin_forward = plan
 

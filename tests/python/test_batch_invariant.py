@@ -1,14 +1,16 @@
-"""Batch-invariant decode (FlashInfer's fixed_split_size): a request's output
-is bitwise the same whatever else is in the batch, where it sits in it and
-which pages hold its KV, on both decode kernels, eagerly and replayed from a
-CUDA graph captured for another batch; and it matches the float64 reference.
+"""Batch-invariant decode and prefill (FlashInfer's fixed_split_size, and
+disable_split_kv for prefill): a request's output is bitwise the same
+whatever else is in the batch, where it sits in it and which pages hold its
+KV, on both decode kernels (eagerly and replayed from a CUDA graph captured
+for another batch) and on paged and ragged prefill; and it matches the
+float64 reference.
 GPU tests skip with "skipped: no GPU"."""
 
 import numpy as np
 import pytest
 
 import tessera
-from conftest import to_np
+from conftest import TOL, rel_error, to_np
 from decode_reference import HEAD_DIM, HKV, HQ, check, page_shape, ref_batch_decode
 
 PAGE = 16
@@ -113,3 +115,75 @@ def test_fixed_split_size_cuda_graph_replay(torch_cuda, rng):
         assert torch.equal(got, eager[BATCHES[i][1]])
         want = got if want is None else want
         assert torch.equal(got, want), f"batch {i}: replayed output differs from batch 0's"
+
+
+# ======================================================================= prefill
+# The target of the prefill tests: a chunk of queries at the end of its KV (causal), several fixed chunks long.
+P_TARGET = (37, 3001)
+# (other requests' (q_len, kv_len), the target's position among them)
+P_BATCHES = [([], 0), ([(1, 50), (200, 7000)], 1), ([(16, 100)] * 30, 30), ([(512, 8000)] * 4 + [(1, 1)], 2)]
+
+
+def prefill_problem(torch, rng, kind, target, others, pos):
+    """(q, qo_indptr, plan args, run args) of one batch holding the target request (its q / k / v given, its
+    pages shuffled among the others' in the paged case)."""
+    tq, tk, tv = target
+    reqs = list(others[:pos]) + [P_TARGET] + list(others[pos:])
+    q_lens, kv_lens = [r[0] for r in reqs], [r[1] for r in reqs]
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = torch.randn(int(qo[-1]), HQ, HEAD_DIM, dtype=torch.float16, device="cuda")
+    q[qo[pos]: qo[pos + 1]] = tq
+    if kind == "ragged":
+        kv = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
+        k = torch.randn(int(kv[-1]), HKV, HEAD_DIM, dtype=torch.float16, device="cuda")
+        v = torch.randn_like(k)
+        k[kv[pos]: kv[pos + 1]], v[kv[pos]: kv[pos + 1]] = tk, tv
+        return q, qo, (qo, kv), (k, v)
+    pages = [(n + PAGE - 1) // PAGE for n in kv_lens]
+    num_pages = sum(pages) + 2
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = rng.permutation(num_pages)[: indptr[-1]].astype(np.int32)
+    last = np.array([n - (p - 1) * PAGE for n, p in zip(kv_lens, pages)], dtype=np.int32)
+    k = torch.randn(page_shape("NHD", num_pages, PAGE), dtype=torch.float16, device="cuda")
+    v = torch.randn_like(k)
+    mine = torch.from_numpy(indices[indptr[pos]: indptr[pos + 1]].astype(np.int64)).cuda()
+    n = tk.shape[0]
+    pad = pages[pos] * PAGE - n
+    fill = lambda x: torch.cat([x, torch.zeros((pad,) + tuple(x.shape[1:]), dtype=x.dtype, device="cuda")])  # noqa
+    k[mine], v[mine] = fill(tk).view(-1, PAGE, HKV, HEAD_DIM), fill(tv).view(-1, PAGE, HKV, HEAD_DIM)
+    return q, qo, (qo, indptr, indices, last), ((k, v),)
+
+
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+@pytest.mark.parametrize("backend", ["fa2", "auto"])
+@pytest.mark.parametrize("mode", [dict(fixed_split_size=64), dict(disable_split_kv=True)])
+def test_prefill_output_independent_of_batch(torch_cuda, rng, kind, backend, mode):
+    """Prefill with fixed_split_size (pages; tokens for ragged KV) or disable_split_kv: the target's rows are
+    bitwise the same in every batch, and match the float64 reference."""
+    from prefill_reference import ref_request
+    torch = torch_cuda
+    nq, nk = P_TARGET
+    target = (torch.randn(nq, HQ, HEAD_DIM, dtype=torch.float16, device="cuda") * 2,
+              torch.randn(nk, HKV, HEAD_DIM, dtype=torch.float16, device="cuda"),
+              torch.randn(nk, HKV, HEAD_DIM, dtype=torch.float16, device="cuda"))
+    opts = dict(mode)
+    if kind == "ragged" and "fixed_split_size" in opts:
+        opts["fixed_split_size"] *= PAGE  # the same chunks, counted in tokens
+    seen = []
+    for others, pos in P_BATCHES:
+        q, qo, plan_args, run_args = prefill_problem(torch, rng, kind, target, others, pos)
+        cls = (tessera.BatchPrefillWithPagedKVCacheWrapper if kind == "paged"
+               else tessera.BatchPrefillWithRaggedKVCacheWrapper)
+        w = cls(workspace(torch), backend=backend)
+        extra = (PAGE,) if kind == "paged" else ()
+        w.plan(*plan_args, HQ, HKV, HEAD_DIM, *extra, causal=True, q_data_type=torch.float16, **opts)
+        out = torch.full_like(q, float("nan"))
+        w.run(q, *run_args, out=out)
+        torch.cuda.synchronize()
+        seen.append(out[qo[pos]: qo[pos + 1]].clone())
+    for i, o in enumerate(seen[1:], 1):
+        assert torch.equal(o, seen[0]), f"batch {i}: the target's rows changed"
+    ref_o, _ = ref_request(*(to_np(x) for x in target), True)
+    got = to_np(seen[0])
+    assert not np.isnan(got).any()
+    assert rel_error(got, ref_o) < TOL["float16"]

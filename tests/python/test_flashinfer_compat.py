@@ -167,8 +167,6 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("jit_kwargs", lambda: paged_w(jit_kwargs={"x": 1})),
     ("variant_owns_mask", lambda: ragged_w(variant_owns_mask=True)),
     ("window_right", lambda: decode_w().plan(**DECODE, window_right=4)),
-    ("fixed_split_size", lambda: decode_w().plan(**DECODE, q_len_per_req=2, fixed_split_size=8)),
-    ("disable_split_kv", lambda: decode_w().plan(**DECODE, q_len_per_req=2, disable_split_kv=True)),
     ("block_tables", lambda: decode_w().plan(**DECODE, block_tables=np.zeros((2, 2), np.int32))),
     ("seq_lens", lambda: decode_w().plan(**DECODE, seq_lens=np.array([5, 31]))),
     ("skip_softmax_threshold_scale_factor", lambda: decode_w().run(_Q, (_K, _K),
@@ -180,8 +178,6 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("token_pos_in_items_len", lambda: paged_w().plan(**PAGED, token_pos_in_items_len=8)),
     ("max_item_len_ptr", lambda: paged_w().plan(**PAGED, max_item_len_ptr=_T)),
     ("block_tables", lambda: paged_w().plan(**PAGED, block_tables=np.zeros((2, 2), np.int32))),
-    ("fixed_split_size", lambda: paged_w().plan(**PAGED, fixed_split_size=16)),
-    ("disable_split_kv", lambda: paged_w().plan(**PAGED, disable_split_kv=True)),
     ("seq_lens", lambda: paged_w().plan(**PAGED, seq_lens=np.array([5, 30]))),
     ("seq_lens_q", lambda: paged_w().plan(**PAGED, seq_lens_q=np.array([2, 2]))),
     ("head_dim_vo", lambda: paged_w().plan(**PAGED, head_dim_vo=64)),
@@ -194,7 +190,6 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("lse_layout", lambda: paged_w().run(_Q, (_K, _K), return_lse=True, lse_layout="HN")),
     ("v_indptr", lambda: ragged_w().plan(**RAGGED, v_indptr=[0, 5, 9])),
     ("o_indptr", lambda: ragged_w().plan(**RAGGED, o_indptr=[0, 3, 5])),
-    ("disable_split_kv", lambda: ragged_w().plan(**RAGGED, disable_split_kv=True)),
     ("o_scale", lambda: ragged_w().run(_Q, _K, _K, o_scale=2.0)),
     ("mask", lambda: bsr_w().plan(**BSR, mask=np.ones(4, bool))),
     ("block_mask", lambda: bsr_w().plan(**BSR, block_mask=np.ones((1, 2, 2), bool))),
@@ -475,14 +470,18 @@ def test_gpu_batch_indices_positions_outputs(torch_cuda):
     assert fresh.tolist() == [8, 9, 0, 1, 2, 0, 0]
 
 
-def test_decode_fixed_split_size_values():
-    """fixed_split_size: None / -1 (the planner's own chunks) or a page count >= 1; bools and 0 are refused."""
-    for ok in (None, -1, 1, 8):  # accepted: the CPU workspace is what stops these plans
-        with pytest.raises(TypeError, match="^float_workspace_buffer"):
-            decode_w().plan(**DECODE, fixed_split_size=ok)
-    with pytest.raises(ValueError, match="^fixed_split_size"):
-        decode_w().plan(**DECODE, fixed_split_size=0)
-    with pytest.raises(TypeError, match="^fixed_split_size"):
-        decode_w().plan(**DECODE, fixed_split_size=True)
-    with pytest.raises(tessera.NotSupportedError, match="^fixed_split_size="):
-        paged_w().plan(**PAGED, fixed_split_size=16)
+def test_fixed_split_size_values():
+    """fixed_split_size: None / -1 (the planner's own chunks) or a page count >= 1; bools and 0 are refused, by
+    decode and both prefill wrappers; disable_split_kv must be a bool."""
+    plans = (lambda **kw: decode_w().plan(**DECODE, **kw), lambda **kw: paged_w().plan(**PAGED, **kw),
+             lambda **kw: ragged_w().plan(**RAGGED, **kw))
+    for plan in plans:
+        for ok in (None, -1, 1, 8):  # accepted: the CPU workspace is what stops these plans
+            with pytest.raises(TypeError, match="^float_workspace_buffer"):
+                plan(fixed_split_size=ok, disable_split_kv=ok == 1)
+        with pytest.raises(ValueError, match="^fixed_split_size"):
+            plan(fixed_split_size=0)
+        with pytest.raises(TypeError, match="^fixed_split_size"):
+            plan(fixed_split_size=True)
+        with pytest.raises(TypeError, match="^disable_split_kv"):
+            plan(disable_split_kv="yes")
