@@ -156,9 +156,11 @@ struct PosEncodingExtras {
 
 // A prefill-family task (bounds as the workspace needs them).
 inline TaskInfo prefill_task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout,
-                             int64_t max_batch, int64_t max_total_q, int64_t max_pages) {
+                             int64_t max_batch, int64_t max_total_q, int64_t max_pages,
+                             int64_t max_fixed_chunks = 0) {
   TaskInfo t{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
   t.max_total_q = max_total_q;
+  t.max_fixed_chunks = max_fixed_chunks;
   return t;
 }
 

@@ -287,11 +287,12 @@ class PyBatchPrefill {
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
                  bool custom_mask, int window_left, double logits_soft_cap, int pos_encoding, const TileArg& tile,
-                 int cluster, bool split_kv, int fixed_chunk)
+                 int cluster, bool split_kv, int fixed_chunk, int64_t max_fixed_chunks)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap,
                   pos_encoding),
-             task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
+             task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks),
+             ws_,
              prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk)),
         layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding) {}
 
@@ -317,8 +318,9 @@ class PyBatchPrefill {
     return s;
   }
   static TaskInfo task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,
-                       int64_t max_total_q, int64_t max_pages) {
-    return prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
+                       int64_t max_total_q, int64_t max_pages, int64_t max_fixed_chunks = 0) {
+    return prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages,
+                        max_fixed_chunks);
   }
 
   static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
@@ -328,8 +330,10 @@ class PyBatchPrefill {
                                                    int64_t max_pages, int num_sms, int device, int cta_q, int max_sms,
                                                    int backend, bool custom_mask, int window_left,
                                                    double logits_soft_cap, int pos_encoding, const TileArg& tile,
-                                                   int cluster, bool split_kv, int fixed_chunk) {
-    const TaskInfo t = task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages);
+                                                   int cluster, bool split_kv, int fixed_chunk,
+                                                   int64_t max_fixed_chunks) {
+    const TaskInfo t =
+        task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks);
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
@@ -539,25 +543,27 @@ NB_MODULE(_C, m) {
                              "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
       .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double, int, const TileArg&, int, bool, int>(),
+                    double, int, const TileArg&, int, bool, int, int64_t>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
            "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0, "split_kv"_a = true, "fixed_chunk"_a = 0,
+           "max_fixed_chunks"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
            "tile (cta_kv, warps_q, warps_kv, stages) overrides the heuristic's tile fields that are not 0; "
            "cluster 2 runs CTA pairs on the Hopper kernel where they apply (0 auto = off, 1 off); "
            "backend 0 auto, 1 fa2, 2 fa3 (Hopper); custom_mask selects the packed custom-mask variant "
            "(plan takes mask_indptr, run packed_custom_mask); split_kv false plans every request unsplit; "
-           "fixed_chunk > 0 splits KV into chunks of that many keys, independent of the rest of the batch.")
+           "fixed_chunk > 0 splits KV into chunks of that many keys, independent of the rest of the batch "
+           "(max_fixed_chunks: TaskInfo's bound on their pieces per KV head).")
       .def_static("workspace_size", &PyBatchPrefill::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
                   "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
                   "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
                   "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
                   "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
-                  "split_kv"_a = true, "fixed_chunk"_a = 0,
+                  "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0,
                   "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,

@@ -115,22 +115,35 @@ class PrefillWrapper(W.PlannedWrapper):
         return config, scale, options
 
     def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(W.POS_NONE, 1.0, 1e4),
-              planner=(True, 0), **planned):
+              planner=(True, 0, None), **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
-        plan_fn(native, stream) on torch's current stream."""
+        plan_fn(native, stream) on torch's current stream. planner: (split_kv, fixed chunk in keys, 0 = off,
+        lens() -> (qo_lens, kv_lens) of the step, read only with fixed chunks)."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer_once(self)
+        split, fixed, lens = planner
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
-                     cluster=self._cluster, custom_mask=mask is not None, split_kv=planner[0], fixed_chunk=planner[1])
+                     cluster=self._cluster, custom_mask=mask is not None, split_kv=split, fixed_chunk=fixed)
+        key = config + (mask is not None, options["window_left"], options["logits_soft_cap"], options["pos_encoding"],
+                        split, fixed)
+        if fixed:  # the workspace holds every (query tile, chunk) piece of the step
+            same = self._native is not None and self._native_key[0] == key
+            cta = (self._native.cta_q if same else 0) or 16  # before the first plan: the smallest tile
+            counts = counts + (_fixed_chunk_pieces(*lens(), config[4] // config[5], cta, fixed),)
+            bounds = bounds + (W.Bound("max_fixed_chunks", "fixed_split_size", "fixed-chunk pieces per KV head"),)
+
+        def split_want(want):
+            return want[:3], dict(knobs, max_fixed_chunks=want[3] if len(want) > 3 else 0)
 
         def size(want, device):
-            return _C.BatchPrefill.workspace_size(*config, *want, device=device, **knobs)
+            dims, kw = split_want(want)
+            return _C.BatchPrefill.workspace_size(*config, *dims, device=device, **kw)
 
         def make(want, ws, ws_bytes, host, host_bytes, device):
-            return _C.BatchPrefill(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
+            dims, kw = split_want(want)
+            return _C.BatchPrefill(*config, *dims, ws, ws_bytes, host, host_bytes, device, **kw)
 
-        W.ensure_native(self, config + (mask is not None, options["window_left"], options["logits_soft_cap"],
-                                        options["pos_encoding"]) + tuple(planner), counts, bounds, size, make)
+        W.ensure_native(self, key, counts, bounds, size, make)
         with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
@@ -224,3 +237,13 @@ def check_plan_extras(qo, kv_lengths, derived_from, prefix_len_ptr, token_pos_in
             C.same_lengths(seq_lens_q, q, "seq_lens_q", "qo_indptr")
         C.max_length(max_token_per_sequence, q, "max_token_per_sequence", "query length")
     return fixed_pages, not bool(disable_split_kv)
+
+
+def _fixed_chunk_pieces(qo_lens, kv_lens, group, cta_q, fixed):
+    """(query tile, KV chunk) pieces per KV head of a step with fixed chunks of `fixed` keys: each request's
+    ceil(q_len * group / cta_q) tiles over its ceil(kv_len / fixed) chunks (at least one), an upper bound."""
+    q = np.asarray(qo_lens, dtype=np.int64)
+    kv = np.asarray(kv_lens, dtype=np.int64)
+    tiles = (q * group + cta_q - 1) // cta_q
+    chunks = np.maximum((kv + fixed - 1) // fixed, 1)
+    return max(int((tiles * chunks).sum()), 1)

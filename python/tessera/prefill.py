@@ -191,7 +191,9 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                    lambda n, s: (n.plan_paged_device(qo, kv, indices.ptr, indices.count, indices.device, last, s)
                                  if isinstance(indices, W.DeviceIds) else
                                  n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr)),
-                   mask=mask, rope=rope, planner=(split, fixed * config[6]), total_q=total_q)
+                   mask=mask, rope=rope, total_q=total_q,
+                   planner=(split, fixed * config[6],
+                            lambda: (M.indptr_lengths(qo, "qo_indptr"), M.paged_kv_lengths(kv, last, config[6]))))
 
     begin_forward = plan
 
@@ -345,7 +347,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
                   W.Bound("max_pages", "kv_indptr", "page count"))
         self._plan(config, scale, options, (max(batch, 1), max(total_q, 1), 1), bounds,
                    lambda n, s: n.plan_ragged(qo, kv, s, None if mask is None else mask.indptr), mask=mask,
-                   rope=rope, planner=(split, fixed), total_q=total_q, total_kv=int(kv[-1]))
+                   rope=rope, total_q=total_q, total_kv=int(kv[-1]),
+                   planner=(split, fixed, lambda: (M.indptr_lengths(qo, "qo_indptr"), M.indptr_lengths(kv, "kv_indptr"))))
 
     begin_forward = plan
 

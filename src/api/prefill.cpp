@@ -43,10 +43,13 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   const int group = task.num_qo_heads / task.num_kv_heads;
   const int64_t heads_per_group = task.num_kv_heads / groups;
   const int64_t tiles = prefill_max_tiles(task.max_total_q * heads_per_group, task.max_batch * heads_per_group, group, cta_q);
-  // Fixed chunks (PlannerOptions::fixed_chunk): room for the chunks of one
-  // query tile per request over every key; plan() checks a batch whose
-  // requests have several query tiles against it.
-  const int64_t fixed = fixed_chunk_bound(task.max_pages * task.page_size * heads_per_group, tiles, fixed_chunk);
+  // Fixed chunks (PlannerOptions::fixed_chunk): room for max_fixed_chunks
+  // pieces per KV head, else for the chunks of one query tile per request
+  // over every key; plan() checks each batch against it.
+  const int64_t fixed = fixed_chunk <= 0 ? 0
+                        : task.max_fixed_chunks > 0
+                            ? task.max_fixed_chunks * heads_per_group
+                            : fixed_chunk_bound(task.max_pages * task.page_size * heads_per_group, tiles, fixed_chunk);
   const int64_t max_items = std::max(prefill_max_items(tiles, ctas_per_group), fixed);
   Layout l;
   l.max_items = max_items;
@@ -373,7 +376,8 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
       (plan_.num_split > layout_.max_split_tiles || int64_t{plan_.num_slots} * plan_cta_q > layout_.max_slot_rows ||
        static_cast<int64_t>(plan_.items.size()) > layout_.max_items))
     throw InvalidArgument("fixed_chunk: " + str(plan_.items.size()) + " chunks of at most " + str(plan_.chunk_size) +
-                          " keys exceed the workspace sized for it; expected a larger fixed_chunk");
+                          " keys exceed the workspace sized for it; expected a larger fixed_chunk or "
+                          "TaskInfo::max_fixed_chunks");
   // Each item carries its request's bounds (the kernels then need no
   // dependent loads of the indptr arrays before their first copies).
   for (PrefillWorkItem& item : plan_.items) {

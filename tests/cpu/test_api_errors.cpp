@@ -142,6 +142,18 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   EXPECT_EQ(tc.device_bytes, pre.device_bytes);
   EXPECT_EQ(tc.host_bytes, pre.host_bytes);
   EXPECT_GT(tc.device_bytes, 0u);
+  // Fixed chunks: TaskInfo::max_fixed_chunks, when given, sizes the pieces
+  // (work items and partial states) instead of the one-tile-per-request bound.
+  PrefillOptions fixed_opt;
+  fixed_opt.planner.fixed_chunk = 1024;
+  TaskInfo few = as_prefill, many = as_prefill;
+  few.max_fixed_chunks = 10;
+  many.max_fixed_chunks = 10000;
+  const auto bound = BatchPrefill::workspace_size(spec, as_prefill, 132, fixed_opt);
+  EXPECT_GE(bound.device_bytes, pre.device_bytes);
+  EXPECT_GT(BatchPrefill::workspace_size(spec, many, 132, fixed_opt).device_bytes, bound.device_bytes);
+  EXPECT_LE(BatchPrefill::workspace_size(spec, few, 132, fixed_opt).device_bytes, bound.device_bytes);
+  EXPECT_EQ(BatchPrefill::workspace_size(spec, many, 132).device_bytes, pre.device_bytes);  // unused without them
   t.max_batch = 0;
   EXPECT_THROW_MSG(BatchDecode::workspace_size(spec, t, 132, tensor_cores()), InvalidArgument, "max_batch");
 

@@ -34,6 +34,11 @@ struct TaskInfo {
   int64_t max_pages = 0;
   // Prefill only: the largest total query length (sum over requests).
   int64_t max_total_q = 0;
+  // Prefill with PlannerOptions::fixed_chunk: the most (query tile, KV chunk)
+  // pieces per KV head a plan may bring, which sizes the work items and
+  // partial states. 0: one query tile per request over every key
+  // (fixed_chunk_bound); a request with several query tiles may need more.
+  int64_t max_fixed_chunks = 0;
 };
 void validate_task(const TaskInfo& task, const AttentionSpec& spec);
 
