@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _compat as C
+from . import _prefill_base as B
 from . import _wrapper_util as W
 
 Tensor = torch.Tensor
@@ -47,12 +48,6 @@ def _split_scale(x):
     if isinstance(x, torch.Tensor):
         return None, x
     return x, None
-
-
-def _refuse(message, **given):
-    for name, value in given.items():
-        if value is not None and value is not False:
-            raise C.not_supported(name, value, message)
 
 
 def _paged_kv(paged_kv_cache):
@@ -99,9 +94,9 @@ def decode_run(w, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, 
     if args:
         raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
                               "tessera.AttentionWrapper")
-    _refuse("skip-softmax sparsity is not implemented",
-            skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
-    _refuse("NVFP4 KV caches are not implemented", kv_cache_sf=kv_cache_sf)
+    C.refuse_given("skip-softmax sparsity is not implemented",
+                   skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
+    C.refuse_given("NVFP4 KV caches are not implemented", kv_cache_sf=kv_cache_sf)
     plan = _planned(w)
     planned_n = plan.get("multi", 1)
     if q_len_per_req is not None and q_len_per_req != planned_n:
@@ -159,16 +154,9 @@ def _prefill_checks(w, args, features, lse_base, lse_layout):
                               "tessera.AttentionWrapper")
     for name, value in features.items():
         if value is not None:
-            _refuse(_RUN_FEATURES[name], **{name: value})
+            raise C.not_supported(name, value, B._RUN_FEATURES[name])
     C.lse_options(lse_base, lse_layout)
     return _planned(w)
-
-
-_RUN_FEATURES = {
-    "kv_cache_sf": "NVFP4 KV caches are not implemented",
-    "skip_softmax_threshold_scale_factor": "skip-softmax sparsity is not implemented",
-    "o_scale": "an output quantization scale is not implemented",
-}
 
 
 def _prefill_outputs(q, out, lse, want_lse, o_dtype):
@@ -191,8 +179,7 @@ def prefill_paged_run(w, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out
                       lse_layout, enable_pdl, window_left, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
                       use_fp16_softmax, uses_spcompress):
     """run() of BatchPrefillWithPagedKVCacheWrapper under torch.compile (tessera::batch_prefill_paged_run)."""
-    _refuse("TensorRT-LLM kernel variants are not implemented", use_fp16_softmax=use_fp16_softmax,
-            uses_spcompress=uses_spcompress)
+    B.check_run_flags(use_fp16_softmax, uses_spcompress)
     plan = _prefill_checks(w, args, dict(kv_cache_sf=kv_cache_sf, skip_softmax_threshold_scale_factor=(
         skip_softmax_threshold_scale_factor)), lse_base, lse_layout)
     out, lse = _prefill_outputs(q, out, lse, return_lse or sinks is not None, plan["o_dtype"])
@@ -253,13 +240,10 @@ def single_prefill(q: Tensor, k: Tensor, v: Tensor, o_dtype: Optional[torch.dtyp
                    rope_scale: Optional[float], rope_theta: Optional[float], backend: str, k_scale: Optional[float],
                    v_scale: Optional[float]) -> Tuple[Tensor, Tensor]:
     """single_prefill_with_kv_cache: (o [qo_len, heads, head_dim] in o_dtype or q's, lse float32 [qo_len, heads])."""
-    from ._single_prefill import single_prefill_with_kv_cache
-    return single_prefill_with_kv_cache(q, k, v, o_dtype=o_dtype, custom_mask=custom_mask,
-                                        packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout,
-                                        pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
-                                        window_left=window_left, logits_soft_cap=logits_soft_cap,
-                                        rope_scale=rope_scale, rope_theta=rope_theta, backend=backend,
-                                        return_lse=True, k_scale=k_scale, v_scale=v_scale)
+    from ._single_prefill import _single_prefill
+    return _single_prefill(q, k, v, None, None, None, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout,
+                           pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, backend,
+                           True, None, k_scale, v_scale)
 
 
 @single_prefill.register_fake
