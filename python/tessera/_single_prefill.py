@@ -88,6 +88,25 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
         o [qo_len, num_qo_heads, head_dim] in o_dtype, or (o, lse) with
         return_lse: lse float32 [qo_len, num_qo_heads] in **base 2**.
     """
+    ops = T.torch_ops(q)
+    if ops is not None:  # torch.compile: one opaque custom op (see _ops.py)
+        C.refuse_given("FP8 per-head scale tensors are not implemented", scale_q=scale_q, scale_k=scale_k,
+                       scale_v=scale_v)
+        C.refuse_given("NVFP4 KV caches are not implemented", kv_cache_sf=kv_cache_sf)
+        return ops.single_prefill_call(q, k, v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout,
+                                       pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
+                                       rope_theta, backend, return_lse, k_scale, v_scale)
+    o, lse = _single_prefill(q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
+                             kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
+                             rope_theta, backend, return_lse, kv_cache_sf, k_scale, v_scale)
+    return (o, lse) if return_lse else o
+
+
+def _single_prefill(q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout,
+                    pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, backend,
+                    return_lse, kv_cache_sf, k_scale, v_scale):
+    """single_prefill_with_kv_cache's work: (o, lse or None). Also the real implementation of
+    tessera::single_prefill (_ops.py)."""
     if kv_layout not in W.LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
     C.refuse_given("FP8 per-head scale tensors are not implemented", scale_q=scale_q, scale_k=scale_k,
@@ -120,7 +139,7 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
                                      backend, k_scale, v_scale)
     else:
         o, lse = _single_prefill_cpu(q, k, v, bool(causal), scale, mask, window, cap, rope, o_dtype, k_scale, v_scale)
-    return (o, lse) if return_lse else o
+    return o, lse
 
 
 single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)

@@ -169,3 +169,15 @@ def arg(x):
     if x is not None and is_torch(x):
         return x.detach()
     return x
+
+
+def torch_ops(x):
+    """tessera._ops (the torch.library custom ops) while torch.compile traces a call whose tensor x is a CUDA
+    torch tensor, else None (eager calls pay a dict lookup and torch.compiler.is_compiling()). Under Dynamo
+    this folds to a constant, so the traced code goes straight to the op."""
+    torch = sys.modules.get("torch")
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
+    if is_compiling is None or not is_compiling() or not getattr(x, "is_cuda", False):
+        return None
+    from . import _ops
+    return _ops

@@ -8,8 +8,10 @@ fixed workspace sections (ensure_native). Messages name the argument, as the
 C++ checks do.
 """
 
+import itertools
 import math
 import numbers
+import weakref
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -414,6 +416,27 @@ def init_paged_wrapper(owner, float_workspace_buffer, kv_layout, use_cuda_graph,
     owner._pinned = None  # the pinned host staging buffer it borrows
     owner._planned = None  # what the last plan() fixed for run()
     owner._buffer_checked = False
+    owner._handle = register_handle(owner)
+
+
+_WRAPPERS = weakref.WeakValueDictionary()  # handle -> wrapper, for the torch.compile custom ops (_ops.py)
+_HANDLES = itertools.count(1)
+
+
+def register_handle(owner):
+    """A new int handle for a plan/run wrapper: torch.compile's custom ops take it in place of the object
+    (which cannot be a graph input) and find the wrapper again with wrapper_of."""
+    handle = next(_HANDLES)
+    _WRAPPERS[handle] = owner
+    return handle
+
+
+def wrapper_of(handle):
+    """The wrapper of a register_handle handle (ValueError once it was garbage-collected)."""
+    owner = _WRAPPERS.get(handle)
+    if owner is None:
+        raise ValueError(f"wrapper handle {handle}: no live wrapper has it (it was garbage-collected)")
+    return owner
 
 
 def run_outputs(q, out, lse, return_lse, o_dtype):

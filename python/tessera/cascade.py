@@ -38,6 +38,14 @@ def merge_state(v_a, s_a, v_b, s_b):
         (v, s): merged values like v_a and their float32 base-2 LSE
         [seq_len, num_heads].
     """
+    ops = T.torch_ops(v_a)
+    if ops is not None:  # torch.compile: one opaque custom op (see _ops.py)
+        return ops.merge_state_call(v_a, s_a, v_b, s_b)
+    return _merge_state(v_a, s_a, v_b, s_b)
+
+
+def _merge_state(v_a, s_a, v_b, s_b):
+    """merge_state's work (also the real implementation of tessera::merge_state)."""
     T.common_framework(v_a=v_a, s_a=s_a, v_b=v_b, s_b=s_b)
     v_out = T.empty(v_a, v_a.shape)
     s_out = T.empty(v_a, v_a.shape[:-1], "float32")

@@ -73,6 +73,19 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         (log2 of the softmax denominator, FlashInfer's convention, ready for
         tessera.merge_state).
     """
+    ops = T.torch_ops(q)
+    if ops is not None:  # torch.compile: one opaque custom op (see _ops.py)
+        return ops.single_decode_call(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale, v_scale, window_left,
+                                      logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse)
+    o, lse = _single_decode(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale, v_scale, window_left,
+                            logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse)
+    return (o, lse) if return_lse else o
+
+
+def _single_decode(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale, v_scale, window_left, logits_soft_cap,
+                   sm_scale, rope_scale, rope_theta, return_lse):
+    """single_decode_with_kv_cache's work: (o, lse or None). Also the real implementation of tessera::single_decode
+    (use_tensor_cores changes nothing, so the op does not take it)."""
     if kv_layout not in _LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
     rope = W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
@@ -99,7 +112,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         if vt is not None:
             vs *= float(vt.reshape(-1)[0])
         o, lse = _decode_cpu(q, k, v, kd, kv_layout, scale, window, cap, rope, vs)
-    return (o, lse) if return_lse else o
+    return o, lse
 
 
 def _decode_gpu(q, k, v, kd, kv_layout, scale, return_lse, window, cap, rope, v_scale, k_tensor, v_tensor):
@@ -229,6 +242,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         self._planned = None  # what the last plan() fixed for run()
         self._checked_scalars, self._checked = None, None  # plan()'s scalar arguments, once checked
         self._buffer_checked = False
+        self._handle = W.register_handle(self)  # how torch.compile's custom op finds this wrapper (_ops.py)
 
     @property
     def use_tensor_cores(self):
@@ -480,6 +494,21 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         Returns:
             out, or (out, lse) with return_lse.
         """
+        ops = T.torch_ops(q)
+        if ops is not None:  # torch.compile: one opaque custom op (see _ops.py)
+            return ops.decode_run(self, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
+                                  enable_pdl, window_left, sinks, q_len_per_req, skip_softmax_threshold_scale_factor,
+                                  kv_cache_sf)
+        return self._run(q, paged_kv_cache, *args, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
+                         lse=lse, return_lse=return_lse, enable_pdl=enable_pdl, window_left=window_left, sinks=sinks,
+                         q_len_per_req=q_len_per_req,
+                         skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+                         kv_cache_sf=kv_cache_sf)
+
+    def _run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+             return_lse=False, enable_pdl=None, window_left=None, sinks=None, q_len_per_req=None,
+             skip_softmax_threshold_scale_factor=None, kv_cache_sf=None):
+        """run() outside torch.compile (and the real implementation of tessera::batch_decode_run)."""
         if args:
             raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
                                   "tessera.AttentionWrapper")

@@ -230,6 +230,22 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         Returns:
             out, or (out, lse) with return_lse.
         """
+        ops = T.torch_ops(q)
+        if ops is not None:  # torch.compile: one opaque custom op (see _ops.py)
+            return ops.prefill_paged_run(self, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse,
+                                         return_lse, lse_base, lse_layout, enable_pdl, window_left, sinks,
+                                         kv_cache_sf, skip_softmax_threshold_scale_factor, use_fp16_softmax,
+                                         uses_spcompress)
+        return self._run(q, paged_kv_cache, *args, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
+                         lse=lse, return_lse=return_lse, lse_base=lse_base, lse_layout=lse_layout,
+                         enable_pdl=enable_pdl, window_left=window_left, sinks=sinks, kv_cache_sf=kv_cache_sf,
+                         skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+                         use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress)
+
+    def _run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+             return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, window_left=None, sinks=None,
+             kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None, uses_spcompress=None):
+        """run() outside torch.compile (and the real implementation of tessera::batch_prefill_paged_run)."""
         B.check_run_flags(use_fp16_softmax, uses_spcompress)
         plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, window_left, lse_base, lse_layout,
                                kv_cache_sf=kv_cache_sf,
@@ -366,6 +382,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         options are as for the paged wrapper's run(); o_scale and kv_cache_sf
         only None so far.
         """
+        ops = T.torch_ops(q)
+        if ops is not None:  # torch.compile: one opaque custom op (see _ops.py)
+            return ops.prefill_ragged_run(self, q, k, v, args, q_scale, k_scale, v_scale, o_scale, out, lse,
+                                          return_lse, lse_base, lse_layout, enable_pdl, kv_cache_sf)
+        return self._run(q, k, v, *args, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale, out=out,
+                         lse=lse, return_lse=return_lse, lse_base=lse_base, lse_layout=lse_layout,
+                         enable_pdl=enable_pdl, kv_cache_sf=kv_cache_sf)
+
+    def _run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None, lse=None,
+             return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, kv_cache_sf=None):
+        """run() outside torch.compile (and the real implementation of tessera::batch_prefill_ragged_run)."""
         plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, None, lse_base, lse_layout,
                                o_scale=o_scale, kv_cache_sf=kv_cache_sf)
         k, v = self._nhd(k, "k"), self._nhd(v, "v")
