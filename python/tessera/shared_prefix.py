@@ -51,7 +51,40 @@ def _kv_dtype(unique_kv_cache):
     return T.dtype_name(k, "unique_kv_cache", ("float16", "bfloat16"))
 
 
-class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+class _SharedPrefixWrapper:
+    """What both shared-prefix wrappers share: the suffix wrapper (`_suffix`, under FlashInfer's attribute name
+    too), the workspace reset, and forward()'s prefix + suffix + merge."""
+
+    def __init__(self, suffix, kv_layout):
+        self._suffix = suffix
+        self._kv_layout = kv_layout
+        self._planned = False
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
+        """Moves the suffix wrapper to a new workspace (any dtype, used as bytes); begin_forward() again before
+        forward(). int_workspace_buffer: accepted for FlashInfer's signature and not written."""
+        self._planned = False
+        self._suffix.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def _check_forward(self, q):
+        if not self._planned:
+            raise ValueError("forward: expected begin_forward() to be called first")
+        if not T.is_cuda(q):
+            raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
+
+    def _prefix_and_suffix(self, q, k_shared, v_shared, unique_kv_cache, **prefix_options):
+        """Every query over the whole prefix (one single prefill), the planned suffix step, merged."""
+        if _prefix_len(k_shared, v_shared, self._kv_layout) == 0:  # an empty state changes nothing
+            return self._suffix.run(q, unique_kv_cache)
+        v_unique, s_unique = self._suffix.run(q, unique_kv_cache, return_lse=True)
+        v_shared, s_shared = single_prefill_with_kv_cache(q, k_shared, v_shared, causal=False,
+                                                          kv_layout=self._kv_layout, return_lse=True,
+                                                          **prefix_options)
+        _merge(v_shared, s_shared, v_unique, s_unique)
+        return v_shared
+
+
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper(_SharedPrefixWrapper):
     """Batch decode over a shared prefix (contiguous K / V) plus each request's paged suffix (FlashInfer's
     wrapper of the same name; see the module doc).
 
@@ -67,15 +100,8 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
                 the suffix decode's workspace.
             kv_layout: "NHD" or "HND", of the shared K / V and of the paged cache.
         """
-        self._batch_decode_wrapper = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
-        self._kv_layout = kv_layout
-        self._planned = False
-
-    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
-        """Moves the suffix decode to a new workspace (any dtype, used as bytes); begin_forward() again before
-        forward(). int_workspace_buffer: accepted for FlashInfer's signature and not written."""
-        self._planned = False
-        self._batch_decode_wrapper.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+        super().__init__(BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout), kv_layout)
+        self._batch_decode_wrapper = self._suffix  # FlashInfer's attribute name
 
     def begin_forward(self, unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len, num_qo_heads,
                       num_kv_heads, head_dim, page_size, data_type="float16"):
@@ -113,20 +139,11 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
         Returns:
             out [batch, num_qo_heads, head_dim] like q.
         """
-        if not self._planned:
-            raise ValueError("forward: expected begin_forward() to be called first")
-        if not T.is_cuda(q):
-            raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
-        if _prefix_len(k_shared, v_shared, self._kv_layout) == 0:  # an empty state changes nothing
-            return self._batch_decode_wrapper.run(q, unique_kv_cache)
-        v_unique, s_unique = self._batch_decode_wrapper.run(q, unique_kv_cache, return_lse=True)
-        v_shared, s_shared = single_prefill_with_kv_cache(q, k_shared, v_shared, causal=False,
-                                                          kv_layout=self._kv_layout, return_lse=True)
-        _merge(v_shared, s_shared, v_unique, s_unique)
-        return v_shared
+        self._check_forward(q)
+        return self._prefix_and_suffix(q, k_shared, v_shared, unique_kv_cache)
 
 
-class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper(_SharedPrefixWrapper):
     """Batch prefill / append over a shared prefix (contiguous K / V) plus each request's paged suffix
     (FlashInfer's wrapper of the same name; see the module doc).
 
@@ -143,15 +160,8 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
                 the suffix prefill's workspace.
             kv_layout: "NHD" or "HND", of the shared K / V and of the paged cache.
         """
-        self._batch_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
-        self._kv_layout = kv_layout
-        self._planned = False
-
-    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
-        """Moves the suffix prefill to a new workspace (any dtype, used as bytes); begin_forward() again before
-        forward(). int_workspace_buffer: accepted for FlashInfer's signature and not written."""
-        self._planned = False
-        self._batch_prefill_wrapper.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+        super().__init__(BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout), kv_layout)
+        self._batch_prefill_wrapper = self._suffix  # FlashInfer's attribute name
 
     def begin_forward(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                       num_kv_heads, head_dim, page_size):
@@ -188,10 +198,7 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
         Returns:
             out [qo_indptr[-1], num_qo_heads, head_dim] like q.
         """
-        if not self._planned:
-            raise ValueError("forward: expected begin_forward() to be called first")
-        if not T.is_cuda(q):
-            raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
+        self._check_forward(q)
         dt = T.dtype_name(q, "q", ("float16", "bfloat16"))
         kv_dt = _kv_dtype(unique_kv_cache)
         self._batch_prefill_wrapper._replan(causal=causal, pos_encoding_mode="NONE",
@@ -199,12 +206,5 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
                                             logits_soft_cap=None, sm_scale=sm_scale, rope_scale=rope_scale,
                                             rope_theta=rope_theta, q_data_type=dt,
                                             kv_data_type=None if kv_dt == dt else kv_dt)
-        if _prefix_len(k_shared, v_shared, self._kv_layout) == 0:  # an empty state changes nothing
-            return self._batch_prefill_wrapper.run(q, unique_kv_cache)
-        v_unique, s_unique = self._batch_prefill_wrapper.run(q, unique_kv_cache, return_lse=True)
-        v_shared, s_shared = single_prefill_with_kv_cache(q, k_shared, v_shared, causal=False,
-                                                          kv_layout=self._kv_layout,
-                                                          use_fp16_qk_reduction=use_fp16_qk_reduction,
-                                                          sm_scale=sm_scale, return_lse=True)
-        _merge(v_shared, s_shared, v_unique, s_unique)
-        return v_shared
+        return self._prefix_and_suffix(q, k_shared, v_shared, unique_kv_cache,
+                                       use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale)
