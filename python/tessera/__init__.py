@@ -12,7 +12,8 @@ The public functions mirror FlashInfer's Python API names and signatures:
   runs as one single prefill over all query rows, merged with the batch
   wrapper's suffix state.
 * tessera.single_decode_with_kv_cache, BatchDecodeWithPagedKVCacheWrapper
-  and CUDAGraphBatchDecodeWithPagedKVCacheWrapper (flashinfer.decode).
+  and CUDAGraphBatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
+  (flashinfer.decode).
 * tessera.single_prefill_with_kv_cache, BatchPrefillWithPagedKVCacheWrapper,
   BatchPrefillWithRaggedKVCacheWrapper and BlockSparseAttentionWrapper
   (flashinfer.prefill, flashinfer.sparse).
@@ -34,6 +35,9 @@ The public functions mirror FlashInfer's Python API names and signatures:
 * tessera.apply_rope, apply_rope_pos_ids, apply_llama31_rope,
   apply_llama31_rope_pos_ids, apply_rope_with_cos_sin_cache and their
   _inplace forms (flashinfer.rope): linear, Llama 3.1 or cached angles.
+* tessera.utils and tessera.jit: FlashInfer's capability queries, enums and
+  JIT warm-up names (JitSpec, build_jit_specs, gen_*_module), so warm-up
+  code written for FlashInfer runs unchanged.
 * tessera.AttentionWrapper with tessera.AttentionSpec / VariantSpec /
   TaskInfo: any attention variant as CUDA code with extra parameters (the
   paper's Listing 1); tessera.variants holds the built-in variants.
@@ -59,7 +63,7 @@ from .attention import BatchAttention
 from .cascade import (BatchDecodeWithSharedPrefixPagedKVCacheWrapper, BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
                       MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
                       merge_states_ragged)
-from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper, fast_decode_plan,
                      single_decode_with_kv_cache)
 from .jit import cache_dir, compile_builtin
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
@@ -73,7 +77,7 @@ from .prefill import (
 )
 from .quantization import packbits, segment_packbits
 from .sparse import VariableBlockSparseAttentionWrapper
-from . import variants
+from . import fp4_quantization, jit, utils, variants  # noqa: F401 (submodules FlashInfer callers reach as attributes)
 from .rope import (apply_llama31_rope, apply_llama31_rope_inplace, apply_llama31_rope_pos_ids,
                    apply_llama31_rope_pos_ids_inplace, apply_rope, apply_rope_inplace, apply_rope_pos_ids,
                    apply_rope_pos_ids_inplace, apply_rope_with_cos_sin_cache, apply_rope_with_cos_sin_cache_inplace)
@@ -105,6 +109,7 @@ __all__ = [
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
     "BatchPrefillWithPagedKVCacheWrapper",

@@ -18,6 +18,7 @@ from . import _compat as C
 from . import _prefill_base as B
 from . import _tensors as T
 from . import _wrapper_util as W
+from .jit import gen_batch_attention_module  # noqa: F401 (FlashInfer name)
 
 # The workspace BatchAttention allocates (FlashInfer's takes 384 MiB). Tessera's schedule for 4096
 # requests, 256k query rows and 4M pages needs about 52 MiB; a plan that needs more grows it.

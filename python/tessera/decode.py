@@ -20,6 +20,8 @@ from . import _compat as C
 from . import _tensors as T
 from . import _wrapper_util as W
 from ._native import _C
+from .jit import gen_batch_decode_module, gen_single_decode_module  # noqa: F401 (FlashInfer names)
+from ._decode_fast_plan import fast_decode_plan  # noqa: F401 (FlashInfer name)
 # Shared with prefill.py; re-exported under the old names (page.py imports them from here).
 from ._wrapper_util import LAYOUTS as _LAYOUTS
 from ._wrapper_util import dtype_arg as _dtype_arg

@@ -21,6 +21,7 @@ import numpy as np
 from . import _tensors as T
 from . import _wrapper_util as W
 from ._native import _C
+from .jit import gen_page_module  # noqa: F401 (FlashInfer name)
 from .decode import _LAYOUTS, _unpack_paged_kv_cache
 
 

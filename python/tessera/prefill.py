@@ -31,6 +31,7 @@ from . import _masks as M
 from . import _prefill_base as B
 from . import _tensors as T
 from . import _wrapper_util as W
+from .jit import gen_batch_prefill_module, gen_single_prefill_module  # noqa: F401 (FlashInfer names)
 from .sparse import BlockSparseAttentionWrapper  # noqa: F401 (importable from here too)
 
 

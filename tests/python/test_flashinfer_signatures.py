@@ -193,6 +193,33 @@ FLASHINFER = {
         "kv_layout_d='NHD', pos_encoding_mode_d='NONE', sm_scale_d=None, window_left_d=-1, rope_scale_d=None, "
         "rope_theta_d=None, q_scale=None, k_scale=None, v_scale=None, return_lse_d=False, "
         "use_fp16_qk_reduction=False, enable_pdl=None, *args"),
+    ("decode", "fast_decode_plan"): (
+        "self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, "
+        "pos_encoding_mode='NONE', window_left=-1, logits_soft_cap=None, q_data_type=None, kv_data_type=None, "
+        "data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True, "
+        "fixed_split_size=None, disable_split_kv=False, q_len_per_req=1, global_override_indptr_cpu=None"),
+    # flashinfer.jit (the warm-up interface) and flashinfer.utils
+    ("jit", "build_jit_specs"): "specs, verbose=False, skip_prebuilt=True",
+    ("decode", "gen_batch_decode_module"): (
+        "dtype_q, dtype_kv, dtype_o, dtype_idx, head_dim_qk, head_dim_vo, pos_encoding_mode, use_sliding_window, "
+        "use_logits_soft_cap"),
+    ("decode", "gen_single_decode_module"): (
+        "dtype_q, dtype_kv, dtype_o, head_dim_qk, head_dim_vo, pos_encoding_mode, use_sliding_window, "
+        "use_logits_soft_cap"),
+    ("prefill", "gen_batch_prefill_module"): (
+        "backend, dtype_q, dtype_kv, dtype_o, dtype_idx, head_dim_qk, head_dim_vo, pos_encoding_mode, "
+        "use_sliding_window, use_logits_soft_cap, use_fp16_qk_reduction"),
+    ("prefill", "gen_single_prefill_module"): (
+        "backend, dtype_q, dtype_kv, dtype_o, head_dim_qk, head_dim_vo, pos_encoding_mode, use_sliding_window, "
+        "use_logits_soft_cap, use_fp16_qk_reduction"),
+    ("attention", "gen_batch_attention_module"): (
+        "dtype_q, dtype_kv, dtype_o, dtype_idx, head_dim_qk, head_dim_vo, pos_encoding_mode, use_logits_soft_cap, "
+        "use_profiler"),
+    ("utils", "is_fa3_backend_supported"): (
+        "pos_encoding_mode, use_fp16_qk_reductions, use_custom_mask, dtype_q, dtype_kv"),
+    ("utils", "is_fa3_prefill_head_dim_supported"): "head_dim_qk, head_dim_vo",
+    ("utils", "get_compute_capability"): "device",
+    ("utils", "is_sm90a_supported"): "device",
     # flashinfer.page
     ("page", "append_paged_kv_cache"): (
         "append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr, "
@@ -313,7 +340,7 @@ TOP_LEVEL = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper"
              "get_batch_indices_positions", "get_seq_lens", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
              "apply_rope_pos_ids_inplace", "apply_llama31_rope", "apply_llama31_rope_inplace",
              "apply_llama31_rope_pos_ids", "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
-             "apply_rope_with_cos_sin_cache_inplace", "packbits", "segment_packbits"]
+             "apply_rope_with_cos_sin_cache_inplace", "packbits", "segment_packbits", "fast_decode_plan"]
 
 # Methods and attributes of FlashInfer's wrappers that Tessera implements.
 METHODS = {

@@ -13,7 +13,8 @@ output length) or numpy, results in the input's framework and device.
 
 import numpy as np
 
-from . import _tensors as T
+from .. import _tensors as T
+from ..jit import gen_quantization_module  # noqa: F401 (FlashInfer name)
 
 _ORDERS = ("big", "little")
 
