@@ -209,6 +209,41 @@ def test_bsr_gpu(torch_cuda, rng, poison, R, C, dtype, head_dim, group, causal):
     check(o, lse, ref_o, ref_lse, dtype)
 
 
+@pytest.mark.parametrize("R, C, dtype, head_dim, group, packed", [
+    (1, 1, "float16", 128, 4, False), (4, 16, "bfloat16", 128, 1, True), (16, 4, "float16", 256, 8, False),
+    (16, 16, "bfloat16", 64, 4, True), (4, 1, "float16", 128, 4, True)])
+def test_bsr_mask_inside_blocks_gpu(torch_cuda, rng, poison, R, C, dtype, head_dim, group, packed):
+    """FlashInfer's mask= / packed_mask= of the block-sparse plan: each block [R, C] keeps only its masked
+    elements (rows that keep none get o = 0 and lse = -inf)."""
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    hq, MB, NB = HKV * group, 6, 64 // C + 5
+    M, N = MB * R, NB * C
+    indptr, indices = random_bsr(rng, MB, NB)
+    nnz = int(indptr[-1])
+    elem = rng.random((nnz, R, C)) < 0.5
+    elem[0] = False  # a block that hides everything
+    visible = np.zeros((M, N), bool)
+    for r in range(MB):
+        for b in range(indptr[r], indptr[r + 1]):
+            c = indices[b]
+            visible[r * R:(r + 1) * R, c * C:(c + 1) * C] = elem[b]
+    q = uniform(torch, rng, (M, hq, head_dim), tdt, -2.0, 2.0)
+    k, v = uniform(torch, rng, (N, HKV, head_dim), tdt), uniform(torch, rng, (N, HKV, head_dim), tdt)
+    mask = torch.from_numpy(elem).cuda()
+    kw = dict(packed_mask=tessera.packbits(mask.reshape(-1), bitorder="little")) if packed else dict(mask=mask)
+    wrapper = tessera.BlockSparseAttentionWrapper(workspace(torch))
+    wrapper.plan(torch.from_numpy(indptr), torch.from_numpy(indices), M, N, R, C, hq, HKV, head_dim,
+                 q_data_type=tdt, o_data_type=tdt, **kw)
+    o, lse = wrapper.run(q, k, v, return_lse=True)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = ref_request(to_np(q), to_np(k), to_np(v), False, visible=visible)
+    check(o, lse, ref_o, ref_lse, dtype)
+    o2 = wrapper.run(q, k, v)
+    torch.cuda.synchronize()
+    assert torch.equal(o2, o)
+
+
 # ======================================================================= GPU: single request
 SINGLE_CASES = [  # dtype, head_dim, group, layout, causal, q_len, kv_len
     ("float16", 128, 4, "NHD", True, 128, 128), ("bfloat16", 128, 4, "HND", True, 77, 1000),

@@ -119,8 +119,9 @@ def test_ragged_plan_and_run_validation_without_gpu():
 BSR_PLAN_ERRORS = [  # plan() overrides, error, what the message names
     (dict(M=6), ValueError, "^M:"), (dict(M=-4), ValueError, "^M:"), (dict(N=40), ValueError, "^N:"),
     (dict(N=32.0), ValueError, "^N:"), (dict(R=0), ValueError, "^R:"), (dict(indptr=[0, 1]), ValueError, "^indptr:"),
-    (dict(mask=np.ones(4, bool)), ValueError, "not supported yet"),
-    (dict(packed_mask=np.ones(4, np.uint8)), ValueError, "not supported yet"),
+    (dict(mask=np.ones(4, bool)), ValueError, "^mask: expected shape"),
+    (dict(packed_mask=np.ones(4, np.uint8)), ValueError, "^packed_mask: expected at least"),
+    (dict(mask=np.ones((2, 4, 16)), indices=[0, 1]), TypeError, "^mask: expected a bool"),
     (dict(head_dim=96), ValueError, "^head_dim:"), (dict(causal=True), TypeError, "float_workspace_buffer"),
 ]
 

@@ -180,10 +180,16 @@ def test_ragged_and_single_mask_validation_without_gpu():
     expect(ValueError, "= 15", lambda: single(q, k, k, custom_mask=np.ones((3, 4), bool)))
     expect(ValueError, "^causal", lambda: single(q, k, k, custom_mask=np.ones((3, 5), bool), causal=True))
     expect(ValueError, "at least .* 2 bytes", lambda: single(q, k, k, packed_custom_mask=np.ones(1, np.uint8)))
-    # The block-sparse wrapper still takes no mask (its BSR matrix is the mask).
+    # The block-sparse wrapper's mask is per block: [indptr[-1], R, C].
     bsr = tessera.BlockSparseAttentionWrapper(np.zeros(16, np.uint8))
-    expect(ValueError, "not supported yet", lambda: bsr.plan([0, 1], [0], 4, 16, 4, 16, 8, HKV, 128,
-                                                             mask=np.ones(64, bool)))
+    expect(ValueError, r"^mask: expected shape \(indptr\[-1\]=1, R=4, C=16\)",
+           lambda: bsr.plan([0, 1], [0], 4, 16, 4, 16, 8, HKV, 128, mask=np.ones(64, bool)))
+    expect(TypeError, "^packed_mask: expected a 1-D uint8", lambda: bsr.plan([0, 1], [0], 4, 16, 4, 16, 8, HKV, 128,
+                                                                             packed_mask=np.ones(8, np.int32)))
+    expect(ValueError, "^packed_mask: expected at least", lambda: bsr.plan([0, 1], [0], 4, 16, 4, 16, 8, HKV, 128,
+                                                                           packed_mask=np.ones(7, np.uint8)))
+    expect(ValueError, "^causal", lambda: bsr.plan([0, 1], [0], 4, 16, 4, 16, 8, HKV, 128,
+                                                   mask=np.ones((1, 4, 16), bool), causal=True))
 
 
 def test_native_custom_mask_option():
@@ -313,3 +319,20 @@ def test_packing_on_gpu_matches_numpy(torch_cuda, rng):
         assert y.is_cuda and ip.is_cuda
         np.testing.assert_array_equal(y.cpu().numpy(), ref_y)
         np.testing.assert_array_equal(ip.cpu().numpy(), ref_ip)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_block_sparse_mask_layout(rng, packed):
+    """Per-block masks [nnz, R, C] become each block row's [R, nnz_r * C] mask, rows concatenated."""
+    from tessera.sparse import _block_row_masks
+    R, C = 3, 5
+    indptr = np.array([0, 2, 2, 5], np.int64)
+    elem = rng.random((5, R, C)) < 0.5
+    want = []
+    for r in range(3):
+        blocks = elem[indptr[r]:indptr[r + 1]]
+        want.append(np.concatenate(list(blocks), axis=1).reshape(-1) if len(blocks) else np.zeros(0, bool))
+    want = np.concatenate(want)
+    arg = (None, np.packbits(elem.reshape(-1), bitorder="little")) if packed else (elem, None)
+    got = _block_row_masks(*arg, indptr, R, C)
+    assert got.dtype == bool and np.array_equal(got, want)
