@@ -191,7 +191,6 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("v_indptr", lambda: ragged_w().plan(**RAGGED, v_indptr=[0, 5, 9])),
     ("o_indptr", lambda: ragged_w().plan(**RAGGED, o_indptr=[0, 3, 5])),
     ("o_scale", lambda: ragged_w().run(_Q, _K, _K, o_scale=2.0)),
-    ("mask", lambda: bsr_w().plan(**BSR, mask=np.ones(4, bool))),
     ("block_mask", lambda: bsr_w().plan(**BSR, block_mask=np.ones((1, 2, 2), bool))),
     ("kv_splits", lambda: bsr_w().plan(**BSR, kv_splits=2)),
     ("use_clc", lambda: bsr_w().plan(**BSR, use_clc=True)),
