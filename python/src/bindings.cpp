@@ -298,23 +298,16 @@ class PyBatchPrefill {
 
   // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
   // part belongs in the mask itself). window_left / logits_soft_cap /
-  // pos_encoding: FlashInfer's plan() options (-1 / 0 / 0: off), not
-  // combined with a custom mask.
+  // pos_encoding: FlashInfer's plan() options (-1 / 0 / 0: off), applied
+  // on top of a custom mask when both are given.
   static AttentionSpec spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
                             int head_dim, bool causal, bool custom_mask, int window_left, double logits_soft_cap,
                             int pos_encoding) {
     if (causal && custom_mask)
       throw InvalidArgument("causal: expected False with a custom mask (put the causal part into the mask)");
-    if (custom_mask && (window_left != -1 || logits_soft_cap != 0.0))
-      throw InvalidArgument("window_left / logits_soft_cap: expected -1 / 0 with a custom mask (not supported together "
-                            "yet), got " + std::to_string(window_left) + " / " + std::to_string(logits_soft_cap));
-    if (custom_mask && pos_encoding != 0)
-      throw InvalidArgument("pos_encoding_mode: ROPE_LLAMA / ALIBI with a custom mask is not supported yet (expected "
-                            "NONE)");
     AttentionSpec s = decode_spec(q_dtype, kv_dtype, o_dtype, head_dim);
-    s.variant = custom_mask ? variants::custom_mask()
-                            : variants::from_plan_options(causal, window_left, static_cast<float>(logits_soft_cap),
-                                                          to_pos_encoding(pos_encoding));
+    s.variant = variants::from_plan_options(causal, window_left, static_cast<float>(logits_soft_cap),
+                                            to_pos_encoding(pos_encoding), custom_mask);
     return s;
   }
   static TaskInfo task(int num_qo_heads, int num_kv_heads, int page_size, const std::string& layout, int64_t max_batch,

@@ -94,11 +94,6 @@ class PrefillWrapper(W.PlannedWrapper):
         if key == self._config_key:
             return self._config_checked
         window, cap = W.plan_options(window_left, logits_soft_cap)
-        if masked and (window != -1 or cap != 0.0 or rope[0]):
-            name, value = (("window_left", window_left) if window != -1 else ("logits_soft_cap", logits_soft_cap)
-                           if cap != 0.0 else ("pos_encoding_mode", W.pos_encoding_mode_name(rope[0])))
-            raise C.not_supported(name, value, "custom masks are not combined with a window, a soft cap, fused "
-                                  "RoPE or ALiBi yet")
         options = dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0])
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
         kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")

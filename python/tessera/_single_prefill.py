@@ -70,10 +70,11 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
         window_left: -1 (no window), or the keys (>= 0) query i sees to the
             left of its position i + kv_len - qo_len.
         logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
-            (cap * tanh(logit / cap)); neither option with a custom mask yet.
-        pos_encoding_mode: "NONE", or "ROPE_LLAMA" (Llama RoPE fused into the
-            kernel: query i at position i + kv_len - qo_len, key j at j); not
-            with a window, a soft cap or a custom mask yet.
+            (cap * tanh(logit / cap)). Both apply on top of a custom mask.
+        pos_encoding_mode: "NONE", "ROPE_LLAMA" (Llama RoPE fused into the
+            kernel: query i at position i + kv_len - qo_len, key j at j) or
+            "ALIBI"; either combines with a window, a soft cap and a custom
+            mask.
         rope_scale, rope_theta: with ROPE_LLAMA (None: 1 and 1e4), else None.
         use_fp16_qk_reduction: accepted; q.k is always accumulated in float32.
         sm_scale: softmax scale; None means 1 / sqrt(head_dim).
@@ -116,11 +117,6 @@ def _single_prefill(q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, pa
     rope = B.reject_prefill_options((), (), None, None, pos_encoding_mode, rope_scale, rope_theta)
     window, cap = W.plan_options(window_left, logits_soft_cap)
     masked = custom_mask is not None or packed_custom_mask is not None
-    if masked and (window != -1 or cap != 0.0 or rope[0]):
-        name, value = (("window_left", window_left) if window != -1 else ("logits_soft_cap", logits_soft_cap)
-                       if cap != 0.0 else ("pos_encoding_mode", pos_encoding_mode))
-        raise C.not_supported(name, value, "custom masks are not combined with a window, a soft cap, fused RoPE or "
-                              "ALiBi yet")
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 3:
         raise ValueError(f"q: expected a 3-D tensor [qo_len, num_qo_heads, head_dim], got shape {tuple(q.shape)}")

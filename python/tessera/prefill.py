@@ -127,12 +127,12 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 - qo_len); with causal a sliding window.
             logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
                 (cap * tanh(logit / cap), logit = q.k * sm_scale). Window and
-                cap combine (Gemma 2); neither with a custom mask yet.
+                cap combine (Gemma 2), also with a custom mask.
             pos_encoding_mode: "NONE", or "ROPE_LLAMA": Llama RoPE fused into
                 the kernel, query i of a request rotated at position i +
                 kv_len - qo_len and key j at j (half-split pairs over all
-                head_dim features); not with a window, a soft cap or a
-                custom mask yet.
+                head_dim features), or "ALIBI"; either combines with a window,
+                a soft cap and a custom mask.
             rope_scale, rope_theta: with ROPE_LLAMA, positions are divided by
                 rope_scale (None: 1), frequency base rope_theta (None: 1e4);
                 None otherwise.

@@ -20,7 +20,7 @@ const char* kind_name(AttentionKind k) {
 
 AttentionWrapper::AttentionWrapper(AttentionSpec spec, TaskInfo task, Workspace& workspace, AttentionWrapperOptions opt)
     : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(opt), kind_(opt.kind),
-      custom_mask_(spec_.variant == variants::custom_mask()) {
+      custom_mask_(spec_.variant.custom_mask) {
   validate_task(task_, spec_);
   if (custom_mask_ && kind_ == AttentionKind::kDecode)
     throw InvalidArgument("kind: the custom_mask variant runs on the prefill kernels only; use kPrefill or kAuto");
@@ -37,7 +37,7 @@ WorkspaceSizes AttentionWrapper::workspace_size(const AttentionSpec& spec, const
     s.device_bytes = std::max(s.device_bytes, w.device_bytes);
     s.host_bytes = std::max(s.host_bytes, w.host_bytes);
   };
-  const bool mask = spec.variant == variants::custom_mask();
+  const bool mask = spec.variant.custom_mask;
   if (opt.kind != AttentionKind::kPrefill && !mask) widen(BatchDecode::workspace_size(spec, task, num_sms, opt.decode));
   if (opt.kind != AttentionKind::kDecode) widen(BatchPrefill::workspace_size(spec, task, num_sms, opt.prefill));
   return s;

@@ -38,7 +38,7 @@ void validate_levels(const std::vector<AttentionSpec>& specs, const TaskInfo& ta
         s.head_dim != specs[0].head_dim)
       throw InvalidArgument("level_specs[" + str(i) + "]: expected the dtypes and head_dim of level 0 (" +
                             specs[0].str() + "), got " + s.str());
-    if (s.variant == variants::custom_mask())
+    if (s.variant.custom_mask)
       throw InvalidArgument("level_specs[" + str(i) + "]: custom masks are not supported in a cascade");
   }
   if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)

@@ -57,14 +57,14 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
   l.qo_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.last = w.add(sizeof(int32_t) * task.max_batch);
-  if (spec.variant == variants::custom_mask()) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
+  if (spec.variant.custom_mask) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_group + 1));
   l.items = w.add(sizeof(PrefillWorkItem) * max_items);
   l.first_items = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
   // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
-  if (spec.variant == variants::custom_mask()) {  // written on the GPU by each run
+  if (spec.variant.custom_mask) {  // written on the GPU by each run
     l.trimmed_items = w.add(sizeof(PrefillWorkItem) * max_items);
     l.trimmed_first = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
   }
@@ -133,7 +133,7 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   // Custom masks keep the full schedule: a masked-out tile only costs time,
   // a skipped visible one would be wrong (causal_schedule is the caller's
   // call). Each run then trims the items by the mask it brings (trim_items).
-  custom_mask_ = spec_.variant == variants::custom_mask();
+  custom_mask_ = spec_.variant.custom_mask;
 }
 
 void BatchPrefill::use_shared_scratch(void* device_ptr, size_t bytes) {

@@ -94,7 +94,7 @@ static void require_half_output(const AttentionSpec& spec, const char* kernel) {
 // The custom mask's bits live in PrefillParams only: say so instead of
 // failing in NVRTC on a missing member.
 static void require_non_mask_variant(const AttentionSpec& spec, const char* kernel) {
-  if (spec.variant == variants::custom_mask())
+  if (spec.variant.custom_mask)
     throw InvalidArgument(std::string("variant: custom_mask runs on the tensor-core prefill kernel (BatchPrefill) only, not ") +
                           kernel);
 }

@@ -46,18 +46,26 @@ std::string name_token(const std::string& s) {
 // QueryIndexAlibi), SoftCap<bits, ...> on its logits, SlidingWindow<W, ...>
 // declared on top; causal declared by the spec.
 // cap <= 0: no soft cap; window_left = -1: no window.
-VariantSpec plan_variant(bool causal, int window_left, float cap, PosEncoding pos) {
+VariantSpec plan_variant(bool causal, int window_left, float cap, PosEncoding pos, bool mask) {
   std::vector<std::string> parts;
   std::string type;
   VariantSpec v{"", ""};
+  // The custom mask is the innermost base: every other option composes over it.
+  const std::string base = mask ? "tessera::variants::CustomMaskAttention" : "";
+  if (mask) {
+    parts.push_back("CustomMask");
+    type = base;
+    v.headers.push_back("tessera/device/variants/custom_mask.cuh");
+    v.custom_mask = true;
+  }
   if (pos == PosEncoding::kRopeLlama) {
     parts.push_back("Rope");
-    type = "tessera::variants::Rope<tessera::Pairing::kHalves, kHeadDim>";
+    type = "tessera::variants::Rope<tessera::Pairing::kHalves, kHeadDim" + (mask ? ", " + base : "") + ">";
     v.headers.push_back("tessera/device/variants/rope.cuh");
     v.scalars = {{"rope_scale", DType::kFloat32}, {"rope_theta", DType::kFloat32}};
   } else if (pos == PosEncoding::kAlibi) {
     parts.push_back("QueryIndexAlibi");
-    type = "tessera::variants::QueryIndexAlibi<>";
+    type = "tessera::variants::QueryIndexAlibi<" + base + ">";
     v.headers.push_back("tessera/device/variants/alibi.cuh");
     v.tensors = {{"alibi_slopes", DType::kFloat32}};
   }
@@ -101,29 +109,37 @@ VariantSpec standard() { return builtin("StandardAttention", "standard.cuh", "St
 
 VariantSpec causal() { return builtin("CausalAttention", "causal.cuh", "CausalAttention", true); }
 
-VariantSpec custom_mask() { return builtin("CustomMaskAttention", "custom_mask.cuh", "CustomMaskAttention"); }
+VariantSpec custom_mask() {
+  VariantSpec v = builtin("CustomMaskAttention", "custom_mask.cuh", "CustomMaskAttention");
+  v.custom_mask = true;
+  return v;
+}
 
 VariantSpec soft_cap(float cap, bool causal) {
   check_cap(cap, "cap");
-  return plan_variant(causal, -1, cap, PosEncoding::kNone);
+  return plan_variant(causal, -1, cap, PosEncoding::kNone, false);
 }
 
 VariantSpec sliding_window(int window_left, bool causal) {
   check_window(window_left, 0, ">= 0 (keys a query sees to its left)");
-  return plan_variant(causal, window_left, 0.f, PosEncoding::kNone);
+  return plan_variant(causal, window_left, 0.f, PosEncoding::kNone, false);
 }
 
-VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap, PosEncoding pos_encoding) {
+VariantSpec from_plan_options(bool causal, int window_left, float logits_soft_cap, PosEncoding pos_encoding,
+                              bool custom_mask) {
   check_window(window_left, -1, "-1 (no window) or >= 0 (keys a query sees to its left)");
   if (logits_soft_cap != 0.f) check_cap(logits_soft_cap, "logits_soft_cap");
   if (pos_encoding != PosEncoding::kNone && pos_encoding != PosEncoding::kRopeLlama &&
       pos_encoding != PosEncoding::kAlibi)
     throw InvalidArgument("pos_encoding: expected kNone, kRopeLlama or kAlibi, got " +
                           std::to_string(static_cast<int>(pos_encoding)));
-  if (pos_encoding == PosEncoding::kRopeLlama && window_left < 0 && logits_soft_cap == 0.f) return rope(false, causal);
-  if (pos_encoding == PosEncoding::kNone && window_left < 0 && logits_soft_cap == 0.f)
-    return causal ? variants::causal() : standard();
-  return plan_variant(causal, window_left, logits_soft_cap, pos_encoding);
+  if (causal && custom_mask)
+    throw InvalidArgument("causal: expected false with a custom mask (put the causal part into the mask)");
+  const bool plain = window_left < 0 && logits_soft_cap == 0.f;
+  if (custom_mask && plain && pos_encoding == PosEncoding::kNone) return variants::custom_mask();
+  if (!custom_mask && plain && pos_encoding == PosEncoding::kRopeLlama) return rope(false, causal);
+  if (!custom_mask && plain && pos_encoding == PosEncoding::kNone) return causal ? variants::causal() : standard();
+  return plan_variant(causal, window_left, logits_soft_cap, pos_encoding, custom_mask);
 }
 
 bool is_causal(const VariantSpec& v) { return v.causal; }

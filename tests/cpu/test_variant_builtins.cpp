@@ -113,4 +113,26 @@ TEST(VariantBuiltins, CombinationsCompile) {
   EXPECT_TRUE(test::is_elf(cache.cubin(rope_decode, jit::Arch::parse("sm_80"))->image)) << rope_decode.entry;
   const jit::KernelSource alibi_prefill = catalog::batch_prefill(alibi_cap, 128, true);
   EXPECT_TRUE(test::is_elf(cache.cubin(alibi_prefill, jit::Arch::parse("sm_90a"))->image)) << alibi_prefill.entry;
+  // A custom mask as the base of every plan option: RoPE, ALiBi, window, cap.
+  const AttentionSpec mask_rope{variants::from_plan_options(false, 100, 30.f, PosEncoding::kRopeLlama, true),
+                                DType::kFloat16, DType::kFloat16, DType::kFloat16, 128};
+  const AttentionSpec mask_alibi{variants::from_plan_options(false, 64, 0.f, PosEncoding::kAlibi, true),
+                                 DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 128};
+  EXPECT_TRUE(mask_rope.variant.custom_mask && mask_alibi.variant.custom_mask);
+  for (const jit::KernelSource& k : {catalog::batch_prefill(mask_rope, 64), catalog::batch_prefill(mask_alibi, 64)})
+    EXPECT_TRUE(test::is_elf(cache.cubin(k, jit::Arch::parse("sm_80"))->image)) << k.entry;
+  const jit::KernelSource mask_hopper = catalog::batch_prefill(mask_alibi, 128, true);
+  EXPECT_TRUE(test::is_elf(cache.cubin(mask_hopper, jit::Arch::parse("sm_90a"))->image)) << mask_hopper.entry;
+}
+
+TEST(VariantBuiltins, CustomMaskUnderPlanOptions) {
+  using variants::PosEncoding;
+  EXPECT_EQ(variants::from_plan_options(false, -1, 0.f, PosEncoding::kNone, true), variants::custom_mask());
+  const VariantSpec v = variants::from_plan_options(false, 12, 5.f, PosEncoding::kAlibi, true);
+  EXPECT_TRUE(v.custom_mask);
+  EXPECT_EQ(v.window_left, 12);
+  EXPECT_NE(v.struct_name.find("CustomMaskAttention"), std::string::npos) << v.struct_name;
+  EXPECT_NE(v.name.find("CustomMask"), std::string::npos) << v.name;
+  EXPECT_FALSE(variants::from_plan_options(false, 12, 5.f, PosEncoding::kAlibi, false).custom_mask);
+  EXPECT_THROW(variants::from_plan_options(true, -1, 0.f, PosEncoding::kNone, true), InvalidArgument);
 }

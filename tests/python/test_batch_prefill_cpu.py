@@ -52,11 +52,11 @@ def test_plan_window_and_soft_cap_validation_without_gpu():
         expect(error, name, lambda: cpu_paged().plan(**paged_args(**opts)))
         expect(error, name, lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, **opts))
         expect(error, name, lambda: tessera.single_prefill_with_kv_cache(q, q[:, :2], q[:, :2], **opts))
-    mask = np.ones(2 * 4, bool)
-    expect(ValueError, "window_left", lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, custom_mask=mask, window_left=3))
-    expect(tessera.NotSupportedError, "^logits_soft_cap=5.0: not supported yet",
-           lambda: tessera.single_prefill_with_kv_cache(q[:2], q[:4, :2], q[:4, :2], custom_mask=np.ones((2, 4), bool),
-                                                        logits_soft_cap=5.0))
+    mask = np.ones(2 * 4, bool)  # a custom mask combines with a window and a soft cap: only the workspace is wrong
+    expect(TypeError, "float_workspace_buffer",
+           lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, custom_mask=mask, window_left=3, logits_soft_cap=5.0))
+    expect(ValueError, "^window_left:", lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, custom_mask=mask,
+                                                            window_left=-2))
     for opts in (dict(window_left=64), dict(logits_soft_cap=30.0), dict(window_left=0, logits_soft_cap=50.0)):
         expect(TypeError, "float_workspace_buffer", lambda: cpu_paged().plan(**paged_args(causal=True, **opts)))
         expect(TypeError, "float_workspace_buffer", lambda: ragged.plan([0, 2], [0, 4], 8, HKV, 128, **opts))

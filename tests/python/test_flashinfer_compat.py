@@ -181,7 +181,6 @@ NOT_SUPPORTED = [  # (argument the message names, call)
     ("seq_lens", lambda: paged_w().plan(**PAGED, seq_lens=np.array([5, 30]))),
     ("seq_lens_q", lambda: paged_w().plan(**PAGED, seq_lens_q=np.array([2, 2]))),
     ("head_dim_vo", lambda: paged_w().plan(**PAGED, head_dim_vo=64)),
-    ("window_left", lambda: paged_w().plan(**PAGED, custom_mask=np.ones(2 * 5 + 3 * 32, bool), window_left=4)),
     ("kv_cache_sf", lambda: paged_w().run(_Q, (_K, _K), kv_cache_sf=_T)),
     ("skip_softmax_threshold_scale_factor", lambda: paged_w().run(_Q, (_K, _K),
                                                                   skip_softmax_threshold_scale_factor=1.0)),

@@ -87,13 +87,6 @@ def test_rope_argument_errors():
     expect(ValueError, "rope_theta", lambda: decode(pos_encoding_mode="ROPE_LLAMA", rope_theta=float("inf")))
     expect(TypeError, "rope_scale", lambda: decode(pos_encoding_mode="ROPE_LLAMA", rope_scale="2"))
     expect(ValueError, "rope_theta", lambda: decode(rope_theta=1e4))  # without ROPE_LLAMA
-    qp = np.zeros((3, 8, 64), np.float32)
-    expect(ValueError, "pos_encoding_mode",
-           lambda: tessera.single_prefill_with_kv_cache(qp, k, k, custom_mask=np.ones((3, 5), bool),
-                                                        pos_encoding_mode="ROPE_LLAMA"))
-    expect(ValueError, "pos_encoding_mode",
-           lambda: tessera.single_prefill_with_kv_cache(qp, k, k, custom_mask=np.ones((3, 5), bool),
-                                                        pos_encoding_mode="ALIBI"))
     # The wrappers check at plan(), without a GPU.
     dec = tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, np.uint8))
     expect(ValueError, "pos_encoding_mode",
@@ -116,15 +109,17 @@ def pos_kwargs(mode, rope_scale=2.0, rope_theta=5e5):
     return dict(pos_encoding_mode=mode) if mode == "ALIBI" else rope_kwargs(rope_scale, rope_theta)
 
 
-def ref_pos(q, k, v, mode, causal, window_left=-1, logits_soft_cap=0.0, rope_scale=2.0, rope_theta=5e5):
-    """One request's float64 (o, lse) with `mode` (pos_kwargs's parameters), a window and a soft cap."""
+def ref_pos(q, k, v, mode, causal, window_left=-1, logits_soft_cap=0.0, rope_scale=2.0, rope_theta=5e5,
+            visible=None):
+    """One request's float64 (o, lse) with `mode` (pos_kwargs's parameters, or "NONE"), a window, a soft cap
+    and an optional custom mask `visible` [n, L]."""
     slopes = None
     if mode == "ROPE_LLAMA":
         q, k = rope_request(np.asarray(q, np.float64), np.asarray(k, np.float64), rope_scale, rope_theta)
-    else:
+    elif mode == "ALIBI":
         slopes = tessera.variants.alibi_slopes(q.shape[1]).astype(np.float64)
     return ref_request(q, k, v, causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
-                       alibi_slopes=slopes)
+                       alibi_slopes=slopes, visible=visible)
 
 
 @pytest.mark.parametrize("mode", POS_MODES)
@@ -152,6 +147,22 @@ def test_single_prefill_pos_options_cpu(rng, mode, window_left, cap, causal):
     o, lse = tessera.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, window_left=window_left,
                                                   logits_soft_cap=cap or None, **pos_kwargs(mode))
     ref_o, ref_lse = ref_pos(q, k, v, mode, causal, window_left, cap)
+    assert rel_error(o, ref_o) < TOL["float32"]
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["NONE"] + POS_MODES)
+@pytest.mark.parametrize("window_left, cap", OPTION_SETS[1:])
+def test_single_prefill_custom_mask_with_options_cpu(rng, mode, window_left, cap):
+    """A custom mask combines with RoPE / ALiBi, a window and a soft cap: every rule applies."""
+    hq, d, n, L = 4, 64, 9, 31
+    q = rng.standard_normal((n, hq, d)).astype(np.float32)
+    k, v = (rng.standard_normal((L, HKV, d)).astype(np.float32) for _ in range(2))
+    mask = rng.random((n, L)) < 0.6
+    kw = pos_kwargs(mode) if mode != "NONE" else {}
+    o, lse = tessera.single_prefill_with_kv_cache(q, k, v, custom_mask=mask, return_lse=True, window_left=window_left,
+                                                  logits_soft_cap=cap or None, **kw)
+    ref_o, ref_lse = ref_pos(q, k, v, mode, False, window_left, cap, visible=mask)
     assert rel_error(o, ref_o) < TOL["float32"]
     np.testing.assert_allclose(lse, ref_lse, atol=1e-4)
 
@@ -229,6 +240,34 @@ def test_batch_prefill_pos_options_gpu(torch_cuda, rng, poison, kind, backend, m
         a, b = qo[i], qo[i + 1]
         kb, vb = kv_of(i)
         ref_o[a:b], ref_lse[a:b] = ref_pos(qn[a:b], kb, vb, mode, causal, window_left, cap, rope_scale, rope_theta)
+    check(o, lse, ref_o, ref_lse, dtype)
+
+
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+@pytest.mark.parametrize("mode, dtype, window_left, cap", [
+    ("NONE", "float16", 40, 0.0), ("NONE", "bfloat16", -1, 30.0), ("ROPE_LLAMA", "float16", -1, 0.0),
+    ("ALIBI", "bfloat16", 64, 30.0), ("ROPE_LLAMA", "bfloat16", 100, 30.0)])
+def test_batch_prefill_custom_mask_with_options_gpu(torch_cuda, rng, poison, kind, mode, dtype, window_left, cap):
+    """FlashInfer's custom mask together with pos_encoding_mode, window_left and logits_soft_cap."""
+    torch = torch_cuda
+    tdt = getattr(torch, dtype)
+    hq, d, page_size = 4 * HKV, 128, 16
+    q_lens, kv_lens = zip(*[(1, 300), (37, 37), (100, 190), (64, 577)])
+    qo = indptr_of(q_lens)
+    masks = [rng.random((n, L)) < 0.7 for n, L in zip(q_lens, kv_lens)]
+    flat = torch.from_numpy(np.concatenate([m.reshape(-1) for m in masks])).cuda()
+    q = uniform(torch, rng, (int(qo[-1]), hq, d), tdt, -2.0, 2.0)
+    kw = pos_kwargs(mode) if mode != "NONE" else {}
+    o, lse, kv_of = run_batch(torch, rng, q, qo, kv_lens, hq, d, tdt, page_size if kind == "paged" else 0,
+                              dict(custom_mask=flat, window_left=window_left, logits_soft_cap=cap or None, **kw),
+                              dict(backend="auto"))
+    torch.cuda.synchronize()
+    qn = to_np(q)
+    ref_o, ref_lse = np.zeros(qn.shape), np.full(qn.shape[:2], -np.inf)
+    for i in range(len(q_lens)):
+        a, b = qo[i], qo[i + 1]
+        kb, vb = kv_of(i)
+        ref_o[a:b], ref_lse[a:b] = ref_pos(qn[a:b], kb, vb, mode, False, window_left, cap, visible=masks[i])
     check(o, lse, ref_o, ref_lse, dtype)
 
 

@@ -46,6 +46,9 @@ struct VariantSpec {
   // position - window_left), declared so the planners skip the keys left of
   // it instead of loading and masking them; -1: none.
   int window_left = -1;
+  // Reads FlashInfer's packed custom mask (PrefillParams::custom_mask; prefill
+  // kernels only): custom_mask() and the plan-option variants built on it.
+  bool custom_mask = false;
   std::vector<std::string> headers = {};  // built-ins: include names of their device headers
   std::string struct_name = {};           // built-ins: the struct the kernel instantiates
   bool operator==(const VariantSpec&) const = default;
@@ -78,10 +81,11 @@ VariantSpec sliding_window(int window_left, bool causal = false);
 // index among the request's new tokens (QueryIndexAlibi in
 // device/variants/alibi.cuh; extra tensor alibi_slopes float32
 // [num_qo_heads]). Either combines with a window and a soft cap (the cap
-// applies to the encoded logit).
+// applies to the encoded logit). custom_mask: the options apply on top of
+// custom_mask() (not with causal: a causal part belongs in the mask).
 enum class PosEncoding { kNone, kRopeLlama, kAlibi };
 VariantSpec from_plan_options(bool causal, int window_left = -1, float logits_soft_cap = 0.f,
-                              PosEncoding pos_encoding = PosEncoding::kNone);
+                              PosEncoding pos_encoding = PosEncoding::kNone, bool custom_mask = false);
 // True for variants whose spec declares causal (BatchPrefill schedules them
 // with causal tile clipping).
 bool is_causal(const VariantSpec& v);
