@@ -182,8 +182,33 @@ def recorded_plan(impl):
         self._plan_call = None
         impl(self, *args, **kwargs)
         self._plan_call = (args, kwargs)
+        _record_plan_options(self, impl, args, kwargs)
 
     return plan
+
+
+# The plan() options FlashInfer's wrappers keep as attributes after plan(), which engines read back
+# (vLLM checks _window_left, _logits_soft_cap and _sm_scale against its layer's; _causal for prefill).
+_PLAN_ATTRIBUTES = ("causal", "pos_encoding_mode", "window_left", "logits_soft_cap", "sm_scale", "rope_scale",
+                    "rope_theta", "use_fp16_qk_reduction")
+
+
+def _record_plan_options(wrapper, impl, args, kwargs):
+    """Sets wrapper._<option> for FlashInfer's recorded plan options, as FlashInfer's plan() leaves them
+    (logits_soft_cap None becomes 0.0; sm_scale stays None when not given)."""
+    bound = inspect.signature(impl).bind(wrapper, *args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    values.update(values.pop("kwargs", {}) or {})
+    hidden = getattr(type(wrapper), "_plan_impl", None)  # decode: the options are _plan_impl's keywords
+    if hidden is not None:
+        for name, p in inspect.signature(hidden).parameters.items():
+            if p.default is not inspect.Parameter.empty:
+                values.setdefault(name, p.default)
+    for name in _PLAN_ATTRIBUTES:
+        if name in values:
+            value = values[name]
+            setattr(wrapper, "_" + name, 0.0 if name == "logits_soft_cap" and value is None else value)
 
 
 def replan(wrapper, plan_fn, options):

@@ -215,8 +215,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         self._use_tensor_cores = bool(use_tensor_cores)
-        # Kept only so the caller's buffers outlive the wrapper as in FlashInfer.
+        # The caller's buffers, under FlashInfer's attribute names (engines write page ids into
+        # _paged_kv_indices_buf before plan() in CUDA-graph mode).
         self._paged_kv_buffers = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+        self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf = \
+            self._paged_kv_buffers
         self._multi = None  # the prefill wrapper that runs q_len_per_req > 1 steps (built at the first such plan)
         self._fixed_batch = self._fixed_pages = None
         if paged_kv_indptr_buffer is not None:

@@ -83,9 +83,11 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         """
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs,
                          variant_owns_mask)
-        # Kept only so the caller's buffers outlive the wrapper as in FlashInfer.
+        # The caller's buffers, also under FlashInfer's attribute names.
         self._buffers = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf,
                          custom_mask_buf, mask_indptr_buf)
+        (self._qo_indptr_buf, self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf,
+         self._custom_mask_buf, self._mask_indptr_buf) = self._buffers
         self._fix_batch((("qo_indptr_buf", qo_indptr_buf, 1), ("paged_kv_indptr_buf", paged_kv_indptr_buf, 1),
                          ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf, 0),
                          ("mask_indptr_buf", mask_indptr_buf, 1)))
@@ -316,6 +318,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs,
                          variant_owns_mask)
         self._buffers = (qo_indptr_buf, kv_indptr_buf, custom_mask_buf, mask_indptr_buf)
+        self._qo_indptr_buf, self._kv_indptr_buf, self._custom_mask_buf, self._mask_indptr_buf = self._buffers
         self._fix_batch((("qo_indptr_buf", qo_indptr_buf, 1), ("kv_indptr_buf", kv_indptr_buf, 1),
                          ("mask_indptr_buf", mask_indptr_buf, 1)))
         self._mask_buf = custom_mask_buf
