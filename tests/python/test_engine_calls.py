@@ -75,7 +75,6 @@ class PagedCache:
         rows = self.cache[self.indices[a:b].long()]
         if self.layout == "HND":
             rows = rows.transpose(2, 3)
-        rows = rows.reshape(rows.shape[0], 2, -1, HKV, D)  # merge (pages, page) below
         k = rows[:, 0].reshape(-1, HKV, D)[: self.lens[i]]
         v = rows[:, 1].reshape(-1, HKV, D)[: self.lens[i]]
         return k, v
