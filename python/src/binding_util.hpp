@@ -17,6 +17,18 @@
 
 namespace tessera::python {
 
+// workspace_size and min_workspace_size of a wrapper class (same arguments,
+// `ideal` and `minimum` the two instantiations of its static sizer).
+template <typename Class, typename Fn, typename... Args>
+void def_workspace_sizes(Class& cls, Fn ideal, Fn minimum, const Args&... args) {
+  cls.def_static("workspace_size", ideal, args...,
+                 "(device_bytes, host_bytes) for these bounds: the ideal size, with partial states for every "
+                 "split-KV plan; num_sms 0 asks the device.");
+  cls.def_static("min_workspace_size", minimum, args...,
+                 "(device_bytes, host_bytes): the smallest workspace these bounds accept (no partial states; "
+                 "below workspace_size the plans split less KV to fit); num_sms 0 asks the device.");
+}
+
 inline DType parse_dtype(const char* what, const std::string& s) {
   for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32, DType::kUInt8, DType::kBool,
                   DType::kFloat8E4M3, DType::kFloat8E5M2})

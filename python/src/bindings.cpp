@@ -208,7 +208,8 @@ class PyBatchDecode {
     return opt;
   }
 
-  static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
+  template <bool Min>
+  static std::tuple<size_t, size_t> sizes(const std::string& q_dtype, const std::string& kv_dtype,
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    int64_t max_batch, int64_t max_pages, int num_sms, int device,
@@ -220,11 +221,9 @@ class PyBatchDecode {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
-    const auto s = BatchDecode::workspace_size(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left,
-                                                           logits_soft_cap, pos_encoding),
-                                               task, num_sms,
-                                               options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk,
-                                                       heads_per_thread));
+    const auto s = (Min ? BatchDecode::min_workspace_size : BatchDecode::workspace_size)(
+        decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, pos_encoding), task, num_sms,
+        options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk, heads_per_thread));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -316,7 +315,8 @@ class PyBatchPrefill {
                         max_fixed_chunks);
   }
 
-  static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
+  template <bool Min>
+  static std::tuple<size_t, size_t> sizes(const std::string& q_dtype, const std::string& kv_dtype,
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    bool causal, int64_t max_batch, int64_t max_total_q,
@@ -336,7 +336,7 @@ class PyBatchPrefill {
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
-    const auto s = BatchPrefill::workspace_size(
+    const auto s = (Min ? BatchPrefill::min_workspace_size : BatchPrefill::workspace_size)(
         sp, t, num_sms, prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk));
     return {s.device_bytes, s.host_bytes};
   }
@@ -490,9 +490,15 @@ NB_MODULE(_C, m) {
         "Writes rows [nnz, H, D] into the paged cache (k, v) or interleaved k (v None); int32 index tensors. "
         "16-bit rows into an fp8 cache are quantized (divided by the scales, saturated); cache_dtype / "
         "append_dtype name the fp8 type of uint8 views ('' : as given).");
-  nb::class_<PyBatchDecode>(m, "BatchDecode",
-                            "Batch decode over a paged KV cache: plan() once per step, run() per layer.")
-      .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
+  nb::class_<PyBatchDecode> decode(m, "BatchDecode",
+                                   "Batch decode over a paged KV cache: plan() once per step, run() per layer.");
+  def_workspace_sizes(decode, &PyBatchDecode::sizes<false>, &PyBatchDecode::sizes<true>, "q_dtype"_a, "kv_dtype"_a,
+                      "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a,
+                      "max_batch"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true,
+                      "max_sms"_a = 0, "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+                      "pos_encoding"_a = 0, "tc_cta_q"_a = 0, "cuda_cores"_a = false, "fixed_chunk"_a = 0,
+                      "heads_per_thread"_a = 0);
+  decode.def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, int,
                     int, bool, int, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
@@ -506,12 +512,6 @@ NB_MODULE(_C, m) {
            "(0 heuristic, 16, 32, 64 or 128). Neither flag: the wrapper picks (DecodeOptions); cuda_cores: "
            "the CUDA-core kernel. fixed_chunk > 0: batch-invariant KV chunks of that many keys. heads_per_thread "
            "(1..4, 0 heuristic): the CUDA-core kernel's query heads per thread (tuning).")
-      .def_static("workspace_size", &PyBatchDecode::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
-                  "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "max_batch"_a,
-                  "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true, "max_sms"_a = 0,
-                  "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0,
-                  "tc_cta_q"_a = 0, "cuda_cores"_a = false, "fixed_chunk"_a = 0, "heads_per_thread"_a = 0,
-                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step whose page ids stay on the GPU: count int32 at ids_ptr on CUDA device `device`, "
@@ -532,9 +532,15 @@ NB_MODULE(_C, m) {
                    "Requests the last plan split over several CTAs.")
       .def_prop_ro("use_tensor_cores", &PyBatchDecode::use_tensor_cores,
                    "Whether decode runs on the tensor-core prefill kernel.");
-  nb::class_<PyBatchPrefill>(m, "BatchPrefill",
-                             "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.")
-      .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
+  nb::class_<PyBatchPrefill> prefill(m, "BatchPrefill",
+                                     "Tensor-core batch prefill over paged, ragged or BSR KV: plan per step, run per layer.");
+  def_workspace_sizes(prefill, &PyBatchPrefill::sizes<false>, &PyBatchPrefill::sizes<true>, "q_dtype"_a, "kv_dtype"_a,
+                      "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a,
+                      "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0,
+                      "cta_q"_a = 0, "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
+                      "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
+                      "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0);
+  prefill.def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
                     double, int, const TileArg&, int, bool, int, int64_t>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
@@ -551,13 +557,6 @@ NB_MODULE(_C, m) {
            "(plan takes mask_indptr, run packed_custom_mask); split_kv false plans every request unsplit; "
            "fixed_chunk > 0 splits KV into chunks of that many keys, independent of the rest of the batch "
            "(max_fixed_chunks: TaskInfo's bound on their pieces per KV head).")
-      .def_static("workspace_size", &PyBatchPrefill::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a,
-                  "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "causal"_a,
-                  "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0,
-                  "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
-                  "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
-                  "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0,
-                  "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a paged step whose page ids stay on the GPU (as BatchDecode.plan_device).")

@@ -49,7 +49,8 @@ class PyCascade {
                  prefill_options(0, 0, backend)),
         layout_(parse_kv_layout(layout.c_str())) {}
 
-  static std::tuple<size_t, size_t> workspace_size(const std::string& q_dtype, const std::string& kv_dtype,
+  template <bool Min>
+  static std::tuple<size_t, size_t> sizes(const std::string& q_dtype, const std::string& kv_dtype,
                                                    const std::string& o_dtype, int head_dim, int num_qo_heads,
                                                    int num_kv_heads, int page_size, const std::string& layout,
                                                    int num_levels, bool causal, int64_t max_batch, int64_t max_total_q,
@@ -59,7 +60,7 @@ class PyCascade {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
-    const auto s = CascadeAttention::workspace_size(
+    const auto s = (Min ? CascadeAttention::min_workspace_size : CascadeAttention::workspace_size)(
         level_specs(q_dtype, kv_dtype, o_dtype, head_dim, num_levels, causal, logits_soft_cap),
         prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), num_sms,
         prefill_options(0, 0, backend));
@@ -112,19 +113,19 @@ class PyCascade {
 }  // namespace
 
 void bind_cascade(nb::module_& m) {
-  nb::class_<PyCascade>(m, "CascadeAttention",
-                        "Levels of one paged KV cache (shared prefixes, unique suffixes) merged through the "
-                        "attention state: plan per step, run per layer.")
-      .def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
+  nb::class_<PyCascade> cascade(m, "CascadeAttention",
+                                "Levels of one paged KV cache (shared prefixes, unique suffixes) merged through the "
+                                "attention state: plan per step, run per layer.");
+  def_workspace_sizes(cascade, &PyCascade::sizes<false>, &PyCascade::sizes<true>, "q_dtype"_a, "kv_dtype"_a,
+                      "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a,
+                      "num_levels"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0,
+                      "device"_a = 0, "backend"_a = 0, "logits_soft_cap"_a = 0.0);
+  cascade.def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     int, bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, double>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "num_levels"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "backend"_a = 0, "logits_soft_cap"_a = 0.0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; causal applies to the last level.")
-      .def_static("workspace_size", &PyCascade::workspace_size, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a,
-                  "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a, "num_levels"_a, "causal"_a,
-                  "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "backend"_a = 0,
-                  "logits_soft_cap"_a = 0.0, "(device_bytes, host_bytes) for these bounds; num_sms 0 asks the device.")
       .def("plan", &PyCascade::plan, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a,
            "stream"_a = 0, "Plans a step: per level, host int32 arrays as BatchPrefill.plan_paged takes them.")
       .def("run", &PyCascade::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,

@@ -149,7 +149,8 @@ class PyAttentionWrapper {
            wrapper_options(kind, backend, use_tensor_cores)),
         layout_(parse_kv_layout(layout.c_str())) {}
 
-  static std::tuple<size_t, size_t> workspace_size(const SpecTuple& variant, const std::string& q_dtype,
+  template <bool Min>
+  static std::tuple<size_t, size_t> sizes(const SpecTuple& variant, const std::string& q_dtype,
                                                    const std::string& kv_dtype, const std::string& o_dtype,
                                                    int head_dim, int num_qo_heads, int num_kv_heads, int page_size,
                                                    const std::string& layout, int64_t max_batch, int64_t max_total_q,
@@ -159,7 +160,7 @@ class PyAttentionWrapper {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
-    const auto s = AttentionWrapper::workspace_size(
+    const auto s = (Min ? AttentionWrapper::min_workspace_size : AttentionWrapper::workspace_size)(
         to_spec(variant, q_dtype, kv_dtype, o_dtype, head_dim),
         task_info(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), num_sms,
         wrapper_options(kind, backend, use_tensor_cores));
@@ -332,9 +333,13 @@ void bind_variants(nb::module_& m) {
   m.def("validate_variant", [](const SpecTuple& v) { (void)to_spec(v, "float16", "float16", "float16", 128); }, "variant"_a,
         "Checks a variant tuple (names, extras, parameter size) without compiling it.");
   m.def("alibi_slopes", &variants::alibi_slopes, "num_heads"_a, "The standard ALiBi slopes of num_heads heads.");
-  nb::class_<PyAttentionWrapper>(m, "AttentionWrapper",
-                                 "Generic plan/run attention of a variant spec (decode or prefill; paged, ragged or BSR KV).")
-      .def(nb::init<const SpecTuple&, const std::string&, const std::string&, const std::string&, int, int, int, int,
+  nb::class_<PyAttentionWrapper> wrapper(
+      m, "AttentionWrapper", "Generic plan/run attention of a variant spec (decode or prefill; paged, ragged or BSR KV).");
+  def_workspace_sizes(wrapper, &PyAttentionWrapper::sizes<false>, &PyAttentionWrapper::sizes<true>, "variant"_a,
+                      "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a,
+                      "page_size"_a, "layout"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0,
+                      "device"_a = 0, "kind"_a = "auto", "backend"_a = 0, "use_tensor_cores"_a = false);
+  wrapper.def(nb::init<const SpecTuple&, const std::string&, const std::string&, const std::string&, int, int, int, int,
                     const std::string&, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int,
                     const std::string&, int, bool>(),
            "variant"_a, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a,
@@ -342,10 +347,6 @@ void bind_variants(nb::module_& m) {
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "kind"_a = "auto", "backend"_a = 0,
            "use_tensor_cores"_a = false,
            "Borrows a device workspace and a pinned host buffer (the caller keeps both alive); kind auto|decode|prefill.")
-      .def_static("workspace_size", &PyAttentionWrapper::workspace_size, "variant"_a, "q_dtype"_a, "kv_dtype"_a,
-                  "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a, "layout"_a,
-                  "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "kind"_a = "auto",
-                  "backend"_a = 0, "use_tensor_cores"_a = false, "(device_bytes, host_bytes) for these bounds.")
       .def("plan_paged_device", &PyAttentionWrapper::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a paged step whose page ids stay on the GPU: count int32 at ids_ptr on CUDA device `device`.")

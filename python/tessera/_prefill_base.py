@@ -132,7 +132,8 @@ class PrefillWrapper(W.PlannedWrapper):
 
         def size(want, device):
             dims, kw = split_want(want)
-            return _C.BatchPrefill.workspace_size(*config, *dims, device=device, **kw)
+            ideal, host = _C.BatchPrefill.workspace_size(*config, *dims, device=device, **kw)
+            return ideal, _C.BatchPrefill.min_workspace_size(*config, *dims, device=device, **kw)[0], host
 
         def make(want, ws, ws_bytes, host, host_bytes, device):
             dims, kw = split_want(want)

@@ -509,14 +509,41 @@ class Bound(NamedTuple):
     fixed_by: str = ""  # that buffer's argument name
 
 
+def fit_workspace(want, need, have, size, bounds):
+    """The bounds to build for, and their pinned host bytes, in a workspace of `have` bytes.
+
+    want: the grown (doubled) bounds, need: the ones this plan() needs;
+    size(bounds) -> (ideal_device_bytes, min_device_bytes, host_bytes). The
+    doubled bounds where the buffer holds their ideal layout, else the needed
+    ones; where it holds neither, the first of them whose minimum fits (the
+    split-KV partial states shrink; the doubled bounds' larger index sections
+    cost few rows and spare later re-sizes). Below every minimum: ValueError
+    naming float_workspace_buffer, the minimum for `need` and the ideal.
+    """
+    options = [want] if want == need else [want, need]
+    sized = [(w,) + tuple(size(w)) for w in options]
+    pick = next((s for s in sized if s[1] <= have), None) or next((s for s in sized if s[2] <= have), None)
+    if pick is None:
+        _, ideal, least, _ = sized[-1]
+        bounds_text = ", ".join(f"{b.name}={w}" for b, w in zip(bounds, need))
+        raise ValueError(f"float_workspace_buffer: expected at least {least} bytes for {bounds_text}, got {have} "
+                         f"({ideal} bytes hold every split-KV partial state: the fastest plans)")
+    return pick[0], pick[3]
+
+
 def ensure_native(owner, config, counts, bounds, size, make):
     """Builds (or re-sizes) owner's C++ plan/run object for `config` and these counts.
 
     owner: the wrapper; reads _float_workspace_buffer, _use_cuda_graph and
         keeps _native, _native_key and _pinned (the pinned staging buffer).
     counts: one count per bound (what this plan() needs).
-    size(want, device) -> (device_bytes, host_bytes) for the bounds `want`.
-    make(want, ws_ptr, ws_bytes, host_ptr, host_bytes, device) -> the object.
+    size(want, device) -> (ideal_device_bytes, min_device_bytes, host_bytes)
+        for the bounds `want`: the C++ workspace_size and min_workspace_size.
+    make(want, ws_ptr, ws_bytes, host_ptr, host_bytes, device) -> the object,
+        given the whole buffer: below the ideal size its split-KV partial
+        states get what fits (FlashInfer callers bring fixed buffers, often
+        16 MB), so plans split less KV; only below the minimum is the buffer
+        refused (ValueError naming float_workspace_buffer and the minimum).
 
     Bounds that cannot move are the caller's buffers and, in CUDA-graph
     mode, those of the object already built (a captured run() holds the
@@ -546,13 +573,7 @@ def ensure_native(owner, config, counts, bounds, size, make):
     buf = owner._float_workspace_buffer
     device = buf.device.index or 0
     have = buf.numel()
-    dev_bytes, host_bytes = size(want, device)
-    if dev_bytes > have and want != need:
-        want = need
-        dev_bytes, host_bytes = size(want, device)
-    if dev_bytes > have:
-        bounds_text = ", ".join(f"{b.name}={w}" for b, w in zip(bounds, want))
-        raise ValueError(f"float_workspace_buffer: expected at least {dev_bytes} bytes for {bounds_text}, got {have}")
+    want, host_bytes = fit_workspace(want, need, have, lambda w: size(w, device), bounds)
     if owner._native is not None:
         # Queued kernels may still read the old schedule, and a queued
         # upload may still read the pinned staging buffer.

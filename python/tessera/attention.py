@@ -21,7 +21,8 @@ from . import _wrapper_util as W
 from .jit import gen_batch_attention_module  # noqa: F401 (FlashInfer name)
 
 # The workspace BatchAttention allocates (FlashInfer's takes 384 MiB). Tessera's schedule for 4096
-# requests, 256k query rows and 4M pages needs about 52 MiB; a plan that needs more grows it.
+# requests, 256k query rows and 4M pages needs about 52 MiB; where the ideal layout needs more, the
+# split-KV partial states get what fits, and a plan whose minimum (_TOO_SMALL's number) is over it grows it.
 _WORKSPACE_BYTES = 128 << 20
 _TOO_SMALL = re.compile(r"^float_workspace_buffer: expected at least (\d+) bytes")
 

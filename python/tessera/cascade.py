@@ -251,7 +251,8 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         counts = (max(max(x.size - 1 for x in qo), 1), max(total_q, 1), max(max(len(x) for x in idx), 1))
 
         def size(want, device):
-            return _C.CascadeAttention.workspace_size(*config, *want, device=device, **knobs)
+            ideal, host = _C.CascadeAttention.workspace_size(*config, *want, device=device, **knobs)
+            return ideal, _C.CascadeAttention.min_workspace_size(*config, *want, device=device, **knobs)[0], host
 
         def make(want, ws, ws_bytes, host, host_bytes, device):
             return _C.CascadeAttention(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)

@@ -179,7 +179,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
     raises ValueError naming max_batch or max_pages (a captured graph holds
     the workspace addresses). Without CUDA graphs a larger plan() re-sizes the
     sections (waiting for the GPU once) as long as float_workspace_buffer is
-    large enough.
+    large enough. Below the ideal size (e.g. the common 16 MB) the split-KV
+    partial states get what fits, so long requests split over fewer CTAs;
+    below the minimum (min_workspace_size) plan() raises ValueError.
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
@@ -450,7 +452,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                      pos_encoding=rope, fixed_chunk=fixed, heads_per_thread=self._heads_per_thread)
 
         def size(want, device):
-            return _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
+            ideal, host = _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
+            return ideal, _C.BatchDecode.min_workspace_size(*args, *want, device=device, **knobs)[0], host
 
         def make(want, ws, ws_bytes, host, host_bytes, device):
             return _C.BatchDecode(*args, *want, ws, ws_bytes, host, host_bytes, device, **knobs)

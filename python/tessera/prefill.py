@@ -55,7 +55,11 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
     captured run() holds the workspace addresses), so plan the largest step
     first: a later plan() beyond them raises ValueError naming the bound.
     Without CUDA graphs a larger plan() re-sizes the sections (waiting for
-    the GPU once) as long as float_workspace_buffer is large enough.
+    the GPU once) as long as float_workspace_buffer is large enough. A buffer
+    below the ideal size (_C.BatchPrefill.workspace_size, e.g. the common
+    16 MB) works: the split-KV partial states get what fits and long requests
+    split over fewer CTAs; below the minimum (min_workspace_size) plan()
+    raises ValueError naming it.
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,

@@ -245,9 +245,13 @@ class AttentionWrapper:
         knobs = dict(kind=kind, backend=W.BACKENDS[backend], use_tensor_cores=bool(use_tensor_cores))
         torch = T._torch()
         device = buf.device.index or 0
-        dev_bytes, host_bytes = _C.AttentionWrapper.workspace_size(*config, device=device, **knobs)
-        if dev_bytes > buf.numel():
-            raise ValueError(f"float_workspace_buffer: expected at least {dev_bytes} bytes for this task, got {buf.numel()}")
+        # Below the ideal size the split-KV partial states get what fits (plans split less KV); below the
+        # minimum the buffer is refused.
+        ideal, host_bytes = _C.AttentionWrapper.workspace_size(*config, device=device, **knobs)
+        least = _C.AttentionWrapper.min_workspace_size(*config, device=device, **knobs)[0]
+        if least > buf.numel():
+            raise ValueError(f"float_workspace_buffer: expected at least {least} bytes for this task, got "
+                             f"{buf.numel()} ({ideal} bytes hold every split-KV partial state: the fastest plans)")
         self._buffer = buf
         self._pinned = torch.empty(max(host_bytes, 1), dtype=torch.uint8, pin_memory=True)
         self._native = _C.AttentionWrapper(*config, buf.data_ptr(), buf.numel(), self._pinned.data_ptr(),

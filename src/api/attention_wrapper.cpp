@@ -30,17 +30,36 @@ AttentionWrapper::AttentionWrapper(AttentionSpec spec, TaskInfo task, Workspace&
   if (kind_ == AttentionKind::kPrefill) prefill_ = std::make_unique<BatchPrefill>(spec_, task_, *ws_, opt_.prefill);
 }
 
-WorkspaceSizes AttentionWrapper::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
-                                                const AttentionWrapperOptions& opt) {
+namespace {
+
+// The larger of the decode and prefill wrappers' sizes (ideal or minimum) for the kinds `opt` allows.
+WorkspaceSizes sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const AttentionWrapperOptions& opt,
+                     bool minimum) {
   WorkspaceSizes s;
   auto widen = [&](const WorkspaceSizes& w) {
     s.device_bytes = std::max(s.device_bytes, w.device_bytes);
     s.host_bytes = std::max(s.host_bytes, w.host_bytes);
   };
   const bool mask = spec.variant.custom_mask;
-  if (opt.kind != AttentionKind::kPrefill && !mask) widen(BatchDecode::workspace_size(spec, task, num_sms, opt.decode));
-  if (opt.kind != AttentionKind::kDecode) widen(BatchPrefill::workspace_size(spec, task, num_sms, opt.prefill));
+  if (opt.kind != AttentionKind::kPrefill && !mask)
+    widen(minimum ? BatchDecode::min_workspace_size(spec, task, num_sms, opt.decode)
+                  : BatchDecode::workspace_size(spec, task, num_sms, opt.decode));
+  if (opt.kind != AttentionKind::kDecode)
+    widen(minimum ? BatchPrefill::min_workspace_size(spec, task, num_sms, opt.prefill)
+                  : BatchPrefill::workspace_size(spec, task, num_sms, opt.prefill));
   return s;
+}
+
+}  // namespace
+
+WorkspaceSizes AttentionWrapper::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                                const AttentionWrapperOptions& opt) {
+  return sizes(spec, task, num_sms, opt, false);
+}
+
+WorkspaceSizes AttentionWrapper::min_workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                                    const AttentionWrapperOptions& opt) {
+  return sizes(spec, task, num_sms, opt, true);
 }
 
 namespace {

@@ -53,6 +53,7 @@ struct CascadeLayout {
   size_t split_scratch = 0, split_scratch_bytes = 0;  // the levels' shared split-KV scratch
   size_t state_o = 0, scratch_o = 0, scratch_lse = 0, own_lse = 0, row_mask = 0, host_row_mask = 0;
   WorkspaceSizes total;
+  size_t ideal_device_bytes = 0, min_device_bytes = 0;  // with every partial state of split-KV, with none
 };
 
 // The specs the levels run: with several levels, fp32 outputs (their
@@ -63,11 +64,15 @@ std::vector<AttentionSpec> run_specs(std::vector<AttentionSpec> specs) {
   return specs;
 }
 
+// device_bytes: the caller's workspace; below the ideal size the shared
+// split-KV scratch shrinks to fit (down to no partial states), and each
+// level's first plan sizes its partial states to it.
 CascadeLayout cascade_layout(const std::vector<AttentionSpec>& user_specs, const TaskInfo& task, int num_sms,
-                             const PrefillOptions& opt) {
+                             const PrefillOptions& opt, size_t device_bytes = SIZE_MAX) {
   validate_levels(user_specs, task);
   const std::vector<AttentionSpec> specs = run_specs(user_specs);
   CascadeLayout l;
+  size_t min_scratch = 0;
   // The levels run one after another on one stream, so their split-KV
   // scratch (merge counters, partial states: most of a BatchPrefill's
   // workspace) is one region; each level keeps only its plan sections.
@@ -79,12 +84,19 @@ CascadeLayout cascade_layout(const std::vector<AttentionSpec>& user_specs, const
     l.total.host_bytes += w.host_bytes;
     l.levels.push_back(w);
     l.split_scratch_bytes = std::max(l.split_scratch_bytes, aligned(BatchPrefill::scratch_size(s, task, num_sms, opt)));
+    min_scratch = std::max(min_scratch, aligned(BatchPrefill::min_scratch_size(s, task, num_sms, opt)));
   }
-  l.split_scratch = l.total.device_bytes;
-  l.total.device_bytes += l.split_scratch_bytes;
   const size_t rows = static_cast<size_t>(task.max_total_q) * task.num_qo_heads;
   // Several levels: the running state and each next level's output, fp32.
   const size_t state_bytes = specs.size() > 1 ? aligned(rows * specs[0].head_dim * sizeof(float)) : 0;
+  const size_t others = l.total.device_bytes + 2 * state_bytes + 2 * aligned(rows * sizeof(float)) +
+                        aligned(task.max_total_q);  // everything but the split-KV scratch
+  l.ideal_device_bytes = others + l.split_scratch_bytes;
+  l.min_device_bytes = others + min_scratch;
+  if (device_bytes < l.ideal_device_bytes && device_bytes >= l.min_device_bytes)
+    l.split_scratch_bytes = (device_bytes - others) / kAlign * kAlign;
+  l.split_scratch = l.total.device_bytes;
+  l.total.device_bytes += l.split_scratch_bytes;
   l.state_o = l.total.device_bytes;
   l.scratch_o = l.state_o + state_bytes;
   l.scratch_lse = l.scratch_o + state_bytes;
@@ -105,12 +117,24 @@ CascadeAttention::Sizes CascadeAttention::workspace_size(const std::vector<Atten
   return cascade_layout(level_specs, task, num_sms, opt).total;
 }
 
+CascadeAttention::Sizes CascadeAttention::min_workspace_size(const std::vector<AttentionSpec>& level_specs,
+                                                             const TaskInfo& task, int num_sms,
+                                                             const PrefillOptions& opt) {
+  const CascadeLayout l = cascade_layout(level_specs, task, num_sms, opt);
+  return {l.min_device_bytes, l.total.host_bytes};
+}
+
 CascadeAttention::CascadeAttention(std::vector<AttentionSpec> level_specs, TaskInfo task, Workspace& workspace,
                                    PrefillOptions opt)
     : task_(task), ws_(&workspace) {
   // Without a GPU the slices are sized for one SM: plan() stops at the first
   // level's kernel load with a clear error, after validating every level.
-  const CascadeLayout l = cascade_layout(level_specs, task, sm_count_for(workspace.device()), opt);
+  const CascadeLayout l =
+      cascade_layout(level_specs, task, sm_count_for(workspace.device()), opt, workspace.device_bytes());
+  if (workspace.device_bytes() < l.min_device_bytes)
+    throw InvalidArgument("workspace: expected at least " + str(l.min_device_bytes) + " device bytes (the minimum "
+                          "for these bounds; " + str(l.ideal_device_bytes) + " hold every partial state of split-KV), "
+                          "got " + str(workspace.device_bytes()));
   detail::check_workspace_size(workspace, l.total.device_bytes, l.total.host_bytes);
   spec0_ = level_specs[0];
   level_specs = run_specs(std::move(level_specs));

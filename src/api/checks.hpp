@@ -105,4 +105,18 @@ int max_active_clusters(const jit::LoadedKernel& kernel, int threads, int smem_b
 // The workspace must hold a wrapper's sections: throws InvalidArgument otherwise.
 void check_workspace_size(const Workspace& ws, size_t device_bytes, size_t host_bytes);
 
+// The largest k in [0, hi] with fits(k), where fits(0) holds and fits stays
+// false once false (a layout's size grows with its partial rows): how many
+// partial rows a caller's workspace holds.
+template <typename Fits>
+int64_t largest_fitting(int64_t hi, Fits fits) {
+  int64_t lo = 0;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 }  // namespace tessera::detail

@@ -82,13 +82,13 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOption
 }  // namespace
 
 BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head,
-                                            int fixed_chunk) {
+                                            int fixed_chunk, size_t device_bytes) {
   // Fixed chunks (PlannerOptions::fixed_chunk) may need more items and
   // partial states than a plan of its own choosing: the workspace holds both.
   const int64_t fixed = fixed_chunk_bound(task.max_pages * task.page_size, task.max_batch, fixed_chunk);
   const int64_t items = std::max(decode_max_items(task.max_batch, ctas_per_head), fixed);
-  const int64_t slots = std::max(decode_max_slots(ctas_per_head), fixed);
   Layout l;
+  l.ideal_slots = std::max(decode_max_slots(ctas_per_head), fixed);
   WorkspaceLayout w;
   // Staged sections (copied from the pinned buffer each plan), then device-only ones.
   l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
@@ -99,26 +99,53 @@ BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const Tas
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
   l.counters = w.add(sizeof(int32_t) * task.max_batch * task.num_kv_heads);
-  l.partial_lse = w.add(sizeof(float) * slots * task.num_qo_heads);
-  l.partial_o = w.add(sizeof(float) * slots * task.num_qo_heads * spec.head_dim);
-  l.total = w.total();
+  const WorkspaceLayout head = w;
+  auto lay_out = [&](int64_t slots) {  // the partial states last, `slots` of them
+    WorkspaceLayout p = head;
+    l.max_slots = slots;
+    l.partial_lse = p.add(sizeof(float) * slots * task.num_qo_heads);
+    l.partial_o = p.add(sizeof(float) * slots * task.num_qo_heads * spec.head_dim);
+    return l.total = p.total();
+  };
+  l.min_total = lay_out(0);
+  l.ideal_total = lay_out(l.ideal_slots);
+  if (device_bytes < l.min_total)
+    throw InvalidArgument("workspace: expected at least " + str(l.min_total) + " device bytes (the minimum for these "
+                          "bounds; " + str(l.ideal_total) + " hold every partial state of split-KV), got " +
+                          str(device_bytes));
+  lay_out(detail::largest_fitting(l.ideal_slots, [&](int64_t k) { return lay_out(k) <= device_bytes; }));
   return l;
 }
 
 BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                                const DecodeOptions& opt) {
+  return sizes(spec, task, num_sms, opt, false);
+}
+
+BatchDecode::Sizes BatchDecode::min_workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                                   const DecodeOptions& opt) {
+  return sizes(spec, task, num_sms, opt, true);
+}
+
+// The ideal or the minimal size, for whichever kernel the options may run.
+BatchDecode::Sizes BatchDecode::sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                      const DecodeOptions& opt, bool minimum) {
   validate_task(task, spec);
   check_tc_cta_q(opt);
   check_kernel_choice(spec, task, opt);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
-  if (opt.use_tensor_cores)
-    return BatchPrefill::workspace_size(spec, tensor_core_task(task), num_sms, tensor_core_options(spec, opt));
+  if (opt.use_tensor_cores) {
+    const TaskInfo t = tensor_core_task(task);
+    const PrefillOptions p = tensor_core_options(spec, opt);
+    return minimum ? BatchPrefill::min_workspace_size(spec, t, num_sms, p)
+                   : BatchPrefill::workspace_size(spec, t, num_sms, p);
+  }
   if (tensor_cores_eligible(spec, opt)) {  // the kernel is picked on the device: room for either
     DecodeOptions tc = opt, cc = opt;
     tc.use_tensor_cores = true;
     cc.cuda_cores = true;
-    const Sizes a = workspace_size(spec, task, num_sms, tc), b = workspace_size(spec, task, num_sms, cc);
+    const Sizes a = sizes(spec, task, num_sms, tc, minimum), b = sizes(spec, task, num_sms, cc, minimum);
     return {std::max(a.device_bytes, b.device_bytes), std::max(a.host_bytes, b.host_bytes)};
   }
   const DecodeConfig c =
@@ -126,7 +153,7 @@ BatchDecode::Sizes BatchDecode::workspace_size(const AttentionSpec& spec, const 
   const int per_sm = opt.ctas_per_sm > 0 ? opt.ctas_per_sm : c.ctas_per_sm;  // occupancy only lowers it
   const Layout l = layout_for(spec, task, detail::ctas_per_head(task.num_kv_heads, num_sms, per_sm, opt.max_sms),
                               opt.planner.fixed_chunk);
-  return {l.total, l.staged};
+  return {minimum ? l.min_total : l.ideal_total, l.staged};
 }
 
 bool BatchDecode::runs_on_tensor_cores(const AttentionSpec& spec, const DecodeOptions& opt, int device) {
@@ -205,7 +232,8 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
     ctas_per_head_ = pk.ctas_per_head;
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
-    layout_ = layout_for(spec_, task_, ctas_per_head_, opt_.planner.fixed_chunk);
+    // The partial states get the slots the workspace holds.
+    layout_ = layout_for(spec_, task_, ctas_per_head_, opt_.planner.fixed_chunk, ws_->device_bytes());
     detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
     // Merge counters start at zero; every run leaves them at zero.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
@@ -219,7 +247,19 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
     throw InvalidArgument("kv_indices: " + str(n_indices) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages) + " fixed at the first plan()");
 
-  planner_.plan_decode(kv_lens_, ctas_per_head_, opt_.planner, plan_);
+  // A workspace below workspace_size() holds fewer partial slots: the
+  // planner splits less to fit (a cap of 0 means none, hence split_kv off).
+  // Counters are per (request, KV head): split requests always fit them.
+  PlannerOptions popt = opt_.planner;
+  popt.max_slots = popt.max_slots > 0 ? std::min(popt.max_slots, layout_.max_slots) : layout_.max_slots;
+  if (layout_.max_slots == 0 && popt.fixed_chunk <= 0) popt.split_kv = false;
+  planner_.plan_decode(kv_lens_, ctas_per_head_, popt, plan_);
+  // Fixed chunks keep their L whatever the workspace holds (batch invariance).
+  if (popt.fixed_chunk > 0 && plan_.num_slots > layout_.max_slots)
+    throw InvalidArgument("fixed_chunk: " + str(plan_.items.size()) + " chunks of at most " + str(plan_.chunk_size) +
+                          " keys (" + str(plan_.num_slots) + " partial states) exceed the workspace, which holds " +
+                          str(layout_.max_slots) + " partial states; expected a larger fixed_chunk or workspace "
+                          "(workspace_size())");
 
   ws_->stage_begin();
   char* host = static_cast<char*>(ws_->host_ptr());

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "checks.hpp"
+#include "prefill_candidates.hpp"
 #include "tessera/abi/mask_trim_params.cuh"
 #include "tessera/abi/variant_extra.cuh"
 #include "tessera/formats/custom_mask.hpp"
@@ -16,111 +17,6 @@ namespace tessera {
 
 using detail::str;
 
-namespace {
-// Calls fn(config) for every configuration a first plan may choose under
-// opt: each query tile (only opt.cta_q if set) on each backend, with
-// opt.tile applied where opt.backend allows that backend. Also how the tile
-// is validated before any plan.
-template <typename Fn>
-void each_candidate(const AttentionSpec& spec, const PrefillOptions& opt, Fn fn) {
-  for (int q : {16, 32, 64, 128}) {
-    if (opt.cta_q && q != opt.cta_q) continue;
-    for (bool hopper : {false, true}) {
-      if (hopper && !catalog::hopper_supported(spec, q)) continue;
-      const bool allowed = opt.backend == PrefillBackend::kAuto || hopper == (opt.backend == PrefillBackend::kFA3);
-      fn(catalog::prefill_config(spec, q, hopper, allowed ? opt.tile : PrefillTile{}));
-    }
-  }
-}
-}  // namespace
-
-// Sections for a grid of ctas_per_group x groups CTAs: each group's plan
-// covers its num_kv_heads / groups heads of every request (the tiles and
-// items scale by that), its split tiles' counters and partial states are
-// kept per group.
-BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group,
-                                              int groups, int cta_q, int fixed_chunk) {
-  const int group = task.num_qo_heads / task.num_kv_heads;
-  const int64_t heads_per_group = task.num_kv_heads / groups;
-  const int64_t tiles = prefill_max_tiles(task.max_total_q * heads_per_group, task.max_batch * heads_per_group, group, cta_q);
-  // Fixed chunks (PlannerOptions::fixed_chunk): room for max_fixed_chunks
-  // pieces per KV head, else for the chunks of one query tile per request
-  // over every key; plan() checks each batch against it.
-  const int64_t fixed = fixed_chunk <= 0 ? 0
-                        : task.max_fixed_chunks > 0
-                            ? task.max_fixed_chunks * heads_per_group
-                            : fixed_chunk_bound(task.max_pages * task.page_size * heads_per_group, tiles, fixed_chunk);
-  const int64_t max_items = std::max(prefill_max_items(tiles, ctas_per_group), fixed);
-  Layout l;
-  l.max_items = max_items;
-  WorkspaceLayout w;
-  l.qo_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
-  l.kv_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
-  l.last = w.add(sizeof(int32_t) * task.max_batch);
-  if (spec.variant.custom_mask) l.mask_indptr = w.add(sizeof(int32_t) * (task.max_batch + 1));
-  l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_group + 1));
-  l.items = w.add(sizeof(PrefillWorkItem) * max_items);
-  l.first_items = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
-  // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
-  l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
-  l.staged = w.total();
-  if (spec.variant.custom_mask) {  // written on the GPU by each run
-    l.trimmed_items = w.add(sizeof(PrefillWorkItem) * max_items);
-    l.trimmed_first = w.add(sizeof(PrefillWorkItem) * ctas_per_group);
-  }
-  // Split-KV scratch, relative to its own base: the workspace's tail, or a
-  // region shared with other BatchPrefills (use_shared_scratch).
-  WorkspaceLayout s;
-  l.max_split_tiles = std::max(max_split_tiles(ctas_per_group), std::min(fixed, tiles));
-  l.max_slot_rows = std::max(max_split_slots(ctas_per_group) * cta_q, fixed * cta_q);
-  l.counters = s.add(sizeof(int32_t) * l.max_split_tiles * groups);
-  const int64_t rows = l.max_slot_rows * groups;
-  l.partial_lse = s.add(sizeof(float) * rows);
-  l.partial_o = s.add(sizeof(float) * rows * spec.head_dim);
-  l.scratch_bytes = s.total();
-  l.scratch = w.add(l.scratch_bytes);
-  l.total = w.total();
-  return l;
-}
-
-BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
-                                                 const PrefillOptions& opt) {
-  return sizes(spec, task, num_sms, opt).first;
-}
-
-BatchPrefill::Sizes BatchPrefill::workspace_size_shared(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
-                                                        const PrefillOptions& opt) {
-  return sizes(spec, task, num_sms, opt).second;
-}
-
-size_t BatchPrefill::scratch_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt) {
-  const auto [whole, shared] = sizes(spec, task, num_sms, opt);
-  return whole.device_bytes - shared.device_bytes;
-}
-
-// (whole workspace, workspace without the split-KV scratch), each the largest
-// over the tiles and backends a first plan may pick. The scratch is the
-// layout's last section and its size grows with the tile's rows as the whole
-// does, so the same tile maximizes both and their difference is its size.
-std::pair<BatchPrefill::Sizes, BatchPrefill::Sizes> BatchPrefill::sizes(const AttentionSpec& spec, const TaskInfo& task,
-                                                                        int num_sms, const PrefillOptions& opt) {
-  validate_task(task, spec);
-  if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)
-    throw InvalidArgument("task: expected max_batch, max_total_q and max_pages >= 1 to size the workspace");
-  if (opt.cta_q) (void)catalog::prefill_config(spec, opt.cta_q);  // rejects an invalid cta_q
-  Sizes whole, shared;
-  size_t scratch = 0;
-  each_candidate(spec, opt, [&](const PrefillConfig& c) {  // whichever the first plan picks
-    const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
-    const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, c.cta_q, opt.planner.fixed_chunk);
-    shared.device_bytes = std::max(shared.device_bytes, l.scratch);
-    shared.host_bytes = whole.host_bytes = std::max(whole.host_bytes, l.staged);
-    scratch = std::max(scratch, l.scratch_bytes);
-  });
-  whole.device_bytes = shared.device_bytes + scratch;  // >= every layout's total
-  return {whole, shared};
-}
-
 BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspace, PrefillOptions opt)
     : spec_(std::move(spec)), task_(task), ws_(&workspace), opt_(opt) {
   validate_task(task_, spec_);
@@ -128,7 +24,7 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
     throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(opt_.cluster));
   if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
-  each_candidate(spec_, opt_, [](const PrefillConfig&) {});              // validates the tile override
+  detail::each_candidate(spec_, opt_, [](const PrefillConfig&) {});      // validates the tile override
   if (variants::is_causal(spec_.variant)) opt_.causal_schedule = true;
   // Custom masks keep the full schedule: a masked-out tile only costs time,
   // a skipped visible one would be wrong (causal_schedule is the caller's
@@ -325,11 +221,10 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
     if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
     if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(kv_indices.count, 1);
-    layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q, opt_.planner.fixed_chunk);
+    // The partial states get the rows the workspace (or shared scratch) holds.
+    layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q, opt_.planner.fixed_chunk,
+                         ws_->device_bytes(), shared_scratch_ ? &shared_scratch_bytes_ : nullptr);
     detail::check_workspace_size(*ws_, shared_scratch_ ? layout_.scratch : layout_.total, layout_.staged);
-    if (shared_scratch_ && shared_scratch_bytes_ < layout_.scratch_bytes)
-      throw InvalidArgument("scratch: expected at least " + str(layout_.scratch_bytes) + " bytes of shared scratch, got " +
-                            str(shared_scratch_bytes_));
     if (custom_mask_ && opt_.trim_masked_tiles) {  // loaded here: run() allocates nothing
       trim_kernel_ = &jit::KernelCache::global().kernel(catalog::trim_masked_items(), ws_->device());
       trim_blocks_ = 4 * cuda::device_info(ws_->device()).sm_count;
@@ -358,6 +253,13 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   // A CTA pair shares one work queue of 2 * cta_q-row tiles (its sections
   // fit the same workspace: half the queues, each slot twice the rows).
   const int plan_cta_q = config_.cta_q * config_.cluster, plan_ctas = ctas_per_group_ / config_.cluster;
+  // What the sections hold (a workspace below workspace_size() has fewer
+  // partial rows): the planner splits less to fit. A pair's counters are
+  // cluster entries per split tile.
+  const int64_t slot_cap = layout_.max_slot_rows / plan_cta_q, split_cap = layout_.max_split_tiles / config_.cluster;
+  popt.max_slots = popt.max_slots > 0 ? std::min(popt.max_slots, slot_cap) : slot_cap;
+  popt.max_split_tiles = popt.max_split_tiles > 0 ? std::min(popt.max_split_tiles, split_cap) : split_cap;
+  if (slot_cap == 0 && popt.fixed_chunk <= 0) popt.split_kv = false;  // no partial rows (a cap of 0 means none)
   if (heads_per_group == 1) {
     planner_.plan_prefill(qo_lens_, kv_lens, group, plan_cta_q, opt_.causal_schedule, plan_ctas, popt, plan_);
   } else {  // a request per (request b, head h of the group): index b * heads_per_group + h
@@ -372,12 +274,14 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
                           popt, plan_);
   }
 
+  // Fixed chunks keep their L whatever the workspace holds (batch invariance).
   if (popt.fixed_chunk > 0 &&
-      (plan_.num_split > layout_.max_split_tiles || int64_t{plan_.num_slots} * plan_cta_q > layout_.max_slot_rows ||
+      (plan_.num_split > split_cap || plan_.num_slots > slot_cap ||
        static_cast<int64_t>(plan_.items.size()) > layout_.max_items))
     throw InvalidArgument("fixed_chunk: " + str(plan_.items.size()) + " chunks of at most " + str(plan_.chunk_size) +
-                          " keys exceed the workspace sized for it; expected a larger fixed_chunk or "
-                          "TaskInfo::max_fixed_chunks");
+                          " keys (" + str(plan_.num_slots) + " partial states) exceed the workspace, which holds " +
+                          str(slot_cap) + " partial states; expected a larger fixed_chunk, TaskInfo::max_fixed_chunks "
+                          "or workspace (workspace_size())");
   // Each item carries its request's bounds (the kernels then need no
   // dependent loads of the indptr arrays before their first copies).
   for (PrefillWorkItem& item : plan_.items) {

@@ -245,6 +245,18 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
       L = next;
     }
   }
+  // The workspace's capacity (PlannerOptions::max_slots / max_split_tiles):
+  // longer chunks until the split tiles fit. At L >= the longest tile nothing
+  // splits, so the loop ends with a plan that fits any cap.
+  auto over_capacity = [&] {
+    return (opt.max_slots > 0 && cur_.slots > opt.max_slots) ||
+           (opt.max_split_tiles > 0 && cur_.split > opt.max_split_tiles);
+  };
+  if (split)
+    while (over_capacity() && L < aligned(longest)) {
+      L = aligned(std::min<int64_t>(2 * L, longest));
+      best = assign(L, ctas, tile_rows, opt);
+    }
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
   out.num_slots = cur_.slots;
   out.num_split = cur_.split;

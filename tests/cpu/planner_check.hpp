@@ -257,6 +257,10 @@ inline void check_plan(const std::vector<PlanTile>& tiles, int32_t requests, int
       << "split tiles (merge counters) over the workspace bound";
   EXPECT_LE(static_cast<int64_t>(items.size()), std::max(bounds.items, fixed_bound))
       << "work items over the workspace bound";
+  // The caller's capacity (PlannerOptions::max_slots / max_split_tiles),
+  // which fixed chunks ignore.
+  if (!fixed && opt.max_slots > 0) EXPECT_LE(stats.num_slots, opt.max_slots) << "partial slots over max_slots";
+  if (!fixed && opt.max_split_tiles > 0) EXPECT_LE(stats.num_split, opt.max_split_tiles) << "split tiles over the cap";
 
   // Short steps (PlannerOptions::unsplit_max_kv) and the ablation stay whole;
   // otherwise L is at least line 3's total / ctas and a multiple of chunk_align.
@@ -306,8 +310,10 @@ inline void check_plan(const std::vector<PlanTile>& tiles, int32_t requests, int
       << "reported mean CTA cost";
 
   // The refinement keeps line 3's plan unless it is cheaper; without merge
-  // costs the later growth of L never runs, so no plan is worse than line 3's.
-  if (opt.split_kv && !short_step && !fixed && opt.merge_cost <= 0) {
+  // costs or capacity caps the later growth of L never runs, so no plan is
+  // worse than line 3's.
+  const bool capped = opt.max_slots > 0 || opt.max_split_tiles > 0;
+  if (opt.split_kv && !short_step && !fixed && opt.merge_cost <= 0 && !capped) {
     std::vector<PlanItem> line3;
     for (const PlanTile& t : tiles)
       for (auto [s, e] : chunks_of(t, L3, align)) line3.push_back({t.request, t.q_tile, s, e, -1, -1, 1, -1});

@@ -30,9 +30,10 @@ std::vector<AttentionSpec> two_levels() {
 struct HostWorkspace {
   std::vector<char> dev, host;
   Workspace ws;
-  HostWorkspace(const std::vector<AttentionSpec>& specs, const TaskInfo& task, size_t shrink = 0) {
+  HostWorkspace(const std::vector<AttentionSpec>& specs, const TaskInfo& task, size_t shrink = 0, bool least = false) {
     const int sms = cuda::gpu_available() ? cuda::device_info(0).sm_count : 1;
-    const auto s = CascadeAttention::workspace_size(specs, task, sms);
+    const auto s = least ? CascadeAttention::min_workspace_size(specs, task, sms)
+                         : CascadeAttention::workspace_size(specs, task, sms);
     dev.resize(s.device_bytes + 256);
     host.resize(s.host_bytes + 256);
     auto at256 = [](std::vector<char>& b) {
@@ -63,8 +64,12 @@ TEST(CascadeErrors, LevelSpecsAndBounds) {
   heads.num_qo_heads = 6;
   heads.num_kv_heads = 4;
   EXPECT_THROW_MSG(CascadeAttention(two_levels(), heads, f.ws), InvalidArgument, "num_qo_heads");
+  // Below the ideal size the levels' split-KV scratch shrinks; below the minimum it is refused.
   HostWorkspace tight(two_levels(), small_task(), 256);
-  EXPECT_THROW_MSG(CascadeAttention(two_levels(), small_task(), tight.ws), InvalidArgument, "workspace");
+  EXPECT_NO_THROW(CascadeAttention(two_levels(), small_task(), tight.ws));
+  HostWorkspace least(two_levels(), small_task(), 0, true), below(two_levels(), small_task(), 1, true);
+  EXPECT_NO_THROW(CascadeAttention(two_levels(), small_task(), least.ws));
+  EXPECT_THROW_MSG(CascadeAttention(two_levels(), small_task(), below.ws), InvalidArgument, "workspace");
 }
 
 TEST(CascadeErrors, WorkspaceGrowsWithLevelsAndRows) {

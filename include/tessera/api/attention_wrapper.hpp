@@ -49,6 +49,10 @@ class AttentionWrapper {
   // prefill's; prefill needs task.max_total_q).
   static WorkspaceSizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                        const AttentionWrapperOptions& opt = {});
+  // The smallest workspace accepted (less split-KV below workspace_size():
+  // see BatchPrefill::min_workspace_size).
+  static WorkspaceSizes min_workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                           const AttentionWrapperOptions& opt = {});
 
   // Paged KV: qo_indptr [batch + 1] over q's rows, kv_indptr in pages.
   void plan(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,

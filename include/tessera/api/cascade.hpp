@@ -58,8 +58,13 @@ class CascadeAttention {
   CascadeAttention& operator=(CascadeAttention&&) noexcept;
 
   using Sizes = WorkspaceSizes;
+  // The ideal workspace, and the smallest accepted: between the two the
+  // levels' shared split-KV scratch gets what fits, so the levels split less
+  // KV (see BatchPrefill::min_workspace_size).
   static Sizes workspace_size(const std::vector<AttentionSpec>& level_specs, const TaskInfo& task, int num_sms,
                               const PrefillOptions& opt = {});
+  static Sizes min_workspace_size(const std::vector<AttentionSpec>& level_specs, const TaskInfo& task, int num_sms,
+                                  const PrefillOptions& opt = {});
 
   // levels.size() == num_levels(). Validates every level before planning any.
   void plan(std::span<const CascadeLevel> levels, cudaStream_t stream = nullptr);

@@ -30,6 +30,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -71,7 +72,14 @@ class BatchDecode {
   // Workspace needed for these bounds (task.max_batch, task.max_pages > 0)
   // on a GPU with `num_sms` multiprocessors; with use_tensor_cores, the
   // prefill wrapper's (BatchPrefill::workspace_size, max_total_q = max_batch).
+  // That is the ideal size (partial states for the planner's worst case);
+  // min_workspace_size() is the smallest accepted, without partial states.
+  // Between the two, the first plan gives the partial states the rows that
+  // fit and the planner splits less KV to stay within them (see
+  // BatchPrefill::min_workspace_size).
   static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const DecodeOptions& opt = {});
+  static Sizes min_workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                  const DecodeOptions& opt = {});
 
   void plan(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
             std::span<const int32_t> kv_last_page_len, cudaStream_t stream = nullptr);
@@ -103,12 +111,23 @@ class BatchDecode {
   // The prefill wrapper that runs decode on tensor cores, else nullptr.
   const BatchPrefill* tensor_core_prefill() const { return tc_.get(); }
 
- private:
+  // The CUDA-core path's workspace sections for ctas_per_head CTAs per KV
+  // head (what the first plan lays out; public for tests). The partial states
+  // get the slots (each num_qo_heads rows) that fit device_bytes, at most
+  // ideal_slots; InvalidArgument naming the workspace and its minimum when
+  // even none fit.
   struct Layout {
     size_t kv_indptr = 0, indices = 0, last = 0, work_indptr = 0, items = 0, staged = 0;
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
+    size_t ideal_total = 0, min_total = 0;  // with every partial slot, with none
+    int64_t max_slots = 0, ideal_slots = 0;
   };
-  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int fixed_chunk);
+  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int fixed_chunk,
+                           size_t device_bytes = SIZE_MAX);
+
+ private:
+  static Sizes sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const DecodeOptions& opt,
+                     bool minimum);
   void plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv_indices, const TensorView* device_indices,
                 std::span<const int32_t> kv_last_page_len, cudaStream_t stream);
   void plan_tensor_cores(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,

@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cstdint>
 #include <span>
 #include <utility>
 
@@ -89,17 +90,49 @@ class BatchPrefill {
 
   using Sizes = WorkspaceSizes;
   // Workspace for the bounds in `task` (max_batch, max_total_q, max_pages > 0)
-  // on a GPU with num_sms multiprocessors, whatever query tile is chosen.
+  // on a GPU with num_sms multiprocessors, whatever query tile is chosen:
+  // the ideal size, with partial states for the planner's worst case.
   static Sizes workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt = {});
+  // The smallest workspace accepted for the same bounds (FlashInfer callers
+  // bring fixed buffers, e.g. 16 MB): no partial states. Between the two, the
+  // first plan gives the partial states whatever rows fit and the planner
+  // splits less KV to stay within them (PlannerOptions::max_slots): same
+  // results, less load balance on long-KV batches.
+  static Sizes min_workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                  const PrefillOptions& opt = {});
   // The split-KV scratch (merge counters and partial states) that a run uses
   // only while it runs: BatchPrefills whose runs never overlap (one stream,
   // e.g. the levels of a CascadeAttention) may share one region of
-  // scratch_size() bytes, given by use_shared_scratch() before the first
-  // plan; their workspaces then need only workspace_size_shared().
+  // scratch_size() bytes (at least min_scratch_size(): fewer partial rows, as
+  // above), given by use_shared_scratch() before the first plan; their
+  // workspaces then need only workspace_size_shared().
   static size_t scratch_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt = {});
+  static size_t min_scratch_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
+                                 const PrefillOptions& opt = {});
   static Sizes workspace_size_shared(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                      const PrefillOptions& opt = {});
   void use_shared_scratch(void* device_ptr, size_t bytes);
+
+  // The workspace sections of a grid of ctas_per_group x groups CTAs with
+  // cta_q-row query tiles (what the first plan lays out; public for tests).
+  struct Layout {
+    size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0;
+    size_t first_items = 0, staged = 0;
+    size_t trimmed_items = 0, trimmed_first = 0;  // custom masks: the items trim_masked_items() narrowed
+    size_t counters = 0, partial_lse = 0, partial_o = 0;  // relative to the scratch base
+    size_t scratch = 0, scratch_bytes = 0, total = 0;      // the scratch's offset in the workspace, its size
+    size_t ideal_scratch_bytes = 0, min_scratch_bytes = 0;  // with every partial row, with none
+    int64_t max_items = 0, max_split_tiles = 0, max_slot_rows = 0;  // what the sections hold (per head group)
+    int64_t ideal_slot_rows = 0;  // max_slot_rows of an unconstrained workspace
+  };
+  // device_bytes: the workspace's size; the partial states get the rows (whole
+  // query tiles per group) that fit, at most ideal_slot_rows. shared_scratch:
+  // the size of a shared scratch region (use_shared_scratch), which then holds
+  // the split-KV sections instead of the workspace's tail. InvalidArgument
+  // (naming the workspace or scratch and the minimum) when even no partial
+  // rows do not fit.
+  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q,
+                           int fixed_chunk, size_t device_bytes = SIZE_MAX, const size_t* shared_scratch = nullptr);
 
   // Paged KV: kv_indptr counts pages.
   void plan_paged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
@@ -156,19 +189,14 @@ class BatchPrefill {
 
  private:
   enum class Source { kNone, kPaged, kRagged };
-  struct Layout {
-    size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0;
-    size_t first_items = 0, staged = 0;
-    size_t trimmed_items = 0, trimmed_first = 0;  // custom masks: the items trim_masked_items() narrowed
-    size_t counters = 0, partial_lse = 0, partial_o = 0;  // relative to the scratch base
-    size_t scratch = 0, scratch_bytes = 0, total = 0;      // the scratch's offset in the workspace, its size
-    int64_t max_items = 0, max_split_tiles = 0, max_slot_rows = 0;  // what the sections hold (per head group)
+  // Every size the static functions report, each the largest over the
+  // configurations a first plan may choose.
+  struct SizeSet {
+    Sizes whole, shared, min_whole;
+    size_t scratch = 0, min_scratch = 0;
   };
-  static std::pair<Sizes, Sizes> sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
-                                       const PrefillOptions& opt);
+  static SizeSet sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt);
   char* scratch_base() const;
-  static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_group, int groups, int cta_q,
-                           int fixed_chunk);
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);

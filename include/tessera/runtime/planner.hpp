@@ -70,6 +70,15 @@ struct PlannerOptions {
   // still balances the CTAs. The workspace holds the extra partial states
   // (fixed_chunk_bound).
   int fixed_chunk = 0;
+  // What the caller's workspace holds (0: no cap): partial-state slots and
+  // split tiles (merge counters). A workspace smaller than the worst case
+  // (max_split_slots) gets fewer partial rows; while a plan needs more than
+  // these, L doubles (aligned, at most the longest tile, where nothing
+  // splits), trading load balance for fitting. Caps at or above the worst
+  // case never bind, so such plans are unchanged. Fixed chunks ignore them
+  // (L is the caller's; the wrapper refuses a plan that does not fit).
+  int64_t max_slots = 0;
+  int64_t max_split_tiles = 0;
 };
 
 // What every plan reports besides its work items.

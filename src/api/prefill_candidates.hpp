@@ -1,0 +1,26 @@
+// The configurations a BatchPrefill's first plan may choose (internal
+// header: prefill.cpp validates the tile override with it, and
+// prefill_workspace.cpp sizes the workspace for the largest of them).
+#pragma once
+#include "tessera/api/prefill.hpp"
+#include "tessera/runtime/prefill_catalog.hpp"
+
+namespace tessera::detail {
+
+// Calls fn(config) for every configuration a first plan may choose under
+// opt: each query tile (only opt.cta_q if set) on each backend, with
+// opt.tile applied where opt.backend allows that backend. Also how the tile
+// is validated before any plan.
+template <typename Fn>
+void each_candidate(const AttentionSpec& spec, const PrefillOptions& opt, Fn fn) {
+  for (int q : {16, 32, 64, 128}) {
+    if (opt.cta_q && q != opt.cta_q) continue;
+    for (bool hopper : {false, true}) {
+      if (hopper && !catalog::hopper_supported(spec, q)) continue;
+      const bool allowed = opt.backend == PrefillBackend::kAuto || hopper == (opt.backend == PrefillBackend::kFA3);
+      fn(catalog::prefill_config(spec, q, hopper, allowed ? opt.tile : PrefillTile{}));
+    }
+  }
+}
+
+}  // namespace tessera::detail
