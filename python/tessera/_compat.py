@@ -126,7 +126,10 @@ def check_int_workspace(int_workspace_buffer, name):
     schedule in float_workspace_buffer, so the buffer is accepted and not written."""
     items = int_workspace_buffer if isinstance(int_workspace_buffer, (list, tuple)) else [int_workspace_buffer]
     for i, x in enumerate(items):
-        T.framework(x, f"{name}[{i}]" if isinstance(int_workspace_buffer, (list, tuple)) else name)
+        label = f"{name}[{i}]" if isinstance(int_workspace_buffer, (list, tuple)) else name
+        T.framework(x, label)
+        W.check_aligned(x, label)
+
 
 
 LSE_BASES = ("log2", "ln")

@@ -372,6 +372,13 @@ def workspace_bytes(buf, name="float_workspace_buffer"):
     return buf.reshape(-1).view(np.uint8)
 
 
+def check_aligned(buf, name):
+    """FlashInfer's workspace alignment rule: a torch tensor's data must start on a 16-byte boundary (the
+    kernels read 16-byte vectors from offsets aligned relative to it)."""
+    if T.is_torch(buf) and buf.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned: expected a data pointer that is a multiple of 16, got "
+                         f"{buf.data_ptr():#x}")
+
 def check_workspace_buffer(buf):
     """float_workspace_buffer as the byte view the C++ objects borrow: a contiguous torch CUDA tensor of any
     dtype (checked at plan(), not in the constructor, so option errors surface first without a GPU)."""
@@ -394,6 +401,7 @@ def reset_workspace(owner, float_workspace_buffer):
     one's address, so the next plan() builds a new one (waiting for queued work first, as any re-size
     does) and run() needs that plan."""
     T.framework(float_workspace_buffer, "float_workspace_buffer")
+    check_aligned(float_workspace_buffer, "float_workspace_buffer")
     owner._float_workspace_buffer = float_workspace_buffer
     owner._buffer_checked = False
     owner._native_key = None
@@ -406,6 +414,7 @@ def init_paged_wrapper(owner, float_workspace_buffer, kv_layout, use_cuda_graph,
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
     check_backend(backend, jit_args, allowed=("auto", "fa2", "fa3"))
     T.framework(float_workspace_buffer, "float_workspace_buffer")
+    check_aligned(float_workspace_buffer, "float_workspace_buffer")
     owner._backend = BACKENDS[backend]
     owner._float_workspace_buffer = float_workspace_buffer
     owner._kv_layout = kv_layout
@@ -495,6 +504,12 @@ class PlannedWrapper:
         return self._use_cuda_graph
 
     @property
+    def _plan_info(self):
+        """What the last plan() fixed for run(), None before one (FlashInfer's wrappers keep their plan
+        under this name; callers test it for None)."""
+        return getattr(self, "_planned", None)
+
+    @property
     def last_plan_us(self):
         """Host time of the last plan() inside the C++ planner (a cascade: all levels), in microseconds."""
         return self._native.last_plan_us if self._native is not None else None
@@ -531,6 +546,39 @@ def fit_workspace(want, need, have, size, bounds):
     return pick[0], pick[3]
 
 
+class _WorkspaceProbe(Exception):
+    """Raised by ensure_native while workspace_size() probes: the sizes plan() would build for."""
+
+    def __init__(self, device_bytes, host_bytes):
+        super().__init__(device_bytes, host_bytes)
+        self.device_bytes, self.host_bytes = device_bytes, host_bytes
+
+
+def probe_workspace_size(owner, plan_fn, args, kwargs):
+    """FlashInfer's workspace_size(): (float_workspace_size, int_workspace_size) in bytes for what
+    plan_fn(owner, *args, **kwargs) plans, found by running plan()'s own checks up to the workspace
+    sizing. The float size is the ideal one (every split-KV partial state; plan() also takes smaller
+    buffers down to the minimum); the int size is the pinned host staging plan() uploads from (Tessera
+    keeps no int workspace on the GPU). The wrapper's plan state is left as it was."""
+    wrappers = [owner] + [w for w in (getattr(owner, "_multi", None),) if w is not None]
+    saved = [dict(w.__dict__) for w in wrappers]
+    global _PROBING
+    _PROBING = True
+    try:
+        plan_fn(owner, *args, **kwargs)
+    except _WorkspaceProbe as p:
+        return p.device_bytes, max(p.host_bytes, 1)
+    finally:
+        _PROBING = False
+        for w, d in zip(wrappers, saved):
+            w.__dict__.clear()
+            w.__dict__.update(d)
+    raise RuntimeError("workspace_size: plan() finished without sizing a workspace")
+
+
+_PROBING = False  # True inside probe_workspace_size: ensure_native reports sizes instead of building
+
+
 def ensure_native(owner, config, counts, bounds, size, make):
     """Builds (or re-sizes) owner's C++ plan/run object for `config` and these counts.
 
@@ -551,6 +599,11 @@ def ensure_native(owner, config, counts, bounds, size, make):
     """
     key = owner._native_key
     same = key is not None and key[0] == config
+    if _PROBING:
+        fixed = list(key[1]) if same and owner._use_cuda_graph else [b.fixed for b in bounds]
+        need = tuple(c if f is None else max(c, f) for c, f in zip(counts, fixed))
+        ideal, _, host = size(need, owner._float_workspace_buffer.device.index or 0)
+        raise _WorkspaceProbe(ideal, host)
     if same and all(c <= b for c, b in zip(counts, key[1])):
         return
     fixed = [b.fixed for b in bounds]

@@ -213,6 +213,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
         W.check_backend(backend, jit_args)
         T.framework(float_workspace_buffer, "float_workspace_buffer")
+        W.check_aligned(float_workspace_buffer, "float_workspace_buffer")
         self._float_workspace_buffer = float_workspace_buffer
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
@@ -264,6 +265,19 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         C.check_int_workspace(int_workspace_buffer, "int_workspace_buffer")
         W.reset_workspace(self, float_workspace_buffer)
         self._multi = None
+
+    def workspace_size(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                       pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
+                       kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None, rope_scale=None,
+                       rope_theta=None, block_tables=None, seq_lens=None, fixed_split_size=None,
+                       disable_split_kv=False, q_len_per_req=1):
+        """FlashInfer's workspace_size(): (float_workspace_size, int_workspace_size) in bytes for plan() with
+        these arguments (see W.probe_workspace_size); plan() state is not touched."""
+        options = dict(locals())
+        del options["self"]
+        head = [options.pop(k) for k in ("indptr", "indices", "last_page_len", "num_qo_heads", "num_kv_heads",
+                                         "head_dim", "page_size")]
+        return W.probe_workspace_size(self, type(self)._plan_impl, head, options)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              *deprecated_positional_args, **kwargs):

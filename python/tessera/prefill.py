@@ -98,6 +98,20 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         self._mask_buf = custom_mask_buf
         self._fixed_pages = W.buffer_length(paged_kv_indices_buf, "paged_kv_indices_buf")
 
+    def workspace_size(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+                       num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None,
+                       packed_custom_mask=None, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+                       sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
+                       q_data_type="float16", kv_data_type=None, o_data_type=None, prefix_len_ptr=None,
+                       token_pos_in_items_ptr=None, token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None,
+                       seq_lens_q=None, block_tables=None, max_token_per_sequence=None, max_sequence_kv=None,
+                       fixed_split_size=None, disable_split_kv=False, uniform_q_len=None):
+        """FlashInfer's workspace_size(): (float_workspace_size, int_workspace_size) in bytes for plan() with
+        these arguments (see W.probe_workspace_size); plan() state is not touched."""
+        options = dict(locals())
+        del options["self"]
+        return W.probe_workspace_size(self, type(self).plan.__wrapped__, (), options)
+
     @C.recorded_plan
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
              head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,

@@ -134,3 +134,50 @@ def test_fast_decode_plan_matches_plan_on_gpu():
         ref = torch.einsum("hk,khd->hd", s.softmax(-1), v)
         err = (outs[1][b].double() - ref).abs().max() / ref.norm()
         assert torch.isfinite(outs[1][b]).all() and err < 1e-3
+
+
+@pytest.mark.parametrize("kind", ["decode", "decode_tc", "prefill"])
+def test_workspace_size_plans_with_exact_buffers_gpu(torch_cuda, kind):
+    """FlashInfer's workspace_size(): the returned float / int sizes are buffers plan() and run() work with, and
+    asking leaves an existing plan intact."""
+    torch = torch_cuda
+    batch, kv_len, page, hq, hkv, d = 4, 4096, 16, 16, 4, 128
+    per = kv_len // page
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * per
+    indices = torch.arange(batch * per, dtype=torch.int32, device="cuda")
+    last = torch.full((batch,), page, dtype=torch.int32, device="cuda")
+    cache = torch.randn(batch * per, 2, page, hkv, d, dtype=torch.float16, device="cuda")
+    big = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    if kind == "prefill":
+        w = tessera.BatchPrefillWithPagedKVCacheWrapper(big)
+        qo = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * 7
+        args = (qo, indptr, indices, last, hq, hkv, d, page)
+        kw = dict(causal=True, q_data_type=torch.float16)
+        q = torch.randn(int(qo[-1]), hq, d, dtype=torch.float16, device="cuda")
+    else:
+        w = tessera.BatchDecodeWithPagedKVCacheWrapper(big, use_tensor_cores=kind == "decode_tc")
+        args = (indptr, indices, last, hq, hkv, d, page)
+        kw = dict(q_data_type=torch.float16, kv_data_type=torch.float16)
+        q = torch.randn(batch, hq, d, dtype=torch.float16, device="cuda")
+    w.plan(*args, **kw)
+    before = w.run(q, cache)
+    f, i = w.workspace_size(*args, **kw)
+    assert f > 0 and i > 0 and w._plan_info is not None
+    assert torch.equal(w.run(q, cache), before)  # the probe left the plan alone
+    w.reset_workspace_buffer(torch.empty(f, dtype=torch.uint8, device="cuda"),
+                             torch.empty(i, dtype=torch.uint8, device="cuda"))
+    w.plan(*args, **kw)
+    assert torch.equal(w.run(q, cache), before)  # the ideal size splits like the large buffer
+
+
+def test_unaligned_workspace_refused():
+    torch = pytest.importorskip("torch")
+    base = torch.empty(4096 + 1, dtype=torch.uint8)
+    view = base[1:]
+    with pytest.raises(ValueError, match="float_workspace_buffer must be 16-byte aligned"):
+        tessera.BatchPrefillWithPagedKVCacheWrapper(view)
+    with pytest.raises(ValueError, match="float_workspace_buffer must be 16-byte aligned"):
+        tessera.BatchDecodeWithPagedKVCacheWrapper(view)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(base[:4096])
+    with pytest.raises(ValueError, match="int_workspace_buffer must be 16-byte aligned"):
+        w.reset_workspace_buffer(base[:4096], view)

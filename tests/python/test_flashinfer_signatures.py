@@ -198,6 +198,19 @@ FLASHINFER = {
         "pos_encoding_mode='NONE', window_left=-1, logits_soft_cap=None, q_data_type=None, kv_data_type=None, "
         "data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True, "
         "fixed_split_size=None, disable_split_kv=False, q_len_per_req=1, global_override_indptr_cpu=None"),
+    ("decode", "BatchDecodeWithPagedKVCacheWrapper.workspace_size"): (
+        "indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode='NONE', "
+        "window_left=-1, logits_soft_cap=None, q_data_type='float16', kv_data_type=None, o_data_type=None, "
+        "data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, block_tables=None, seq_lens=None, "
+        "fixed_split_size=None, disable_split_kv=False, q_len_per_req=1"),
+    ("prefill", "BatchPrefillWithPagedKVCacheWrapper.workspace_size"): (
+        "qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads, "
+        "head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False, "
+        "pos_encoding_mode='NONE', use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, "
+        "logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type='float16', kv_data_type=None, "
+        "o_data_type=None, prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len=0, "
+        "max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None, max_token_per_sequence=None, "
+        "max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False, uniform_q_len=None"),
     # flashinfer.jit (the warm-up interface) and flashinfer.utils
     ("jit", "build_jit_specs"): "specs, verbose=False, skip_prebuilt=True",
     ("decode", "gen_batch_decode_module"): (
