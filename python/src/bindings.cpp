@@ -286,10 +286,10 @@ class PyBatchPrefill {
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
                  bool custom_mask, int window_left, double logits_soft_cap, int pos_encoding, const TileArg& tile,
-                 int cluster, bool split_kv, int fixed_chunk, int64_t max_fixed_chunks)
+                 int cluster, bool split_kv, int fixed_chunk, int64_t max_fixed_chunks, int head_dim_vo)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap,
-                  pos_encoding),
+                  pos_encoding, head_dim_vo),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks),
              ws_,
              prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk)),
@@ -298,13 +298,14 @@ class PyBatchPrefill {
   // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
   // part belongs in the mask itself). window_left / logits_soft_cap /
   // pos_encoding: FlashInfer's plan() options (-1 / 0 / 0: off), applied
-  // on top of a custom mask when both are given.
+  // on top of a custom mask when both are given. head_dim_vo: v's and o's head dim (0: head_dim's).
   static AttentionSpec spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
                             int head_dim, bool causal, bool custom_mask, int window_left, double logits_soft_cap,
-                            int pos_encoding) {
+                            int pos_encoding, int head_dim_vo) {
     if (causal && custom_mask)
       throw InvalidArgument("causal: expected False with a custom mask (put the causal part into the mask)");
     AttentionSpec s = decode_spec(q_dtype, kv_dtype, o_dtype, head_dim);
+    s.head_dim_vo = head_dim_vo;
     s.variant = variants::from_plan_options(causal, window_left, static_cast<float>(logits_soft_cap),
                                             to_pos_encoding(pos_encoding), custom_mask);
     return s;
@@ -324,15 +325,15 @@ class PyBatchPrefill {
                                                    int backend, bool custom_mask, int window_left,
                                                    double logits_soft_cap, int pos_encoding, const TileArg& tile,
                                                    int cluster, bool split_kv, int fixed_chunk,
-                                                   int64_t max_fixed_chunks) {
+                                                   int64_t max_fixed_chunks, int head_dim_vo) {
     const TaskInfo t =
         task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks);
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
       num_sms = cuda::device_info(device).sm_count;
     }
-    const AttentionSpec sp =
-        spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap, pos_encoding);
+    const AttentionSpec sp = spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left,
+                                  logits_soft_cap, pos_encoding, head_dim_vo);
     // BatchPrefill::workspace_size skips tile sizes other than cta_q, so an
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
@@ -539,16 +540,16 @@ NB_MODULE(_C, m) {
                       "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0,
                       "cta_q"_a = 0, "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
                       "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
-                      "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0);
+                      "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0);
   prefill.def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double, int, const TileArg&, int, bool, int, int64_t>(),
+                    double, int, const TileArg&, int, bool, int, int64_t, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
            "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0, "split_kv"_a = true, "fixed_chunk"_a = 0,
-           "max_fixed_chunks"_a = 0,
+           "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
            "tile (cta_kv, warps_q, warps_kv, stages) overrides the heuristic's tile fields that are not 0; "
@@ -556,7 +557,8 @@ NB_MODULE(_C, m) {
            "backend 0 auto, 1 fa2, 2 fa3 (Hopper); custom_mask selects the packed custom-mask variant "
            "(plan takes mask_indptr, run packed_custom_mask); split_kv false plans every request unsplit; "
            "fixed_chunk > 0 splits KV into chunks of that many keys, independent of the rest of the batch "
-           "(max_fixed_chunks: TaskInfo's bound on their pieces per KV head).")
+           "(max_fixed_chunks: TaskInfo's bound on their pieces per KV head); head_dim_vo: v's and o's head dim "
+           "(0: head_dim; 128 with head_dim 192).")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a paged step whose page ids stay on the GPU (as BatchDecode.plan_device).")

@@ -159,10 +159,10 @@ def _prefill_checks(w, args, features, lse_base, lse_layout):
     return _planned(w)
 
 
-def _prefill_outputs(q, out, lse, want_lse, o_dtype):
+def _prefill_outputs(q, out, lse, want_lse, o_dtype, head_dim_vo=None):
     _check_q(q, 3, "total_q, num_qo_heads, head_dim")
-    if out is None:
-        out = _empty(q, q.shape, o_dtype)
+    if out is None:  # v's head dim (head_dim_vo), q's unless planned otherwise
+        out = _empty(q, tuple(q.shape[:2]) + (head_dim_vo or q.shape[2],), o_dtype)
     if lse is None and want_lse:
         lse = _empty(q, q.shape[:2], "float32")
     return out, lse
@@ -182,7 +182,7 @@ def prefill_paged_run(w, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out
     B.check_run_flags(use_fp16_softmax, uses_spcompress)
     plan = _prefill_checks(w, args, dict(kv_cache_sf=kv_cache_sf, skip_softmax_threshold_scale_factor=(
         skip_softmax_threshold_scale_factor)), lse_base, lse_layout)
-    out, lse = _prefill_outputs(q, out, lse, return_lse or sinks is not None, plan["o_dtype"])
+    out, lse = _prefill_outputs(q, out, lse, return_lse or sinks is not None, plan["o_dtype"], plan.get("head_dim_vo"))
     k, v = _paged_kv(paged_kv_cache)
     torch.ops.tessera.batch_prefill_paged_run(w._handle, q, k, v, out, lse, q_scale, _float_scale("k_scale", k_scale),
                                               _float_scale("v_scale", v_scale), bool(return_lse), lse_base,
@@ -194,7 +194,7 @@ def prefill_ragged_run(w, q, k, v, args, q_scale, k_scale, v_scale, o_scale, out
                        lse_layout, enable_pdl, kv_cache_sf):
     """run() of BatchPrefillWithRaggedKVCacheWrapper under torch.compile (tessera::batch_prefill_ragged_run)."""
     plan = _prefill_checks(w, args, dict(o_scale=o_scale, kv_cache_sf=kv_cache_sf), lse_base, lse_layout)
-    out, lse = _prefill_outputs(q, out, lse, return_lse, plan["o_dtype"])
+    out, lse = _prefill_outputs(q, out, lse, return_lse, plan["o_dtype"], plan.get("head_dim_vo"))
     torch.ops.tessera.batch_prefill_ragged_run(w._handle, q, k, v, out, lse, q_scale,
                                                _float_scale("k_scale", k_scale), _float_scale("v_scale", v_scale),
                                                bool(return_lse), lse_base, enable_pdl)
@@ -250,7 +250,7 @@ def single_prefill(q: Tensor, k: Tensor, v: Tensor, o_dtype: Optional[torch.dtyp
 def _(q, k, v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
       logits_soft_cap, rope_scale, rope_theta, backend, k_scale, v_scale):
     _check_q(q, 3, "qo_len, num_qo_heads, head_dim")
-    return (q.new_empty(q.shape, dtype=q.dtype if o_dtype is None else o_dtype),
+    return (q.new_empty(tuple(q.shape[:2]) + tuple(v.shape[-1:]), dtype=q.dtype if o_dtype is None else o_dtype),
             q.new_empty(q.shape[:2], dtype=torch.float32))
 
 

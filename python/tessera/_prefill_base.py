@@ -16,16 +16,29 @@ from . import _wrapper_util as W
 from ._native import _C
 
 
+# The (head_dim_qk, head_dim_vo) pairs with different dims the kernels take (DeepSeek-style prefill).
+UNEQUAL_HEAD_DIMS = ((192, 128),)
+
+
+def check_head_dim_vo(head_dim_qk, head_dim_vo):
+    """head_dim_vo as the bindings take it: 0 for None or head_dim_qk's value, else the value when (head_dim_qk,
+    head_dim_vo) is a supported pair (192, 128); NotSupportedError naming head_dim_vo otherwise."""
+    if head_dim_vo is None or head_dim_vo == head_dim_qk:
+        return 0
+    if (head_dim_qk, head_dim_vo) not in UNEQUAL_HEAD_DIMS:
+        raise C.not_supported("head_dim_vo", head_dim_vo, f"a value head dimension different from head_dim_qk "
+                              f"({head_dim_qk}) is implemented for head_dim_qk 192 with head_dim_vo 128 only")
+    return int(head_dim_vo)
+
+
 def reject_prefill_options(mask_names, masks, head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta,
                            rope_ok=True):
     """Rejects what these wrappers do not support; returns W.pos_encoding_arg's (rope, scale, theta)
-    (rope_ok=False: only pos_encoding_mode "NONE")."""
+    (rope_ok=False: only pos_encoding_mode "NONE"). head_dim_vo: see check_head_dim_vo."""
     for name, value in zip(mask_names, masks):
         if value is not None:
             raise C.not_supported(name, value, "custom masks are not implemented for this wrapper")
-    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
-        raise C.not_supported("head_dim_vo", head_dim_vo, f"a value head dimension different from head_dim_qk "
-                              f"({head_dim_qk}) is not implemented")
+    check_head_dim_vo(head_dim_qk, head_dim_vo)
     if rope_ok:
         return W.pos_encoding_arg(pos_encoding_mode, rope_scale, rope_theta)
     W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
@@ -81,20 +94,21 @@ class PrefillWrapper(W.PlannedWrapper):
 
     def _config(self, num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale,
                 q_data_type, kv_data_type, o_data_type, window_left=-1, logits_soft_cap=None, masked=False,
-                rope=(W.POS_NONE, 1.0, 1e4)):
+                rope=(W.POS_NONE, 1.0, 1e4), head_dim_vo=None):
         """The C++ configuration tuple (constructor order), the softmax scale and the variant options
-        {window_left, logits_soft_cap, rope}; validates without a GPU (masked: a custom mask is given;
-        rope: W.pos_encoding_arg's result).
+        {window_left, logits_soft_cap, rope, head_dim_vo}; validates without a GPU (masked: a custom mask is
+        given; rope: W.pos_encoding_arg's result; head_dim_vo: v's head dim, None for head_dim's).
 
         The arguments rarely change between steps: the checks (and the C++
         probe, which builds the variant) run when they do, as in decode."""
         args = (num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale, q_data_type,
-                kv_data_type, o_data_type, window_left, logits_soft_cap, masked, rope[0])
+                kv_data_type, o_data_type, window_left, logits_soft_cap, masked, rope[0], head_dim_vo)
         key = args + tuple(map(type, args))  # 1, 1.0 and True compare equal; their checks differ
         if key == self._config_key:
             return self._config_checked
         window, cap = W.plan_options(window_left, logits_soft_cap)
-        options = dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0])
+        options = dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0],
+                       head_dim_vo=check_head_dim_vo(head_dim, head_dim_vo))
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
         kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
         o_dt = q_dt if o_data_type is None else W.dtype_arg(o_data_type, "o_data_type")
@@ -120,7 +134,7 @@ class PrefillWrapper(W.PlannedWrapper):
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
                      cluster=self._cluster, custom_mask=mask is not None, split_kv=split, fixed_chunk=fixed)
         key = config + (mask is not None, options["window_left"], options["logits_soft_cap"], options["pos_encoding"],
-                        split, fixed)
+                        split, fixed, options["head_dim_vo"])
         if fixed:  # the workspace holds every (query tile, chunk) piece of the step
             same = self._native is not None and self._native_key[0] == key
             cta = (self._native.cta_q if same else 0) or 16  # before the first plan: the smallest tile
@@ -145,7 +159,8 @@ class PrefillWrapper(W.PlannedWrapper):
             plan_fn(self._native, T.stream_of(buf))
         self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
                              rope=rope, alibi_slopes=W.plan_alibi_slopes(rope, config[4], buf.device),
-                             head_dim=config[3], num_qo_heads=config[4])
+                             head_dim=config[3], head_dim_vo=options["head_dim_vo"] or config[3],
+                             num_qo_heads=config[4])
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None, lse_base="log2",
                    lse_layout="NH", **features):
@@ -163,7 +178,7 @@ class PrefillWrapper(W.PlannedWrapper):
         return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs)
 
     def _outputs(self, q, out, lse, return_lse):
-        return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
+        return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"], self._planned["head_dim_vo"])
 
     def _rows(self, x, n):
         """The first n rows of x in CUDA-graph mode, where tensors are allocated for the largest step and a

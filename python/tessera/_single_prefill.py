@@ -57,7 +57,9 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
             (float32 is also accepted on the CPU).
         k, v: [kv_len, num_kv_heads, head_dim] for kv_layout "NHD", or
             [num_kv_heads, kv_len, head_dim] for "HND" (read through a strided
-            view, no copy); same shape and dtype.
+            view, no copy); same dtype, and the same shape but for v's
+            head dim, which may be 128 where q's and k's is 192
+            (head_dim_vo, DeepSeek-style). Head dims 64, 128, 256, 512.
         scale_q, scale_k, scale_v: only None so far (FP8 per-head scales).
         o_dtype: the output's dtype; None means q's. On the GPU float16 or
             bfloat16; the CPU path writes q's dtype only.
@@ -86,7 +88,7 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
             multiplies the softmax scale, v_scale the output.
 
     Returns:
-        o [qo_len, num_qo_heads, head_dim] in o_dtype, or (o, lse) with
+        o [qo_len, num_qo_heads, head_dim_vo] in o_dtype, or (o, lse) with
         return_lse: lse float32 [qo_len, num_qo_heads] in **base 2**.
     """
     ops = T.torch_ops(q)
@@ -124,6 +126,7 @@ def _single_prefill(q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, pa
         if len(x.shape) != 3:
             raise ValueError(f"{name}: expected a 3-D tensor ({kv_layout}), got shape {tuple(x.shape)}")
     scale = W.sm_scale_arg(sm_scale)
+    B.check_head_dim_vo(int(q.shape[2]), int(v.shape[2]))  # v's head dim: q's, or 128 with 192
     if kv_layout == "HND":  # strided NHD views, no copy
         k, v = k.swapaxes(0, 1), v.swapaxes(0, 1)
     masks = dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
@@ -153,18 +156,45 @@ def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, ca
             raise TypeError(f"{name}: expected a tensor on {T.device_of(q)} like q, got one on {T.device_of(x)}")
     qo_len, kv_len = int(q.shape[0]), int(k.shape[0])
     hq, d, hkv = int(q.shape[1]), int(q.shape[2]), int(k.shape[1])
+    dvo = B.check_head_dim_vo(d, int(v.shape[2]))  # 0: d
     # Checks heads, head_dim and dtypes (the C++ messages name them) before anything is allocated.
     config_args = (qd, kd, od, d, hq, hkv, 1, "NHD", causal, 1, max(qo_len, 1), 1)
     wrapper = _single_wrapper(q, config_args, any(m is not None for m in masks.values()),
-                              dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0]), backend)
+                              dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0], head_dim_vo=dvo),
+                              backend)
     rope_args = dict(pos_encoding_mode=W.pos_encoding_mode_name(rope[0]))
     if rope[0] == W.POS_ROPE_LLAMA:
         rope_args.update(rope_scale=rope[1], rope_theta=rope[2])
-    wrapper.plan([0, qo_len], [0, kv_len], hq, hkv, d, causal=causal, sm_scale=sm_scale, q_data_type=qd,
-                 kv_data_type=kd, o_data_type=od, window_left=window, logits_soft_cap=cap, **masks, **rope_args)
+    wrapper.plan([0, qo_len], [0, kv_len], hq, hkv, d, head_dim_vo=dvo or None, causal=causal, sm_scale=sm_scale,
+                 q_data_type=qd, kv_data_type=kd, o_data_type=od, window_left=window, logits_soft_cap=cap, **masks,
+                 **rope_args)
     if return_lse:
         return wrapper.run(q, k, v, k_scale=k_scale, v_scale=v_scale, return_lse=True)
     return wrapper.run(q, k, v, k_scale=k_scale, v_scale=v_scale), None
+
+
+def single_decode_tensor_cores(q, k, v, kd, qd, kv_layout, scale, return_lse, window, cap, rope, v_scale, k_tensor,
+                               v_tensor):
+    """single_decode_with_kv_cache's GPU path for head dims over 256 (512): a single prefill of one query on the
+    tensor-core kernel (a warp of the CUDA-core decode kernel holds a row of at most 256 16-bit features). The
+    query sits at position kv_len - 1 there too, so windows, RoPE and ALiBi mean the same. kd: the fp8 dtype of
+    uint8 k, v views, else None; qd: q's dtype name; scale: the binding's sm_scale (< 0: 1 / sqrt(head_dim))."""
+    d = int(q.shape[1])
+    if kd is not None:
+        raise ValueError(f"head_dim: {d} runs on the tensor-core prefill kernel, which reads 16-bit K / V; an fp8 "
+                         f"cache ({kd}) takes head_dim 64, 128 or 256")
+    if k_tensor is not None or v_tensor is not None:
+        raise ValueError(f"head_dim: {d} runs on the tensor-core prefill kernel, which takes k_scale / v_scale as "
+                         "floats, not tensors")
+    kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
+    if kd != qd:
+        raise ValueError(f"head_dim: {d} runs on the tensor-core prefill kernel, which needs k and v of q's dtype "
+                         f"({qd}), got {kd}")
+    if kv_layout == "HND":  # strided NHD views, no copy
+        k, v = k.swapaxes(0, 1), v.swapaxes(0, 1)
+    o, lse = _single_prefill_gpu(q[None], k, v, False, None if scale < 0 else scale, return_lse, {}, window, cap, rope,
+                                 None, "auto", None, v_scale)
+    return o[0], (None if lse is None else lse[0])
 
 
 def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope, o_dtype, k_scale, v_scale):
@@ -178,7 +208,7 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope, o_dtype
         raise C.not_supported("o_dtype", o_dtype, "the CPU path writes o in q's dtype")
     scale, vs = W.run_scales(scale, int(q.shape[2]), None, k_scale, v_scale)
     qo_len, kv_len = int(q.shape[0]), int(k.shape[0])
-    o, lse = T.empty(q, q.shape), T.empty(q, q.shape[:2], "float32")
+    o, lse = T.empty(q, tuple(q.shape[:2]) + (int(v.shape[2]),)), T.empty(q, q.shape[:2], "float32")
     _C.cpu_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], T.arg(o), T.arg(lse), scale,
                             causal, custom_mask=None if mask is None else mask.host_mask(), logits_soft_cap=cap,
                             window_left=window, rope=rope[0] == W.POS_ROPE_LLAMA, rope_scale=rope[1], rope_theta=rope[2],

@@ -448,14 +448,15 @@ def wrapper_of(handle):
     return owner
 
 
-def run_outputs(q, out, lse, return_lse, o_dtype):
-    """run()'s q checks and its outputs: out like q (o_dtype), lse float32 [rows, heads] when asked for."""
+def run_outputs(q, out, lse, return_lse, o_dtype, head_dim_vo=None):
+    """run()'s q checks and its outputs: out like q (o_dtype; head_dim_vo features, q's when None), lse float32
+    [rows, heads] when asked for."""
     if not T.is_cuda(q):
         raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
     if len(q.shape) != 3:
         raise ValueError(f"q: expected a 3-D tensor [total_q, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
     if out is None:
-        out = T.empty(q, q.shape, o_dtype)
+        out = T.empty(q, tuple(q.shape[:2]) + (head_dim_vo or q.shape[2],), o_dtype)
     if lse is None and return_lse:
         lse = T.empty(q, q.shape[:2], "float32")
     return out, lse

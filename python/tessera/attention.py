@@ -155,8 +155,8 @@ class BatchAttention:
                 pages' capacity; pages beyond ceil(len / page_size) are not
                 read).
             num_qo_heads, num_kv_heads: query heads must be a multiple of KV heads.
-            head_dim_qk: 64, 128 or 256; head_dim_vo must equal it (a
-                different value head dimension is not supported yet).
+            head_dim_qk: 64, 128, 256 or 512; head_dim_vo equal, or 128
+                with head_dim_qk 192 (v and out [.., 128]).
             page_size: tokens per page.
             causal: bottom-right aligned causal mask within each request
                 (query j of a request with q_len queries and kv_len keys sees
@@ -170,9 +170,8 @@ class BatchAttention:
         self._planned = None  # a failed plan() leaves nothing to run
         C.refuse_true("use_profiler", use_profiler, "FlashInfer's kernel profiler is not part of Tessera")
         d_qk = W.positive_int(head_dim_qk, "head_dim_qk")
-        if W.positive_int(head_dim_vo, "head_dim_vo") != d_qk:
-            raise C.not_supported("head_dim_vo", head_dim_vo, f"a value head dimension different from head_dim_qk "
-                                  f"({d_qk}) is not implemented")
+        d_vo = W.positive_int(head_dim_vo, "head_dim_vo")
+        B.check_head_dim_vo(d_qk, d_vo)  # equal, or 192 / 128
         ps = W.positive_int(page_size, "page_size")
         qo = B.indptr_arg(qo_indptr, "qo_indptr")
         kv = B.indptr_arg(kv_indptr, "kv_indptr")
@@ -182,7 +181,7 @@ class BatchAttention:
         indices = kv_indices if keep is None else _take(kv_indices, keep)
         args = (qo, indptr, indices, last, num_qo_heads, num_kv_heads, d_qk, ps)
         options = dict(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
-                       kv_data_type=kv_data_type)
+                       kv_data_type=kv_data_type, head_dim_vo=d_vo)
         if not T.is_cuda(self._prefill._float_workspace_buffer):
             # Every argument check of the prefill plan runs first; the workspace check ends it.
             try:
@@ -216,7 +215,7 @@ class BatchAttention:
                 num_kv_heads, head_dim] (NHD) or [num_pages, num_kv_heads,
                 page_size, head_dim] (HND), or one interleaved tensor
                 [num_pages, 2, ...].
-            out: optional output like q; allocated when None.
+            out: optional output [rows, num_qo_heads, head_dim_vo]; allocated when None.
             lse: optional float32 [rows, num_qo_heads]; allocated when None.
             k_scale, v_scale: None or floats: k_scale multiplies the softmax
                 scale, v_scale the output, as in FlashInfer.

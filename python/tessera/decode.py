@@ -55,7 +55,9 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
             rope_scale (None: 1) and the frequency base is rope_theta (None:
             1e4); None otherwise.
         use_tensor_cores: accepted for compatibility; the kernel is chosen
-            by Tessera and the result does not depend on it.
+            by Tessera and the result does not depend on it (head_dim 512
+            runs on the tensor-core prefill kernel, 16-bit K / V of q's
+            dtype and float scales only; 64 / 128 / 256 on CUDA cores).
         q_scale, k_scale, v_scale: None or floats, as FlashInfer applies them:
             q_scale * k_scale multiplies the softmax scale, v_scale the
             output (an fp8 cache's dequantization scales). k_scale / v_scale
@@ -121,6 +123,10 @@ def _decode_gpu(q, k, v, kd, kv_layout, scale, return_lse, window, cap, rope, v_
     """CUDA path: the C++ single_decode on torch's current stream of q's device. kd: the fp8 dtype of uint8 k, v
     views (T.kv_bits), else None."""
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
+    if int(q.shape[1]) > 256:  # head dim 512: the tensor-core prefill kernel
+        from ._single_prefill import single_decode_tensor_cores
+        return single_decode_tensor_cores(q, k, v, kd, qd, kv_layout, scale, return_lse, window, cap, rope, v_scale,
+                                          k_tensor, v_tensor)
     kd = kd or T.dtype_name(k, "k", ("float16", "bfloat16"))
     o = T.empty(q, q.shape)
     lse = T.empty(q, q.shape[:1], "float32") if return_lse else None
@@ -201,7 +207,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 kv_data_type. As in FlashInfer's docs, a hint: with False the
                 wrapper picks the kernel, the tensor cores on sm_90 when the
                 dtypes match (faster there at every measured batch, length
-                and group size), else the CUDA-core kernel.
+                and group size), else the CUDA-core kernel. Head dim 512
+                always runs on the tensor cores.
             paged_kv_indptr_buffer, paged_kv_indices_buffer,
             paged_kv_last_page_len_buffer: optional 1-D tensors whose lengths
                 fix max_batch (indptr length - 1, or last_page_len length) and
@@ -313,7 +320,10 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             last_page_len: int [batch] tokens in each request's last page
                 (1..page_size; any value for a request without pages).
             num_qo_heads, num_kv_heads: query heads must be a multiple of KV heads.
-            head_dim: 64, 128 or 256.
+            head_dim: 64, 128, 256 or 512. 512 runs on the tensor-core
+                path whatever use_tensor_cores says (the flag is a hint;
+                the CUDA-core kernel holds at most 256 features a row), so
+                it needs a 16-bit cache of q's dtype.
             page_size: tokens per page.
             window_left: -1 (no window), or the keys (>= 0) each query sees to
                 the left of its own position (its request's last key).

@@ -135,7 +135,12 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
             paged_kv_last_page_len: int [batch] tokens in each request's last
                 page (1..page_size; 0 or page_size for a request without pages).
             num_qo_heads, num_kv_heads: query heads must be a multiple of KV heads.
-            head_dim_qk: 64, 128 or 256; head_dim_vo must be None or equal.
+            head_dim_qk: 64, 128, 256 or 512 (q's and k's head dim).
+            head_dim_vo: v's and the output's head dim: None or head_dim_qk,
+                or 128 with head_dim_qk 192 (DeepSeek-style prefill: q, k
+                [.., 192], v, out [.., 128]). Head dim 512 and unequal dims
+                run on the FA2 template (backend "auto" picks it; "fa3"
+                raises).
             page_size: tokens per page.
             causal: bottom-right aligned causal mask (see the module doc).
             custom_mask: bool [sum(qo_len * kv_len)], each request's
@@ -184,7 +189,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         masked = custom_mask is not None or packed_custom_mask is not None
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
                                               self._kv_layout, causal, sm_scale, q_data_type, kv_data_type,
-                                              o_data_type, window_left, logits_soft_cap, masked, rope)
+                                              o_data_type, window_left, logits_soft_cap, masked, rope, head_dim_vo)
         qo = B.indptr_arg(qo_indptr, "qo_indptr")
         kv = B.indptr_arg(paged_kv_indptr, "paged_kv_indptr")
         last = W.host_ints(paged_kv_last_page_len, "paged_kv_last_page_len")
@@ -224,15 +229,17 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         """Attention of the planned step.
 
         Args:
-            q: [qo_indptr[-1], num_qo_heads, head_dim] CUDA tensor of q_data_type.
+            q: [qo_indptr[-1], num_qo_heads, head_dim_qk] CUDA tensor of q_data_type.
             paged_kv_cache: (k_cache, v_cache), each [num_pages, page_size,
                 num_kv_heads, head_dim] (NHD) or [num_pages, num_kv_heads,
-                page_size, head_dim] (HND), or one interleaved tensor
-                [num_pages, 2, ...] (K at index 0, V at 1).
+                page_size, head_dim] (HND), head_dim_qk for k_cache and
+                head_dim_vo for v_cache, or one interleaved tensor
+                [num_pages, 2, ...] (K at index 0, V at 1; equal dims).
             q_scale, k_scale, v_scale: None or floats (serving engines pass
                 1.0 for 16-bit caches): q_scale * k_scale multiplies the
                 softmax scale, v_scale the output, as in FlashInfer.
-            out: optional output like q (o_data_type); allocated when None.
+            out: optional output [rows, num_qo_heads, head_dim_vo]
+                (o_data_type); allocated when None.
             lse: optional float32 [rows, num_qo_heads]; allocated when None
                 and return_lse.
             return_lse: also return the LSE.
@@ -315,7 +322,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
 
     Request i's keys are rows kv_indptr[i] .. kv_indptr[i+1] of one K and one
     V tensor: [total_kv, num_kv_heads, head_dim] (NHD) or [num_kv_heads,
-    total_kv, head_dim] (HND, read through a strided view: no copy). Same
+    total_kv, head_dim] (HND, read through a strided view: no copy), K's
+    head_dim head_dim_qk and V's head_dim_vo (plan()). Same
     plan / run contract and workspace bounds as
     BatchPrefillWithPagedKVCacheWrapper (max_pages is 1 here); in CUDA-graph
     mode q and k / v may have more rows than the plan uses.
@@ -363,7 +371,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         masked = custom_mask is not None or packed_custom_mask is not None
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", 1, "NHD", causal,
                                               sm_scale, q_data_type, kv_data_type, o_data_type, window_left,
-                                              logits_soft_cap, masked, rope)
+                                              logits_soft_cap, masked, rope, head_dim_vo)
         qo = B.indptr_arg(qo_indptr, "qo_indptr")
         kv = B.indptr_arg(kv_indptr, "kv_indptr")
         if kv.size != qo.size:
@@ -398,9 +406,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
 
     def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None, lse=None,
             return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, kv_cache_sf=None):
-        """Attention of the planned step: q [qo_indptr[-1], num_qo_heads, head_dim]; k, v as in the class doc.
+        """Attention of the planned step: q [qo_indptr[-1], num_qo_heads, head_dim_qk]; k, v as in the class doc.
 
-        out, lse, return_lse, lse_base / lse_layout and the scale / PDL
+        out ([rows, num_qo_heads, head_dim_vo]), lse, return_lse, lse_base / lse_layout and the scale / PDL
         options are as for the paged wrapper's run(); o_scale and kv_cache_sf
         only None so far.
         """

@@ -148,6 +148,10 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
                            const TensorView& kv_indices, const TensorView& kv_indptr,
                            const TensorView& kv_last_page_len, cudaStream_t stream, const AppendOptions& opt) {
   const Device dev = kv.device();
+  // The append kernel writes K and V rows of one width at K's strides.
+  if (kv.v_head_dim() != kv.head_dim())
+    throw InvalidArgument("v: append_paged_kv_cache expected a V cache of k's head_dim " + str(kv.head_dim()) + ", got " +
+                          str(kv.v_head_dim()) + " (caches of unequal head dims are written by the caller)");
   check_rows("append_key", append_key, kv);
   check_rows("append_value", append_value, kv);
   if (append_value.dtype != append_key.dtype)

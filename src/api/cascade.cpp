@@ -35,7 +35,7 @@ void validate_levels(const std::vector<AttentionSpec>& specs, const TaskInfo& ta
     const AttentionSpec& s = specs[i];
     validate_task(task, s);
     if (s.q_dtype != specs[0].q_dtype || s.kv_dtype != specs[0].kv_dtype || s.o_dtype != specs[0].o_dtype ||
-        s.head_dim != specs[0].head_dim)
+        s.head_dim != specs[0].head_dim || s.vo_dim() != specs[0].vo_dim())
       throw InvalidArgument("level_specs[" + str(i) + "]: expected the dtypes and head_dim of level 0 (" +
                             specs[0].str() + "), got " + s.str());
     if (s.variant.custom_mask)
@@ -88,7 +88,7 @@ CascadeLayout cascade_layout(const std::vector<AttentionSpec>& user_specs, const
   }
   const size_t rows = static_cast<size_t>(task.max_total_q) * task.num_qo_heads;
   // Several levels: the running state and each next level's output, fp32.
-  const size_t state_bytes = specs.size() > 1 ? aligned(rows * specs[0].head_dim * sizeof(float)) : 0;
+  const size_t state_bytes = specs.size() > 1 ? aligned(rows * specs[0].vo_dim() * sizeof(float)) : 0;
   const size_t others = l.total.device_bytes + 2 * state_bytes + 2 * aligned(rows * sizeof(float)) +
                         aligned(task.max_total_q);  // everything but the split-KV scratch
   l.ideal_device_bytes = others + l.split_scratch_bytes;

@@ -45,7 +45,7 @@ void check_q_o_lse(const AttentionSpec& spec, const TensorView& q, const TensorV
   if (q.size(1) != num_qo_heads) throw InvalidArgument("q: expected " + str(num_qo_heads) + " heads, got " + str(q.size(1)));
   if (q.size(2) != spec.head_dim) throw InvalidArgument("q: expected head_dim " + str(spec.head_dim) + ", got " + str(q.size(2)));
   if (q.size(0) > INT32_MAX) throw InvalidArgument("q: expected fewer than 2^31 rows, got " + str(q.size(0)));
-  check_shape("o", o, {q.size(0), q.size(1), q.size(2)});
+  check_shape("o", o, {q.size(0), q.size(1), spec.vo_dim()});  // o has v's head dim
   check_dtype("o", o, spec.o_dtype);
   if (has(lse)) {
     check_shape("lse", lse, {q.size(0), q.size(1)});
@@ -65,6 +65,8 @@ void check_paged_storage(const PagedKVStorage& kv, const AttentionSpec& spec, co
   if (kv.num_kv_heads() != task.num_kv_heads)
     throw InvalidArgument("kv: expected " + str(task.num_kv_heads) + " KV heads, got " + str(kv.num_kv_heads()));
   if (kv.head_dim() != spec.head_dim) throw InvalidArgument("kv: expected head_dim " + str(spec.head_dim) + ", got " + str(kv.head_dim()));
+  if (kv.v_head_dim() != spec.vo_dim())
+    throw InvalidArgument("v: expected head_dim_vo " + str(spec.vo_dim()) + ", got " + str(kv.v_head_dim()));
   if (kv.page_size() != task.page_size)
     throw InvalidArgument("kv: expected page_size " + str(task.page_size) + ", got " + str(kv.page_size()));
   if (kv.layout() != task.layout)
@@ -74,6 +76,7 @@ void check_paged_storage(const PagedKVStorage& kv, const AttentionSpec& spec, co
                           str(kv.num_pages()) + " pages");
   if (!(kv.device() == device)) throw TypeMismatch("kv: expected device " + device.str() + ", got " + kv.device().str());
   check_cuda_vectors("kv", kv.k());
+  check_cuda_vectors("v", kv.v());
 }
 
 void check_workspace_device(const Device& device, int workspace_device) {

@@ -36,6 +36,30 @@ bool cuda_core_tuning(const DecodeOptions& opt) {
   return opt.cuda_cores || opt.ctas_per_sm != 0 || opt.tile != 0 || opt.stages != 0 || opt.heads_per_thread != 0;
 }
 
+// Head dims only the tensor-core path takes (512; unequal dims): a warp of
+// the CUDA-core kernel holds a row of at most 256 16-bit features. Such a
+// spec runs on the tensor cores whatever use_tensor_cores says (the flag is
+// a hint), and what only the CUDA-core kernel does is refused naming head_dim.
+bool needs_tensor_cores(const AttentionSpec& spec) { return spec.head_dim > 256 || !spec.dims_equal(); }
+
+void check_tensor_core_only(const AttentionSpec& spec, const DecodeOptions& opt) {
+  if (!needs_tensor_cores(spec)) return;
+  const std::string dims = spec.dims_equal() ? "head_dim: " + str(spec.head_dim)
+                                             : "head_dim: " + str(spec.head_dim) + " / " + str(spec.vo_dim());
+  const std::string why = dims + " runs on the tensor-core path only (the CUDA-core decode kernel takes head_dim 64, "
+                                 "128 or 256)";
+  if (opt.cuda_cores || cuda_core_tuning(opt))
+    throw InvalidArgument(why + "; expected cuda_cores false and no CUDA-core tuning (ctas_per_sm, tile, stages, "
+                                "heads_per_thread)");
+  if (is_fp8(spec.kv_dtype))
+    throw InvalidArgument(why + ", which reads 16-bit K / V; got kv_dtype " + dtype_name(spec.kv_dtype));
+  if (spec.q_dtype != spec.kv_dtype)
+    throw InvalidArgument(why + ", which needs q_dtype == kv_dtype; got " + dtype_name(spec.q_dtype) + " and " +
+                          dtype_name(spec.kv_dtype));
+  if (!opt.use_tensor_cores && spec.variant.headers.empty())
+    throw InvalidArgument(why + "; a user variant runs on the CUDA-core kernel unless use_tensor_cores is set");
+}
+
 // Whether the wrapper may pick the tensor cores: built-in variants (a user's
 // variant is compiled for the kernel it asked for) with equal q and KV dtypes.
 bool tensor_cores_eligible(const AttentionSpec& spec, const DecodeOptions& opt) {
@@ -48,7 +72,9 @@ bool tensor_cores_eligible(const AttentionSpec& spec, const DecodeOptions& opt) 
 void check_kernel_choice(const AttentionSpec& spec, const TaskInfo& task, const DecodeOptions& opt) {
   if (opt.use_tensor_cores && opt.cuda_cores)
     throw InvalidArgument("cuda_cores: expected false with use_tensor_cores (they ask for different kernels)");
-  if (!opt.use_tensor_cores)
+  validate_spec(spec);
+  check_tensor_core_only(spec, opt);
+  if (!opt.use_tensor_cores && !needs_tensor_cores(spec))
     (void)catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages, opt.heads_per_thread);
 }
 
@@ -104,7 +130,7 @@ BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const Tas
     WorkspaceLayout p = head;
     l.max_slots = slots;
     l.partial_lse = p.add(sizeof(float) * slots * task.num_qo_heads);
-    l.partial_o = p.add(sizeof(float) * slots * task.num_qo_heads * spec.head_dim);
+    l.partial_o = p.add(sizeof(float) * slots * task.num_qo_heads * spec.vo_dim());
     return l.total = p.total();
   };
   l.min_total = lay_out(0);
@@ -135,7 +161,7 @@ BatchDecode::Sizes BatchDecode::sizes(const AttentionSpec& spec, const TaskInfo&
   check_kernel_choice(spec, task, opt);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
-  if (opt.use_tensor_cores) {
+  if (opt.use_tensor_cores || needs_tensor_cores(spec)) {
     const TaskInfo t = tensor_core_task(task);
     const PrefillOptions p = tensor_core_options(spec, opt);
     return minimum ? BatchPrefill::min_workspace_size(spec, t, num_sms, p)
@@ -157,7 +183,7 @@ BatchDecode::Sizes BatchDecode::sizes(const AttentionSpec& spec, const TaskInfo&
 }
 
 bool BatchDecode::runs_on_tensor_cores(const AttentionSpec& spec, const DecodeOptions& opt, int device) {
-  if (opt.use_tensor_cores) return true;
+  if (opt.use_tensor_cores || needs_tensor_cores(spec)) return true;
   if (!tensor_cores_eligible(spec, opt) || !cuda::gpu_available()) return false;
   return cuda::device_info(device).major == 9;  // measured on sm_90 only (docs/performance.md)
 }

@@ -166,8 +166,9 @@ bool BatchPrefill::use_hopper(int cta_q) const {
     case PrefillBackend::kFA3:
       if (!sm90) throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
       if (!catalog::hopper_supported(spec_, cta_q))
-        throw InvalidArgument("backend: fa3 needs head_dim 64, 128 or 256 and a query tile of 64 or 128 rows (cta_q " +
-                              str(cta_q) + ", head_dim " + str(spec_.head_dim) + "); use fa2 or auto");
+        throw InvalidArgument("backend: fa3 needs head_dim 64, 128 or 256 (head_dim_vo equal) and a query tile of 64 "
+                              "or 128 rows (cta_q " + str(cta_q) + ", head_dim " + str(spec_.head_dim) +
+                              ", head_dim_vo " + str(spec_.vo_dim()) + "); use fa2 or auto");
       return true;
     case PrefillBackend::kAuto: return sm90 && catalog::hopper_supported(spec_, cta_q);
   }
@@ -369,6 +370,9 @@ void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, cons
   // captured graph keeps these parameters across plans of either kind.
   view.num_pages = static_cast<int>(std::min<int64_t>(kv.num_pages(), INT32_MAX));
   view.page_error = page_errors_.device_ptr();
+  view.v_page_stride = kv.v_page_stride();
+  view.v_head_stride = kv.v_head_stride();
+  view.v_token_stride = kv.v_token_stride();
   launch(q, o, lse, view, mask, stream, opt);
 }
 
@@ -381,10 +385,12 @@ void BatchPrefill::run_ragged_impl(const TensorView& q, const TensorView& k, con
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
   detail::check_workspace_device(q.device, ws_->device());
   check_shape("k", k, {total_kv_, task_.num_kv_heads, spec_.head_dim});
-  check_shape("v", v, {total_kv_, task_.num_kv_heads, spec_.head_dim});
+  check_shape("v", v, {total_kv_, task_.num_kv_heads, spec_.vo_dim()});
   check_dtype("k", k, spec_.kv_dtype);
   check_dtype("v", v, spec_.kv_dtype);
-  if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1)) throw InvalidArgument("v: expected the same strides as k");
+  // Equal dims read V at K's strides; unequal ones at V's own (PagedKV::v_*).
+  if (spec_.dims_equal() && (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1)))
+    throw InvalidArgument("v: expected the same strides as k");
   detail::check_cuda_vectors("k", k);
   detail::check_cuda_vectors("v", v);
   check_same_device("q", q, "k", k);
@@ -393,6 +399,8 @@ void BatchPrefill::run_ragged_impl(const TensorView& q, const TensorView& k, con
   const char* dev = static_cast<const char*>(ws_->device_ptr());
   device::PagedKV view{k.data, v.data, reinterpret_cast<const int*>(dev + layout_.kv_indptr), nullptr, nullptr,
                        0, k.stride(1), k.stride(0), 1, task_.num_kv_heads, 0};
+  view.v_head_stride = v.stride(1);
+  view.v_token_stride = v.stride(0);
   launch(q, o, lse, view, mask, stream, opt);
 }
 
@@ -463,6 +471,16 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
     kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps, pdl);
   } else {
     kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), pdl);
+    // Head dim 512: the same plan over V's and O's next 256 features (same
+    // strides). Same softmax, so LSE is rewritten with the same bits; one
+    // stream, so the split scratch (counters zero after each merge) is reused.
+    for (int part = 1; part < config_.vo_split; ++part) {
+      const int64_t features = int64_t{part} * config_.head_dim_vo;
+      p.kv.v = static_cast<const char*>(kv.v) + features * static_cast<int64_t>(dtype_size(spec_.kv_dtype));
+      p.o = static_cast<char*>(o.data) + features * static_cast<int64_t>(dtype_size(spec_.o_dtype));
+      pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
+      kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), pdl);
+    }
   }
   detail::check_launch("BatchPrefill::run");
 }

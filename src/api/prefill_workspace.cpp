@@ -58,7 +58,7 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
     l.counters = s.add(sizeof(int32_t) * l.max_split_tiles * groups);
     const int64_t rows = slot_rows * groups;
     l.partial_lse = s.add(sizeof(float) * rows);
-    l.partial_o = s.add(sizeof(float) * rows * spec.head_dim);
+    l.partial_o = s.add(sizeof(float) * rows * catalog::prefill_launch_vo(spec));  // one launch's V / O features
     return l.scratch_bytes = s.total();
   };
   l.min_scratch_bytes = lay_out(0);

@@ -52,12 +52,17 @@ void check_inputs(const TensorView& q, std::span<const int32_t> qo, const Tensor
                           std::to_string(kv.size()));
   const int64_t rows = qo.empty() ? 0 : qo.back(), keys = kv.empty() ? 0 : kv.back();
   if (q.size(0) != rows) throw InvalidArgument("q: expected " + std::to_string(rows) + " rows, got " + q.shape_str());
-  if (k.shape != v.shape) throw InvalidArgument("v: expected the shape of k " + k.shape_str() + ", got " + v.shape_str());
+  // v may have a head dim of its own (head_dim_vo); o has v's.
+  if (v.size(0) != k.size(0) || v.size(1) != k.size(1))
+    throw InvalidArgument("v: expected the rows and heads of k " + k.shape_str() + " (any head_dim_vo), got " +
+                          v.shape_str());
   if (k.size(0) != keys) throw InvalidArgument("k: expected " + std::to_string(keys) + " rows, got " + k.shape_str());
   if (k.size(2) != q.size(2) || k.size(1) < 1 || q.size(1) % k.size(1) != 0)
     throw InvalidArgument("k: expected head_dim " + std::to_string(q.size(2)) + " and a head count dividing q's " +
                           std::to_string(q.size(1)) + ", got " + k.shape_str());
-  if (o.shape != q.shape) throw InvalidArgument("o: expected the shape of q " + q.shape_str() + ", got " + o.shape_str());
+  if (o.size(0) != q.size(0) || o.size(1) != q.size(1) || o.size(2) != v.size(2))
+    throw InvalidArgument("o: expected [" + std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) + ", " +
+                          std::to_string(v.size(2)) + "] (q's rows and heads, v's head dim), got " + o.shape_str());
   if (lse.data) {
     check_shape("lse", lse, {q.size(0), q.size(1)});
     check_dtype("lse", lse, DType::kFloat32);
@@ -79,12 +84,12 @@ void attention_ragged(const TensorView& q, std::span<const int32_t> qo, const Te
                       std::span<const int32_t> kv, const AttentionOptions& opt, const TensorView& o,
                       const TensorView& lse) {
   check_inputs(q, qo, k, v, kv, opt, o, lse);
-  const int64_t Hq = q.size(1), Hkv = k.size(1), D = q.size(2), group = Hq / Hkv;
+  const int64_t Hq = q.size(1), Hkv = k.size(1), D = q.size(2), DV = v.size(2), group = Hq / Hkv;
   const double scale = (opt.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : opt.sm_scale) * opt.k_scale;
   const std::vector<double> rates = opt.rope ? rope_rates(opt.rope_scale, opt.rope_theta, static_cast<int>(D))
                                              : std::vector<double>{};
   const uint8_t* mask = opt.custom_mask.empty() ? nullptr : opt.custom_mask.data();
-  std::vector<float> acc(D), s(kTile);
+  std::vector<float> acc(DV), s(kTile);
   for (size_t req = 0; req + 1 < qo.size(); ++req) {
     const int64_t q0 = qo[req], q_len = qo[req + 1] - q0, kv_len = kv[req + 1] - kv[req];
     std::vector<float> qs = load_rows(q, q0, q_len), ks = load_rows(k, kv[req], kv_len), vs = load_rows(v, kv[req], kv_len);
@@ -123,14 +128,14 @@ void attention_ragged(const TensorView& q, std::span<const int32_t> qo, const Te
           for (int64_t j = 0; j < n; ++j) {
             if (s[j] == kNegInf) continue;
             const float p = std::exp2(s[j] - m_new);
-            const float* vr = &vs[((t0 + j) * Hkv + h / group) * D];
+            const float* vr = &vs[((t0 + j) * Hkv + h / group) * DV];
             l += p;
-            for (int64_t d = 0; d < D; ++d) acc[d] += p * vr[d];
+            for (int64_t d = 0; d < DV; ++d) acc[d] += p * vr[d];
           }
           m = m_new;
         }
         const int64_t row = q0 + i;
-        for (int64_t d = 0; d < D; ++d)
+        for (int64_t d = 0; d < DV; ++d)
           store_from_float(o.data, o.dtype, static_cast<size_t>(row * o.stride(0) + h * o.stride(1) + d * o.stride(2)),
                            l > 0 ? static_cast<float>(acc[d] / l * opt.v_scale) : 0.f);
         if (lse.data)

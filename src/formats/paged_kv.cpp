@@ -146,19 +146,34 @@ void check_storage_tensor(const char* name, const TensorView& t, int64_t ndim) {
 PagedKVStorage::PagedKVStorage(TensorView k, TensorView v, KVLayout layout) {
   check_storage_tensor("k", k, 4);
   check_storage_tensor("v", v, 4);
-  if (v.shape != k.shape)
-    throw InvalidArgument("v: expected the shape of k " + k.shape_str() + ", got " + v.shape_str());
+  // V may be narrower than K (head_dim_qk 192, head_dim_vo 128); every other
+  // dim is K's.
+  const bool same_dim = v.size(3) == k.size(3);
+  if (!same_dim && !(k.size(3) == 192 && v.size(3) == 128))
+    throw InvalidArgument("v: expected the shape of k " + k.shape_str() + " (or head_dim 128 with k's 192), got " +
+                          v.shape_str());
+  for (int64_t i = 0; i < 3; ++i)
+    if (v.size(i) != k.size(i))
+      throw InvalidArgument("v: expected the shape of k " + k.shape_str() + " but for the last dim, got " + v.shape_str());
   if (v.dtype != k.dtype)
     throw TypeMismatch(std::string("v: expected the dtype of k (") + dtype_name(k.dtype) + "), got " +
                        dtype_name(v.dtype));
   check_same_device("k", k, "v", v);
-  // Kernels address K and V with one set of strides (device::PagedKV).
-  for (int64_t i = 0; i < 4; ++i) {
+  // Kernels address K and V of one head_dim with one set of strides
+  // (device::PagedKV); a V of another head_dim has strides of its own.
+  for (int64_t i = 0; same_dim && i < 4; ++i) {
     if (k.size(i) > 1 && v.stride(i) != k.stride(i))
       throw InvalidArgument("v: expected the strides of k, got stride " + str(v.stride(i)) + " vs " +
                             str(k.stride(i)) + " in dim " + str(i));
   }
   init(layout, k, 0);
+  if (!same_dim) {
+    const int64_t token_dim = layout == KVLayout::kNHD ? 1 : 2, head_dim_idx = layout == KVLayout::kNHD ? 2 : 1;
+    v_head_dim_ = static_cast<int32_t>(v.size(3));
+    v_page_stride_ = v.stride(0);
+    v_token_stride_ = v.stride(token_dim);
+    v_head_stride_ = v.stride(head_dim_idx);
+  }
   k_ = std::move(k);
   v_ = std::move(v);
 }
@@ -186,9 +201,12 @@ void PagedKVStorage::init(KVLayout layout, const TensorView& shape_src, int64_t 
   const int64_t head_dim_idx = layout == KVLayout::kNHD ? b : a;
   const int64_t head_dim = shape_src.size(d);
   const char* name = page_dim_offset == 0 ? "k" : "kv";
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-    throw InvalidArgument(std::string(name) + ": expected head_dim (last dim) in {64, 128, 256}, got " +
+  if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256 && head_dim != 512)
+    throw InvalidArgument(std::string(name) + ": expected head_dim (last dim) in {64, 128, 192, 256, 512}, got " +
                           str(head_dim) + " in shape " + shape_src.shape_str());
+  if (head_dim == 192 && page_dim_offset != 0)  // 192 is head_dim_qk only: V is 128 wide, another tensor
+    throw InvalidArgument("kv: expected head_dim (last dim) in {64, 128, 256, 512} for an interleaved cache (192 is "
+                          "head_dim_qk, with a separate 128-wide V), got shape " + shape_src.shape_str());
   if (shape_src.size(token_dim) < 1)
     throw InvalidArgument(std::string(name) + ": expected page_size >= 1 (dim " + str(token_dim) + " for " +
                           kv_layout_name(layout) + "), got shape " + shape_src.shape_str());
@@ -199,10 +217,10 @@ void PagedKVStorage::init(KVLayout layout, const TensorView& shape_src, int64_t 
   num_pages_ = shape_src.size(0);
   page_size_ = static_cast<int32_t>(shape_src.size(token_dim));
   num_kv_heads_ = static_cast<int32_t>(shape_src.size(head_dim_idx));
-  head_dim_ = static_cast<int32_t>(head_dim);
-  page_stride_ = shape_src.stride(0);
-  token_stride_ = shape_src.stride(token_dim);
-  head_stride_ = shape_src.stride(head_dim_idx);
+  head_dim_ = v_head_dim_ = static_cast<int32_t>(head_dim);
+  page_stride_ = v_page_stride_ = shape_src.stride(0);
+  token_stride_ = v_token_stride_ = shape_src.stride(token_dim);
+  head_stride_ = v_head_stride_ = shape_src.stride(head_dim_idx);
 }
 
 // ---------------------------------------------------------------------------
@@ -230,6 +248,9 @@ device::PagedKV PagedKVCache::device_view(const int32_t* d_indptr, const int32_t
   view.page_stride = storage.page_stride();
   view.head_stride = storage.head_stride();
   view.token_stride = storage.token_stride();
+  view.v_page_stride = storage.v_page_stride();
+  view.v_head_stride = storage.v_head_stride();
+  view.v_token_stride = storage.v_token_stride();
   view.page_size = storage.page_size();
   view.num_kv_heads = storage.num_kv_heads();
   return view;

@@ -54,6 +54,7 @@ struct QueryInfo {
   const TensorView* q;
   int64_t heads, head_dim, kv_heads;
   double sm_scale;
+  int64_t v_head_dim = 0;  // V's and the output's (head_dim_vo)
 };
 
 double read(const void* base, DType t, int64_t off) { return load_as_float(base, t, static_cast<size_t>(off)); }
@@ -67,18 +68,20 @@ double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<Token>& tokens, int64_t request,
                   int64_t row_begin, int64_t n_rows, const uint8_t* visible, const Options& opt, Result& out) {
   const int64_t n_kv = static_cast<int64_t>(tokens.size());
-  const int64_t D = qi.head_dim, Hkv = qi.kv_heads, group = qi.heads / qi.kv_heads;
+  const int64_t D = qi.head_dim, DV = qi.v_head_dim, Hkv = qi.kv_heads, group = qi.heads / qi.kv_heads;
   if (n_rows == 0) return;
-  // Convert this group's K and V once: [n_kv, Hkv, D] in double.
-  std::vector<double> kd(n_kv * Hkv * D), vd(n_kv * Hkv * D);
+  // Convert this group's K and V once: [n_kv, Hkv, D] and [n_kv, Hkv, DV] in double.
+  std::vector<double> kd(n_kv * Hkv * D), vd(n_kv * Hkv * DV);
   for (int64_t j = 0; j < n_kv; ++j)
-    for (int64_t h = 0; h < Hkv; ++h)
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t idx = (j * Hkv + h) * D + d;
-        // Dequantized: the stored value times its tensor's scale (exact in double).
-        kd[idx] = read(src.k, src.k_dtype, tokens[j].k_off + h * src.k_head_stride + d * src.k_dim_stride) * opt.k_scale;
-        vd[idx] = read(src.v, src.v_dtype, tokens[j].v_off + h * src.v_head_stride + d * src.v_dim_stride) * opt.v_scale;
-      }
+    for (int64_t h = 0; h < Hkv; ++h) {
+      // Dequantized: the stored value times its tensor's scale (exact in double).
+      for (int64_t d = 0; d < D; ++d)
+        kd[(j * Hkv + h) * D + d] =
+            read(src.k, src.k_dtype, tokens[j].k_off + h * src.k_head_stride + d * src.k_dim_stride) * opt.k_scale;
+      for (int64_t d = 0; d < DV; ++d)
+        vd[(j * Hkv + h) * DV + d] =
+            read(src.v, src.v_dtype, tokens[j].v_off + h * src.v_head_stride + d * src.v_dim_stride) * opt.v_scale;
+    }
   if (opt.rope)
     for (int64_t j = 0; j < n_kv; ++j)
       for (int64_t h = 0; h < Hkv; ++h) rope_rotate(&kd[(j * Hkv + h) * D], D, static_cast<double>(j), *opt.rope);
@@ -108,12 +111,12 @@ void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<To
         score[j] = opt.flash_sigmoid ? sigmoid(logit * opt.sigmoid_scale + opt.sigmoid_bias) : logit * kLog2e;
         max_s = std::max(max_s, score[j]);
       }
-      double* o = &out.o[(row * qi.heads + h) * D];
+      double* o = &out.o[(row * qi.heads + h) * DV];
       if (opt.flash_sigmoid) {  // weights are the sigmoids themselves; no normalization, lse = 0
         for (int64_t j = 0; j < n_kv; ++j) {
           if (vis && !vis[j]) continue;
-          const double* vj = &vd[(j * Hkv + hk) * D];
-          for (int64_t d = 0; d < D; ++d) o[d] += score[j] * vj[d];
+          const double* vj = &vd[(j * Hkv + hk) * DV];
+          for (int64_t d = 0; d < DV; ++d) o[d] += score[j] * vj[d];
         }
         continue;
       }
@@ -123,10 +126,10 @@ void attend_group(const QueryInfo& qi, const KVSource& src, const std::vector<To
         if (vis && !vis[j]) continue;
         const double p = std::exp2(score[j] - max_s);
         denom += p;
-        const double* vj = &vd[(j * Hkv + hk) * D];
-        for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
+        const double* vj = &vd[(j * Hkv + hk) * DV];
+        for (int64_t d = 0; d < DV; ++d) o[d] += p * vj[d];
       }
-      for (int64_t d = 0; d < D; ++d) o[d] /= denom;
+      for (int64_t d = 0; d < DV; ++d) o[d] /= denom;
       out.lse[row * qi.heads + h] = max_s + std::log2(denom);
     }
   }
@@ -171,16 +174,23 @@ QueryInfo check_query(const TensorView& q, int64_t total_rows, const char* rows_
   if (opt.rope) check_rope(*opt.rope, q.size(2));
   for (auto [name, x] : {std::pair{"k_scale", opt.k_scale}, {"v_scale", opt.v_scale}})
     if (!std::isfinite(x)) throw InvalidArgument(std::string(name) + ": expected a finite value, got " + std::to_string(x));
-  QueryInfo qi{&q, q.size(1), q.size(2), kv_heads, opt.sm_scale};
-  if (qi.sm_scale < 0.0) qi.sm_scale = 1.0 / std::sqrt(static_cast<double>(qi.head_dim));
+  QueryInfo qi{&q, q.size(1), q.size(2), kv_heads, opt.sm_scale, q.size(2)};
+  if (qi.sm_scale < 0.0) qi.sm_scale = 1.0 / std::sqrt(static_cast<double>(qi.head_dim));  // head_dim_qk's
   return qi;
+}
+
+// v [N, Hkv, DV]: k's rows and heads, any head dim of its own (head_dim_vo).
+void check_v_shape(const TensorView& k, const TensorView& v) {
+  if (v.size(0) != k.size(0) || v.size(1) != k.size(1) || v.size(2) < 1)
+    throw InvalidArgument("v: expected the rows and heads of k " + k.shape_str() + " (any head_dim_vo), got " +
+                          v.shape_str());
 }
 
 Result make_result(const QueryInfo& qi, const Options& opt) {
   Result r;
   r.rows = qi.q->size(0);
   r.heads = qi.heads;
-  r.head_dim = qi.head_dim;
+  r.head_dim = qi.v_head_dim;  // the output's
   r.o.assign(r.rows * r.heads * r.head_dim, 0.0);
   r.lse.assign(r.rows * r.heads, opt.flash_sigmoid ? 0.0 : kNegInf);  // no softmax: no LSE, reported as 0
   return r;
@@ -310,14 +320,14 @@ Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const Tensor
   check_host_kv("v", v);
   check_dim("k", k, 3);
   check_dim("v", v, 3);
-  if (v.shape != k.shape)
-    throw InvalidArgument("v: expected the shape of k " + k.shape_str() + ", got " + v.shape_str());
+  check_v_shape(k, v);
   if (k.size(0) != kv.total())
     throw InvalidArgument("k: expected " + str(kv.total()) + " rows (kv indptr total), got shape " + k.shape_str());
   if (kv.num_sequences() != qo.num_sequences())
     throw InvalidArgument("kv: expected " + str(qo.num_sequences()) + " sequences (as many as qo), got " +
                           str(kv.num_sequences()));
   QueryInfo qi = check_query(q, qo.total(), "qo indptr total", k.size(1), k.size(2), "k", opt);
+  qi.v_head_dim = v.size(2);
 
   std::vector<int64_t> kv_lens(kv.num_sequences());
   for (int64_t i = 0; i < kv.num_sequences(); ++i) kv_lens[i] = kv.length(i);
@@ -344,21 +354,22 @@ Result attention_paged(const TensorView& q, const RaggedIndex& qo, const PagedKV
     throw InvalidArgument("cache: expected " + str(qo.num_sequences()) + " requests (as many as qo), got " +
                           str(table.num_requests()));
   QueryInfo qi = check_query(q, qo.total(), "qo indptr total", st.num_kv_heads(), st.head_dim(), "cache", opt);
+  qi.v_head_dim = st.v_head_dim();
 
   std::vector<int64_t> kv_lens(table.num_requests());
   for (int64_t i = 0; i < table.num_requests(); ++i) kv_lens[i] = table.kv_len(i);
   RequestMasks masks(qo, kv_lens, opt);
 
   Result out = make_result(qi, opt);
-  // Both K and V use the storage's strides; only the base pointers differ.
-  KVSource src{st.k().data, st.v().data, st.dtype(), st.dtype(), st.head_stride(), st.head_stride(), 1, 1};
+  // K at the storage's strides, V at its own (K's but for a V of another head_dim).
+  KVSource src{st.k().data, st.v().data, st.dtype(), st.dtype(), st.head_stride(), st.v_head_stride(), 1, 1};
   std::vector<Token> tokens;
   std::vector<uint8_t> vis;
   for (int64_t i = 0; i < qo.num_sequences(); ++i) {
     tokens.clear();
     for (int64_t pos = 0; pos < kv_lens[i]; ++pos) {
-      const int64_t off = st.offset(table.page_of(i, pos), 0, table.slot_of(pos));
-      tokens.push_back({off, off});
+      const int32_t page = table.page_of(i, pos), slot = table.slot_of(pos);
+      tokens.push_back({st.offset(page, 0, slot), st.v_offset(page, 0, slot)});
     }
     if (masks.any()) masks.next(qo.length(i), kv_lens[i], vis);
     attend_group(qi, src, tokens, i, qo.begin(i), qo.length(i), masks.any() ? vis.data() : nullptr, opt, out);
@@ -380,11 +391,11 @@ Result attention_bsr(const TensorView& q, const BSRMatrix& bsr, const TensorView
   check_host_kv("v", v);
   check_dim("k", k, 3);
   check_dim("v", v, 3);
-  if (v.shape != k.shape)
-    throw InvalidArgument("v: expected the shape of k " + k.shape_str() + ", got " + v.shape_str());
+  check_v_shape(k, v);
   if (k.size(0) != bsr.cols())
     throw InvalidArgument("k: expected " + str(bsr.cols()) + " rows (BSR columns N), got shape " + k.shape_str());
   QueryInfo qi = check_query(q, bsr.rows(), "BSR rows M", k.size(1), k.size(2), "k", opt);
+  qi.v_head_dim = v.size(2);
 
   Result out = make_result(qi, opt);
   KVSource src{k.data, v.data, k.dtype, v.dtype, k.stride(1), v.stride(1), k.stride(2), v.stride(2)};

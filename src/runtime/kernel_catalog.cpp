@@ -15,7 +15,25 @@ std::string AttentionSpec::str() const {
   std::ostringstream os;
   os << variant.name << "/q=" << dtype_name(q_dtype) << "/kv=" << dtype_name(kv_dtype) << "/o=" << dtype_name(o_dtype)
      << "/d=" << head_dim;
+  if (!dims_equal()) os << "/dvo=" << vo_dim();  // equal dims keep their old text (kernel sources, cache keys)
   return os.str();
+}
+
+bool supported_head_dims(int qk, int vo) {
+  if (qk == vo) return qk == 64 || qk == 128 || qk == 256 || qk == 512;
+  return qk == 192 && vo == 128;
+}
+
+void require_head_dim_up_to_256(const AttentionSpec& spec, const char* kernel) {
+  if (!spec.dims_equal())
+    throw InvalidArgument("head_dim_vo: " + std::string(kernel) + " needs head_dim_vo = head_dim_qk (" +
+                          std::to_string(spec.head_dim) + "), got " + std::to_string(spec.vo_dim()) +
+                          "; unequal head dims run on the tensor-core prefill kernel (BatchPrefill, backend fa2)");
+  if (spec.head_dim > 256)
+    throw InvalidArgument("head_dim: " + std::string(kernel) + " takes 64, 128 or 256, got " +
+                          std::to_string(spec.head_dim) +
+                          " (head_dim 512 runs on the tensor-core prefill kernel: BatchPrefill, BatchDecode's "
+                          "tensor-core path)");
 }
 
 void validate_spec(const AttentionSpec& spec) {
@@ -28,8 +46,15 @@ void validate_spec(const AttentionSpec& spec) {
                        dtype_name(spec.kv_dtype));
   if (!half(spec.o_dtype) && spec.o_dtype != DType::kFloat32)  // fp32: the tensor-core prefill kernels only
     throw TypeMismatch(std::string("o_dtype: expected float16, bfloat16 or float32, got ") + dtype_name(spec.o_dtype));
-  if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256)
-    throw InvalidArgument("head_dim: expected 64, 128 or 256, got " + std::to_string(spec.head_dim));
+  if (spec.head_dim_vo < 0)
+    throw InvalidArgument("head_dim_vo: expected 0 (= head_dim) or a head dim, got " + std::to_string(spec.head_dim_vo));
+  if (!supported_head_dims(spec.head_dim, spec.vo_dim())) {
+    if (spec.dims_equal())
+      throw InvalidArgument("head_dim: expected " + std::string(kSupportedHeadDims) + ", got " +
+                            std::to_string(spec.head_dim));
+    throw InvalidArgument("head_dim_qk, head_dim_vo: expected " + std::string(kSupportedHeadDims) + ", got " +
+                          std::to_string(spec.head_dim) + " / " + std::to_string(spec.vo_dim()));
+  }
   validate_variant(spec.variant);
 }
 
@@ -175,6 +200,7 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
 
 jit::KernelSource attention_rowwise(const AttentionSpec& spec) {
   validate_spec(spec);
+  require_head_dim_up_to_256(spec, "the row-wise kernel (single_decode, BatchAttention)");
   require_non_mask_variant(spec, "the row-wise kernel");
   require_half_output(spec, "the row-wise kernel");
   const std::string entry = "tessera_rowwise_" + spec.variant.name + "_" + dtype_tag(spec.q_dtype) + "_" +
@@ -185,6 +211,7 @@ jit::KernelSource attention_rowwise(const AttentionSpec& spec) {
 
 DecodeConfig decode_config(const AttentionSpec& spec, int group, int tile, int stages, int heads_per_thread) {
   validate_spec(spec);
+  require_head_dim_up_to_256(spec, "batch decode on CUDA cores");
   require_non_mask_variant(spec, "batch decode");
   require_half_output(spec, "batch decode on CUDA cores");
   if (group < 1 || group > 64) throw InvalidArgument("group: expected 1..64 query heads per KV head, got " + std::to_string(group));

@@ -46,29 +46,39 @@ static void apply_tile(PrefillConfig& c, const PrefillTile& tile) {
 }
 
 // The FA2 template's static requirements on a tile (prefill_sm80/mainloop.cuh,
-// prefill_sm80/kernel.cuh), checked here so a bad override is an InvalidArgument rather
-// than a compile error.
-static void check_fa2_tile(const PrefillConfig& c, int head_dim) {
+// prefill_sm80/kernel.cuh, common/tiles.cuh), checked here so a bad override
+// is an InvalidArgument rather than a compile error.
+static void check_fa2_tile(const PrefillConfig& c) {
   auto fail = [&](const char* field, const std::string& why) {
     throw InvalidArgument(std::string(field) + ": " + why + " (query tile " + std::to_string(c.cta_q) + ", KV tile " +
                           std::to_string(c.cta_kv) + ", warps " + std::to_string(c.warps_q) + " x " +
                           std::to_string(c.warps_kv) + ", " + std::to_string(c.stages) + " stages)");
   };
+  const int qk = c.head_dim_qk, vo = c.head_dim_vo;
   if (c.cta_q % (16 * c.warps_q))
     fail("tile.warps_q", "each warp takes whole 16-row m-tiles: expected cta_q a multiple of 16 x warps_q; set cta_q to pin the query tile");
   if (c.cta_kv % (16 * c.warps_kv)) fail("tile.warps_kv", "expected cta_kv a multiple of 16 x warps_kv");
   if (c.warps_q * c.warps_kv > 32) fail("tile.warps_q", "expected warps_q x warps_kv <= 32 (1024 threads)");
-  const int chunks = head_dim / 8;  // 16-byte chunks per row: the loaders copy whole rows per pass
+  const int chunks = qk / 8;  // 16-byte chunks per row: the loaders copy whole rows per pass
   if (c.cta_kv * chunks % c.threads || c.cta_q * chunks % c.threads)
     fail("tile.cta_kv", "each tile must split into whole rows per pass of the " + std::to_string(c.threads) + " threads");
-  if (c.warps_kv > 1 && c.warps_kv * c.cta_q * (head_dim + 2) * 4 > c.stages * 2 * c.cta_kv * head_dim * 2)
+  // Unequal dims: 8 threads a row, each thread's rows threads / 8 apart, a
+  // multiple of 8 (common/tiles.cuh, KVTileLoader's SPLIT copies).
+  const int rows_per_pass = c.threads / 8;
+  if (qk != vo && (c.threads % 64 || (c.cta_kv % rows_per_pass && rows_per_pass % c.cta_kv)))
+    fail("tile.cta_kv", "unequal head dims copy rows " + std::to_string(rows_per_pass) + " apart: expected warps_q x "
+                        "warps_kv even and cta_kv a multiple or divisor of " + std::to_string(rows_per_pass));
+  if (c.warps_kv > 1 && c.warps_kv * c.cta_q * (vo + 2) * 4 > c.stages * c.cta_kv * (qk + vo) * 2)
     fail("tile.warps_kv", "the KV-warp merge scratch does not fit the KV pipeline buffers");
   if (c.smem_bytes > 227 * 1024)
     fail("tile", "needs " + std::to_string(c.smem_bytes) + " bytes of shared memory (at most 232448)");
 }
 
+int prefill_launch_vo(const AttentionSpec& spec) { return spec.vo_dim() == 512 ? 256 : spec.vo_dim(); }
+
 bool hopper_supported(const AttentionSpec& spec, int cta_q) {
-  return (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) && (cta_q == 64 || cta_q == 128);
+  return spec.dims_equal() && (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) &&
+         (cta_q == 64 || cta_q == 128);
 }
 
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile) {
@@ -79,10 +89,14 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
                        dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));
   PrefillConfig c;
   c.cta_q = cta_q;
+  c.head_dim_qk = spec.head_dim;
+  c.head_dim_vo = spec.vo_dim();
   if (hopper) {
     if (!hopper_supported(spec, cta_q))
-      throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64, 128 or 256 and a query tile of 64 or 128 rows, got head_dim " +
-                            std::to_string(spec.head_dim) + ", tile " + std::to_string(cta_q));
+      throw InvalidArgument("backend: the Hopper prefill kernel needs head_dim 64, 128 or 256 (head_dim_vo equal) and a "
+                            "query tile of 64 or 128 rows, got head_dim " + std::to_string(spec.head_dim) +
+                            (spec.dims_equal() ? "" : ", head_dim_vo " + std::to_string(spec.vo_dim())) + ", tile " +
+                            std::to_string(cta_q) + "; head_dim 512 and unequal head dims run on backend fa2");
     // Warp-specialized (prefill_sm90/kernel.cuh): one producer warpgroup plus one
     // consumer warpgroup per 64 query rows. 128-row tiles: 128-token KV
     // tiles, 2 stages, one CTA per SM (FA3's choice for head_dim 128; S and
@@ -134,32 +148,53 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
                             " bytes of shared memory (at most 232448)");
     return c;
   }
+  // Head dim 512: the 512 / 256 kernel, twice (PrefillConfig::vo_split).
+  if (c.head_dim_qk == 512 && c.head_dim_vo == 512) {
+    c.head_dim_vo = 256;
+    c.vo_split = 2;
+    // Each launch numbers its V / O columns 0..255: a per-column value or
+    // output transform would see the second half's columns as the first's.
+    if (spec.variant.code.find("ValueTransform") != std::string::npos ||
+        spec.variant.code.find("OutputTransform") != std::string::npos)
+      throw InvalidArgument("variant: " + spec.variant.name + " defines a ValueTransform / OutputTransform, which head_dim "
+                            "512 does not take yet (it runs as two launches over 256 value features each)");
+  }
+  const int qk = c.head_dim_qk, vo = c.head_dim_vo;
   // Four warps. Small tiles split the KV tile over warps; large ones give each
   // warp 32 rows (two m-tiles) so every K/V fragment read from shared memory
-  // feeds two mma's. head_dim 256 keeps 16 rows per warp: 32 rows of O would
-  // need 256 accumulator registers.
+  // feeds two mma's. A VO of 256 keeps 16 rows per warp: 32 rows of O would
+  // need 256 accumulator registers. (Registers follow VO: Q and K fragments
+  // are read from shared memory one 16-feature k-step at a time.)
   switch (cta_q) {
     case 16: c.warps_q = 1; c.warps_kv = 4; break;
     case 32: c.warps_q = 2; c.warps_kv = 2; break;
     case 64: c.warps_q = 4; c.warps_kv = 1; break;
-    case 128: c.warps_q = spec.head_dim == 256 ? 8 : 4; c.warps_kv = 1; break;
+    case 128: c.warps_q = vo == 256 ? 8 : 4; c.warps_kv = 1; break;
     default: throw InvalidArgument("cta_q: expected 16, 32, 64 or 128, got " + std::to_string(cta_q));
   }
-  // Keep S small where O is large: a head_dim-256 row of O takes 128
-  // accumulator registers, and 32 rows x 128 features per warp as many. At
-  // the latter, 64-token KV tiles still fit 255 registers without spills
-  // for variants without per-element functors (halving the per-tile softmax
-  // and barrier overhead: H100 Table-1 setting 195 / 271 / 282 -> 212 / 294 /
-  // 308 TFLOP/s at 1k / 4k / 16k, bench/prefill_sweep.py), while a LogitsMask,
+  // Keep S small where O is large: a VO-256 row of O takes 128 accumulator
+  // registers, and 32 rows x 128 features per warp as many. At the latter,
+  // 64-token KV tiles still fit 255 registers without spills for variants
+  // without per-element functors (halving the per-tile softmax and barrier
+  // overhead: H100 Table-1 setting 195 / 271 / 282 -> 212 / 294 / 308
+  // TFLOP/s at 1k / 4k / 16k, bench/prefill_sweep.py), while a LogitsMask,
   // LogitsTransform or Q/K transform spills inside the loop there.
-  const bool rows32_d128 = spec.head_dim == 128 && cta_q / c.warps_q == 32;
-  const bool big_o = spec.head_dim == 256 || (rows32_d128 && has_element_functors(spec.variant));
+  const bool rows32_d128 = vo == 128 && cta_q / c.warps_q == 32;
+  const bool big_o = vo == 256 || (rows32_d128 && has_element_functors(spec.variant));
   c.cta_kv = big_o && c.warps_kv == 1 ? 32 : 64;
+  // Wider Q / K rows than V's: shared memory, not registers, bounds the tile
+  // (not tuned on a GPU yet). QK 512: a 64-token stage is 96 KB (K 64 KB +
+  // V 32 KB), so only the 16-row tile (its 4 KV warps need 64 keys) takes
+  // 64 keys (208 KB in all), the 128-row one (a 128 KB Q tile) 16. QK 192:
+  // the 128-row tile takes 32 keys (88 KB: two CTAs per SM; 64 keys would
+  // need 128 KB, one CTA).
+  if (qk == 512) c.cta_kv = cta_q == 16 ? 64 : cta_q == 128 ? 16 : 32;
+  if (qk == 192 && cta_q == 128) c.cta_kv = 32;
   c.stages = 2;
   apply_tile(c, tile);
   c.threads = 32 * c.warps_q * c.warps_kv;
-  c.smem_bytes = 2 * (c.cta_q * spec.head_dim + c.stages * 2 * c.cta_kv * spec.head_dim);
-  check_fa2_tile(c, spec.head_dim);
+  c.smem_bytes = 2 * (c.cta_q * qk + c.stages * c.cta_kv * (qk + vo));
+  check_fa2_tile(c);
   c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
   return c;
 }
@@ -170,7 +205,9 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
     throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
   std::ostringstream entry, tail;
   entry << "tessera_prefill_" << spec.variant.name << "_" << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
-        << "_d" << spec.head_dim << "_q" << c.cta_q << "_kv" << c.cta_kv;
+        << "_d" << c.head_dim_qk;
+  if (c.head_dim_vo != c.head_dim_qk) entry << "v" << c.head_dim_vo;  // e.g. _d192v128, _d512v256
+  entry << "_q" << c.cta_q << "_kv" << c.cta_kv;
   if (c.hopper) {
     // The warp-specialized kernel: its register split (setmaxnreg) needs the
     // register cap that __launch_bounds__(threads, ctas_per_sm) sets.
@@ -184,8 +221,12 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
                             c.threads, tail.str(), c.ctas_per_sm, "tessera::Sm90TensorMaps tma", cluster);
   }
   entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
-  tail << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", " << c.stages;
-  return attention_source(spec, entry.str(), "batch prefill (FA2 template), tile " +
+  // The template's head dims: <..., HEAD_DIM_QK (attention_source's head_dim), HEAD_DIM_VO, tile ...>.
+  tail << c.head_dim_vo << ", " << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", "
+       << c.stages;
+  AttentionSpec kernel_spec = spec;  // head dim 512: the 512 / 256 kernel
+  kernel_spec.head_dim_vo = c.head_dim_vo == c.head_dim_qk ? 0 : c.head_dim_vo;
+  return attention_source(kernel_spec, entry.str(), "batch prefill (FA2 template), tile " +
                               std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
                           "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill", c.threads,
                           tail.str());
@@ -207,6 +248,15 @@ std::vector<jit::KernelSource> builtin_prefill_kernels() {
   std::vector<jit::KernelSource> out;
   for (const VariantSpec& v : {variants::standard(), variants::causal(), variants::custom_mask()})
     for (auto& k : builtin_prefill_kernels(v)) out.push_back(std::move(k));
+  // Head dim 512 (Gemma 3) on the 16-row tile decode takes and the 128-row
+  // tile long prefills take, and DeepSeek's 192 / 128 on the 64- and
+  // 128-row tiles; other tiles compile at first use.
+  for (const VariantSpec& v : {variants::standard(), variants::causal()})
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      const AttentionSpec d512{v, t, t, t, 512}, mla{v, t, t, t, 192, 128};
+      for (int q : {16, 128}) out.push_back(batch_prefill(d512, q));
+      for (int q : {64, 128}) out.push_back(batch_prefill(mla, q));
+    }
   return out;
 }
 

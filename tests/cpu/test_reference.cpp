@@ -447,8 +447,9 @@ TEST(Reference, RejectsBadInput) {
   TensorView q_gpu = q.view;
   q_gpu.device = Device{DeviceType::kCUDA, 0};
   EXPECT_THROW_MSG(ragged(q_gpu, k.view, v.view, qo, kv, {}), TypeMismatch, "q: expected device cpu");
-  HostTensor v_bad = make_host(DType::kFloat16, {5, 2, 4});
-  EXPECT_THROW_MSG(ragged(q.view, k.view, v_bad.view, qo, kv, {}), InvalidArgument, "v: expected the shape");
+  HostTensor v_bad = make_host(DType::kFloat16, {5, 1, 8}), v_narrow = make_host(DType::kFloat16, {5, 2, 4});
+  EXPECT_THROW_MSG(ragged(q.view, k.view, v_bad.view, qo, kv, {}), InvalidArgument, "v: expected the rows and heads of k");
+  EXPECT_NO_THROW(ragged(q.view, k.view, v_narrow.view, qo, kv, {}));  // a head_dim_vo of its own
   EXPECT_THROW_MSG(ragged(q.view, k.view, v.view, qo, RaggedIndex({0, 2, 4}), {}), InvalidArgument, "k: expected 4 rows");
   EXPECT_THROW_MSG(ragged(q.view, k.view, v.view, qo, RaggedIndex({0, 5}), {}), InvalidArgument, "kv: expected 2 sequences");
   EXPECT_THROW_MSG(ragged(q.view, k.view, v.view, RaggedIndex({0, 1, 2}), kv, {}), InvalidArgument, "q: expected 2 rows");

@@ -93,8 +93,8 @@ template __global__ void append_q_k<tessera::bf16_t, tessera::fp8_e5m2_t>(const 
 #include "tessera/device/kernels/prefill_sm80/kernel.cuh"
 #include "tessera/device/kernels/prefill_sm90/kernel.cuh"
 using PP = tessera::PrefillParams<tessera::NoExtra>;
-template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK>
-__global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, CQ, CKV, WQ, WK, 2>(p); }
+template <typename V, typename T, int D, int CQ, int CKV, int WQ, int WK, int DV = D>
+__global__ void prefill_k(const PP p) { tessera::batch_prefill<V, T, T, T, D, DV, CQ, CKV, WQ, WK, 2>(p); }
 template <typename V, typename T, int D, int CQ, int CKV, int CTAS>
 __global__ void __launch_bounds__(128 * (CQ / 64 + 1), CTAS) prefill_sm90_k(const PP p,
                                                                            const __grid_constant__ tessera::Sm90TensorMaps tma) {
@@ -121,6 +121,12 @@ template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 64, 64
 template __global__ void prefill_k<StandardAttention, tessera::bf16_t, 128, 128, 64, 8, 1>(const PP);
 template __global__ void prefill_k<StandardAttention, tessera::half_t, 256, 64, 32, 4, 1>(const PP);
 template __global__ void prefill_k<StandardAttention, tessera::half_t, 64, 128, 64, 8, 1>(const PP);
+// Unequal head dims: DeepSeek's 192 / 128, and the 512 / 256 kernel head dim
+// 512 runs twice.
+template __global__ void prefill_k<CausalAttention, tessera::half_t, 192, 64, 64, 4, 1, 128>(const PP);
+template __global__ void prefill_k<StandardAttention, tessera::bf16_t, 192, 16, 64, 1, 4, 128>(const PP);
+template __global__ void prefill_k<CausalAttention, tessera::half_t, 512, 16, 64, 1, 4, 256>(const PP);
+template __global__ void prefill_k<StandardAttention, tessera::bf16_t, 512, 128, 16, 8, 1, 256>(const PP);
 
 // Custom mask (variants::custom_mask(), same code): a LogitsMask reading the
 // packed bits through PrefillParams, on both templates.

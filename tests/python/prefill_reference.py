@@ -17,7 +17,8 @@ WORKSPACE_BYTES = 128 << 20
 
 def ref_request(q, k, v, causal, sm_scale=None, visible=None, window_left=-1, logits_soft_cap=0.0,
                 alibi_slopes=None):
-    """float64 (o [n, Hq, D], lse [n, Hq]) of q [n, Hq, D] over k, v [L, Hkv, D]; visible: optional bool [n, L].
+    """float64 (o [n, Hq, Dv], lse [n, Hq]) of q [n, Hq, D] over k [L, Hkv, D], v [L, Hkv, Dv] (Dv: D, or
+    head_dim_vo); visible: optional bool [n, L]. The default sm_scale is 1 / sqrt(D), q's and k's head dim.
 
     window_left >= 0: query i sees keys j >= i + L - n - window_left; alibi_slopes [Hq]: FlashInfer's ALiBi, each
     logit (after sm_scale) gains slope * (j - i); logits_soft_cap > 0: then each logit x becomes cap * tanh(x / cap)."""
@@ -30,7 +31,7 @@ def ref_request(q, k, v, causal, sm_scale=None, visible=None, window_left=-1, lo
         vis &= np.arange(L)[None, :] <= np.arange(n)[:, None] + (L - n)
     if window_left >= 0:
         vis &= np.arange(L)[None, :] >= np.arange(n)[:, None] + (L - n) - window_left
-    o, lse = np.zeros((n, hq, d)), np.full((n, hq), -np.inf)
+    o, lse = np.zeros((n, hq, v.shape[2])), np.full((n, hq), -np.inf)
     for h in range(hq):
         s = q[:, h, :] @ k[:, h // group, :].T * scale  # natural-base logits
         if alibi_slopes is not None:
@@ -48,12 +49,15 @@ def ref_request(q, k, v, causal, sm_scale=None, visible=None, window_left=-1, lo
 
 
 def ref_batch(q, qo_indptr, kv_of, causal, sm_scale=None, **options):
-    """Concatenated per-request references; kv_of(i) -> (k, v) [kv_len_i, Hkv, D] of request i."""
+    """Concatenated per-request references; kv_of(i) -> (k, v) [kv_len_i, Hkv, D] / [.., Dv] of request i (o has
+    v's head dim)."""
     q = np.asarray(q, dtype=np.float64)
     o, lse = np.zeros(q.shape), np.full(q.shape[:2], -np.inf)
     for i in range(len(qo_indptr) - 1):
         a, b = qo_indptr[i], qo_indptr[i + 1]
         k, v = kv_of(i)
+        if o.shape[2] != v.shape[2]:
+            o = np.zeros(q.shape[:2] + (v.shape[2],))
         o[a:b], lse[a:b] = ref_request(q[a:b], k, v, causal, sm_scale, **options)  # window_left, logits_soft_cap
     return o, lse
 
@@ -96,38 +100,42 @@ def gather_pages(k_cache, v_cache, layout, table, page_size, i):
         k_cache, v_cache = k_cache.transpose(0, 2, 1, 3), v_cache.transpose(0, 2, 1, 3)
     pages = indices[indptr[i]: indptr[i + 1]]
     n = 0 if len(pages) == 0 else (len(pages) - 1) * page_size + int(last[i])
-    hkv, d = k_cache.shape[2], k_cache.shape[3]
-    return k_cache[pages].reshape(-1, hkv, d)[:n], v_cache[pages].reshape(-1, hkv, d)[:n]
+    hkv = k_cache.shape[2]
+    return k_cache[pages].reshape(-1, hkv, k_cache.shape[3])[:n], v_cache[pages].reshape(-1, hkv, v_cache.shape[3])[:n]
 
 
 def uniform(torch, rng, shape, dtype, lo=-1.0, hi=1.0):
     return torch.from_numpy(rng.uniform(lo, hi, size=shape).astype(np.float32)).to("cuda").to(dtype)
 
 
-def random_cache(torch, rng, layout, num_pages, page_size, head_dim, dtype, interleaved):
-    """(paged_kv_cache as run() takes it, k_cache, v_cache) on the GPU."""
-    page = (page_size, HKV, head_dim) if layout == "NHD" else (HKV, page_size, head_dim)
+def random_cache(torch, rng, layout, num_pages, page_size, head_dim, dtype, interleaved, head_dim_vo=None):
+    """(paged_kv_cache as run() takes it, k_cache, v_cache) on the GPU; head_dim_vo: V's head dim (None: head_dim)."""
+    page = (page_size, HKV) if layout == "NHD" else (HKV, page_size)
     if interleaved:
-        cache = uniform(torch, rng, (num_pages, 2) + page, dtype)
+        cache = uniform(torch, rng, (num_pages, 2) + page + (head_dim,), dtype)
         return cache, cache[:, 0], cache[:, 1]
-    k, v = (uniform(torch, rng, (num_pages,) + page, dtype) for _ in range(2))
+    k, v = (uniform(torch, rng, (num_pages,) + page + (d,), dtype) for d in (head_dim, head_dim_vo or head_dim))
     return (k, v), k, v
 
 
-def run_batch(torch, rng, q, qo, kv_lens, hq, head_dim, dtype, page_size, plan_kwargs, wrapper_kwargs=None):
+def run_batch(torch, rng, q, qo, kv_lens, hq, head_dim, dtype, page_size, plan_kwargs, wrapper_kwargs=None,
+              head_dim_vo=None):
     """Plans and runs a paged (page_size > 0: shuffled NHD pages) or a ragged (page_size 0) prefill wrapper over
-    random KV of kv_lens tokens per request; returns (o, lse, kv_of), kv_of(i) -> request i's (k, v) in numpy."""
+    random KV of kv_lens tokens per request (V of head_dim_vo features, None: head_dim); returns (o, lse, kv_of),
+    kv_of(i) -> request i's (k, v) in numpy."""
     wrapper_kwargs = wrapper_kwargs or {}
+    if head_dim_vo is not None:
+        plan_kwargs = dict(plan_kwargs, head_dim_vo=head_dim_vo)
     if page_size:
         table = make_table(rng, kv_lens, page_size)
-        cache, k, v = random_cache(torch, rng, "NHD", table[3], page_size, head_dim, dtype, False)
+        cache, k, v = random_cache(torch, rng, "NHD", table[3], page_size, head_dim, dtype, False, head_dim_vo)
         w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), **wrapper_kwargs)
         w.plan(qo, *table[:3], hq, HKV, head_dim, page_size, q_data_type=dtype, **plan_kwargs)
         o, lse = w.run(q, cache, return_lse=True)
         kn, vn = to_np(k), to_np(v)
         return o, lse, lambda i: gather_pages(kn, vn, "NHD", table, page_size, i)
     kv = indptr_of(kv_lens)
-    k, v = (uniform(torch, rng, (int(kv[-1]), HKV, head_dim), dtype) for _ in range(2))
+    k, v = (uniform(torch, rng, (int(kv[-1]), HKV, d), dtype) for d in (head_dim, head_dim_vo or head_dim))
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), **wrapper_kwargs)
     w.plan(qo, kv, hq, HKV, head_dim, q_data_type=dtype, **plan_kwargs)
     o, lse = w.run(q, k, v, return_lse=True)

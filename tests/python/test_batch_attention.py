@@ -72,6 +72,9 @@ def test_batch_attention_plan_errors_without_gpu():
     expect(TypeError, "^device: expected a CUDA device", lambda: w.plan(**plan_args(
         causal=True, logits_soft_cap=30.0, sm_scale=0.1, q_data_type="float16", kv_data_type="float16")))
     expect(tessera.NotSupportedError, "^head_dim_vo=64: not supported yet", lambda: w.plan(**plan_args(head_dim_vo=64)))
+    # DeepSeek-style 192 / 128 and head dim 512 pass (the paged prefill kernel takes both).
+    expect(TypeError, "^device: expected a CUDA device", lambda: w.plan(**plan_args(head_dim_qk=192, head_dim_vo=128)))
+    expect(TypeError, "^device: expected a CUDA device", lambda: w.plan(**plan_args(head_dim_qk=512, head_dim_vo=512)))
     expect(tessera.NotSupportedError, "^use_profiler=True: not supported yet",
            lambda: w.plan(**plan_args(use_profiler=True)))
     expect(ValueError, "^kv_len_arr: request 0 has 40 tokens", lambda: w.plan(**plan_args(kv_len_arr=[40, 9, 17])))

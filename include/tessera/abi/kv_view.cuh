@@ -37,6 +37,16 @@ struct PagedKV {
   // null skips them.
   int num_pages = 0;
   int* page_error = nullptr;
+  // V's own strides, for K and V of different layouts: separate K [.., 192]
+  // and V [.., 128] tensors (head_dim_qk != head_dim_vo), or V read as its
+  // first or second 256 features of 512-wide rows. Only the FA2 prefill
+  // loader reads them, and only in its unequal-dims instantiations; every
+  // other kernel (decode, Hopper prefill, row-wise) takes K and V of one
+  // layout and addresses V with K's strides. Hosts that give one layout fill
+  // them equal to K's.
+  i64 v_page_stride = 0;
+  i64 v_head_stride = 0;
+  i64 v_token_stride = 0;
 };
 
 // Dequantization scales of a quantized (fp8) KV cache given as 1-element

@@ -27,6 +27,12 @@
 // (kv_dtype float8_e4m3fn / float8_e5m2) runs on the CUDA-core kernel, which
 // widens it in registers; use_tensor_cores refuses it (TypeMismatch naming
 // kv_dtype), as do scale tensors (RunOptions) on the tensor-core path.
+// Head dim 512 (and unequal head dims) runs on the tensor-core path whatever
+// use_tensor_cores says: a warp of the CUDA-core kernel holds a row of at
+// most 256 16-bit features. What only the CUDA-core kernel does (fp8 caches,
+// q_dtype != kv_dtype, a user variant without use_tensor_cores, cuda_cores
+// or its tuning options) is refused there with an InvalidArgument naming
+// head_dim.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -30,11 +30,11 @@ struct AttentionOptions {
   double k_scale = 1.0, v_scale = 1.0;
 };
 
-// q [rows, Hq, D], k / v [keys, Hkv, D] (fp16, bf16 or fp32; k / v also fp8,
-// widened exactly; any strides),
-// requests given by qo_indptr / kv_indptr. Writes o [rows, Hq, D] (any float
-// dtype) and lse [rows, Hq] (float32, base 2; may be undefined). Rows that
-// see no key get o = 0 and lse = -inf.
+// q [rows, Hq, D], k [keys, Hkv, D], v [keys, Hkv, DV] (fp16, bf16 or fp32;
+// k / v also fp8, widened exactly; any strides; DV = D but for unequal head
+// dims, e.g. 192 / 128), requests given by qo_indptr / kv_indptr. Writes o
+// [rows, Hq, DV] (any float dtype) and lse [rows, Hq] (float32, base 2; may
+// be undefined). Rows that see no key get o = 0 and lse = -inf.
 void attention_ragged(const TensorView& q, std::span<const int32_t> qo_indptr, const TensorView& k,
                       const TensorView& v, std::span<const int32_t> kv_indptr, const AttentionOptions& opt,
                       const TensorView& o, const TensorView& lse);

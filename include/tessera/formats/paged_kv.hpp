@@ -6,7 +6,9 @@
 //   NHD: a page is [page_size, num_kv_heads, head_dim]
 //   HND: a page is [num_kv_heads, page_size, head_dim]
 // K and V are either two tensors [num_pages, <page>] or one interleaved tensor
-// [num_pages, 2, <page>] (K at index 0, V at index 1).
+// [num_pages, 2, <page>] (K at index 0, V at index 1). Two tensors may differ
+// in head_dim (DeepSeek-style 192 / 128: head_dim is K's, v_head_dim V's);
+// V then has strides of its own.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -75,7 +77,8 @@ class PagedKVStorage {
   int64_t num_pages() const { return num_pages_; }
   int32_t page_size() const { return page_size_; }
   int32_t num_kv_heads() const { return num_kv_heads_; }
-  int32_t head_dim() const { return head_dim_; }
+  int32_t head_dim() const { return head_dim_; }      // K's (and q's)
+  int32_t v_head_dim() const { return v_head_dim_; }  // V's (and the output's); head_dim() but for 192 / 128
   DType dtype() const { return k_.dtype; }
   Device device() const { return k_.device; }
   const TensorView& k() const { return k_; }
@@ -88,13 +91,21 @@ class PagedKVStorage {
   int64_t offset(int64_t page, int64_t head, int64_t slot) const {
     return page * page_stride_ + head * head_stride_ + slot * token_stride_;
   }
+  // V's strides: K's, except where V's head_dim differs (its own tensor).
+  int64_t v_page_stride() const { return v_page_stride_; }
+  int64_t v_head_stride() const { return v_head_stride_; }
+  int64_t v_token_stride() const { return v_token_stride_; }
+  int64_t v_offset(int64_t page, int64_t head, int64_t slot) const {
+    return page * v_page_stride_ + head * v_head_stride_ + slot * v_token_stride_;
+  }
 
  private:
   void init(KVLayout layout, const TensorView& shape_src, int64_t page_dim_offset);
   TensorView k_, v_;
   KVLayout layout_ = KVLayout::kNHD;
   int64_t num_pages_ = 0, page_stride_ = 0, head_stride_ = 0, token_stride_ = 0;
-  int32_t page_size_ = 0, num_kv_heads_ = 0, head_dim_ = 0;
+  int64_t v_page_stride_ = 0, v_head_stride_ = 0, v_token_stride_ = 0;
+  int32_t page_size_ = 0, num_kv_heads_ = 0, head_dim_ = 0, v_head_dim_ = 0;
 };
 
 // A complete paged KV cache: storage + table, checked against each other.

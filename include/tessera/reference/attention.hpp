@@ -81,14 +81,15 @@ struct Options {
 };
 
 struct Result {
-  int64_t rows = 0, heads = 0, head_dim = 0;
+  int64_t rows = 0, heads = 0, head_dim = 0;  // head_dim: the output's, V's (head_dim_vo)
   std::vector<double> o;    // [rows, heads, head_dim]
   std::vector<double> lse;  // [rows, heads], base 2
   double at(int64_t r, int64_t h, int64_t d) const { return o[(r * heads + h) * head_dim + d]; }
   double lse_at(int64_t r, int64_t h) const { return lse[r * heads + h]; }
 };
 
-// Ragged KV: k, v [total_kv, num_kv_heads, head_dim] with kv indptr; request i
+// Ragged KV: k, v [total_kv, num_kv_heads, head_dim] with kv indptr (v may
+// have a head dim of its own, head_dim_vo: o has it too); request i
 // has queries qo[i] and keys/values kv[i].
 Result attention_ragged(const TensorView& q, const RaggedIndex& qo, const TensorView& k,
                         const TensorView& v, const RaggedIndex& kv, const Options& opt = {});

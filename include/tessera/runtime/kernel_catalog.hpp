@@ -115,21 +115,39 @@ VariantSpec attention_sink();
 VariantSpec rope(bool interleave = false, bool causal = false);
 }  // namespace variants
 
-// What a kernel computes: the variant, data types and head dimension.
+// What a kernel computes: the variant, data types and head dimensions.
+// head_dim is q's and k's (head_dim_qk); head_dim_vo v's and o's, 0 (or
+// equal) for the same. Unequal dims (FlashInfer's head_dim_qk /
+// head_dim_vo): DeepSeek-style prefill, 192 / 128, on the FA2 prefill
+// template only.
 struct AttentionSpec {
   VariantSpec variant = variants::standard();
   DType q_dtype = DType::kFloat16;
   DType kv_dtype = DType::kFloat16;
   DType o_dtype = DType::kFloat16;
   int head_dim = 128;
+  int head_dim_vo = 0;
+  int vo_dim() const { return head_dim_vo ? head_dim_vo : head_dim; }
+  bool dims_equal() const { return vo_dim() == head_dim; }
   bool operator==(const AttentionSpec&) const = default;
-  std::string str() const;  // e.g. "standard/q=float16/kv=float16/o=float16/d=128"
+  // e.g. "standard/q=float16/kv=float16/o=float16/d=128" (".../d=192/dvo=128" for unequal dims)
+  std::string str() const;
 };
 // Validates dtypes (q and o fp16/bf16, o also fp32; KV fp16/bf16 or fp8, see
-// require_16bit_kv), head_dim (64/128/256) and the variant (name and extras:
-// identifiers, unique, scalar dtypes float32/int32, parameter block within
-// the launch limit); throws InvalidArgument / TypeMismatch.
+// require_16bit_kv), head dims (supported_head_dims) and the variant (name
+// and extras: identifiers, unique, scalar dtypes float32/int32, parameter
+// block within the launch limit); throws InvalidArgument / TypeMismatch.
 void validate_spec(const AttentionSpec& spec);
+// The (head_dim_qk, head_dim_vo) pairs any kernel takes: equal 64, 128, 256
+// or 512, and 192 / 128. Which kernel runs which is the catalog's: the
+// CUDA-core decode and row-wise kernels take 64 / 128 / 256 (a warp's row
+// holds at most 256 16-bit features), the Hopper prefill kernel equal 64 /
+// 128 / 256, the FA2 prefill template all of them.
+bool supported_head_dims(int head_dim_qk, int head_dim_vo);
+constexpr const char* kSupportedHeadDims = "64, 128, 256 or 512 (head_dim_qk = head_dim_vo), or head_dim_qk 192 with head_dim_vo 128";
+// Throws InvalidArgument naming `kernel` unless the spec's dims are equal 64,
+// 128 or 256 (the kernels other than the FA2 prefill template).
+void require_head_dim_up_to_256(const AttentionSpec& spec, const char* kernel);
 void validate_variant(const VariantSpec& variant);
 
 // Tile configuration of the batch-decode kernel (see device/kernels/decode*.cuh),

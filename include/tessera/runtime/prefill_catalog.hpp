@@ -19,6 +19,12 @@ struct PrefillConfig {
   int ctas_per_sm = 1;  // from shared memory (occupancy may lower it)
   bool hopper = false;  // wgmma mainloop (sm_90a), else the FA2 mma.sync one
   int cluster = 1;      // Hopper: CTAs per cluster sharing K / V tiles (1 or 2)
+  // The kernel's head dims: the spec's, except head dim 512, which runs the
+  // 512 / 256 kernel vo_split = 2 times, each launch over 256 features of V
+  // and O (registers and shared memory like head dim 256; the softmax, hence
+  // LSE, is the same in both).
+  int head_dim_qk = 128, head_dim_vo = 128;
+  int vo_split = 1;
 };
 
 // Tile override for experts (PrefillOptions::tile): each field 0 keeps the
@@ -43,12 +49,19 @@ int choose_cta_q(double avg_fused_q_len);
 // hopper: the sm_90a wgmma mainloop (warpgroups of 64 query rows); needs
 // hopper_supported(). tile: the caller's override (see PrefillTile).
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false, const PrefillTile& tile = {});
+// Equal head dims 64 / 128 / 256 and 64- or 128-row query tiles; unequal
+// dims and head dim 512 run on the FA2 template.
 bool hopper_supported(const AttentionSpec& spec, int cta_q);
+// V / O features per launch of the spec's prefill kernel: head_dim_vo, but
+// 256 for head dim 512 (PrefillConfig::vo_split launches). Sizes the
+// split-KV partial states.
+int prefill_launch_vo(const AttentionSpec& spec);
 // cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90/kernel.cuh, CLUSTER).
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1,
                                 const PrefillTile& tile = {});
 // Every prefill kernel of one variant: fp16/bf16, head dims 64/128/256, each
-// query tile, and the Hopper template where it applies.
+// query tile, and the Hopper template where it applies; for the standard
+// and causal variants also head dim 512 and 192 / 128 (FA2).
 std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& variant);
 // Those of the built-in variants (standard, causal, custom mask).
 std::vector<jit::KernelSource> builtin_prefill_kernels();

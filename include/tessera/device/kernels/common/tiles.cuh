@@ -50,28 +50,62 @@ __device__ __forceinline__ void load_tile(T* smem, const T* base, RowOffset row_
   }
 }
 
+// Whether a tile layout is RowSwizzle (KVTileLoader's unequal-dims copies
+// compute its addresses themselves).
+template <template <int, int> class Layout>
+struct IsRowSwizzle {
+  static constexpr bool value = false;
+};
+template <>
+struct IsRowSwizzle<RowSwizzle> {
+  static constexpr bool value = true;
+};
+
 // Loads the KV tiles of one work item, in order (tile 0, 1, 2, ...), into
-// swizzled shared memory; K and V rows share their address. Thread t always
-// copies chunk t % CH of rows t / CH + i * (THREADS / CH) (fully unrolled).
-// Contiguous sources (ragged, single) are affine in the position: one 64-bit
-// multiply per tile. Paged and BSR sources resolve each row once, not once
-// per copying thread: during tile t's load, thread r < ROWS resolves row r of
-// tile t + 1 (page id, page / head / slot arithmetic) into a shared table of
-// element offsets, and tile t + 1's copies read their rows' offsets from it
-// (two per 16-byte load; the 16 threads of a row used to repeat the
-// arithmetic, ~15% of an issue-bound loop's instructions). The page ids that
-// resolution needs arrive a tile earlier still: tile t's copies bring those
-// of tile t + 2 (one cp.async per row), so no thread waits on the page table.
+// swizzled shared memory. K rows have HEAD_DIM_K features, V rows
+// HEAD_DIM_V.
+//
+// Equal dims: K and V rows share their address (one layout, K's strides).
+// Thread t always copies chunk t % CH of rows t / CH + i * (THREADS / CH)
+// (fully unrolled). Contiguous sources (ragged, single) are affine in the
+// position: one 64-bit multiply per tile. Paged and BSR sources resolve each
+// row once, not once per copying thread: during tile t's load, thread r <
+// ROWS resolves row r of tile t + 1 (page id, page / head / slot arithmetic)
+// into a shared table of element offsets, and tile t + 1's copies read their
+// rows' offsets from it (two per 16-byte load; the 16 threads of a row used
+// to repeat the arithmetic, ~15% of an issue-bound loop's instructions). The
+// page ids that resolution needs arrive a tile earlier still: tile t's
+// copies bring those of tile t + 2 (one cp.async per row), so no thread
+// waits on the page table.
+//
+// Unequal dims (SPLIT: 192 / 128, or 512 / 256 reading half of V's rows):
+// V has strides of its own (PagedKV::v_*), so the table holds a K and a V
+// offset per row. A 192-feature row (24 chunks) does not split into whole
+// rows per pass of 128 threads, so rows are cut into 64-feature groups
+// instead: thread t copies chunk t % 8 of every group of rows t / 8 + i *
+// (THREADS / 8). The rows a thread copies are 8k apart, so their swizzle
+// (row % 8) is the thread's own and every copy's shared address is the
+// thread's base plus a constant; the global ones are its row offset plus a
+// constant. Same pipeline contract and page-id prefetch as above.
+//
 // Contract: load(t + 1) follows the completion of load(t)'s copies and a
 // barrier (every pipeline step has both); tile 0 reads the page table
 // directly, and so does the resolution of tile 1.
-template <int HEAD_DIM, int ROWS, int THREADS, template <int, int> class Layout, typename T>
+template <int HEAD_DIM_K, int HEAD_DIM_V, int ROWS, int THREADS, template <int, int> class Layout, typename T>
 struct KVTileLoader {
-  static constexpr int CH = HEAD_DIM / 8, ROWS_PER_PASS = THREADS / CH, PASSES = ROWS / ROWS_PER_PASS;
-  static_assert(THREADS % CH == 0 && ROWS * CH % THREADS == 0, "whole rows per pass");
+  static constexpr bool SPLIT = HEAD_DIM_K != HEAD_DIM_V;
+  // Equal dims: rows per pass of the whole-row copies. SPLIT: 8 threads a row.
+  static constexpr int CH = HEAD_DIM_K / 8, ROWS_PER_PASS = SPLIT ? THREADS / 8 : THREADS / CH;
+  static constexpr int PASSES = ROWS >= ROWS_PER_PASS ? ROWS / ROWS_PER_PASS : 1;
+  static constexpr int TABLE_ROWS = (SPLIT ? 4 : 2) * ROWS;  // [2][ROWS] offsets (K's), then V's when SPLIT
+  static_assert(SPLIT || (THREADS % CH == 0 && ROWS * CH % THREADS == 0), "whole rows per pass");
+  static_assert(!SPLIT || (THREADS % 64 == 0 && (ROWS % ROWS_PER_PASS == 0 || ROWS_PER_PASS % ROWS == 0) &&
+                           HEAD_DIM_K % 64 == 0 && HEAD_DIM_V % 64 == 0 && IsRowSwizzle<Layout>::value),
+                "unequal dims: 64-feature groups of RowSwizzle rows, rows 8k apart per thread");
   const device::PagedKV& kv;
   int* ids;    // [2][ROWS] page ids of tile u's rows in buffer u % 2 (load(t) fills tile t + 2's)
-  i64* offs;   // [2][ROWS] element offsets of tile u's rows in buffer u % 2 (load(t) fills tile t + 1's), -1 past kv_end
+  i64* offs;   // [2][ROWS] element offsets of tile u's rows in buffer u % 2 (load(t) fills tile t + 1's), -1 past kv_end;
+               // SPLIT: then V's [2][ROWS]
   int page_base, kv_start, kv_end, head, shift;
   bool affine;
 
@@ -84,10 +118,23 @@ struct KVTileLoader {
   __device__ __forceinline__ i64 row_offset(int page, int pos, int page_idx) const {
     return static_cast<i64>(page) * kv.page_stride + head * kv.head_stride + (pos - page_idx * kv.page_size) * kv.token_stride;
   }
+  __device__ __forceinline__ i64 v_row_offset(int page, int pos, int page_idx) const {
+    return static_cast<i64>(page) * kv.v_page_stride + head * kv.v_head_stride +
+           (pos - page_idx * kv.page_size) * kv.v_token_stride;
+  }
   // Where row r sits in a table: a thread's PASSES rows are adjacent.
   __device__ __forceinline__ static int table_slot(int r) { return (r % ROWS_PER_PASS) * PASSES + r / ROWS_PER_PASS; }
 
   __device__ __forceinline__ void load(int tile, T* k_smem, T* v_smem) {
+    if constexpr (SPLIT)
+      load_split(tile, k_smem, v_smem);
+    else
+      load_shared_rows(tile, k_smem, v_smem);
+  }
+
+ private:
+  // Equal dims: V's rows at K's offsets.
+  __device__ __forceinline__ void load_shared_rows(int tile, T* k_smem, T* v_smem) {
     const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
     const int start = kv_start + tile * ROWS;
     const T* k_base = static_cast<const T*>(kv.k);
@@ -95,7 +142,7 @@ struct KVTileLoader {
     // Shared addresses as 32-bit offsets from the tile bases: one generic ->
     // shared conversion per tile, not one per copy.
     const u32 k_dst = smem_addr(k_smem), v_dst = smem_addr(v_smem);
-    auto dst = [&](int i) { return static_cast<u32>(Layout<HEAD_DIM, ROWS>::at(row0 + i * ROWS_PER_PASS, ch)) * 2u; };
+    auto dst = [&](int i) { return static_cast<u32>(Layout<HEAD_DIM_K, ROWS>::at(row0 + i * ROWS_PER_PASS, ch)) * 2u; };
     if (affine) {
       // Contiguous rows: this thread's rows are ROWS_PER_PASS apart, so its
       // addresses step by a constant (one 64-bit add per row instead of a
@@ -153,6 +200,78 @@ struct KVTileLoader {
           offs[((tile + 1) & 1) * ROWS + table_slot(r)] = -1;
         }
         // Page id of row r of tile + 2, in this tile's commit group.
+        const int pos2 = pos + ROWS;
+        const bool ok = pos2 < kv_end;
+        cp_async_4(ids + (tile & 1) * ROWS + r, ok ? kv.indices + page_base + page_of(pos2) : kv.indices, ok);
+      }
+    }
+  }
+
+  // Unequal dims: rows row0 + i * ROWS_PER_PASS of this thread, chunk cc of
+  // each 64-feature group, K and V each at their own offsets.
+  __device__ __forceinline__ void load_split(int tile, T* k_smem, T* v_smem) {
+    constexpr int GK = HEAD_DIM_K / 64, GV = HEAD_DIM_V / 64;  // 64-feature groups per row
+    const int cc = threadIdx.x % 8, row0 = threadIdx.x / 8;
+    const int start = kv_start + tile * ROWS;
+    const T* k_base = static_cast<const T*>(kv.k);
+    const T* v_base = static_cast<const T*>(kv.v);
+    // RowSwizzle of row r, chunk 8 g + cc: r * D + 64 g + ((cc ^ r % 8) << 3),
+    // and r % 8 = row0 % 8 for all of this thread's rows.
+    const u32 sw = static_cast<u32>((cc ^ (row0 & 7)) << 3);
+    const u32 k_dst = smem_addr(k_smem) + (row0 * HEAD_DIM_K + sw) * 2u;
+    const u32 v_dst = smem_addr(v_smem) + (row0 * HEAD_DIM_V + sw) * 2u;
+    auto copy_rows = [&](int i, i64 k_off, i64 v_off, bool ok) {
+#pragma unroll
+      for (int g = 0; g < GK; ++g)
+        cp_async_16(k_dst + (i * ROWS_PER_PASS * HEAD_DIM_K + 64 * g) * 2u, ok ? k_base + k_off + 64 * g + cc * 8 : k_base, ok);
+#pragma unroll
+      for (int g = 0; g < GV; ++g)
+        cp_async_16(v_dst + (i * ROWS_PER_PASS * HEAD_DIM_V + 64 * g) * 2u, ok ? v_base + v_off + 64 * g + cc * 8 : v_base, ok);
+    };
+    if (ROWS < ROWS_PER_PASS && row0 >= ROWS) {  // a KV tile of fewer rows than a pass: these threads copy nothing
+    } else if (affine) {
+      // Contiguous rows (request row `start`, its absolute row for ragged
+      // KV): this thread's rows step by constants.
+      const i64 pos = kv.indptr == nullptr ? start : page_base + start;
+      const i64 k_first = (pos + row0) * kv.token_stride + head * kv.head_stride;
+      const i64 v_first = (pos + row0) * kv.v_token_stride + head * kv.v_head_stride;
+      const int rows_left = kv_end - start - row0;
+#pragma unroll
+      for (int i = 0; i < PASSES; ++i) {
+        // A row past kv_end reads no bytes (zero-fill); its address stays a valid pointer.
+        const bool ok = i * ROWS_PER_PASS < rows_left;
+        copy_rows(i, ok ? k_first + i * ROWS_PER_PASS * kv.token_stride : 0,
+                  ok ? v_first + i * ROWS_PER_PASS * kv.v_token_stride : 0, ok);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < PASSES; ++i) {
+        const int row = row0 + i * ROWS_PER_PASS;
+        i64 k_off, v_off;
+        if (tile == 0) {
+          const int pos = start + row, page_idx = page_of(pos);
+          const int page = pos >= kv_end ? -1 : device::page_id(kv, page_base + page_idx);
+          k_off = page < 0 ? -1 : row_offset(page, pos, page_idx);
+          v_off = page < 0 ? -1 : v_row_offset(page, pos, page_idx);
+        } else {
+          k_off = offs[(tile & 1) * ROWS + row];
+          v_off = offs[2 * ROWS + (tile & 1) * ROWS + row];
+        }
+        copy_rows(i, k_off, v_off, k_off >= 0);
+      }
+    }
+    if (!affine) {
+      for (int r = threadIdx.x; r < ROWS; r += THREADS) {
+        // Row r of tile + 1 into the tables (as load_shared_rows), at index r.
+        const int pos = start + ROWS + r, page_idx = page_of(pos);
+        i64* k_table = offs + ((tile + 1) & 1) * ROWS;
+        if (pos < kv_end) {
+          const int page = device::check_page(kv, tile == 0 ? kv.indices[page_base + page_idx] : ids[((tile + 1) & 1) * ROWS + r]);
+          k_table[r] = page < 0 ? -1 : row_offset(page, pos, page_idx);
+          k_table[2 * ROWS + r] = page < 0 ? -1 : v_row_offset(page, pos, page_idx);
+        } else {
+          k_table[r] = k_table[2 * ROWS + r] = -1;
+        }
         const int pos2 = pos + ROWS;
         const bool ok = pos2 < kv_end;
         cp_async_4(ids + (tile & 1) * ROWS + r, ok ? kv.indices + page_base + page_of(pos2) : kv.indices, ok);

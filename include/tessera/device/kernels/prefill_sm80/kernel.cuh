@@ -13,14 +13,18 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int WARPS_Q,
-          int WARPS_KV, int STAGES, typename Params>
+// HEAD_DIM_QK: q / k features; HEAD_DIM_VO: v / o features (see PrefillShape).
+// Equal dims compile to the code they always did: V shares K's row addresses
+// (KVTileLoader) and every size below folds to the same constants.
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
+          int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, typename Params>
 __device__ __forceinline__ void batch_prefill(const Params& p) {
-  using Shape = PrefillShape<HEAD_DIM, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES>;
+  using Shape = PrefillShape<HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES>;
+  using Loader = KVTileLoader<HEAD_DIM_QK, HEAD_DIM_VO, CTA_KV, Shape::THREADS, RowSwizzle, DKV>;
   using Traits = VariantTraits<Variant, Params>;
   static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
                 "16-bit q and kv; 16- or 32-bit o");
-  static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM + 2) * 4 <= STAGES * 2 * Shape::KV_ELEMS * 2,
+  static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM_VO + 2) * 4 <= STAGES * Shape::STAGE_ELEMS * 2,
                 "the KV-warp merge scratch must fit in the KV pipeline buffers");
   constexpr int MT = Shape::MT, NT_O = Shape::NT_O;
   extern __shared__ uint4 smem_raw[];
@@ -32,7 +36,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   // whole kernel (the mainloop measured ~3% slower at 255 registers).
   __shared__ float s_o_scale;
   __shared__ int s_page_ids[2 * CTA_KV];                // KVTileLoader's page ids, two tiles ahead
-  __shared__ __align__(16) i64 s_row_offs[2 * CTA_KV];  // KVTileLoader's row offsets, a tile ahead
+  __shared__ __align__(16) i64 s_row_offs[Loader::TABLE_ROWS];  // KVTileLoader's row offsets, a tile ahead
 
   // Shared addresses of the Q tile and the KV stages, converted once.
   const u32 q_addr = smem_addr(q_smem), kv_addr = smem_addr(kv_smem);
@@ -53,17 +57,16 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     Variant variant(p, b, qo_len, kv_len);
 
     // Q tile: fused row f -> (query qo = f / group, head = kv_head * group + f % group).
-    load_tile<HEAD_DIM, CTA_Q, Shape::THREADS, RowSwizzle>(q_smem, static_cast<const DKV*>(p.q), [&](int r) -> i64 {
+    load_tile<HEAD_DIM_QK, CTA_Q, Shape::THREADS, RowSwizzle>(q_smem, static_cast<const DKV*>(p.q), [&](int r) -> i64 {
       const int f = row0 + r, qo = f / p.group;
       if (qo >= qo_len) return -1;
       return (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
     });
     cp_async_commit();
     const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
-    KVTileLoader<HEAD_DIM, CTA_KV, Shape::THREADS, RowSwizzle, DKV> kv_loader(
-        p.kv, s_page_ids, s_row_offs, page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
+    Loader kv_loader(p.kv, s_page_ids, s_row_offs, page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
     auto load_kv = [&](int tile, int stage) {
-      kv_loader.load(tile, kv_smem + (2 * stage) * Shape::KV_ELEMS, kv_smem + (2 * stage + 1) * Shape::KV_ELEMS);
+      kv_loader.load(tile, kv_smem + stage * Shape::STAGE_ELEMS, kv_smem + stage * Shape::STAGE_ELEMS + Shape::K_ELEMS);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -88,7 +91,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     if constexpr (Traits::query_transform) {
       cp_async_wait<STAGES - 1>();  // the Q group is complete
       __syncthreads();
-      transform_q_tile<Variant, HEAD_DIM, CTA_Q, RowSwizzle>(variant, p, q_smem, threadIdx.x, Shape::THREADS, 0, CTA_Q, b,
+      transform_q_tile<Variant, HEAD_DIM_QK, CTA_Q, RowSwizzle>(variant, p, q_smem, threadIdx.x, Shape::THREADS, 0, CTA_Q, b,
                                                            row0, p.group, kv_head, qo_len);
     }
 
@@ -118,23 +121,24 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
       const int nt = t + STAGES - 1, ns = nt % STAGES;
       if (nt < n_tiles) load_kv(nt, ns);
       cp_async_commit();
-      DKV* k_tile = kv_smem + (2 * (t % STAGES)) * Shape::KV_ELEMS;
-      DKV* v_tile = k_tile + Shape::KV_ELEMS;
+      DKV* k_tile = kv_smem + (t % STAGES) * Shape::STAGE_ELEMS;
+      DKV* v_tile = k_tile + Shape::K_ELEMS;
       const int tile_start = w.kv_start + t * CTA_KV;
       if constexpr (Traits::key_transform || Traits::value_transform) {
         if constexpr (Traits::key_transform)
-          transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, RowSwizzle>(variant, p, k_tile, threadIdx.x, Shape::THREADS, 0,
+          transform_kv_tile<Variant, true, HEAD_DIM_QK, CTA_KV, RowSwizzle>(variant, p, k_tile, threadIdx.x, Shape::THREADS, 0,
                                                                          CTA_KV, b, tile_start, w.kv_end, kv_head);
         if constexpr (Traits::value_transform)
-          transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, RowSwizzle>(variant, p, v_tile, threadIdx.x, Shape::THREADS, 0,
+          transform_kv_tile<Variant, false, HEAD_DIM_VO, CTA_KV, RowSwizzle>(variant, p, v_tile, threadIdx.x, Shape::THREADS, 0,
                                                                           CTA_KV, b, tile_start, w.kv_end, kv_head);
         __syncthreads();
       }
       const bool masked = masked_tile(t);
-      const u32 k_addr = kv_addr + (2 * (t % STAGES)) * Shape::KV_ELEMS * 2;
-      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM>(p, variant, st, rows, q_addr, k_addr,
-                                                          k_addr + Shape::KV_ELEMS * 2, tile_start, w.kv_end, b,
-                                                          kv_head, wq, wk, masked, causal_shift);
+      const u32 k_addr = kv_addr + (t % STAGES) * Shape::STAGE_ELEMS * 2;
+      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM_QK, HEAD_DIM_VO>(p, variant, st, rows, q_addr, k_addr,
+                                                                          k_addr + Shape::K_ELEMS * 2, tile_start,
+                                                                          w.kv_end, b, kv_head, wq, wk, masked,
+                                                                          causal_shift);
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free
@@ -142,8 +146,8 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     prefill_sum_quads(st);
     // Merge the KV-split warps into warp column wk == 0, in wk order.
     if constexpr (WARPS_KV > 1) {
-      float* scratch = reinterpret_cast<float*>(kv_smem);  // [WARPS_KV][CTA_Q][HEAD_DIM + 2]
-      constexpr int LD = HEAD_DIM + 2;
+      float* scratch = reinterpret_cast<float*>(kv_smem);  // [WARPS_KV][CTA_Q][HEAD_DIM_VO + 2]
+      constexpr int LD = HEAD_DIM_VO + 2;
       auto at = [&](int k, int row) { return scratch + (k * CTA_Q + row) * LD; };
 #pragma unroll
       for (int t = 0; t < MT; ++t)
@@ -155,7 +159,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
             dst[n * 8 + quad * 2] = st.o[t][n][2 * r];
             dst[n * 8 + quad * 2 + 1] = st.o[t][n][2 * r + 1];
           }
-          if (quad == 0) { dst[HEAD_DIM] = st.m[t][r]; dst[HEAD_DIM + 1] = st.d[t][r]; }
+          if (quad == 0) { dst[HEAD_DIM_VO] = st.m[t][r]; dst[HEAD_DIM_VO + 1] = st.d[t][r]; }
         }
       __syncthreads();
       if (wk == 0) {
@@ -169,7 +173,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
             for (int k = 1; k < WARPS_KV; ++k) {
               const float* src = at(k, wq * Shape::WARP_ROWS + t * 16 + g + 8 * r);
               if (Variant::use_softmax) {
-                const float2 f = acc.merge(src[HEAD_DIM], src[HEAD_DIM + 1]);
+                const float2 f = acc.merge(src[HEAD_DIM_VO], src[HEAD_DIM_VO + 1]);
 #pragma unroll
                 for (int n = 0; n < NT_O; ++n) {
                   st.o[t][n][2 * r] = st.o[t][n][2 * r] * f.x + src[n * 8 + quad * 2] * f.y;
@@ -190,11 +194,12 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     }
 
     if (wk == 0)
-      prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, st, rows, w, qo_start, b, kv_head, wq * Shape::WARP_ROWS,
-                                                       s_o_scale);
+      prefill_store_rows<Variant, DO, HEAD_DIM_VO, CTA_Q>(p, variant, st, rows, w, qo_start, b, kv_head,
+                                                          wq * Shape::WARP_ROWS, s_o_scale);
     if (w.partial_slot >= 0)
-      prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, kv_head, threadIdx.x,
-                                                        Shape::THREADS, &s_is_last, [] { __syncthreads(); });
+      prefill_merge_split<Variant, DO, HEAD_DIM_VO, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, kv_head,
+                                                           threadIdx.x, Shape::THREADS, &s_is_last,
+                                                           [] { __syncthreads(); });
     __syncthreads();  // shared memory is reused by the next item
   }
   grid_dependency_launch_dependents();

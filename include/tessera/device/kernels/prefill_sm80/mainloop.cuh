@@ -18,36 +18,42 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-template <int HEAD_DIM, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES>
+// HEAD_DIM_QK: q / k features (Q and K tiles, S = Q K^T); HEAD_DIM_VO: v / o
+// features (V tiles, O accumulators). Equal for most models; DeepSeek's
+// prefill has 192 / 128, and head dim 512 runs as 512 / 256 twice (the
+// host launches the second half of V and O separately).
+template <int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES>
 struct PrefillShape {
   static constexpr int Q_ROWS = CTA_Q, KV_ROWS = CTA_KV;
   static constexpr int THREADS = 32 * WARPS_Q * WARPS_KV;
   static constexpr int MT = CTA_Q / (16 * WARPS_Q);  // 16-row m-tiles per warp
   static constexpr int WARP_ROWS = 16 * MT;
   static constexpr int KV_PER_WARP = CTA_KV / WARPS_KV;
-  static constexpr int NT_S = KV_PER_WARP / 8;  // S n-tiles per warp
-  static constexpr int NT_O = HEAD_DIM / 8;     // O n-tiles per warp
-  static constexpr int CHUNKS = HEAD_DIM / 8;   // 16-byte chunks per row
-  static constexpr int Q_ELEMS = CTA_Q * HEAD_DIM;
-  static constexpr int KV_ELEMS = CTA_KV * HEAD_DIM;
-  static constexpr int SMEM_BYTES = 2 * (Q_ELEMS + STAGES * 2 * KV_ELEMS);
+  static constexpr int NT_S = KV_PER_WARP / 8;   // S n-tiles per warp
+  static constexpr int NT_O = HEAD_DIM_VO / 8;   // O n-tiles per warp
+  static constexpr int Q_ELEMS = CTA_Q * HEAD_DIM_QK;
+  static constexpr int K_ELEMS = CTA_KV * HEAD_DIM_QK;
+  static constexpr int V_ELEMS = CTA_KV * HEAD_DIM_VO;
+  static constexpr int STAGE_ELEMS = K_ELEMS + V_ELEMS;  // a stage: its K tile, then its V tile
+  static constexpr int SMEM_BYTES = 2 * (Q_ELEMS + STAGES * STAGE_ELEMS);
   static_assert(MT >= 1 && CTA_Q == WARP_ROWS * WARPS_Q, "whole 16-row m-tiles per warp");
   static_assert(KV_PER_WARP % 16 == 0, "each warp needs whole 16-column k-steps for P*V");
-  static_assert(HEAD_DIM % 64 == 0, "head_dim must be 64, 128 or 256");
+  static_assert(HEAD_DIM_QK % 64 == 0 && HEAD_DIM_VO % 64 == 0,
+                "head dims must be multiples of 64 (64, 128, 256, 512 / 256, 192 / 128)");
 };
 
 // One KV tile: S = Q K^T, variant logits/mask, online softmax, O += P V.
 // Each K/V fragment loaded from shared memory feeds all MT m-tiles of the
 // warp: with 32 rows per warp, shared-memory traffic per FLOP halves, which is
 // what limits an mma.sync kernel on Hopper.
-template <typename Variant, typename Shape, typename T, int HEAD_DIM, typename Params>
+template <typename Variant, typename Shape, typename T, int HEAD_DIM_QK, int HEAD_DIM_VO, typename Params>
 __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Variant& variant,
                                                      PrefillState<Shape::MT, Shape::NT_O>& st,
                                                      const RowInfo<Shape::MT>& rows, u32 q_smem, u32 k_smem,
                                                      u32 v_smem, int tile_start, int kv_end, int b, int kv_head,
                                                      int wq, int wk, bool masked, int causal_shift) {
   constexpr int MT = Shape::MT, NT_S = Shape::NT_S, NT_O = Shape::NT_O;
-  constexpr u32 ROW_BYTES = HEAD_DIM * 2;
+  constexpr u32 ROW_BYTES = HEAD_DIM_QK * 2, V_ROW_BYTES = HEAD_DIM_VO * 2;  // Q and K rows; V rows
   const int lane = threadIdx.x % 32, m = lane / 8, quad = lane % 4;
   // ldmatrix row addresses as 32-bit byte offsets. Every row an ldmatrix lane
   // addresses has row % 8 == lane % 8, so the swizzled chunk of k-step kk is
@@ -57,7 +63,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
   const u32 xk = (m % 2) ^ (lane % 8);  // K (B operand)
   const u32 q_row = q_smem + (wq * Shape::WARP_ROWS + (m % 2) * 8 + lane % 8) * ROW_BYTES;
   const u32 k_row = k_smem + (wk * Shape::KV_PER_WARP + (m / 2) * 8 + lane % 8) * ROW_BYTES;
-  const u32 v_row = v_smem + (wk * Shape::KV_PER_WARP + (m % 2) * 8 + lane % 8) * ROW_BYTES;
+  const u32 v_row = v_smem + (wk * Shape::KV_PER_WARP + (m % 2) * 8 + lane % 8) * V_ROW_BYTES;
   float s[MT][NT_S][4];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
@@ -67,7 +73,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
       for (int e = 0; e < 4; ++e) s[t][n][e] = 0.f;
 
 #pragma unroll
-  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+  for (int kk = 0; kk < HEAD_DIM_QK / 16; ++kk) {
     u32 a[MT][4];
 #pragma unroll
     for (int t = 0; t < MT; ++t)
@@ -101,7 +107,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
 #pragma unroll
     for (int dp = 0; dp < NT_O / 2; ++dp) {
       u32 r[4];
-      ldmatrix_x4_trans(r, v_row + j * 16 * ROW_BYTES + (((2 * dp) ^ xa) << 4));
+      ldmatrix_x4_trans(r, v_row + j * 16 * V_ROW_BYTES + (((2 * dp) ^ xa) << 4));
       const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
