@@ -63,25 +63,14 @@ def is_sm90a_supported(device):
     return _major(device) == 9
 
 
-def is_sm100a_supported(device):
-    """Tessera has no Blackwell-specific kernels: always False."""
+def _no_specific_kernels(device):
+    """False (after checking `device`): Tessera has no kernels specific to these architectures; they run the
+    sm_90a / sm_80 ones where those load."""
     _major(device)
     return False
 
 
-def is_sm100f_supported(device):
-    _major(device)
-    return False
-
-
-def is_sm110a_supported(device):
-    _major(device)
-    return False
-
-
-def is_sm12x_supported(device):
-    _major(device)
-    return False
+is_sm100a_supported = is_sm100f_supported = is_sm110a_supported = is_sm12x_supported = _no_specific_kernels
 
 
 def is_fa3_backend_supported(pos_encoding_mode, use_fp16_qk_reductions, use_custom_mask, dtype_q, dtype_kv):
