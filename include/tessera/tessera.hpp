@@ -15,6 +15,7 @@
 #include "tessera/formats/custom_mask.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/formats/ragged.hpp"
+#include "tessera/formats/shared_prefix.hpp"
 #include "tessera/reference/attention.hpp"
 #include "tessera/cpu/merge.hpp"
 #include "tessera/runtime/cuda.hpp"

@@ -1,7 +1,10 @@
 // tessera._C.CascadeAttention: composable formats (levels of one paged KV
 // cache merged through the attention state), behind the Python
-// MultiLevelCascadeAttentionWrapper (tessera/cascade.py).
+// MultiLevelCascadeAttentionWrapper (tessera/cascade.py); and
+// tessera._C.find_shared_prefixes, which finds such levels in a flat page
+// table (the wrappers' shared_prefix="auto", tessera/_auto_prefix.py).
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
@@ -12,6 +15,7 @@
 
 #include "binding_util.hpp"
 #include "tessera/api/cascade.hpp"
+#include "tessera/formats/shared_prefix.hpp"
 #include "tessera/runtime/cuda.hpp"
 
 namespace nb = nanobind;
@@ -110,9 +114,67 @@ class PyCascade {
   KVLayout layout_;
 };
 
+using I32Array = nb::ndarray<nb::numpy, int32_t>;
+
+// Hands a vector to numpy without a copy: the capsule owns it.
+I32Array owned(std::vector<int32_t>&& data, std::initializer_list<size_t> shape) {
+  auto* buf = new std::vector<int32_t>(std::move(data));
+  nb::capsule owner(buf, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+  return I32Array(buf->data(), shape, owner);
+}
+
+nb::tuple level_arrays(PrefixLevel&& l) {
+  const size_t groups = l.kv_last_page_len.size(), ids = l.kv_indices.size();
+  return nb::make_tuple(owned(std::move(l.qo_indptr), {groups + 1}), owned(std::move(l.kv_indptr), {groups + 1}),
+                        owned(std::move(l.kv_indices), {ids}), owned(std::move(l.kv_last_page_len), {groups}));
+}
+
+// Host int32 arrays in (qo_indptr None for decode); a dict out: split,
+// saved_pages, groups [G, 3] (first, size, shared_pages), identity_order,
+// order, row_order, shared / unique (qo_indptr, kv_indptr, kv_indices,
+// kv_last_page_len) and host_us.
+nb::dict py_find_shared_prefixes(nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len,
+                                 int page_size, nb::handle qo_indptr, int min_shared_pages, int64_t min_saved_pages,
+                                 bool causal) {
+  const Arg ip = to_arg("kv_indptr", kv_indptr), idx = to_arg("kv_indices", kv_indices),
+            last = to_arg("kv_last_page_len", kv_last_page_len), qo = to_optional_arg("qo_indptr", qo_indptr);
+  SharedPrefixOptions opt;
+  opt.min_shared_pages = min_shared_pages;
+  opt.min_saved_pages = min_saved_pages;
+  opt.causal = causal;
+  SharedPrefixSplit sp;
+  {
+    const auto ip_s = host_ints("kv_indptr", ip), idx_s = host_ints("kv_indices", idx),
+               last_s = host_ints("kv_last_page_len", last);
+    const auto qo_s = qo_indptr.is_none() ? std::span<const int32_t>() : host_ints("qo_indptr", qo);
+    nb::gil_scoped_release release;
+    find_shared_prefixes(ip_s, idx_s, last_s, page_size, qo_s, opt, sp);
+  }
+  std::vector<int32_t> groups;
+  groups.reserve(3 * sp.groups.size());
+  for (const SharedPrefixGroup& g : sp.groups) groups.insert(groups.end(), {g.first, g.size, g.shared_pages});
+  nb::dict d;
+  d["split"] = sp.split;
+  d["saved_pages"] = sp.saved_pages;
+  d["groups"] = owned(std::move(groups), {sp.groups.size(), 3});
+  d["identity_order"] = sp.identity_order;
+  const size_t n = sp.order.size(), rows = sp.row_order.size();
+  d["order"] = owned(std::move(sp.order), {n});
+  d["row_order"] = owned(std::move(sp.row_order), {rows});
+  d["shared"] = level_arrays(std::move(sp.shared));
+  d["unique"] = level_arrays(std::move(sp.unique));
+  d["host_us"] = sp.host_us;
+  return d;
+}
+
 }  // namespace
 
 void bind_cascade(nb::module_& m) {
+  m.def("find_shared_prefixes", &py_find_shared_prefixes, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a,
+        "page_size"_a, "qo_indptr"_a.none() = nb::none(), "min_shared_pages"_a = 1, "min_saved_pages"_a = 1,
+        "causal"_a = false,
+        "Shared prefixes of a page table (host int32 arrays; qo_indptr None: decode) and, when worth it, their two "
+        "cascade levels (tessera/formats/shared_prefix.hpp): a dict.");
   nb::class_<PyCascade> cascade(m, "CascadeAttention",
                                 "Levels of one paged KV cache (shared prefixes, unique suffixes) merged through the "
                                 "attention state: plan per step, run per layer.");

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from . import _auto_prefix as AP
 from . import _compat as C
 from . import _tensors as T
 from . import _wrapper_util as W
@@ -251,6 +252,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         self._tc_cta_q = 0
         self._cuda_cores = False
         self._heads_per_thread = 0  # the CUDA-core kernel's query heads per thread (0: heuristic)
+        # shared_prefix="auto": the K / V bytes a split must save (tests lower it) and its state (_auto_prefix.py).
+        self._shared_prefix_min_bytes = AP.MIN_SAVED_BYTES
+        self._auto_prefix = None
         self._native = None  # the C++ BatchDecode, built by plan()
         self._native_key = None  # what it was built for: dtypes, shape, bounds
         self._pinned = None  # the pinned host staging buffer it borrows
@@ -262,6 +266,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
     @property
     def use_tensor_cores(self):
         return self._use_tensor_cores
+
+    @property
+    def shared_prefix_stats(self):
+        """What the last plan() with shared_prefix="auto" found (see _auto_prefix.stats), else None."""
+        return AP.stats(self)
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
         """Moves the wrapper to a new workspace (any dtype, used as bytes); plan() again before run().
@@ -305,7 +314,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                    pos_encoding_mode="NONE", window_left=-1, window_right=0, logits_soft_cap=None,
                    q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
                    rope_scale=None, rope_theta=None, non_blocking=True, block_tables=None, seq_lens=None,
-                   fixed_split_size=None, disable_split_kv=False, q_len_per_req=1, is_causal=None):
+                   fixed_split_size=None, disable_split_kv=False, q_len_per_req=1, is_causal=None,
+                   shared_prefix=None):
         """Plans one decode step (FlashInfer's plan() options, keyword-only).
 
         Args:
@@ -367,6 +377,16 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             is_causal: None or True (causal among a request's queries), or
                 False (each sees all keys).
             block_tables: only its default (None) so far.
+            shared_prefix: Tessera's (after FlashInfer's options): None (off)
+                or "auto": when requests' tables start with the same full pages
+                and that saves >= 16 MiB of K / V reads per layer, plan a
+                two-level cascade (shared pages once for all their sharers'
+                queries, then each request's own, merged) that run() goes
+                through, on a workspace of its own; else the normal plan. Not
+                with use_cuda_graph, window_left, pos_encoding_mode, fp8,
+                o_data_type, fixed_split_size, disable_split_kv or
+                q_len_per_req > 1 (NotSupportedError naming it); run() takes
+                float scales only. See tessera/_auto_prefix.py.
         """
         # The scalar arguments rarely change between steps: their checks (and
         # the C++ workspace_size probe) run when they do, not every step.
@@ -385,6 +405,12 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         C.refuse_given("a dense block table is what TensorRT-LLM backends read; Tessera reads indptr / indices",
                        block_tables=block_tables)
         n = C.int_arg(q_len_per_req, "q_len_per_req")
+        auto = AP.shared_prefix_arg(shared_prefix)
+        if auto:
+            AP.check_options(self._use_cuda_graph, options[0], rope, kv_dt, q_dt, o_dt,
+                             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, q_len_per_req=n)
+        elif self._auto_prefix is not None:
+            self._auto_prefix.stats = None
         if n > 1:
             self._plan_multi_token(n, is_causal, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
                                    page_size, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
@@ -410,6 +436,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         indices = W.page_ids(indices, int(indptr[-1]), "indices", buf)
         W.check_workspace_buffer_once(self)
         buf = self._float_workspace_buffer
+        if auto and AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt), shape, scale, sm_scale,
+                                   options[1], rope, buf):
+            return
         split = self._split_kv and not disable_split_kv
         # Batch-invariant chunks of fixed_split_size pages (0: the planner's own).
         fixed = C.fixed_split_size_arg(fixed_split_size) * shape[3]
@@ -423,7 +452,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "kv_dtype": kv_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope,
-                         "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device)}
+                         "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device), "auto_prefix": auto}
+
 
     def _plan_multi_token(self, n, is_causal, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
                           page_size, **options):
@@ -557,6 +587,10 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if not T.is_cuda(q):
             raise TypeError(f"q: expected a CUDA tensor, got {type(q).__name__} on {T.device_of(q)}")
         plan = self._planned
+        if plan.get("auto_prefix"):  # float scales only, split or not: a configuration works on every step or none
+            scale, vs = W.run_scales(plan["sm_scale"], plan["head_dim"], q_scale, k_scale, v_scale)
+            if plan.get("shared_prefix") is not None:
+                return AP.run_decode(plan, q, paged_kv_cache, scale, vs, out, lse, return_lse, window_left, sinks)
         scale, vs, kt, vt = W.run_scales_with_tensors(plan["sm_scale"], plan["head_dim"], q_scale, k_scale, v_scale, q)
         W.check_run_window(window_left, plan["window_left"])
         k, v = _unpack_paged_kv_cache(paged_kv_cache)

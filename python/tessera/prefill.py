@@ -26,6 +26,7 @@ causal part into the mask). Rows that see no key get o = 0 and lse = -inf.
 
 import functools
 
+from . import _auto_prefix as AP
 from . import _compat as C
 from . import _masks as M
 from . import _prefill_base as B
@@ -97,6 +98,14 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                          ("mask_indptr_buf", mask_indptr_buf, 1)))
         self._mask_buf = custom_mask_buf
         self._fixed_pages = W.buffer_length(paged_kv_indices_buf, "paged_kv_indices_buf")
+        # shared_prefix="auto": the K / V bytes a split must save (tests lower it) and its state (_auto_prefix.py).
+        self._shared_prefix_min_bytes = AP.MIN_SAVED_BYTES
+        self._auto_prefix = None
+
+    @property
+    def shared_prefix_stats(self):
+        """What the last plan() with shared_prefix="auto" found (see _auto_prefix.stats), else None."""
+        return AP.stats(self)
 
     def workspace_size(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                        num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None,
@@ -120,7 +129,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
              o_data_type=None, non_blocking=True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
              token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None,
              max_token_per_sequence=None, max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False,
-             uniform_q_len=None):
+             uniform_q_len=None, *, shared_prefix=None):
         """Plans one step.
 
         Args:
@@ -181,6 +190,24 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 request's KV split into chunks of this many pages, so its
                 output is bitwise the same whatever else is in the batch.
             disable_split_kv: True plans every request's KV as one chunk.
+            shared_prefix: Tessera's (keyword-only, after FlashInfer's): None
+                (off), or "auto": find requests whose tables start with the
+                same full pages (prefix caching, parallel samples) and, when
+                that saves at least 16 MiB of K / V reads per layer (shared
+                pages x (sharers - 1)), plan a two-level cascade (the shared
+                pages once for all their sharers' query rows, unmasked, then
+                each request's own pages, causal when causal is set, merged
+                through the attention state) that run() goes through;
+                otherwise the normal plan. The caller's table and run() do not
+                change. With causal, a request shares only pages that end
+                before its first query (floor((kv_len - qo_len) / page_size)
+                pages), so the unmasked shared level is exact. The cascade has
+                a workspace of its own, allocated at the first split step. Not
+                with use_cuda_graph, custom masks, window_left,
+                pos_encoding_mode, head_dim_vo != head_dim_qk, o_data_type !=
+                q_data_type, fixed_split_size or disable_split_kv
+                (NotSupportedError naming the argument). shared_prefix_stats
+                tells what the last plan found. See tessera/_auto_prefix.py.
         """
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
@@ -204,6 +231,15 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         # a custom mask, whose plan takes host ids.
         indices = W.page_ids(paged_kv_indices, int(kv[-1]), "paged_kv_indices", self._float_workspace_buffer,
                              on_device=not masked)
+        auto = AP.shared_prefix_arg(shared_prefix)
+        if auto:
+            AP.check_options(self._use_cuda_graph, options["window_left"], rope, config[1], config[0], config[2],
+                             masked=masked, head_dim_vo=options["head_dim_vo"], fixed_split_size=fixed_split_size,
+                             disable_split_kv=disable_split_kv)
+            if AP.plan_prefill(self, qo, kv, indices, last, config, scale, sm_scale, options, rope):
+                return
+        elif self._auto_prefix is not None:
+            self._auto_prefix.stats = None
         mask = None
         if custom_mask is not None or packed_custom_mask is not None:
             mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, M.indptr_lengths(qo, "qo_indptr"),
@@ -217,7 +253,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                    lambda n, s: (n.plan_paged_device(qo, kv, indices.ptr, indices.count, indices.device, last, s)
                                  if isinstance(indices, W.DeviceIds) else
                                  n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr)),
-                   mask=mask, rope=rope, total_q=total_q,
+                   mask=mask, rope=rope, total_q=total_q, auto_prefix=auto,
                    planner=(split, fixed * config[6],
                             lambda: (M.indptr_lengths(qo, "qo_indptr"), M.paged_kv_lengths(kv, last, config[6]))))
 
@@ -284,6 +320,10 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         if sinks is not None and lse is None:
             lse = T.empty(q, q.shape[:2], "float32")
         n = plan["total_q"]
+        if plan.get("shared_prefix") is not None:  # the shared-prefix cascade (shared_prefix="auto")
+            vs = None if plan["v_scale"] == 1.0 else plan["v_scale"]
+            plan["shared_prefix"].run(q, paged_kv_cache, out, lse, plan["sm_scale"], vs, sinks)
+            return (out, C.finish_lse(lse, lse_base)) if return_lse else out
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
                              plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],

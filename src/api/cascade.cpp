@@ -112,6 +112,16 @@ int sm_count_for(int device) { return cuda::gpu_available() ? cuda::device_info(
 
 }  // namespace
 
+std::array<CascadeLevel, 2> cascade_levels(const SharedPrefixSplit& split) {
+  if (!split.split)
+    throw InvalidArgument("split: expected a split with levels (split.split true: groups found that save at least "
+                          "min_saved_pages page reads), got none");
+  auto level = [](const PrefixLevel& l) {
+    return CascadeLevel{l.qo_indptr, l.kv_indptr, l.kv_indices, l.kv_last_page_len};
+  };
+  return {level(split.shared), level(split.unique)};
+}
+
 CascadeAttention::Sizes CascadeAttention::workspace_size(const std::vector<AttentionSpec>& level_specs,
                                                          const TaskInfo& task, int num_sms, const PrefillOptions& opt) {
   return cascade_layout(level_specs, task, num_sms, opt).total;

@@ -273,6 +273,8 @@ TESSERA_EXTRAS = {
     "MultiLevelCascadeAttentionWrapper.__init__": ("backend",),
     "MultiLevelCascadeAttentionWrapper.run": ("out", "lse", "return_lse"),
     "append_paged_kv_cache": ("k_scale", "v_scale"),
+    "BatchDecodeWithPagedKVCacheWrapper._plan_impl": ("shared_prefix",),
+    "BatchPrefillWithPagedKVCacheWrapper.plan": ("shared_prefix",),
 }
 
 _EMPTY = inspect.Parameter.empty

@@ -26,12 +26,18 @@
 // run() is a fixed sequence of launches (level 0 into o / lse, then each
 // further level into a scratch state merged into o / lse in place): it
 // allocates nothing and can be captured in a CUDA graph like a single level.
+//
+// Shared prefixes need not be listed by hand: find_shared_prefixes
+// (formats/shared_prefix.hpp) finds them in a flat page table, and
+// cascade_levels() below turns its split into the two levels.
 #pragma once
+#include <array>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "tessera/api/prefill.hpp"
+#include "tessera/formats/shared_prefix.hpp"
 
 namespace tessera {
 
@@ -46,6 +52,16 @@ struct CascadeLevel {
   // kv_indptr[groups] entries, copied by plan() without being read.
   const TensorView* kv_indices_device = nullptr;
 };
+
+// The two levels of a shared-prefix split (find_shared_prefixes with
+// split.split true; InvalidArgument naming `split` otherwise): {shared,
+// unique}, spans into `split`, which must stay alive and unchanged until
+// plan() returns. Plan them on a two-level CascadeAttention whose level 0
+// has no mask and whose level 1 is causal for a causal prefill (detected
+// with SharedPrefixOptions::causal). Its query rows are in split.order:
+// unless split.identity_order, gather q's rows by split.row_order before
+// run() and scatter o / lse back to those rows.
+std::array<CascadeLevel, 2> cascade_levels(const SharedPrefixSplit& split);
 
 class CascadeAttention {
  public:
