@@ -209,7 +209,7 @@ def single_decode(q: Tensor, k: Tensor, v: Tensor, kv_layout: str, pos_encoding_
                   logits_soft_cap: Optional[float], sm_scale: Optional[float], rope_scale: Optional[float],
                   rope_theta: Optional[float]) -> Tuple[Tensor, Tensor]:
     """single_decode_with_kv_cache: (o like q, lse float32 [num_qo_heads])."""
-    from .decode import _single_decode
+    from ._single_decode import _single_decode
     return _single_decode(q, k, v, kv_layout, pos_encoding_mode, q_scale,
                           k_scale if k_scale_tensor is None else k_scale_tensor,
                           v_scale if v_scale_tensor is None else v_scale_tensor, window_left, logits_soft_cap,
