@@ -2,6 +2,7 @@
 size a workspace (Bound), the choice between ideal and minimum layouts (fit_workspace), FlashInfer's
 workspace_size() probe, and ensure_native, which every wrapper's plan() goes through."""
 
+import threading
 from typing import NamedTuple, Optional
 
 from . import _tensors as T
@@ -54,21 +55,22 @@ def probe_workspace_size(owner, plan_fn, args, kwargs):
     keeps no int workspace on the GPU). The wrapper's plan state is left as it was."""
     wrappers = [owner] + [w for w in (getattr(owner, "_multi", None),) if w is not None]
     saved = [dict(w.__dict__) for w in wrappers]
-    global _PROBING
-    _PROBING = True
+    _PROBE.active = True
     try:
         plan_fn(owner, *args, **kwargs)
     except _WorkspaceProbe as p:
         return p.device_bytes, max(p.host_bytes, 1)
     finally:
-        _PROBING = False
+        _PROBE.active = False
         for w, d in zip(wrappers, saved):
             w.__dict__.clear()
             w.__dict__.update(d)
     raise RuntimeError("workspace_size: plan() finished without sizing a workspace")
 
 
-_PROBING = False  # True inside probe_workspace_size: ensure_native reports sizes instead of building
+# active inside probe_workspace_size, on its thread only (other threads keep planning): ensure_native then
+# reports sizes instead of building.
+_PROBE = threading.local()
 
 
 def ensure_native(owner, config, counts, bounds, size, make):
@@ -91,7 +93,7 @@ def ensure_native(owner, config, counts, bounds, size, make):
     """
     key = owner._native_key
     same = key is not None and key[0] == config
-    if _PROBING:
+    if getattr(_PROBE, "active", False):
         fixed = list(key[1]) if same and owner._use_cuda_graph else [b.fixed for b in bounds]
         need = tuple(c if f is None else max(c, f) for c, f in zip(counts, fixed))
         ideal, _, host = size(need, owner._float_workspace_buffer.device.index or 0)
