@@ -97,6 +97,10 @@ def has_flashinfer_jit_cache():
     return bool(kernel_packs())
 
 
+# The same query under Tessera's name, for code whose identifiers were renamed along with the import.
+has_tessera_jit_cache = has_flashinfer_jit_cache
+
+
 def ceil_div(x, y):
     return -(-x // y)
 
@@ -110,5 +114,5 @@ __all__ = [
     "PosEncodingMode", "MaskMode", "TensorLayout", "GPUArchitectureError", "get_compute_capability",
     "is_sm90a_supported", "is_sm100a_supported", "is_sm100f_supported", "is_sm110a_supported",
     "is_sm12x_supported", "is_fa3_backend_supported", "is_fa3_prefill_head_dim_supported",
-    "has_flashinfer_jit_cache", "ceil_div", "round_up", "log2e", "ln2",
+    "has_flashinfer_jit_cache", "has_tessera_jit_cache", "ceil_div", "round_up", "log2e", "ln2",
 ]

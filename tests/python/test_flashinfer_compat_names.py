@@ -63,6 +63,7 @@ def test_enums_and_integer_helpers():
 
 def test_has_jit_cache_reports_the_kernel_packs():
     assert utils.has_flashinfer_jit_cache() == bool(tessera.jit.kernel_packs())
+    assert utils.has_tessera_jit_cache is utils.has_flashinfer_jit_cache
 
 
 def test_device_queries_need_a_cuda_device():
