@@ -101,6 +101,19 @@ def _minimum(make_wrapper, plan):
     return int(m.group(1))
 
 
+def _check_workspace_sizes(torch, make, plan, run, check):
+    """Plans and runs on 16 MB, on exactly the minimum and on a size between, each checked against the
+    reference; one byte under the minimum is refused with the minimum in the message."""
+    least = _minimum(make, plan)
+    assert least < 16 * MB
+    for nbytes in (16 * MB, least, least + (16 * MB - least) // 8):
+        o, lse = run(plan(make(nbytes)))
+        torch.cuda.synchronize()
+        check(o, lse)
+    with pytest.raises(ValueError, match=f"^float_workspace_buffer: expected at least {least} bytes"):
+        plan(make(least - 1))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_prefill_paged_on_small_workspaces(torch_cuda, rng, causal):
     from prefill_reference import HKV, check, gather_pages, indptr_of, make_table, random_cache, ref_batch, uniform
@@ -121,15 +134,8 @@ def test_prefill_paged_on_small_workspaces(torch_cuda, rng, causal):
         w.plan(qo, *table[:3], hq, HKV, d, ps, causal=causal, q_data_type=torch.float16)
         return w
 
-    least = _minimum(make, plan)
-    assert least < 16 * MB
-    for nbytes in (16 * MB, least, least + (16 * MB - least) // 8):
-        w = plan(make(nbytes))
-        o, lse = w.run(q, cache, return_lse=True)
-        torch.cuda.synchronize()
-        check(o, lse, ref_o, ref_lse, "float16")
-    with pytest.raises(ValueError, match=f"^float_workspace_buffer: expected at least {least} bytes"):
-        plan(make(least - 1))
+    _check_workspace_sizes(torch, make, plan, lambda w: w.run(q, cache, return_lse=True),
+                           lambda o, lse: check(o, lse, ref_o, ref_lse, "float16"))
 
 
 @pytest.mark.parametrize("kernel", ["cuda_cores", "tensor_cores"])
@@ -153,12 +159,5 @@ def test_decode_on_small_workspaces(torch_cuda, rng, kernel):
         w.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16, q_data_type=torch.float16)
         return w
 
-    least = _minimum(make, plan)
-    assert least < 16 * MB
-    for nbytes in (16 * MB, least, least + (16 * MB - least) // 8):
-        w = plan(make(nbytes))
-        o, lse = w.run(q, cache, return_lse=True)
-        torch.cuda.synchronize()
-        check(o, lse, ref_o, ref_lse, "float16")
-    with pytest.raises(ValueError, match=f"^float_workspace_buffer: expected at least {least} bytes"):
-        plan(make(least - 1))
+    _check_workspace_sizes(torch, make, plan, lambda w: w.run(q, cache, return_lse=True),
+                           lambda o, lse: check(o, lse, ref_o, ref_lse, "float16"))
