@@ -34,8 +34,6 @@ void validate_levels(const std::vector<AttentionSpec>& specs, const TaskInfo& ta
   for (size_t i = 0; i < specs.size(); ++i) {
     const AttentionSpec& s = specs[i];
     validate_task(task, s);
-    // Levels merge states of one dtype plan; fp8 levels are not wired up yet.
-    catalog::require_16bit_kv(s, "cascade attention");
     if (s.q_dtype != specs[0].q_dtype || s.kv_dtype != specs[0].kv_dtype || s.o_dtype != specs[0].o_dtype ||
         s.head_dim != specs[0].head_dim || s.vo_dim() != specs[0].vo_dim())
       throw InvalidArgument("level_specs[" + str(i) + "]: expected the dtypes and head_dim of level 0 (" +

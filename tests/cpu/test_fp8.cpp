@@ -124,7 +124,7 @@ TEST(Fp8Validation, KvOnly) {
 // The tensor-core prefill (FA2 template, hence decode with use_tensor_cores)
 // takes fp8 caches; the Hopper template, unequal / 512 head dims and cascade
 // refuse them naming kv_dtype.
-TEST(Fp8Validation, KernelFamiliesThatReadOnly16BitKvSayKvDtype) {
+TEST(Fp8Validation, TensorCoreFamiliesTakeFp8OnFa2Only) {
   FakeWorkspace f;
   EXPECT_NO_THROW(BatchPrefill(fp8_spec(), task(), f.ws));
   EXPECT_GT(BatchPrefill::workspace_size(fp8_spec(), task(), 132).device_bytes, 0u);
@@ -141,7 +141,7 @@ TEST(Fp8Validation, KernelFamiliesThatReadOnly16BitKvSayKvDtype) {
   EXPECT_NO_THROW(BatchDecode(fp8_spec(), task(), f.ws, tc));
   EXPECT_GT(BatchDecode::workspace_size(fp8_spec(), task(), 132, tc).device_bytes, 0u);
   const std::vector<AttentionSpec> levels = {fp8_spec(), fp8_spec()};
-  EXPECT_THROW_MSG(CascadeAttention::workspace_size(levels, task(), 132), TypeMismatch, "kv_dtype");
+  EXPECT_GT(CascadeAttention::workspace_size(levels, task(), 132).device_bytes, 0u);  // levels on the FA2 kernel
 }
 
 // FA2 fp8 configurations: the kernel name carries q's and the cache's types,
