@@ -21,9 +21,9 @@ Modes:
                  flush (dirty L2), with a clean L2, back to back on a stream,
                  from a CUDA graph; results: decode-step-timing.json
   --fp8          an fp8 (e4m3) KV cache against fp16 on the same shapes
-                 (FP8_WORKLOADS or --workloads): fp16 on the CUDA-core
-                 kernel and the wrapper's pick, fp8 (CUDA cores; with GQA
-                 also 4 and 1 query heads per thread), timed in interleaved
+                 (FP8_WORKLOADS or --workloads): fp16 and fp8 each on the
+                 CUDA-core kernel, and as the wrapper picks; fp8 also with
+                 use_tensor_cores=True; timed in interleaved
                  rounds from CUDA graphs over rotating cache copies; fp8 /
                  fp16 time ratios (paired by round) and TB/s counting the
                  fp8 bytes read, as a fraction of the HBM read ceiling;
@@ -387,20 +387,19 @@ def fp8_rows(args, workloads):
         group = hq // hkv
         k, v, indptr, indices, last = paged_cache(lens, 16, hkv, seed=b)
         q = torch.randn(b, hq, D, dtype=DTYPE, device="cuda")
-        configs = {"fp16-cc": (DTYPE, True, 0), "fp16": (DTYPE, False, 0), "fp8": (e4m3, False, 0)}
-        if group >= 4:  # the default (2 query heads per thread) against 4 and 1
-            configs["fp8-h4"] = (e4m3, False, 4)
-            configs["fp8-h1"] = (e4m3, False, 1)
+        # name: (kv dtype, kernel: "cc" CUDA cores, "tc" tensor cores, "pick" the wrapper's default)
+        configs = {"fp16-cc": (DTYPE, "cc"), "fp16": (DTYPE, "pick"), "fp8-cc": (e4m3, "cc"), "fp8-tc": (e4m3, "tc"),
+                   "fp8": (e4m3, "pick")}
         caches = {}
         for kv_dtype in (DTYPE, e4m3):
             n = common.rotation_copies(needed_bytes(lens, hq, hkv, 2 if kv_dtype == DTYPE else 1))
             caches[kv_dtype] = [(k.to(kv_dtype), v.to(kv_dtype))] + [
                 (torch.randn_like(k).to(kv_dtype), torch.randn_like(v).to(kv_dtype)) for _ in range(n - 1)]
         fns, errs, nbytes, keep = {}, {}, {}, []
-        for name, (kv_dtype, cuda_cores, hpt) in configs.items():
-            w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), "NHD")
-            w._cuda_cores = cuda_cores
-            w._heads_per_thread = hpt
+        for name, (kv_dtype, kernel) in configs.items():
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), "NHD",
+                                                           use_tensor_cores=kernel == "tc")
+            w._cuda_cores = kernel == "cc"
             w.plan(indptr, indices, last, hq, hkv, D, 16, q_data_type=DTYPE, kv_data_type=kv_dtype)
             out = torch.full_like(q, float("nan"))
             kv0 = caches[kv_dtype][0]
@@ -424,8 +423,8 @@ def fp8_rows(args, workloads):
                          frac_ceiling={n: t / ceiling for n, t in tbps.items()}, ratios=ratio, check_err=errs,
                          rounds_ms=times))
         cells = " | ".join(f"{n} {us[n]:7.1f} ({tbps[n]:4.2f}, {tbps[n] / ceiling:4.0%})" for n in configs)
-        print(f"{hq:>3}/{hkv:<2} {dist:>11} {b:>4} | {cells} | fp8/fp16-cc {ratio['fp8/fp16-cc']:.3f}, "
-              f"fp8/fp16 {ratio['fp8/fp16']:.3f}", flush=True)
+        print(f"{hq:>3}/{hkv:<2} {dist:>11} {b:>4} | {cells} | fp8-cc/fp16-cc {ratio['fp8-cc/fp16-cc']:.3f}, "
+              f"fp8-tc/fp16 {ratio['fp8-tc/fp16']:.3f}, fp8/fp16 {ratio['fp8/fp16']:.3f}", flush=True)
         del keep, caches, fns, k, v
         torch.cuda.empty_cache()
     return common.save_results(args.save_as or "decode-fp8", dict(read_ceiling_tbps=ceiling, copy_tbps=copy_tbps,

@@ -24,11 +24,15 @@ Other modes:
                 CFG = NAME:KEY=VALUE,... with KEY cta_q (16, 32, 64, 128: the
                 query tile; 0 = heuristic); --peers flash,cudnn adds SDPA to
                 the rounds with per-round ratios; results: prefill-ab.json
+  --fp8         the Table-1 shape (--seqs) with an fp8 (e4m3) KV cache beside
+                fp16 (the default pick and fa2), in interleaved rounds; speed
+                ratios paired by round; results: prefill-fp8.json
   --single      one configuration run a few times (--seq, --kv, --sdpa): the
                 target for a profiler (bench/ncu_prefill.sh) or a quick timing
 
 Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd] [--head-dim 128] [--rounds 3]
        python bench/prefill.py --ab base: --ab q64:cta_q=64 [--seqs 1024,4096] [--window 1024] [--peers flash]
+       python bench/prefill.py --fp8 [--seqs 512,1024,2048,4096,8192,16384]
        python bench/prefill.py --single [--seq 4096] [--kv ragged|paged:16|bsr] [--backend fa3] [--sdpa flash]
 """
 import argparse
@@ -61,17 +65,19 @@ def tflops(fl, ms):
     return fl / (ms * 1e-3) / 1e12
 
 
-def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0, ws=None, window=-1):
+def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0, ws=None, window=-1, kv_dtype=None):
     """A planned ragged prefill as a callable (one run per call). Callables
-    that live side by side need their own workspace `ws`."""
+    that live side by side need their own workspace `ws`. kv_dtype: the KV
+    dtype (None: fp16 like q; torch.float8_e4m3fn: an fp8 cache)."""
     qo = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     kvp = torch.tensor([0] + kv_lens).cumsum(0).to(torch.int32)
+    kv_dtype = kv_dtype or DT
     q = torch.randn(int(qo[-1]), hq, D, dtype=DT, device="cuda")
-    k = torch.randn(int(kvp[-1]), hkv, D, dtype=DT, device="cuda")
-    v = torch.randn_like(k)
+    k = torch.randn(int(kvp[-1]), hkv, D, dtype=DT, device="cuda").to(kv_dtype)
+    v = torch.randn(int(kvp[-1]), hkv, D, dtype=DT, device="cuda").to(kv_dtype)
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace() if ws is None else ws, "NHD", backend=backend)
     w._cta_q = cta_q  # Tessera-only knob: 0 = the heuristic's query tile
-    w.plan(qo, kvp, hq, hkv, D, causal=causal, window_left=window, q_data_type=DT)
+    w.plan(qo, kvp, hq, hkv, D, causal=causal, window_left=window, q_data_type=DT, kv_data_type=kv_dtype)
     out = torch.empty_like(q)
     fn = lambda: w.run(q, k, v, out=out)  # noqa: E731
     fn.inputs = (w, q, k, v, out)
@@ -288,6 +294,37 @@ def ab(args):
         configs=dict(configs), check_error=errors, rows=rows))
 
 
+def fp8(args):
+    """The Table-1 shape with an fp8 (e4m3) KV cache beside fp16 (the default pick and the FA2 template), interleaved
+    rounds; each checked against SDPA in float32 on the (dequantized) inputs first."""
+    e4m3 = torch.float8_e4m3fn
+    configs = {"fp16": ("auto", None), "fp16-fa2": ("fa2", None), "fp8": ("auto", e4m3)}
+    seqs = [int(s) for s in args.seqs.split(",")]
+    b, h = args.batch, args.heads
+    wss = {n: common.new_workspace() for n in configs}
+    rows, errors = [], {}
+    print("TFLOP/s (median of rounds); ratios paired by round\nseq      " + "".join(f"{n:>10s}" for n in configs))
+    for L in seqs:
+        fns = {n: tessera_ragged_fn([L] * b, [L] * b, h, h, True, be, 0, wss[n], -1, kd) for n, (be, kd) in configs.items()}
+        for n, fn in fns.items():
+            err = ab_check(fn, L, b, h, -1)
+            errors.setdefault(n, []).append(err)
+            if not err < 1e-3:
+                raise SystemExit(f"FAILED: {n} at seq {L}: max error / reference norm = {err}")
+        times = common.interleaved(fns, args.rounds)
+        fl = ab_flops(L, b, h, -1)
+        tf = {n: tflops(fl, common.median(times[n])) for n in configs}
+        speed = {f"fp8/{n}": common.paired_ratio(times, n, "fp8") for n in ("fp16", "fp16-fa2")}
+        rows.append(dict(seq=L, tflops=tf, speed_ratio=speed, ms_rounds=times))
+        print(f"{L:<9d}" + "".join(f"{tf[n]:10.1f}" for n in configs) + "   speed " +
+              " ".join(f"{k} {r:.3f}" for k, r in speed.items()), flush=True)
+        del fns
+        torch.cuda.empty_cache()
+    return common.save_results(args.save_as or "prefill-fp8", dict(
+        setting=dict(batch=b, heads=h, head_dim=D, q_dtype="float16", kv_dtype="float8_e4m3fn", causal=True,
+                     rounds=args.rounds), check_error=errors, rows=rows))
+
+
 def single(args):
     """One configuration, timed (a profiler's target: it runs the kernel a few dozen times)."""
     L, b, h = args.seq, args.batch, args.heads
@@ -322,6 +359,7 @@ def main():
     ap.add_argument("--window", type=int, default=-1, help="--ab: causal sliding window, window_left (-1: none)")
     ap.add_argument("--backend", default="fa3", choices=["fa2", "fa3", "auto"], help="--ab / --single: kernel template")
     ap.add_argument("--peers", default="", help="--ab: SDPA backends timed in the same rounds (flash, cudnn)")
+    ap.add_argument("--fp8", action="store_true", help="the Table-1 shape (--seqs) with an e4m3 KV cache vs fp16")
     ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
     ap.add_argument("--single", action="store_true", help="one configuration (--seq, --kv, --sdpa), e.g. for ncu")
     ap.add_argument("--seq", type=int, default=4096, help="--single: sequence length")
@@ -337,7 +375,7 @@ def main():
     args.backends = args.backends or ("fa2,fa3" if common.is_hopper() else "fa2")
     if args.single:
         return single(args)
-    path = ab(args) if args.ab else parts(args)
+    path = fp8(args) if args.fp8 else ab(args) if args.ab else parts(args)
     print(f"# results: {path}")
 
 

@@ -293,7 +293,8 @@ class PyBatchPrefill {
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks),
              ws_,
              prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk)),
-        layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding) {}
+        layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding),
+        kv_dtype_(parse_dtype("kv_dtype", kv_dtype)) {}
 
   // custom_mask: FlashInfer's custom mask, which replaces causal (a causal
   // part belongs in the mask itself). window_left / logits_soft_cap /
@@ -384,9 +385,11 @@ class PyBatchPrefill {
   // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
            nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta, double v_scale,
-           nb::handle alibi_slopes) {
-    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale);
+           nb::handle alibi_slopes, double k_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor) {
+    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale, kv_dtype_);
     a.opt.pdl = pdl;
+    const ScaleArgs scales(k_scale_tensor, v_scale_tensor);
+    scales.apply(a.opt, k_scale, v_scale);
     const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
     a.opt.extras = extras.get();
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
@@ -397,14 +400,18 @@ class PyBatchPrefill {
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
                   uintptr_t stream, nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta,
-                  double v_scale, nb::handle alibi_slopes) {
+                  double v_scale, nb::handle alibi_slopes, double k_scale, nb::handle k_scale_tensor,
+                  nb::handle v_scale_tensor) {
     Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
+    retag_fp8(ka, kv_dtype_);
+    retag_fp8(va, kv_dtype_);
     Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
     Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
     RunOptions opt;
     opt.sm_scale = sm_scale;
-    opt.v_scale = v_scale;
     opt.pdl = pdl;
+    const ScaleArgs scales(k_scale_tensor, v_scale_tensor);
+    scales.apply(opt, k_scale, v_scale);
     const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
     opt.extras = extras.get();
     nb::gil_scoped_release release;
@@ -424,6 +431,7 @@ class PyBatchPrefill {
   BatchPrefill pre_;
   KVLayout layout_;
   int pos_encoding_;  // ROPE_LLAMA: run() passes rope_scale / rope_theta; ALIBI: alibi_slopes
+  DType kv_dtype_;    // an fp8 cache may come as uint8 views (retag_fp8)
 };
 
 // ---------------------------------------------------------------- JIT
@@ -573,14 +581,16 @@ NB_MODULE(_C, m) {
            "stream"_a = 0, "Plans a block-sparse step: M x N matrix of R x C blocks (C must equal page_size).")
       .def("run", &PyBatchPrefill::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
            "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false, "rope_scale"_a = 1.0,
-           "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(),
+           "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(), "k_scale"_a = 1.0,
+           "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
            "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D); "
            "packed_custom_mask: uint8 CUDA bits (custom_mask objects only); pdl: programmatic dependent launch.")
       .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
            "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
            "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(),
-           "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides); packed_custom_mask, pdl and v_scale as "
-           "for run.")
+           "k_scale"_a = 1.0, "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
+           "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides; fp8 caches may be uint8 views); "
+           "packed_custom_mask, pdl and the scales as for run.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")

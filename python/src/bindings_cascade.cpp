@@ -51,7 +51,7 @@ class PyCascade {
         cascade_(level_specs(q_dtype, kv_dtype, o_dtype, head_dim, num_levels, causal, logits_soft_cap),
                  prefill_task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages), ws_,
                  prefill_options(0, 0, backend)),
-        layout_(parse_kv_layout(layout.c_str())) {}
+        layout_(parse_kv_layout(layout.c_str())), kv_dtype_(parse_dtype("kv_dtype", kv_dtype)) {}
 
   template <bool Min>
   static std::tuple<size_t, size_t> sizes(const std::string& q_dtype, const std::string& kv_dtype,
@@ -100,8 +100,14 @@ class PyCascade {
     cascade_.plan(levels, to_stream(stream));
   }
 
-  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream) {
-    const PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_);
+  // k_scale / v_scale (floats) and k_scale_tensor / v_scale_tensor (1-element
+  // float32 CUDA tensors, None: none): an fp8 cache's dequantization scales,
+  // applied by every level (a merge of states scaled alike is scaled alike).
+  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
+           double k_scale, double v_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor) {
+    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale, kv_dtype_);
+    const ScaleArgs scales(k_scale_tensor, v_scale_tensor);
+    scales.apply(a.opt, k_scale, v_scale);
     nb::gil_scoped_release release;
     cascade_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
   }
@@ -112,6 +118,7 @@ class PyCascade {
   Workspace ws_;  // declared before cascade_, which keeps a pointer to it
   CascadeAttention cascade_;
   KVLayout layout_;
+  DType kv_dtype_;  // an fp8 cache may come as uint8 views (retag_fp8)
 };
 
 using I32Array = nb::ndarray<nb::numpy, int32_t>;
@@ -191,7 +198,10 @@ void bind_cascade(nb::module_& m) {
       .def("plan", &PyCascade::plan, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a,
            "stream"_a = 0, "Plans a step: per level, host int32 arrays as BatchPrefill.plan_paged takes them.")
       .def("run", &PyCascade::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
-           "stream"_a = 0, "Runs every level and merges them into o (and lse, base 2, when given).")
+           "stream"_a = 0, "k_scale"_a = 1.0, "v_scale"_a = 1.0, "k_scale_tensor"_a.none() = nb::none(),
+           "v_scale_tensor"_a.none() = nb::none(),
+           "Runs every level and merges them into o (and lse, base 2, when given); the scales dequantize an fp8 "
+           "cache (tensors: 1-element float32 on the GPU, read at run time).")
       .def_prop_ro("last_plan_us", &PyCascade::last_plan_us);
 }
 

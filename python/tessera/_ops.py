@@ -119,32 +119,38 @@ def decode_run(w, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, 
 @torch.library.custom_op("tessera::batch_prefill_paged_run", mutates_args=("out", "lse"), device_types="cuda")
 def batch_prefill_paged_run(handle: int, q: Tensor, k_cache: Tensor, v_cache: Optional[Tensor], out: Tensor,
                             lse: Optional[Tensor], q_scale: Optional[float], k_scale: Optional[float],
-                            v_scale: Optional[float], return_lse: bool, lse_base: str, enable_pdl: Optional[bool],
-                            window_left: Optional[int], sinks: Optional[Tensor]) -> None:
+                            v_scale: Optional[float], k_scale_tensor: Optional[Tensor],
+                            v_scale_tensor: Optional[Tensor], return_lse: bool, lse_base: str,
+                            enable_pdl: Optional[bool], window_left: Optional[int], sinks: Optional[Tensor]) -> None:
     """BatchPrefillWithPagedKVCacheWrapper.run of the wrapper `handle` into out (and lse when given)."""
     w = W.wrapper_of(handle)
-    w._run(q, _cache(k_cache, v_cache), q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+    w._run(q, _cache(k_cache, v_cache), q_scale=q_scale,
+           k_scale=k_scale if k_scale_tensor is None else k_scale_tensor,
+           v_scale=v_scale if v_scale_tensor is None else v_scale_tensor, out=out, lse=lse,
            return_lse=return_lse, lse_base=lse_base, enable_pdl=enable_pdl, window_left=window_left, sinks=sinks)
 
 
 @batch_prefill_paged_run.register_fake
-def _(handle, q, k_cache, v_cache, out, lse, q_scale, k_scale, v_scale, return_lse, lse_base, enable_pdl,
-      window_left, sinks):
+def _(handle, q, k_cache, v_cache, out, lse, q_scale, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_lse,
+      lse_base, enable_pdl, window_left, sinks):
     return None
 
 
 @torch.library.custom_op("tessera::batch_prefill_ragged_run", mutates_args=("out", "lse"), device_types="cuda")
 def batch_prefill_ragged_run(handle: int, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
                              q_scale: Optional[float], k_scale: Optional[float], v_scale: Optional[float],
-                             return_lse: bool, lse_base: str, enable_pdl: Optional[bool]) -> None:
+                             k_scale_tensor: Optional[Tensor], v_scale_tensor: Optional[Tensor], return_lse: bool,
+                             lse_base: str, enable_pdl: Optional[bool]) -> None:
     """BatchPrefillWithRaggedKVCacheWrapper.run of the wrapper `handle` into out (and lse when given)."""
     w = W.wrapper_of(handle)
-    w._run(q, k, v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, return_lse=return_lse,
+    w._run(q, k, v, q_scale=q_scale, k_scale=k_scale if k_scale_tensor is None else k_scale_tensor,
+           v_scale=v_scale if v_scale_tensor is None else v_scale_tensor, out=out, lse=lse, return_lse=return_lse,
            lse_base=lse_base, enable_pdl=enable_pdl)
 
 
 @batch_prefill_ragged_run.register_fake
-def _(handle, q, k, v, out, lse, q_scale, k_scale, v_scale, return_lse, lse_base, enable_pdl):
+def _(handle, q, k, v, out, lse, q_scale, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_lse, lse_base,
+      enable_pdl):
     return None
 
 
@@ -168,13 +174,6 @@ def _prefill_outputs(q, out, lse, want_lse, o_dtype, head_dim_vo=None):
     return out, lse
 
 
-def _float_scale(name, x):
-    """A k_scale / v_scale of the prefill paths: a float or None (tensors raise eager run()'s NotSupportedError)."""
-    if isinstance(x, torch.Tensor):
-        W.run_scales(1.0, 1, None, x if name == "k_scale" else None, x if name == "v_scale" else None)
-    return x
-
-
 def prefill_paged_run(w, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse, lse_base,
                       lse_layout, enable_pdl, window_left, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
                       use_fp16_softmax, uses_spcompress):
@@ -184,9 +183,9 @@ def prefill_paged_run(w, q, paged_kv_cache, args, q_scale, k_scale, v_scale, out
         skip_softmax_threshold_scale_factor)), lse_base, lse_layout)
     out, lse = _prefill_outputs(q, out, lse, return_lse or sinks is not None, plan["o_dtype"], plan.get("head_dim_vo"))
     k, v = _paged_kv(paged_kv_cache)
-    torch.ops.tessera.batch_prefill_paged_run(w._handle, q, k, v, out, lse, q_scale, _float_scale("k_scale", k_scale),
-                                              _float_scale("v_scale", v_scale), bool(return_lse), lse_base,
-                                              enable_pdl, window_left, sinks)
+    (ks, kt), (vs, vt) = _split_scale(k_scale), _split_scale(v_scale)
+    torch.ops.tessera.batch_prefill_paged_run(w._handle, q, k, v, out, lse, q_scale, ks, vs, kt, vt, bool(return_lse),
+                                              lse_base, enable_pdl, window_left, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -195,8 +194,8 @@ def prefill_ragged_run(w, q, k, v, args, q_scale, k_scale, v_scale, o_scale, out
     """run() of BatchPrefillWithRaggedKVCacheWrapper under torch.compile (tessera::batch_prefill_ragged_run)."""
     plan = _prefill_checks(w, args, dict(o_scale=o_scale, kv_cache_sf=kv_cache_sf), lse_base, lse_layout)
     out, lse = _prefill_outputs(q, out, lse, return_lse, plan["o_dtype"], plan.get("head_dim_vo"))
-    torch.ops.tessera.batch_prefill_ragged_run(w._handle, q, k, v, out, lse, q_scale,
-                                               _float_scale("k_scale", k_scale), _float_scale("v_scale", v_scale),
+    (ks, kt), (vs, vt) = _split_scale(k_scale), _split_scale(v_scale)
+    torch.ops.tessera.batch_prefill_ragged_run(w._handle, q, k, v, out, lse, q_scale, ks, vs, kt, vt,
                                                bool(return_lse), lse_base, enable_pdl)
     return (out, lse) if return_lse else out
 

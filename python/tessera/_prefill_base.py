@@ -110,7 +110,7 @@ class PrefillWrapper(W.PlannedWrapper):
         options = dict(window_left=window, logits_soft_cap=cap, pos_encoding=rope[0],
                        head_dim_vo=check_head_dim_vo(head_dim, head_dim_vo))
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
-        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
+        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type", fp8=True)
         o_dt = q_dt if o_data_type is None else W.dtype_arg(o_data_type, "o_data_type")
         hq = W.positive_int(num_qo_heads, "num_qo_heads")
         hkv = W.positive_int(num_kv_heads, "num_kv_heads")
@@ -157,14 +157,16 @@ class PrefillWrapper(W.PlannedWrapper):
         with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
-        self._planned = dict(planned, o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
+        self._planned = dict(planned, kv_dtype=config[1], o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
                              rope=rope, alibi_slopes=W.plan_alibi_slopes(rope, config[4], buf.device),
                              head_dim=config[3], head_dim_vo=options["head_dim_vo"] or config[3],
                              num_qo_heads=config[4])
 
     def _check_run(self, args, q_scale, k_scale, v_scale, enable_pdl, window_left=None, lse_base="log2",
-                   lse_layout="NH", **features):
-        """run()'s checks; `features` are FlashInfer run() arguments whose feature is not implemented (None: off)."""
+                   lse_layout="NH", like=None, **features):
+        """run()'s checks; `features` are FlashInfer run() arguments whose feature is not implemented (None: off).
+        like: q, whose device 1-element k_scale / v_scale tensors must share (an fp8 cache's scales, read by the
+        kernel at run time); None refuses tensors."""
         if args:
             raise C.not_supported("args", args, "extra run() arguments feed custom JIT variants, which run through "
                                   "tessera.AttentionWrapper")
@@ -173,9 +175,15 @@ class PrefillWrapper(W.PlannedWrapper):
         C.lse_options(lse_base, lse_layout)
         if self._planned is None:
             raise ValueError("run: expected plan() to be called first")
-        scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
+        if like is None:
+            scale, vs = W.run_scales(self._planned["sm_scale"], self._planned["head_dim"], q_scale, k_scale, v_scale)
+            kt = vt = None
+        else:
+            scale, vs, kt, vt = W.run_scales_with_tensors(self._planned["sm_scale"], self._planned["head_dim"],
+                                                          q_scale, k_scale, v_scale, like)
         W.check_run_window(window_left, self._planned["window_left"])
-        return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs)
+        return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs,
+                    k_scale_tensor=T.arg(kt), v_scale_tensor=T.arg(vt))
 
     def _outputs(self, q, out, lse, return_lse):
         return W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"], self._planned["head_dim_vo"])

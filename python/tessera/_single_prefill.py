@@ -149,7 +149,9 @@ single_prefill_with_kv_cache_return_lse.__doc__ = (
 def _single_prefill_gpu(q, k, v, causal, sm_scale, return_lse, masks, window, cap, rope, o_dtype, backend, k_scale,
                         v_scale):
     qd = T.dtype_name(q, "q", ("float16", "bfloat16"))
-    kd = T.dtype_name(k, "k", ("float16", "bfloat16"))
+    kd = T.dtype_name(k, "k", ("float16", "bfloat16") + T.FP8)  # fp8: a quantized cache, widened as it is read
+    if T.dtype_str(v) != kd:
+        raise TypeError(f"v: expected the dtype of k ({kd}), got {T.dtype_str(v)}")
     od = qd if o_dtype is None else W.dtype_arg(o_dtype, "o_dtype")
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != T.device_of(q):
@@ -202,8 +204,14 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope, o_dtype
     for name, x in (("k", k), ("v", v)):
         if T.device_of(x) != "cpu":
             raise TypeError(f"{name}: expected a CPU tensor like q, got one on {T.device_of(x)}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        T.dtype_name(x, name)
+    T.dtype_name(q, "q")
+    k, kd = T.kv_bits(k, "k")  # fp8 K / V cross as uint8 views
+    v, vd = T.kv_bits(v, "v", kd)
+    if kd != vd:
+        raise TypeError(f"v: expected the dtype of k ({kd or T.dtype_str(k)}), got {vd or T.dtype_str(v)}")
+    if kd is None:
+        for name, x in (("k", k), ("v", v)):
+            T.dtype_name(x, name)
     if o_dtype is not None and _dtype_name(o_dtype) != T.dtype_name(q, "q"):
         raise C.not_supported("o_dtype", o_dtype, "the CPU path writes o in q's dtype")
     scale, vs = W.run_scales(scale, int(q.shape[2]), None, k_scale, v_scale)
@@ -212,7 +220,8 @@ def _single_prefill_cpu(q, k, v, causal, scale, mask, window, cap, rope, o_dtype
     _C.cpu_attention_ragged(T.arg(q), [0, qo_len], T.arg(k), T.arg(v), [0, kv_len], T.arg(o), T.arg(lse), scale,
                             causal, custom_mask=None if mask is None else mask.host_mask(), logits_soft_cap=cap,
                             window_left=window, rope=rope[0] == W.POS_ROPE_LLAMA, rope_scale=rope[1], rope_theta=rope[2],
-                            alibi_slopes=list(_C.alibi_slopes(int(q.shape[1]))) if rope[0] == W.POS_ALIBI else [])
+                            alibi_slopes=list(_C.alibi_slopes(int(q.shape[1]))) if rope[0] == W.POS_ALIBI else [],
+                            kv_dtype=kd or "")
     if vs is not None:
         o = o.mul_(vs) if T.is_torch(o) else o * vs
     return o, lse

@@ -217,7 +217,10 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
             pos_encoding_mode, rope_scale, rope_theta: only the defaults.
             use_fp16_qk_reduction: accepted; q.k always accumulates in float32.
             sm_scale: None means 1 / sqrt(head_dim).
-            q_data_type, kv_data_type: float16 or bfloat16 (kv must equal q).
+            q_data_type, kv_data_type: float16 or bfloat16; kv_data_type
+                may also be float8_e4m3fn or float8_e5m2 (an fp8 cache read
+                by the FA2 kernels: head_dim 64, 128 or 256), else it equals
+                q's.
         """
         self._planned = None
         W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
@@ -260,7 +263,8 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         W.ensure_native(self, config + (cap,), counts, bounds, size, make)
         with T.on_device_of(buf):
             self._native.plan(qo, kv, idx, last, T.stream_of(buf))
-        self._planned = dict(total_q=total_q, sm_scale=scale, o_dtype=config[0])
+        self._planned = dict(total_q=total_q, sm_scale=scale, o_dtype=config[0], kv_dtype=config[1],
+                             head_dim=config[3])
 
     def _config(self, num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale, q_data_type, kv_data_type,
                 cap):
@@ -271,7 +275,7 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         if key == self._config_key:
             return self._config_checked
         q_dt = W.dtype_arg(q_data_type, "q_data_type")
-        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type")
+        kv_dt = q_dt if kv_data_type is None else W.dtype_arg(kv_data_type, "kv_data_type", fp8=True)
         hq = W.positive_int(num_qo_heads, "num_qo_heads")
         hkv = W.positive_int(num_kv_heads, "num_kv_heads")
         d = W.positive_int(head_dim, "head_dim")
@@ -285,11 +289,12 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
 
     begin_forward = plan
 
-    def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False):
+    def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False, k_scale=None, v_scale=None):
         """Attention of the planned step over every level.
 
         FlashInfer's run() takes q and paged_kv_cache and returns out;
-        out, lse and return_lse are Tessera's keyword-only additions.
+        out, lse, return_lse, k_scale and v_scale are Tessera's keyword-only
+        additions.
 
         Args:
             q: [rows, num_qo_heads, head_dim] CUDA tensor of q_data_type
@@ -300,21 +305,29 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
             out: optional output like q; allocated when None.
             lse: optional float32 [rows, num_qo_heads]; allocated when None and return_lse.
             return_lse: also return the LSE (base 2).
+            k_scale, v_scale: None, floats, or (fp8 caches) 1-element
+                float32 CUDA tensors read at run time: k_scale multiplies the
+                softmax scale, v_scale the output, on every level.
 
         Returns:
             out, or (out, lse) with return_lse.
         """
         if self._planned is None:
             raise ValueError("run: expected plan() to be called first")
+        plan = self._planned
+        scale, vs, kt, vt = W.run_scales_with_tensors(plan["sm_scale"], plan["head_dim"], None, k_scale, v_scale, q)
         k, v = W.unpack_paged_kv_cache(paged_kv_cache)
+        # An fp8 cache crosses as uint8 views (T.kv_bits); its fp8 type must be the planned one.
+        k = T.kv_bits(k, "paged_kv_cache", plan["kv_dtype"])[0]
+        v = T.kv_bits(v, "paged_kv_cache", plan["kv_dtype"])[0]
         out, lse = W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
         # CUDA-graph mode: buffers may hold more rows than the workspace bound
         # max_total_q; the rows up to it are what any plan can touch.
         bound = self._native_key[1][1]
         rows = (lambda x: x[:bound] if x is not None and self._use_cuda_graph and x.shape[0] > bound else x)
         with T.on_device_of(q):
-            self._native.run(T.arg(rows(q)), T.arg(k), T.arg(v), rows(out), rows(lse), self._planned["sm_scale"],
-                             T.stream_of(q))
+            self._native.run(T.arg(rows(q)), T.arg(k), T.arg(v), rows(out), rows(lse), scale, T.stream_of(q),
+                             v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt), v_scale_tensor=T.arg(vt))
         return (out, lse) if return_lse else out
 
     forward = run

@@ -174,7 +174,10 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 in float32.
             sm_scale: softmax scale; None means 1 / sqrt(head_dim_qk).
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16
-                (torch dtype or name; kv must equal q); kv and o default to q's.
+                (torch dtype or name); kv_data_type may also be
+                float8_e4m3fn or float8_e5m2 (an fp8 cache, widened to q's
+                type as it is read; the FA2 kernels, head_dim 64, 128 or
+                256), else it equals q's; kv and o default to q's.
             non_blocking: accepted; the schedule upload is always asynchronous.
             seq_lens, seq_lens_q: None, or each request's KV / query length,
                 equal to what the page table / qo_indptr give (FlashInfer's
@@ -273,7 +276,11 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 [num_pages, 2, ...] (K at index 0, V at 1; equal dims).
             q_scale, k_scale, v_scale: None or floats (serving engines pass
                 1.0 for 16-bit caches): q_scale * k_scale multiplies the
-                softmax scale, v_scale the output, as in FlashInfer.
+                softmax scale, v_scale the output, as in FlashInfer. With an
+                fp8 cache (which may also be uint8 tensors of its bits)
+                k_scale / v_scale may be 1-element float32 CUDA tensors,
+                read at run time (a captured CUDA graph replays their
+                current values).
             out: optional output [rows, num_qo_heads, head_dim_vo]
                 (o_data_type); allocated when None.
             lse: optional float32 [rows, num_qo_heads]; allocated when None
@@ -312,21 +319,28 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         """run() outside torch.compile (and the real implementation of tessera::batch_prefill_paged_run)."""
         B.check_run_flags(use_fp16_softmax, uses_spcompress)
         plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, window_left, lse_base, lse_layout,
-                               kv_cache_sf=kv_cache_sf,
+                               like=q, kv_cache_sf=kv_cache_sf,
                                skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
         k, v = W.unpack_paged_kv_cache(paged_kv_cache)
+        # An fp8 cache crosses as uint8 views (T.kv_bits); its fp8 type must be the planned one.
+        k = T.kv_bits(k, "paged_kv_cache", plan["kv_dtype"])[0]
+        v = T.kv_bits(v, "paged_kv_cache", plan["kv_dtype"])[0]
         out, lse = self._outputs(q, out, lse, return_lse)
         sinks = W.check_sinks(sinks, q, plan["num_qo_heads"])
         if sinks is not None and lse is None:
             lse = T.empty(q, q.shape[:2], "float32")
         n = plan["total_q"]
         if plan.get("shared_prefix") is not None:  # the shared-prefix cascade (shared_prefix="auto")
+            if plan["k_scale_tensor"] is not None or plan["v_scale_tensor"] is not None:
+                raise TypeError("k_scale, v_scale: expected floats with shared_prefix=\"auto\" (16-bit caches), "
+                                "got a tensor")
             vs = None if plan["v_scale"] == 1.0 else plan["v_scale"]
             plan["shared_prefix"].run(q, paged_kv_cache, out, lse, plan["sm_scale"], vs, sinks)
             return (out, C.finish_lse(lse, lse_base)) if return_lse else out
         with T.on_device_of(q):
             self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
                              plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],
+                             k_scale_tensor=plan["k_scale_tensor"], v_scale_tensor=plan["v_scale_tensor"],
                              **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
             if sinks is not None:
                 W.apply_sinks(self._rows(out, n), self._rows(lse, n), sinks)
@@ -463,15 +477,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
     def _run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None, lse=None,
              return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, kv_cache_sf=None):
         """run() outside torch.compile (and the real implementation of tessera::batch_prefill_ragged_run)."""
-        plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, None, lse_base, lse_layout,
+        plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, None, lse_base, lse_layout, like=q,
                                o_scale=o_scale, kv_cache_sf=kv_cache_sf)
-        k, v = self._nhd(k, "k"), self._nhd(v, "v")
+        k = T.kv_bits(self._nhd(k, "k"), "k", plan["kv_dtype"])[0]
+        v = T.kv_bits(self._nhd(v, "v"), "v", plan["kv_dtype"])[0]
         out, lse = self._outputs(q, out, lse, return_lse)
         n, nk = plan["total_q"], plan["total_kv"]
         with T.on_device_of(q):
             self._native.run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
                                     self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
                                     plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],
+                                    k_scale_tensor=plan["k_scale_tensor"], v_scale_tensor=plan["v_scale_tensor"],
                                     **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
         if not return_lse:
             return out

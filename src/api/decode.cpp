@@ -52,7 +52,8 @@ void check_tensor_core_only(const AttentionSpec& spec, const DecodeOptions& opt)
     throw InvalidArgument(why + "; expected cuda_cores false and no CUDA-core tuning (ctas_per_sm, tile, stages, "
                                 "heads_per_thread)");
   if (is_fp8(spec.kv_dtype))
-    throw InvalidArgument(why + ", which reads 16-bit K / V; got kv_dtype " + dtype_name(spec.kv_dtype));
+    throw InvalidArgument(why + ", which reads fp8 caches at head_dim 64, 128 or 256 only; got kv_dtype " +
+                          dtype_name(spec.kv_dtype));
   if (spec.q_dtype != spec.kv_dtype)
     throw InvalidArgument(why + ", which needs q_dtype == kv_dtype; got " + dtype_name(spec.q_dtype) + " and " +
                           dtype_name(spec.kv_dtype));
@@ -79,13 +80,10 @@ void check_kernel_choice(const AttentionSpec& spec, const TaskInfo& task, const 
 }
 
 PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOptions& opt) {
-  if (is_fp8(spec.kv_dtype))
-    throw TypeMismatch(std::string("kv_dtype: use_tensor_cores with a ") + dtype_name(spec.kv_dtype) +
-                       " KV cache is not supported yet (the tensor-core kernels read 16-bit K / V); leave "
-                       "use_tensor_cores false: fp8 caches run on the CUDA-core decode kernel");
-  if (spec.q_dtype != spec.kv_dtype)
+  // fp8 caches run there too (the FA2 template widens K / V to q's type).
+  if (!is_fp8(spec.kv_dtype) && spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: use_tensor_cores runs decode on the tensor-core prefill kernel, which "
-                                   "needs q_dtype == kv_dtype (") +
+                                   "needs q_dtype == kv_dtype or an fp8 kv_dtype (") +
                        dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));
   for (auto [name, v] : {std::pair{"ctas_per_sm", opt.ctas_per_sm}, {"tile", opt.tile}, {"stages", opt.stages},
                          {"heads_per_thread", opt.heads_per_thread}})

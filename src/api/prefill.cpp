@@ -166,9 +166,10 @@ bool BatchPrefill::use_hopper(int cta_q) const {
     case PrefillBackend::kFA3:
       if (!sm90) throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
       if (!catalog::hopper_supported(spec_, cta_q))
-        throw InvalidArgument("backend: fa3 needs head_dim 64, 128 or 256 (head_dim_vo equal) and a query tile of 64 "
-                              "or 128 rows (cta_q " + str(cta_q) + ", head_dim " + str(spec_.head_dim) +
-                              ", head_dim_vo " + str(spec_.vo_dim()) + "); use fa2 or auto");
+        throw InvalidArgument("backend: fa3 needs a 16-bit KV cache, head_dim 64, 128 or 256 (head_dim_vo equal) and a "
+                              "query tile of 64 or 128 rows (kv_dtype " + std::string(dtype_name(spec_.kv_dtype)) +
+                              ", cta_q " + str(cta_q) + ", head_dim " + str(spec_.head_dim) + ", head_dim_vo " +
+                              str(spec_.vo_dim()) + "); use fa2 or auto");
       return true;
     case PrefillBackend::kAuto: return sm90 && catalog::hopper_supported(spec_, cta_q);
   }
@@ -428,9 +429,11 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.heads_per_group = task_.num_kv_heads / head_groups_;
   p.page_shift = detail::page_shift(kv.page_size);
   const detail::KernelScales scales =
-      detail::resolve_run_scales(opt, spec_.head_dim, q.device, "the tensor-core prefill kernels");
+      detail::resolve_run_scales(opt, spec_.head_dim, q.device,
+                                 is_fp8(spec_.kv_dtype) ? nullptr : "the tensor-core prefill kernels with a 16-bit KV cache");
   p.sm_scale = scales.sm_scale;
   p.o_scale = scales.o_scale;
+  p.kv_scales = scales.tensors;  // read by the fp8 instantiations only
   p.custom_mask = mask ? static_cast<const u8*>(mask->data) : nullptr;
   p.custom_mask_bytes = mask ? mask->numel() : 0;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;

@@ -138,8 +138,8 @@ std::string dtype_tag(DType t) {
 void require_16bit_kv(const AttentionSpec& spec, const char* kernel) {
   if (is_fp8(spec.kv_dtype))
     throw TypeMismatch(std::string("kv_dtype: ") + dtype_name(spec.kv_dtype) + " KV caches are not supported by " +
-                       kernel + " yet; expected float16 or bfloat16 (fp8 caches run on the CUDA-core decode "
-                       "kernels: BatchDecode without use_tensor_cores, single_decode, BatchAttention)");
+                       kernel + " yet; expected float16 or bfloat16 (fp8 caches run on batch / single decode, "
+                       "BatchAttention, and batch / single prefill on backend fa2)");
 }
 
 // The parts of a generated kernel around the variant's code.

@@ -48,7 +48,7 @@ static void apply_tile(PrefillConfig& c, const PrefillTile& tile) {
 // The FA2 template's static requirements on a tile (prefill_sm80/mainloop.cuh,
 // prefill_sm80/kernel.cuh, common/tiles.cuh), checked here so a bad override
 // is an InvalidArgument rather than a compile error.
-static void check_fa2_tile(const PrefillConfig& c) {
+static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
   auto fail = [&](const char* field, const std::string& why) {
     throw InvalidArgument(std::string(field) + ": " + why + " (query tile " + std::to_string(c.cta_q) + ", KV tile " +
                           std::to_string(c.cta_kv) + ", warps " + std::to_string(c.warps_q) + " x " +
@@ -59,8 +59,10 @@ static void check_fa2_tile(const PrefillConfig& c) {
     fail("tile.warps_q", "each warp takes whole 16-row m-tiles: expected cta_q a multiple of 16 x warps_q; set cta_q to pin the query tile");
   if (c.cta_kv % (16 * c.warps_kv)) fail("tile.warps_kv", "expected cta_kv a multiple of 16 x warps_kv");
   if (c.warps_q * c.warps_kv > 32) fail("tile.warps_q", "expected warps_q x warps_kv <= 32 (1024 threads)");
-  const int chunks = qk / 8;  // 16-byte chunks per row: the loaders copy whole rows per pass
-  if (c.cta_kv * chunks % c.threads || c.cta_q * chunks % c.threads)
+  // 16-byte chunks per row: the loaders copy whole rows per pass (an fp8
+  // row has half the chunks of a 16-bit one).
+  const int chunks = qk / 8, kv_chunks = fp8 ? qk / 16 : chunks;
+  if (c.cta_kv * kv_chunks % c.threads || c.cta_q * chunks % c.threads)
     fail("tile.cta_kv", "each tile must split into whole rows per pass of the " + std::to_string(c.threads) + " threads");
   // Unequal dims: 8 threads a row, each thread's rows threads / 8 apart, a
   // multiple of 8 (common/tiles.cuh, KVTileLoader's SPLIT copies).
@@ -77,16 +79,25 @@ static void check_fa2_tile(const PrefillConfig& c) {
 int prefill_launch_vo(const AttentionSpec& spec) { return spec.vo_dim() == 512 ? 256 : spec.vo_dim(); }
 
 bool hopper_supported(const AttentionSpec& spec, int cta_q) {
-  return spec.dims_equal() && (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) &&
+  return !is_fp8(spec.kv_dtype) && spec.dims_equal() && (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) &&
          (cta_q == 64 || cta_q == 128);
 }
 
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile) {
   validate_spec(spec);
-  require_16bit_kv(spec, "the tensor-core prefill kernels (batch prefill, cascade, decode with use_tensor_cores)");
-  if (spec.q_dtype != spec.kv_dtype)
+  // fp8 caches (e4m3 / e5m2, 16-bit q): the FA2 template widens K / V to q's
+  // type while staging them; the Hopper template reads 16-bit K / V only.
+  const bool fp8 = is_fp8(spec.kv_dtype);
+  if (!fp8 && spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: the tensor-core prefill kernel needs q_dtype == kv_dtype (") +
-                       dtype_name(spec.kv_dtype) + "), got " + dtype_name(spec.q_dtype));
+                       dtype_name(spec.kv_dtype) + ") or an fp8 kv_dtype, got " + dtype_name(spec.q_dtype));
+  if (fp8 && hopper)
+    throw TypeMismatch(std::string("kv_dtype: the Hopper prefill kernel (backend fa3) reads 16-bit K / V, got ") +
+                       dtype_name(spec.kv_dtype) + "; fp8 caches run on backend fa2 (backend auto picks it)");
+  if (fp8 && (!spec.dims_equal() || spec.head_dim > 256))
+    throw TypeMismatch(std::string("kv_dtype: ") + dtype_name(spec.kv_dtype) + " caches on the tensor-core prefill "
+                       "kernel take equal head dims of 64, 128 or 256, got head_dim " + std::to_string(spec.head_dim) +
+                       (spec.dims_equal() ? "" : ", head_dim_vo " + std::to_string(spec.vo_dim())));
   PrefillConfig c;
   c.cta_q = cta_q;
   c.head_dim_qk = spec.head_dim;
@@ -193,8 +204,9 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   c.stages = 2;
   apply_tile(c, tile);
   c.threads = 32 * c.warps_q * c.warps_kv;
-  c.smem_bytes = 2 * (c.cta_q * qk + c.stages * c.cta_kv * (qk + vo));
-  check_fa2_tile(c);
+  // The kernel's own size (abi/shared_memory.cuh, PrefillShape::SMEM_BYTES).
+  c.smem_bytes = fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, fp8 ? 1 : 2);
+  check_fa2_tile(c, fp8);
   c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
   return c;
 }
@@ -204,7 +216,10 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
   if (cluster != 1 && (!hopper || cluster != 2))
     throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
   std::ostringstream entry, tail;
-  entry << "tessera_prefill_" << spec.variant.name << "_" << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
+  entry << "tessera_prefill_" << spec.variant.name << "_";
+  // An fp8 cache's kernel also names q's type (the mma's); 16-bit ones keep their names.
+  if (is_fp8(spec.kv_dtype)) entry << dtype_tag(spec.q_dtype);
+  entry << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
         << "_d" << c.head_dim_qk;
   if (c.head_dim_vo != c.head_dim_qk) entry << "v" << c.head_dim_vo;  // e.g. _d192v128, _d512v256
   entry << "_q" << c.cta_q << "_kv" << c.cta_kv;

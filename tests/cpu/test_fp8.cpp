@@ -8,9 +8,11 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "append_kv_util.hpp"
 #include "fake_workspace.hpp"
+#include "jit_util.hpp"
 #include "tessera/api/append_kv.hpp"
 #include "tessera/api/cascade.hpp"
 #include "tessera/api/decode.hpp"
@@ -119,17 +121,48 @@ TEST(Fp8Validation, KvOnly) {
   EXPECT_THROW_MSG(validate_spec(o8), TypeMismatch, "o_dtype");
 }
 
-TEST(Fp8Validation, KernelFamiliesThatReadOnly16BitKvSayKvDtype) {
+// The tensor-core prefill (FA2 template, hence decode with use_tensor_cores)
+// takes fp8 caches; the Hopper template, unequal / 512 head dims and cascade
+// refuse them naming kv_dtype.
+TEST(Fp8Validation, TensorCoreFamiliesTakeFp8OnFa2Only) {
   FakeWorkspace f;
-  EXPECT_THROW_MSG(BatchPrefill(fp8_spec(), task(), f.ws), TypeMismatch, "kv_dtype");
-  EXPECT_THROW_MSG(BatchPrefill::workspace_size(fp8_spec(), task(), 132), TypeMismatch, "kv_dtype");
-  EXPECT_THROW_MSG(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2), 64), TypeMismatch, "kv_dtype");
+  EXPECT_NO_THROW(BatchPrefill(fp8_spec(), task(), f.ws));
+  EXPECT_GT(BatchPrefill::workspace_size(fp8_spec(), task(), 132).device_bytes, 0u);
+  EXPECT_NO_THROW(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2), 64));
+  EXPECT_THROW_MSG(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2), 64, true), TypeMismatch, "kv_dtype");
+  for (int q : {64, 128}) EXPECT_FALSE(catalog::hopper_supported(fp8_spec(), q));
+  AttentionSpec mla = fp8_spec();
+  mla.head_dim = 192;
+  mla.head_dim_vo = 128;
+  EXPECT_THROW_MSG(catalog::batch_prefill(mla, 64), TypeMismatch, "kv_dtype");
+  EXPECT_THROW_MSG(catalog::batch_prefill(fp8_spec(DType::kFloat16, kE4M3, 512), 16), TypeMismatch, "kv_dtype");
   DecodeOptions tc;
   tc.use_tensor_cores = true;
-  EXPECT_THROW_MSG(BatchDecode(fp8_spec(), task(), f.ws, tc), TypeMismatch, "kv_dtype");
-  EXPECT_THROW_MSG(BatchDecode::workspace_size(fp8_spec(), task(), 132, tc), TypeMismatch, "kv_dtype");
+  EXPECT_NO_THROW(BatchDecode(fp8_spec(), task(), f.ws, tc));
+  EXPECT_GT(BatchDecode::workspace_size(fp8_spec(), task(), 132, tc).device_bytes, 0u);
   const std::vector<AttentionSpec> levels = {fp8_spec(), fp8_spec()};
-  EXPECT_THROW_MSG(CascadeAttention::workspace_size(levels, task(), 132), TypeMismatch, "kv_dtype");
+  EXPECT_GT(CascadeAttention::workspace_size(levels, task(), 132).device_bytes, 0u);  // levels on the FA2 kernel
+}
+
+// FA2 fp8 configurations: the kernel name carries q's and the cache's types,
+// and shared memory (abi/shared_memory.cuh) adds the fp8 staging stages.
+TEST(Fp8Validation, Fa2PrefillConfig) {
+  for (int d : {64, 128, 256})
+    for (int q : {16, 32, 64, 128}) {
+      const PrefillConfig f16 = catalog::prefill_config(fp8_spec(DType::kFloat16, DType::kFloat16, d), q);
+      const PrefillConfig f8 = catalog::prefill_config(fp8_spec(DType::kFloat16, kE4M3, d), q);
+      EXPECT_EQ(f8.cta_kv, f16.cta_kv) << d << " " << q;
+      EXPECT_EQ(f8.smem_bytes, f16.smem_bytes + f8.stages * f8.cta_kv * 2 * d) << d << " " << q;
+      EXPECT_LE(f8.smem_bytes, 227 * 1024) << d << " " << q;
+    }
+  const jit::KernelSource src = catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2, 128), 64);
+  EXPECT_EQ(src.entry.rfind("tessera_prefill_" + variants::standard().name + "_bf16e5m2_bf16_d128_q64_", 0), 0u)
+      << src.entry;
+  EXPECT_NE(src.source.find("tessera::fp8_e5m2_t"), std::string::npos);
+  // 16-bit caches keep their names.
+  EXPECT_EQ(catalog::batch_prefill(fp8_spec(DType::kBFloat16, DType::kBFloat16, 128), 64)
+                .entry.rfind("tessera_prefill_" + variants::standard().name + "_bf16_bf16_d128_q64_", 0),
+            0u);
 }
 
 // The wrapper's pick is the CUDA-core kernel (dtypes differ), on every device.
@@ -329,3 +362,30 @@ TEST(Fp8AppendCpuExtra, Errors) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------ FA2 fp8 prefill
+// The fp8 instantiations of the FA2 template compile with NVRTC for sm_80
+// (the software widening) and sm_90a (cvt instructions: the template sm_90
+// runs for fp8 caches), for both q types, both formats, every head dim and
+// query tile layout (16-row: 4 KV warps; 128-row head dim 256: 8 warps), and
+// a variant with a logits transform and a window.
+TEST(Fp8Prefill, Fa2KernelsCompile) {
+  jit::KernelCache cache;
+  const VariantSpec soft_cap_window = variants::from_plan_options(true, 64, 30.f);
+  std::vector<jit::KernelSource> kernels;
+  for (auto [q, kv, d, cta_q] : {std::tuple{DType::kFloat16, kE4M3, 128, 64}, {DType::kBFloat16, kE5M2, 128, 128},
+                                 {DType::kFloat16, kE5M2, 64, 16}, {DType::kBFloat16, kE4M3, 256, 128}}) {
+    AttentionSpec s = fp8_spec(q, kv, d);
+    s.variant = variants::causal();
+    kernels.push_back(catalog::batch_prefill(s, cta_q));
+  }
+  AttentionSpec o32 = fp8_spec(DType::kFloat16, kE4M3, 128);
+  o32.o_dtype = DType::kFloat32;
+  o32.variant = soft_cap_window;
+  kernels.push_back(catalog::batch_prefill(o32, 32));
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    const jit::Arch a = jit::Arch::parse(arch);
+    cache.precompile(kernels, a, 2);
+    for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << arch << " " << k.entry;
+  }
+}

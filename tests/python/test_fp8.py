@@ -223,12 +223,6 @@ def test_fp8_bad_input_gpu(torch_cuda, rng):
         w.run(q, (k, v), k_scale=torch.ones(1))  # on the CPU
     with pytest.raises(NotSupportedError, match="q_scale"):
         w.run(q, (k, v), q_scale=torch.ones(1, device="cuda"))
-    with pytest.raises(TypeError, match="kv_dtype"):
-        planned(torch, table, 16, torch.float16, torch.float8_e4m3fn, use_tensor_cores=True)
-    prefill = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch))
-    with pytest.raises(TypeError, match="kv_data_type"):
-        prefill.plan(torch.tensor([0, 1, 2], dtype=torch.int32), *(torch.from_numpy(x) for x in table[:3]), HQ, HKV,
-                     HEAD_DIM, 16, q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
 
 
 # ======================================================================= CPU
@@ -260,11 +254,10 @@ def test_fp8_refusals_without_gpu():
         cpu_wrapper().plan(**plan_args(q_data_type="float8_e4m3fn"))
     with pytest.raises(TypeError, match="o_data_type"):
         cpu_wrapper().plan(**plan_args(kv_data_type="float8_e4m3fn", o_data_type="float8_e4m3fn"))
-    with pytest.raises(TypeError, match="kv_dtype"):
+    # Tensor-core decode takes fp8 caches (the FA2 prefill template): past the dtype checks, the
+    # CPU workspace is what it refuses.
+    with pytest.raises(TypeError, match="float_workspace_buffer"):
         cpu_wrapper(use_tensor_cores=True).plan(**plan_args(kv_data_type="float8_e5m2"))
-    prefill = tessera.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1024, dtype=np.uint8))
-    with pytest.raises(TypeError, match="kv_data_type"):
-        prefill.plan([0, 1, 2], [0, 1, 3], [0, 2, 1], [5, 16], HQ, HKV, HEAD_DIM, 16, kv_data_type="float8_e4m3fn")
 
 
 def test_fp8_workspace_size_without_gpu():

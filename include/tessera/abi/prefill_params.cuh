@@ -72,6 +72,9 @@ struct PrefillParams {
   // multiplied by it where the epilogue normalizes rows, before the
   // variant's OutputTransform; LSE is unchanged.
   float o_scale = 1.f;
+  // An fp8 cache's k_scale / v_scale as device tensors (null: none), read
+  // at run time by the FA2 template's fp8 instantiations only.
+  device::KVScaleTensors kv_scales;
   // Custom mask (variants::custom_mask(), else null): request b's
   // [qo_len, kv_len] boolean mask, row-major, packed 8 positions per byte
   // with little bit order (numpy packbits(bitorder="little")), starting at

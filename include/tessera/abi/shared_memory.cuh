@@ -39,6 +39,21 @@ constexpr DecodeGeometry decode_geometry(int elem_bytes, int head_dim, int group
   return g;
 }
 
+// ---------------------------------------------------------- FA2 batch prefill
+// Dynamic shared memory of the FA2 template (prefill_sm80/kernel.cuh): the
+// 16-bit Q tile, then STAGES stages of a 16-bit K and V tile, then, for an
+// fp8 cache (kv_bytes 1), STAGES fp8 staging stages of K and V rows: cp.async
+// lands the raw fp8 rows there and each thread widens its own rows into the
+// 16-bit stage the mainloop reads (one staging stage per pipeline stage, as
+// loads run STAGES - 1 tiles ahead of the widening).
+constexpr int fa2_staging_bytes(int head_dim_qk, int head_dim_vo, int cta_kv, int stages, int kv_bytes) {
+  return kv_bytes == 1 ? stages * cta_kv * (head_dim_qk + head_dim_vo) : 0;
+}
+constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int cta_kv, int stages, int kv_bytes) {
+  return 2 * (cta_q * head_dim_qk + stages * cta_kv * (head_dim_qk + head_dim_vo)) +
+         fa2_staging_bytes(head_dim_qk, head_dim_vo, cta_kv, stages, kv_bytes);
+}
+
 // ------------------------------------------------------- Hopper batch prefill
 // Dynamic shared memory of the warp-specialized kernel: the Q buffers, then
 // the K stages, then the V stages, 16-bit elements, from the first 1024-byte

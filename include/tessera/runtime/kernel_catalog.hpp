@@ -182,7 +182,8 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
 // Short dtype tag for kernel names: f16, bf16, f32, e4m3, e5m2.
 std::string dtype_tag(DType t);
 // An fp8 KV cache (kv_dtype float8_e4m3fn / float8_e5m2, with 16-bit q and o)
-// is read by the CUDA-core decode kernels (batch_decode, attention_rowwise);
+// is read by the CUDA-core decode kernels (batch_decode, attention_rowwise)
+// and the FA2 prefill template (prefill_config: equal head dims up to 256);
 // every other kernel family calls this first and refuses it with a
 // TypeMismatch naming kv_dtype and `kernel`.
 void require_16bit_kv(const AttentionSpec& spec, const char* kernel);

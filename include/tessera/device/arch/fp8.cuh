@@ -102,6 +102,25 @@ __device__ __forceinline__ void f16x2_to_float2(u32 w, float& a, float& b) {
   asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(a), "=f"(b) : "r"(w));
 }
 
+// Four fp8 values packed in x as two 16-bit pairs of type H (half_t: the
+// f16x2 words above; bf16_t: through float, exact since every e4m3 / e5m2
+// value is a bf16 value), for tensor-core operands of q's type.
+template <typename T, typename H>
+__device__ __forceinline__ void fp8x4_to_16x2(u32 x, u32& lo, u32& hi) {
+  fp8x4_to_f16x2<T>(x, lo, hi);
+  if constexpr (!is_fp16<H>) {
+    auto to_bf16x2 = [](u32 w) {
+      float a, b;
+      f16x2_to_float2(w, a, b);
+      u32 r;
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));  // the first source goes high
+      return r;
+    };
+    lo = to_bf16x2(lo);
+    hi = to_bf16x2(hi);
+  }
+}
+
 // Four fp8 values packed in x (element i in byte i) as floats.
 template <typename T>
 __device__ __forceinline__ void fp8x4_to_float(u32 x, float* out) {

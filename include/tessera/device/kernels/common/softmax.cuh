@@ -101,20 +101,24 @@ struct MaskBits {
 
 // kRowSums = false leaves d alone: the caller sums the rows of P itself
 // (the Hopper template, on the tensor cores). bits: the tile's mask words
-// already loaded (MaskBits::kUsed), else loaded here.
-template <typename Variant, bool kRowSums = true, int MT, int NT_S, typename State, typename Params>
+// already loaded (MaskBits::kUsed), else loaded here. kRunScale: the softmax
+// scale is run_sm_scale (an fp8 cache's k_scale tensor folded in at run
+// time), else p.sm_scale.
+template <typename Variant, bool kRowSums = true, bool kRunScale = false, int MT, int NT_S, typename State,
+          typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
                                                      int kv_end, int b, int kv_head, bool masked, int causal_shift,
                                                      float (&scale)[MT][2],
-                                                     const MaskBits<Variant, Params, MT, NT_S>* bits = nullptr) {
+                                                     const MaskBits<Variant, Params, MT, NT_S>* bits = nullptr,
+                                                     float run_sm_scale = 0.f) {
   // Logits. Plain softmax variants keep S raw and fold sm_scale * log2(e)
   // into the exponent (one FFMA + MUFU per element); others run the variant's
   // LogitsTransform and move to base 2. Masks run only on tiles that need one
   // (`masked`: tile_needs_mask).
   using Traits = VariantTraits<Variant, Params>;
   constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
-  const float scale_log2 = p.sm_scale * kLog2e;
+  const float scale_log2 = (kRunScale ? run_sm_scale : p.sm_scale) * kLog2e;
   using Bits = MaskBits<Variant, Params, MT, NT_S>;
   constexpr bool kMaskBits = Bits::kUsed;
   auto keep = [&](int t, int r, int pos) {
@@ -148,8 +152,8 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, pos = col0 + n * 8 + (e & 1);
-          const float logit = variant.LogitsTransform(p, s[t][n][e] * p.sm_scale, b, rows.qo_idx[t][r], pos,
-                                                      rows.head[t][r], kv_head);
+          const float logit = variant.LogitsTransform(p, s[t][n][e] * (kRunScale ? run_sm_scale : p.sm_scale), b,
+                                                      rows.qo_idx[t][r], pos, rows.head[t][r], kv_head);
           s[t][n][e] = Variant::use_softmax ? logit * kLog2e : logit;
         }
   }
@@ -224,12 +228,16 @@ __device__ __forceinline__ void prefill_rescale_o(PrefillState<MT, NT_O>& st, co
 }
 
 // The whole update for kernels whose O is not in flight: step + rescale.
-template <typename Variant, int MT, int NT_S, int NT_O, typename Params>
+template <typename Variant, bool kRunScale = false, int MT, int NT_S, int NT_O, typename Params>
 __device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Variant& variant, PrefillState<MT, NT_O>& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
-                                                     int kv_end, int b, int kv_head, bool masked, int causal_shift) {
+                                                     int kv_end, int b, int kv_head, bool masked, int causal_shift,
+                                                     float run_sm_scale = 0.f) {
   float scale[MT][2];
-  if (prefill_softmax_step<Variant>(p, variant, st, rows, s, col0, kv_end, b, kv_head, masked, causal_shift, scale))
+  if (prefill_softmax_step<Variant, true, kRunScale>(p, variant, st, rows, s, col0, kv_end, b, kv_head, masked,
+                                                     causal_shift, scale,
+                                                     static_cast<const MaskBits<Variant, Params, MT, NT_S>*>(nullptr),
+                                                     run_sm_scale))
     prefill_rescale_o(st, scale);
 }
 

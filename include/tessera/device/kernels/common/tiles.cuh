@@ -4,6 +4,7 @@
 // row addresses differ between ragged, paged and BSR KV).
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
+#include "tessera/device/arch/fp8.cuh"
 #include "tessera/device/arch/numeric.cuh"
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/primitives/kv_view.cuh"
@@ -88,20 +89,30 @@ struct IsRowSwizzle<RowSwizzle> {
 // thread's base plus a constant; the global ones are its row offset plus a
 // constant. Same pipeline contract and page-id prefetch as above.
 //
+// fp8 T (equal dims only): the same copies bring 16-byte chunks of 16 fp8
+// values into a staging tile of plain [ROWS][HEAD_DIM] byte rows (the
+// k_smem / v_smem given to load); after waiting for its copies, each thread
+// widens exactly the chunks it copied (dequantize) into the 16-bit swizzled
+// tile the mainloop reads, so the pipeline's barrier after the wait also
+// publishes the widened rows.
+//
 // Contract: load(t + 1) follows the completion of load(t)'s copies and a
 // barrier (every pipeline step has both); tile 0 reads the page table
 // directly, and so does the resolution of tile 1.
 template <int HEAD_DIM_K, int HEAD_DIM_V, int ROWS, int THREADS, template <int, int> class Layout, typename T>
 struct KVTileLoader {
   static constexpr bool SPLIT = HEAD_DIM_K != HEAD_DIM_V;
+  static constexpr bool FP8 = is_fp8<T>;
+  static constexpr int EPC = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
   // Equal dims: rows per pass of the whole-row copies. SPLIT: 8 threads a row.
-  static constexpr int CH = HEAD_DIM_K / 8, ROWS_PER_PASS = SPLIT ? THREADS / 8 : THREADS / CH;
+  static constexpr int CH = HEAD_DIM_K / EPC, ROWS_PER_PASS = SPLIT ? THREADS / 8 : THREADS / CH;
   static constexpr int PASSES = ROWS >= ROWS_PER_PASS ? ROWS / ROWS_PER_PASS : 1;
   static constexpr int TABLE_ROWS = (SPLIT ? 4 : 2) * ROWS;  // [2][ROWS] offsets (K's), then V's when SPLIT
   static_assert(SPLIT || (THREADS % CH == 0 && ROWS * CH % THREADS == 0), "whole rows per pass");
   static_assert(!SPLIT || (THREADS % 64 == 0 && (ROWS % ROWS_PER_PASS == 0 || ROWS_PER_PASS % ROWS == 0) &&
                            HEAD_DIM_K % 64 == 0 && HEAD_DIM_V % 64 == 0 && IsRowSwizzle<Layout>::value),
                 "unequal dims: 64-feature groups of RowSwizzle rows, rows 8k apart per thread");
+  static_assert(sizeof(T) == 2 || (FP8 && !SPLIT), "16-bit K / V, or fp8 with equal head dims");
   const device::PagedKV& kv;
   int* ids;    // [2][ROWS] page ids of tile u's rows in buffer u % 2 (load(t) fills tile t + 2's)
   i64* offs;   // [2][ROWS] element offsets of tile u's rows in buffer u % 2 (load(t) fills tile t + 1's), -1 past kv_end;
@@ -132,6 +143,33 @@ struct KVTileLoader {
       load_shared_rows(tile, k_smem, v_smem);
   }
 
+  // fp8: widens the chunks this thread copied from the staging tiles into
+  // the 16-bit (H: q's type) K / V tiles in Layout. Call after this thread's
+  // copies of the tile completed (cp_async_wait) and before the barrier that
+  // hands the tiles to the mainloop. Rows past kv_end were zero-filled: they
+  // widen to zeros, as the 16-bit loads leave them.
+  template <typename H>
+  __device__ __forceinline__ void dequantize(const T* k_stage, const T* v_stage, H* k_smem, H* v_smem) const {
+    static_assert(FP8 && sizeof(H) == 2, "fp8 staging into 16-bit tiles");
+    const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
+    auto widen = [&](const T* stage, H* tile, int row) {
+      const uint4 x = *reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(stage) + row * HEAD_DIM_K + ch * 16);
+      uint4 a, b;  // features 16 ch .. + 7 and 16 ch + 8 .. + 15
+      fp8x4_to_16x2<T, H>(x.x, a.x, a.y);
+      fp8x4_to_16x2<T, H>(x.y, a.z, a.w);
+      fp8x4_to_16x2<T, H>(x.z, b.x, b.y);
+      fp8x4_to_16x2<T, H>(x.w, b.z, b.w);
+      *reinterpret_cast<uint4*>(tile + Layout<HEAD_DIM_K, ROWS>::at(row, 2 * ch)) = a;
+      *reinterpret_cast<uint4*>(tile + Layout<HEAD_DIM_K, ROWS>::at(row, 2 * ch + 1)) = b;
+    };
+#pragma unroll
+    for (int i = 0; i < PASSES; ++i) {
+      const int row = row0 + i * ROWS_PER_PASS;
+      widen(k_stage, k_smem, row);
+      widen(v_stage, v_smem, row);
+    }
+  }
+
  private:
   // Equal dims: V's rows at K's offsets.
   __device__ __forceinline__ void load_shared_rows(int tile, T* k_smem, T* v_smem) {
@@ -142,13 +180,18 @@ struct KVTileLoader {
     // Shared addresses as 32-bit offsets from the tile bases: one generic ->
     // shared conversion per tile, not one per copy.
     const u32 k_dst = smem_addr(k_smem), v_dst = smem_addr(v_smem);
-    auto dst = [&](int i) { return static_cast<u32>(Layout<HEAD_DIM_K, ROWS>::at(row0 + i * ROWS_PER_PASS, ch)) * 2u; };
+    auto dst = [&](int i) {
+      if constexpr (FP8)  // the plain staging rows
+        return static_cast<u32>((row0 + i * ROWS_PER_PASS) * HEAD_DIM_K + ch * 16);
+      else
+        return static_cast<u32>(Layout<HEAD_DIM_K, ROWS>::at(row0 + i * ROWS_PER_PASS, ch)) * 2u;
+    };
     if (affine) {
       // Contiguous rows: this thread's rows are ROWS_PER_PASS apart, so its
       // addresses step by a constant (one 64-bit add per row instead of a
       // 64-bit multiply and a select). A row past kv_end keeps its address:
       // its copy reads no bytes (source size 0) and zero-fills.
-      const i64 first = device::kv_token_offset(kv, page_base, start, head, shift) + row0 * kv.token_stride + ch * 8;
+      const i64 first = device::kv_token_offset(kv, page_base, start, head, shift) + row0 * kv.token_stride + ch * EPC;
       const i64 step = ROWS_PER_PASS * kv.token_stride;
       const int rows_left = kv_end - start - row0;
 #pragma unroll
@@ -185,8 +228,8 @@ struct KVTileLoader {
 #pragma unroll
     for (int i = 0; i < PASSES; ++i) {
       const bool ok = off[i] >= 0;
-      cp_async_16(k_dst + dst(i), ok ? k_base + off[i] + ch * 8 : k_base, ok);
-      cp_async_16(v_dst + dst(i), ok ? v_base + off[i] + ch * 8 : v_base, ok);
+      cp_async_16(k_dst + dst(i), ok ? k_base + off[i] + ch * EPC : k_base, ok);
+      cp_async_16(v_dst + dst(i), ok ? v_base + off[i] + ch * EPC : v_base, ok);
     }
     if (!affine) {
       for (int r = threadIdx.x; r < ROWS; r += THREADS) {

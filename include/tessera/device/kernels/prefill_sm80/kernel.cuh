@@ -11,25 +11,50 @@
 
 namespace tessera {
 
+// The tensor-core operand type of a kernel with q of DQ and a cache of DKV:
+// DKV for 16-bit caches, q's type for fp8 ones (widened on the way in).
+template <typename DQ, typename DKV, bool = is_fp8<DKV>>
+struct Fp8Operand {
+  using type = DKV;
+};
+template <typename DQ, typename DKV>
+struct Fp8Operand<DQ, DKV, true> {
+  using type = DQ;
+};
+
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 // HEAD_DIM_QK: q / k features; HEAD_DIM_VO: v / o features (see PrefillShape).
 // Equal dims compile to the code they always did: V shares K's row addresses
 // (KVTileLoader) and every size below folds to the same constants.
+//
+// fp8 DKV (e4m3 / e5m2 cache, equal head dims): the loader stages the fp8
+// rows and each thread widens its own to q's 16-bit type (the mma takes one
+// operand type) right after its wait, before the pipeline's barrier; the
+// mainloop and epilogue are the 16-bit ones. The scales come from
+// read_run_scales (k_scale / v_scale tensors, else the parameters, into which
+// the host folded float scales). A compile-time branch: 16-bit caches
+// generate the code they always did.
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
           int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, typename Params>
 __device__ __forceinline__ void batch_prefill(const Params& p) {
-  using Shape = PrefillShape<HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES>;
+  constexpr bool kFp8 = is_fp8<DKV>;
+  using Shape = PrefillShape<HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES, kFp8 ? 1 : 2>;
   using Loader = KVTileLoader<HEAD_DIM_QK, HEAD_DIM_VO, CTA_KV, Shape::THREADS, RowSwizzle, DKV>;
   using Traits = VariantTraits<Variant, Params>;
-  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
-                "16-bit q and kv; 16- or 32-bit o");
+  // The mma's operand type: the cache's, or q's for an fp8 cache.
+  using T16 = typename Fp8Operand<DQ, DKV>::type;
+  static_assert(sizeof(DQ) == 2 && (sizeof(DKV) == 2 || kFp8) && (sizeof(DO) == 2 || sizeof(DO) == 4),
+                "16-bit q; 16-bit or fp8 kv; 16- or 32-bit o");
+  static_assert(!kFp8 || HEAD_DIM_QK == HEAD_DIM_VO, "fp8 caches: equal head dims");
   static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM_VO + 2) * 4 <= STAGES * Shape::STAGE_ELEMS * 2,
                 "the KV-warp merge scratch must fit in the KV pipeline buffers");
   constexpr int MT = Shape::MT, NT_O = Shape::NT_O;
   extern __shared__ uint4 smem_raw[];
-  DKV* q_smem = reinterpret_cast<DKV*>(smem_raw);  // q is stored as DKV: the mma needs one operand type
-  DKV* kv_smem = q_smem + Shape::Q_ELEMS;
+  T16* q_smem = reinterpret_cast<T16*>(smem_raw);  // q is stored as T16: the mma needs one operand type
+  T16* kv_smem = q_smem + Shape::Q_ELEMS;
+  // fp8: the staging stages (unused otherwise).
+  DKV* kv_stage = reinterpret_cast<DKV*>(reinterpret_cast<char*>(smem_raw) + Shape::STAGING_OFFSET);
   __shared__ int s_is_last;
   // The output scale, read in the epilogue from shared memory rather than
   // the parameters: a parameter read there changes how ptxas schedules the
@@ -45,10 +70,18 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   const int g = lane / 4, quad = lane % 4;
 
   WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, blockIdx.x);
-  if (threadIdx.x == 0) s_o_scale = p.o_scale;  // read after the first item's barriers
+  if constexpr (!kFp8)
+    if (threadIdx.x == 0) s_o_scale = p.o_scale;  // read after the first item's barriers
   // The plan's workspace is complete; q, K, V and the outputs may still be
   // the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
+  // fp8: the scale tensors may be the previous kernel's too.
+  float run_sm_scale = 0.f;
+  if constexpr (kFp8) {
+    const device::RunScales run = device::read_run_scales(p);
+    run_sm_scale = run.sm_scale;
+    if (threadIdx.x == 0) s_o_scale = run.o_scale;
+  }
   for (int wi = queue.begin; wi < queue.end; ++wi) {
     const PrefillWorkItem w = queue.take(wi);
     const int b = item_request(p, w), kv_head = item_kv_head(p, w);
@@ -57,7 +90,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     Variant variant(p, b, qo_len, kv_len);
 
     // Q tile: fused row f -> (query qo = f / group, head = kv_head * group + f % group).
-    load_tile<HEAD_DIM_QK, CTA_Q, Shape::THREADS, RowSwizzle>(q_smem, static_cast<const DKV*>(p.q), [&](int r) -> i64 {
+    load_tile<HEAD_DIM_QK, CTA_Q, Shape::THREADS, RowSwizzle>(q_smem, static_cast<const T16*>(p.q), [&](int r) -> i64 {
       const int f = row0 + r, qo = f / p.group;
       if (qo >= qo_len) return -1;
       return (qo_start + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
@@ -66,7 +99,10 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
     Loader kv_loader(p.kv, s_page_ids, s_row_offs, page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
     auto load_kv = [&](int tile, int stage) {
-      kv_loader.load(tile, kv_smem + stage * Shape::STAGE_ELEMS, kv_smem + stage * Shape::STAGE_ELEMS + Shape::K_ELEMS);
+      if constexpr (kFp8)
+        kv_loader.load(tile, kv_stage + stage * Shape::STAGE_ELEMS, kv_stage + stage * Shape::STAGE_ELEMS + Shape::K_ELEMS);
+      else
+        kv_loader.load(tile, kv_smem + stage * Shape::STAGE_ELEMS, kv_smem + stage * Shape::STAGE_ELEMS + Shape::K_ELEMS);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -117,12 +153,16 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
         cp_async_wait<0>();
       else
         cp_async_wait<STAGES - 2>();
+      T16* k_tile = kv_smem + (t % STAGES) * Shape::STAGE_ELEMS;
+      T16* v_tile = k_tile + Shape::K_ELEMS;
+      if constexpr (kFp8) {  // this thread's rows of tile t have landed: widen them before the barrier
+        const DKV* k_stage = kv_stage + (t % STAGES) * Shape::STAGE_ELEMS;
+        kv_loader.dequantize(k_stage, k_stage + Shape::K_ELEMS, k_tile, v_tile);
+      }
       __syncthreads();
       const int nt = t + STAGES - 1, ns = nt % STAGES;
       if (nt < n_tiles) load_kv(nt, ns);
       cp_async_commit();
-      DKV* k_tile = kv_smem + (t % STAGES) * Shape::STAGE_ELEMS;
-      DKV* v_tile = k_tile + Shape::K_ELEMS;
       const int tile_start = w.kv_start + t * CTA_KV;
       if constexpr (Traits::key_transform || Traits::value_transform) {
         if constexpr (Traits::key_transform)
@@ -135,10 +175,9 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
       }
       const bool masked = masked_tile(t);
       const u32 k_addr = kv_addr + (t % STAGES) * Shape::STAGE_ELEMS * 2;
-      prefill_compute_tile<Variant, Shape, DKV, HEAD_DIM_QK, HEAD_DIM_VO>(p, variant, st, rows, q_addr, k_addr,
-                                                                          k_addr + Shape::K_ELEMS * 2, tile_start,
-                                                                          w.kv_end, b, kv_head, wq, wk, masked,
-                                                                          causal_shift);
+      prefill_compute_tile<Variant, Shape, T16, HEAD_DIM_QK, HEAD_DIM_VO, kFp8>(
+          p, variant, st, rows, q_addr, k_addr, k_addr + Shape::K_ELEMS * 2, tile_start, w.kv_end, b, kv_head, wq, wk,
+          masked, causal_shift, run_sm_scale);
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free

@@ -12,6 +12,7 @@
 #include "tessera/device/arch/mma.cuh"
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/kernels/common/softmax.cuh"
+#include "tessera/abi/shared_memory.cuh"
 #include "tessera/device/kernels/common/tiles.cuh"
 
 namespace tessera {
@@ -21,8 +22,10 @@ namespace tessera {
 // HEAD_DIM_QK: q / k features (Q and K tiles, S = Q K^T); HEAD_DIM_VO: v / o
 // features (V tiles, O accumulators). Equal for most models; DeepSeek's
 // prefill has 192 / 128, and head dim 512 runs as 512 / 256 twice (the
-// host launches the second half of V and O separately).
-template <int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES>
+// host launches the second half of V and O separately). KV_BYTES: bytes of a
+// cached K / V element (1: fp8, staged and widened; see fa2_smem_bytes).
+template <int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES,
+          int KV_BYTES = 2>
 struct PrefillShape {
   static constexpr int Q_ROWS = CTA_Q, KV_ROWS = CTA_KV;
   static constexpr int THREADS = 32 * WARPS_Q * WARPS_KV;
@@ -35,7 +38,12 @@ struct PrefillShape {
   static constexpr int K_ELEMS = CTA_KV * HEAD_DIM_QK;
   static constexpr int V_ELEMS = CTA_KV * HEAD_DIM_VO;
   static constexpr int STAGE_ELEMS = K_ELEMS + V_ELEMS;  // a stage: its K tile, then its V tile
-  static constexpr int SMEM_BYTES = 2 * (Q_ELEMS + STAGES * STAGE_ELEMS);
+  // fp8 staging (bytes), after the 16-bit stages; the host sizes the launch
+  // with the same function.
+  static constexpr int STAGING_OFFSET = 2 * (Q_ELEMS + STAGES * STAGE_ELEMS);
+  static constexpr int STAGING_STAGE_BYTES = KV_BYTES == 1 ? STAGE_ELEMS : 0;
+  static constexpr int SMEM_BYTES = fa2_smem_bytes(HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, STAGES, KV_BYTES);
+  static_assert(SMEM_BYTES == STAGING_OFFSET + STAGES * STAGING_STAGE_BYTES, "layout and size agree");
   static_assert(MT >= 1 && CTA_Q == WARP_ROWS * WARPS_Q, "whole 16-row m-tiles per warp");
   static_assert(KV_PER_WARP % 16 == 0, "each warp needs whole 16-column k-steps for P*V");
   static_assert(HEAD_DIM_QK % 64 == 0 && HEAD_DIM_VO % 64 == 0,
@@ -46,12 +54,16 @@ struct PrefillShape {
 // Each K/V fragment loaded from shared memory feeds all MT m-tiles of the
 // warp: with 32 rows per warp, shared-memory traffic per FLOP halves, which is
 // what limits an mma.sync kernel on Hopper.
-template <typename Variant, typename Shape, typename T, int HEAD_DIM_QK, int HEAD_DIM_VO, typename Params>
+// kRunScale: the softmax scale is `sm_scale` (an fp8 cache's run-time k_scale
+// folded in), not p.sm_scale; the 16-bit kernels keep reading the parameter.
+template <typename Variant, typename Shape, typename T, int HEAD_DIM_QK, int HEAD_DIM_VO, bool kRunScale = false,
+          typename Params>
 __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Variant& variant,
                                                      PrefillState<Shape::MT, Shape::NT_O>& st,
                                                      const RowInfo<Shape::MT>& rows, u32 q_smem, u32 k_smem,
                                                      u32 v_smem, int tile_start, int kv_end, int b, int kv_head,
-                                                     int wq, int wk, bool masked, int causal_shift) {
+                                                     int wq, int wk, bool masked, int causal_shift,
+                                                     float sm_scale = 0.f) {
   constexpr int MT = Shape::MT, NT_S = Shape::NT_S, NT_O = Shape::NT_O;
   constexpr u32 ROW_BYTES = HEAD_DIM_QK * 2, V_ROW_BYTES = HEAD_DIM_VO * 2;  // Q and K rows; V rows
   const int lane = threadIdx.x % 32, m = lane / 8, quad = lane % 4;
@@ -91,8 +103,8 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
     }
   }
 
-  prefill_softmax_tile<Variant>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP + quad * 2, kv_end, b,
-                                kv_head, masked, causal_shift);
+  prefill_softmax_tile<Variant, kRunScale>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP + quad * 2,
+                                           kv_end, b, kv_head, masked, causal_shift, sm_scale);
 
 #pragma unroll
   for (int j = 0; j < NT_S / 2; ++j) {
