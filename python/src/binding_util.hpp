@@ -198,6 +198,8 @@ inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const
 
 // Defined in bindings_cascade.cpp: CascadeAttention (composable formats).
 void bind_cascade(nanobind::module_& m);
+// Defined in bindings_mla.cpp: BatchMLA (multi-head latent attention).
+void bind_mla(nanobind::module_& m);
 // Defined in bindings_cpu.cpp: CPU attention (the library's CPU path) and the float64 reference.
 void bind_cpu(nanobind::module_& m);
 

@@ -471,6 +471,7 @@ NB_MODULE(_C, m) {
   bind_variants(m);  // bindings_variants.cpp
   bind_cascade(m);   // bindings_cascade.cpp
   bind_cpu(m);       // bindings_cpu.cpp
+  bind_mla(m);       // bindings_mla.cpp
   m.doc() = "Low-level bindings of the Tessera C++ API (use the `tessera` package instead).";
   nb::register_exception_translator(translate);
 

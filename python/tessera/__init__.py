@@ -66,6 +66,7 @@ from .cascade import (BatchDecodeWithSharedPrefixPagedKVCacheWrapper, BatchPrefi
 from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper, fast_decode_plan,
                      single_decode_with_kv_cache)
 from .jit import cache_dir, compile_builtin
+from .mla import BatchMLAPagedAttentionWrapper, append_paged_mla_kv_cache
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 from .pod import PODWithPagedKVCacheWrapper
 from .prefill import (
@@ -117,6 +118,8 @@ __all__ = [
     "BlockSparseAttentionWrapper",
     "VariableBlockSparseAttentionWrapper",
     "append_paged_kv_cache",
+    "append_paged_mla_kv_cache",
+    "BatchMLAPagedAttentionWrapper",
     "get_batch_indices_positions",
     "get_seq_lens",
     "packbits",

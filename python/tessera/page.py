@@ -166,3 +166,4 @@ def _check_output(out, name, nnz, like, torch_in):
         raise TypeError(f"{name}: expected int32, got {dtype}")
     if tuple(out.shape) != (nnz,):
         raise ValueError(f"{name}: expected shape ({nnz},), got {tuple(out.shape)}")
+from .mla import append_paged_mla_kv_cache  # noqa: E402,F401 (FlashInfer keeps it in flashinfer.page)

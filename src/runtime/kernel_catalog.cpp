@@ -6,6 +6,7 @@
 
 #include "tessera/abi/shared_memory.cuh"
 #include "tessera/core/error.hpp"
+#include "tessera/runtime/mla_catalog.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
 #include "tessera/runtime/variant_params.hpp"
 
@@ -380,6 +381,7 @@ std::vector<jit::KernelSource> builtin_kernels() {
       for (bool interleave : {false, true})
         for (RopeMode m : {RopeMode::kLinear, RopeMode::kLlama31, RopeMode::kCosSinCache})
           out.push_back(apply_rope(t, d, interleave, m));
+  for (auto& k : builtin_mla_kernels()) out.push_back(std::move(k));  // MLA (device/kernels/mla/)
   return out;
 }
 

@@ -252,3 +252,14 @@ template __global__ void rowwise_builtin_k<tv::AttentionSink>(const RPB);
 template __global__ void rowwise_builtin_k<tv::Rope<tessera::Pairing::kHalves, 128>>(const RPB);
 template __global__ void rowwise_builtin_k<tv::Rope<tessera::Pairing::kAdjacent, 128>>(const RPB);
 template __global__ void prefill_k<tv::CustomMaskAttention, tessera::bf16_t, 128, 64, 64, 4, 1>(const PP);
+
+// MLA (DeepSeek-style latent attention): the three query-tile shapes, causal
+// and not, fp16 and bf16.
+#include "tessera/device/kernels/mla/kernel.cuh"
+template <typename T, int CQ, bool C>
+__global__ void __launch_bounds__(tessera::MlaConfigFor<CQ>::Shape::THREADS, 1) mla_k(const tessera::MlaParams p) {
+  tessera::batch_mla<T, T, CQ, C>(p);
+}
+template __global__ void mla_k<tessera::half_t, 16, false>(const tessera::MlaParams);
+template __global__ void mla_k<tessera::bf16_t, 32, true>(const tessera::MlaParams);
+template __global__ void mla_k<tessera::half_t, 64, true>(const tessera::MlaParams);

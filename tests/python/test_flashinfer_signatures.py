@@ -233,7 +233,25 @@ FLASHINFER = {
     ("utils", "is_fa3_prefill_head_dim_supported"): "head_dim_qk, head_dim_vo",
     ("utils", "get_compute_capability"): "device",
     ("utils", "is_sm90a_supported"): "device",
+    # flashinfer.mla (the implementation's list; the overloads only narrow it)
+    ("mla", "BatchMLAPagedAttentionWrapper.__init__"): (
+        "float_workspace_buffer, use_cuda_graph=False, qo_indptr=None, kv_indptr=None, kv_indices=None, "
+        "kv_len_arr=None, backend='auto'"),
+    ("mla", "BatchMLAPagedAttentionWrapper.plan"): (
+        "qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None, num_heads=None, head_dim_ckv=None, "
+        "head_dim_kpe=None, page_size=None, causal=None, sm_scale=None, q_data_type=None, kv_data_type=None, "
+        "use_profiler=False, *, metadata=None, cum_seq_lens_q=None, block_tables=None, seq_lens=None, "
+        "max_q_len=None, query_layout=None, kv_cache_layout=None, lse_mode='none', output_dtype=None, "
+        "output_scale='none', scale_mode='default', skip_softmax=False, enable_pdl=None, use_sinks=False"),
+    ("mla", "BatchMLAPagedAttentionWrapper.run"): (
+        "q_nope=None, q_pe=None, ckv_cache=None, kpe_cache=None, out=None, lse=None, return_lse=False, "
+        "profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False, o_scale=None, *, "
+        "query=None, kv_cache=None, ckv_scale=None, ckv_scale_arr=None, kpe_scale=None, sinks=None, "
+        "skip_softmax_threshold_scale_factor=None, bmm1_scale=None, bmm2_scale=None"),
     # flashinfer.page
+    ("page", "append_paged_mla_kv_cache"): (
+        "append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indices, kv_indptr, "
+        "kv_last_page_len"),
     ("page", "append_paged_kv_cache"): (
         "append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr, "
         "kv_last_page_len, kv_layout='NHD'"),

@@ -215,7 +215,9 @@ jit::KernelSource trim_masked_items();
 // Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256; mode:
 // where the angles come from (linear, Llama 3.1 or a cos/sin cache).
 jit::KernelSource apply_rope(DType dtype, int head_dim, bool interleave, RopeMode mode = RopeMode::kLinear);
-// Every built-in kernel (all dtypes, head dims and built-in variants).
+// Every built-in kernel (all dtypes, head dims and built-in variants), the
+// MLA family (runtime/mla_catalog.hpp) included; the prefill kernels are
+// builtin_prefill_kernels().
 std::vector<jit::KernelSource> builtin_kernels();
 }  // namespace catalog
 

@@ -1,0 +1,127 @@
+"""MLA (DeepSeek-style latent attention, absorbed) decode benchmark: Tessera's
+BatchMLAPagedAttentionWrapper, and FlashInfer's when it is installed, on
+issue 30's grid: batch 1..256 x KV 1k..32k, H = 16 and 128, q_len 1 and 2
+(causal among the new tokens), page 64, bf16 (or --dtype float16).
+
+Timing follows bench/decode.py's conventions: each run() replayed back to back
+from one CUDA graph over rotating copies of the latent cache (together at
+least twice L2, so every call reads HBM; common.bench_graph_ms), peers timed
+in interleaved rounds (common.interleaved), medians over rounds. Reported per
+workload: time, TB/s of the latent bytes the batch needs (each request's ckv
+and kpe rows once, q and o), its fraction of the HBM read ceiling measured in
+the same run (common.hbm_ceilings), TFLOP/s (2 x rows x keys x (576 + 512)
+per head, causal keys only) and its fraction of the dense fp16 tensor-core
+rate measured in the same run (common.matmul_ceiling_tflops), and the speedup
+over FlashInfer (paired by round). Results: bench/results/mla.json.
+
+Usage: python bench/mla.py [--quick] [--rounds 3] [--dtype bfloat16|float16]
+                           [--workloads H:q_len:batch:kv,...] [--save-as NAME]
+"""
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import torch, tessera  # noqa: E402
+
+DC, DR, PAGE = 512, 64, 64
+GRID = [(h, q, b, kv) for h in (16, 128) for q in (1, 2) for b in (1, 16, 64, 128, 256)
+        for kv in (1024, 4096, 32768)]
+QUICK = [(16, 1, 64, 4096), (128, 1, 64, 4096), (128, 2, 64, 4096), (16, 1, 1, 32768), (128, 1, 256, 1024)]
+MEM_LIMIT = 40 << 30  # skip a workload whose rotated caches would exceed this
+
+
+def parse(w):
+    h, q, b, kv = (int(x) for x in w.split(":"))
+    return h, q, b, kv
+
+
+def latent_bytes(h, q, b, kv, elem):
+    return b * kv * (DC + DR) * elem + b * q * h * (DC + DR + DC) * elem  # cache once, q in, o out
+
+
+def flops(h, q, b, kv):
+    keys = sum(kv - q + 1 + j for j in range(q))  # causal among the new tokens
+    return 2.0 * b * h * keys * (DC + DR + DC)
+
+
+def make_calls(lib, h, q, b, kv, dtype, ws):
+    """One run() closure per rotating cache copy, all on one plan."""
+    pages_per = (kv + PAGE - 1) // PAGE
+    pool = b * pages_per
+    elem = torch.finfo(dtype).bits // 8
+    copies = common.rotation_copies(pool * PAGE * (DC + DR) * elem)
+    if copies * pool * PAGE * (DC + DR) * elem > MEM_LIMIT:
+        return None
+    qo_indptr = torch.arange(0, (b + 1) * q, q, dtype=torch.int32)
+    kv_indptr = torch.arange(0, (b + 1) * pages_per, pages_per, dtype=torch.int32)
+    kv_indices = torch.randperm(pool, dtype=torch.int32, device="cuda")
+    kv_lens = torch.full((b,), kv, dtype=torch.int32)
+    w = lib.BatchMLAPagedAttentionWrapper(ws)
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, h, DC, DR, PAGE, q > 1, 1 / math.sqrt(192), dtype, dtype)
+    q_nope = torch.randn(b * q, h, DC, dtype=dtype, device="cuda")
+    q_pe = torch.randn(b * q, h, DR, dtype=dtype, device="cuda")
+    out = torch.empty(b * q, h, DC, dtype=dtype, device="cuda")
+    caches = [(torch.randn(pool, PAGE, DC, dtype=dtype, device="cuda"),
+               torch.randn(pool, PAGE, DR, dtype=dtype, device="cuda")) for _ in range(copies)]
+    calls = [lambda c=c: w.run(q_nope, q_pe, c[0], c[1], out=out) for c in caches]
+    return calls, (w, caches)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--workloads", default="")
+    ap.add_argument("--save-as", default="")
+    args = ap.parse_args()
+    common.require()
+    dtype = getattr(torch, args.dtype)
+    elem = 2
+    workloads = [parse(w) for w in args.workloads.split(",") if w] or (QUICK if args.quick else GRID)
+    read_tbps, _ = common.hbm_ceilings()
+    mm_tflops = common.matmul_ceiling_tflops()
+    fi = common.flashinfer()
+    print(f"device: {common.device_name()}  HBM read ceiling {read_tbps:.2f} TB/s  dense fp16 mma "
+          f"{mm_tflops:.0f} TFLOP/s  flashinfer: {'yes' if fi else 'not installed'}")
+    print(f"{'H':>4} {'q':>2} {'batch':>5} {'kv':>6} | {'us':>8} {'TB/s':>6} {'%read':>6} {'TFLOP/s':>8} "
+          f"{'%mma':>5} | {'vs FI':>6}")
+    rows = []
+    for h, q, b, kv in workloads:
+        ws_t = common.new_workspace(256 << 20)
+        made = make_calls(tessera, h, q, b, kv, dtype, ws_t)
+        if made is None:
+            print(f"{h:>4} {q:>2} {b:>5} {kv:>6} | skipped (memory)")
+            continue
+        fns = {"tessera": lambda calls=made[0]: common.bench_graph_ms(calls)}
+        keep = [made]
+        if fi is not None:
+            try:
+                made_fi = make_calls(fi, h, q, b, kv, dtype, common.new_workspace(256 << 20))
+                if made_fi is not None:
+                    fns["flashinfer"] = lambda calls=made_fi[0]: common.bench_graph_ms(calls)
+                    keep.append(made_fi)
+            except Exception as e:  # a peer that cannot run this shape is reported, not fatal
+                print(f"  flashinfer: {type(e).__name__}: {e}")
+        times = common.interleaved(fns, args.rounds, timer=lambda f: f())
+        ms = common.median(times["tessera"])
+        tbps = latent_bytes(h, q, b, kv, elem) / (ms * 1e-3) / 1e12
+        tflops = flops(h, q, b, kv) / (ms * 1e-3) / 1e12
+        vs = common.paired_ratio(times, "flashinfer", "tessera") if "flashinfer" in times else float("nan")
+        print(f"{h:>4} {q:>2} {b:>5} {kv:>6} | {ms * 1e3:8.1f} {tbps:6.2f} {100 * tbps / read_tbps:5.1f}% "
+              f"{tflops:8.1f} {100 * tflops / mm_tflops:4.1f}% | {common.fmt(vs)}")
+        rows.append(dict(heads=h, q_len=q, batch=b, kv=kv, us=ms * 1e3, tbps=tbps, read_frac=tbps / read_tbps,
+                         tflops=tflops, mma_frac=tflops / mm_tflops, vs_flashinfer=vs,
+                         times_ms={k: v for k, v in times.items()}))
+        del keep, made
+        torch.cuda.empty_cache()
+    path = common.save_results(args.save_as or "mla", dict(dtype=args.dtype, page_size=PAGE, hbm_read_tbps=read_tbps,
+                                                          mma_tflops=mm_tflops, rows=rows))
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

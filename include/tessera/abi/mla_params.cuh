@@ -1,0 +1,106 @@
+// Parameter block, tile shapes and shared storage of the MLA kernel family
+// (DeepSeek-style multi-head latent attention with absorbed weights; see
+// device/kernels/mla/kernel.cuh). Plain data shared by host and device.
+//
+// MLA decode is attention of H query heads over ONE latent KV head:
+//   K = concat(ckv[512], kpe[64]) (576 features), V = ckv (K's first 512),
+//   q = concat(q_nope[512], q_pe[64]),
+// each read from its own tensor: the caches are paged, ckv_cache [pages,
+// page_size, 512] and kpe_cache [pages, page_size, 64]. The kernel copies a
+// token's ckv and kpe rows side by side into one 576-wide shared row, so K
+// and V are one shared-memory tile.
+#pragma once
+#include "tessera/abi/prefill_params.cuh"
+
+namespace tessera {
+
+constexpr int kMlaDimCkv = 512;                       // latent (compressed KV) features: V and O
+constexpr int kMlaDimKpe = 64;                        // decoupled RoPE features
+constexpr int kMlaDimQK = kMlaDimCkv + kMlaDimKpe;    // q.k features
+constexpr int kMlaRowBytes = kMlaDimQK * 2;           // a 16-bit shared row of Q or K
+
+// The work items are the tensor-core prefill kernels' (PrefillWorkItem: a
+// query tile of CTA_Q fused rows, f = query * H + head, against a KV chunk),
+// planned by Planner::plan_prefill with group = H and one KV head.
+struct MlaParams {
+  const void* q_nope;  // [total_q, H, 512]
+  const void* q_pe;    // [total_q, H, 64]
+  i64 q_nope_stride_n, q_nope_stride_h;
+  i64 q_pe_stride_n, q_pe_stride_h;
+  void* o;     // [total_q, H, 512]
+  float* lse;  // [total_q, H] base-2 LSE, or null
+  i64 o_stride_n, o_stride_h;
+  const void* ckv;  // [pages, page_size, 512]
+  const void* kpe;  // [pages, page_size, 64]
+  i64 ckv_page_stride, ckv_token_stride;
+  i64 kpe_page_stride, kpe_token_stride;
+  const int* kv_indices;  // page ids; request b's start at work item kv_begin
+  int page_size;
+  int page_shift;  // log2(page_size), or -1
+  // Page-id checks as PagedKV's (abi/kv_view.cuh): an id outside [0,
+  // num_pages) is recorded in page_error (pinned) and its rows read as zeros.
+  int num_pages;
+  int* page_error;
+  const int* work_indptr;
+  const PrefillWorkItem* work_items;
+  const PrefillWorkItem* first_items;
+  float* partial_o;    // [slots, CTA_Q, 512]
+  float* partial_lse;  // [slots, CTA_Q]
+  int* counters;       // [split tiles], zero between runs
+  int num_qo_heads;    // H
+  int group;           // = H: fused rows per query position (one KV head)
+  int heads_per_group; // 1 (the work queue's request field is the request)
+  float sm_scale;
+  float o_scale;
+};
+
+// Shape of one kernel configuration: CTA_Q fused rows in WARPS_Q row groups
+// of 16, each row group WARPS_D warps wide. Within a row group, warp d
+// computes S for keys [d * CTA_KV / WARPS_D, ...) of the tile (all 576
+// features), the group exchanges row maxima and P through shared memory,
+// and warp d then accumulates O's columns [d * 512 / WARPS_D, ...) over the
+// whole tile: no work is repeated, and O takes 2048 / WARPS_D registers a
+// thread.
+template <int CTA_Q_, int CTA_KV_, int WARPS_D_, int STAGES_>
+struct MlaShape {
+  static constexpr int CTA_Q = CTA_Q_, CTA_KV = CTA_KV_, WARPS_D = WARPS_D_, STAGES = STAGES_;
+  static constexpr int WARPS_Q = CTA_Q / 16;
+  static constexpr int THREADS = 32 * WARPS_Q * WARPS_D;
+  static constexpr int KV_PER_WARP = CTA_KV / WARPS_D;  // S columns a warp computes
+  static constexpr int NT_S = KV_PER_WARP / 8;
+  static constexpr int D_PER_WARP = kMlaDimCkv / WARPS_D;  // O columns a warp accumulates
+  static constexpr int NT_O = D_PER_WARP / 8;
+  static constexpr int P_LD = CTA_KV + 8;  // P rows padded by 16 bytes: ldmatrix rows in distinct banks
+  static_assert(CTA_Q % 16 == 0 && KV_PER_WARP % 16 == 0 && D_PER_WARP % 16 == 0, "whole mma tiles per warp");
+};
+
+// Dynamic shared memory of one configuration (16-bit elements as u16).
+// Offsets are multiples of 16 bytes (cp.async, ldmatrix).
+template <typename Shape>
+struct MlaSharedStorage {
+  u16 q[Shape::CTA_Q * kMlaDimQK];                     // Q tile: fused rows, RowSwizzle of 576
+  u16 kv[Shape::STAGES][Shape::CTA_KV * kMlaDimQK];    // K tiles (V = their first 512 features)
+  u16 p[Shape::CTA_Q * Shape::P_LD];                   // P of the current tile, 16-bit
+  float red[Shape::WARPS_D][Shape::CTA_Q];             // per-warp row maxima, then row sums
+};
+
+// The configurations the catalogue builds, by query tile: 16 and 32 rows
+// (H = 16 / 32 at one query) take four warps a row group and 64-key tiles;
+// 64 rows (H >= 64) two warps a row group and 32-key tiles in three stages
+// (a 64-key tile there would not fit beside the 72 KB Q tile).
+template <int CTA_Q>
+struct MlaConfigFor;
+template <>
+struct MlaConfigFor<16> {
+  using Shape = MlaShape<16, 64, 4, 2>;
+};
+template <>
+struct MlaConfigFor<32> {
+  using Shape = MlaShape<32, 64, 4, 2>;
+};
+template <>
+struct MlaConfigFor<64> {
+  using Shape = MlaShape<64, 32, 2, 3>;
+};
+
+}  // namespace tessera

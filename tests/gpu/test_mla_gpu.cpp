@@ -1,0 +1,343 @@
+// BatchMLA on the GPU against the float64 reference (expanded attention over
+// the latent KV, reference/mla.hpp). Every case draws fresh random inputs,
+// shuffles the pages through the pool, poisons every cache slot no request
+// owns (and the outputs) with NaN, and checks o and lse: fp16 within 1e-3 of
+// the reference's largest magnitude, bf16 within 1e-2. Shapes: H = 16, 32,
+// 64, 128; page sizes 1, 16, 64; lengths 0, 1, primes and long contexts
+// (split-KV); query lengths 1..8, causal among the new tokens. Also bitwise
+// determinism across runs, CUDA-graph replay after re-plans with other
+// lengths, page ids on the GPU, and a bad page id raised by the next call.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "gpu_util.hpp"
+#include "tessera/api/mla.hpp"
+#include "tessera/reference/mla.hpp"
+
+namespace tessera {
+namespace {
+
+using test::DeviceTensor;
+using test::HostTensor;
+
+constexpr int kDc = 512, kDr = 64;
+
+struct Step {
+  std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, kv_indices, kv_lens;
+};
+
+// Lengths -> a step whose pages are a shuffled subset of `pool` pages.
+Step make_step(const std::vector<int32_t>& qo_lens, const std::vector<int32_t>& kv_lens, int page_size, int pool,
+               std::mt19937& rng) {
+  Step s;
+  s.kv_lens = kv_lens;
+  for (size_t i = 0; i < qo_lens.size(); ++i) {
+    s.qo_indptr.push_back(s.qo_indptr.back() + qo_lens[i]);
+    s.kv_indptr.push_back(s.kv_indptr.back() + (kv_lens[i] + page_size - 1) / page_size);
+  }
+  std::vector<int32_t> perm(pool);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  EXPECT_LE(s.kv_indptr.back(), pool);
+  s.kv_indices.assign(perm.begin(), perm.begin() + s.kv_indptr.back());
+  return s;
+}
+
+// Caches of `pool` pages, random where a request of `s` owns a slot, NaN elsewhere.
+void fill_caches(HostTensor& ckv, HostTensor& kpe, const Step& s, int page_size, uint64_t seed) {
+  test::fill_random(ckv, seed);
+  test::fill_random(kpe, seed + 1);
+  const int64_t pool = ckv.view.size(0);
+  std::vector<uint8_t> used(pool * page_size, 0);
+  for (size_t b = 0; b + 1 < s.kv_indptr.size(); ++b)
+    for (int t = 0; t < s.kv_lens[b]; ++t) used[s.kv_indices[s.kv_indptr[b] + t / page_size] * page_size + t % page_size] = 1;
+  for (int64_t slot = 0; slot < pool * page_size; ++slot) {
+    if (used[slot]) continue;
+    for (int x = 0; x < kDc; ++x) ckv.set(slot * kDc + x, NAN);
+    for (int x = 0; x < kDr; ++x) kpe.set(slot * kDr + x, NAN);
+  }
+}
+
+struct Inputs {
+  HostTensor q_nope, q_pe, ckv, kpe, o, lse;
+  DeviceTensor d_q_nope, d_q_pe, d_ckv, d_kpe, d_o, d_lse;
+};
+
+Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint64_t seed) {
+  Inputs in;
+  const int64_t T = s.qo_indptr.back();
+  in.q_nope = test::make_host(dt, {T, H, kDc});
+  in.q_pe = test::make_host(dt, {T, H, kDr});
+  in.ckv = test::make_host(dt, {pool, page_size, kDc});
+  in.kpe = test::make_host(dt, {pool, page_size, kDr});
+  in.o = test::make_host(dt, {T, H, kDc});
+  in.lse = test::make_host(DType::kFloat32, {T, H});
+  test::fill_random(in.q_nope, seed + 10);
+  test::fill_random(in.q_pe, seed + 11);
+  fill_caches(in.ckv, in.kpe, s, page_size, seed + 12);
+  in.d_q_nope = test::to_device(in.q_nope);
+  in.d_q_pe = test::to_device(in.q_pe);
+  in.d_ckv = test::to_device(in.ckv);
+  in.d_kpe = test::to_device(in.kpe);
+  in.d_o = test::poisoned_like(in.o);
+  in.d_lse = test::poisoned_like(in.lse);
+  return in;
+}
+
+void expect_matches_reference(const Inputs& in, const Step& s, bool causal, double sm_scale, DType dt,
+                              const std::string& what) {
+  SCOPED_TRACE(what);
+  const reference::Result ref = reference::mla_paged(in.q_nope.view, in.q_pe.view, in.ckv.view, in.kpe.view,
+                                                     s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens, causal,
+                                                     sm_scale);
+  const HostTensor o = test::to_host(in.d_o, in.o), lse = test::to_host(in.d_lse, in.lse);
+  EXPECT_CLOSE(test::compare(test::to_doubles(o.view), ref.o), dt);
+  EXPECT_CLOSE(test::compare(test::to_doubles(lse.view), ref.lse), DType::kFloat16);  // LSE in fp32: 1e-3
+}
+
+struct Case {
+  int H, page_size;
+  DType dt;
+  bool causal;
+  std::vector<int32_t> qo_lens, kv_lens;
+};
+
+void run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  int64_t need = 0;
+  for (int32_t k : c.kv_lens) need += (k + c.page_size - 1) / c.page_size;
+  const int pool = static_cast<int>(need) + 3;
+  const Step s = make_step(c.qo_lens, c.kv_lens, c.page_size, pool, rng);
+  Inputs in = make_inputs(s, c.H, c.page_size, pool, c.dt, seed);
+  MLATask task;
+  task.num_heads = c.H;
+  task.page_size = c.page_size;
+  task.q_dtype = task.kv_dtype = c.dt;
+  task.causal = c.causal;
+  task.max_batch = static_cast<int64_t>(c.qo_lens.size());
+  task.max_total_q = std::max<int64_t>(1, s.qo_indptr.back());
+  task.max_pages = std::max<int64_t>(1, need);
+  const auto sz = BatchMLA::workspace_size(task, cuda::device_info(cuda::current_device()).sm_count, opt);
+  Workspace ws = Workspace::allocate(sz.device_bytes, sz.host_bytes);
+  BatchMLA mla(task, ws, opt);
+  mla.plan(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens);
+  const double scale = 1.0 / std::sqrt(192.0);  // DeepSeek's: 1 / sqrt(qk_nope 128 + rope 64)
+  mla.run(in.d_q_nope.view, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view, nullptr,
+          {scale});
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::string what = "H " + std::to_string(c.H) + " page " + std::to_string(c.page_size) + " " + dtype_name(c.dt) +
+                     (c.causal ? " causal" : "") + " tile " + std::to_string(mla.config().cta_q) + " split tiles " +
+                     std::to_string(mla.last_plan().num_split);
+  expect_matches_reference(in, s, c.causal, scale, c.dt, what);
+}
+
+TEST(MlaGpu, DecodeAcrossHeadsPagesAndDtypes) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (int H : {16, 32, 64, 128})
+      for (int ps : {1, 16, 64})
+        run_case({H, ps, dt, false, {1, 1, 1, 1, 1}, {0, 1, 97, 1031, 64}}, ++seed);
+}
+
+TEST(MlaGpu, MultiTokenCausalQueries) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 200;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (int H : {16, 32, 64, 128})
+      for (int q : {1, 2, 3, 5, 8})
+        run_case({H, 64, dt, true, {q, q, q}, {q, 37 + q, 509}}, ++seed);
+  // Mixed query lengths in one batch, page size 16 and 1.
+  for (int ps : {1, 16}) run_case({32, ps, DType::kFloat16, true, {1, 8, 4, 2, 7}, {1, 8, 131, 2053, 9}}, ++seed);
+  // Non-causal multi-token (absorbed prefill without a mask).
+  run_case({16, 16, DType::kFloat16, false, {6, 3}, {100, 3}}, ++seed);
+}
+
+TEST(MlaGpu, LongContextsSplitKvAndMerge) {
+  SKIP_WITHOUT_GPU();
+  // Few requests, long KV: the planner splits them over the CTAs.
+  run_case({16, 64, DType::kFloat16, false, {1}, {32768}}, 300);
+  run_case({128, 64, DType::kBFloat16, false, {1, 1}, {20011, 4099}}, 301);
+  run_case({64, 16, DType::kFloat16, true, {2, 8}, {16411, 8191}}, 302);
+  // A workspace with no partial states: no split, same answers.
+  MLAOptions no_split;
+  no_split.planner.split_kv = false;
+  run_case({16, 64, DType::kFloat16, true, {3}, {9001}}, 303, no_split);
+  // Each query tile pinned.
+  for (int q : {16, 32, 64}) {
+    MLAOptions o;
+    o.cta_q = q;
+    run_case({32, 16, DType::kBFloat16, true, {2, 1, 4}, {5000, 17, 777}}, 310 + q, o);
+  }
+}
+
+// Two runs of one plan write the same bits (split tiles merge in chunk order).
+TEST(MlaGpu, BitwiseDeterministic) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  const int H = 128, ps = 64;
+  const std::vector<int32_t> qo(8, 2), kv{10000, 300, 7, 4096, 1, 12345, 640, 2};
+  int pool = 0;
+  for (int32_t k : kv) pool += (k + ps - 1) / ps;
+  const Step s = make_step(qo, kv, ps, pool, rng);
+  Inputs in = make_inputs(s, H, ps, pool, DType::kBFloat16, 7);
+  MLATask task;
+  task.num_heads = H;
+  task.page_size = ps;
+  task.q_dtype = task.kv_dtype = DType::kBFloat16;
+  task.causal = true;
+  task.max_batch = 8;
+  task.max_total_q = 16;
+  task.max_pages = pool;
+  const auto sz = BatchMLA::workspace_size(task, cuda::device_info(cuda::current_device()).sm_count);
+  Workspace ws = Workspace::allocate(sz.device_bytes, sz.host_bytes);
+  BatchMLA mla(task, ws);
+  mla.plan(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens);
+  EXPECT_GT(mla.last_plan().num_split, 0);
+  HostTensor first;
+  for (int run = 0; run < 3; ++run) {
+    in.d_o.buf.fill(0xFF);
+    mla.run(in.d_q_nope.view, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    HostTensor o = test::to_host(in.d_o, in.o);
+    if (run == 0) first = o;
+    else EXPECT_TRUE(test::bitwise_equal(first, o)) << "run " << run;
+  }
+  expect_matches_reference(in, s, true, 1.0 / std::sqrt(576.0), DType::kBFloat16, "determinism case");
+}
+
+// One capture of run(), replayed after plans of other lengths (same bounds),
+// each checked against the reference; page ids on the GPU for the second step.
+TEST(MlaGpu, CudaGraphReplayWithChangedLengths) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  const int H = 16, ps = 16, pool = 1200;
+  MLATask task;
+  task.num_heads = H;
+  task.page_size = ps;
+  task.causal = true;
+  task.max_batch = 16;
+  task.max_total_q = 64;
+  task.max_pages = pool;
+  const auto sz = BatchMLA::workspace_size(task, cuda::device_info(cuda::current_device()).sm_count);
+  Workspace ws = Workspace::allocate(sz.device_bytes, sz.host_bytes);
+  BatchMLA mla(task, ws);
+  // Fixed tensors sized for the bounds; each step uses a prefix of q / o rows.
+  const std::vector<std::vector<int32_t>> qo_steps = {{1, 1, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, {4, 1, 3}};
+  const std::vector<std::vector<int32_t>> kv_steps = {{1, 700, 63, 4000}, {2, 9, 100, 5, 17, 2000, 3, 30, 2, 444, 8, 11},
+                                                      {16000, 1, 9}};
+  HostTensor q_nope = test::make_host(DType::kFloat16, {64, H, kDc}), q_pe = test::make_host(DType::kFloat16, {64, H, kDr});
+  HostTensor ckv = test::make_host(DType::kFloat16, {pool, ps, kDc}), kpe = test::make_host(DType::kFloat16, {pool, ps, kDr});
+  HostTensor o = test::make_host(DType::kFloat16, {64, H, kDc}), lse = test::make_host(DType::kFloat32, {64, H});
+  test::fill_random(q_nope, 1);
+  test::fill_random(q_pe, 2);
+  DeviceTensor dq = test::to_device(q_nope), dqp = test::to_device(q_pe);
+  DeviceTensor dckv = test::to_device(ckv), dkpe = test::to_device(kpe);
+  DeviceTensor d_o = test::poisoned_like(o), d_lse = test::poisoned_like(lse);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  for (size_t k = 0; k < qo_steps.size(); ++k) {
+    const Step s = make_step(qo_steps[k], kv_steps[k], ps, pool, rng);
+    fill_caches(ckv, kpe, s, ps, 50 + k);
+    dckv.buf.upload(ckv.storage.data(), ckv.storage.size());
+    dkpe.buf.upload(kpe.storage.data(), kpe.storage.size());
+    d_o.buf.fill(0xFF);
+    d_lse.buf.fill(0xFF);
+    // Each step's rows are a prefix of the fixed tensors; the capture (first
+    // step) bakes in their addresses, later steps only plan.
+    const int64_t T = s.qo_indptr.back();
+    TensorView qv = dq.view, qpv = dqp.view, ov = d_o.view, lv = d_lse.view;
+    if (k == 1) {  // page ids on the GPU
+      cuda::DeviceBuffer ids(std::max<size_t>(4, s.kv_indices.size() * 4));
+      ids.upload(s.kv_indices.data(), s.kv_indices.size() * 4);
+      TensorView idv(ids.get(), DType::kInt32, Device{DeviceType::kCUDA, cuda::current_device()},
+                     {static_cast<int64_t>(s.kv_indices.size())});
+      mla.plan(s.qo_indptr, s.kv_indptr, idv, s.kv_lens, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // ids copied before the buffer goes
+    } else {
+      mla.plan(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens, stream);
+    }
+    qv.shape[0] = qpv.shape[0] = ov.shape[0] = lv.shape[0] = T;
+    if (exec == nullptr) {
+      cudaGraph_t graph;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+      mla.run(qv, qpv, dckv.view, dkpe.view, ov, lv, stream);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      cudaGraphDestroy(graph);
+    }
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    // Reference on this step's rows.
+    HostTensor qn = test::make_host(DType::kFloat16, {T, H, kDc}), qp = test::make_host(DType::kFloat16, {T, H, kDr});
+    std::copy_n(q_nope.storage.begin(), qn.storage.size(), qn.storage.begin());
+    std::copy_n(q_pe.storage.begin(), qp.storage.size(), qp.storage.begin());
+    const reference::Result ref = reference::mla_paged(qn.view, qp.view, ckv.view, kpe.view, s.qo_indptr, s.kv_indptr,
+                                                       s.kv_indices, s.kv_lens, true);
+    HostTensor oh = test::to_host(d_o, o), lh = test::to_host(d_lse, lse);
+    std::vector<double> od = test::to_doubles(oh.view), ld = test::to_doubles(lh.view);
+    od.resize(ref.o.size());
+    ld.resize(ref.lse.size());
+    SCOPED_TRACE("step " + std::to_string(k));
+    EXPECT_CLOSE(test::compare(od, ref.o), DType::kFloat16);
+    EXPECT_CLOSE(test::compare(ld, ref.lse), DType::kFloat16);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(stream);
+}
+
+TEST(MlaGpu, BadDevicePageIdIsRaisedByTheNextCall) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(3);
+  const int H = 16, ps = 16, pool = 8;
+  const Step s = make_step({1}, {40}, ps, pool, rng);
+  Inputs in = make_inputs(s, H, ps, pool, DType::kFloat16, 3);
+  MLATask task;
+  task.num_heads = H;
+  task.page_size = ps;
+  Workspace ws = Workspace::allocate(64 << 20, 1 << 20);
+  BatchMLA mla(task, ws);
+  std::vector<int32_t> bad = s.kv_indices;
+  bad[1] = pool + 5;
+  cuda::DeviceBuffer ids(bad.size() * 4);
+  ids.upload(bad.data(), bad.size() * 4);
+  TensorView idv(ids.get(), DType::kInt32, Device{DeviceType::kCUDA, cuda::current_device()},
+                 {static_cast<int64_t>(bad.size())});
+  mla.plan(s.qo_indptr, s.kv_indptr, idv, s.kv_lens);
+  mla.run(in.d_q_nope.view, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_THROW_MSG(mla.plan(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens), InvalidArgument, "kv_indices");
+}
+
+TEST(MlaGpu, RunChecksTensorsByName) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  const Step s = make_step({1, 1}, {20, 3}, 16, 4, rng);
+  Inputs in = make_inputs(s, 16, 16, 4, DType::kFloat16, 5);
+  MLATask task;
+  task.num_heads = 16;
+  task.page_size = 16;
+  Workspace ws = Workspace::allocate(64 << 20, 1 << 20);
+  BatchMLA mla(task, ws);
+  mla.plan(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens);
+  const TensorView& q = in.d_q_nope.view;
+  EXPECT_THROW_MSG(mla.run(in.d_q_pe.view, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view),
+                   InvalidArgument, "q_nope");
+  EXPECT_THROW_MSG(mla.run(q, q, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view), InvalidArgument, "q_pe");
+  EXPECT_THROW_MSG(mla.run(q, in.d_q_pe.view, in.d_kpe.view, in.d_kpe.view, in.d_o.view, in.d_lse.view),
+                   InvalidArgument, "ckv_cache");
+  EXPECT_THROW_MSG(mla.run(q, in.d_q_pe.view, in.d_ckv.view, in.d_ckv.view, in.d_o.view, in.d_lse.view),
+                   InvalidArgument, "kpe_cache");
+  EXPECT_THROW_MSG(mla.run(q, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_lse.view, in.d_lse.view),
+                   InvalidArgument, "o");
+  EXPECT_THROW_MSG(mla.run(q, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_o.view),
+                   InvalidArgument, "lse");
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,218 @@
+"""tessera.BatchMLAPagedAttentionWrapper (FlashInfer's MLA wrapper) and
+append_paged_mla_kv_cache: argument checks without a GPU (each error names
+its argument), and on a GPU the outputs against a float64 numpy reference of
+expanded attention over the latent KV (shuffled pages, NaN in every unused
+cache slot and in the outputs before the run), CUDA-graph replay across
+plans and the append. GPU tests skip with "skipped: no GPU"."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tessera
+from conftest import to_np
+
+DC, DR = 512, 64
+
+
+def ref_mla(q_nope, q_pe, ckv, kpe, qo_indptr, kv_indptr, kv_indices, kv_lens, causal, sm_scale):
+    """float64 (o [T, H, 512], lse [T, H] base 2)."""
+    q_nope, q_pe, ckv, kpe = (to_np(x) for x in (q_nope, q_pe, ckv, kpe))
+    T_, H = q_nope.shape[:2]
+    page = ckv.shape[1]
+    o = np.zeros((T_, H, DC))
+    lse = np.full((T_, H), -np.inf)
+    for b in range(len(kv_lens)):
+        n = int(kv_lens[b])
+        pages = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
+        c = np.concatenate([ckv[p] for p in pages])[:n] if n else np.zeros((0, DC))
+        r = np.concatenate([kpe[p] for p in pages])[:n] if n else np.zeros((0, DR))
+        q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        for j in range(q1 - q0):
+            vis = min(n, max(0, j + n - (q1 - q0) + 1)) if causal else n
+            if vis == 0:
+                continue
+            s = (q_nope[q0 + j] @ c[:vis].T + q_pe[q0 + j] @ r[:vis].T) * sm_scale  # [H, vis]
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)
+            o[q0 + j] = (p / p.sum(axis=1, keepdims=True)) @ c[:vis]
+            lse[q0 + j] = (m[:, 0] + np.log(p.sum(axis=1))) / math.log(2)
+    return o, lse
+
+
+# ------------------------------------------------------------------ without a GPU
+def test_exported_at_top_level_and_in_page():
+    assert tessera.BatchMLAPagedAttentionWrapper is tessera.mla.BatchMLAPagedAttentionWrapper
+    assert tessera.page.append_paged_mla_kv_cache is tessera.append_paged_mla_kv_cache
+
+
+def plan_args(**over):
+    args = dict(qo_indptr=np.array([0, 1, 2], np.int32), kv_indptr=np.array([0, 1, 3], np.int32),
+                kv_indices=np.array([2, 0, 1], np.int32), kv_len_arr=np.array([5, 70], np.int32), num_heads=16,
+                head_dim_ckv=512, head_dim_kpe=64, page_size=64, causal=False, sm_scale=0.07,
+                q_data_type="bfloat16", kv_data_type="bfloat16")
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, exc, name", [
+    (dict(head_dim_ckv=256), ValueError, "head_dim_ckv"),
+    (dict(head_dim_kpe=128), ValueError, "head_dim_kpe"),
+    (dict(num_heads=0), ValueError, "num_heads"),
+    (dict(page_size=0), ValueError, "page_size"),
+    (dict(sm_scale=-1.0), ValueError, "sm_scale"),
+    (dict(q_data_type="float32"), TypeError, "q_data_type"),
+    (dict(kv_data_type="float16"), TypeError, "kv_data_type"),
+    (dict(kv_data_type="float8_e4m3fn"), TypeError, "kv_data_type"),
+    (dict(kv_indptr=np.array([0, 1], np.int32)), ValueError, "kv_indptr"),
+    (dict(kv_len_arr=np.array([5], np.int32)), ValueError, "kv_len_arr"),
+    (dict(qo_indptr=np.array([0.0, 1.0])), TypeError, "qo_indptr"),
+    (dict(kv_indices=None), TypeError, "kv_indices"),
+])
+def test_plan_names_bad_arguments_before_needing_a_gpu(over, exc, name):
+    w = tessera.BatchMLAPagedAttentionWrapper(np.zeros(16, np.uint8))
+    with pytest.raises(exc, match=name):
+        w.plan(**plan_args(**over))
+
+
+def test_unsupported_options_are_named():
+    with pytest.raises(ValueError, match="backend"):
+        tessera.BatchMLAPagedAttentionWrapper(np.zeros(16, np.uint8), backend="cutlass")
+    w = tessera.BatchMLAPagedAttentionWrapper(np.zeros(16, np.uint8))
+    with pytest.raises(ValueError, match="skip_softmax"):
+        w.plan(**plan_args(), skip_softmax=True)
+    with pytest.raises(ValueError, match="query_layout"):
+        w.plan(**plan_args(), query_layout="packed")
+    with pytest.raises(ValueError, match="use_profiler"):
+        w.plan(**plan_args(use_profiler=True))
+    with pytest.raises(ValueError, match="run"):
+        w.run(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
+    with pytest.raises(ValueError, match="sinks"):
+        w.run(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1), sinks=np.zeros(1))
+
+
+def test_workspace_size_on_the_host():
+    ideal, host = tessera._C.BatchMLA.workspace_size("float16", "float16", 128, 512, 64, 64, True, 256, 512, 65536,
+                                                     num_sms=132)
+    least, _ = tessera._C.BatchMLA.min_workspace_size("float16", "float16", 128, 512, 64, 64, True, 256, 512, 65536,
+                                                      num_sms=132)
+    assert ideal > least > 0 and host > 0
+    with pytest.raises(ValueError, match="head_dim_ckv"):
+        tessera._C.BatchMLA.workspace_size("float16", "float16", 128, 256, 64, 64, True, 1, 1, 1, num_sms=132)
+
+
+# ------------------------------------------------------------------ GPU
+def make_step(torch, qo_lens, kv_lens, page, H, dtype, rng, extra_pages=3):
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    npages = [(k + page - 1) // page for k in kv_lens]
+    kv_indptr = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
+    pool = int(kv_indptr[-1]) + extra_pages
+    kv_indices = rng.permutation(pool)[:kv_indptr[-1]].astype(np.int32)
+    dev = "cuda"
+    q_nope = torch.randn(int(qo_indptr[-1]), H, DC, dtype=dtype, device=dev)
+    q_pe = torch.randn(int(qo_indptr[-1]), H, DR, dtype=dtype, device=dev)
+    ckv = torch.full((pool, page, DC), float("nan"), dtype=dtype, device=dev)
+    kpe = torch.full((pool, page, DR), float("nan"), dtype=dtype, device=dev)
+    for b, n in enumerate(kv_lens):  # only the slots requests own hold numbers
+        for t in range(n):
+            p = int(kv_indices[kv_indptr[b] + t // page])
+            ckv[p, t % page] = torch.randn(DC, dtype=dtype, device=dev)
+            kpe[p, t % page] = torch.randn(DR, dtype=dtype, device=dev)
+    return dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                kv_lens=np.asarray(kv_lens, np.int32), q_nope=q_nope, q_pe=q_pe, ckv=ckv, kpe=kpe)
+
+
+def check(torch, s, out, lse, causal, scale, dtype):
+    o_ref, lse_ref = ref_mla(s["q_nope"], s["q_pe"], s["ckv"], s["kpe"], s["qo_indptr"], s["kv_indptr"],
+                             s["kv_indices"], s["kv_lens"], causal, scale)
+    o = to_np(out)
+    assert not np.isnan(o).any()
+    tol = 1e-3 if dtype == torch.float16 else 1e-2
+    assert np.abs(o - o_ref).max() / np.abs(o_ref).max() < tol
+    l = to_np(lse)
+    finite = np.isfinite(lse_ref)
+    assert (np.isneginf(l) == ~finite).all()
+    assert np.abs(l[finite] - lse_ref[finite]).max() < 1e-3 * max(1.0, np.abs(lse_ref[finite]).max())
+
+
+@pytest.mark.parametrize("H", [16, 128])
+@pytest.mark.parametrize("page", [1, 64])
+@pytest.mark.parametrize("q_len, causal", [(1, False), (2, True), (8, True)])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_matches_reference(torch_cuda, poison, H, page, q_len, causal, dtype_name):
+    torch = torch_cuda
+    dtype = getattr(torch, dtype_name)
+    rng = np.random.default_rng(H * 1000 + page * 10 + q_len)
+    kv_lens = [q_len, 97, 1031 + q_len, 8]
+    s = make_step(torch, [q_len] * 4, kv_lens, page, H, dtype, rng)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    w = tessera.BatchMLAPagedAttentionWrapper(ws)
+    scale = 1 / math.sqrt(192)
+    w.plan(torch.from_numpy(s["qo_indptr"]), torch.from_numpy(s["kv_indptr"]),
+           torch.from_numpy(s["kv_indices"]).cuda(), torch.from_numpy(s["kv_lens"]), H, 512, 64, page, causal, scale,
+           dtype, dtype)
+    out, lse = w.run(s["q_nope"], s["q_pe"], s["ckv"], s["kpe"], return_lse=True)
+    torch.cuda.synchronize()
+    check(torch, s, out, lse, causal, scale, dtype)
+    # Packed forms through query= / kv_cache=, into caller outputs.
+    out2 = torch.full_like(out, float("nan"))
+    w.run(query=(s["q_nope"], s["q_pe"]), kv_cache=torch.cat([s["ckv"], s["kpe"]], -1), out=out2)
+    torch.cuda.synchronize()
+    assert torch.equal(out, out2)
+
+
+def test_long_context_split_and_graph_replay(torch_cuda):
+    torch = torch_cuda
+    rng = np.random.default_rng(5)
+    H, page, dtype = 16, 64, torch.bfloat16
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    qo_buf = torch.empty(9, dtype=torch.int32, device="cuda")
+    idx_buf = torch.empty(4096, dtype=torch.int32, device="cuda")
+    w = tessera.BatchMLAPagedAttentionWrapper(ws, use_cuda_graph=True, qo_indptr=qo_buf, kv_indices=idx_buf)
+    steps = [([1] * 8, [32000, 1, 5, 700, 64, 65, 3, 4000]), ([2] * 3, [9000, 2, 300])]
+    T = max(sum(q) for q, _ in steps)
+    pool = 4096
+    q_nope = torch.randn(T, H, DC, dtype=dtype, device="cuda")
+    q_pe = torch.randn(T, H, DR, dtype=dtype, device="cuda")
+    ckv = torch.randn(pool, page, DC, dtype=dtype, device="cuda")
+    kpe = torch.randn(pool, page, DR, dtype=dtype, device="cuda")
+    out = torch.full((T, H, DC), float("nan"), dtype=dtype, device="cuda")
+    lse = torch.full((T, H), float("nan"), dtype=torch.float32, device="cuda")
+    graph = None
+    for k, (qo, kv) in enumerate(steps):
+        qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+        kv_indptr = np.concatenate([[0], np.cumsum([(x + page - 1) // page for x in kv])]).astype(np.int32)
+        ids = rng.permutation(pool)[:kv_indptr[-1]].astype(np.int32)
+        idx_buf[:len(ids)].copy_(torch.from_numpy(ids))
+        w.plan(qo_indptr, kv_indptr, idx_buf, np.asarray(kv, np.int32), H, 512, 64, page, True, 0.1, dtype, dtype)
+        rows = int(qo_indptr[-1])
+        if graph is None:
+            graph = torch.cuda.CUDAGraph()
+            w.run(q_nope[:rows], q_pe[:rows], ckv, kpe, out=out[:rows], lse=lse[:rows])  # warm-up outside capture
+            with torch.cuda.graph(graph):
+                w.run(q_nope[:rows], q_pe[:rows], ckv, kpe, out=out[:rows], lse=lse[:rows])
+        graph.replay()
+        torch.cuda.synchronize()
+        s = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=ids, kv_lens=np.asarray(kv),
+                 q_nope=q_nope[:rows], q_pe=q_pe[:rows], ckv=ckv, kpe=kpe)
+        check(torch, s, out[:rows], lse[:rows], True, 0.1, dtype)
+
+
+def test_append_paged_mla_kv_cache(torch_cuda):
+    torch = torch_cuda
+    page, pages = 16, 6
+    ckv = torch.zeros(pages, page, DC, dtype=torch.float16, device="cuda")
+    kpe = torch.zeros(pages, page, DR, dtype=torch.float16, device="cuda")
+    append_ckv = torch.randn(20, DC, dtype=torch.float16, device="cuda")
+    append_kpe = torch.randn(20, DR, dtype=torch.float16, device="cuda")
+    batch = torch.tensor([0] * 17 + [1] * 3, dtype=torch.int32, device="cuda")
+    pos = torch.tensor(list(range(17)) + [0, 1, 2], dtype=torch.int32, device="cuda")
+    kv_indices = torch.tensor([4, 1, 3], dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0, 2, 3], dtype=torch.int32, device="cuda")
+    last = torch.tensor([1, 3], dtype=torch.int32, device="cuda")
+    tessera.append_paged_mla_kv_cache(append_ckv, append_kpe, batch, pos, ckv, kpe, kv_indices, kv_indptr, last)
+    torch.cuda.synchronize()
+    assert torch.equal(ckv[4], append_ckv[:16]) and torch.equal(ckv[1, 0], append_ckv[16])
+    assert torch.equal(ckv[3, :3], append_ckv[17:]) and torch.equal(kpe[3, :3], append_kpe[17:])
+    assert torch.equal(kpe[4], append_kpe[:16])
