@@ -190,8 +190,11 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   // overhead: H100 Table-1 setting 195 / 271 / 282 -> 212 / 294 / 308
   // TFLOP/s at 1k / 4k / 16k, bench/prefill_sweep.py), while a LogitsMask,
   // LogitsTransform or Q/K transform spills inside the loop there.
+  // An fp8 cache takes the 32-token tile there too: its widening pass adds
+  // shared-memory traffic per KV tile, and the smaller tile keeps two CTAs
+  // per SM (H100, Table-1 shape at 1k / 4k: 160 / 212 -> 196 / 271 TFLOP/s).
   const bool rows32_d128 = vo == 128 && cta_q / c.warps_q == 32;
-  const bool big_o = vo == 256 || (rows32_d128 && has_element_functors(spec.variant));
+  const bool big_o = vo == 256 || (rows32_d128 && (has_element_functors(spec.variant) || fp8));
   c.cta_kv = big_o && c.warps_kv == 1 ? 32 : 64;
   // Wider Q / K rows than V's: shared memory, not registers, bounds the tile
   // (not tuned on a GPU yet). QK 512: a 64-token stage is 96 KB (K 64 KB +
