@@ -323,8 +323,8 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                                skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
         k, v = W.unpack_paged_kv_cache(paged_kv_cache)
         # An fp8 cache crosses as uint8 views (T.kv_bits); its fp8 type must be the planned one.
-        k = T.kv_bits(k, "paged_kv_cache", plan["kv_dtype"])[0]
-        v = T.kv_bits(v, "paged_kv_cache", plan["kv_dtype"])[0]
+        k = T.kv_bits(k, "paged_kv_cache", plan.get("kv_dtype"))[0]  # shared_prefix="auto" plans 16-bit caches
+        v = T.kv_bits(v, "paged_kv_cache", plan.get("kv_dtype"))[0]
         out, lse = self._outputs(q, out, lse, return_lse)
         sinks = W.check_sinks(sinks, q, plan["num_qo_heads"])
         if sinks is not None and lse is None:
