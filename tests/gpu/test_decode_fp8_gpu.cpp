@@ -6,7 +6,8 @@
 // the built-in variants (window, soft cap, both, fused RoPE); single_decode
 // (row-wise kernel); CUDA-graph replay with new scale-tensor values; the
 // end-to-end error of fp16 K / V quantized by the append against the
-// unquantized reference, printed per dtype and head dim; bad input.
+// unquantized reference, printed per dtype and head dim; bad input; and the
+// tensor-core decode path (FA2 template) on fp8 caches.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -196,6 +197,39 @@ TEST(Fp8DecodeGpuExtra, HeadsPerThread) {
     opt.v_scale = kVScale;
     expect_matches(run_fp8(dec, p, opt), ref, c.q);
   }
+}
+
+// use_tensor_cores: the FA2 template widens the fp8 tiles into 16-bit
+// stages; the same reference, page sizes (5: not a power of two), layouts,
+// scale forms and bitwise re-runs.
+TEST(Fp8DecodeGpuExtra, TensorCoresMatchDequantizedReference) {
+  SKIP_WITHOUT_GPU();
+  for (auto [q, kv] : {std::pair{DType::kFloat16, kE4M3}, std::pair{DType::kFloat16, kE5M2},
+                       std::pair{DType::kBFloat16, kE4M3}, std::pair{DType::kBFloat16, kE5M2}})
+    for (auto [page, layout] : {std::pair{1, KVLayout::kNHD}, std::pair{16, KVLayout::kHND},
+                                std::pair{5, KVLayout::kHND}, std::pair{64, KVLayout::kNHD}}) {
+      SCOPED_TRACE(std::string(dtype_name(q)) + " " + dtype_name(kv) + " page " + std::to_string(page));
+      const Fp8Case c{q, kv, 128, 4, page, layout};
+      Fp8Problem p = make_fp8_problem(c, {0, 1, 7, 300, 1000, 5003, 33, 129, 64, 2, 777}, 11 * page + 3);
+      const auto ref = fp8_reference(p, c, kKScale, kVScale);
+      DecodeOptions o;
+      o.use_tensor_cores = true;
+      Workspace ws = decode_workspace(p.spec, p.task, o);
+      BatchDecode dec(p.spec, p.task, ws, o);
+      ASSERT_NE(dec.tensor_core_prefill(), nullptr);
+      dec.plan(p.t.indptr, p.t.indices, p.t.last);
+      RunOptions opt;
+      opt.k_scale = kKScale;
+      opt.v_scale = kVScale;
+      const Outputs a = run_fp8(dec, p, opt);
+      expect_matches(a, ref, c.q);
+      EXPECT_TRUE(bitwise_equal(a.o, run_fp8(dec, p, opt).o));
+      DeviceTensor ks = scale_tensor(static_cast<float>(kKScale)), vs = scale_tensor(static_cast<float>(kVScale));
+      RunOptions t;
+      t.k_scale_tensor = ks.view;
+      t.v_scale_tensor = vs.view;
+      expect_matches(run_fp8(dec, p, t), ref, c.q);
+    }
 }
 
 class Fp8SingleDecodeGpu : public ::testing::TestWithParam<std::tuple<DType, DType, int, KVLayout>> {};
