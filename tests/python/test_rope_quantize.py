@@ -31,10 +31,9 @@ def fp8_table(name):
 
 
 def to_fp8(x, name):
-    """Round-to-nearest-even, saturating, into fp8 codes (NaN -> 0x7f)."""
+    """Round-to-nearest-even, saturating, into fp8 codes (NaN -> 0x7f): the nearest code of the value's
+    sign (so a tiny negative value gives -0), a tie going to the even code."""
     table = fp8_table(name)
-    ok = ~np.isnan(table)
-    codes, vals = np.arange(256)[ok], table[ok]
     big = np.nanmax(table)
     x = np.asarray(x, dtype=np.float64).ravel()
     out = np.empty(x.size, dtype=np.uint8)
@@ -42,14 +41,13 @@ def to_fp8(x, name):
         if np.isnan(v):
             out[i] = 0x7F
             continue
-        v = min(max(v, -big), big)
-        d = np.abs(vals - v)
-        best = np.flatnonzero(d == d.min())
-        # a tie: the even code (mantissa LSB 0); +0 over -0 for zero
-        pick = [c for c in codes[best] if c % 2 == 0] or list(codes[best])
-        out[i] = pick[0] if v != 0 or np.signbit(v) is False else (0x80 if np.signbit(v) else 0)
-        if v == 0:
-            out[i] = 0x80 if np.signbit(v) else 0
+        half = np.arange(128) + (0x80 if np.signbit(v) else 0)  # codes of v's sign
+        vals = table[half]
+        ok = ~np.isnan(vals)
+        codes, d = half[ok], np.abs(vals[ok] - min(max(v, -big), big))
+        best = codes[d == d.min()]
+        even = [c for c in best if c % 2 == 0]
+        out[i] = even[0] if even else best[0]
     return out
 
 
@@ -300,3 +298,19 @@ def test_gpu_append_mla(torch_cuda, fp8):
     want_kpe[page, slot] = t_quant(torch, t_rope(torch, kr, cs, pos, True), 0.25, qd).view(torch.uint8)
     assert torch.equal(ckv.view(torch.uint8), want_ckv)
     assert torch.equal(kpe.view(torch.uint8), want_kpe)
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_cpu_unpaged_matches_numpy(mla):
+    """rope_quantize_fp8 / mla_rope_quantize_fp8 on host arrays, no non-rotary part (None), e5m2."""
+    a = _args(nd=0)
+    kr = a["k_rope"][:, 0] if mla else a["k_rope"]
+    qo, ko = np.full(a["q_rope"].shape, 0xFF, np.uint8), np.full(kr.shape, 0xFF, np.uint8)
+    qno, kno = np.zeros((3, 4, 0), np.uint8), np.zeros(kr.shape[:-1] + (0,), np.uint8)
+    fn = R.mla_rope_quantize_fp8 if mla else R.rope_quantize_fp8
+    out = fn(a["q_rope"], kr, None, None, a["cos_sin_cache"], a["pos_ids"], False, "float8_e5m2", 2.0, 3.0, qo, ko,
+             qno, kno)
+    assert out[0] is qo and out[1] is ko
+    cs, pos = a["cos_sin_cache"], a["pos_ids"]
+    assert np.array_equal(qo, np_quant(np_rope(a["q_rope"], cs, pos, False), 2.0, "float8_e5m2"))
+    assert np.array_equal(ko, np_quant(np_rope(kr, cs, pos, False), 3.0, "float8_e5m2"))
