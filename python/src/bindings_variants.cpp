@@ -19,6 +19,7 @@
 #include "binding_util.hpp"
 #include "tessera/api/attention_wrapper.hpp"
 #include "tessera/api/rope.hpp"
+#include "tessera/api/rope_quantize.hpp"
 #include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/jit.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
@@ -273,6 +274,45 @@ void py_apply_rope_pos_ids_cos_sin_cache(nb::handle q, nb::handle k, nb::handle 
   apply_rope_pos_ids_cos_sin_cache(qa.view, ka.view, qo.view, ko.view, ca.view, pa.view, interleave, to_stream(stream));
 }
 
+// rope_quantize_fp8 and its paged forms: cache0 None -> k to k_rope_out /
+// k_nope_out; else (k_cache, v_cache) with v, or (ckv_cache, kpe_cache)
+// without (MLA). fp8 outputs come as uint8 views, out_dtype naming them.
+void py_rope_quantize_fp8(nb::handle q_rope, nb::handle k_rope, nb::handle q_nope, nb::handle k_nope, nb::handle v,
+                          nb::handle cos_sin_cache, nb::handle pos_ids, nb::handle q_rope_out, nb::handle k_rope_out,
+                          nb::handle q_nope_out, nb::handle k_nope_out, nb::handle cache0, nb::handle cache1,
+                          nb::handle kv_indices, nb::handle kv_indptr, nb::handle batch_indices, nb::handle positions,
+                          const std::string& kv_layout, const std::string& out_dtype, bool interleave,
+                          double quant_scale_q, double quant_scale_kv, uintptr_t stream) {
+  const DType out = parse_dtype("quantize_dtype", out_dtype);
+  Arg qr = to_arg("q_rope", q_rope), kr = to_arg("k_rope", k_rope), qn = to_optional_arg("q_nope", q_nope);
+  Arg kn = to_optional_arg("k_nope", k_nope), va = to_optional_arg("v", v);
+  Arg cs = to_arg("cos_sin_cache", cos_sin_cache), pi = to_arg("pos_ids", pos_ids);
+  Arg qro = to_arg("q_rope_out", q_rope_out, true), qno = to_optional_arg("q_nope_out", q_nope_out, true);
+  Arg kro = to_optional_arg("k_rope_out", k_rope_out, true), kno = to_optional_arg("k_nope_out", k_nope_out, true);
+  const bool paged = !cache0.is_none(), mla = paged && v.is_none();
+  Arg c0 = to_optional_arg(mla ? "ckv_cache" : "paged_kv_cache", cache0, true);
+  Arg c1 = to_optional_arg(mla ? "kpe_cache" : "paged_kv_cache", cache1, true);
+  Arg ki = to_optional_arg("kv_indices", kv_indices), kp = to_optional_arg("kv_indptr", kv_indptr);
+  Arg bi = to_optional_arg("batch_indices", batch_indices), po = to_optional_arg("positions", positions);
+  for (Arg* a : {&qro, &qno, &kro, &kno, &c0, &c1}) retag_fp8(*a, out);
+  RopeQuantizeOptions o;
+  o.interleave = interleave;
+  o.quant_scale_q = quant_scale_q;
+  o.quant_scale_kv = quant_scale_kv;
+  const KVLayout layout = parse_kv_layout(kv_layout.c_str());
+  nb::gil_scoped_release release;
+  if (!paged)
+    rope_quantize_fp8(qr.view, kr.view, qn.view, kn.view, cs.view, pi.view, qro.view, kro.view, qno.view, kno.view, o,
+                      to_stream(stream));
+  else if (mla)
+    rope_quantize_fp8_append_paged_mla_cache(qr.view, kr.view, qn.view, kn.view, cs.view, pi.view, c0.view, c1.view,
+                                             ki.view, kp.view, bi.view, po.view, qro.view, qno.view, o, to_stream(stream));
+  else
+    rope_quantize_fp8_append_paged_kv_cache(qr.view, kr.view, qn.view, kn.view, va.view, cs.view, pi.view,
+                                            PagedKVStorage(c0.view, c1.view, layout), ki.view, kp.view, bi.view, po.view,
+                                            qro.view, qno.view, o, to_stream(stream));
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -373,6 +413,12 @@ void bind_variants(nb::module_& m) {
   m.def("apply_rope_pos_ids_cos_sin_cache", &py_apply_rope_pos_ids_cos_sin_cache, "q"_a, "k"_a, "q_rope"_a, "k_rope"_a,
         "cos_sin_cache"_a, "pos_ids"_a, "interleave"_a = false, "stream"_a = 0,
         "RoPE of q/k rows at pos_ids with angles from a float32 [max_pos, rotary_dim] cos/sin cache.");
+  m.def("rope_quantize_fp8", &py_rope_quantize_fp8, "q_rope"_a, "k_rope"_a, "q_nope"_a.none(), "k_nope"_a.none(),
+        "v"_a.none(), "cos_sin_cache"_a, "pos_ids"_a, "q_rope_out"_a, "k_rope_out"_a.none(), "q_nope_out"_a.none(),
+        "k_nope_out"_a.none(), "cache0"_a.none(), "cache1"_a.none(), "kv_indices"_a.none(), "kv_indptr"_a.none(),
+        "batch_indices"_a.none(), "positions"_a.none(), "kv_layout"_a = "NHD", "out_dtype"_a = "float8_e4m3fn",
+        "interleave"_a = false, "quant_scale_q"_a = 1.0, "quant_scale_kv"_a = 1.0, "stream"_a = 0,
+        "Fused RoPE (cos/sin cache) + fp8 quantize of q/k(/v), k/v to outputs or a paged fp8 cache.");
   m.def("measure_jit", &py_measure_jit, "variant"_a, "dtype"_a, "head_dim"_a, "group"_a, "families"_a, "dir"_a,
         "lookups"_a = 10000, "Cold compile, warm load and lookup times of a variant's kernels on the current GPU.");
 }

@@ -3,7 +3,11 @@ names): apply_rope, apply_rope_inplace, apply_rope_pos_ids,
 apply_rope_pos_ids_inplace, their Llama 3.1 forms apply_llama31_rope,
 apply_llama31_rope_inplace, apply_llama31_rope_pos_ids,
 apply_llama31_rope_pos_ids_inplace, and the vLLM / SGLang style
-apply_rope_with_cos_sin_cache and apply_rope_with_cos_sin_cache_inplace. The
+apply_rope_with_cos_sin_cache and apply_rope_with_cos_sin_cache_inplace, and
+the fused fp8 cache write of the decode step: rope_quantize_fp8,
+mla_rope_quantize_fp8 and rope_quantize_fp8_append_paged_kv_cache (RoPE from a
+cos/sin cache, then value * quant_scale rounded to fp8, k / v written into a
+paged fp8 cache, one kernel). The
 math is that of the fused RoPE variants (tessera.variants.rope), so fused and
 unfused pipelines agree.
 
@@ -215,3 +219,172 @@ def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_
     with T.on_device_of(q):
         _C.apply_rope_pos_ids_cos_sin_cache(T.arg(q), T.arg(k), T.arg(q), T.arg(k), T.arg(cos_sin_cache), pos,
                                             interleave=not bool(is_neox), stream=T.stream_of(q))
+
+
+# ---------------------------------------------------------------- fused RoPE + fp8 quantize (+ paged append)
+_LAYOUTS = ("NHD", "HND")
+
+
+def _fp8_name(dtype, name):
+    s = str(dtype).replace("torch.", "")
+    if s not in T.FP8:
+        raise ValueError(f"{name}: expected torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    return s
+
+
+def _quantize_dtype(quantize_dtype, outs):
+    """FlashInfer's rule: the given dtype, else the first given output's, else float8_e4m3fn."""
+    if quantize_dtype is not None:
+        return _fp8_name(quantize_dtype, "quantize_dtype")
+    for name, out in outs:
+        if out is not None:
+            return _fp8_name(T.dtype_str(out), name)
+    return "float8_e4m3fn"
+
+
+def _empty_fp8(like, shape, dt):
+    if T.is_torch(like):
+        torch = T._torch()
+        return torch.empty(tuple(int(n) for n in shape), dtype=getattr(torch, dt), device=like.device)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError(f"q_rope: fp8 outputs of numpy arrays need ml_dtypes; pass torch tensors") from None
+    return np.empty(tuple(int(n) for n in shape), dtype=getattr(ml_dtypes, dt))
+
+
+def _fp8_out(out, like, dt, name):
+    """(the fp8 output to return, its bits as handed to the bindings)."""
+    if out is None:
+        if like is None:
+            return None, None
+        out = _empty_fp8(like, like.shape, dt)
+    bits, _ = T.kv_bits(out, name, dt)
+    return out, bits
+
+
+def _check_rope_inputs(q_rope, k_rope, cos_sin_cache, is_neox, quant_scale_q, quant_scale_kv):
+    for name, x in (("q_rope", q_rope), ("k_rope", k_rope), ("cos_sin_cache", cos_sin_cache)):
+        if x is None:
+            raise ValueError(f"{name}: expected a tensor, got None")
+        T.framework(x, name)
+    if T.dtype_str(cos_sin_cache) != "float32":
+        raise ValueError(f"cos_sin_cache: expected float32, got {T.dtype_str(cos_sin_cache)}")
+    if len(q_rope.shape) != 3:
+        raise ValueError(f"q_rope: expected [nnz, num_qo_heads, rope_dim], got shape {tuple(q_rope.shape)}")
+    if len(k_rope.shape) not in (2, 3):
+        raise ValueError(f"k_rope: expected [nnz, num_kv_heads, rope_dim] or [nnz, rope_dim] (MLA), got shape "
+                         f"{tuple(k_rope.shape)}")
+    if not isinstance(is_neox, (bool, np.bool_)):
+        raise TypeError(f"is_neox: expected a bool, got {type(is_neox).__name__}")
+    return _number("quant_scale_q", quant_scale_q), _number("quant_scale_kv", quant_scale_kv)
+
+
+def rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=True, quantize_dtype=None,
+                      quant_scale_q=1.0, quant_scale_kv=1.0, q_rope_out=None, k_rope_out=None, q_nope_out=None,
+                      k_nope_out=None, enable_pdl=False, backend="cuda"):
+    """RoPE on the rotary parts, then every value times its quant scale, rounded to fp8 (one fused kernel).
+
+    q_rope [nnz, num_qo_heads, rope_dim] and k_rope [nnz, num_kv_heads, rope_dim] (or [nnz, rope_dim], MLA) are
+    rotated at pos_ids by cos_sin_cache (float32 [max_pos, rope_dim], cos in the first half, sin in the second;
+    is_neox=True pairs the halves, False interleaves), in float32 with one rounding per operation; q_nope /
+    k_nope (None: no features) pass unrotated. Every q value is multiplied by quant_scale_q, every k value by
+    quant_scale_kv (FlashInfer's convention) and rounded to quantize_dtype (None: the outputs' dtype, else
+    float8_e4m3fn) to nearest even, saturating (+-448 / +-57344). rope_dim and no_rope_dim are multiples of
+    16. Returns (q_rope_out, k_rope_out, q_nope_out, k_nope_out), allocated when None. enable_pdl is accepted
+    and ignored; backend "cuda" and "cutile" both run Tessera's kernel. A position outside the cache gives NaN
+    on CUDA (not read back) and a ValueError on the CPU.
+    """
+    if backend not in ("cuda", "cutile"):
+        raise ValueError(f"backend: expected 'cuda' or 'cutile', got {backend!r}")
+    sq, skv = _check_rope_inputs(q_rope, k_rope, cos_sin_cache, is_neox, quant_scale_q, quant_scale_kv)
+    dt = _quantize_dtype(quantize_dtype, (("q_rope_out", q_rope_out), ("k_rope_out", k_rope_out),
+                                          ("q_nope_out", q_nope_out), ("k_nope_out", k_nope_out)))
+    T.common_framework(q_rope=q_rope, k_rope=k_rope, cos_sin_cache=cos_sin_cache)
+    pos = _int32(pos_ids, q_rope, "pos_ids")
+    nnz, hq = q_rope.shape[0], q_rope.shape[1]
+    if q_nope is None:
+        q_nope = T.empty(q_rope, (nnz, hq, 0))
+    if k_nope is None:
+        k_nope = T.empty(k_rope, tuple(k_rope.shape[:-1]) + (0,))
+    q_rope_out, qro = _fp8_out(q_rope_out, q_rope, dt, "q_rope_out")
+    k_rope_out, kro = _fp8_out(k_rope_out, k_rope, dt, "k_rope_out")
+    q_nope_out, qno = _fp8_out(q_nope_out, q_nope, dt, "q_nope_out")
+    k_nope_out, kno = _fp8_out(k_nope_out, k_nope, dt, "k_nope_out")
+    with T.on_device_of(q_rope):
+        _C.rope_quantize_fp8(T.arg(q_rope), T.arg(k_rope), T.arg(q_nope), T.arg(k_nope), None, T.arg(cos_sin_cache),
+                             pos, qro, kro, qno, kno, None, None, None, None, None, None, out_dtype=dt,
+                             interleave=not bool(is_neox), quant_scale_q=sq, quant_scale_kv=skv,
+                             stream=T.stream_of(q_rope))
+    return q_rope_out, k_rope_out, q_nope_out, k_nope_out
+
+
+def mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=True, quantize_dtype=None,
+                          quant_scale_q=1.0, quant_scale_kv=1.0, q_rope_out=None, k_rope_out=None, q_nope_out=None,
+                          k_nope_out=None, enable_pdl=False):
+    """rope_quantize_fp8 with MLA's 2-D k_rope [nnz, rope_dim] / k_nope [nnz, no_rope_dim] (as FlashInfer)."""
+    return rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+                             quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out, enable_pdl)
+
+
+def rope_quantize_fp8_append_paged_kv_cache(q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, pos_ids,
+                                            paged_kv_cache, kv_indices, kv_indptr, batch_indices, positions,
+                                            is_neox=True, quantize_dtype=None, quant_scale_q=1.0, quant_scale_kv=1.0,
+                                            page_size=16, kv_layout="NHD", q_rope_out=None, q_nope_out=None,
+                                            enable_pdl=False):
+    """rope_quantize_fp8 whose k (and v) go straight into a paged fp8 cache, in one kernel.
+
+    GQA / MHA (k_rope 3-D): paged_kv_cache = (k_cache, v_cache), each [num_pages, page_size, num_kv_heads,
+    rope_dim + no_rope_dim] (NHD) or [num_pages, num_kv_heads, page_size, head_dim] (HND); k_rope fills the
+    first rope_dim features of the K row, k_nope the rest, v (same heads, head_dim features) the V row. MLA
+    (k_rope 2-D, v None): paged_kv_cache = (ckv_cache [num_pages, page_size, no_rope_dim], kpe_cache
+    [num_pages, page_size, rope_dim]). Caches must already have quantize_dtype. Token i goes to page
+    kv_indices[kv_indptr[b] + positions[i] // page_size], slot positions[i] % page_size, b = batch_indices[i]
+    (from get_batch_indices_positions); b < 0 marks padding: nothing of it is written, q included (as
+    FlashInfer). On CUDA the indices are not read back: a token whose request or page the table and cache do
+    not cover keeps its cache slots untouched (its q is written). On the CPU every index is checked first
+    (ValueError naming it). Returns (q_rope_out, q_nope_out).
+    """
+    sq, skv = _check_rope_inputs(q_rope, k_rope, cos_sin_cache, is_neox, quant_scale_q, quant_scale_kv)
+    mla = len(k_rope.shape) == 2
+    if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2:
+        raise ValueError("paged_kv_cache: expected a tuple of 2 tensors, (k_cache, v_cache) or (ckv_cache, kpe_cache)")
+    cache0, cache1 = paged_kv_cache
+    if mla and v is not None:
+        raise ValueError("v: MLA (2-D k_rope) takes no V tensor; pass None")
+    if not mla and v is None:
+        raise ValueError("v: GQA / MHA expects a V tensor, got None (only MLA passes None)")
+    if kv_layout not in _LAYOUTS:
+        raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
+    if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
+        raise TypeError(f"page_size: expected an int, got {type(page_size).__name__}")
+    dt = _quantize_dtype(quantize_dtype, (("q_rope_out", q_rope_out), ("q_nope_out", q_nope_out)))
+    name0, name1 = ("ckv_cache", "kpe_cache") if mla else ("paged_kv_cache", "paged_kv_cache")
+    for name, c in ((name0, cache0), (name1, cache1)):
+        T.framework(c, name)
+        if T.dtype_str(c) not in (dt, "uint8"):
+            raise ValueError(f"{name}: expected the quantize dtype {dt}, got {T.dtype_str(c)}")
+        if len(c.shape) != (3 if mla else 4):
+            raise ValueError(f"{name}: expected {3 if mla else 4} dimensions, got shape {tuple(c.shape)}")
+    cache_page = cache0.shape[1] if mla or kv_layout == "NHD" else cache0.shape[2]
+    if int(page_size) != int(cache_page):
+        raise ValueError(f"page_size: expected the cache's page size {cache_page}, got {page_size}")
+    T.common_framework(q_rope=q_rope, k_rope=k_rope, cos_sin_cache=cos_sin_cache, paged_kv_cache=cache0)
+    nnz, hq = q_rope.shape[0], q_rope.shape[1]
+    if q_nope is None:
+        q_nope = T.empty(q_rope, (nnz, hq, 0))
+    if k_nope is None:
+        k_nope = T.empty(k_rope, tuple(k_rope.shape[:-1]) + (0,))
+    index = [_int32(x, q_rope, name) for x, name in ((pos_ids, "pos_ids"), (kv_indices, "kv_indices"),
+                                                     (kv_indptr, "kv_indptr"), (batch_indices, "batch_indices"),
+                                                     (positions, "positions"))]
+    q_rope_out, qro = _fp8_out(q_rope_out, q_rope, dt, "q_rope_out")
+    q_nope_out, qno = _fp8_out(q_nope_out, q_nope, dt, "q_nope_out")
+    c0, _ = T.kv_bits(cache0, name0, dt)
+    c1, _ = T.kv_bits(cache1, name1, dt)
+    with T.on_device_of(q_rope):
+        _C.rope_quantize_fp8(T.arg(q_rope), T.arg(k_rope), T.arg(q_nope), T.arg(k_nope), T.arg(v),
+                             T.arg(cos_sin_cache), index[0], qro, None, qno, None, c0, c1, index[1], index[2],
+                             index[3], index[4], kv_layout=kv_layout, out_dtype=dt, interleave=not bool(is_neox),
+                             quant_scale_q=sq, quant_scale_kv=skv, stream=T.stream_of(q_rope))
+    return q_rope_out, q_nope_out

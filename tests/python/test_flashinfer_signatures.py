@@ -258,6 +258,18 @@ FLASHINFER = {
     ("page", "get_batch_indices_positions"): "append_indptr, seq_lens, nnz, batch_indices=None, positions=None",
     ("page", "get_seq_lens"): "kv_indptr, kv_last_page_len, page_size",
     # flashinfer.rope
+    ("rope", "rope_quantize_fp8"): (
+        "q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=True, quantize_dtype=None, "
+        "quant_scale_q=1.0, quant_scale_kv=1.0, q_rope_out=None, k_rope_out=None, q_nope_out=None, "
+        "k_nope_out=None, enable_pdl=False, backend='cuda'"),
+    ("rope", "mla_rope_quantize_fp8"): (
+        "q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=True, quantize_dtype=None, "
+        "quant_scale_q=1.0, quant_scale_kv=1.0, q_rope_out=None, k_rope_out=None, q_nope_out=None, "
+        "k_nope_out=None, enable_pdl=False"),
+    ("rope", "rope_quantize_fp8_append_paged_kv_cache"): (
+        "q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, pos_ids, paged_kv_cache, kv_indices, kv_indptr, "
+        "batch_indices, positions, is_neox=True, quantize_dtype=None, quant_scale_q=1.0, quant_scale_kv=1.0, "
+        "page_size=16, kv_layout='NHD', q_rope_out=None, q_nope_out=None, enable_pdl=False"),
     ("rope", "apply_rope"): (
         "q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=10000.0"),
     ("rope", "apply_rope_inplace"): (

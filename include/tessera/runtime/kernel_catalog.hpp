@@ -215,6 +215,9 @@ jit::KernelSource trim_masked_items();
 // Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256; mode:
 // where the angles come from (linear, Llama 3.1 or a cos/sin cache).
 jit::KernelSource apply_rope(DType dtype, int head_dim, bool interleave, RopeMode mode = RopeMode::kLinear);
+// Fused RoPE (float32 cos/sin cache) + fp8 quantize of fp16 / bf16 q / k / v
+// rows, optionally appended to a paged fp8 cache (abi/rope_quantize_params.cuh).
+jit::KernelSource rope_quantize_fp8(DType rows, DType quant, bool interleave);
 // Every built-in kernel (all dtypes, head dims and built-in variants), the
 // MLA family (runtime/mla_catalog.hpp) included; the prefill kernels are
 // builtin_prefill_kernels().

@@ -77,6 +77,14 @@ __device__ __forceinline__ float rope_turn(float x, float partner, float c, floa
   return first ? x * c - partner * s : x * c + partner * s;
 }
 
+// rope_turn with one IEEE rounding per operation (no FMA contraction): the
+// fused RoPE + fp8 quantize kernel uses it so that a host computing
+// round(round(x c) -/+ round(partner s)) in float gets the same bits.
+__device__ __forceinline__ float rope_turn_rn(float x, float partner, float c, float s, bool first) {
+  const float a = __fmul_rn(x, c), b = __fmul_rn(partner, s);
+  return first ? __fsub_rn(a, b) : __fadd_rn(a, b);
+}
+
 // Feature f of a row at position pos, its pair partner holding `partner`.
 template <bool INTERLEAVE>
 __device__ __forceinline__ float rope_rotate(const RopeFreqs& fr, float x, float partner, int pos, int f, int rotary_dim) {
