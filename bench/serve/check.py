@@ -44,15 +44,19 @@ def check_requests(vocab, seed=7):
     return tr.fixed_requests(PROMPTS, OUTPUTS, seed=seed, vocab=vocab, n_samples=SAMPLES)
 
 
-def serve_and_record(model, make_backend, requests, graphs=True, num_pages=None, page_size=16,
-                     token_budget=TOKEN_BUDGET, max_running=MAX_RUNNING, buckets=None, corrupt=None):
-    """Runs the loop with record=True; returns [(seq, position, logits float32 [vocab])] for every token made
-    and the seqs. corrupt(engine) may sabotage the loop (the tests' negative controls)."""
+def make_bundle(model, make_backend, requests, page_size=16, extra_pages=8):
+    """A page pool just large enough for `requests` and a backend over a new cache of that size."""
     need = sum(-(-(r.prompt_len + o - 1) // page_size) for r in requests
                for o in (r.sample_output_lens or (r.output_len,)))
-    pool = PagePool(num_pages or need + 8, page_size)
+    pool = PagePool(need + extra_pages, page_size)
     cache = KVCache(model.cfg, pool.num_pages, page_size, model.device, model.dtype)
-    backend = make_backend(cache)
+    return pool, make_backend(cache)
+
+
+def serve_and_record(model, pool, backend, requests, graphs=True, token_budget=TOKEN_BUDGET,
+                     max_running=MAX_RUNNING, buckets=None, corrupt=None):
+    """Runs the loop with record=True; returns [(seq, position, logits float32 [vocab])] for every token made,
+    the samples and the engine. corrupt(engine) may sabotage the loop (the tests' negative controls)."""
     kw = {} if buckets is None else dict(buckets=buckets)
     engine = Engine(model, backend, pool, max_running=max_running, token_budget=token_budget, graphs=graphs,
                     record=True, **kw)
@@ -72,24 +76,31 @@ def serve_and_record(model, make_backend, requests, graphs=True, num_pages=None,
     return records, seqs, engine
 
 
-def compare(model, records, seqs):
-    """(err, control, rows): the loop's and the dense model-dtype pass's errors against float32."""
+def compare(model, records, seqs, cache=None):
+    """(err, control, rows): the loop's and the dense model-dtype pass's errors against float32. cache: a
+    dict reused across backends (token sequence -> reference logits), since backends usually produce the
+    same tokens."""
+    cache = {} if cache is None else cache
     by_seq = {}
     for s, p, row in records:
         by_seq.setdefault(s.sid, []).append((p, row))
+    toks = {s.sid: np.concatenate([s.req.prompt_ids, np.asarray(s.tokens[:-1], dtype=np.int64)]) for s in seqs}
+    todo = [t for t in {tuple(t): t for t in toks.values()}.values() if tuple(t) not in cache]
+    if todo:
+        ts = [torch.from_numpy(t).to(model.device) for t in todo]
+        refs = dense_logits(model, ts, torch.float32)
+        lows = dense_logits(model, ts, model.dtype) if model.dtype != torch.float32 else refs
+        for t, r, lo in zip(todo, refs, lows):
+            cache[tuple(t)] = (r.cpu(), lo.cpu())
     num = den = ctl = 0.0
     rows = 0
-    for s in seqs:
-        toks = np.concatenate([s.req.prompt_ids, np.asarray(s.tokens[:-1], dtype=np.int64)])
-        t = torch.from_numpy(toks).to(model.device)
-        ref = dense_logits(model, t, torch.float32).cpu()
-        low = dense_logits(model, t, model.dtype).cpu() if model.dtype != torch.float32 else ref
+    for s in seqs:  # a fork child has its own decode rows; its first token is its parent's row
+        ref, low = cache[tuple(toks[s.sid])]
         for p, row in by_seq.get(s.sid, []):
             num = max(num, (row - ref[p]).abs().max().item())
             ctl = max(ctl, (low[p] - ref[p]).abs().max().item())
             den = max(den, ref[p].abs().max().item())
             rows += 1
-    # Every sample's rows: each fork child has its own decode rows; its first token is its parent's row.
     return num / max(den, 1e-30), ctl / max(den, 1e-30), rows
 
 
@@ -97,27 +108,32 @@ def bound(control, dtype):
     return max(FACTOR * control, FLOOR.get(dtype, 2e-3))
 
 
-def run_check(model, backends, graphs=True, log=print):
-    """backends: {name: make_backend(cache)}. Returns {name: result dict}; result['ok'] says whether it passed."""
+def check_one(model, name, pool, backend, graphs=True, refs=None, log=print):
+    """The check of one backend on its pool; a result dict (result['ok'] says whether it passed)."""
     reqs = check_requests(model.cfg.vocab)
-    results = {}
+    try:
+        records, seqs, engine = serve_and_record(model, pool, backend, reqs, graphs=graphs)
+    except Exception as e:  # a backend that cannot run is reported, not fatal to the others
+        res = dict(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        log(f"# check {name}: FAILED to run: {res['error']}")
+        return res
+    err, ctl, rows = compare(model, records, seqs, refs)
+    b = bound(ctl, model.dtype)
+    kinds = [e[0] for e in engine.log]
+    res = dict(ok=bool(err <= b and math.isfinite(err)), err=err, control=ctl, bound=b, rows=rows,
+               samples=len(seqs), steps=len(kinds), decode_steps=kinds.count("decode"),
+               mixed_steps=kinds.count("mixed"), graphs=engine.graphs_on, extra=engine.backend.stats())
+    log(f"# check {name}: {'ok' if res['ok'] else 'FAILED'}  err {err:.2e}  (control {ctl:.2e}, bound {b:.2e}; "
+        f"{rows} logit rows of {len(seqs)} samples, {res['mixed_steps']} mixed + {res['decode_steps']} decode "
+        f"steps, graphs {'on' if engine.graphs_on else 'off'})")
+    return res
+
+
+def run_check(model, backends, graphs=True, log=print):
+    """backends: {name: make_backend(cache)}; each on a pool sized for the check. Returns {name: result}."""
+    refs, results = {}, {}
+    reqs = check_requests(model.cfg.vocab)
     for name, make in backends.items():
-        try:
-            records, seqs, engine = serve_and_record(model, make, reqs, graphs=graphs)
-        except Exception as e:  # a backend that cannot run is reported, not fatal to the others
-            results[name] = dict(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            log(f"# check {name}: FAILED to run: {results[name]['error']}")
-            continue
-        err, ctl, rows = compare(model, records, seqs)
-        b = bound(ctl, model.dtype)
-        steps = [e[0] for e in engine.log]
-        res = dict(ok=bool(err <= b and math.isfinite(err)), err=err, control=ctl, bound=b, rows=rows,
-                   samples=len(seqs), steps=len(steps), decode_steps=steps.count("decode"),
-                   graph_steps=sum(1 for e in engine.log if e[0] == "decode" and engine.graphs_on),
-                   mixed_steps=steps.count("mixed"), extra=engine.backend.stats())
-        results[name] = res
-        log(f"# check {name}: {'ok' if res['ok'] else 'FAILED'}  err {err:.2e}  (control {ctl:.2e}, bound {b:.2e}; "
-            f"{rows} logit rows of {len(seqs)} samples, {res['mixed_steps']} mixed + {res['decode_steps']} decode "
-            f"steps, graphs {'on' if engine.graphs_on else 'off'})")
-        del engine
+        pool, backend = make_bundle(model, make, reqs)
+        results[name] = check_one(model, name, pool, backend, graphs, refs, log)
     return results

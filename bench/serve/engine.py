@@ -93,7 +93,7 @@ class Engine:
         npages = -(-kv_lens // ps)
         qo_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
         kv_indptr = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
-        parts = [np.asarray(s.pages[:int(n)], dtype=np.int32) for s, n in zip(seqs, npages[:B])]
+        parts = [s.pages[:n] for s, n in zip(seqs, npages[:B].tolist())]
         kv_indices = np.concatenate(parts + [np.zeros(pad, np.int32)]) if bucket else np.zeros(0, np.int32)
         last = (kv_lens - (npages - 1) * ps).astype(np.int32)
         T = int(qo_indptr[-1])

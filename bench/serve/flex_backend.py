@@ -157,11 +157,11 @@ class FlexBackend(Backend):
         pages = [h.kv_indices[h.kv_indptr[r]:h.kv_indptr[r + 1]] for r in reqs]
         pages += [np.zeros(1, np.int32)] * (bucket - n)
         kv = np.concatenate([h.kv_lens[reqs], np.ones(bucket - n, np.int64)]).astype(np.int64)
-        d = self.dec
-        d.fill_pages(pages, kv, kv - 1, self.device)
         counts = np.array([len(p) for p in pages])
         if counts.max() > self.max_pages:
             raise ValueError(f"flex: a request holds {counts.max()} pages, more than max_pages {self.max_pages}")
+        d = self.dec
+        d.fill_pages(pages, kv, kv - 1, self.device)
         full = np.zeros((bucket, self.max_pages), np.int32)
         keep = np.arange(self.max_pages)[None, :] < (counts - 1)[:, None]
         full[keep] = np.concatenate([p[:-1] for p in pages])
@@ -185,6 +185,9 @@ class FlexBackend(Backend):
         lq = -(-int(ql.max()) // Q_BLOCK) * Q_BLOCK
         nqb = lq // Q_BLOCK
         pages = [h.kv_indices[h.kv_indptr[r]:h.kv_indptr[r + 1]] for r in reqs]
+        if max(len(p) for p in pages) > self.max_pages:
+            raise ValueError(f"flex: a request holds {max(len(p) for p in pages)} pages, more than max_pages "
+                             f"{self.max_pages}")
         self.pre.fill_pages(pages, kvl, prefix, self.device)
         num = np.zeros((n, 1, nqb), np.int32)
         fnum = np.zeros((n, 1, nqb), np.int32)

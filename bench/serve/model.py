@@ -156,26 +156,29 @@ def _causal_attention(q, k, v, group, exact):
 
 
 @torch.no_grad()
-def dense_logits(model, tokens, dtype=torch.float32):
-    """Logits float32 [len, vocab] of one whole sequence (int64 [len]) without a KV cache: every layer's
-    weights cast to `dtype` (float32: the reference; the model's dtype: the rounding control)."""
+def dense_logits(model, sequences, dtype=torch.float32):
+    """Logits float32 [len, vocab] of whole sequences (a list of int64 [len] tensors) without a KV cache,
+    each layer's weights cast to `dtype` once for all of them (float32: the reference; the model's dtype:
+    the rounding control)."""
     c = model.cfg
     exact = dtype == torch.float32
-    T = tokens.shape[0]
-    pos = torch.arange(T, device=tokens.device)
-    cos, sin = model.cos[pos], model.sin[pos]
-    h = F.embedding(tokens, model.embed).to(dtype)
     nq, nkv = c.q_heads * c.head_dim, c.kv_heads * c.head_dim
+    hs = [F.embedding(t, model.embed).to(dtype) for t in sequences]
+    rot = [(model.cos[:t.shape[0]], model.sin[:t.shape[0]]) for t in sequences]
     for lw in model.layers:
         lw = {k: t.to(dtype) for k, t in lw.items()}
-        x = rms_norm(h, lw["ln1"], c.eps)
-        qkv = F.linear(x, lw["wqkv"])
-        q = apply_rope(qkv[:, :nq].view(T, c.q_heads, c.head_dim), cos, sin)
-        k = apply_rope(qkv[:, nq:nq + nkv].view(T, c.kv_heads, c.head_dim), cos, sin)
-        v = qkv[:, nq + nkv:].view(T, c.kv_heads, c.head_dim)
-        o = _causal_attention(q, k, v, c.q_heads // c.kv_heads, exact)
-        h = h + F.linear(o.reshape(T, nq), lw["wo"])
-        x = rms_norm(h, lw["ln2"], c.eps)
-        g, u = F.linear(x, lw["wgu"]).chunk(2, dim=-1)
-        h = h + F.linear(F.silu(g) * u, lw["wdown"])
-    return F.linear(rms_norm(h, model.norm.to(dtype), c.eps), model.lm_head.to(dtype)).float()
+        for i, h in enumerate(hs):
+            T = h.shape[0]
+            cos, sin = rot[i]
+            x = rms_norm(h, lw["ln1"], c.eps)
+            qkv = F.linear(x, lw["wqkv"])
+            q = apply_rope(qkv[:, :nq].view(T, c.q_heads, c.head_dim), cos, sin)
+            k = apply_rope(qkv[:, nq:nq + nkv].view(T, c.kv_heads, c.head_dim), cos, sin)
+            v = qkv[:, nq + nkv:].view(T, c.kv_heads, c.head_dim)
+            o = _causal_attention(q, k, v, c.q_heads // c.kv_heads, exact)
+            h = h + F.linear(o.reshape(T, nq), lw["wo"])
+            x = rms_norm(h, lw["ln2"], c.eps)
+            g, u = F.linear(x, lw["wgu"]).chunk(2, dim=-1)
+            hs[i] = h + F.linear(F.silu(g) * u, lw["wdown"])
+    norm, head = model.norm.to(dtype), model.lm_head.to(dtype)
+    return [F.linear(rms_norm(h, norm, c.eps), head).float() for h in hs]

@@ -40,15 +40,14 @@ class PagePool:
         return out
 
     def share(self, pages):
-        self.refs[list(pages)] += 1
+        np.add.at(self.refs, np.asarray(pages, dtype=np.int64), 1)
 
     def release(self, pages):
-        for p in pages:
-            self.refs[p] -= 1
-            if self.refs[p] < 0:
-                raise AssertionError(f"page {p} released more often than held")
-            if self.refs[p] == 0:
-                self._free.append(p)
+        pages = np.asarray(pages, dtype=np.int64)
+        np.subtract.at(self.refs, pages, 1)
+        if len(pages) and self.refs[pages].min() < 0:
+            raise AssertionError("page pool: a page released more often than held")
+        self._free.extend(int(p) for p in np.unique(pages[self.refs[pages] == 0])[::-1])
 
     def in_use(self):
         return self.num_pages - 1 - len(self._free)
@@ -61,7 +60,7 @@ class Seq:
     def __init__(self, req, sid, slot, output_len, pages=None):
         self.req, self.sid, self.slot = req, sid, slot
         self.prompt_len, self.output_len = req.prompt_len, int(output_len)
-        self.pages = list(pages or [])
+        self.pages = np.zeros(0, np.int32) if pages is None else np.asarray(pages, dtype=np.int32)
         self.kv_len = 0  # tokens whose K / V are in the cache
         self.prefilled = 0  # prompt tokens processed
         self.n_out = 0  # tokens generated

@@ -16,6 +16,8 @@ shared-prefix detection groups best).
 """
 import collections
 
+import numpy as np
+
 from .pages import Seq, cdiv, reserve_for
 
 
@@ -46,7 +48,7 @@ class Scheduler:
         ps = self.pool.page_size
         outs = req.sample_output_lens or (req.output_len,)
         seq = Seq(req, self._new_sid(), self.free_slots.pop(), outs[0])
-        seq.pages = self.pool.alloc(cdiv(seq.max_kv_len, ps))
+        seq.pages = np.array(self.pool.alloc(cdiv(seq.max_kv_len, ps)), dtype=np.int32)
         shared = req.prompt_len // ps
         for o in outs[1:]:
             own = self.pool.alloc(cdiv(req.prompt_len + o - 1, ps) - shared)
@@ -114,7 +116,8 @@ class Scheduler:
         shared = parent.prompt_len // ps
         kids = []
         for slot, out_len, own in parent.pending_children:
-            k = Seq(parent.req, self._new_sid(), slot, out_len, parent.pages[:shared] + own)
+            k = Seq(parent.req, self._new_sid(), slot, out_len,
+                    np.concatenate([parent.pages[:shared], np.asarray(own, dtype=np.int32)]))
             self.pool.share(parent.pages[:shared])
             k.kv_len = k.prefilled = parent.prompt_len
             k.n_out = 1
