@@ -110,8 +110,15 @@ class FlexBackend(Backend):
         self.pre = _MaskRows(self.pre_rows, P, self.max_pages, 1, self.device)  # block lists re-made per step
         self.dec_mask = self.dec.mask_mod(ps)
         self.pre_mask = self.pre.mask_mod(ps)
-        self.kernel_options = kernel_options
         compile = self.device.type == "cuda" if compile is None else compile
+        # Kernel options to try, in order, until a call compiles (then kept): the KV block is one page (16
+        # keys), and torch's forward kernel refuses a default tile wider than the block unless BLOCK_N is given
+        # (newer versions narrow it themselves).
+        if kernel_options is not None:
+            self.options = [kernel_options]
+        else:
+            self.options = [{"BLOCK_N": ps}, None] if compile else [None]
+        self.chosen = {}  # "decode" / "prefill" -> index into self.options once a call succeeded
         if compile:
             import torch._dynamo
             for name, value in (("cache_size_limit", 1000), ("accumulated_cache_size_limit", 4000),
@@ -123,6 +130,23 @@ class FlexBackend(Backend):
         else:
             self.decode_fn, self.prefill_fn = _flex_decode, _flex_prefill
         self.bucket_masks = {}
+
+    def _call(self, which, fn, *args):
+        """fn(*args, kernel_options), trying self.options in turn until one works for this kind of call."""
+        i = self.chosen.get(which, 0)
+        while True:
+            try:
+                out = fn(*args, self.options[i])
+            except Exception:
+                if which in self.chosen or i + 1 >= len(self.options):
+                    raise
+                i += 1
+                continue
+            self.chosen.setdefault(which, i)
+            return out
+
+    def stats(self):
+        return {k: str(self.options[i]) for k, i in self.chosen.items()}
 
     def _kv(self, layer):
         c, n = self.cfg, self.cache.num_pages * self.cache.page_size
@@ -228,18 +252,18 @@ class FlexBackend(Backend):
         self.scatter_append(layer, k, v, self.sd)
         kk, vv = self._kv(layer)
         if self.only_decode:  # a decode-only step, already padded to its bucket: rows are the requests
-            o = self.decode_fn(q.unsqueeze(2), kk, vv, self.dec_plan[2], self.sm_scale, self.kernel_options)
+            o = self._call("decode", self.decode_fn, q.unsqueeze(2), kk, vv, self.dec_plan[2], self.sm_scale)
             return o.squeeze(2)
         out = q.new_empty(q.shape)
         if self.dec_plan is not None:
             bucket, rows, bm = self.dec_plan
             qd = q.new_zeros(bucket, c.q_heads, 1, c.head_dim)
             qd[: rows.shape[0], :, 0] = q.index_select(0, rows)
-            o = self.decode_fn(qd, kk, vv, bm, self.sm_scale, self.kernel_options)
+            o = self._call("decode", self.decode_fn, qd, kk, vv, bm, self.sm_scale)
             out.index_copy_(0, rows, o[: rows.shape[0], :, 0])
         if self.pre_plan is not None:
             qrows, qvalid, bm = self.pre_plan
             qp = q[qrows].transpose(1, 2)  # [n, Hq, lq, d]
-            o = self.prefill_fn(qp, kk, vv, bm, self.sm_scale, self.kernel_options).transpose(1, 2)
+            o = self._call("prefill", self.prefill_fn, qp, kk, vv, bm, self.sm_scale).transpose(1, 2)
             out[qrows[qvalid]] = o[qvalid]
         return out
