@@ -21,7 +21,7 @@ import torch
 
 from .scheduler import Scheduler
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 256)  # 12 graphs (and flex decode compiles)
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ class Engine:
         self.buf = dict(ids=torch.zeros(tokens, **i64), positions=torch.zeros(tokens, **i32),
                         batch_indices=torch.zeros(tokens, **i32), slots=torch.zeros(tokens, **i64),
                         kv_indptr=torch.zeros(rows + 1, **i32), last_page_len=torch.ones(rows, **i32),
-                        kv_indices=torch.zeros(pool.num_pages * 2 + rows, **i32),
+                        kv_indices=torch.zeros(self._table_cap(pool, rows), **i32),
                         dec_slots=torch.zeros(rows, **i64), logit_rows=torch.zeros(rows, **i64),
                         logit_slots=torch.zeros(rows, **i64))
         self.last_token = torch.zeros(self.max_running + 1, **i64)  # per slot; the last is the dummy rows'
@@ -64,14 +64,22 @@ class Engine:
         self.graph_pool = None
         self.log = []
 
+    def _table_cap(self, pool, rows):
+        """Page-table entries a step can list: forked samples list their shared pages each, so up to every
+        running sample's longest table, and never fewer than the pool's pages (+ one per padded row)."""
+        longest = -(-self.cfg.max_positions // pool.page_size)
+        return max(pool.num_pages, self.max_running * longest) + rows
+
     # ------------------------------------------------------------------ staging
     _NP = {torch.int32: np.int32, torch.int64: np.int64}
 
     def _upload(self, name, arr):
-        """Copies host values into the first entries of a fixed device buffer; returns that view."""
+        """Copies host values into the first entries of a fixed device buffer; returns that view. From
+        pageable memory the copy is staged before copy_ returns (CUDA's rule), so the host array may go at
+        once; non_blocking only spares a stream synchronization per buffer."""
         dst = self.buf[name][: len(arr)]
         if len(arr):
-            dst.copy_(torch.from_numpy(np.ascontiguousarray(arr, dtype=self._NP[dst.dtype])))
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(arr, dtype=self._NP[dst.dtype])), non_blocking=True)
         return dst
 
     def stage(self, step, sched):
@@ -197,8 +205,8 @@ class Engine:
     @torch.no_grad()
     def run(self, requests, time_limit=None, sched=None, on_step=None):
         """Serves `requests` (trace.Request, any order) in real time; returns (finished + unfinished seqs,
-        step log, whether the time limit cut the run). on_step(sd, logits, sched) is called after each step
-        (the logits check records there)."""
+        step log, whether the time limit cut the run). on_step(step, sd, logits, logit rows) is called after
+        each step (the logits check records there)."""
         sched = sched or self.new_scheduler()
         pending = sorted(requests, key=lambda r: r.arrival)
         log, truncated = [], False

@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # bench/: `serve` is a package there
 
 MODES = {  # defaults per mode; command-line flags override
     "full": dict(layers=32, rates="12,32,80", window=6.0, run_limit=30.0, output_cap=1024, par_ns="1,2,4,8,16,32,64",
-                 par_samples=128, stream_batches="1,16,64", deadline=570.0),
+                 par_samples=128, stream_batches="1,16,64", deadline=570.0, max_running=256),
     "quick": dict(layers=4, rates="16,64", window=3.0, run_limit=20.0, output_cap=512, par_ns="1,8,64",
-                  par_samples=64, stream_batches="16", deadline=230.0),
+                  par_samples=64, stream_batches="16", deadline=230.0, max_running=128),
 }
 
 
@@ -54,7 +54,7 @@ def parse(argv):
     ap.add_argument("--deadline", type=float, help="seconds for the whole command; later work is skipped")
     ap.add_argument("--prompt-cap", type=int, default=2048)
     ap.add_argument("--output-cap", type=int)
-    ap.add_argument("--max-running", type=int, default=256)
+    ap.add_argument("--max-running", type=int, help="running samples at most (full 256, quick 128)")
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--max-prefill", type=int, default=16, help="prompt chunks per step at most")
     ap.add_argument("--kv-gb", type=float, default=32.0, help="KV cache size (all layers)")
@@ -185,21 +185,26 @@ def main(argv=None):
 
     # ------------------------------------------------------------ check + study 1, one backend at a time
     check_refs = {}  # reference logits by token sequence, shared by the backends' checks
-    for name in names:
-        check_pages = sum(cdiv(r.prompt_len + o - 1, 16) for r in CK.check_requests(cfg.vocab)
-                          for o in (r.sample_output_lens or (r.output_len,))) + 64
+    check_pages = sum(cdiv(r.prompt_len + o - 1, 16) for r in CK.check_requests(cfg.vocab)
+                      for o in (r.sample_output_lens or (r.output_len,))) + 64
+
+    def run_backend(name):
         # Eager FlexAttention (the CPU) scores every slot of the pool: only the check runs there.
         serve_here = bool(rates) and not (dev.type == "cpu" and name == "flex")
+        if time.perf_counter() > deadline:
+            log(f"# {name}: skipped (the run's deadline)")
+            doc["serving"].append(dict(backend=name, skipped="deadline"))
+            return
         pool, backend = bundle(name, num_pages if serve_here else check_pages)
         if not args.no_check:
-            res = CK.check_one(model, name, pool, backend, graphs=not args.no_graphs, refs=check_refs, log=log)
-            doc["check"][name] = res
+            doc["check"][name] = CK.check_one(model, name, pool, backend, graphs=not args.no_graphs, refs=check_refs,
+                                              log=log)
             save()
         if rates and not serve_here:
             log(f"# serving {name}: skipped on the CPU (eager FlexAttention scores every cache slot)")
             doc["serving"].append(dict(backend=name, skipped="CPU: eager FlexAttention scores every cache slot"))
         elif rates:
-            def make_engine(_name, _make, pool=pool, backend=backend):
+            def make_engine(_name, _make):
                 e = Engine(model, backend, pool, max_running=args.max_running, token_budget=args.token_budget,
                            max_prefill_reqs=args.max_prefill, graphs=not args.no_graphs, buckets=BUCKETS)
                 return e, lambda engine: None
@@ -208,49 +213,65 @@ def main(argv=None):
             save()
         del pool, backend
         studies.release()
-    if "1" in studies_on and not rates:
-        log("# study 1: no rates")
 
     # ------------------------------------------------------------ study 2
-    if "2" in studies_on:
+    def run_study2():
         if "tessera" not in libs:
             doc["notes"]["study 2"] = "skipped: needs Tessera on a GPU"
             log("# study 2 (parallel generation): skipped: needs Tessera on a GPU")
-        elif time.perf_counter() > deadline:
+            return
+        if time.perf_counter() > deadline:
             doc["notes"]["study 2"] = "skipped: deadline"
-        else:
-            pool = PagePool(num_pages, 16)
-            cache = BK.KVCache(cfg, num_pages, 16, dev, dtype)
+            return
+        pool = PagePool(num_pages, 16)
+        cache = BK.KVCache(cfg, num_pages, 16, dev, dtype)
 
-            def make_engine(arm):
-                be = BK.WrapperBackend(f"tessera-{arm}", libs["tessera"], cfg, cache, dev, dtype,
-                                       max_pages=num_pages + args.max_running, use_tensor_cores=bool(args.decode_tc),
-                                       pdl=bool(args.pdl), shared_prefix="auto" if arm == "auto" else None,
-                                       host_page_ids=True)
-                e = Engine(model, be, pool, max_running=args.max_running, token_budget=args.token_budget,
-                           max_prefill_reqs=args.max_prefill, graphs=False)
-                return e, lambda engine: None
-            ns = [int(n) for n in args.par_ns.split(",")]
-            doc["parallel"] = studies.parallel(model, make_engine, ns, args, log=log, deadline=deadline)
-            doc["notes"]["study 2"] = ("Tessera, no CUDA graphs in either arm (shared_prefix='auto' refuses "
-                                       "use_cuda_graph); page ids given on the host in both arms")
-            save()
-            del pool, cache
-            studies.release()
+        def make_engine(arm):
+            be = BK.WrapperBackend(f"tessera-{arm}", libs["tessera"], cfg, cache, dev, dtype,
+                                   max_pages=num_pages + args.max_running, use_tensor_cores=bool(args.decode_tc),
+                                   pdl=bool(args.pdl), shared_prefix="auto" if arm == "auto" else None,
+                                   host_page_ids=True)
+            e = Engine(model, be, pool, max_running=args.max_running, token_budget=args.token_budget,
+                       max_prefill_reqs=args.max_prefill, graphs=False)
+            return e, lambda engine: None
+        ns = [int(n) for n in args.par_ns.split(",")]
+        doc["parallel"] = studies.parallel(model, make_engine, ns, args, log=log, deadline=deadline)
+        doc["notes"]["study 2"] = ("Tessera, no CUDA graphs in either arm (shared_prefix='auto' refuses "
+                                   "use_cuda_graph); page ids given on the host in both arms")
+        save()
+        del pool, cache
+        studies.release()
 
     # ------------------------------------------------------------ study 3
-    if "3" in studies_on:
+    def run_study3():
         if "tessera" not in libs:
             doc["notes"]["study 3"] = "skipped: needs Tessera on a GPU"
             log("# study 3 (Streaming-LLM): skipped: needs Tessera on a GPU")
-        elif time.perf_counter() > deadline:
+            return
+        if time.perf_counter() > deadline:
             doc["notes"]["study 3"] = "skipped: deadline"
-        else:
-            doc["streaming"] = streaming.study(model, libs["tessera"],
-                                               batches=[int(b) for b in args.stream_batches.split(",")],
-                                               window_pages=args.stream_window // 16, steps=args.stream_steps,
-                                               log=log, pdl=bool(args.pdl), use_tensor_cores=bool(args.decode_tc))
-            save()
+            return
+        doc["streaming"] = streaming.study(model, libs["tessera"],
+                                           batches=[int(b) for b in args.stream_batches.split(",")],
+                                           window_pages=args.stream_window // 16, steps=args.stream_steps,
+                                           log=log, pdl=bool(args.pdl), use_tensor_cores=bool(args.decode_tc))
+        save()
+        studies.release()
+
+    # Tessera and FlashInfer first, then the Tessera-only studies, then the slow peers (SDPA's gathers, flex's
+    # compiles): a run that meets its deadline loses peer rows, not whole studies.
+    fast = [n for n in names if n in libs]
+    for name in fast:
+        run_backend(name)
+    if "2" in studies_on:
+        run_study2()
+    if "3" in studies_on:
+        run_study3()
+    for name in names:
+        if name not in fast:
+            run_backend(name)
+    if "1" in studies_on and not rates:
+        log("# study 1: no rates")
 
     # ------------------------------------------------------------ outputs
     save()
