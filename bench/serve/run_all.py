@@ -131,7 +131,14 @@ def main(argv=None):
         try:
             if dev.type != "cuda":
                 raise RuntimeError("FlashInfer runs on CUDA only")
-            import flashinfer
+            try:
+                import flashinfer
+            except ImportError:  # scripts/gpu_bench.sh sets PYTHONPATH itself: look where setup.sh installs it
+                site = os.environ.get("FI_SITE", "/tmp/fisite")
+                if not os.path.isdir(os.path.join(site, "flashinfer")):
+                    raise
+                sys.path.append(site)
+                import flashinfer
             libs["flashinfer"] = flashinfer
         except Exception as e:
             skipped["flashinfer"] = f"not importable ({type(e).__name__}: {e}); see ../shared/peers/flashinfer"
