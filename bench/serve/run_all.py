@@ -265,11 +265,25 @@ def main(argv=None):
         save()
         studies.release()
 
+    def check_shared_prefix():
+        """Study 2's arm: plan(..., shared_prefix="auto") with the split forced on (threshold 0, a Tessera-only
+        attribute its tests lower too), so the forked request runs through the cascade."""
+        pool = PagePool(check_pages, 16)
+        cache = BK.KVCache(cfg, check_pages, 16, dev, dtype)
+        be = BK.WrapperBackend("tessera", libs["tessera"], cfg, cache, dev, dtype, max_pages=check_pages + 64,
+                               use_tensor_cores=bool(args.decode_tc), pdl=bool(args.pdl), shared_prefix="auto")
+        be.prefill._shared_prefix_min_bytes = be.decode._shared_prefix_min_bytes = 0
+        name = "tessera+shared_prefix"
+        doc["check"][name] = CK.check_one(model, name, pool, be, graphs=False, refs=check_refs, log=log)
+        save()
+
     # Tessera and FlashInfer first, then the Tessera-only studies, then the slow peers (SDPA's gathers, flex's
     # compiles): a run that meets its deadline loses peer rows, not whole studies.
     fast = [n for n in names if n in libs]
     for name in fast:
         run_backend(name)
+    if "tessera" in libs and not args.no_check and (args.mode == "check" or "2" in studies_on):
+        check_shared_prefix()
     if "2" in studies_on:
         run_study2()
     if "3" in studies_on:
@@ -286,7 +300,7 @@ def main(argv=None):
     png = os.path.splitext(out)[0] + ".png"
     with open(md, "w") as f:
         f.write(report.markdown(doc))
-    why = report.plot(doc, png)
+    why = report.plot(doc, png) if args.mode != "check" else "nothing to plot in a check run"
     if why:
         log(f"# plot: {why}")
     paths = [out, md] + ([] if why else [png])
