@@ -125,7 +125,9 @@ def check_one(model, name, pool, backend, graphs=True, refs=None, log=print):
                mixed_steps=kinds.count("mixed"), graphs=engine.graphs_on, extra=engine.backend.stats())
     log(f"# check {name}: {'ok' if res['ok'] else 'FAILED'}  err {err:.2e}  (control {ctl:.2e}, bound {b:.2e}; "
         f"{rows} logit rows of {len(seqs)} samples, {res['mixed_steps']} mixed + {res['decode_steps']} decode "
-        f"steps, graphs {'on' if engine.graphs_on else 'off'})")
+        f"steps, graphs {'on' if engine.graphs_on else 'off'}"
+        + (f", cascade on {res['extra']['split_fraction']:.0%} of plans" if "split_fraction" in res["extra"] else "")
+        + ")")
     return res
 
 

@@ -241,6 +241,30 @@ def test_tessera_plans_pass_validation_without_gpu(tiny16):
             be.prepare_graph(8)  # the graph wrappers' constructor arguments
 
 
+def test_forks_are_found_by_shared_prefix_detection(tiny32):
+    """The page tables the loop builds after a fork are what Tessera's detection groups (identical full page ids
+    at identical positions): every step with the 3 decoding samples of the forked request splits."""
+    tessera = _tessera()
+    _, CK, E, *_ = _serve()
+    reqs = CK.check_requests(tiny32.cfg.vocab)
+    pool, backend = CK.make_bundle(tiny32, sdpa(tiny32), reqs)
+    engine = E.Engine(tiny32, backend, pool, max_running=16, token_budget=48)
+    found = []
+
+    def detect(step, sd, logits, n_logits):
+        h = sd.host
+        members = sum(1 for s, _ in step if s.req.n_samples == 3)
+        if members < 3 or not all(s.decoding for s, _ in step if s.req.n_samples == 3):
+            return
+        for causal, qo in ((False, None), (True, h.qo_indptr)):
+            split = tessera._C.find_shared_prefixes(h.kv_indptr, h.kv_indices, h.last_page_len, 16, qo,
+                                                    min_saved_pages=0, causal=causal)
+            groups = split["groups"]
+            found.append((bool(split["split"]), int(groups[:, 1].max()) if groups.size else 0))
+    engine.run(reqs, on_step=detect)
+    assert found and all(ok and members == 3 for ok, members in found), found
+
+
 def test_run_all_cpu_smoke(tmp_path):
     from serve import run_all
     out = tmp_path / "serve.json"
