@@ -74,20 +74,29 @@ class _MaskRows:
             return (lp >= 0) & (logical < kv_len[b]) & (logical <= q_idx + prefix[b])
         return mask
 
-    def fill_pages(self, reqs_pages, kv_lens, prefix, device):
-        """reqs_pages: list of int arrays (each row's pages in logical order)."""
-        n = len(reqs_pages)
+    def fill_pages(self, rows, pages, logical, kv_lens, prefix, device):
+        """Row rows[i] holds physical page pages[i] at logical index logical[i] (flat int arrays)."""
+        n = len(kv_lens)
         if self._used:
             self.phys2log[: self._used].fill_(-1)
-        counts = np.array([len(p) for p in reqs_pages], dtype=np.int64)
-        rows = np.repeat(np.arange(n), counts)
-        logical = np.concatenate([np.arange(c) for c in counts]) if n else np.zeros(0, np.int64)
-        pages = np.concatenate(reqs_pages).astype(np.int64) if n else np.zeros(0, np.int64)
         t = lambda a, dt=torch.long: torch.from_numpy(np.ascontiguousarray(a)).to(device, dt)  # noqa: E731
         self.phys2log.index_put_((t(rows), t(pages)), t(logical, torch.int32))
         self.kv_len[:n].copy_(t(kv_lens, torch.int32))
         self.prefix[:n].copy_(t(prefix, torch.int32))
         self._used = n
+
+
+def _flat_tables(h, reqs, pad=0):
+    """The page tables of requests `reqs` (+ `pad` dummy rows of page 0) as flat arrays: (counts per row,
+    row of each entry, physical page, logical index)."""
+    start, end = h.kv_indptr[reqs].astype(np.int64), h.kv_indptr[reqs + 1].astype(np.int64)
+    counts = np.concatenate([end - start, np.ones(pad, np.int64)])
+    rows = np.repeat(np.arange(len(counts)), counts)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    logical = np.arange(int(counts.sum())) - first[rows]
+    src = np.concatenate([start, np.zeros(pad, np.int64)])[rows] + logical
+    pages = np.where(rows < len(reqs), h.kv_indices[np.minimum(src, max(len(h.kv_indices) - 1, 0))], 0)
+    return counts, rows, pages.astype(np.int64), logical
 
 
 class FlexBackend(Backend):
@@ -133,13 +142,14 @@ class FlexBackend(Backend):
 
     def _call(self, which, fn, *args):
         """fn(*args, kernel_options), trying self.options in turn until one works for this kind of call."""
-        i = self.chosen.get(which, 0)
+        i, first = self.chosen.get(which, 0), None
         while True:
             try:
                 out = fn(*args, self.options[i])
-            except Exception:
+            except Exception as e:
+                first = first or e
                 if which in self.chosen or i + 1 >= len(self.options):
-                    raise
+                    raise first from (e if e is not first else None)
                 i += 1
                 continue
             self.chosen.setdefault(which, i)
@@ -178,25 +188,23 @@ class FlexBackend(Backend):
         (page 0, one key)."""
         h, n = sd.host, len(reqs)
         bucket = self._bucket(n)
-        pages = [h.kv_indices[h.kv_indptr[r]:h.kv_indptr[r + 1]] for r in reqs]
-        pages += [np.zeros(1, np.int32)] * (bucket - n)
-        kv = np.concatenate([h.kv_lens[reqs], np.ones(bucket - n, np.int64)]).astype(np.int64)
-        counts = np.array([len(p) for p in pages])
+        counts, rows, pages, logical = _flat_tables(h, reqs, bucket - n)
         if counts.max() > self.max_pages:
             raise ValueError(f"flex: a request holds {counts.max()} pages, more than max_pages {self.max_pages}")
+        kv = np.concatenate([h.kv_lens[reqs], np.ones(bucket - n, np.int64)]).astype(np.int64)
         d = self.dec
-        d.fill_pages(pages, kv, kv - 1, self.device)
+        d.fill_pages(rows, pages, logical, kv, kv - 1, self.device)
         full = np.zeros((bucket, self.max_pages), np.int32)
-        keep = np.arange(self.max_pages)[None, :] < (counts - 1)[:, None]
-        full[keep] = np.concatenate([p[:-1] for p in pages])
-        last = np.array([p[-1] for p in pages], np.int32)
+        inner = logical < (counts - 1)[rows]  # every page but a row's last is a full block
+        full[rows[inner], logical[inner]] = pages[inner]
+        last = pages[np.cumsum(counts) - 1]
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(self.device)  # noqa: E731
         d.fidx[:bucket, 0, 0].copy_(t(full))
         d.fnum[:bucket, 0, 0].copy_(t(counts - 1))
         d.idx[:bucket, 0, 0, 0].copy_(t(last))
         d.num[:bucket, 0, 0].fill_(1)
-        rows = torch.from_numpy(h.qo_indptr[reqs].astype(np.int64)).to(self.device)
-        return bucket, rows, self._decode_mask(bucket)
+        qrows = torch.from_numpy(h.qo_indptr[reqs].astype(np.int64)).to(self.device)
+        return bucket, qrows, self._decode_mask(bucket)
 
     def _plan_prefill(self, sd, reqs):
         h, ps = sd.host, self.cache.page_size
@@ -208,11 +216,11 @@ class FlexBackend(Backend):
         prefix = kvl - ql
         lq = -(-int(ql.max()) // Q_BLOCK) * Q_BLOCK
         nqb = lq // Q_BLOCK
-        pages = [h.kv_indices[h.kv_indptr[r]:h.kv_indptr[r + 1]] for r in reqs]
-        if max(len(p) for p in pages) > self.max_pages:
-            raise ValueError(f"flex: a request holds {max(len(p) for p in pages)} pages, more than max_pages "
-                             f"{self.max_pages}")
-        self.pre.fill_pages(pages, kvl, prefix, self.device)
+        counts, rows, flat_pages, logical = _flat_tables(h, reqs)
+        if counts.max() > self.max_pages:
+            raise ValueError(f"flex: a request holds {counts.max()} pages, more than max_pages {self.max_pages}")
+        self.pre.fill_pages(rows, flat_pages, logical, kvl, prefix, self.device)
+        pages = np.split(flat_pages.astype(np.int32), np.cumsum(counts)[:-1])
         num = np.zeros((n, 1, nqb), np.int32)
         fnum = np.zeros((n, 1, nqb), np.int32)
         idx = np.zeros((n, 1, nqb, self.max_pages), np.int32)
