@@ -44,10 +44,12 @@ def _flex_prefill(q, k, v, block_mask, scale, kernel_options):  # its own code o
 def flex_available():
     """'' when FlexAttention can be imported, else why not."""
     try:
-        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
-        return "" if hasattr(BlockMask, "from_kv_blocks") else "BlockMask.from_kv_blocks missing"
+        import torch.nn.attention.flex_attention as fa
     except Exception as e:  # an old torch
         return f"{type(e).__name__}: {e}"
+    if not hasattr(fa, "flex_attention") or not hasattr(fa.BlockMask, "from_kv_blocks"):
+        return "this torch has no flex_attention / BlockMask.from_kv_blocks"
+    return ""
 
 
 class _MaskRows:

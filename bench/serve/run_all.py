@@ -7,18 +7,20 @@ FlexAttention with a paged block mask.
   python bench/serve/run_all.py --check                          only the logits check
   python bench/serve/run_all.py --device cpu --tiny --quick      CPU smoke run (sdpa, flex eager)
 
-Full run (Llama-3.1-8B shape, fp16): per backend the logits check, then
-Study 1 at 12 / 32 / 80 requests/s, each a 6 s Poisson window of the
-ShareGPT-like trace (72 / 192 / 480 requests; prompts capped at 2048, outputs
-at 1024 tokens), every run cut at 30 s; Study 2 (Tessera, n = 1 .. 64, about
-128 samples each, outputs capped at 256); Study 3 (Tessera, batch 1 / 16 /
-64, sink 16 + window 2048 tokens, 64 steps). A deadline (570 s full, 230 s
-quick) skips what is left rather than overrun, saying so. Writes JSON,
-markdown and PNG beside --out (and into $OUT when set).
+Full run (Llama-3.1-8B shape, fp16), in this order: for Tessera and
+FlashInfer the logits check, then Study 1 at 12 / 32 / 80 requests/s, each a
+6 s Poisson window of the ShareGPT-like trace (72 / 192 / 480 requests;
+prompts capped at 2048, outputs at 1024 tokens), every run cut at 30 s; the
+check of Tessera's shared_prefix="auto" arm; Study 2 (Tessera, n = 1 .. 64,
+about 128 samples each, outputs capped at 256); Study 3 (Tessera, batch 1 /
+16 / 64, sink 16 + window 2048 tokens, 64 steps); then check + Study 1 for
+SDPA and FlexAttention (the slow ones: gathers, compiles). A deadline (570 s
+full, 230 s quick) skips what is left rather than overrun, saying so. Writes
+JSON, markdown and PNG beside --out (and into $OUT when set), the JSON after
+every study.
 """
 import argparse
 import datetime
-import math
 import os
 import platform
 import sys
@@ -218,8 +220,6 @@ def main(argv=None):
             doc["serving"] += studies.serving(model, make_engine, {name: None}, rates, args, log=log,
                                               deadline=deadline)
             save()
-        del pool, backend
-        studies.release()
 
     # ------------------------------------------------------------ study 2
     def run_study2():
@@ -246,8 +246,6 @@ def main(argv=None):
         doc["notes"]["study 2"] = ("Tessera, no CUDA graphs in either arm (shared_prefix='auto' refuses "
                                    "use_cuda_graph); page ids given on the host in both arms")
         save()
-        del pool, cache
-        studies.release()
 
     # ------------------------------------------------------------ study 3
     def run_study3():
@@ -282,15 +280,19 @@ def main(argv=None):
     fast = [n for n in names if n in libs]
     for name in fast:
         run_backend(name)
+        studies.release()  # the backend's cache and graphs went with run_backend's locals
     if "tessera" in libs and not args.no_check and (args.mode == "check" or "2" in studies_on):
         check_shared_prefix()
+        studies.release()
     if "2" in studies_on:
         run_study2()
+        studies.release()
     if "3" in studies_on:
         run_study3()
     for name in names:
         if name not in fast:
             run_backend(name)
+            studies.release()
     if "1" in studies_on and not rates:
         log("# study 1: no rates")
 

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from . import trace as tr
-from .engine import Engine
 
 
 def pct(xs, q):
