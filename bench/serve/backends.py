@@ -82,7 +82,7 @@ class WrapperBackend(Backend):
     supports_graphs = True
 
     def __init__(self, name, lib, cfg, cache, device, dtype, *, max_pages, use_tensor_cores=True, pdl=True,
-                 shared_prefix=None, host_page_ids=False, pos_encoding=None, workspace_mb=256, scatter_append=None):
+                 shared_prefix=None, host_page_ids=False, pos_encoding=None, workspace_mb=512, scatter_append=None):
         super().__init__(cfg, cache, device, dtype)
         self.name, self.lib = name, lib
         self.is_tessera = lib.__name__.split(".")[0] == "tessera"

@@ -265,6 +265,29 @@ def test_forks_are_found_by_shared_prefix_detection(tiny32):
     assert found and all(ok and members == 3 for ok, members in found), found
 
 
+def test_parallel_study_driver(tiny32):
+    """Study 2's driver end to end, with the sdpa backend standing in for both Tessera arms."""
+    import types
+    BK, _, E, _, PG, _, _ = _serve()
+    from serve import report, studies
+    pool = PG.PagePool(1500, 16)
+    cache = BK.KVCache(tiny32.cfg, pool.num_pages, 16, "cpu", torch.float32)
+
+    def make_engine(arm):
+        be = BK.SdpaBackend(tiny32.cfg, cache, "cpu", torch.float32)
+        return E.Engine(tiny32, be, pool, max_running=32, token_budget=256, graphs=False), lambda e: None
+    args = types.SimpleNamespace(par_samples=8, seed=0, prompt_cap=200, par_output_cap=12, par_prompt_median=60,
+                                 run_limit=None, max_running=32)
+    lines = []
+    rows = studies.parallel(tiny32, make_engine, [1, 4], args, log=lines.append)
+    assert [(r["n"], r["arm"]) for r in rows] == [(1, "none"), (1, "auto"), (4, "auto"), (4, "none")]
+    assert all(r["samples"] == 8 and r["requests"] == 8 // r["n"] for r in rows)
+    assert pool.in_use() == 0 and len(lines) == 2
+    doc = dict(model=dict(layers=2, hidden=256, q_heads=8, kv_heads=2, head_dim=128), dtype="float32",
+               config=dict(token_budget=256, max_running=32), parallel=rows)
+    assert "## Study 2" in report.markdown(doc)
+
+
 def test_run_all_cpu_smoke(tmp_path):
     from serve import run_all
     out = tmp_path / "serve.json"
