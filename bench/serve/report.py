@@ -55,7 +55,7 @@ def markdown(doc):
                        + (" (truncated)" if r.get("truncated") else "") + " |")
         for r in doc.get("serving", []):
             if "skipped" in r:
-                out.append(f"| {r['backend']} | skipped: {r['skipped'][:120]} | | | | | |")
+                out.append(f"| {r['backend']} | {r.get('rate', '-')} | skipped: {r['skipped'][:120]} | | | | |")
         out.append("")
     par = [r for r in doc.get("parallel", []) if "itl_ms" in r]
     if par:

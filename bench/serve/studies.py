@@ -82,7 +82,7 @@ def serving(model, make_engine, backends, rates, args, log=print, deadline=None)
     """Study 1. make_engine(name, make_backend) -> (engine, cleanup); returns result rows."""
     rows = []
     for name, make in backends.items():
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and time.perf_counter() + 60 > deadline:  # setup (graphs, compiles) takes time
             log(f"# serving {name}: skipped (the run's deadline)")
             rows.append(dict(backend=name, skipped="deadline"))
             continue
@@ -100,6 +100,10 @@ def serving(model, make_engine, backends, rates, args, log=print, deadline=None)
         log(f"# serving {name}: ready in {time.perf_counter() - t0:.1f} s (graphs "
             f"{'on, ' + str(len(engine.graphs)) + ' buckets' if engine.graphs_on else 'off'})")
         for i, rate in enumerate(rates):
+            if deadline is not None and time.perf_counter() + args.run_limit + 5 > deadline:
+                log(f"# serving {name} rate {rate}: skipped (the run's deadline)")
+                rows.append(dict(backend=name, rate=rate, skipped="deadline"))
+                continue
             reqs = tr.sharegpt_like(max(8, int(round(rate * args.window))), rate, seed=args.seed + i,
                                     vocab=model.cfg.vocab, prompt_cap=args.prompt_cap, output_cap=args.output_cap)
             seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
