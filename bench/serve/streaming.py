@@ -19,6 +19,11 @@ as in StreamingLLM, and every step needs the cached keys rotated again:
   Two passes over K where one would do: the public RoPE functions write new
   tensors or in place, with no out= to write a rotated copy.
 
+No window_left: FlashInfer's window masks every key left of it, the sinks
+too, while after eviction the table holds exactly sinks + window, so neither
+arm needs a mask (Tessera's AttentionSink variant masks sinks + window over
+a full cache, through AttentionWrapper, without fused RoPE).
+
 Decode only (the caches start full of random K / V at a steady state), every
 step from a CUDA graph; ITL = step time. A sink page holds 16 tokens where
 StreamingLLM keeps 4 (page granularity). The first step of both arms starts
