@@ -129,8 +129,9 @@ def plot(doc, path):
     for arm, label in (("none", "shared_prefix=None"), ("auto", 'shared_prefix="auto"')):
         rs = sorted((r for r in par if r["arm"] == arm), key=lambda r: r["n"])
         if rs:
-            a.plot([r["n"] for r in rs], [r["itl_ms"]["median"] for r in rs], "o-", label=f"{label} median")
-            a.plot([r["n"] for r in rs], [r["itl_ms"]["p99"] for r in rs], "x--", label=f"{label} p99")
+            line, = a.plot([r["n"] for r in rs], [r["itl_ms"]["median"] for r in rs], "o-", label=f"{label} median")
+            a.plot([r["n"] for r in rs], [r["itl_ms"]["p99"] for r in rs], "x--", color=line.get_color(),
+                   label=f"{label} p99")
     a.set_xscale("log", base=2)
     a.set_xlabel("samples per prompt (n)")
     a.set_ylabel("ITL (ms)")
