@@ -63,7 +63,7 @@ def serve_and_record(model, pool, backend, requests, graphs=True, token_budget=T
     if corrupt is not None:
         corrupt(engine)
     sched = engine.new_scheduler()
-    engine.capture_graphs(sched)
+    engine.graphs_failed = engine.try_capture_graphs(sched) if engine.graphs_on else ""
     records = []
 
     def on_step(step, sd, logits, n_logits):
@@ -122,10 +122,12 @@ def check_one(model, name, pool, backend, graphs=True, refs=None, log=print):
     kinds = [e[0] for e in engine.log]
     res = dict(ok=bool(err <= b and math.isfinite(err)), err=err, control=ctl, bound=b, rows=rows,
                samples=len(seqs), steps=len(kinds), decode_steps=kinds.count("decode"),
-               mixed_steps=kinds.count("mixed"), graphs=engine.graphs_on, extra=engine.backend.stats())
+               mixed_steps=kinds.count("mixed"), graphs=engine.graphs_on, graphs_failed=engine.graphs_failed,
+               extra=engine.backend.stats())
     log(f"# check {name}: {'ok' if res['ok'] else 'FAILED'}  err {err:.2e}  (control {ctl:.2e}, bound {b:.2e}; "
         f"{rows} logit rows of {len(seqs)} samples, {res['mixed_steps']} mixed + {res['decode_steps']} decode "
         f"steps, graphs {'on' if engine.graphs_on else 'off'}"
+        + (f" (capture failed: {engine.graphs_failed})" if engine.graphs_failed else "")
         + (f", cascade on {res['extra']['split_fraction']:.0%} of plans" if "split_fraction" in res["extra"] else "")
         + ")")
     return res

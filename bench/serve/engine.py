@@ -171,6 +171,18 @@ class Engine:
             g.replay()  # on the last dummy plans: writes only page 0 and the dummy slot
         torch.cuda.synchronize()
 
+    def try_capture_graphs(self, sched):
+        """capture_graphs(), or, when the backend cannot be captured, no graphs: returns '' or why not."""
+        try:
+            self.capture_graphs(sched)
+            return ""
+        except Exception as e:
+            self.graphs, self.graph_pool = {}, None
+            self.graphs_on = False
+            self.pad_decode = self.backend.pad_decode
+            torch.cuda.synchronize()
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
     def _dummy(self, bucket, sched):
         """A decode step of `bucket` dummy rows (page 0, one key, the dummy slot), as padding rows are."""
         ones = np.ones(bucket, np.int64)

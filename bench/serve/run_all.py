@@ -277,22 +277,29 @@ def main(argv=None):
 
     # Tessera and FlashInfer first, then the Tessera-only studies, then the slow peers (SDPA's gathers, flex's
     # compiles): a run that meets its deadline loses peer rows, not whole studies.
+    def guarded(what, fn, *a):
+        """Runs one part; a failure is logged and recorded, and the other parts still run."""
+        try:
+            fn(*a)
+        except Exception as e:
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            log(f"# {what}: FAILED: {why}")
+            doc["notes"][what] = f"failed: {why}"
+            save()
+        studies.release()  # what the part allocated (caches, graphs) went with its locals
+
     fast = [n for n in names if n in libs]
     for name in fast:
-        run_backend(name)
-        studies.release()  # the backend's cache and graphs went with run_backend's locals
+        guarded(name, run_backend, name)
     if "tessera" in libs and not args.no_check and (args.mode == "check" or "2" in studies_on):
-        check_shared_prefix()
-        studies.release()
+        guarded("check tessera+shared_prefix", check_shared_prefix)
     if "2" in studies_on:
-        run_study2()
-        studies.release()
+        guarded("study 2", run_study2)
     if "3" in studies_on:
-        run_study3()
+        guarded("study 3", run_study3)
     for name in names:
         if name not in fast:
-            run_backend(name)
-            studies.release()
+            guarded(name, run_backend, name)
     if "1" in studies_on and not rates:
         log("# study 1: no rates")
 

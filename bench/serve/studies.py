@@ -89,8 +89,9 @@ def serving(model, make_engine, backends, rates, args, log=print, deadline=None)
         t0 = time.perf_counter()
         try:
             engine, cleanup = make_engine(name, make)
-            sched = engine.new_scheduler()
-            engine.capture_graphs(sched)
+            why = engine.try_capture_graphs(engine.new_scheduler())
+            if why:
+                log(f"# serving {name}: CUDA graphs failed ({why}); running without them")
             warm_up(engine, model.cfg.vocab, args.prompt_cap)
         except Exception as e:
             log(f"# serving {name}: cannot run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -106,9 +107,15 @@ def serving(model, make_engine, backends, rates, args, log=print, deadline=None)
                 continue
             reqs = tr.sharegpt_like(max(8, int(round(rate * args.window))), rate, seed=args.seed + i,
                                     vocab=model.cfg.vocab, prompt_cap=args.prompt_cap, output_cap=args.output_cap)
-            seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
+            try:
+                seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
+            except Exception as e:  # reported; this backend's later rates would start from a broken state
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                log(f"# serving {name} rate {rate}: FAILED: {why}")
+                rows.append(dict(backend=name, rate=rate, skipped=f"failed: {why}"))
+                break
             m = summarize(seqs, steps, truncated)
-            m.update(backend=name, rate=rate, graphs=engine.graphs_on, trace=tr.describe(reqs),
+            m.update(backend=name, rate=rate, graphs=engine.graphs_on, graphs_failed=why, trace=tr.describe(reqs),
                      backend_stats=engine.backend.stats())
             rows.append(m)
             log("# " + fmt_run(name, rate, m))
