@@ -1,0 +1,166 @@
+"""Studies 1 and 2 and their metrics.
+
+Study 1 (paper section 4.1): each backend serves the same ShareGPT-like trace
+at several Poisson request rates; per rate, median and p99 ITL and TTFT and
+the running batch sizes reached.
+
+Study 2 (paper section 4.4), parallel generation: P prompts x n samples
+(n = 1 .. 64, P x n about --par-samples), all arriving at once; each prompt
+is prefilled once and forked, its samples sharing the prompt's full pages.
+Tessera with plan(..., shared_prefix="auto") against plan() without it, no
+CUDA graphs in either arm (the option refuses use_cuda_graph: the cascade's
+level layout changes from step to step), page ids given on the host in both
+(the detection reads them there).
+"""
+import gc
+import math
+import time
+
+import numpy as np
+import torch
+
+from . import trace as tr
+
+
+def pct(xs, q):
+    return float(np.percentile(xs, q)) if len(xs) else float("nan")
+
+
+def summarize(seqs, log, truncated, duration=None):
+    """Latency and batch metrics of one run (times in ms)."""
+    first = {}
+    for s in seqs:  # TTFT per request: its samples share the prompt's first token
+        if s.token_times:
+            first[s.req.rid] = min(first.get(s.req.rid, math.inf), s.token_times[0] - s.req.arrival)
+    ttft = np.array(list(first.values())) * 1e3
+    itl = np.concatenate([np.diff(s.token_times) for s in seqs if len(s.token_times) > 1] or [np.zeros(0)]) * 1e3
+    batch = np.array([e[1] for e in log]) if log else np.zeros(1)
+    dec = [(e[5] - e[4]) * 1e3 for e in log if e[0] == "decode"]
+    mixed = [(e[5] - e[4]) * 1e3 for e in log if e[0] == "mixed"]
+    span = (log[-1][5] - log[0][4]) if log else 0.0
+    tokens = sum(len(s.token_times) for s in seqs)
+    spans = [(e[5] - e[4], e[1]) for e in log]
+    return dict(requests=len(first), samples=len(seqs), finished=sum(1 for s in seqs if s.finished),
+                truncated=bool(truncated), duration_s=float(duration if duration is not None else span),
+                output_tokens=int(tokens), tokens_per_s=float(tokens / span) if span else 0.0,
+                ttft_ms=dict(median=pct(ttft, 50), p99=pct(ttft, 99), mean=float(ttft.mean()) if ttft.size else None),
+                itl_ms=dict(median=pct(itl, 50), p99=pct(itl, 99), mean=float(itl.mean()) if itl.size else None),
+                batch=dict(max=int(batch.max()), mean=float(batch.mean()),
+                           time_weighted=float(sum(t * b for t, b in spans) / max(sum(t for t, _ in spans), 1e-9))),
+                steps=dict(total=len(log), decode=len(dec), mixed=len(mixed),
+                           decode_ms_median=pct(dec, 50), mixed_ms_median=pct(mixed, 50)))
+
+
+def fmt_run(name, rate, m):
+    return (f"{name:>10} rate {rate:>6}: ITL {m['itl_ms']['median']:7.2f} / {m['itl_ms']['p99']:7.2f} ms, "
+            f"TTFT {m['ttft_ms']['median']:8.1f} / {m['ttft_ms']['p99']:8.1f} ms (median / p99), batch max "
+            f"{m['batch']['max']:>3} mean {m['batch']['mean']:6.1f}, {m['requests']} requests, "
+            f"{m['steps']['total']} steps ({m['steps']['decode']} decode {m['steps']['decode_ms_median']:.2f} ms, "
+            f"{m['steps']['mixed']} mixed {m['steps']['mixed_ms_median']:.2f} ms), {m['duration_s']:.1f} s"
+            + ("  TRUNCATED" if m["truncated"] else ""))
+
+
+def warm_up(engine, vocab, prompt_cap=2048):
+    """Untimed runs that reach every kernel a timed run will (JITs, FlexAttention compiles: one and several
+    prefill chunks of one and of several 128-row blocks, decode rows beside chunks)."""
+    for lens in ((50,), (300,), (60, 40), (700, 90, 20)):
+        lens = [min(n, prompt_cap) for n in lens]
+        engine.run(tr.fixed_requests(lens, [3] * len(lens), seed=len(lens), vocab=vocab))
+
+
+def warm_up_forks(engine, vocab, prompt_cap, max_running):
+    """Untimed: two prompts forked into many samples beside a third prompt long enough for a second chunk,
+    so shared_prefix="auto" splits in decode steps and in a step mixing decode rows with a chunk: the
+    cascade's kernels load and its workspace is allocated before anything is timed."""
+    n = max(2, min(32, (max_running - 1) // 2))
+    p = min(600, prompt_cap)
+    engine.run(tr.fixed_requests([p, p, min(1500, prompt_cap)], [6, 6, 4], seed=11, vocab=vocab,
+                                 n_samples=[n, n, 1]))
+
+
+def serving(model, make_engine, backends, rates, args, log=print, deadline=None):
+    """Study 1. make_engine(name, make_backend) -> (engine, cleanup); returns result rows."""
+    rows = []
+    for name, make in backends.items():
+        if deadline is not None and time.perf_counter() + 60 > deadline:  # setup (graphs, compiles) takes time
+            log(f"# serving {name}: skipped (the run's deadline)")
+            rows.append(dict(backend=name, skipped="deadline"))
+            continue
+        t0 = time.perf_counter()
+        try:
+            engine, cleanup = make_engine(name, make)
+            why = engine.try_capture_graphs(engine.new_scheduler())
+            if why:
+                log(f"# serving {name}: CUDA graphs failed ({why}); running without them")
+            warm_up(engine, model.cfg.vocab, args.prompt_cap)
+        except Exception as e:
+            log(f"# serving {name}: cannot run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            rows.append(dict(backend=name, skipped=f"{type(e).__name__}: {e}"[:300]))
+            gc.collect()
+            continue
+        log(f"# serving {name}: ready in {time.perf_counter() - t0:.1f} s (graphs "
+            f"{'on, ' + str(len(engine.graphs)) + ' buckets' if engine.graphs_on else 'off'})")
+        for i, rate in enumerate(rates):
+            if deadline is not None and time.perf_counter() + args.run_limit + 5 > deadline:
+                log(f"# serving {name} rate {rate}: skipped (the run's deadline)")
+                rows.append(dict(backend=name, rate=rate, skipped="deadline"))
+                continue
+            reqs = tr.sharegpt_like(max(8, int(round(rate * args.window))), rate, seed=args.seed + i,
+                                    vocab=model.cfg.vocab, prompt_cap=args.prompt_cap, output_cap=args.output_cap)
+            try:
+                seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
+            except Exception as e:  # reported; this backend's later rates would start from a broken state
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                log(f"# serving {name} rate {rate}: FAILED: {why}")
+                rows.append(dict(backend=name, rate=rate, skipped=f"failed: {why}"))
+                break
+            m = summarize(seqs, steps, truncated)
+            m.update(backend=name, rate=rate, graphs=engine.graphs_on, graphs_failed=why, trace=tr.describe(reqs),
+                     backend_stats=engine.backend.stats())
+            rows.append(m)
+            log("# " + fmt_run(name, rate, m))
+        cleanup(engine)
+    return rows
+
+
+def parallel(model, make_engine, ns, args, log=print, deadline=None):
+    """Study 2: rows per (n, arm)."""
+    rows = []
+    engines = {}
+    for arm in ("none", "auto"):
+        engines[arm] = make_engine(arm)
+        warm_up(engines[arm][0], model.cfg.vocab, args.prompt_cap)
+        warm_up_forks(engines[arm][0], model.cfg.vocab, args.prompt_cap, args.max_running)
+    for n in ns:
+        if deadline is not None and time.perf_counter() > deadline:
+            log(f"# parallel n={n}: skipped (the run's deadline)")
+            rows.append(dict(n=n, skipped="deadline"))
+            continue
+        prompts = max(1, args.par_samples // n)
+        reqs = tr.sharegpt_like(prompts, math.inf, seed=args.seed + 100, vocab=model.cfg.vocab,
+                                prompt_cap=args.prompt_cap, output_cap=args.par_output_cap, n_samples=n,
+                                prompt_median=args.par_prompt_median)
+        out = {}
+        for arm in (("none", "auto") if n % 2 else ("auto", "none")):  # alternate which arm runs first
+            engine = engines[arm][0]
+            engine.backend._sp_stats = []
+            seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
+            m = summarize(seqs, steps, truncated)
+            m.update(n=n, prompts=prompts, arm=arm, trace=tr.describe(reqs), backend_stats=engine.backend.stats())
+            out[arm] = m
+            rows.append(m)
+        a, b = out["auto"], out["none"]
+        log(f"# parallel n={n:>2} ({prompts} prompts, batch max {a['batch']['max']}): ITL median "
+            f"{b['itl_ms']['median']:.2f} -> {a['itl_ms']['median']:.2f} ms (none / auto "
+            f"{b['itl_ms']['median'] / a['itl_ms']['median']:.3f}), TTFT median {b['ttft_ms']['median']:.1f} -> "
+            f"{a['ttft_ms']['median']:.1f} ms; cascade on {a['backend_stats'].get('split_fraction', 0):.0%} of plans, "
+            f"detection {a['backend_stats'].get('detect_us_median', float('nan')):.1f} us")
+    for arm, (engine, cleanup) in engines.items():
+        cleanup(engine)
+    return rows
+
+
+def release():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
