@@ -384,7 +384,6 @@ def fp8_rows(args, workloads):
     rows = []
     for (hq, hkv), dist, b in workloads:
         lens = common.kv_lengths(dist, b, seed=b)
-        group = hq // hkv
         k, v, indptr, indices, last = paged_cache(lens, 16, hkv, seed=b)
         q = torch.randn(b, hq, D, dtype=DTYPE, device="cuda")
         # name: (kv dtype, kernel: "cc" CUDA cores, "tc" tensor cores, "pick" the wrapper's default)

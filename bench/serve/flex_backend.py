@@ -62,9 +62,12 @@ class _MaskRows:
         self.kv_len = torch.zeros(rows, **i32)
         self.prefix = torch.zeros(rows, **i32)
         self.num = torch.zeros(rows, 1, q_blocks, **i32)
-        self.idx = torch.zeros(rows, 1, q_blocks, max_pages, **i32)
+        # Block lists as wide as the pool: BlockMask sizes its dense form by their last dimension, and the
+        # entries are physical page ids (up to num_pages - 1), not positions in a request.
+        width = max(max_pages, num_pages)
+        self.idx = torch.zeros(rows, 1, q_blocks, width, **i32)
         self.fnum = torch.zeros(rows, 1, q_blocks, **i32)
-        self.fidx = torch.zeros(rows, 1, q_blocks, max_pages, **i32)
+        self.fidx = torch.zeros(rows, 1, q_blocks, width, **i32)
         self._used = 0  # rows whose phys2log entries are set (cleared before the next fill)
 
     def mask_mod(self, page_size):
@@ -196,7 +199,7 @@ class FlexBackend(Backend):
         kv = np.concatenate([h.kv_lens[reqs], np.ones(bucket - n, np.int64)]).astype(np.int64)
         d = self.dec
         d.fill_pages(rows, pages, logical, kv, kv - 1, self.device)
-        full = np.zeros((bucket, self.max_pages), np.int32)
+        full = np.zeros((bucket, d.fidx.shape[-1]), np.int32)
         inner = logical < (counts - 1)[rows]  # every page but a row's last is a full block
         full[rows[inner], logical[inner]] = pages[inner]
         last = pages[np.cumsum(counts) - 1]
@@ -225,8 +228,9 @@ class FlexBackend(Backend):
         pages = np.split(flat_pages.astype(np.int32), np.cumsum(counts)[:-1])
         num = np.zeros((n, 1, nqb), np.int32)
         fnum = np.zeros((n, 1, nqb), np.int32)
-        idx = np.zeros((n, 1, nqb, self.max_pages), np.int32)
-        fidx = np.zeros((n, 1, nqb, self.max_pages), np.int32)
+        width = max(self.max_pages, self.cache.num_pages)  # as _MaskRows: BlockMask's dense width
+        idx = np.zeros((n, 1, nqb, width), np.int32)
+        fidx = np.zeros((n, 1, nqb, width), np.int32)
         for b in range(n):
             p = pages[b]
             for qb in range(nqb):

@@ -253,6 +253,14 @@ def _(q, k, v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout, pos_
             q.new_empty(q.shape[:2], dtype=torch.float32))
 
 
+def _float_scale(name, x):
+    """single_prefill's k_scale / v_scale under torch.compile: a float or None (a tensor raises eager run()'s
+    error; its custom op takes floats)."""
+    if isinstance(x, torch.Tensor):
+        W.run_scales(1.0, 1, None, x if name == "k_scale" else None, x if name == "v_scale" else None)
+    return x
+
+
 def single_prefill_call(q, k, v, o_dtype, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode,
                         sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, backend, return_lse, k_scale,
                         v_scale):

@@ -124,7 +124,6 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         ids = W.page_ids(kv_indices, count, "kv_indices", self._float_workspace_buffer)
         batch, total_q = qo.size - 1, int(qo[-1])
         W.check_workspace_buffer_once(self)
-        device = self._float_workspace_buffer.device.index or 0
         config = (q_dtype, num_heads, page_size, bool(causal))
 
         def size(want, dev):

@@ -249,7 +249,7 @@ def _empty_fp8(like, shape, dt):
     try:
         import ml_dtypes
     except ImportError:
-        raise TypeError(f"q_rope: fp8 outputs of numpy arrays need ml_dtypes; pass torch tensors") from None
+        raise TypeError("q_rope: fp8 outputs of numpy arrays need ml_dtypes; pass torch tensors") from None
     return np.empty(tuple(int(n) for n in shape), dtype=getattr(ml_dtypes, dt))
 
 

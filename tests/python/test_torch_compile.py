@@ -256,12 +256,13 @@ def test_opcheck_and_fake_shapes(torch_cuda, rng):
     pw.plan(qo, table[0], table[1], table[2], 4, P.HKV, 128, 16, causal=True)
     cases.append((torch.ops.tessera.batch_prefill_paged_run.default,
                   (pw._handle, pq, pcache[0], pcache[1], torch.empty_like(pq), torch.empty(11, 4, device="cuda"),
-                   None, None, None, True, "log2", None, None, None)))
+                   None, None, None, None, None, True, "log2", None, None, None)))
     rw = tessera.BatchPrefillWithRaggedKVCacheWrapper(P.workspace(torch))
     rk, rv = P.uniform(torch, rng, (53, P.HKV, 128), dtype), P.uniform(torch, rng, (53, P.HKV, 128), dtype)
     rw.plan(qo, P.indptr_of([20, 33]), 4, P.HKV, 128, causal=False)
     cases.append((torch.ops.tessera.batch_prefill_ragged_run.default,
-                  (rw._handle, pq, rk, rv, torch.empty_like(pq), None, None, None, None, False, "log2", None)))
+                  (rw._handle, pq, rk, rv, torch.empty_like(pq), None, None, None, None, None, None, False, "log2",
+                   None)))
     sq = P.uniform(torch, rng, (4, 128), dtype)
     cases.append((torch.ops.tessera.single_decode.default,
                   (sq, rk, rv, "NHD", "NONE", None, None, None, None, None, -1, None, None, None, None)))
@@ -319,8 +320,8 @@ def _fake_metadata(torch):
     v, s2 = torch.ops.tessera.merge_state(qp, s, qp, s)
     assert (v.shape, v.dtype, s2.shape, s2.dtype) == (qp.shape, qp.dtype, s.shape, torch.float32)
     out = torch.empty_like(qp)
-    assert torch.ops.tessera.batch_prefill_ragged_run(0, qp, k, k, out, None, None, None, None, False, "log2",
-                                                      None) is None
+    assert torch.ops.tessera.batch_prefill_ragged_run(0, qp, k, k, out, None, None, None, None, None, None, False,
+                                                      "log2", None) is None
     with pytest.raises(ValueError, match="q: expected a 2-D"):
         torch.ops.tessera.single_decode(qp, k, k, "NHD", "NONE", None, None, None, None, None, -1, None, None, None,
                                         None)
