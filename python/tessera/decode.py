@@ -207,10 +207,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 supported yet.
             logits_soft_cap: None or 0.0 (off), or a cap > 0 on the logits
                 (cap * tanh(logit / cap)). A window and a cap may be combined.
-            pos_encoding_mode: "NONE", or "ROPE_LLAMA" (Llama RoPE fused into
+            pos_encoding_mode: "NONE", "ROPE_LLAMA" (Llama RoPE fused into
                 the kernel: each query rotated at its request's last
-                position, key i at i), not combined with window_left /
-                logits_soft_cap yet.
+                position, key i at i) or "ALIBI"; each combines with
+                window_left and logits_soft_cap (see
+                _wrapper_util.pos_encoding_arg).
             rope_scale, rope_theta: with ROPE_LLAMA (None: 1 and 1e4), else None.
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16 (torch
                 dtype or name); kv and o default to q's. kv_data_type may
