@@ -11,6 +11,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/api/attention.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
 #include "tessera/runtime/variant_params.hpp"
 #include "tessera/api/prefill.hpp"
 #include "tessera/formats/paged_kv.hpp"
@@ -196,6 +197,22 @@ inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const
   return opt;
 }
 
+// window_left / logits_soft_cap / pos_encoding: FlashInfer's plan() options
+// (-1 / 0 / 0: off; pos_encoding as to_pos_encoding reads it).
+inline AttentionSpec decode_spec(const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
+                          int head_dim, int window_left = -1, double logits_soft_cap = 0.0, int pos_encoding = 0) {
+  AttentionSpec spec;
+  spec.variant = variants::from_plan_options(false, window_left, static_cast<float>(logits_soft_cap),
+                                             to_pos_encoding(pos_encoding));
+  spec.q_dtype = parse_dtype("q_dtype", q_dtype);
+  spec.kv_dtype = parse_dtype("kv_dtype", kv_dtype);
+  spec.o_dtype = parse_dtype("o_dtype", o_dtype);
+  spec.head_dim = head_dim;
+  return spec;
+}
+
+// Defined in bindings_prefill.cpp: BatchPrefill (tensor-core batch prefill).
+void bind_prefill(nanobind::module_& m);
 // Defined in bindings_cascade.cpp: CascadeAttention (composable formats).
 void bind_cascade(nanobind::module_& m);
 // Defined in bindings_mla.cpp: BatchMLA (multi-head latent attention).
