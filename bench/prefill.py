@@ -295,10 +295,10 @@ def ab(args):
 
 
 def fp8(args):
-    """The Table-1 shape with an fp8 (e4m3) KV cache beside fp16 (the default pick and the FA2 template), interleaved
+    """The Table-1 shape with an fp8 (e4m3) KV cache beside fp16 (each as the default pick and on the FA2 template), interleaved
     rounds; each checked against SDPA in float32 on the (dequantized) inputs first."""
     e4m3 = torch.float8_e4m3fn
-    configs = {"fp16": ("auto", None), "fp16-fa2": ("fa2", None), "fp8": ("auto", e4m3)}
+    configs = {"fp16": ("auto", None), "fp16-fa2": ("fa2", None), "fp8": ("auto", e4m3), "fp8-fa2": ("fa2", e4m3)}
     seqs = [int(s) for s in args.seqs.split(",")]
     b, h = args.batch, args.heads
     wss = {n: common.new_workspace() for n in configs}
@@ -315,6 +315,7 @@ def fp8(args):
         fl = ab_flops(L, b, h, -1)
         tf = {n: tflops(fl, common.median(times[n])) for n in configs}
         speed = {f"fp8/{n}": common.paired_ratio(times, n, "fp8") for n in ("fp16", "fp16-fa2")}
+        speed["fp8-fa2/fp16-fa2"] = common.paired_ratio(times, "fp16-fa2", "fp8-fa2")
         rows.append(dict(seq=L, tflops=tf, speed_ratio=speed, ms_rounds=times))
         print(f"{L:<9d}" + "".join(f"{tf[n]:10.1f}" for n in configs) + "   speed " +
               " ".join(f"{k} {r:.3f}" for k, r in speed.items()), flush=True)

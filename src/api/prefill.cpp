@@ -150,12 +150,12 @@ void BatchPrefill::plan_bsr(const BSRMatrix& bsr, cudaStream_t stream) {
 // Backend of the first plan: the Hopper (wgmma) template on sm_90 where it
 // covers the head dim and query tile ("auto"), or as the user forces it.
 // CTA pairs (PrefillOptions::cluster) need the Hopper kernel's 128-row tiles
-// and contiguous KV, which the TMA multicasts. Auto leaves them off: on the
+// and contiguous 16-bit KV, which the TMA multicasts. Auto leaves them off: on the
 // H100 they measured 0.95x at 1k and within +-3% at 8k-16k in the Table-1
 // setting (bench/results/prefill-ab-pairs3-*.json), so only an explicit 2
 // turns them on.
 int BatchPrefill::choose_cluster(Source src) const {
-  const bool eligible = config_.hopper && config_.cta_q == 128 && src == Source::kRagged;
+  const bool eligible = config_.hopper && config_.cta_q == 128 && src == Source::kRagged && !is_fp8(spec_.kv_dtype);
   return eligible && opt_.cluster == 2 ? 2 : 1;
 }
 
@@ -166,10 +166,10 @@ bool BatchPrefill::use_hopper(int cta_q) const {
     case PrefillBackend::kFA3:
       if (!sm90) throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
       if (!catalog::hopper_supported(spec_, cta_q))
-        throw InvalidArgument("backend: fa3 needs a 16-bit KV cache, head_dim 64, 128 or 256 (head_dim_vo equal) and a "
-                              "query tile of 64 or 128 rows (kv_dtype " + std::string(dtype_name(spec_.kv_dtype)) +
-                              ", cta_q " + str(cta_q) + ", head_dim " + str(spec_.head_dim) + ", head_dim_vo " +
-                              str(spec_.vo_dim()) + "); use fa2 or auto");
+        throw InvalidArgument("backend: fa3 needs head_dim 64, 128 or 256 (head_dim_vo equal) and a query tile of 64 "
+                              "or 128 rows (64 for an fp8 cache at head_dim 256) (cta_q " + str(cta_q) + ", head_dim " +
+                              str(spec_.head_dim) +
+                              ", head_dim_vo " + str(spec_.vo_dim()) + "); use fa2 or auto");
       return true;
     case PrefillBackend::kAuto: return sm90 && catalog::hopper_supported(spec_, cta_q);
   }
@@ -459,7 +459,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
     // on average (decode's one-token queries would load mostly unused rows:
     // cp.async copies only the valid ones).
     Sm90TensorMaps maps{};
-    if (kv.indices == nullptr) {
+    if (kv.indices == nullptr && !is_fp8(spec_.kv_dtype)) {  // fp8 tiles are staged and widened by cp.async copies
       const int64_t tokens = kv.indptr ? total_kv_ : kv.single_len;
       maps.kv_on = tma::encode_kv_tiles(maps.k, kv.k, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
                                         kv.head_stride, config_.cta_kv) &&

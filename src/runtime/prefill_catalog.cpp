@@ -79,21 +79,21 @@ static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
 int prefill_launch_vo(const AttentionSpec& spec) { return spec.vo_dim() == 512 ? 256 : spec.vo_dim(); }
 
 bool hopper_supported(const AttentionSpec& spec, int cta_q) {
-  return !is_fp8(spec.kv_dtype) && spec.dims_equal() && (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) &&
+  // An fp8 cache's staging ring does not fit beside the 128-row tile's
+  // stages at head dim 256 (232 KB), so that tile runs on the FA2 template.
+  if (is_fp8(spec.kv_dtype) && spec.head_dim == 256 && cta_q == 128) return false;
+  return spec.dims_equal() && (spec.head_dim == 64 || spec.head_dim == 128 || spec.head_dim == 256) &&
          (cta_q == 64 || cta_q == 128);
 }
 
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile) {
   validate_spec(spec);
-  // fp8 caches (e4m3 / e5m2, 16-bit q): the FA2 template widens K / V to q's
-  // type while staging them; the Hopper template reads 16-bit K / V only.
+  // fp8 caches (e4m3 / e5m2, 16-bit q): both templates stage the fp8 rows
+  // and widen them to q's type in shared memory before the MMAs.
   const bool fp8 = is_fp8(spec.kv_dtype);
   if (!fp8 && spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: the tensor-core prefill kernel needs q_dtype == kv_dtype (") +
                        dtype_name(spec.kv_dtype) + ") or an fp8 kv_dtype, got " + dtype_name(spec.q_dtype));
-  if (fp8 && hopper)
-    throw TypeMismatch(std::string("kv_dtype: the Hopper prefill kernel (backend fa3) reads 16-bit K / V, got ") +
-                       dtype_name(spec.kv_dtype) + "; fp8 caches run on backend fa2 (backend auto picks it)");
   if (fp8 && (!spec.dims_equal() || spec.head_dim > 256))
     throw TypeMismatch(std::string("kv_dtype: ") + dtype_name(spec.kv_dtype) + " caches on the tensor-core prefill "
                        "kernel take equal head dims of 64, 128 or 256, got head_dim " + std::to_string(spec.head_dim) +
@@ -137,8 +137,12 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
     c.q_bufs = 2;
     // The kernel's own layout (abi/shared_memory.cuh): Q buffers, K and V
     // stages and the alignment slack, + its static shared memory's bound.
+    // fp8 caches add their staging tiles (so at head dim 128 the 128-row
+    // tile keeps two V stages).
     auto bytes = [&](int q_bufs) {
-      return sm90_smem_layout(spec.head_dim, c.cta_q, c.cta_kv, c.stages, c.v_stages, q_bufs).dynamic_bytes;
+      return sm90_smem_layout(spec.head_dim, c.cta_q, c.cta_kv, c.stages, c.v_stages, q_bufs,
+                              fp8 ? kSm90Fp8StagingTiles : 0)
+          .dynamic_bytes;
     };
     const int static_bytes = kSm90StaticSmemBound;
     // 64-row tiles aim at two CTAs per SM (their consumers hide each other's

@@ -125,13 +125,13 @@ TEST(Fp8Validation, KvOnly) {
 // The tensor-core prefill (FA2 template, hence decode with use_tensor_cores)
 // takes fp8 caches; the Hopper template, unequal / 512 head dims and cascade
 // refuse them naming kv_dtype.
-TEST(Fp8Validation, TensorCoreFamiliesTakeFp8OnFa2Only) {
+TEST(Fp8Validation, TensorCoreFamiliesTakeFp8) {
   FakeWorkspace f;
   EXPECT_NO_THROW(BatchPrefill(fp8_spec(), task(), f.ws));
   EXPECT_GT(BatchPrefill::workspace_size(fp8_spec(), task(), 132).device_bytes, 0u);
   EXPECT_NO_THROW(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2), 64));
-  EXPECT_THROW_MSG(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2), 64, true), TypeMismatch, "kv_dtype");
-  for (int q : {64, 128}) EXPECT_FALSE(catalog::hopper_supported(fp8_spec(), q));
+  EXPECT_NO_THROW(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2), 64, true));
+  for (int q : {64, 128}) EXPECT_TRUE(catalog::hopper_supported(fp8_spec(), q));
   AttentionSpec mla = fp8_spec();
   mla.head_dim = 192;
   mla.head_dim_vo = 128;
@@ -392,4 +392,42 @@ TEST(Fp8Prefill, Fa2KernelsCompile) {
     cache.precompile(kernels, a, 2);
     for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << arch << " " << k.entry;
   }
+}
+
+// The Hopper template's fp8 instantiations: a two-tile staging ring after
+// the V stages (abi/shared_memory.cuh), within the shared memory of one SM (two
+// CTAs' for the 64-row tiles at head dims 64 / 128), no TMA for K / V, and
+// q's type in the name; they compile for sm_90a, plain and with a
+// transforming variant (RoPE on the keys in the producer).
+TEST(Fp8Prefill, HopperKernelsCompile) {
+  EXPECT_FALSE(catalog::hopper_supported(fp8_spec(DType::kFloat16, kE4M3, 256), 128));  // the FA2 template's
+  EXPECT_THROW(catalog::prefill_config(fp8_spec(DType::kFloat16, kE4M3, 256), 128, true), InvalidArgument);
+  for (int d : {64, 128, 256})
+    for (int q : {64, 128}) {
+      if (d == 256 && q == 128) continue;
+      const PrefillConfig f16 = catalog::prefill_config(fp8_spec(DType::kFloat16, DType::kFloat16, d), q, true);
+      const PrefillConfig f8 = catalog::prefill_config(fp8_spec(DType::kFloat16, kE4M3, d), q, true);
+      EXPECT_TRUE(f8.hopper);
+      EXPECT_EQ(f8.cta_kv, f16.cta_kv) << d << " " << q;
+      EXPECT_EQ(f8.smem_bytes - sm90_smem_layout(d, q, f8.cta_kv, f8.stages, f8.v_stages, f8.q_bufs).dynamic_bytes,
+                kSm90Fp8StagingTiles * f8.cta_kv * d);
+      EXPECT_LE(f8.ctas_per_sm * (f8.smem_bytes + kSm90StaticSmemBound), 228 * 1024) << d << " " << q;
+      EXPECT_GE(f8.ctas_per_sm, f16.ctas_per_sm - (d == 128 ? 0 : 1)) << d << " " << q;
+    }
+  jit::KernelCache cache;
+  std::vector<jit::KernelSource> kernels;
+  for (auto [q, kv, d, cta_q] : {std::tuple{DType::kFloat16, kE4M3, 128, 128}, {DType::kBFloat16, kE5M2, 128, 64},
+                                 {DType::kFloat16, kE5M2, 64, 128}, {DType::kBFloat16, kE4M3, 256, 64}}) {
+    AttentionSpec s = fp8_spec(q, kv, d);
+    s.variant = variants::causal();
+    kernels.push_back(catalog::batch_prefill(s, cta_q, true));
+  }
+  EXPECT_EQ(kernels[0].entry.rfind("tessera_prefill_" + variants::causal().name + "_f16e4m3_f16_d128_q128_", 0), 0u)
+      << kernels[0].entry;
+  AttentionSpec rope = fp8_spec(DType::kFloat16, kE4M3, 128);
+  rope.variant = variants::from_plan_options(false, -1, 0.f, variants::PosEncoding::kRopeLlama);
+  kernels.push_back(catalog::batch_prefill(rope, 128, true));
+  const jit::Arch a = jit::Arch::parse("sm_90a");
+  cache.precompile(kernels, a, 2);
+  for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry;
 }

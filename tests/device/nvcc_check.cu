@@ -115,6 +115,16 @@ __global__ void TESSERA_PAIR_DIMS __launch_bounds__(384, 1)
 template __global__ void prefill_sm90_k<CausalAttention, tessera::half_t, 128, 128, 128, 1>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 template __global__ void prefill_sm90_k<StandardAttention, tessera::bf16_t, 64, 128, 128, 1>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 template __global__ void prefill_sm90_k<StandardAttention, tessera::half_t, 128, 64, 64, 2>(const PP, const __grid_constant__ tessera::Sm90TensorMaps);
+// An fp8 cache on the Hopper template (staged and widened by the producer).
+template <typename V, typename T, typename KV, int D, int CQ, int CKV, int VS, int CTAS>
+__global__ void __launch_bounds__(128 * (CQ / 64 + 1), CTAS) prefill_sm90_fp8_k(
+    const PP p, const __grid_constant__ tessera::Sm90TensorMaps tma) {
+  tessera::batch_prefill_sm90<V, T, KV, T, D, CQ, CKV, 2, VS, 1, CTAS, 1>(p, tma);
+}
+template __global__ void prefill_sm90_fp8_k<CausalAttention, tessera::half_t, tessera::fp8_e4m3_t, 128, 128, 128, 2, 1>(
+    const PP, const __grid_constant__ tessera::Sm90TensorMaps);
+template __global__ void prefill_sm90_fp8_k<StandardAttention, tessera::bf16_t, tessera::fp8_e5m2_t, 128, 64, 64, 2, 2>(
+    const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 16, 64, 1, 4>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 32, 64, 2, 2>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);

@@ -1,7 +1,7 @@
 """fp8 KV caches (float8_e4m3fn / float8_e5m2) on the tensor-core kernels: batch
 prefill (paged, ragged), cascade levels, single_prefill, and batch decode with
-use_tensor_cores=True, all on the FA2 template, which widens K / V to q's type
-while staging them. Checked against the float64 prefill reference on the
+use_tensor_cores=True, on the FA2 template and (backend "auto" on sm_90) the
+Hopper template, both of which widen K / V to q's type after staging them. Checked against the float64 prefill reference on the
 dequantized cache (stored value x k_scale / v_scale), so the tests measure the
 kernels, not the quantization: fp16 queries within 1e-3 of the reference norm,
 bf16 within 1e-2, outputs poisoned with NaN first, pages shuffled.
@@ -20,6 +20,7 @@ import tessera
 from conftest import TOL, to_np
 from prefill_reference import (HKV, check, gather_pages, indptr_of, make_table, ref_batch, ref_request, uniform,
                                workspace)
+from test_pos_encoding import rope_request
 
 FP8 = ["float8_e4m3fn", "float8_e5m2"]
 KS, VS = 0.0131, 0.0097  # dequantization scales (not powers of two)
@@ -65,9 +66,10 @@ PAGED_CASES = [  # q dtype, kv dtype, head_dim, group, page_size, layout, interl
 ]
 
 
+@pytest.mark.parametrize("backend", ["fa2", "auto"])
 @pytest.mark.parametrize("q_dtype, kv_dtype, head_dim, group, page_size, layout, interleaved, causal", PAGED_CASES)
 def test_fp8_paged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim, group, page_size, layout,
-                           interleaved, causal):
+                           interleaved, causal, backend):
     torch = torch_cuda
     hq = HKV * group
     q_lens, kv_lens = zip(*LENS)
@@ -75,7 +77,7 @@ def test_fp8_paged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim,
     cache, k, v = fp8_pages(torch, rng, layout, table[3], page_size, head_dim, kv_dtype, interleaved)
     qo = indptr_of(q_lens)
     q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), getattr(torch, q_dtype), -2.0, 2.0)
-    w = paged_wrapper(torch, layout)
+    w = paged_wrapper(torch, layout, backend=backend)
     w.plan(qo, *table[:3], hq, HKV, head_dim, page_size, causal=causal, q_data_type=getattr(torch, q_dtype),
            kv_data_type=getattr(torch, kv_dtype))
     o, lse = w.run(q, cache, k_scale=KS, v_scale=VS, return_lse=True)
@@ -88,14 +90,15 @@ def test_fp8_paged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim,
 @pytest.mark.parametrize("q_dtype, kv_dtype, head_dim, group, causal", [
     ("float16", "float8_e4m3fn", 128, 4, True), ("bfloat16", "float8_e5m2", 64, 1, False),
     ("float16", "float8_e5m2", 256, 2, True)])
-def test_fp8_ragged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim, group, causal):
+@pytest.mark.parametrize("backend", ["fa2", "auto"])
+def test_fp8_ragged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim, group, causal, backend):
     torch = torch_cuda
     hq = HKV * group
     q_lens, kv_lens = zip(*LENS)
     qo, kv = indptr_of(q_lens), indptr_of(kv_lens)
     q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), getattr(torch, q_dtype), -2.0, 2.0)
     k, v = (fp8_values(torch, rng, (int(kv[-1]), HKV, head_dim), kv_dtype) for _ in range(2))
-    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), backend=backend)
     w.plan(qo, kv, hq, HKV, head_dim, causal=causal, q_data_type=getattr(torch, q_dtype), kv_data_type=kv_dtype)
     o, lse = w.run(q, k, v, k_scale=KS, v_scale=VS, return_lse=True)
     kn, vn = to_np(k), to_np(v)
@@ -103,9 +106,10 @@ def test_fp8_ragged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim
     check(o, lse, ref_o, ref_lse, q_dtype)
 
 
-@pytest.mark.parametrize("variant", ["window", "soft_cap", "alibi", "custom_mask"])
+@pytest.mark.parametrize("variant", ["window", "soft_cap", "alibi", "custom_mask", "rope"])
 def test_fp8_prefill_variants(torch_cuda, rng, poison, variant):
-    """The built-in variants on an fp8 cache: the same functors, K / V widened first."""
+    """The built-in variants on an fp8 cache: the same functors, K / V widened first (RoPE: the keys are
+    rotated after widening, in the Hopper kernel's producer)."""
     torch = torch_cuda
     head_dim, hq, page_size = 128, 8, 16
     q_lens, kv_lens = [37, 100, 1], [37, 190, 300]
@@ -121,6 +125,8 @@ def test_fp8_prefill_variants(torch_cuda, rng, poison, variant):
     elif variant == "alibi":
         plan = dict(pos_encoding_mode="ALIBI")
         ref_opts = dict(alibi_slopes=np.array(tessera._C.alibi_slopes(hq)))
+    elif variant == "rope":
+        plan = dict(pos_encoding_mode="ROPE_LLAMA")
     masks = [rng.random((a, b)) < 0.6 for a, b in zip(q_lens, kv_lens)]
     if variant == "custom_mask":
         causal = False
@@ -133,8 +139,11 @@ def test_fp8_prefill_variants(torch_cuda, rng, poison, variant):
     qn, o_ref, lse_ref = to_np(q), [], []
     for i in range(len(q_lens)):
         ki, vi = gather_pages(kn, vn, "NHD", table, page_size, i)
+        qi = qn[qo[i]:qo[i + 1]]
+        if variant == "rope":
+            qi, ki = rope_request(qi, ki, None, None)
         vis = masks[i] if variant == "custom_mask" else None
-        a, b = ref_request(qn[qo[i]:qo[i + 1]], ki, vi, causal, KS / np.sqrt(head_dim), visible=vis, **ref_opts)
+        a, b = ref_request(qi, ki, vi, causal, KS / np.sqrt(head_dim), visible=vis, **ref_opts)
         o_ref.append(a * VS)
         lse_ref.append(b)
     check(o, lse, np.concatenate(o_ref), np.concatenate(lse_ref), "float16")
@@ -264,11 +273,10 @@ def test_fp8_prefill_bad_input_gpu(torch_cuda, rng):
         w.run(q, cache, v_scale=torch.ones(2, device="cuda"))
     with pytest.raises(TypeError, match="k_scale"):
         w.run(q, cache, k_scale=torch.ones(1))  # on the CPU
-    fa3 = paged_wrapper(torch, backend="fa3")
-    if torch.cuda.get_device_capability()[0] == 9:
-        with pytest.raises((TypeError, ValueError), match="kv_dtype|fa3"):
-            fa3.plan([0, 1, 2], *table[:3], 4, HKV, 128, 16, q_data_type=torch.float16,
-                     kv_data_type=torch.float8_e4m3fn)
+    if torch.cuda.get_device_capability()[0] == 9:  # the Hopper kernel takes head dims 64 / 128 / 256 only
+        with pytest.raises((TypeError, ValueError), match="head_dim|fa3"):
+            paged_wrapper(torch, backend="fa3").plan([0, 1, 2], *table[:3], 4, HKV, 512, 16, q_data_type=torch.float16,
+                                                     kv_data_type=torch.float8_e4m3fn)
     w16 = paged_wrapper(torch)  # scale tensors belong to fp8 caches
     w16.plan([0, 1, 2], *table[:3], 4, HKV, 128, 16, q_data_type=torch.float16)
     kv16 = (k.half(), v.half())

@@ -56,7 +56,8 @@ constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int ct
 
 // ------------------------------------------------------- Hopper batch prefill
 // Dynamic shared memory of the warp-specialized kernel: the Q buffers, then
-// the K stages, then the V stages, 16-bit elements, from the first 1024-byte
+// the K stages, then the V stages, 16-bit elements (then an fp8 cache's
+// staging tiles), from the first 1024-byte
 // boundary of the dynamic window (wgmma's 128-byte swizzle repeats every 1024
 // bytes, and every buffer is a multiple of 1024 bytes); the launch asks for
 // the rings plus 1024 bytes of alignment slack.
@@ -69,19 +70,27 @@ constexpr int kSm90SmemAlign = 1024;
 constexpr int kSm90StaticSmemBound = 7168;
 struct Sm90SmemLayout {
   int q_offset, k_offset, v_offset;  // bytes from the aligned base
-  int ring_bytes;                    // Q buffers + K stages + V stages
+  int staging_offset;                // fp8 caches: the staging tiles, after the V stages
+  int ring_bytes;                    // Q buffers + K stages + V stages (+ fp8 staging)
   int dynamic_bytes;                 // what the launch asks for
 };
+// staging: fp8 caches' staging tiles (cta_kv x head_dim bytes each; the
+// producer copies the fp8 rows there and widens them into the 16-bit stages).
 constexpr Sm90SmemLayout sm90_smem_layout(int head_dim, int cta_q, int cta_kv, int k_stages, int v_stages,
-                                          int q_bufs) {
+                                          int q_bufs, int staging = 0) {
   Sm90SmemLayout l{};
   const int q_tile = cta_q * head_dim * 2, kv_tile = cta_kv * head_dim * 2;
   l.q_offset = 0;
   l.k_offset = q_bufs * q_tile;
   l.v_offset = l.k_offset + k_stages * kv_tile;
-  l.ring_bytes = l.v_offset + v_stages * kv_tile;
+  l.staging_offset = l.v_offset + v_stages * kv_tile;
+  l.ring_bytes = l.staging_offset + staging * cta_kv * head_dim;
   l.dynamic_bytes = l.ring_bytes + kSm90SmemAlign;
   return l;
 }
+// fp8 caches' staging tiles: two, so one tile's copies are in flight while
+// the previous one is widened (three measured no faster: the widening's
+// shared-memory traffic, not the copies' latency, bounds the fp8 kernel).
+constexpr int kSm90Fp8StagingTiles = 2;
 
 }  // namespace tessera

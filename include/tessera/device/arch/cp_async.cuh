@@ -17,6 +17,17 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
   return addr;
 }
 
+// 16 bytes at a shared-memory address (32-bit, as smem_addr gives): loads
+// and stores that keep no 64-bit generic pointer live (register-lean warps).
+__device__ __forceinline__ uint4 ld_shared_16(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_16(u32 addr, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
 // 16 bytes global -> shared, cached in L2 only (streaming KV is read once).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
   const int src_bytes = pred ? 16 : 0;

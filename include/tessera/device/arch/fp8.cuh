@@ -42,6 +42,17 @@ template <> struct Fp8Traits<fp8_e5m2_t> {
   static constexpr float kMax = 57344.f;
 };
 
+// The tensor-core operand type of a kernel with q of DQ and a cache of DKV:
+// DKV for 16-bit caches, q's type for fp8 ones (widened on the way in).
+template <typename DQ, typename DKV, bool = is_fp8<DKV>>
+struct Fp8Operand {
+  using type = DKV;
+};
+template <typename DQ, typename DKV>
+struct Fp8Operand<DQ, DKV, true> {
+  using type = DQ;
+};
+
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

@@ -52,13 +52,19 @@ struct Sm90PrefillKernel {
   // consumers end each item with the epilogue (common/epilogue.cuh). Both
   // walk the planner's queue with the scheduler of every persistent kernel
   // (common/work_queue.cuh).
-  using Producer = Sm90Producer<Variant, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, Params>;
-  using Consumer = Sm90Consumer<Variant, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, Params>;
+  // The tiles' (and the MMAs') 16-bit type: the cache's, or q's for an fp8
+  // cache, which the producer widens into it.
+  using T = typename Fp8Operand<DQ, DKV>::type;
+  static constexpr bool kFp8 = is_fp8<DKV>;
+  static constexpr int kStaging = kFp8 ? kSm90Fp8StagingTiles : 0;
+  using Producer = Sm90Producer<Variant, T, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, kStaging, Params>;
+  using Consumer = Sm90Consumer<Variant, T, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, kFp8, Params>;
   static constexpr int THREADS = 128 * (CTA_Q / 64 + 1);
   // The dynamic shared memory: the same layout the host sizes the launch by.
-  static constexpr Sm90SmemLayout kSmem = sm90_smem_layout(HEAD_DIM, CTA_Q, CTA_KV, K_STAGES, V_STAGES, Q_BUFS);
-  static_assert(sizeof(DQ) == 2 && sizeof(DKV) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
-                "16-bit q and kv; 16- or 32-bit o");
+  static constexpr Sm90SmemLayout kSmem =
+      sm90_smem_layout(HEAD_DIM, CTA_Q, CTA_KV, K_STAGES, V_STAGES, Q_BUFS, kStaging);
+  static_assert(sizeof(DQ) == 2 && (sizeof(DKV) == 2 || kFp8) && (sizeof(DO) == 2 || sizeof(DO) == 4),
+                "16-bit q, 16-bit or fp8 kv; 16- or 32-bit o");
   static_assert(CTA_Q == 64 || CTA_Q == 128, "one or two consumer warpgroups of 64 query rows");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "wgmma tiles for head_dim 64, 128 and 256");
   static_assert(CLUSTER == 1 || CLUSTER == 2, "single CTAs or pairs");
@@ -71,11 +77,13 @@ struct Sm90PrefillKernel {
     __shared__ Sm90Pipeline<Rings> pipe;
     __shared__ __align__(16) i64 row_offs[4 * CTA_KV];  // the producer's paged row-offset tables
     static_assert(kSmem.q_offset == 0, "the Q buffers open the aligned window");
-    // q is stored as DKV: the MMA needs one operand type.
-    DKV* q_smem = reinterpret_cast<DKV*>((reinterpret_cast<size_t>(smem_raw) + (kSm90SmemAlign - 1)) &
+    // q is stored as T: the MMA needs one operand type.
+    char* base = reinterpret_cast<char*>((reinterpret_cast<size_t>(smem_raw) + (kSm90SmemAlign - 1)) &
                                          ~size_t(kSm90SmemAlign - 1));
-    DKV* k_smem = q_smem + kSmem.k_offset / sizeof(DKV);
-    DKV* v_smem = k_smem + (kSmem.v_offset - kSmem.k_offset) / sizeof(DKV);
+    T* q_smem = reinterpret_cast<T*>(base);
+    T* k_smem = reinterpret_cast<T*>(base + kSmem.k_offset);
+    T* v_smem = reinterpret_cast<T*>(base + kSmem.v_offset);
+    u8* staging = reinterpret_cast<u8*>(base + kSmem.staging_offset);  // fp8 caches only
     const bool kv_tma = Producer::uses_tma(tma) && p.kv.indices == nullptr;  // paged KV is gathered
     const bool q_tma = tma.q_on != 0;
     constexpr int kConsumers = THREADS - 128;
@@ -91,7 +99,7 @@ struct Sm90PrefillKernel {
 
     if (threadIdx.x < 128) {
       setmaxnreg_dec<Regs::PRODUCER>();
-      Producer(p, pipe, q_smem, k_smem, v_smem, row_offs).run(tma, kv_tma, q_tma);
+      Producer(p, pipe, q_smem, k_smem, v_smem, staging, row_offs).run(tma, kv_tma, q_tma);
     } else {
       setmaxnreg_inc<Regs::CONSUMER>();
       Consumer(p, pipe, q_smem, k_smem, v_smem).run();

@@ -37,8 +37,10 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
+// kRunScale: the softmax and output scales are read when the kernel runs
+// (read_run_scales: an fp8 cache's k_scale / v_scale tensors folded in).
 template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, int CLUSTER,
-          typename Params>
+          bool kRunScale, typename Params>
 struct Sm90Consumer {
   static constexpr int CONSUMERS = CTA_Q / 64, THREADS = 128 * CONSUMERS;
   static constexpr int NT_S = CTA_KV / 8, NT_O = HEAD_DIM / 8;
@@ -111,6 +113,8 @@ struct Sm90Consumer {
     WorkQueue<PrefillWorkItem, QueueLoad::kAhead, Params> queue(p, static_cast<int>(blockIdx.x / CLUSTER));
     const int wi0 = queue.begin, wi_end = queue.end;
     grid_dependency_wait();  // before any read of the variant's tensors or write of o, lse, partial states
+    const device::RunScales run =
+        kRunScale ? device::read_run_scales(p) : device::RunScales{p.sm_scale, p.o_scale};
     // Every thread signals (some runtimes want all of a CTA's threads); the
     // producer's signal, after its last copy, is the one that counts.
     grid_dependency_launch_dependents();
@@ -201,8 +205,9 @@ struct Sm90Consumer {
           wgmma_keep(sf);
           release_kv(bars.k_empty(cur.index()), bars);
           if (n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
-          prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head,
-                                                  masked(0), causal_shift, scale, &mask_bits);
+          prefill_softmax_step<Variant, !kTcSums, kRunScale>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end,
+                                                             b, kv_head, masked(0), causal_shift, scale, &mask_bits,
+                                                             run.sm_scale);
           pack_p<CTA_KV, T>(pa, s);
 
           bool k_ready = false, v_ready = false;  // probes of the next step's barriers
@@ -230,9 +235,10 @@ struct Sm90Consumer {
             release_kv(bars.k_empty(cur.index()), bars);
             if (t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
             const bool raised =
-                prefill_softmax_step<Variant, !kTcSums>(p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2,
-                                                        w.kv_end, b, kv_head, masked(t), causal_shift, scale,
-                                                        &mask_bits);
+                prefill_softmax_step<Variant, !kTcSums, kRunScale>(p, variant, st, rows, s2,
+                                                                   w.kv_start + t * CTA_KV + quad * 2, w.kv_end, b,
+                                                                   kv_head, masked(t), causal_shift, scale, &mask_bits,
+                                                                   run.sm_scale);
             if constexpr (kTcSums) {
               if (raised) {  // rows g and g + 8 (dsum[1] and [3] are unused copies)
                 dsum[0] *= scale[0][0];
@@ -298,7 +304,7 @@ struct Sm90Consumer {
         prefill_sum_quads(st);
       }
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
-                                                                warp_row0, p.o_scale, half);
+                                                                warp_row0, run.o_scale, half);
       if (w.partial_slot >= 0)
         prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
             p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,

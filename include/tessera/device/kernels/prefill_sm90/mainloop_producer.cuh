@@ -7,6 +7,10 @@
 // (any page size) and BSR KV alike (paper §3.2.1): each thread's copies
 // signal the stage's "full" barrier on landing (cp.async.mbarrier.arrive), so
 // the producer never waits on its own copies, only on "empty" stages.
+// fp8 K / V (DKV e4m3 / e5m2): the copies land in a ring of STAGING staging
+// tiles and each thread widens the chunks it copied into the 16-bit stage
+// (q's type) STAGING - 1 tiles later, so later tiles' copies are in flight
+// while it widens; the thread then signals the stage itself.
 // Paged KV: while the warpgroup issues a tile, each thread resolves one row
 // of the next tile (page-table load, page / head / slot arithmetic) into a
 // ring of shared tables of element offsets; a copy then costs one
@@ -33,19 +37,30 @@ struct IsKey {
   static constexpr bool value = B;
 };
 
-template <typename Variant, typename T, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, int CLUSTER, typename Params>
+// T: the 16-bit type of the shared tiles (the MMA's); DKV: the cache's
+// element type (T, or fp8 widened to T).
+template <typename Variant, typename T, typename DKV, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, int CLUSTER,
+          int STAGING, typename Params>
 struct Sm90Producer {
   // Thread t copies 16-byte chunks t % LPR (+ 16, + 32, ...: CPT of them) of
   // rows t / LPR + i * RPP. At most 16 threads share a row, so a thread's
   // rows are a multiple of 8 apart and keep one swizzle phase; at head_dim
   // 256 a thread's second chunk (ch + 16) sits two column blocks further.
+  // K / V rows of an fp8 cache are half as many chunks (KV_LPR per row).
+  static constexpr bool kFp8 = is_fp8<DKV>;
   static constexpr int THREADS = 128, CH = HEAD_DIM / 8;
   static constexpr int LPR = CH < 16 ? CH : 16, CPT = CH / LPR;
   static constexpr int RPP = THREADS / LPR;  // rows per pass
-  static constexpr int Q_PASSES = CTA_Q / RPP, KV_PASSES = CTA_KV / RPP;
-  static_assert(CH % LPR == 0, "whole chunks per thread");
-  static_assert(CTA_Q % RPP == 0 && CTA_KV % RPP == 0 && RPP % 8 == 0, "whole rows per pass, one swizzle phase per thread");
+  static constexpr int KV_CH = HEAD_DIM * static_cast<int>(sizeof(DKV)) / 16;
+  static constexpr int KV_LPR = KV_CH < 16 ? KV_CH : 16, KV_RPP = THREADS / KV_LPR;
+  static constexpr int Q_PASSES = CTA_Q / RPP, KV_PASSES = CTA_KV / KV_RPP;
+  static_assert(CH % LPR == 0 && KV_CH % KV_LPR == 0, "whole chunks per thread");
+  static_assert(CTA_Q % RPP == 0 && CTA_KV % KV_RPP == 0 && RPP % 8 == 0, "whole rows per pass, one swizzle phase per thread");
   static_assert(KV_PASSES % 2 == 0, "a thread reads its rows' offsets two at a time");
+  static_assert(sizeof(T) == 2 && (sizeof(DKV) == 2 || kFp8), "16-bit tiles of a 16-bit or fp8 cache");
+  static_assert(!kFp8 || KV_CH == KV_LPR, "fp8: one chunk per row and pass");
+  static_assert(kFp8 ? STAGING >= 2 && STAGING <= 4 : STAGING == 0, "fp8: a ring of 2 to 4 staging tiles");
+  static constexpr int kStageBytes = CTA_KV * HEAD_DIM;  // an fp8 staging tile
   using Traits = VariantTraits<Variant, Params>;
   using QLayout = Swizzle128<HEAD_DIM, CTA_Q>;
   using KVLayout = Swizzle128<HEAD_DIM, CTA_KV>;
@@ -55,13 +70,17 @@ struct Sm90Producer {
   T* q_smem;  // [Q_BUFS][CTA_Q * HEAD_DIM]
   T* k_smem;  // [K_STAGES][CTA_KV * HEAD_DIM]
   T* v_smem;  // [V_STAGES][CTA_KV * HEAD_DIM]
+  u32 staging;    // fp8: shared address of [STAGING][kStageBytes], row-major (unused otherwise)
   i64* row_offs;  // [4][CTA_KV] shared: byte offsets of a tile's rows (paged KV)
-  int tid, ch, row0;
+  int tid, ch, row0;  // Q's copy mapping
+  int kv_ch, kv_row0;  // K / V's (the same for 16-bit caches)
   int rank;  // in the cluster (CLUSTER > 1): with the item index, which CTA_Q rows of each item are this CTA's
 
-  __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, i64* offs)
-      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), row_offs(offs), tid(threadIdx.x % THREADS), ch(tid % LPR),
-        row0(tid / LPR), rank(CLUSTER > 1 ? cluster_rank() : 0) {}
+  __device__ __forceinline__ Sm90Producer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, u8* stage8,
+                                          i64* offs)
+      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), staging(smem_addr(stage8)), row_offs(offs), tid(threadIdx.x % THREADS),
+        ch(tid % LPR), row0(tid / LPR), kv_ch(tid % KV_LPR), kv_row0(tid / KV_LPR),
+        rank(CLUSTER > 1 ? cluster_rank() : 0) {}
 
   // Byte offset of row `tid` of the tile starting at `start` (paged KV:
   // page, head and slot resolved; 0 past `end` and for a page id that failed
@@ -78,11 +97,11 @@ struct Sm90Producer {
     if (page < 0) return 0;
     return (static_cast<i64>(page) * p.kv.page_stride + kv_head * p.kv.head_stride +
             static_cast<i64>(slot) * p.kv.token_stride) *
-           static_cast<i64>(sizeof(T));
+           static_cast<i64>(sizeof(DKV));
   }
   // Where row r's offset sits in a table: the rows one thread copies
-  // (r = row0 + i * RPP) are adjacent, so it reads two per 16-byte load.
-  __device__ __forceinline__ static int table_slot(int r) { return (r % RPP) * KV_PASSES + r / RPP; }
+  // (r = kv_row0 + i * KV_RPP) are adjacent, so it reads two per 16-byte load.
+  __device__ __forceinline__ static int table_slot(int r) { return (r % KV_RPP) * KV_PASSES + r / KV_RPP; }
 
   // Shared-memory bytes from a thread's chunk ch to its chunk ch + 16 in a
   // tile of `rows` rows (two 64-column blocks on).
@@ -94,39 +113,77 @@ struct Sm90Producer {
   // so does the source. A few instructions per 16-byte copy keep the
   // producer from competing with the consumers for issue slots (a generic
   // address computation per row took ~35 and starved them).
-  __device__ __forceinline__ void copy_tile(T* dst, const T* base, const i64* offs, i64 affine_base, int start,
+  // dst: the tile's shared address. fp8: the same copies into a row-major
+  // staging tile, kv_ch * 16 bytes into each row.
+  __device__ __forceinline__ void copy_tile(u32 dst, const DKV* base, const i64* offs, i64 affine_base, int start,
                                             int end) const {
     const device::PagedKV& kv = p.kv;
-    u32 dst_addr = smem_addr(dst + KVLayout::at(row0, ch));
-    constexpr u32 kDstStep = RPP * 64 * sizeof(T);
-    const int valid = end - start - row0;  // rows i * RPP < valid are in range
+    constexpr int kChunkElems = 16 / sizeof(DKV);
+    u32 dst_addr = dst + (kFp8 ? kv_row0 * HEAD_DIM + kv_ch * 16 : KVLayout::at(kv_row0, kv_ch) * 2);
+    constexpr u32 kDstStep = kFp8 ? KV_RPP * HEAD_DIM : KV_RPP * 64 * sizeof(T);
+    const int valid = end - start - kv_row0;  // rows i * KV_RPP < valid are in range
     if (kv.indices == nullptr) {
-      const T* src = base + affine_base + static_cast<i64>(row0) * kv.token_stride + ch * 8;
-      const i64 step = static_cast<i64>(RPP) * kv.token_stride;
+      const DKV* src = base + affine_base + static_cast<i64>(kv_row0) * kv.token_stride + kv_ch * kChunkElems;
+      const i64 step = static_cast<i64>(KV_RPP) * kv.token_stride;
 #pragma unroll
       for (int i = 0; i < KV_PASSES; ++i, src += step, dst_addr += kDstStep) {
-        const bool ok = i * RPP < valid;
+        const bool ok = i * KV_RPP < valid;
 #pragma unroll
-        for (int j = 0; j < CPT; ++j) cp_async_16(dst_addr + j * chunk_step(CTA_KV), ok ? src + j * 128 : base, ok);
+        for (int j = 0; j < KV_CH / KV_LPR; ++j)
+          cp_async_16(dst_addr + j * chunk_step(CTA_KV), ok ? src + j * 128 : base, ok);
       }
     } else {
-      const char* chunk_base = reinterpret_cast<const char*>(base + ch * 8);
-      const longlong2* mine = reinterpret_cast<const longlong2*>(offs + row0 * KV_PASSES);
+      const char* chunk_base = reinterpret_cast<const char*>(base + kv_ch * kChunkElems);
+      const longlong2* mine = reinterpret_cast<const longlong2*>(offs + kv_row0 * KV_PASSES);
 #pragma unroll
       for (int i = 0; i < KV_PASSES; i += 2, dst_addr += 2 * kDstStep) {
         const longlong2 o = mine[i / 2];
 #pragma unroll
-        for (int j = 0; j < CPT; ++j) {
-          cp_async_16(dst_addr + j * chunk_step(CTA_KV), chunk_base + o.x + j * 256, i * RPP < valid);
-          cp_async_16(dst_addr + kDstStep + j * chunk_step(CTA_KV), chunk_base + o.y + j * 256, (i + 1) * RPP < valid);
+        for (int j = 0; j < KV_CH / KV_LPR; ++j) {
+          cp_async_16(dst_addr + j * chunk_step(CTA_KV), chunk_base + o.x + j * 256, i * KV_RPP < valid);
+          cp_async_16(dst_addr + kDstStep + j * chunk_step(CTA_KV), chunk_base + o.y + j * 256, (i + 1) * KV_RPP < valid);
         }
+      }
+    }
+  }
+
+  // fp8: widens this thread's chunks of a landed staging tile (shared
+  // address `stage`) into the 16-bit tile at `tile` (Swizzle128). Each 16
+  // fp8 values become 16-bit chunks 2c and 2c + 1 of the row; threads with
+  // c & 4 store the odd one first, so each store instruction of a quarter
+  // warp hits eight distinct bank groups. A thread's rows are KV_RPP apart
+  // (a multiple of 8: one swizzle phase), so both its source and its
+  // destinations step by constants. Rows past the chunk's end were
+  // zero-filled and widen to zeros. 32-bit shared addresses keep the
+  // producer within its registers.
+  template <typename S = DKV>  // a template, so 16-bit caches never instantiate the conversions
+  __device__ __forceinline__ void widen_tile(u32 stage, u32 tile) const {
+    if constexpr (is_fp8<S>) {
+      const bool odd_first = (kv_ch & 4) != 0;
+      const u32 src = stage + kv_row0 * HEAD_DIM + kv_ch * 16;
+      const u32 even = tile + KVLayout::at(kv_row0, 2 * kv_ch) * 2, odd = tile + KVLayout::at(kv_row0, 2 * kv_ch + 1) * 2;
+      const u32 first = odd_first ? odd : even, second = odd_first ? even : odd;
+#pragma unroll
+      for (int i = 0; i < KV_PASSES; ++i) {
+        uint4 x = ld_shared_16(src + i * KV_RPP * HEAD_DIM);
+        if (odd_first) {  // features 16 c + 8 .. + 15 first
+          const u32 t0 = x.x, t1 = x.y;
+          x.x = x.z, x.y = x.w, x.z = t0, x.w = t1;
+        }
+        uint4 a, b;
+        fp8x4_to_16x2<S, T>(x.x, a.x, a.y);
+        fp8x4_to_16x2<S, T>(x.y, a.z, a.w);
+        fp8x4_to_16x2<S, T>(x.z, b.x, b.y);
+        fp8x4_to_16x2<S, T>(x.w, b.z, b.w);
+        st_shared_16(first + i * KV_RPP * 128, a);
+        st_shared_16(second + i * KV_RPP * 128, b);
       }
     }
   }
 
   // Contiguous K / V go through the TMA (one thread, two instructions per
   // tile) unless the variant transforms keys or values in shared memory.
-  static constexpr bool kTmaCapable = !Traits::key_transform && !Traits::value_transform;
+  static constexpr bool kTmaCapable = !kFp8 && !Traits::key_transform && !Traits::value_transform;
   __device__ __forceinline__ static bool uses_tma(const Sm90TensorMaps& tma) { return kTmaCapable && tma.kv_on != 0; }
 
   // The TMA path of one item's KV tiles (thread 0 only), in the same order
@@ -199,12 +256,13 @@ struct Sm90Producer {
   __device__ __forceinline__ void run(const Sm90TensorMaps& maps, bool kv_tma, bool q_tma) {
     const Sm90TensorMaps* tma = kv_tma ? &maps : nullptr;
     const T* q_base = static_cast<const T*>(p.q);
-    const T* k_base = static_cast<const T*>(p.kv.k);
-    const T* v_base = static_cast<const T*>(p.kv.v);
+    const DKV* k_base = static_cast<const DKV*>(p.kv.k);
+    const DKV* v_base = static_cast<const DKV*>(p.kv.v);
     const bool paged = p.kv.indices != nullptr;
     const Sm90Barriers<Rings> bars(pipe);
     RingPos<Rings::Q_BUFS> q_pos;
     RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
+    u32 slot = 0;                     // fp8: the staging tile the next copies fill
     if (tma != nullptr && tid == 0) {
       tma_prefetch_map(&tma->k);
       tma_prefetch_map(&tma->v);
@@ -277,17 +335,69 @@ struct Sm90Producer {
             wi == wi0 ? first_off : row_offset(page_base, w.kv_start, w.kv_end, kv_head, p.page_shift);
       // One K (IsKey<true>) or V tile at its ring position: wait for the
       // stage, copy (row offsets from table pos.count % 4), publish it.
+      // fp8: the copies go to the next staging tile and the oldest of the
+      // STAGING - 1 tiles still pending is widened and signalled, so that
+      // many tiles' copies stay in flight while the producer widens.
+      // A pending tile packed into one register (the producer runs on few):
+      // bit 0 valid, 1 K, 2-3 its staging tile, 4 its stage's phase, 8.. its stage.
+      struct Pending {
+        u32 bits;
+        int start;  // its first key (read by key / value transforms only)
+        __device__ __forceinline__ bool valid() const { return bits & 1u; }
+        __device__ __forceinline__ bool key() const { return bits & 2u; }
+        __device__ __forceinline__ u32 slot() const { return (bits >> 2) & 3u; }
+        __device__ __forceinline__ u32 phase() const { return (bits >> 4) & 1u; }
+        __device__ __forceinline__ int stage() const { return static_cast<int>(bits >> 8); }
+      };
+      constexpr int kPending = STAGING > 1 ? STAGING - 1 : 1;
+      Pending pending[kPending];  // oldest first
+#pragma unroll
+      for (int i = 0; i < kPending; ++i) pending[i] = Pending{0u, 0};
+      // Call after cp_async_wait for d's copies.
+      auto widen = [&](const Pending d) {
+        const int stage = d.stage();
+        const u32 tile = smem_addr((d.key() ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM));
+        mbarrier_wait(d.key() ? bars.k_empty(stage) : bars.v_empty(stage), d.phase() ^ 1);
+        widen_tile(staging + d.slot() * kStageBytes, tile);
+        if (d.key() ? Traits::key_transform : Traits::value_transform) {
+          named_barrier_sync(kSm90ProducerBar, THREADS);  // the whole tile is widened
+          T* t16 = (d.key() ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM);
+          if (d.key())
+            transform_kv_tile<Variant, true, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, t16, tid, THREADS, 0, CTA_KV, b,
+                                                                           d.start, w.kv_end, kv_head);
+          else
+            transform_kv_tile<Variant, false, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, t16, tid, THREADS, 0, CTA_KV, b,
+                                                                            d.start, w.kv_end, kv_head);
+        }
+        fence_proxy_async();  // generic stores -> the wgmmas' async proxy
+        mbarrier_arrive(d.key() ? bars.k_full(stage) : bars.v_full(stage));
+      };
       auto issue = [&](auto key, auto pos, int t) {
         constexpr bool K = decltype(key)::value;
         const int start = w.kv_start + t * CTA_KV, stage = pos.index();
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
-        T* tile = (K ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM);
-        mbarrier_wait(K ? bars.k_empty(stage) : bars.v_empty(stage), pos.phase() ^ 1);
-        copy_tile(tile, K ? k_base : v_base, row_offs + (pos.count & 3) * CTA_KV, affine_base, start, w.kv_end);
-        publish<K ? Traits::key_transform : Traits::value_transform>(K ? bars.k_full(stage) : bars.v_full(stage), [&] {
-          transform_kv_tile<Variant, K, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, tile, tid, THREADS, 0, CTA_KV, b, start,
-                                                                      w.kv_end, kv_head);
-        });
+        const i64* offs = row_offs + (pos.count & 3) * CTA_KV;
+        if constexpr (kFp8) {
+          copy_tile(staging + slot * kStageBytes, K ? k_base : v_base, offs, affine_base, start, w.kv_end);
+          cp_async_commit();
+          if (pending[0].valid()) {
+            cp_async_wait<kPending>();  // all but the copies of the tiles after it
+            widen(pending[0]);
+          }
+#pragma unroll
+          for (int i = 0; i + 1 < kPending; ++i) pending[i] = pending[i + 1];
+          pending[kPending - 1] =
+              Pending{1u | (K ? 2u : 0u) | (slot << 2) | (pos.phase() << 4) | (static_cast<u32>(stage) << 8), start};
+          slot = slot + 1 == STAGING ? 0 : slot + 1;
+        } else {
+          T* tile = (K ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM);
+          mbarrier_wait(K ? bars.k_empty(stage) : bars.v_empty(stage), pos.phase() ^ 1);
+          copy_tile(smem_addr(tile), K ? k_base : v_base, offs, affine_base, start, w.kv_end);
+          publish<K ? Traits::key_transform : Traits::value_transform>(K ? bars.k_full(stage) : bars.v_full(stage), [&] {
+            transform_kv_tile<Variant, K, HEAD_DIM, CTA_KV, Swizzle128>(variant, p, tile, tid, THREADS, 0, CTA_KV, b,
+                                                                        start, w.kv_end, kv_head);
+          });
+        }
       };
       using VPos = RingPos<Rings::V_STAGES>;
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
@@ -302,6 +412,14 @@ struct Sm90Producer {
         if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + table_slot(tid)] = next_off;
       }
       issue(IsKey<false>{}, VPos{kv_pos.count - 1}, n_tiles - 1);
+      if constexpr (kFp8) {  // the item's last tiles
+        cp_async_wait<0>();
+#pragma unroll
+        for (int i = 0; i < kPending; ++i) {
+          if (pending[i].valid()) widen(pending[i]);
+          pending[i] = Pending{0u, 0};
+        }
+      }
     }
     cp_async_wait_all();  // no copy outlives its thread
     grid_dependency_launch_dependents();  // the next kernel may start setting up
