@@ -23,6 +23,7 @@ struct AppendCase {
   bool interleaved = false;
   int page_size = 16;
   int64_t heads = 2, head_dim = 64;
+  int64_t v_head_dim = 0;                   // V's width (0: head_dim; 128 with head_dim 192)
   std::vector<int32_t> old_lens, add_lens;  // tokens before the append, tokens appended
   int64_t spare_pages = 3;                  // pool pages no request uses
   bool padded_rows = false;                 // append rows with a padded token stride
@@ -30,6 +31,7 @@ struct AppendCase {
   float k_scale = 1.f, v_scale = 1.f;       // what a quantizing append divides by
   float row_lo = -1.f, row_hi = 1.f;        // range of the appended values
   DType cache() const { return cache_dt.value_or(dt); }
+  int64_t vdim() const { return v_head_dim ? v_head_dim : head_dim; }
 };
 
 struct AppendProblem {
@@ -47,9 +49,9 @@ struct AppendProblem {
   }
 };
 
-inline std::vector<int64_t> page_shape(const AppendCase& c, int64_t pages) {
-  return c.layout == KVLayout::kNHD ? std::vector<int64_t>{pages, c.page_size, c.heads, c.head_dim}
-                                    : std::vector<int64_t>{pages, c.heads, c.page_size, c.head_dim};
+inline std::vector<int64_t> page_shape(const AppendCase& c, int64_t pages, int64_t dim) {
+  return c.layout == KVLayout::kNHD ? std::vector<int64_t>{pages, c.page_size, c.heads, dim}
+                                    : std::vector<int64_t>{pages, c.heads, c.page_size, dim};
 }
 
 inline AppendProblem make_append_problem(const AppendCase& c, uint64_t seed) {
@@ -89,24 +91,24 @@ inline AppendProblem make_append_problem(const AppendCase& c, uint64_t seed) {
   p.batch_indices = bi;
   p.positions = po;
 
-  const int64_t nnz = static_cast<int64_t>(p.positions.size()), H = c.heads, D = c.head_dim;
+  const int64_t nnz = static_cast<int64_t>(p.positions.size()), H = c.heads, D = c.head_dim, DV = c.vdim();
   if (c.padded_rows) {  // [nnz, H, D] inside a [nnz, H + 1, D + 8] buffer
     p.key = make_host_strided(c.dt, {nnz, H, D}, {(H + 1) * (D + 8), D + 8, 1});
-    p.value = make_host_strided(c.dt, {nnz, H, D}, {(H + 1) * (D + 8), D + 8, 1});
+    p.value = make_host_strided(c.dt, {nnz, H, DV}, {(H + 1) * (DV + 8), DV + 8, 1});
   } else {
     p.key = make_host(c.dt, {nnz, H, D});
-    p.value = make_host(c.dt, {nnz, H, D});
+    p.value = make_host(c.dt, {nnz, H, DV});
   }
   fill_random(p.key, rng(), c.row_lo, c.row_hi);
   fill_random(p.value, rng(), c.row_lo, c.row_hi);
   if (c.interleaved) {
-    std::vector<int64_t> s = page_shape(c, p.num_pages);
+    std::vector<int64_t> s = page_shape(c, p.num_pages, D);
     s.insert(s.begin() + 1, 2);
     p.kv = make_host(c.cache(), s);
     fill_random(p.kv, rng(), 5.f, 6.f);  // old contents, distinguishable from appended values
   } else {
-    p.k = make_host(c.cache(), page_shape(c, p.num_pages));
-    p.v = make_host(c.cache(), page_shape(c, p.num_pages));
+    p.k = make_host(c.cache(), page_shape(c, p.num_pages, D));
+    p.v = make_host(c.cache(), page_shape(c, p.num_pages, DV));
     fill_random(p.k, rng(), 5.f, 6.f);
     fill_random(p.v, rng(), 5.f, 6.f);
   }
@@ -122,19 +124,19 @@ AppendProblem expected_after_append(const AppendCase& c, const AppendProblem& p,
     if (!keep(i)) continue;
     const int32_t b = e.batch_indices[i], pos = e.positions[i];
     const int64_t page = e.indices[e.indptr[b] + pos / c.page_size], slot = pos % c.page_size;
+    const int64_t n = static_cast<int64_t>(i);
     for (int64_t h = 0; h < c.heads; ++h) {
+      const int64_t a = c.layout == KVLayout::kNHD ? slot : h, bb = c.layout == KVLayout::kNHD ? h : slot;
+      // Divided in float, as the kernel does; a copy's scale is 1 (exact).
       for (int64_t d = 0; d < c.head_dim; ++d) {
-        const int64_t n = static_cast<int64_t>(i);
-        // Divided in float, as the kernel does; a copy's scale is 1 (exact).
-        const float kx = load(e.key.view, {n, h, d}) / c.k_scale, vx = load(e.value.view, {n, h, d}) / c.v_scale;
-        const int64_t a = c.layout == KVLayout::kNHD ? slot : h, bb = c.layout == KVLayout::kNHD ? h : slot;
-        if (c.interleaved) {
-          store(e.kv.view, {page, 0, a, bb, d}, kx);
-          store(e.kv.view, {page, 1, a, bb, d}, vx);
-        } else {
-          store(e.k.view, {page, a, bb, d}, kx);
-          store(e.v.view, {page, a, bb, d}, vx);
-        }
+        const float kx = load(e.key.view, {n, h, d}) / c.k_scale;
+        if (c.interleaved) store(e.kv.view, {page, 0, a, bb, d}, kx);
+        else store(e.k.view, {page, a, bb, d}, kx);
+      }
+      for (int64_t d = 0; d < c.vdim(); ++d) {
+        const float vx = load(e.value.view, {n, h, d}) / c.v_scale;
+        if (c.interleaved) store(e.kv.view, {page, 1, a, bb, d}, vx);
+        else store(e.v.view, {page, a, bb, d}, vx);
       }
     }
   }

@@ -30,6 +30,7 @@ struct RQCase {
   std::vector<int32_t> old_lens{0, 5, 16, 31, 100, 7}, add_lens{3, 1, 1, 2, 20, 1};
   int padding = 2;   // padded tokens (batch index -1) at the end
   int cache_rows = 300;
+  int64_t max_batch = 0, max_indices = 0;  // RopeQuantizeOptions' table bounds (0: the views')
 };
 
 struct RQProblem {

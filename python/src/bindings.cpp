@@ -137,7 +137,8 @@ void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb
                               nb::handle positions, nb::handle k, nb::handle v, nb::handle kv_indices,
                               nb::handle kv_indptr, nb::handle kv_last_page_len, const std::string& kv_layout,
                               uintptr_t stream, const std::string& cache_dtype, const std::string& append_dtype,
-                              double k_scale, double v_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor) {
+                              double k_scale, double v_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor,
+                              int64_t max_batch, int64_t max_indices) {
   const KVLayout layout = parse_kv_layout(kv_layout.c_str());
   Arg ak = to_arg("append_key", append_key), av = to_arg("append_value", append_value);
   Arg bi = to_arg("batch_indices", batch_indices), pos = to_arg("positions", positions);
@@ -160,6 +161,8 @@ void py_append_paged_kv_cache(nb::handle append_key, nb::handle append_value, nb
   Arg kt = to_optional_arg("k_scale", k_scale_tensor), vt = to_optional_arg("v_scale", v_scale_tensor);
   opt.k_scale_tensor = kt.view;
   opt.v_scale_tensor = vt.view;
+  opt.max_batch = max_batch;
+  opt.max_indices = max_indices;
   nb::gil_scoped_release release;
   append_paged_kv_cache(ak.view, av.view, bi.view, pos.view, storage, idx.view, ptr.view, last.view,
                         to_stream(stream), opt);
@@ -326,10 +329,12 @@ NB_MODULE(_C, m) {
   m.def("append_paged_kv_cache", &py_append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "k"_a, "v"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a, "kv_layout"_a,
         "stream"_a = 0, "cache_dtype"_a = "", "append_dtype"_a = "", "k_scale"_a = 1.0, "v_scale"_a = 1.0,
-        "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
+        "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(), "max_batch"_a = 0,
+        "max_indices"_a = 0,
         "Writes rows [nnz, H, D] into the paged cache (k, v) or interleaved k (v None); int32 index tensors. "
         "16-bit rows into an fp8 cache are quantized (divided by the scales, saturated); cache_dtype / "
-        "append_dtype name the fp8 type of uint8 views ('' : as given).");
+        "append_dtype name the fp8 type of uint8 views ('' : as given). max_batch / max_indices (CUDA; 0: the "
+        "views' lengths): requests and kv_indices entries the kernel may read, within the buffers behind the views.");
   nb::class_<PyBatchDecode> decode(m, "BatchDecode",
                                    "Batch decode over a paged KV cache: plan() once per step, run() per layer.");
   def_workspace_sizes(decode, &PyBatchDecode::sizes<false>, &PyBatchDecode::sizes<true>, "q_dtype"_a, "kv_dtype"_a,

@@ -282,7 +282,8 @@ void py_rope_quantize_fp8(nb::handle q_rope, nb::handle k_rope, nb::handle q_nop
                           nb::handle q_nope_out, nb::handle k_nope_out, nb::handle cache0, nb::handle cache1,
                           nb::handle kv_indices, nb::handle kv_indptr, nb::handle batch_indices, nb::handle positions,
                           const std::string& kv_layout, const std::string& out_dtype, bool interleave,
-                          double quant_scale_q, double quant_scale_kv, uintptr_t stream) {
+                          double quant_scale_q, double quant_scale_kv, uintptr_t stream, int64_t max_batch,
+                          int64_t max_indices) {
   const DType out = parse_dtype("quantize_dtype", out_dtype);
   Arg qr = to_arg("q_rope", q_rope), kr = to_arg("k_rope", k_rope), qn = to_optional_arg("q_nope", q_nope);
   Arg kn = to_optional_arg("k_nope", k_nope), va = to_optional_arg("v", v);
@@ -299,6 +300,8 @@ void py_rope_quantize_fp8(nb::handle q_rope, nb::handle k_rope, nb::handle q_nop
   o.interleave = interleave;
   o.quant_scale_q = quant_scale_q;
   o.quant_scale_kv = quant_scale_kv;
+  o.max_batch = max_batch;
+  o.max_indices = max_indices;
   const KVLayout layout = parse_kv_layout(kv_layout.c_str());
   nb::gil_scoped_release release;
   if (!paged)
@@ -418,7 +421,9 @@ void bind_variants(nb::module_& m) {
         "k_nope_out"_a.none(), "cache0"_a.none(), "cache1"_a.none(), "kv_indices"_a.none(), "kv_indptr"_a.none(),
         "batch_indices"_a.none(), "positions"_a.none(), "kv_layout"_a = "NHD", "out_dtype"_a = "float8_e4m3fn",
         "interleave"_a = false, "quant_scale_q"_a = 1.0, "quant_scale_kv"_a = 1.0, "stream"_a = 0,
-        "Fused RoPE (cos/sin cache) + fp8 quantize of q/k(/v), k/v to outputs or a paged fp8 cache.");
+        "max_batch"_a = 0, "max_indices"_a = 0,
+        "Fused RoPE (cos/sin cache) + fp8 quantize of q/k(/v), k/v to outputs or a paged fp8 cache; max_batch / "
+        "max_indices as append_paged_kv_cache's.");
   m.def("measure_jit", &py_measure_jit, "variant"_a, "dtype"_a, "head_dim"_a, "group"_a, "families"_a, "dir"_a,
         "lookups"_a = 10000, "Cold compile, warm load and lookup times of a variant's kernels on the current GPU.");
 }

@@ -73,6 +73,16 @@ def is_cuda(x):
     return is_torch(x) and x.device.type == "cuda"
 
 
+def int32_capacity(x):
+    """Entries an index vector's buffer holds from its first element on: through the end of its storage for a
+    1-D CUDA torch int32 tensor of stride 1 (a view of a larger preallocated buffer, as serving engines keep the
+    page tables a CUDA graph reads), else its own length (any other tensor, or a converted copy)."""
+    if is_cuda(x) and x.dim() == 1 and x.dtype == _torch().int32 and x.stride(0) == 1:
+        return x.untyped_storage().nbytes() // x.element_size() - x.storage_offset()
+    shape = getattr(x, "shape", ())
+    return int(shape[0]) if len(shape) else 0
+
+
 def dtype_name(x, name, allowed=("float16", "bfloat16", "float32")):
     """The dtype of x as a C++ dtype name; TypeError naming the argument unless it is in `allowed`."""
     if is_torch(x):

@@ -205,7 +205,8 @@ def append_paged_mla_kv_cache(append_ckv, append_kpe, batch_indices, positions, 
     """FlashInfer's append_paged_mla_kv_cache: append_ckv [nnz, 512] and append_kpe [nnz, 64] into ckv_cache
     [num_pages, page_size, 512] / kpe_cache [num_pages, page_size, 64] (the page table of the cache after the
     append, as append_paged_kv_cache takes it). Two appends of one-head rows (the ckv and the kpe parts), each
-    writing its rows as both K and V of a single-head cache view: the same bits to the same slots."""
+    writing its rows as both K and V of a single-head cache view: the same bits to the same slots. Under a
+    captured CUDA graph the tables are read as append_paged_kv_cache reads them (int32 buffers may grow)."""
     from .page import append_paged_kv_cache
     for name, rows, cache in (("append_ckv", append_ckv, ckv_cache), ("append_kpe", append_kpe, kpe_cache)):
         cache_name = "ckv_cache" if name == "append_ckv" else "kpe_cache"

@@ -9,7 +9,10 @@ CUDA tensors (torch) run one copy kernel on torch's current stream with no
 synchronization (so it can be captured in a CUDA graph); there the index
 tensors are not checked on the host, and a token whose request, position or
 page index falls outside the page table or the cache is skipped rather than
-written out of bounds. Host tensors (numpy arrays or torch CPU tensors) are
+written out of bounds. The kernel reads the int32 tables as far as their
+buffers reach, not just the views passed: a graph captured with views of
+preallocated int32 buffers (kv_indptr_buf[:bs + 1], ...) follows the larger
+tables written into those buffers before a replay. Host tensors (numpy arrays or torch CPU tensors) are
 written by plain loops after every index has been checked (ValueError naming
 the argument; nothing is written then).
 """
@@ -42,8 +45,10 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     """Appends tokens to a paged KV cache, in place.
 
     Args:
-        append_key, append_value: [nnz, num_kv_heads, head_dim], the cache's
-            dtype (copied bit for bit), or float16 / bfloat16 into an fp8
+        append_key, append_value: [nnz, num_kv_heads, head_dim] (each of
+            its cache's width: K and V may differ, head dims 192 / 128 as
+            in DeepSeek-style prefill caches), the cache's dtype (copied bit
+            for bit), or float16 / bfloat16 into an fp8
             cache (torch.float8_e4m3fn / float8_e5m2): quantized, each value
             divided by k_scale (v_scale), rounded to nearest even and
             saturated to the format's largest finite value (448 / 57344),
@@ -52,8 +57,8 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         positions: int [nnz], each token's position within its request.
         paged_kv_cache: (k_cache, v_cache), each [num_pages, page_size,
             num_kv_heads, head_dim] (NHD) or [num_pages, num_kv_heads,
-            page_size, head_dim] (HND), or one interleaved tensor
-            [num_pages, 2, ...].
+            page_size, head_dim] (HND) (v_cache 128 wide with a 192-wide
+            k_cache), or one interleaved tensor [num_pages, 2, ...].
         kv_indices: int page indices of the page table.
         kv_indptr: int [batch + 1] page-table row pointers.
         kv_last_page_len: int [batch] tokens in each request's last page.
@@ -68,6 +73,14 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     does). All tensors share one framework and device. Token i is written to
     page kv_indices[kv_indptr[b] + p // page_size], slot p % page_size, with
     b = batch_indices[i], p = positions[i].
+
+    CUDA graphs: the kernel reads kv_indptr, kv_last_page_len and kv_indices
+    up to the end of the buffers behind 1-D int32 CUDA views of stride 1, so
+    a graph captured with views of preallocated buffers appends by the
+    tables a replay finds there, however many requests and pages they now
+    hold. Tables that grow under a captured graph need int32 buffers (as
+    vLLM and SGLang keep them): an int64 table is converted to a new tensor
+    at capture time, bounded by its own length and never updated.
     """
     if kv_layout not in _LAYOUTS:
         raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
@@ -91,11 +104,15 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
             if isinstance(x, bool) or not isinstance(x, numbers.Real):
                 raise TypeError(f"{name}: expected a float, a 1-element float32 tensor or None, got {type(x).__name__}")
             scales[name] = float(x)
+    bounds = {}
+    if T.is_cuda(k):  # how far the kernel may read the tables: to the end of their buffers
+        indices_cap, indptr_cap, last_cap = (T.int32_capacity(x) for x in index[2:])
+        bounds = dict(max_batch=max(min(indptr_cap - 1, last_cap), 0), max_indices=indices_cap)
     with T.on_device_of(k):
         _C.append_paged_kv_cache(T.arg(append_key), T.arg(append_value), T.arg(index[0]), T.arg(index[1]),
                                  T.arg(k), T.arg(v), T.arg(index[2]), T.arg(index[3]), T.arg(index[4]),
                                  kv_layout, T.stream_of(k), cache_dtype=cache_dt or "", append_dtype=append_dt or "",
-                                 **scales)
+                                 **scales, **bounds)
 
 
 def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
@@ -167,3 +184,7 @@ def _check_output(out, name, nnz, like, torch_in):
     if tuple(out.shape) != (nnz,):
         raise ValueError(f"{name}: expected shape ({nnz},), got {tuple(out.shape)}")
 from .mla import append_paged_mla_kv_cache  # noqa: E402,F401 (FlashInfer keeps it in flashinfer.page)
+
+# The public names, re-exports included (so linters see them used).
+__all__ = ["append_paged_kv_cache", "append_paged_mla_kv_cache", "gen_page_module", "get_batch_indices_positions",
+           "get_seq_lens"]

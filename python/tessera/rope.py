@@ -344,6 +344,10 @@ def rope_quantize_fp8_append_paged_kv_cache(q_rope, k_rope, q_nope, k_nope, v, c
     FlashInfer). On CUDA the indices are not read back: a token whose request or page the table and cache do
     not cover keeps its cache slots untouched (its q is written). On the CPU every index is checked first
     (ValueError naming it). Returns (q_rope_out, q_nope_out).
+
+    CUDA graphs: as append_paged_kv_cache, kv_indptr and kv_indices are read to the end of the buffers behind
+    1-D int32 CUDA views of stride 1, so a captured graph follows larger tables written into the same buffers
+    before a replay (int64 tables are converted at capture time and bounded by their own length).
     """
     sq, skv = _check_rope_inputs(q_rope, k_rope, cos_sin_cache, is_neox, quant_scale_q, quant_scale_kv)
     mla = len(k_rope.shape) == 2
@@ -382,9 +386,12 @@ def rope_quantize_fp8_append_paged_kv_cache(q_rope, k_rope, q_nope, k_nope, v, c
     q_nope_out, qno = _fp8_out(q_nope_out, q_nope, dt, "q_nope_out")
     c0, _ = T.kv_bits(cache0, name0, dt)
     c1, _ = T.kv_bits(cache1, name1, dt)
+    bounds = {}
+    if T.is_cuda(q_rope):  # how far the kernel may read the tables: to the end of their buffers
+        bounds = dict(max_batch=max(T.int32_capacity(index[2]) - 1, 0), max_indices=T.int32_capacity(index[1]))
     with T.on_device_of(q_rope):
         _C.rope_quantize_fp8(T.arg(q_rope), T.arg(k_rope), T.arg(q_nope), T.arg(k_nope), T.arg(v),
                              T.arg(cos_sin_cache), index[0], qro, None, qno, None, c0, c1, index[1], index[2],
                              index[3], index[4], kv_layout=kv_layout, out_dtype=dt, interleave=not bool(is_neox),
-                             quant_scale_q=sq, quant_scale_kv=skv, stream=T.stream_of(q_rope))
+                             quant_scale_q=sq, quant_scale_kv=skv, stream=T.stream_of(q_rope), **bounds)
     return q_rope_out, q_nope_out

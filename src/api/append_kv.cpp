@@ -23,9 +23,10 @@ namespace {
 
 constexpr int kThreads = 256;          // must match kAppendThreads (device/kernels/append_kv.cuh)
 
-void check_rows(const char* name, const TensorView& t, const PagedKVStorage& kv) {
+// dim: the row width of the cache the rows go to (K's head_dim or V's).
+void check_rows(const char* name, const TensorView& t, const PagedKVStorage& kv, int64_t dim) {
   check_dim(name, t, 3);
-  check_shape(name, t, {-1, kv.num_kv_heads(), kv.head_dim()});
+  check_shape(name, t, {-1, kv.num_kv_heads(), dim});
   const bool quantize = is_fp8(kv.dtype()) && is_half_precision(t.dtype);
   if (t.dtype != kv.dtype() && !quantize)
     throw TypeMismatch(std::string(name) + ": expected the cache's dtype " + dtype_name(kv.dtype()) +
@@ -113,7 +114,7 @@ void append_cpu(const TensorView& key, const TensorView& value, const TensorView
       throw InvalidArgument("kv_last_page_len: expected values in [" + str(lo) + ", " + str(ps) +
                             "] (page_size), got kv_last_page_len[" + str(b) + "]=" + str(last[b]));
   }
-  std::vector<int64_t> dst(static_cast<size_t>(nnz));  // storage offset of each token's slot
+  std::vector<int64_t> dst(static_cast<size_t>(nnz));  // each token's kv_indices entry
   for (int64_t i = 0; i < nnz; ++i) {
     const int64_t b = bidx[i];
     if (b < 0 || b >= batch)
@@ -128,15 +129,15 @@ void append_cpu(const TensorView& key, const TensorView& value, const TensorView
     if (pages[j] < 0 || pages[j] >= kv.num_pages())
       throw InvalidArgument("kv_indices: expected page indices in [0, " + str(kv.num_pages()) +
                             ") (pages in the cache), got kv_indices[" + str(j) + "]=" + str(pages[j]));
-    dst[i] = kv.offset(pages[j], 0, pos[i] % ps);
+    dst[i] = j;
   }
   // As the kernel: the float scale times the tensor's value, in float.
   const float k_scale = sc.k_tensor ? sc.k * *sc.k_tensor : sc.k, v_scale = sc.v_tensor ? sc.v * *sc.v_tensor : sc.v;
   for (int64_t i = 0; i < nnz; ++i) {
+    const int64_t page = pages[dst[i]], slot = pos[i] % ps;
     for (int64_t h = 0; h < kv.num_kv_heads(); ++h) {
-      const int64_t to = dst[i] + h * kv.head_stride();
-      store_row(key, i, h, kv.k().data, kv.dtype(), to, kv.head_dim(), k_scale);
-      store_row(value, i, h, kv.v().data, kv.dtype(), to, kv.head_dim(), v_scale);
+      store_row(key, i, h, kv.k().data, kv.dtype(), kv.offset(page, h, slot), kv.head_dim(), k_scale);
+      store_row(value, i, h, kv.v().data, kv.dtype(), kv.v_offset(page, h, slot), kv.v_head_dim(), v_scale);
     }
   }
 }
@@ -148,19 +149,15 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
                            const TensorView& kv_indices, const TensorView& kv_indptr,
                            const TensorView& kv_last_page_len, cudaStream_t stream, const AppendOptions& opt) {
   const Device dev = kv.device();
-  // The append kernel writes K and V rows of one width at K's strides.
-  if (kv.v_head_dim() != kv.head_dim())
-    throw InvalidArgument("v: append_paged_kv_cache expected a V cache of k's head_dim " + str(kv.head_dim()) + ", got " +
-                          str(kv.v_head_dim()) + " (caches of unequal head dims are written by the caller)");
-  check_rows("append_key", append_key, kv);
-  check_rows("append_value", append_value, kv);
+  check_rows("append_key", append_key, kv, kv.head_dim());
+  check_rows("append_value", append_value, kv, kv.v_head_dim());
   if (append_value.dtype != append_key.dtype)
     throw TypeMismatch(std::string("append_value: expected the dtype of append_key (") + dtype_name(append_key.dtype) +
                        "), got " + dtype_name(append_value.dtype));
   const bool quantize = append_key.dtype != kv.dtype();
   const Scales sc = check_scales(opt, quantize, dev);
   const int64_t nnz = append_key.size(0);
-  check_shape("append_value", append_value, {nnz, kv.num_kv_heads(), kv.head_dim()});
+  check_shape("append_value", append_value, {nnz, kv.num_kv_heads(), kv.v_head_dim()});
   detail::check_index_vector("batch_indices", batch_indices, dev);
   detail::check_index_vector("positions", positions, dev);
   detail::check_index_vector("kv_indices", kv_indices, dev);
@@ -173,6 +170,9 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   check_shape("kv_last_page_len", kv_last_page_len, {batch});
   if (kv.num_pages() > std::numeric_limits<int32_t>::max())
     throw InvalidArgument("kv: expected fewer than 2^31 pages, got " + str(kv.num_pages()));
+  // Checked on both paths; only the kernel reads past the views.
+  const int max_batch = detail::table_bound("max_batch", opt.max_batch, batch);
+  const int max_indices = detail::table_bound("max_indices", opt.max_indices, kv_indices.size(0));
 
   if (!dev.is_cuda())
     return append_cpu(append_key, append_value, batch_indices, positions, kv, kv_indices, kv_indptr, kv_last_page_len,
@@ -193,24 +193,29 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   p.page_stride = kv.page_stride();
   p.head_stride = kv.head_stride();
   p.token_stride = kv.token_stride();
+  p.v_page_stride = kv.v_page_stride();
+  p.v_head_stride = kv.v_head_stride();
+  p.v_token_stride = kv.v_token_stride();
   p.batch_indices = ints(batch_indices);
   p.positions = ints(positions);
   p.kv_indices = ints(kv_indices);
   p.kv_indptr = ints(kv_indptr);
   p.kv_last_page_len = ints(kv_last_page_len);
   p.nnz = nnz;
-  p.batch = static_cast<int>(batch);
-  p.num_indices = static_cast<int>(kv_indices.size(0));
+  p.batch = max_batch;
+  p.num_indices = max_indices;
   p.num_pages = static_cast<int>(kv.num_pages());
   p.page_size = kv.page_size();
   p.num_heads = kv.num_kv_heads();
   p.head_dim = kv.head_dim();
+  p.v_head_dim = kv.v_head_dim();
   p.k_scale = sc.k;
   p.v_scale = sc.v;
   p.k_scale_ptr = sc.k_tensor;
   p.v_scale_ptr = sc.v_tensor;
-  // One thread per 16-byte vector of the cache.
-  const int64_t vecs = nnz * kv.num_kv_heads() * (kv.head_dim() / (16 / static_cast<int64_t>(dtype_size(kv.dtype()))));
+  // One thread per 16-byte vector of the wider of the K and V rows.
+  const int64_t width = std::max(kv.head_dim(), kv.v_head_dim());
+  const int64_t vecs = nnz * kv.num_kv_heads() * (width / (16 / static_cast<int64_t>(dtype_size(kv.dtype()))));
   const unsigned blocks = detail::grid_stride_blocks(vecs, kThreads);
   detail::require_gpu("append_paged_kv_cache");
   cuda::DeviceGuard guard(dev.index);

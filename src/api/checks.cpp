@@ -23,6 +23,15 @@ void check_index_vector(const char* name, const TensorView& t, const Device& dev
     throw InvalidArgument(std::string(name) + ": expected fewer than 2^31 entries, got " + std::to_string(t.size(0)));
 }
 
+int table_bound(const char* name, int64_t given, int64_t view_len) {
+  if (given == 0) return static_cast<int>(view_len);
+  if (given < view_len || given > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument(std::string(name) + ": expected 0 (the view's length) or a value in [" +
+                          std::to_string(view_len) + ", 2^31 - 1] (entries the caller's buffer holds), got " +
+                          std::to_string(given));
+  return static_cast<int>(given);
+}
+
 unsigned grid_stride_blocks(int64_t work, int threads) {
   return static_cast<unsigned>(std::min<int64_t>((work + threads - 1) / threads, 4096));
 }

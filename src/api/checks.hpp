@@ -23,6 +23,11 @@ void check_cuda_vectors(const char* name, const TensorView& t);
 // A 1-D contiguous int32 tensor on `dev` with fewer than 2^31 entries.
 void check_index_vector(const char* name, const TensorView& t, const Device& dev);
 
+// How far a page-table kernel may read one table: `given` (0: the view's
+// own length `view_len`), at least view_len and at most 2^31 - 1, else
+// InvalidArgument naming the option `name`.
+int table_bound(const char* name, int64_t given, int64_t view_len);
+
 // Blocks of a grid-stride kernel over `work` items, `threads` per block:
 // enough for the work, at most 4096 (several waves on any current GPU keep a
 // copy-like kernel bandwidth-bound; the loop covers the rest).

@@ -228,9 +228,11 @@ struct Table {
   const TensorView *kv_indices, *kv_indptr, *batch_indices, *positions;
   int64_t num_pages = 0;
   int page_size = 0;
+  int max_batch = 0, max_indices = 0;  // how far the kernel reads kv_indptr / kv_indices (check_table)
 };
 
-void check_table(const Table& t, int64_t nnz, const Device& dev) {
+// Also resolves the kernel's read bounds (checked on both paths).
+void check_table(Table& t, int64_t nnz, const Device& dev, const RopeQuantizeOptions& opt) {
   detail::check_index_vector("kv_indices", *t.kv_indices, dev);
   detail::check_index_vector("kv_indptr", *t.kv_indptr, dev);
   detail::check_index_vector("batch_indices", *t.batch_indices, dev);
@@ -240,6 +242,8 @@ void check_table(const Table& t, int64_t nnz, const Device& dev) {
   if (t.kv_indptr->size(0) < 1) throw InvalidArgument("kv_indptr: expected batch + 1 >= 1 entries, got 0");
   if (t.num_pages > std::numeric_limits<int32_t>::max())
     throw InvalidArgument("kv: expected fewer than 2^31 pages, got " + str(t.num_pages));
+  t.max_batch = detail::table_bound("max_batch", opt.max_batch, t.kv_indptr->size(0) - 1);
+  t.max_indices = detail::table_bound("max_indices", opt.max_indices, t.kv_indices->size(0));
 }
 
 // Every token's (page, slot) on the host, all indices checked first.
@@ -299,8 +303,8 @@ void launch(const Problem& pr, const TensorView& pos_ids, const RopeQuantizeDst&
   if (table) {
     p.batch_indices = ints(*table->batch_indices), p.positions = ints(*table->positions);
     p.kv_indices = ints(*table->kv_indices), p.kv_indptr = ints(*table->kv_indptr);
-    p.batch = static_cast<int>(table->kv_indptr->size(0) - 1);
-    p.num_indices = static_cast<int>(table->kv_indices->size(0));
+    p.batch = table->max_batch;
+    p.num_indices = table->max_indices;
     p.num_pages = static_cast<int>(table->num_pages), p.page_size = table->page_size;
   }
   p.nnz = pr.nnz;
@@ -329,6 +333,9 @@ void rope_quantize_fp8(const TensorView& q_rope, const TensorView& k_rope, const
                        const TensorView& k_nope_out, const RopeQuantizeOptions& opt, cudaStream_t stream) {
   const Problem p = check_problem(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, q_rope_out, q_nope_out,
                                   &k_rope_out, &k_nope_out, k_rope.defined() && k_rope.dim() == 2, opt);
+  if (opt.max_batch != 0 || opt.max_indices != 0)
+    throw InvalidArgument(std::string(opt.max_batch ? "max_batch" : "max_indices") +
+                          ": expected 0, only the paged forms read a page table");
   if (!q_rope.device.is_cuda()) {
     const HostDst kr{bytes(k_rope_out), p.k_rope_out.stride_n, p.k_rope_out.stride_h};
     const HostDst kn{bytes(k_nope_out), p.k_nope_out.stride_n, p.k_nope_out.stride_h};
@@ -360,8 +367,8 @@ void rope_quantize_fp8_append_paged_kv_cache(const TensorView& q_rope, const Ten
     throw InvalidArgument("kv: expected num_kv_heads=" + str(p.k_rope.heads) + " and head_dim=" +
                           str(p.rope_dim + p.no_rope_dim) + " (rope_dim + no_rope_dim) for K and V, got " +
                           str(kv.num_kv_heads()) + " heads of " + str(kv.head_dim()) + " / " + str(kv.v_head_dim()));
-  const Table table{&kv_indices, &kv_indptr, &batch_indices, &positions, kv.num_pages(), kv.page_size()};
-  check_table(table, p.nnz, dev);
+  Table table{&kv_indices, &kv_indptr, &batch_indices, &positions, kv.num_pages(), kv.page_size()};
+  check_table(table, p.nnz, dev, opt);
   if (!dev.is_cuda()) {
     const HostTable ht = host_table(table, p.nnz);
     const HostDst kr{bytes(kv.k()), 0, kv.head_stride(), kv.page_stride(), kv.token_stride()};
@@ -405,8 +412,8 @@ void rope_quantize_fp8_append_paged_mla_cache(const TensorView& q_rope, const Te
   }
   if (page_size < 1 || page_size > std::numeric_limits<int32_t>::max())
     throw InvalidArgument("ckv_cache: expected a page size >= 1, got " + ckv_cache.shape_str());
-  const Table table{&kv_indices, &kv_indptr, &batch_indices, &positions, num_pages, static_cast<int>(page_size)};
-  check_table(table, p.nnz, dev);
+  Table table{&kv_indices, &kv_indptr, &batch_indices, &positions, num_pages, static_cast<int>(page_size)};
+  check_table(table, p.nnz, dev, opt);
   const int64_t cs0 = ckv_cache.stride(0), cs1 = ckv_cache.stride(1), ks0 = kpe_cache.stride(0), ks1 = kpe_cache.stride(1);
   if (!dev.is_cuda()) {
     const HostTable ht = host_table(table, p.nnz);

@@ -1,7 +1,8 @@
 // append_paged_kv_cache on host tensors: every token lands in the page and
 // slot its request's page table names (NHD, HND, interleaved; page sizes 1,
-// 16 and odd; padded input rows), nothing else in the cache changes, and bad
-// input is rejected by name before anything is written.
+// 16 and odd; padded input rows; K and V of head dims 192 / 128), nothing
+// else in the cache changes, and bad input is rejected by name before
+// anything is written.
 #include <gtest/gtest.h>
 
 #include "append_kv_util.hpp"
@@ -59,6 +60,59 @@ TEST(AppendCpuExtra, HeadDimsAndManyHeads) {
     run_append(c, p);
     expect_same_cache(c, p, want);
   }
+}
+
+// K rows of 192 features and V rows of 128 (DeepSeek-style prefill caches),
+// each at its own strides; copies, and 16-bit rows quantized into fp8.
+TEST(AppendCpuExtra, UnequalHeadDims) {
+  for (KVLayout layout : {KVLayout::kNHD, KVLayout::kHND}) {
+    for (bool padded : {false, true}) {
+      for (bool fp8 : {false, true}) {
+        SCOPED_TRACE(std::string(layout == KVLayout::kNHD ? "NHD" : "HND") + (padded ? ", padded rows" : "") +
+                     (fp8 ? ", fp8 cache" : ""));
+        AppendCase c;
+        c.head_dim = 192;
+        c.v_head_dim = 128;
+        c.heads = 4;
+        c.layout = layout;
+        c.padded_rows = padded;
+        c.old_lens = {0, 5, 16, 31};
+        c.add_lens = {3, 1, 17, 2};
+        AppendOptions opt;
+        if (fp8) {
+          c.dt = DType::kBFloat16;
+          c.cache_dt = DType::kFloat8E4M3;
+          c.k_scale = 0.25f, c.v_scale = 0.5f;
+          opt.k_scale = c.k_scale, opt.v_scale = c.v_scale;
+        }
+        AppendProblem p = make_append_problem(c, 70);
+        const AppendProblem want = expected_after_append(c, p);
+        append_paged_kv_cache(p.key.view, p.value.view, AppendProblem::ints(p.batch_indices),
+                              AppendProblem::ints(p.positions), p.storage(c), AppendProblem::ints(p.indices),
+                              AppendProblem::ints(p.indptr), AppendProblem::ints(p.last), nullptr, opt);
+        expect_same_cache(c, p, want);
+      }
+    }
+  }
+}
+
+// Each row tensor is checked against its own cache's width.
+TEST(AppendCpuExtra, UnequalHeadDimsRowWidths) {
+  AppendCase c;
+  c.head_dim = 192;
+  c.v_head_dim = 128;
+  c.old_lens = {4};
+  c.add_lens = {2};
+  AppendProblem p = make_append_problem(c, 71);
+  const AppendProblem before = p;
+  auto call = [&](const TensorView& key, const TensorView& value) {
+    append_paged_kv_cache(key, value, AppendProblem::ints(p.batch_indices), AppendProblem::ints(p.positions),
+                          p.storage(c), AppendProblem::ints(p.indices), AppendProblem::ints(p.indptr),
+                          AppendProblem::ints(p.last));
+  };
+  EXPECT_THROW_MSG(call(p.key.view, p.key.view), InvalidArgument, "append_value");
+  EXPECT_THROW_MSG(call(p.value.view, p.value.view), InvalidArgument, "append_key");
+  expect_same_cache(c, p, before);
 }
 
 TEST(AppendCpuExtra, NoTokensIsANoOp) {
@@ -181,6 +235,50 @@ TEST_F(AppendCpuErrors, IndexValues) {
   reset();
 }
 
+// AppendOptions::max_batch / max_indices: 0, or at least the views' lengths
+// and below 2^31, checked on both paths (so a mistake shows without a GPU).
+TEST_F(AppendCpuErrors, TableBounds) {
+  auto rejects = [&](int64_t max_batch, int64_t max_indices, const char* name) {
+    AppendOptions opt;
+    opt.max_batch = max_batch;
+    opt.max_indices = max_indices;
+    EXPECT_THROW_MSG(append_paged_kv_cache(p.key.view, p.value.view, AppendProblem::ints(p.batch_indices),
+                                           AppendProblem::ints(p.positions), p.storage(c), AppendProblem::ints(p.indices),
+                                           AppendProblem::ints(p.indptr), AppendProblem::ints(p.last), nullptr, opt),
+                     InvalidArgument, name);
+  };
+  const int64_t batch = static_cast<int64_t>(p.last.size()), n = static_cast<int64_t>(p.indices.size());
+  rejects(batch - 1, 0, "max_batch");  // fewer requests than kv_indptr holds
+  rejects(-1, 0, "max_batch");
+  rejects(int64_t{1} << 31, 0, "max_batch");
+  rejects(0, n - 1, "max_indices");
+  rejects(batch, -5, "max_indices");
+  rejects(batch + 10, int64_t{1} << 31, "max_indices");
+}
+
+// Bounds past the views are accepted on the CPU, which still validates and
+// reads the views only: entries past them are never looked at.
+TEST(AppendCpuExtra, TableBoundsPastTheViewsReadTheViewsOnly) {
+  AppendCase c;
+  c.old_lens = {5, 20, 0};
+  c.add_lens = {2, 3, 4};
+  AppendProblem p = make_append_problem(c, 12);
+  const AppendProblem want = expected_after_append(c, p);
+  const int64_t batch = static_cast<int64_t>(p.last.size()), n = static_cast<int64_t>(p.indices.size());
+  std::vector<int32_t> indptr = p.indptr, last = p.last, indices = p.indices;
+  indptr.insert(indptr.end(), {-7, 1 << 30});  // garbage past the views
+  last.insert(last.end(), {99, -1});
+  indices.insert(indices.end(), {-3, 1 << 30});
+  AppendOptions opt;
+  opt.max_batch = batch + 2;
+  opt.max_indices = n + 2;
+  append_paged_kv_cache(p.key.view, p.value.view, AppendProblem::ints(p.batch_indices), AppendProblem::ints(p.positions),
+                        p.storage(c), TensorView(indices.data(), DType::kInt32, Device{}, {n}),
+                        TensorView(indptr.data(), DType::kInt32, Device{}, {batch + 1}),
+                        TensorView(last.data(), DType::kInt32, Device{}, {batch}), nullptr, opt);
+  expect_same_cache(c, p, want);
+}
+
 TEST(AppendCpuExtra, RejectsNonContiguousRows) {
   AppendCase c;
   c.old_lens = {1};
@@ -220,6 +318,15 @@ TEST(AppendCpuExtra, CudaRowsMustBeVectorAligned) {
                                          on_gpu(AppendProblem::ints(p.indices)), on_gpu(AppendProblem::ints(p.indptr)),
                                          on_gpu(AppendProblem::ints(p.last))),
                    TypeMismatch, "batch_indices");
+  // A bad table bound, before any device access.
+  AppendOptions opt;
+  opt.max_indices = -1;
+  EXPECT_THROW_MSG(append_paged_kv_cache(on_gpu(p.key.view), on_gpu(p.value.view),
+                                         on_gpu(AppendProblem::ints(p.batch_indices)),
+                                         on_gpu(AppendProblem::ints(p.positions)), kv,
+                                         on_gpu(AppendProblem::ints(p.indices)), on_gpu(AppendProblem::ints(p.indptr)),
+                                         on_gpu(AppendProblem::ints(p.last)), nullptr, opt),
+                   InvalidArgument, "max_indices");
 }
 
 }  // namespace

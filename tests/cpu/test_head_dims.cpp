@@ -208,10 +208,10 @@ TEST(HeadDims, PagedStorageTakesANarrowerV) {
   EXPECT_THROW_MSG(PagedKVStorage(kv192.view, KVLayout::kNHD), InvalidArgument, "kv:");
   HostTensor k512 = make_host(DType::kBFloat16, {2, 2, 16, 1, 512});
   EXPECT_EQ(PagedKVStorage(k512.view, KVLayout::kNHD).head_dim(), 512);
-  // The append kernel writes K and V rows of one width at K's strides.
+  // Appends take K rows of k's width and V rows of v's (test_append_kv.cpp).
   HostTensor rows = make_host(DType::kFloat16, {1, 2, 192});
   EXPECT_THROW_MSG(append_paged_kv_cache(rows.view, rows.view, {}, {}, nhd, {}, {}, {}), InvalidArgument,
-                   "v: append_paged_kv_cache");
+                   "append_value");
 }
 
 // The CPU path (float accumulation, the Python single_prefill on host

@@ -26,6 +26,8 @@ RopeQuantizeOptions options(const RQCase& c) {
   o.interleave = c.interleave;
   o.quant_scale_q = c.scale_q;
   o.quant_scale_kv = c.scale_kv;
+  o.max_batch = c.max_batch;
+  o.max_indices = c.max_indices;
   return o;
 }
 
@@ -239,6 +241,70 @@ TEST(RopeQuantizeValidation, BadIndicesWriteNothing) {
   check([](RQProblem& p) { p.positions[0] = 1000; }, "positions");
   check([](RQProblem& p) { p.indices[0] = 999; }, "kv_indices");
   check([](RQProblem& p) { p.pos_ids[0] = 300; }, "pos_ids");
+}
+
+// max_batch / max_indices: 0, or at least the views' lengths and below 2^31,
+// on both paged forms; the unpaged form reads no table and takes neither.
+TEST(RopeQuantizeValidation, TableBounds) {
+  for (bool mla : {false, true}) {
+    SCOPED_TRACE(mla ? "MLA" : "GQA");
+    const auto rejects = [&](int64_t max_batch, int64_t max_indices, const char* name) {
+      RQCase c;
+      c.mla = mla;
+      if (mla) c.qo_heads = 2, c.rope_dim = 64, c.no_rope_dim = 128;
+      c.max_batch = max_batch, c.max_indices = max_indices;
+      RQProblem p = make_rq_problem(c, 9);
+      const RQProblem before = p;
+      EXPECT_THROW_MSG(run_paged(c, p), InvalidArgument, name);
+      expect_same_rq(p, before);
+    };
+    const int64_t batch = static_cast<int64_t>(RQCase{}.old_lens.size());
+    rejects(batch - 1, 0, "max_batch");
+    rejects(-1, 0, "max_batch");
+    rejects(int64_t{1} << 31, 0, "max_batch");
+    rejects(0, 1, "max_indices");  // fewer than kv_indices holds
+    rejects(batch, int64_t{1} << 31, "max_indices");
+  }
+  Args a;
+  a.c.max_batch = 8;
+  HostTensor kro = poisoned(a.c.out, {a.p.nnz, a.c.kv_heads, a.c.rope_dim});
+  HostTensor kno = poisoned(a.c.out, {a.p.nnz, a.c.kv_heads, a.c.no_rope_dim});
+  EXPECT_THROW_MSG(rope_quantize_fp8(a.p.q_rope.view, a.p.k_rope.view, a.p.q_nope.view, a.p.k_nope.view,
+                                     a.p.cos_sin.view, RQProblem::ints(a.p.pos_ids), a.p.q_rope_out.view, kro.view,
+                                     a.p.q_nope_out.view, kno.view, options(a.c)),
+                   InvalidArgument, "max_batch");
+}
+
+// Bounds past the views are accepted on the CPU, which reads the views only.
+TEST(RopeQuantizeCpuBounds, PastTheViewsReadTheViewsOnly) {
+  for (bool mla : {false, true}) {
+    SCOPED_TRACE(mla ? "MLA" : "GQA");
+    RQCase c;
+    c.mla = mla;
+    if (mla) c.qo_heads = 2, c.rope_dim = 64, c.no_rope_dim = 128;
+    RQProblem p = make_rq_problem(c, 23);
+    const RQProblem want = rq_expected(c, p);
+    const int64_t batch = static_cast<int64_t>(p.indptr.size()) - 1, n = static_cast<int64_t>(p.indices.size());
+    std::vector<int32_t> indptr = p.indptr, indices = p.indices;
+    indptr.insert(indptr.end(), {-7, 1 << 30});  // garbage past the views
+    indices.insert(indices.end(), {-3, 1 << 30});
+    c.max_batch = batch + 2, c.max_indices = n + 2;
+    const TensorView ptr(indptr.data(), DType::kInt32, Device{}, {batch + 1});
+    const TensorView idx(indices.data(), DType::kInt32, Device{}, {n});
+    using I = RQProblem;
+    if (mla)
+      rope_quantize_fp8_append_paged_mla_cache(p.q_rope.view, p.k_rope.view, p.q_nope.view, p.k_nope.view,
+                                               p.cos_sin.view, I::ints(p.pos_ids), p.cache0.view, p.cache1.view, idx,
+                                               ptr, I::ints(p.batch_indices), I::ints(p.positions), p.q_rope_out.view,
+                                               p.q_nope_out.view, options(c));
+    else
+      rope_quantize_fp8_append_paged_kv_cache(p.q_rope.view, p.k_rope.view, p.q_nope.view, p.k_nope.view, p.v.view,
+                                              p.cos_sin.view, I::ints(p.pos_ids),
+                                              PagedKVStorage(p.cache0.view, p.cache1.view, c.layout), idx, ptr,
+                                              I::ints(p.batch_indices), I::ints(p.positions), p.q_rope_out.view,
+                                              p.q_nope_out.view, options(c));
+    expect_same_rq(p, want);
+  }
 }
 
 TEST(RopeQuantizeCatalog, KernelsAreBuiltIn) {

@@ -1,9 +1,10 @@
 // append_paged_kv_cache on the GPU against the CPU path, bit for bit over the
 // whole storage (so a stray write anywhere shows): fp16/bf16, NHD/HND,
-// separate/interleaved K/V, page sizes 1/16/5, padded input rows; 16-bit
-// rows quantized into fp8 caches and fp8 rows copied; the
-// device-side guard (out-of-range tokens are skipped, the rest written); a
-// large append that exercises the grid-stride loop; CUDA-graph capture.
+// separate/interleaved K/V, page sizes 1/16/5, padded input rows, K / V
+// head dims 192 / 128; 16-bit rows quantized into fp8 caches and fp8 rows
+// copied; the device-side guard (out-of-range tokens are skipped, the rest
+// written); a large append that exercises the grid-stride loop; CUDA-graph
+// capture, also replayed after the page tables grew in their buffers.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -188,6 +189,37 @@ TEST(AppendGpuExtra, HeadDims) {
   }
 }
 
+// K rows of 192 features and V rows of 128, each at its own strides: copies
+// and quantizing appends, NHD and HND, against the host expectation.
+TEST(AppendGpuExtra, UnequalHeadDims) {
+  SKIP_WITHOUT_GPU();
+  for (KVLayout layout : {KVLayout::kNHD, KVLayout::kHND}) {
+    for (bool fp8 : {false, true}) {
+      SCOPED_TRACE(std::string(layout == KVLayout::kNHD ? "NHD" : "HND") + (fp8 ? ", fp8 cache" : ""));
+      AppendCase c;
+      c.head_dim = 192;
+      c.v_head_dim = 128;
+      c.heads = 4;
+      c.layout = layout;
+      c.padded_rows = true;
+      c.old_lens = {0, 100, 3, 31};
+      c.add_lens = {40, 20, 17, 1};
+      AppendOptions opt;
+      if (fp8) {
+        c.dt = DType::kFloat16;
+        c.cache_dt = DType::kFloat8E5M2;
+        c.k_scale = 0.25f, c.v_scale = 0.5f;
+        opt.k_scale = c.k_scale, opt.v_scale = c.v_scale;
+      }
+      AppendProblem p = make_append_problem(c, 72);
+      DeviceAppend d(c, p);
+      d.append(c, nullptr, opt);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      expect_same_cache(c, d.download(c, p), expected_after_append(c, p));
+    }
+  }
+}
+
 // A prefill-sized append: 2.7M vectors, more than the grid has threads
 // (4096 x 256), so the grid-stride loop runs several rounds.
 TEST(AppendGpuExtra, LargeAppend) {
@@ -271,6 +303,59 @@ TEST(AppendGpuExtra, CapturedInACudaGraph) {
   expect_same_cache(c, got, p);
   TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// A graph captured with views of preallocated tables (a serving engine's
+// kv_indptr_buf[:bs + 1], ...) and max_batch / max_indices set to the
+// buffers' capacity appends by the tables a replay finds in the buffers, with
+// more requests and pages than the views covered at capture time. Without
+// the bounds the same replay reads the captured views only (requests 0, 1).
+TEST(AppendGpuExtra, GraphFollowsTablesThatGrow) {
+  SKIP_WITHOUT_GPU();
+  AppendCase c;
+  c.old_lens = {9, 0, 64, 30, 5, 17};
+  c.add_lens = {1, 2, 1, 3, 1, 16};
+  AppendProblem p = make_append_problem(c, 33);
+  DeviceAppend d(c, p);
+  // Capture-time views: two requests and their pages.
+  d.indptr.view.shape = {3};
+  d.last.view.shape = {2};
+  d.indices.view.shape = {p.indptr[2]};
+  AppendOptions grow;
+  grow.max_batch = static_cast<int64_t>(p.last.size());
+  grow.max_indices = static_cast<int64_t>(p.indices.size());
+  // Empty tables until the step below writes its own (no request has pages).
+  for (DeviceInts* t : {&d.indptr, &d.last, &d.indices}) t->buf.fill(0);
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  d.append(c, stream, grow);  // loads the kernel outside the capture; writes nothing
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph[2];
+  cudaGraphExec_t exec[2];
+  for (int g = 0; g < 2; ++g) {
+    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    d.append(c, stream, g == 0 ? grow : AppendOptions{});
+    TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph[g]));
+    TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec[g], graph[g], 0));
+  }
+  // The step: every request's table written into the same buffers.
+  for (auto [t, x] : {std::pair{&d.indptr, &p.indptr}, {&d.last, &p.last}, {&d.indices, &p.indices}})
+    t->buf.upload(x->data(), x->size() * sizeof(int32_t));
+  for (int g = 0; g < 2; ++g) {
+    SCOPED_TRACE(g == 0 ? "max_batch / max_indices: the buffers" : "the views' lengths");
+    d.k.buf.upload(p.k.storage.data(), p.k.storage.size());  // the old contents
+    d.v.buf.upload(p.v.storage.data(), p.v.storage.size());
+    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec[g], stream));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const AppendProblem want =
+        g == 0 ? expected_after_append(c, p) : expected_after_append(c, p, [&](size_t i) { return p.batch_indices[i] < 2; });
+    expect_same_cache(c, d.download(c, p), want);
+  }
+  for (int g = 0; g < 2; ++g) {
+    TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec[g]));
+    TESSERA_CUDA_CHECK(cudaGraphDestroy(graph[g]));
+  }
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

@@ -5,7 +5,7 @@
 // and interleaved pairs, GQA and MLA caches, padding tokens, saturation; the
 // unpaged rope_quantize_fp8 form; the CPU path on the same problem; the
 // device-side guards; a large problem for the grid-stride loop; CUDA-graph
-// capture.
+// capture, also replayed after the page tables grew in their buffers.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -30,6 +30,8 @@ RopeQuantizeOptions options(const RQCase& c) {
   o.interleave = c.interleave;
   o.quant_scale_q = c.scale_q;
   o.quant_scale_kv = c.scale_kv;
+  o.max_batch = c.max_batch;
+  o.max_indices = c.max_indices;
   return o;
 }
 
@@ -238,6 +240,47 @@ TEST(RopeQuantizeGpuGraph, CapturesAndReplays) {
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+}
+
+// A graph captured with views of two requests' tables and max_batch /
+// max_indices at the buffers' capacity follows the larger tables written
+// into the same buffers before the replay (a serving engine's growing batch).
+TEST(RopeQuantizeGpuGraph, FollowsTablesThatGrow) {
+  SKIP_WITHOUT_GPU();
+  for (bool mla : {false, true}) {
+    SCOPED_TRACE(mla ? "MLA" : "GQA");
+    RQCase c;
+    c.mla = mla;
+    if (mla) c.qo_heads = 16, c.kv_heads = 1, c.no_rope_dim = 512;
+    RQProblem p = make_rq_problem(c, 29);
+    const RQProblem want = rq_expected(c, p);
+    DeviceRQ d(p);
+    d.indptr.view.shape = {3};
+    d.indices.view.shape = {p.indptr[2]};
+    c.max_batch = static_cast<int64_t>(p.indptr.size()) - 1;
+    c.max_indices = static_cast<int64_t>(p.indices.size());
+    d.indptr.buf.fill(0);  // empty tables until the step writes its own
+    d.indices.buf.fill(0);
+    cudaStream_t s;
+    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    d.run(c, s);  // compile outside the capture
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    d.run(c, s);
+    TESSERA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    TESSERA_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    d.indptr.buf.upload(p.indptr.data(), p.indptr.size() * sizeof(int32_t));
+    d.indices.buf.upload(p.indices.data(), p.indices.size() * sizeof(int32_t));
+    for (DeviceTensor* t : {&d.q_rope_out, &d.q_nope_out, &d.cache0, &d.cache1}) t->buf.fill(0xFF);
+    TESSERA_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+    expect_same_rq(d.download(p), want);
+    TESSERA_CUDA_CHECK(cudaGraphExecDestroy(ge));
+    TESSERA_CUDA_CHECK(cudaGraphDestroy(g));
+    TESSERA_CUDA_CHECK(cudaStreamDestroy(s));
+  }
 }
 
 }  // namespace

@@ -4,6 +4,8 @@ everywhere, the torch CUDA path on a GPU (skipped with "skipped: no GPU").
 The whole cache is compared bit for bit, so a stray write anywhere shows.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,25 @@ def test_append_cpu_strided_rows(rng):
     tessera.append_paged_kv_cache(key, value, *append_args(t), (k, v), t["indices"], t["indptr"], t["last"])
     np.testing.assert_array_equal(k, ref_k)
     np.testing.assert_array_equal(v, ref_v)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_append_cpu_unequal_head_dims(rng, layout):
+    """K rows of 192 features and V rows of 128 (DeepSeek-style prefill caches), each into its own cache."""
+    t = make_append(rng, OLD, ADD, 16)
+    nnz = len(t["positions"])
+    key = rng.standard_normal((nnz, HKV, 192)).astype(np.float16)
+    value = rng.standard_normal((nnz, HKV, 128)).astype(np.float16)
+    k = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=192)).astype(np.float16)
+    v = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=128)).astype(np.float16)
+    ref_k, ref_v = reference(k, v, key, value, t, layout, 16)
+    tessera.append_paged_kv_cache(key, value, *append_args(t), (k, v), t["indices"], t["indptr"], t["last"],
+                                  kv_layout=layout)
+    np.testing.assert_array_equal(k.view(np.uint16), ref_k.view(np.uint16))
+    np.testing.assert_array_equal(v.view(np.uint16), ref_v.view(np.uint16))
+    with pytest.raises(ValueError, match="append_value"):  # each row tensor has its cache's width
+        tessera.append_paged_kv_cache(key, key, *append_args(t), (k, v), t["indices"], t["indptr"], t["last"],
+                                      kv_layout=layout)
 
 
 def test_get_batch_indices_positions_and_seq_lens():
@@ -186,6 +207,26 @@ def test_append_gpu(torch_cuda, rng, dtype, layout, interleaved, page_size):
     assert torch.equal(v.view(torch.int16), ref_v.view(torch.int16))
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_append_gpu_unequal_head_dims(torch_cuda, rng, layout):
+    """K rows of 192 features and V rows of 128 on the GPU, bit for bit against the host placement."""
+    torch = torch_cuda
+    t = make_append(rng, OLD, ADD, 16)
+    nnz = len(t["positions"])
+    key = rng.standard_normal((nnz, HKV, 192)).astype(np.float16)
+    value = rng.standard_normal((nnz, HKV, 128)).astype(np.float16)
+    k = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=192)).astype(np.float16)
+    v = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=128)).astype(np.float16)
+    ref_k, ref_v = reference(k, v, key, value, t, layout, 16)
+    gk, gv = torch.from_numpy(k).cuda(), torch.from_numpy(v).cuda()
+    g = {name: torch.from_numpy(t[name]).cuda() for name in ("indptr", "indices", "last", "batch_indices", "positions")}
+    tessera.append_paged_kv_cache(torch.from_numpy(key).cuda(), torch.from_numpy(value).cuda(), g["batch_indices"],
+                                  g["positions"], (gk, gv), g["indices"], g["indptr"], g["last"], kv_layout=layout)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(gk.cpu().numpy().view(np.uint16), ref_k.view(np.uint16))
+    np.testing.assert_array_equal(gv.cpu().numpy().view(np.uint16), ref_v.view(np.uint16))
+
+
 def test_append_gpu_batch_indices_positions_and_guard(torch_cuda, rng):
     """get_batch_indices_positions on CUDA tensors; out-of-range tokens are skipped on the device."""
     torch = torch_cuda
@@ -207,3 +248,114 @@ def test_append_gpu_batch_indices_positions_and_guard(torch_cuda, rng):
     torch.cuda.synchronize()
     assert int(k.sum().item()) == 8 * HKV * HEAD_DIM  # the 8 valid tokens, nothing else
     assert torch.equal(k, v)
+
+
+# ======================================================================= tables that grow under a CUDA graph
+def test_int32_capacity(monkeypatch):
+    """How far the kernel may read an index vector: to the end of the storage behind a 1-D int32 view of stride
+    1 (CUDA tensors only; the arithmetic is checked on CPU tensors here), else the vector's own length."""
+    torch = pytest.importorskip("torch")
+    from tessera import _tensors as T
+
+    buf = torch.zeros(100, dtype=torch.int32)
+    assert T.int32_capacity(buf[:7]) == 7  # a CPU tensor: the CPU path reads the views only
+    monkeypatch.setattr(T, "is_cuda", T.is_torch)  # as if on the GPU
+    assert T.int32_capacity(buf[:7]) == 100
+    assert T.int32_capacity(buf[10:17]) == 90
+    assert T.int32_capacity(buf.view(2, 50)[1]) == 50
+    assert T.int32_capacity(buf[::2][:5]) == 5  # strided: its own length
+    assert T.int32_capacity(buf[:7].long()) == 7  # not int32
+    assert T.int32_capacity(buf[:7].clone()) == 7  # a copy owns its storage
+    assert T.int32_capacity(buf.view(10, 10)) == 10  # not 1-D: left to the C++ checks
+    assert T.int32_capacity(np.zeros(5, np.int32)) == 5
+
+
+def test_append_passes_buffer_capacity(monkeypatch):
+    """CUDA calls hand the bindings max_batch = min(capacity(kv_indptr) - 1, capacity(kv_last_page_len)) and
+    max_indices = capacity(kv_indices); int64 tables (converted) are bounded by their own length. The
+    bindings are stubbed and CPU tensors stand in for CUDA ones."""
+    torch = pytest.importorskip("torch")
+    from tessera import _tensors as T
+    from tessera import page
+
+    calls = []
+    monkeypatch.setattr(T, "is_cuda", T.is_torch)
+    monkeypatch.setattr(T, "on_device_of", lambda x: contextlib.nullcontext())
+    monkeypatch.setattr(T, "stream_of", lambda x: 0)
+    monkeypatch.setattr(page, "_C", type("C", (), {"append_paged_kv_cache": staticmethod(
+        lambda *a, **kw: calls.append(kw))}))
+    indptr_buf = torch.zeros(33, dtype=torch.int32)
+    last_buf = torch.zeros(20, dtype=torch.int32)
+    indices_buf = torch.zeros(500, dtype=torch.int32)
+    k = torch.zeros((8, 16, HKV, HEAD_DIM), dtype=torch.float16)
+    rows = torch.zeros((4, HKV, HEAD_DIM), dtype=torch.float16)
+    ints = torch.zeros(4, dtype=torch.int32)
+    tessera.append_paged_kv_cache(rows, rows, ints, ints, (k, k), indices_buf[:3], indptr_buf[:3], last_buf[:2])
+    assert calls[-1]["max_batch"] == 20 and calls[-1]["max_indices"] == 500  # kv_last_page_len's buffer ends first
+    tessera.append_paged_kv_cache(rows, rows, ints, ints, (k, k), indices_buf[100:103], indptr_buf[:3], last_buf[:2])
+    assert calls[-1]["max_batch"] == 20 and calls[-1]["max_indices"] == 400
+    tessera.append_paged_kv_cache(rows, rows, ints, ints, (k, k), indices_buf[:3], indptr_buf[:3].long(),
+                                  last_buf[:2])
+    assert calls[-1]["max_batch"] == 2 and calls[-1]["max_indices"] == 500
+    tessera.append_paged_kv_cache(rows, rows, ints, ints, (k, k), indices_buf[:3], indptr_buf[20:23], last_buf[:2])
+    assert calls[-1]["max_batch"] == 12  # kv_indptr's buffer ends first
+
+
+def test_append_gpu_cuda_graph_tables_grow(torch_cuda, rng):
+    """A CUDA graph captured with views of preallocated int32 tables for a 2-request batch (kv_indptr_buf[:3],
+    ...) appends, on replay, by the larger tables written into the same buffers since (more requests, more
+    pages), as a serving engine replays one graph per padded batch size: every row lands bitwise in its slot
+    and nothing else changes (the cache is poisoned first). Rows past the step's tokens are padding (batch
+    index -1)."""
+    torch = torch_cuda
+    page_size, num_pages, nnz, max_batch = 16, 96, 48, 12
+    shape = page_shape("NHD", num_pages, page_size)
+    k, v = (torch.empty(shape, dtype=torch.float16, device="cuda") for _ in range(2))
+    indptr_buf = torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda")
+    last_buf = torch.zeros(max_batch, dtype=torch.int32, device="cuda")
+    indices_buf = torch.zeros(num_pages, dtype=torch.int32, device="cuda")
+    bi_buf = torch.full((nnz,), -1, dtype=torch.int32, device="cuda")
+    pos_buf = torch.zeros(nnz, dtype=torch.int32, device="cuda")
+    key_buf, value_buf = (torch.zeros((nnz, HKV, HEAD_DIM), dtype=torch.float16, device="cuda") for _ in range(2))
+
+    def write_step(old, add):
+        """The step's tables, tokens and rows written into the buffers; returns (tables, key, value) on the host."""
+        used = sum((o + a + page_size - 1) // page_size for o, a in zip(old, add))
+        t = make_append(rng, old, add, page_size, spare=num_pages - used)
+        n = len(t["positions"])
+        key = rng.standard_normal((n, HKV, HEAD_DIM)).astype(np.float16)
+        value = rng.standard_normal((n, HKV, HEAD_DIM)).astype(np.float16)
+        for buf, x in ((indptr_buf, t["indptr"]), (last_buf, t["last"]), (indices_buf, t["indices"]),
+                       (bi_buf, t["batch_indices"]), (pos_buf, t["positions"]), (key_buf, key), (value_buf, value)):
+            buf[:len(x)].copy_(torch.from_numpy(x))
+        bi_buf[n:] = -1
+        return t, key, value
+
+    def poison():
+        k.view(torch.int16).fill_(0x7E00)  # an fp16 NaN no appended row holds
+        v.view(torch.int16).fill_(0x7E00)
+
+    small, _, _ = write_step([5, 20], [2, 3])
+    n_small = int(small["indptr"][-1])
+
+    def append():
+        tessera.append_paged_kv_cache(key_buf, value_buf, bi_buf, pos_buf, (k, v), indices_buf[:n_small],
+                                      indptr_buf[:3], last_buf[:2])
+
+    poison()
+    append()  # warm-up outside the capture (loads the kernel)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        append()
+    steps = ([5, 20, 0, 31, 100, 7, 16, 2], [2, 3, 4, 1, 9, 1, 1, 20]), ([64, 0, 3, 200], [1, 30, 1, 1])
+    for old, add in steps:
+        t, key, value = write_step(old, add)
+        assert len(old) > 2 and int(t["indptr"][-1]) > n_small
+        poison()
+        graph.replay()
+        torch.cuda.synchronize()
+        empty = np.full(shape, 0x7E00, np.int16).view(np.float16)
+        ref_k, ref_v = reference(empty, empty, key, value, t, "NHD", page_size)
+        np.testing.assert_array_equal(k.cpu().numpy().view(np.int16), ref_k.view(np.int16))
+        np.testing.assert_array_equal(v.cpu().numpy().view(np.int16), ref_v.view(np.int16))

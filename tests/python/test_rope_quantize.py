@@ -4,6 +4,8 @@ everywhere: uint8 outputs stand for the fp8 dtype named by quantize_dtype); on a
 against a torch composition (torch RoPE in float32, then (x * scale) clamped and cast to the fp8 dtype),
 byte for byte, with poisoned outputs and caches (skipped with "skipped: no GPU")."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -298,6 +300,106 @@ def test_gpu_append_mla(torch_cuda, fp8):
     want_kpe[page, slot] = t_quant(torch, t_rope(torch, kr, cs, pos, True), 0.25, qd).view(torch.uint8)
     assert torch.equal(ckv.view(torch.uint8), want_ckv)
     assert torch.equal(kpe.view(torch.uint8), want_kpe)
+
+
+# ---------------------------------------------------------------- page tables that grow under a CUDA graph
+def test_append_passes_buffer_capacity(monkeypatch):
+    """CUDA calls hand the bindings max_batch = capacity(kv_indptr) - 1 and max_indices = capacity(kv_indices)
+    (to the end of the buffers behind int32 views); an int64 table (converted) is bounded by its own length.
+    The bindings are stubbed and CPU tensors stand in for CUDA ones."""
+    torch = pytest.importorskip("torch")
+    from tessera import _tensors as T
+
+    calls = []
+    monkeypatch.setattr(T, "is_cuda", T.is_torch)
+    monkeypatch.setattr(T, "on_device_of", lambda x: contextlib.nullcontext())
+    monkeypatch.setattr(T, "stream_of", lambda x: 0)
+    monkeypatch.setattr(R, "_C", type("C", (), {"rope_quantize_fp8": staticmethod(lambda *a, **kw: calls.append(kw))}))
+    a = _paged()
+    a = {k: torch.from_numpy(x) if isinstance(x, np.ndarray) else x for k, x in a.items()}
+    a["paged_kv_cache"] = tuple(torch.from_numpy(c) for c in _paged()["paged_kv_cache"])
+    indptr_buf, indices_buf = torch.zeros(10, dtype=torch.int32), torch.zeros(50, dtype=torch.int32)
+    indptr_buf[:3], indices_buf[:4] = a["kv_indptr"], a["kv_indices"]
+    R.rope_quantize_fp8_append_paged_kv_cache(**dict(a, kv_indptr=indptr_buf[:3], kv_indices=indices_buf[:4]))
+    assert calls[-1]["max_batch"] == 9 and calls[-1]["max_indices"] == 50
+    R.rope_quantize_fp8_append_paged_kv_cache(**dict(a, kv_indptr=indptr_buf[:3].long(), kv_indices=indices_buf[6:10]))
+    assert calls[-1]["max_batch"] == 2 and calls[-1]["max_indices"] == 44
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_gpu_append_graph_tables_grow(torch_cuda, rng, mla):
+    """A CUDA graph captured with views of preallocated int32 tables for two requests (kv_indptr_buf[:3],
+    kv_indices_buf[:n]) writes, on replay, every token of the larger tables written into the same buffers since
+    (more requests, more pages) into its slot: K / V (or ckv / kpe) and q byte for byte against the torch
+    composition, padding tokens (batch index -1) and every other cache byte untouched (poisoned)."""
+    torch = torch_cuda
+    dt, qd, page_size, num_pages, max_batch, nnz = torch.bfloat16, torch.float8_e4m3fn, 16, 64, 10, 48
+    hq, hk, rd, nd = (16, 1, 64, 512) if mla else (8, 2, 64, 64)
+    qr, kr, qn, kn, cs, pos = _gpu_case(torch, dt, nnz=nnz, hq=hq, hk=hk, rd=rd, nd=nd, mla=mla, seed=7)
+    v = None if mla else (torch.rand(nnz, hk, rd + nd, device="cuda") * 16 - 8).to(dt)
+    shapes = ((num_pages, page_size, nd), (num_pages, page_size, rd)) if mla else ((num_pages, page_size, hk, rd + nd),) * 2
+    cache = tuple(torch.empty(s, dtype=torch.uint8, device="cuda").view(qd) for s in shapes)
+    q_rope_out = torch.empty(qr.shape, dtype=torch.uint8, device="cuda").view(qd)
+    q_nope_out = torch.empty(qn.shape, dtype=torch.uint8, device="cuda").view(qd)
+    indptr_buf = torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda")
+    indices_buf = torch.zeros(num_pages, dtype=torch.int32, device="cuda")
+    bi = torch.full((nnz,), -1, dtype=torch.int32, device="cuda")
+    po = torch.zeros(nnz, dtype=torch.int32, device="cuda")
+
+    def write_step(old, add):
+        """The step's page table, batch indices and positions written into the buffers; returns the table."""
+        seq = [o + a for o, a in zip(old, add)]
+        pages = [(n + page_size - 1) // page_size for n in seq]
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        indices = rng.permutation(num_pages)[:indptr[-1]].astype(np.int32)
+        indptr_buf[:len(indptr)].copy_(torch.from_numpy(indptr))
+        indices_buf[:len(indices)].copy_(torch.from_numpy(indices))
+        append_indptr = torch.tensor(np.concatenate([[0], np.cumsum(add)]), dtype=torch.int32, device="cuda")
+        tessera.get_batch_indices_positions(append_indptr, torch.tensor(seq, dtype=torch.int32, device="cuda"), nnz,
+                                            batch_indices=bi, positions=po)
+        return indptr, indices
+
+    def poison():
+        for t in cache + (q_rope_out, q_nope_out):
+            t.view(torch.uint8).fill_(0xFF)
+
+    n_small = int(write_step([5, 20], [2, 3])[0][-1])
+
+    def append():
+        R.rope_quantize_fp8_append_paged_kv_cache(
+            qr, kr, qn, kn, v, cs, pos, cache, indices_buf[:n_small], indptr_buf[:3], bi, po, quantize_dtype=qd,
+            quant_scale_q=64.0, quant_scale_kv=0.5, page_size=page_size, q_rope_out=q_rope_out,
+            q_nope_out=q_nope_out)
+
+    append()  # warm-up outside the capture (loads the kernel)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        append()
+    want_q = (t_quant(torch, t_rope(torch, qr, cs, pos, True), 64.0, qd).view(torch.uint8),
+              t_quant(torch, qn, 64.0, qd).view(torch.uint8))
+    k_full = t_rope(torch, kr, cs, pos, True) if mla else torch.cat([t_rope(torch, kr, cs, pos, True), kn.float()], -1)
+    rows = ((t_quant(torch, kn, 0.5, qd), t_quant(torch, k_full, 0.5, qd)) if mla
+            else (t_quant(torch, k_full, 0.5, qd), t_quant(torch, v, 0.5, qd)))
+    for old, add in (([5, 20, 0, 31, 100, 7, 16, 2], [2, 3, 4, 1, 9, 1, 1, 20]), ([64, 0, 3, 200], [1, 30, 1, 1])):
+        indptr, indices = write_step(old, add)
+        assert indptr[-1] > n_small
+        poison()
+        graph.replay()
+        torch.cuda.synchronize()
+        b, p = bi.cpu().numpy(), po.cpu().numpy()
+        valid = b >= 0
+        assert valid.sum() == sum(add)
+        page = torch.from_numpy(indices[indptr[b[valid]] + p[valid] // page_size]).long().cuda()
+        slot = torch.from_numpy(p[valid] % page_size).long().cuda()
+        vt = torch.from_numpy(valid).cuda()
+        for got, w in zip((q_rope_out, q_nope_out), want_q):
+            assert torch.equal(got.view(torch.uint8)[vt], w[vt])
+            assert (got.view(torch.uint8)[~vt] == 0xFF).all()  # padding: untouched
+        for c, r in zip(cache, rows):
+            want = torch.full_like(c.view(torch.uint8), 0xFF)
+            want[page, slot] = r.view(torch.uint8)[vt]
+            assert torch.equal(c.view(torch.uint8), want)
 
 
 @pytest.mark.parametrize("mla", [False, True])

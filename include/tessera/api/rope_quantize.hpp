@@ -39,6 +39,10 @@
 // synchronization (capturable). The index tensors stay on the GPU: a position
 // outside the cos/sin cache rotates to NaN, and a token whose request, page
 // or page index the table and storage do not cover has its K / V skipped.
+// The kernel follows the tables' current values, within the views' lengths
+// or RopeQuantizeOptions::max_batch / max_indices (as AppendOptions'; a
+// graph captured with views of preallocated tables follows the larger tables
+// written into the same buffers before a replay).
 // Host tensors: plain loops; every index is checked first (InvalidArgument
 // naming pos_ids, batch_indices, positions or kv_indices) and nothing is
 // written when one is bad.
@@ -54,6 +58,13 @@ struct RopeQuantizeOptions {
   bool interleave = false;     // pairs (2j, 2j + 1); FlashInfer's is_neox == !interleave
   double quant_scale_q = 1.0;  // q values are multiplied by it before rounding
   double quant_scale_kv = 1.0; // k and v values are multiplied by it
+  // Paged forms on CUDA (0: the views' own lengths): the requests b whose
+  // kv_indptr[b], kv_indptr[b + 1] the kernel may read, and the kv_indices
+  // entries it may read, when the caller's buffers extend past the views.
+  // They must not exceed the allocations (unchecked); at least the views'
+  // lengths and at most 2^31 - 1, else InvalidArgument naming the option.
+  // The CPU path validates and reads the views only.
+  int64_t max_batch = 0, max_indices = 0;
 };
 
 // k_rope_out / k_nope_out: like k_rope / k_nope, fp8.

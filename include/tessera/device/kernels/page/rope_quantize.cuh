@@ -117,9 +117,12 @@ __device__ __forceinline__ void rope_quantize_fp8(const RopeQuantizeParams& p) {
       const int pos = p.positions[i];
       kv_ok = b < p.batch && pos >= 0;
       if (kv_ok) {
-        const int first = p.kv_indptr[b], pages = p.kv_indptr[b + 1] - first, page_in_req = pos / p.page_size;
-        const int j = first + page_in_req;
-        kv_ok = first >= 0 && page_in_req < pages && j < p.num_indices;
+        // Tables read up to p.batch / p.num_indices, the buffers' capacity
+        // (so a graph replayed after larger tables were written follows
+        // them); 64-bit sums, so corrupt entries cannot overflow.
+        const int page_in_req = pos / p.page_size;
+        const i64 first = p.kv_indptr[b], j = first + page_in_req;
+        kv_ok = first >= 0 && j < p.kv_indptr[b + 1] && j < p.num_indices;
         if (kv_ok) {
           page = p.kv_indices[j];
           slot = pos - page_in_req * p.page_size;
