@@ -141,6 +141,16 @@ def apply_llama31_rope_inplace(q, k, indptr, offsets, rotary_dim=None, interleav
     _run(_C.apply_rope, q, k, q, k, _int32(indptr, q, "indptr"), _int32(offsets, q, "offsets"), opts=opts)
 
 
+
+def _reshape_no_copy(x, shape):
+    """A view of numpy array x with this shape; ValueError where that needs a copy."""
+    try:
+        return np.reshape(x, shape, copy=False)  # numpy >= 2.1
+    except TypeError:  # older numpy: assigning the shape of a view raises the same way
+        view = x.view()
+        view.shape = shape
+        return view
+
 def _heads(x, head_size, name):
     """x [nnz, ...] seen as [nnz, heads, head_size] without a copy (so in place writes reach x)."""
     T.framework(x, name)
@@ -159,9 +169,8 @@ def _heads(x, head_size, name):
                              f"{tuple(x.stride())}") from None
         unit = view.stride(-1) == 1
     else:
-        view = x.view()
         try:
-            view.shape = new
+            view = _reshape_no_copy(x, new)
         except (AttributeError, ValueError):
             raise ValueError(f"{name}: expected a layout viewable as {new} without a copy, got strides "
                              f"{x.strides}") from None
