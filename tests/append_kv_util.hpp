@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "tessera/api/append_kv.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "test_util.hpp"
 
@@ -52,6 +53,30 @@ struct AppendProblem {
 inline std::vector<int64_t> page_shape(const AppendCase& c, int64_t pages, int64_t dim) {
   return c.layout == KVLayout::kNHD ? std::vector<int64_t>{pages, c.page_size, c.heads, dim}
                                     : std::vector<int64_t>{pages, c.heads, c.page_size, dim};
+}
+
+// K rows of 192 features and V rows of 128 (DeepSeek-style prefill caches),
+// 4 heads; with fp8_cache, rows of `dt` quantized into `fp8_cache` with
+// scales 0.25 / 0.5, which `opt` then carries.
+inline AppendCase unequal_dims_case(KVLayout layout, bool padded, std::vector<int32_t> old_lens,
+                                    std::vector<int32_t> add_lens, std::optional<DType> fp8_cache, DType dt,
+                                    AppendOptions& opt) {
+  AppendCase c;
+  c.head_dim = 192;
+  c.v_head_dim = 128;
+  c.heads = 4;
+  c.layout = layout;
+  c.padded_rows = padded;
+  c.old_lens = std::move(old_lens);
+  c.add_lens = std::move(add_lens);
+  opt = AppendOptions{};
+  if (fp8_cache) {
+    c.dt = dt;
+    c.cache_dt = *fp8_cache;
+    c.k_scale = 0.25f, c.v_scale = 0.5f;
+    opt.k_scale = c.k_scale, opt.v_scale = c.v_scale;
+  }
+  return c;
 }
 
 inline AppendProblem make_append_problem(const AppendCase& c, uint64_t seed) {

@@ -70,21 +70,10 @@ TEST(AppendCpuExtra, UnequalHeadDims) {
       for (bool fp8 : {false, true}) {
         SCOPED_TRACE(std::string(layout == KVLayout::kNHD ? "NHD" : "HND") + (padded ? ", padded rows" : "") +
                      (fp8 ? ", fp8 cache" : ""));
-        AppendCase c;
-        c.head_dim = 192;
-        c.v_head_dim = 128;
-        c.heads = 4;
-        c.layout = layout;
-        c.padded_rows = padded;
-        c.old_lens = {0, 5, 16, 31};
-        c.add_lens = {3, 1, 17, 2};
         AppendOptions opt;
-        if (fp8) {
-          c.dt = DType::kBFloat16;
-          c.cache_dt = DType::kFloat8E4M3;
-          c.k_scale = 0.25f, c.v_scale = 0.5f;
-          opt.k_scale = c.k_scale, opt.v_scale = c.v_scale;
-        }
+        const AppendCase c =
+            unequal_dims_case(layout, padded, {0, 5, 16, 31}, {3, 1, 17, 2},
+                              fp8 ? std::optional<DType>(DType::kFloat8E4M3) : std::nullopt, DType::kBFloat16, opt);
         AppendProblem p = make_append_problem(c, 70);
         const AppendProblem want = expected_after_append(c, p);
         append_paged_kv_cache(p.key.view, p.value.view, AppendProblem::ints(p.batch_indices),

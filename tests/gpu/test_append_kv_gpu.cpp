@@ -196,21 +196,10 @@ TEST(AppendGpuExtra, UnequalHeadDims) {
   for (KVLayout layout : {KVLayout::kNHD, KVLayout::kHND}) {
     for (bool fp8 : {false, true}) {
       SCOPED_TRACE(std::string(layout == KVLayout::kNHD ? "NHD" : "HND") + (fp8 ? ", fp8 cache" : ""));
-      AppendCase c;
-      c.head_dim = 192;
-      c.v_head_dim = 128;
-      c.heads = 4;
-      c.layout = layout;
-      c.padded_rows = true;
-      c.old_lens = {0, 100, 3, 31};
-      c.add_lens = {40, 20, 17, 1};
       AppendOptions opt;
-      if (fp8) {
-        c.dt = DType::kFloat16;
-        c.cache_dt = DType::kFloat8E5M2;
-        c.k_scale = 0.25f, c.v_scale = 0.5f;
-        opt.k_scale = c.k_scale, opt.v_scale = c.v_scale;
-      }
+      const AppendCase c =
+          unequal_dims_case(layout, true, {0, 100, 3, 31}, {40, 20, 17, 1},
+                            fp8 ? std::optional<DType>(DType::kFloat8E5M2) : std::nullopt, DType::kFloat16, opt);
       AppendProblem p = make_append_problem(c, 72);
       DeviceAppend d(c, p);
       d.append(c, nullptr, opt);

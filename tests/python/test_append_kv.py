@@ -93,9 +93,9 @@ def test_append_cpu_strided_rows(rng):
     np.testing.assert_array_equal(v, ref_v)
 
 
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_append_cpu_unequal_head_dims(rng, layout):
-    """K rows of 192 features and V rows of 128 (DeepSeek-style prefill caches), each into its own cache."""
+def unequal_dims_problem(rng, layout):
+    """An append of K rows of 192 features and V rows of 128 into caches of those widths: (table, key, value,
+    k cache, v cache, expected k, expected v)."""
     t = make_append(rng, OLD, ADD, 16)
     nnz = len(t["positions"])
     key = rng.standard_normal((nnz, HKV, 192)).astype(np.float16)
@@ -103,6 +103,13 @@ def test_append_cpu_unequal_head_dims(rng, layout):
     k = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=192)).astype(np.float16)
     v = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=128)).astype(np.float16)
     ref_k, ref_v = reference(k, v, key, value, t, layout, 16)
+    return t, key, value, k, v, ref_k, ref_v
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_append_cpu_unequal_head_dims(rng, layout):
+    """K rows of 192 features and V rows of 128 (DeepSeek-style prefill caches), each into its own cache."""
+    t, key, value, k, v, ref_k, ref_v = unequal_dims_problem(rng, layout)
     tessera.append_paged_kv_cache(key, value, *append_args(t), (k, v), t["indices"], t["indptr"], t["last"],
                                   kv_layout=layout)
     np.testing.assert_array_equal(k.view(np.uint16), ref_k.view(np.uint16))
@@ -211,13 +218,7 @@ def test_append_gpu(torch_cuda, rng, dtype, layout, interleaved, page_size):
 def test_append_gpu_unequal_head_dims(torch_cuda, rng, layout):
     """K rows of 192 features and V rows of 128 on the GPU, bit for bit against the host placement."""
     torch = torch_cuda
-    t = make_append(rng, OLD, ADD, 16)
-    nnz = len(t["positions"])
-    key = rng.standard_normal((nnz, HKV, 192)).astype(np.float16)
-    value = rng.standard_normal((nnz, HKV, 128)).astype(np.float16)
-    k = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=192)).astype(np.float16)
-    v = rng.standard_normal(page_shape(layout, t["num_pages"], 16, head_dim=128)).astype(np.float16)
-    ref_k, ref_v = reference(k, v, key, value, t, layout, 16)
+    t, key, value, k, v, ref_k, ref_v = unequal_dims_problem(rng, layout)
     gk, gv = torch.from_numpy(k).cuda(), torch.from_numpy(v).cuda()
     g = {name: torch.from_numpy(t[name]).cuda() for name in ("indptr", "indices", "last", "batch_indices", "positions")}
     tessera.append_paged_kv_cache(torch.from_numpy(key).cuda(), torch.from_numpy(value).cuda(), g["batch_indices"],
