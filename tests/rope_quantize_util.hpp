@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "tessera/api/rope_quantize.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "test_util.hpp"
 
@@ -32,6 +33,17 @@ struct RQCase {
   int cache_rows = 300;
   int64_t max_batch = 0, max_indices = 0;  // RopeQuantizeOptions' table bounds (0: the views')
 };
+
+// The case's RopeQuantizeOptions.
+inline RopeQuantizeOptions options(const RQCase& c) {
+  RopeQuantizeOptions o;
+  o.interleave = c.interleave;
+  o.quant_scale_q = c.scale_q;
+  o.quant_scale_kv = c.scale_kv;
+  o.max_batch = c.max_batch;
+  o.max_indices = c.max_indices;
+  return o;
+}
 
 struct RQProblem {
   HostTensor q_rope, k_rope, q_nope, k_nope, v, cos_sin;

@@ -21,16 +21,6 @@ using namespace tessera::test;
 
 namespace {
 
-RopeQuantizeOptions options(const RQCase& c) {
-  RopeQuantizeOptions o;
-  o.interleave = c.interleave;
-  o.quant_scale_q = c.scale_q;
-  o.quant_scale_kv = c.scale_kv;
-  o.max_batch = c.max_batch;
-  o.max_indices = c.max_indices;
-  return o;
-}
-
 void run_paged(const RQCase& c, RQProblem& p) {
   using I = RQProblem;
   if (c.mla) {

@@ -25,16 +25,6 @@ DeviceTensor ints_to_device(const std::vector<int32_t>& x) {
   return to_device(h);
 }
 
-RopeQuantizeOptions options(const RQCase& c) {
-  RopeQuantizeOptions o;
-  o.interleave = c.interleave;
-  o.quant_scale_q = c.scale_q;
-  o.quant_scale_kv = c.scale_kv;
-  o.max_batch = c.max_batch;
-  o.max_indices = c.max_indices;
-  return o;
-}
-
 struct DeviceRQ {
   DeviceTensor q_rope, k_rope, q_nope, k_nope, v, cos_sin, q_rope_out, q_nope_out, cache0, cache1;
   DeviceTensor pos_ids, batch_indices, positions, indptr, indices;
