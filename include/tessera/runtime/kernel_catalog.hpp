@@ -212,6 +212,9 @@ jit::KernelSource append_paged_kv(DType kv_dtype);
 jit::KernelSource append_paged_kv(DType rows, DType cache);
 // Custom masks: a plan's work items trimmed to their visible KV tiles (BatchPrefill::run).
 jit::KernelSource trim_masked_items();
+// The device planner (device/kernels/plan/): one block plans a step from
+// lengths in device memory (runtime/device_planner.hpp).
+jit::KernelSource device_planner();
 // Standalone RoPE over fp16 / bf16 rows of head_dim 64, 128 or 256; mode:
 // where the angles come from (linear, Llama 3.1 or a cos/sin cache).
 jit::KernelSource apply_rope(DType dtype, int head_dim, bool interleave, RopeMode mode = RopeMode::kLinear);

@@ -1,0 +1,271 @@
+// The device planner: one block reads a step's lengths from the caller's
+// device buffers and writes the work queues of the parallel schedule
+// (plan/schedule.cuh) into the workspace sections the attention kernels
+// read, so planning needs no host round trip and a CUDA graph can hold it.
+// Bad lengths are recorded (DevicePlanError) and leave an empty plan.
+#pragma once
+#include "tessera/device/kernels/plan/block_schedule.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+namespace plan {
+
+// Request b's KV length (its table row checked by plan_step first).
+__device__ __forceinline__ int request_kv_len(const DevicePlanParams& p, int b) {
+  const bool paged = p.kv_last_page_len != nullptr;
+  return kv_length(p.kv_indptr[b], p.kv_indptr[b + 1], paged ? p.kv_last_page_len[b] : 0, p.page_size, paged);
+}
+__device__ __forceinline__ int request_qo_begin(const DevicePlanParams& p, int b) {
+  return p.qo_indptr ? p.qo_indptr[b] : b;
+}
+__device__ __forceinline__ int request_qo_len(const DevicePlanParams& p, int b) {
+  return p.qo_indptr ? p.qo_indptr[b + 1] - p.qo_indptr[b] : 1;
+}
+
+// Checks the batch's rows (thread-strided); returns whether any failed.
+__device__ bool check_inputs(const DevicePlanParams& p, int batch, int* claim) {
+  bool bad = false;
+  for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+    const int k0 = p.kv_indptr[b], k1 = p.kv_indptr[b + 1];
+    if ((b == 0 && k0 != 0) || k1 < k0) {
+      record_error(p, claim, kPlanKvIndptr, b, b == 0 && k0 != 0 ? k0 : k1);
+      bad = true;
+    } else if (p.kv_last_page_len && k1 > k0 &&
+               (p.kv_last_page_len[b] < 1 || p.kv_last_page_len[b] > p.page_size)) {
+      record_error(p, claim, kPlanLastPageLen, b, p.kv_last_page_len[b]);
+      bad = true;
+    }
+    if (p.qo_indptr) {
+      const int q0 = p.qo_indptr[b], q1 = p.qo_indptr[b + 1];
+      if ((b == 0 && q0 != 0) || q1 < q0) {
+        record_error(p, claim, kPlanQoIndptr, b, b == 0 && q0 != 0 ? q0 : q1);
+        bad = true;
+      }
+    }
+  }
+  if (threadIdx.x == 0 && batch > 0) {
+    if (p.kv_indptr[batch] > p.max_pages) {
+      record_error(p, claim, kPlanMaxPages, batch, p.kv_indptr[batch]);
+      bad = true;
+    }
+    if (p.qo_indptr && p.qo_indptr[batch] > p.max_total_q) {
+      record_error(p, claim, kPlanMaxTotalQ, batch, p.qo_indptr[batch]);
+      bad = true;
+    }
+  }
+  return __syncthreads_or(bad);
+}
+
+// Fills the tile tables; returns the tile count (-1: more than max_tiles).
+__device__ int build_tiles(const DevicePlanParams& p, const Tables& t, int batch) {
+  if (p.decode) {
+    for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+      TileSpan s{0, request_kv_len(p, b), 1};
+      if (p.window_left >= 0) clip_to_window(s, decode_window_start(s.len, p.window_left), p.chunk_align);
+      t.req[b] = b;
+      t.q_tile[b] = 0;
+      t.begin[b] = s.begin;
+      t.len[b] = s.len;
+      t.rows[b] = 1;
+    }
+    return batch;
+  }
+  // Prefill: tiles per request, their prefix (tile0), then each tile.
+  const Segment seg = segment(batch);
+  i64 mine = 0;
+  for (int b = seg.lo; b < seg.hi; ++b) mine += (static_cast<i64>(request_qo_len(p, b)) * p.group + p.cta_q - 1) / p.cta_q;
+  i64 n = 0;
+  i64 at = block_exclusive_scan(mine, t.red, n);
+  if (n > p.max_tiles) return -1;
+  for (int b = seg.lo; b < seg.hi; ++b) {
+    t.tile0[b] = static_cast<int>(at);
+    at += (static_cast<i64>(request_qo_len(p, b)) * p.group + p.cta_q - 1) / p.cta_q;
+  }
+  if (threadIdx.x == 0) t.tile0[batch] = static_cast<int>(n);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int b = last_at_most(t.tile0, batch, i), q_tile = i - t.tile0[b];
+    const int qo_len = request_qo_len(p, b), kv_len = request_kv_len(p, b);
+    TileSpan s = prefill_tile(q_tile, qo_len, kv_len, p.group, p.cta_q, p.causal != 0);
+    if (p.window_left >= 0)
+      clip_to_window(s, prefill_window_start(q_tile, qo_len, kv_len, p.group, p.cta_q, p.window_left), p.chunk_align);
+    t.req[i] = b;
+    t.q_tile[i] = q_tile;
+    t.begin[i] = s.begin;
+    t.len[i] = s.len;
+    t.rows[i] = s.rows;
+  }
+  return static_cast<int>(n);
+}
+
+// The chunk size (Algorithm 1 line 3, refined as the host planner refines
+// it, each candidate judged by this schedule's makespan); leaves the tables
+// holding the chosen size's prefixes.
+__device__ int choose_chunk_size(const DevicePlanParams& p, const Tables& t, int n, const Costs& costs) {
+  i64 total = 0, longest = 1;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    total += t.len[i];
+    longest = imax(longest, t.len[i]);
+  }
+  total = block_reduce(total, t.red, Sum{});
+  longest = block_reduce(longest, t.red, Max{});
+  const int a = max(1, p.chunk_align);
+  const i64 sms = max(1, p.unsplit_min_tiles);
+  const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
+                          8 * longest * sms <= 9 * total;
+  const bool fixed = p.split_kv && p.fixed_chunk > 0;
+  const bool split = p.split_kv && !short_step && !fixed;
+  auto clamp = [](i64 L) { return static_cast<int>(imin(L, kNoSplit)); };
+  int L = kNoSplit;
+  if (split) L = clamp(align_up(imax((total + p.ctas - 1) / p.ctas, max(1, p.min_chunk)), a));
+  if (fixed) L = clamp(align_up(p.fixed_chunk, a));
+  Evaluation cur = evaluate(p, t, n, L, costs);
+  int tables_at = L;  // the size the tables hold
+  if (!split) return L;
+  const int whole = clamp(align_up(longest, a));
+  if (chunks_at(t, n, L, t.red) > p.ctas && chunks_at(t, n, whole, t.red) <= p.ctas) {
+    int lo = L, hi = whole;
+    while (hi - lo > a) {
+      const int mid = clamp(align_up(lo + (hi - lo) / 2, a));
+      if (mid >= hi) break;
+      if (chunks_at(t, n, mid, t.red) <= p.ctas) hi = mid;
+      else lo = mid;
+    }
+    const Evaluation fit = evaluate(p, t, n, hi, costs);
+    tables_at = hi;
+    if (fit.makespan < cur.makespan) {
+      cur = fit;
+      L = hi;
+    }
+  }
+  if (p.merge_cost > 0) {
+    i64 est = cur.makespan + p.merge_cost * cur.worst;
+    while (10 * p.merge_cost * cur.worst > est && L < whole) {
+      const int next = clamp(align_up(imin(2 * static_cast<i64>(L), longest), a));
+      const Evaluation e = evaluate(p, t, n, next, costs);
+      tables_at = next;
+      const i64 e_est = e.makespan + p.merge_cost * e.worst;
+      if (!(e_est < est)) break;
+      est = e_est;
+      cur = e;
+      L = next;
+    }
+  }
+  auto over = [&](const Evaluation& e) {
+    return (p.max_slots > 0 && e.slots > p.max_slots) || (p.max_split_tiles > 0 && e.splits > p.max_split_tiles);
+  };
+  while (over(cur) && L < whole) {
+    L = clamp(align_up(imin(2 * static_cast<i64>(L), longest), a));
+    cur = evaluate(p, t, n, L, costs);
+    tables_at = L;
+  }
+  if (tables_at != L) evaluate(p, t, n, L, costs);
+  return L;
+}
+
+
+// Each split tile's first partial slot and merge counter, packed into mid2
+// (slot << 32 | counter; -1: not split), which evaluate() no longer needs.
+struct SplitTotals {
+  i64 slots, splits;
+};
+__device__ SplitTotals number_split_tiles(const DevicePlanParams& p, const Tables& t, int n, int L) {
+  const Segment seg = segment(n);
+  i64 slots = 0, splits = 0;
+  for (int i = seg.lo; i < seg.hi; ++i) {
+    const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
+    if (s.n > 1) {
+      slots += s.n;
+      splits += 1;
+    }
+  }
+  SplitTotals total{};
+  i64 slot = block_exclusive_scan(slots, t.red, total.slots);
+  i64 counter = block_exclusive_scan(splits, t.red, total.splits);
+  for (int i = seg.lo; i < seg.hi; ++i) {
+    const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
+    t.mid2[i] = s.n > 1 ? (slot << 32 | counter) : -1;
+    if (s.n > 1) {
+      slot += s.n;
+      counter += 1;
+    }
+  }
+  __syncthreads();
+  return total;
+}
+
+// Chunk j of the plan as a prefill work item (decode takes its first fields).
+__device__ PrefillWorkItem chunk_item(const DevicePlanParams& p, const Tables& t, int n, int L, int j) {
+  const int i = last_at_most(t.chunk0, n, j), k = j - t.chunk0[i];
+  const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
+  const i64 split = t.mid2[i];
+  const int b = t.req[i];
+  PrefillWorkItem w;
+  w.request = b;
+  w.q_tile = t.q_tile[i];
+  w.kv_start = t.begin[i] + k * s.step;
+  w.kv_end = t.begin[i] + static_cast<int>(imin(t.len[i], static_cast<i64>(k + 1) * s.step));
+  w.first_slot = split < 0 ? -1 : static_cast<int>(split >> 32);
+  w.partial_slot = split < 0 ? -1 : w.first_slot + k;
+  w.num_chunks = s.n;
+  w.counter = split < 0 ? -1 : static_cast<int>(split & 0xffffffff);
+  w.qo_begin = request_qo_begin(p, b);
+  w.qo_len = request_qo_len(p, b);
+  w.kv_begin = p.kv_indptr[b];
+  w.kv_len = request_kv_len(p, b);
+  return w;
+}
+
+__device__ void plan_step(const DevicePlanParams& p, char* smem) {
+  const Tables t = tables_at(smem, tables_layout(p.max_tiles, p.max_batch, p.ctas));
+  int* claim = t.misc;
+  if (threadIdx.x == 0) claim[0] = 0;
+  __syncthreads();
+  int batch = *p.batch_size;
+  if (batch < 0 || batch > p.max_batch) {
+    if (threadIdx.x == 0) record_error(p, claim, kPlanBatchSize, -1, batch);
+    batch = 0;
+  }
+  if (check_inputs(p, batch, claim)) batch = 0;
+  int n = build_tiles(p, t, batch);
+  if (n < 0) {
+    if (threadIdx.x == 0) record_error(p, claim, kPlanMaxTiles, -1, p.max_tiles);
+    n = 0;
+  }
+  __syncthreads();
+  const Costs costs{p.item_cost, p.token_cost};
+  const int L = choose_chunk_size(p, t, n, costs);
+  const SplitTotals split = number_split_tiles(p, t, n, L);
+  int chunks = t.cta_first[p.ctas];
+  if (chunks > p.max_items) {  // beyond the workspace's bound (the bounds make it unreachable): an empty plan
+    if (threadIdx.x == 0) record_error(p, claim, kPlanMaxTiles, -1, chunks);
+    chunks = 0;
+  }
+  for (int x = threadIdx.x; x <= p.ctas; x += blockDim.x) p.work_indptr[x] = chunks ? t.cta_first[x] : 0;
+  for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
+    const PrefillWorkItem w = chunk_item(p, t, n, L, j);
+    if (p.decode) {
+      static_cast<DecodeWorkItem*>(p.items)[j] = {w.request, w.kv_start, w.kv_end, w.partial_slot, w.first_slot,
+                                                   w.num_chunks};
+    } else {
+      static_cast<PrefillWorkItem*>(p.items)[j] = w;
+    }
+  }
+  if (p.first_items)
+    for (int x = threadIdx.x; x < p.ctas; x += blockDim.x) {
+      const int j = t.cta_first[x];
+      p.first_items[x] = chunks && j < t.cta_first[x + 1] ? chunk_item(p, t, n, L, j) : PrefillWorkItem{};
+    }
+  if (threadIdx.x == 0 && p.stats) {
+    p.stats[0] = L;
+    p.stats[1] = chunks ? static_cast<int>(split.slots) : 0;
+    p.stats[2] = chunks ? static_cast<int>(split.splits) : 0;
+    p.stats[3] = chunks;
+  }
+}
+
+}  // namespace plan
+#endif
+
+}  // namespace tessera

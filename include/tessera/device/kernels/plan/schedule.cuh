@@ -1,0 +1,120 @@
+// The parallel schedule of the device planner: Algorithm 1's cost model and
+// chunking, with an assignment that needs only prefix sums.
+//
+// Query tiles (one per decode request; cta_q fused rows per prefill tile)
+// are cut into chunks exactly as the host planner cuts them (near-equal
+// aligned pieces of at most L keys, L from line 3, the one-wave refinement,
+// merge-aware growth, short steps and the workspace's capacity, each
+// decision taken on this schedule's own makespan). The chunks stay in tile
+// order, and chunk j, of cost w_j after P_j of the others, goes to the CTA
+// whose share [c W / ctas, (c + 1) W / ctas) holds its midpoint P_j + w_j / 2.
+// So every CTA's queue is a contiguous run of chunks, found by a binary
+// search per CTA, and a CTA costs at most W / ctas + the largest chunk,
+// list scheduling's bound. Costs are integers (1/16 KV token), so the host
+// twin (runtime/device_planner.hpp) and the kernel build the same plan.
+//
+// These functions are shared by both; the kernel is plan/kernel.cuh.
+#pragma once
+#include "tessera/abi/types.cuh"
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define TESSERA_PLAN_FN __host__ __device__ __forceinline__
+#else
+#define TESSERA_PLAN_FN inline
+#endif
+
+namespace tessera::plan {
+
+constexpr int kNoSplit = 0x7fffffff;  // L when nothing splits
+
+TESSERA_PLAN_FN i64 imin(i64 a, i64 b) { return a < b ? a : b; }
+TESSERA_PLAN_FN i64 imax(i64 a, i64 b) { return a > b ? a : b; }
+TESSERA_PLAN_FN i64 align_up(i64 x, int a) { return (x + a - 1) / a * a; }
+
+// A tile of len keys at chunk size L: n chunks of `step` keys, the last
+// holding the rest (host planner's rule: n = ceil(len / L) near-equal
+// aligned pieces).
+struct ChunkShape {
+  int n, step;
+};
+TESSERA_PLAN_FN ChunkShape chunk_shape(int len, int L, int align) {
+  if (len <= L) return {1, len};
+  const int n = (len - 1) / L + 1;
+  const int step = static_cast<int>(imin(L, align_up((len - 1) / n + 1, align)));
+  return {(len - 1) / step + 1, step};
+}
+
+// Costs in 1/16 KV token: a work item's fixed cost plus its keys'.
+struct Costs {
+  i64 item, token;
+};
+TESSERA_PLAN_FN i64 chunk_cost(const Costs& c, int keys) { return c.item + c.token * keys; }
+TESSERA_PLAN_FN i64 tile_cost(const Costs& c, int len, ChunkShape s) { return c.item * s.n + c.token * len; }
+TESSERA_PLAN_FN int last_chunk_keys(int len, ChunkShape s) { return len - (s.n - 1) * s.step; }
+
+// Twice the midpoint of a tile's last chunk, the tile starting at cost
+// `before` (doubled so every midpoint is an integer).
+TESSERA_PLAN_FN i64 last_midpoint2(const Costs& c, i64 before, int len, ChunkShape s) {
+  return 2 * (before + tile_cost(c, len, s)) - chunk_cost(c, last_chunk_keys(len, s));
+}
+
+// CTA c's share starts at twice-midpoint ceil(2 W c / ctas).
+TESSERA_PLAN_FN i64 cta_threshold2(i64 total, int c, int ctas) {
+  return (2 * total * c + ctas - 1) / ctas;
+}
+
+// Within a tile (starting at cost `before`) whose last chunk reaches the
+// threshold t2: the first chunk whose twice-midpoint is >= t2.
+TESSERA_PLAN_FN int first_chunk_from(const Costs& c, i64 before, ChunkShape s, i64 t2) {
+  if (s.n == 1) return 0;
+  const i64 full = chunk_cost(c, s.step);  // every chunk but the last
+  const i64 first = 2 * before + full;
+  if (first >= t2) return 0;
+  if (full <= 0) return s.n - 1;
+  const i64 k = (t2 - first + 2 * full - 1) / (2 * full);
+  return k > s.n - 2 ? s.n - 1 : static_cast<int>(k);
+}
+
+// Cost before chunk k of a tile starting at `before` (chunks before the last are full).
+TESSERA_PLAN_FN i64 cost_before_chunk(const Costs& c, i64 before, ChunkShape s, int k) {
+  return before + static_cast<i64>(k) * chunk_cost(c, s.step);
+}
+
+// A prefill query tile: t of request (qo_len queries, kv_len keys), cta_q
+// fused rows of `group` heads per query. Its visible keys (causal:
+// bottom-right aligned, up to its last query's) and rows.
+struct TileSpan {
+  int begin, len, rows;
+};
+TESSERA_PLAN_FN TileSpan prefill_tile(int t, int qo_len, int kv_len, int group, int cta_q, bool causal) {
+  const i64 rows = static_cast<i64>(qo_len) * group;
+  int visible = kv_len;
+  if (causal) {
+    const i64 last_q = (imin(rows, static_cast<i64>(t + 1) * cta_q) - 1) / group;
+    visible = static_cast<int>(imin(imax(last_q + kv_len - qo_len + 1, 0), kv_len));
+  }
+  return {0, visible, static_cast<int>(imin(cta_q, rows - static_cast<i64>(t) * cta_q))};
+}
+
+// A declared window: keys left of first_key (rounded down to align) are dropped.
+TESSERA_PLAN_FN void clip_to_window(TileSpan& s, i64 first_key, int align) {
+  const int begin = static_cast<int>(imin(imax(first_key, 0), s.len) / align * align);
+  s.begin = begin;
+  s.len -= begin;
+}
+// Window of a decode request (its query at position kv_len - 1) or of a
+// prefill tile (its first row's query, bottom-right aligned).
+TESSERA_PLAN_FN i64 decode_window_start(int kv_len, int window_left) {
+  return static_cast<i64>(kv_len) - 1 - window_left;
+}
+TESSERA_PLAN_FN i64 prefill_window_start(int t, int qo_len, int kv_len, int group, int cta_q, int window_left) {
+  return static_cast<i64>(t) * cta_q / group + kv_len - qo_len - window_left;
+}
+
+// A request's KV length from its page-table row (paged) or its token range (ragged).
+TESSERA_PLAN_FN int kv_length(int begin, int end, int last_page_len, int page_size, bool paged) {
+  if (!paged) return end - begin;
+  return end > begin ? (end - begin - 1) * page_size + last_page_len : 0;
+}
+
+}  // namespace tessera::plan

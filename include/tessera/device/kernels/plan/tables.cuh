@@ -1,0 +1,64 @@
+// The device planner's shared-memory tables: per query tile its request,
+// query tile, visible keys and rows, and the current chunk size's prefixes;
+// per request its first tile; per CTA its first chunk and the cost before
+// it. One layout function serves the host (the launch's dynamic shared
+// memory) and the kernel (the pointers), so the two never disagree.
+#pragma once
+#include "tessera/abi/types.cuh"
+
+namespace tessera::plan {
+
+struct TablesLayout {
+  // byte offsets; 8-byte arrays first
+  u64 before, mid2, cta_before, red;
+  u64 req, q_tile, begin, len, rows, chunk0, tile0, cta_first, misc;
+  u64 bytes;
+};
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__host__ __device__
+#endif
+inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas) {
+  TablesLayout l{};
+  u64 at = 0;
+  auto take = [&at](u64 bytes) {
+    const u64 o = at;
+    at += (bytes + 15) / 16 * 16;
+    return o;
+  };
+  const u64 tiles = static_cast<u64>(max_tiles) + 1, reqs = static_cast<u64>(max_batch) + 1;
+  const u64 ctas1 = static_cast<u64>(ctas) + 1;
+  l.before = take(8 * tiles);
+  l.mid2 = take(8 * tiles);
+  l.cta_before = take(8 * ctas1);
+  l.red = take(8 * 32);
+  l.req = take(4 * tiles);
+  l.q_tile = take(4 * tiles);
+  l.begin = take(4 * tiles);
+  l.len = take(4 * tiles);
+  l.rows = take(4 * tiles);
+  l.chunk0 = take(4 * tiles);
+  l.tile0 = take(4 * reqs);
+  l.cta_first = take(4 * ctas1);
+  l.misc = take(4 * 8);
+  l.bytes = at;
+  return l;
+}
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+struct Tables {
+  i64 *before, *mid2, *cta_before, *red;
+  int *req, *q_tile, *begin, *len, *rows, *chunk0, *tile0, *cta_first, *misc;
+};
+__device__ __forceinline__ Tables tables_at(char* smem, const TablesLayout& l) {
+  return {reinterpret_cast<i64*>(smem + l.before), reinterpret_cast<i64*>(smem + l.mid2),
+          reinterpret_cast<i64*>(smem + l.cta_before), reinterpret_cast<i64*>(smem + l.red),
+          reinterpret_cast<int*>(smem + l.req), reinterpret_cast<int*>(smem + l.q_tile),
+          reinterpret_cast<int*>(smem + l.begin), reinterpret_cast<int*>(smem + l.len),
+          reinterpret_cast<int*>(smem + l.rows), reinterpret_cast<int*>(smem + l.chunk0),
+          reinterpret_cast<int*>(smem + l.tile0), reinterpret_cast<int*>(smem + l.cta_first),
+          reinterpret_cast<int*>(smem + l.misc)};
+}
+#endif
+
+}  // namespace tessera::plan

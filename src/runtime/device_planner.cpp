@@ -1,0 +1,324 @@
+#include "tessera/runtime/device_planner.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/core/error.hpp"
+#include "tessera/device/kernels/plan/schedule.cuh"
+#include "tessera/device/kernels/plan/tables.cuh"
+#include "tessera/runtime/jit.hpp"
+#include "tessera/runtime/kernel_catalog.hpp"
+
+namespace tessera {
+
+namespace {
+
+int64_t sixteenths(double x) { return static_cast<int64_t>(std::max(x, 0.0) * 16.0 + 0.5); }
+
+using plan::ChunkShape;
+using plan::Costs;
+
+// The host twin's tables and the steps of plan/kernel.cuh, sequentially.
+struct Twin {
+  const DevicePlanParams& p;
+  std::vector<int> req, q_tile, begin, len, rows, chunk0, cta_first;
+  std::vector<int64_t> before, mid2, cta_before;
+  Costs costs;
+
+  struct Evaluation {
+    int64_t makespan = 0, slots = 0, splits = 0, worst = 0, chunks = 0, cost = 0;
+  };
+
+  ChunkShape shape(size_t i, int L) const { return plan::chunk_shape(len[i], L, p.chunk_align); }
+
+  Evaluation evaluate(int L) {
+    const int n = static_cast<int>(len.size());
+    Evaluation e;
+    before.assign(n, 0);
+    mid2.assign(n, 0);
+    chunk0.assign(n, 0);
+    for (int i = 0; i < n; ++i) {
+      const ChunkShape s = shape(i, L);
+      before[i] = e.cost;
+      chunk0[i] = static_cast<int>(e.chunks);
+      mid2[i] = plan::last_midpoint2(costs, e.cost, len[i], s);
+      e.cost += plan::tile_cost(costs, len[i], s);
+      e.chunks += s.n;
+      if (s.n > 1) {
+        e.slots += s.n;
+        e.splits += 1;
+        e.worst = std::max<int64_t>(e.worst, int64_t{rows[i]} * s.n);
+      }
+    }
+    cta_first.assign(p.ctas + 1, 0);
+    cta_before.assign(p.ctas + 1, 0);
+    for (int x = 1; x <= p.ctas; ++x) {
+      int64_t first = e.chunks, cost_before = e.cost;
+      if (x < p.ctas) {
+        const int64_t t2 = plan::cta_threshold2(e.cost, x, p.ctas);
+        const int lo = static_cast<int>(std::lower_bound(mid2.begin(), mid2.end(), t2) - mid2.begin());
+        if (lo < n) {
+          const ChunkShape s = shape(lo, L);
+          const int j = plan::first_chunk_from(costs, before[lo], s, t2);
+          first = chunk0[lo] + j;
+          cost_before = plan::cost_before_chunk(costs, before[lo], s, j);
+        }
+      }
+      cta_first[x] = static_cast<int>(first);
+      cta_before[x] = cost_before;
+    }
+    for (int x = 0; x < p.ctas; ++x) e.makespan = std::max(e.makespan, cta_before[x + 1] - cta_before[x]);
+    return e;
+  }
+
+  int64_t chunks_at(int64_t l) const {
+    int64_t c = 0;
+    for (int x : len) c += std::max<int64_t>(1, (x + l - 1) / l);
+    return c;
+  }
+
+  int choose_chunk_size() {
+    const int n = static_cast<int>(len.size());
+    int64_t total = 0, longest = 1;
+    for (int x : len) {
+      total += x;
+      longest = std::max<int64_t>(longest, x);
+    }
+    const int a = std::max(1, p.chunk_align);
+    const int64_t sms = std::max(1, p.unsplit_min_tiles);
+    const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
+                            8 * longest * sms <= 9 * total;
+    const bool fixed = p.split_kv && p.fixed_chunk > 0;
+    const bool split = p.split_kv && !short_step && !fixed;
+    auto clamp = [](int64_t L) { return static_cast<int>(std::min<int64_t>(L, plan::kNoSplit)); };
+    int L = plan::kNoSplit;
+    if (split) L = clamp(plan::align_up(std::max<int64_t>((total + p.ctas - 1) / p.ctas, std::max(1, p.min_chunk)), a));
+    if (fixed) L = clamp(plan::align_up(p.fixed_chunk, a));
+    Evaluation cur = evaluate(L);
+    int tables_at = L;
+    if (!split) return L;
+    const int whole = clamp(plan::align_up(longest, a));
+    if (chunks_at(L) > p.ctas && chunks_at(whole) <= p.ctas) {
+      int lo = L, hi = whole;
+      while (hi - lo > a) {
+        const int mid = clamp(plan::align_up(lo + (hi - lo) / 2, a));
+        if (mid >= hi) break;
+        if (chunks_at(mid) <= p.ctas) hi = mid;
+        else lo = mid;
+      }
+      const Evaluation fit = evaluate(hi);
+      tables_at = hi;
+      if (fit.makespan < cur.makespan) {
+        cur = fit;
+        L = hi;
+      }
+    }
+    if (p.merge_cost > 0) {
+      int64_t est = cur.makespan + p.merge_cost * cur.worst;
+      while (10 * p.merge_cost * cur.worst > est && L < whole) {
+        const int next = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
+        const Evaluation e = evaluate(next);
+        tables_at = next;
+        const int64_t e_est = e.makespan + p.merge_cost * e.worst;
+        if (!(e_est < est)) break;
+        est = e_est;
+        cur = e;
+        L = next;
+      }
+    }
+    auto over = [&](const Evaluation& e) {
+      return (p.max_slots > 0 && e.slots > p.max_slots) || (p.max_split_tiles > 0 && e.splits > p.max_split_tiles);
+    };
+    while (over(cur) && L < whole) {
+      L = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
+      cur = evaluate(L);
+      tables_at = L;
+    }
+    if (tables_at != L) evaluate(L);
+    return L;
+  }
+};
+
+}  // namespace
+
+DevicePlanParams device_plan_config(const PlannerOptions& opt, int ctas, double tile_rows) {
+  if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
+  if (opt.fixed_chunk < 0) throw InvalidArgument("fixed_chunk: expected >= 0, got " + std::to_string(opt.fixed_chunk));
+  DevicePlanParams p{};
+  p.ctas = ctas;
+  p.split_kv = opt.split_kv ? 1 : 0;
+  p.fixed_chunk = opt.fixed_chunk;
+  p.min_chunk = opt.min_chunk;
+  p.chunk_align = std::max(1, opt.chunk_align);
+  p.window_left = opt.window_left;
+  p.unsplit_max_kv = opt.unsplit_max_kv;
+  p.unsplit_min_tiles = opt.unsplit_min_tiles;
+  p.item_cost = sixteenths(opt.alpha * tile_rows);
+  p.token_cost = sixteenths(opt.beta);
+  p.merge_cost = sixteenths(opt.merge_cost);
+  p.max_slots = opt.max_slots;
+  p.max_split_tiles = opt.max_split_tiles;
+  return p;
+}
+
+size_t device_plan_smem_bytes(const DevicePlanParams& p) {
+  if (p.max_tiles > kDevicePlanMaxTiles)
+    throw InvalidArgument("max_batch: device planning holds at most " + std::to_string(kDevicePlanMaxTiles) +
+                          " query tiles per step (its tables live in one block's shared memory), the bounds give " +
+                          std::to_string(p.max_tiles));
+  return plan::tables_layout(p.max_tiles, p.max_batch, p.ctas).bytes;
+}
+
+DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs& in) {
+  DevicePlanResult r;
+  Twin t{p, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {p.item_cost, p.token_cost}};
+  const bool paged = !in.kv_last_page_len.empty(), decode = in.qo_indptr.empty();
+  auto fail = [&r](int code, int request, int value) {
+    if (r.error != kPlanOk) return;
+    r.error = code;
+    r.error_request = request;
+    r.error_value = value;
+  };
+  int batch = in.batch;
+  if (batch < 0 || batch > p.max_batch) {
+    fail(kPlanBatchSize, -1, batch);
+    batch = 0;
+  }
+  auto kv_len = [&](int b) {
+    return plan::kv_length(in.kv_indptr[b], in.kv_indptr[b + 1], paged ? in.kv_last_page_len[b] : 0, p.page_size, paged);
+  };
+  auto qo_len = [&](int b) { return decode ? 1 : in.qo_indptr[b + 1] - in.qo_indptr[b]; };
+  bool bad = false;
+  for (int b = 0; b < batch; ++b) {
+    const int k0 = in.kv_indptr[b], k1 = in.kv_indptr[b + 1];
+    if ((b == 0 && k0 != 0) || k1 < k0) {
+      fail(kPlanKvIndptr, b, b == 0 && k0 != 0 ? k0 : k1);
+      bad = true;
+    } else if (paged && k1 > k0 && (in.kv_last_page_len[b] < 1 || in.kv_last_page_len[b] > p.page_size)) {
+      fail(kPlanLastPageLen, b, in.kv_last_page_len[b]);
+      bad = true;
+    }
+    if (!decode && ((b == 0 && in.qo_indptr[0] != 0) || in.qo_indptr[b + 1] < in.qo_indptr[b])) {
+      fail(kPlanQoIndptr, b, b == 0 && in.qo_indptr[0] != 0 ? in.qo_indptr[0] : in.qo_indptr[b + 1]);
+      bad = true;
+    }
+  }
+  if (batch > 0 && in.kv_indptr[batch] > p.max_pages) {
+    fail(kPlanMaxPages, batch, in.kv_indptr[batch]);
+    bad = true;
+  }
+  if (batch > 0 && !decode && in.qo_indptr[batch] > p.max_total_q) {
+    fail(kPlanMaxTotalQ, batch, in.qo_indptr[batch]);
+    bad = true;
+  }
+  if (bad) batch = 0;
+
+  // The tiles.
+  int64_t tiles = 0;
+  for (int b = 0; b < batch; ++b) tiles += decode ? 1 : (int64_t{qo_len(b)} * p.group + p.cta_q - 1) / p.cta_q;
+  if (!decode && tiles > p.max_tiles) {
+    fail(kPlanMaxTiles, -1, p.max_tiles);
+    batch = 0;
+  }
+  for (int b = 0; b < batch; ++b) {
+    const int q = qo_len(b), kv = kv_len(b);
+    const int n = decode ? 1 : static_cast<int>((int64_t{q} * p.group + p.cta_q - 1) / p.cta_q);
+    for (int qt = 0; qt < n; ++qt) {
+      plan::TileSpan s = decode ? plan::TileSpan{0, kv, 1} : plan::prefill_tile(qt, q, kv, p.group, p.cta_q, p.causal != 0);
+      if (p.window_left >= 0)
+        plan::clip_to_window(s, decode ? plan::decode_window_start(kv, p.window_left)
+                                       : plan::prefill_window_start(qt, q, kv, p.group, p.cta_q, p.window_left),
+                             p.chunk_align);
+      t.req.push_back(b);
+      t.q_tile.push_back(qt);
+      t.begin.push_back(s.begin);
+      t.len.push_back(s.len);
+      t.rows.push_back(s.rows);
+    }
+  }
+  const int n = static_cast<int>(t.len.size());
+  const int L = t.choose_chunk_size();
+
+  // Split tiles' slots and counters, then the items in chunk order.
+  std::vector<int64_t> split(n, -1);
+  int64_t slots = 0, splits = 0;
+  for (int i = 0; i < n; ++i) {
+    const ChunkShape s = t.shape(i, L);
+    if (s.n > 1) {
+      split[i] = slots << 32 | splits;
+      slots += s.n;
+      splits += 1;
+    }
+  }
+  int chunks = t.cta_first[p.ctas];
+  if (chunks > p.max_items) {
+    fail(kPlanMaxTiles, -1, chunks);
+    chunks = 0;
+  }
+  auto item = [&](int j) {
+    const int i = static_cast<int>(std::upper_bound(t.chunk0.begin(), t.chunk0.end(), j) - t.chunk0.begin()) - 1;
+    const int k = j - t.chunk0[i];
+    const ChunkShape s = t.shape(i, L);
+    const int b = t.req[i];
+    PrefillWorkItem w{};
+    w.request = b;
+    w.q_tile = t.q_tile[i];
+    w.kv_start = t.begin[i] + k * s.step;
+    w.kv_end = t.begin[i] + static_cast<int>(std::min<int64_t>(t.len[i], int64_t{k + 1} * s.step));
+    w.first_slot = split[i] < 0 ? -1 : static_cast<int>(split[i] >> 32);
+    w.partial_slot = split[i] < 0 ? -1 : w.first_slot + k;
+    w.num_chunks = s.n;
+    w.counter = split[i] < 0 ? -1 : static_cast<int>(split[i] & 0xffffffff);
+    w.qo_begin = decode ? b : in.qo_indptr[b];
+    w.qo_len = qo_len(b);
+    w.kv_begin = in.kv_indptr[b];
+    w.kv_len = kv_len(b);
+    return w;
+  };
+  r.work_indptr.assign(p.ctas + 1, 0);
+  for (int x = 0; x <= p.ctas && chunks; ++x) r.work_indptr[x] = t.cta_first[x];
+  for (int j = 0; j < chunks; ++j) {
+    const PrefillWorkItem w = item(j);
+    if (decode) r.decode_items.push_back({w.request, w.kv_start, w.kv_end, w.partial_slot, w.first_slot, w.num_chunks});
+    else r.items.push_back(w);
+  }
+  if (!decode) {
+    r.first_items.assign(p.ctas, PrefillWorkItem{});
+    for (int x = 0; x < p.ctas; ++x)
+      if (chunks && t.cta_first[x] < t.cta_first[x + 1]) r.first_items[x] = item(t.cta_first[x]);
+  }
+  r.chunk_size = L;
+  r.num_slots = chunks ? static_cast<int32_t>(slots) : 0;
+  r.num_split = chunks ? static_cast<int32_t>(splits) : 0;
+  r.num_items = chunks;
+  return r;
+}
+
+std::string device_plan_error_message(int code, int request, int value) {
+  const std::string at = " (request " + std::to_string(request) + ", got " + std::to_string(value) + ")";
+  switch (code) {
+    case kPlanBatchSize: return "batch_size: expected a value in [0, max_batch], got " + std::to_string(value);
+    case kPlanKvIndptr: return "kv_indptr: expected kv_indptr[0] == 0 and non-decreasing entries" + at;
+    case kPlanMaxPages: return "kv_indptr: expected kv_indptr[batch] <= the workspace bound max_pages" + at;
+    case kPlanLastPageLen: return "kv_last_page_len: expected values in [1, page_size] for non-empty requests" + at;
+    case kPlanQoIndptr: return "qo_indptr: expected qo_indptr[0] == 0 and non-decreasing entries" + at;
+    case kPlanMaxTotalQ: return "qo_indptr: expected qo_indptr[batch] <= the workspace bound max_total_q" + at;
+    case kPlanMaxTiles:
+      return "qo_indptr: expected at most " + std::to_string(value) + " query tiles (the workspace's bound)";
+    default: return "device plan: unknown error code " + std::to_string(code);
+  }
+}
+
+const jit::LoadedKernel& device_planner_kernel(int device, size_t smem_bytes) {
+  const jit::LoadedKernel& k = jit::KernelCache::global().kernel(catalog::device_planner(), device);
+  k.set_max_dynamic_smem(static_cast<int>(smem_bytes));
+  return k;
+}
+
+void launch_device_planner(const jit::LoadedKernel& kernel, const DevicePlanParams& p, size_t smem_bytes,
+                           cudaStream_t stream) {
+  DevicePlanParams copy = p;
+  kernel.launch(dim3(1), dim3(kDevicePlanThreads), smem_bytes, stream, &copy, false);
+}
+
+}  // namespace tessera
