@@ -119,6 +119,7 @@ BatchDecode::Layout BatchDecode::layout_for(const AttentionSpec& spec, const Tas
   l.last = w.add(sizeof(int32_t) * task.max_batch);
   l.work_indptr = w.add(sizeof(int32_t) * (ctas_per_head + 1));
   l.items = w.add(sizeof(DecodeWorkItem) * items);
+  l.max_items = items;
   // Last, so a plan uploads only the ids it has (and none when they stay on the GPU).
   l.indices = w.add(sizeof(int32_t) * std::max<int64_t>(task.max_pages, 1));
   l.staged = w.total();
@@ -229,6 +230,36 @@ void BatchDecode::plan(std::span<const int32_t> kv_indptr, const TensorView& kv_
            stream);
 }
 
+// The first plan (CUDA-core path): load the kernel, fix the grid and the
+// workspace sections (batch and n_indices: the first plan's, for bounds the
+// task leaves open).
+void BatchDecode::configure(int64_t batch, int64_t n_indices, cudaStream_t stream) {
+  const int cap = opt_.ctas_per_sm > 0 ? opt_.ctas_per_sm : config_.ctas_per_sm;
+  const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, cap,
+                                          task_.num_kv_heads, opt_.max_sms, "BatchDecode::plan");
+  kernel_ = pk.kernel;
+  ctas_per_head_ = pk.ctas_per_head;
+  if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
+  if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
+  // The partial states get the slots the workspace holds.
+  layout_ = layout_for(spec_, task_, ctas_per_head_, opt_.planner.fixed_chunk, ws_->device_bytes());
+  detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
+  // Merge counters start at zero; every run leaves them at zero.
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
+                                     sizeof(int32_t) * task_.max_batch * task_.num_kv_heads, stream));
+  (void)page_errors_.device_ptr();  // allocated here, not in run()
+}
+
+PlannerOptions BatchDecode::planner_options() const {
+  // A workspace below workspace_size() holds fewer partial slots: the
+  // planner splits less to fit (a cap of 0 means none, hence split_kv off).
+  // Counters are per (request, KV head): split requests always fit them.
+  PlannerOptions popt = opt_.planner;
+  popt.max_slots = popt.max_slots > 0 ? std::min(popt.max_slots, layout_.max_slots) : layout_.max_slots;
+  if (layout_.max_slots == 0 && popt.fixed_chunk <= 0) popt.split_kv = false;
+  return popt;
+}
+
 void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
                            const TensorView* device_indices, std::span<const int32_t> kv_last_page_len,
                            cudaStream_t stream) {
@@ -248,22 +279,7 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
   const int64_t n_indices = kv_indices.count;
 
   cuda::DeviceGuard guard(ws_->device());  // the upload and its event belong to the workspace's device
-  if (!kernel_) {  // first plan: load the kernel, fix the grid and the workspace sections
-    const int cap = opt_.ctas_per_sm > 0 ? opt_.ctas_per_sm : config_.ctas_per_sm;
-    const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, cap,
-                                            task_.num_kv_heads, opt_.max_sms, "BatchDecode::plan");
-    kernel_ = pk.kernel;
-    ctas_per_head_ = pk.ctas_per_head;
-    if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
-    if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
-    // The partial states get the slots the workspace holds.
-    layout_ = layout_for(spec_, task_, ctas_per_head_, opt_.planner.fixed_chunk, ws_->device_bytes());
-    detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
-    // Merge counters start at zero; every run leaves them at zero.
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(ws_->device_ptr()) + layout_.counters, 0,
-                                       sizeof(int32_t) * task_.max_batch * task_.num_kv_heads, stream));
-    (void)page_errors_.device_ptr();  // allocated here, not in run()
-  }
+  if (!kernel_) configure(batch, n_indices, stream);
   if (batch > task_.max_batch)
     throw InvalidArgument("kv_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" +
                           str(task_.max_batch) + " fixed at the first plan()");
@@ -271,12 +287,7 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
     throw InvalidArgument("kv_indices: " + str(n_indices) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages) + " fixed at the first plan()");
 
-  // A workspace below workspace_size() holds fewer partial slots: the
-  // planner splits less to fit (a cap of 0 means none, hence split_kv off).
-  // Counters are per (request, KV head): split requests always fit them.
-  PlannerOptions popt = opt_.planner;
-  popt.max_slots = popt.max_slots > 0 ? std::min(popt.max_slots, layout_.max_slots) : layout_.max_slots;
-  if (layout_.max_slots == 0 && popt.fixed_chunk <= 0) popt.split_kv = false;
+  const PlannerOptions popt = planner_options();
   planner_.plan_decode(kv_lens_, ctas_per_head_, popt, plan_);
   // Fixed chunks keep their L whatever the workspace holds (batch invariance).
   if (popt.fixed_chunk > 0 && plan_.num_slots > layout_.max_slots)
@@ -294,6 +305,8 @@ void BatchDecode::plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv
   detail::upload_with_page_ids(*ws_, layout_.indices, kv_indices, stream);
   batch_ = batch;
   max_page_index_ = max_index;
+  device_.active = false;
+  device_.planner_ahead = false;
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -342,8 +355,12 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   p.q_stride_h = q.stride(1);
   p.o_stride_n = o.stride(0);
   p.o_stride_h = o.stride(1);
-  p.kv = {kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
-          reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
+  // A plan on the GPU left the page table in the caller's buffers.
+  const bool on_device = device_.active;
+  p.kv = {kv.k().data, kv.v().data,
+          on_device ? device_.kv_indptr : reinterpret_cast<const int*>(dev + layout_.kv_indptr),
+          on_device ? device_.kv_indices : reinterpret_cast<const int*>(dev + layout_.indices),
+          on_device ? device_.kv_last_page_len : reinterpret_cast<const int*>(dev + layout_.last),
           kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0,
           // Every page id is checked on the GPU, whether or not plan() read
           // them: a captured graph keeps these across plans of either kind.
@@ -366,8 +383,9 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
   pack_params(block, ParamsKind::kDecode, &p, spec_.variant, opt.extras, q.device);
   cuda::DeviceGuard guard(ws_->device());
   // The grid is the same every step (persistent CTAs): graph-capturable.
+  const bool pdl = opt.pdl && !device_.take_planner_ahead();  // the planner's queues are read before the wait
   kernel_->launch(dim3(ctas_per_head_, task_.num_kv_heads), dim3(config_.threads), config_.smem_bytes, stream,
-                  block.data(), opt.pdl);
+                  block.data(), pdl);
   detail::check_launch("BatchDecode::run");
 }
 

@@ -8,17 +8,18 @@
 #include "tessera/core/error.hpp"
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/runtime/cuda.hpp"
+#include "tessera/runtime/device_planner.hpp"
 
 namespace tessera {
 
-PageIdErrors::~PageIdErrors() {
+MappedErrorRecord::~MappedErrorRecord() {
   if (host_) (void)cudaFreeHost(host_);
 }
 
-PageIdErrors::PageIdErrors(PageIdErrors&& o) noexcept
+MappedErrorRecord::MappedErrorRecord(MappedErrorRecord&& o) noexcept
     : host_(std::exchange(o.host_, nullptr)), device_(std::exchange(o.device_, nullptr)) {}
 
-PageIdErrors& PageIdErrors::operator=(PageIdErrors&& o) noexcept {
+MappedErrorRecord& MappedErrorRecord::operator=(MappedErrorRecord&& o) noexcept {
   if (this != &o) {
     if (host_) (void)cudaFreeHost(host_);
     host_ = std::exchange(o.host_, nullptr);
@@ -27,7 +28,7 @@ PageIdErrors& PageIdErrors::operator=(PageIdErrors&& o) noexcept {
   return *this;
 }
 
-int* PageIdErrors::device_ptr() {
+int* MappedErrorRecord::device_ptr() {
   if (!device_) {
     void* h = nullptr;
     // Portable: the wrapper's device need not be the current one.
@@ -41,16 +42,29 @@ int* PageIdErrors::device_ptr() {
   return device_;
 }
 
-void PageIdErrors::raise_pending(const char* what) {
-  if (!host_) return;
+bool MappedErrorRecord::take(int (&fields)[3]) {
+  if (!host_) return false;
   volatile int* e = host_;
-  if (e[0] == 0) return;
-  const int id = e[1], num_pages = e[2];
+  if (e[0] == 0) return false;
+  for (int i = 0; i < 3; ++i) fields[i] = e[i + 1];
   e[0] = 0;
-  throw InvalidArgument(std::string(what) + ": expected page ids in [0, " + std::to_string(num_pages) +
-                        ") (the storage's num_pages), but a kernel met page id " + std::to_string(id) +
+  return true;
+}
+
+void PageIdErrors::raise_pending(const char* what) {
+  int f[3];
+  if (!take(f)) return;
+  throw InvalidArgument(std::string(what) + ": expected page ids in [0, " + std::to_string(f[1]) +
+                        ") (the storage's num_pages), but a kernel met page id " + std::to_string(f[0]) +
                         " in the device page table; the outputs of the runs since the previous plan() or run() "
                         "are invalid");
+}
+
+void DevicePlanErrors::raise_pending() {
+  int f[3];
+  if (!take(f)) return;
+  throw InvalidArgument(device_plan_error_message(f[0], f[1], f[2]) +
+                        " in the device planner's inputs; the outputs of the runs since it planned are invalid");
 }
 
 namespace detail {

@@ -176,6 +176,80 @@ bool BatchPrefill::use_hopper(int cta_q) const {
   return false;
 }
 
+// The first plan: choose the tile, load the kernel, fix the grid and the
+// workspace sections (batch and total_q: the first plan's, for the tile
+// heuristic and for bounds the task leaves open).
+void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t n_indices, cudaStream_t stream) {
+  const int group = task_.num_qo_heads / task_.num_kv_heads;
+  int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
+  // On sm_90 the Hopper kernel's 64-row tiles beat the FA2 template's 16- and
+  // 32-row ones even where most rows go unused: short queries are memory
+  // bound, and its producer streams KV faster (H100, bench/decode_one.py:
+  // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
+  if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
+  config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q), opt_.tile);
+  config_.cluster = choose_cluster(src);
+  for (;;) {  // once, or twice if the CTA pairs do not fit
+    source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile);
+    const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
+                                            config_.ctas_per_sm, task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
+    kernel_ = pk.kernel;
+    const auto g = detail::head_groups(task_.num_kv_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
+                                       pk.ctas_per_sm, opt_.max_sms);
+    ctas_per_group_ = g.ctas_per_group;
+    head_groups_ = g.groups;
+    ctas_per_sm_ = pk.ctas_per_sm;
+    if (config_.cluster == 1) break;
+    // A persistent grid of pairs: every pair resident at once.
+    const int c = config_.cluster;
+    const int fit = detail::max_active_clusters(*kernel_, config_.threads, config_.smem_bytes, c) / head_groups_;
+    ctas_per_group_ = std::min(ctas_per_group_ / c, fit) * c;
+    if (ctas_per_group_ >= c) break;
+    config_.cluster = 1;
+  }
+  if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
+  if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
+  if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
+  // The partial states get the rows the workspace (or shared scratch) holds.
+  layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q, opt_.planner.fixed_chunk,
+                       ws_->device_bytes(), shared_scratch_ ? &shared_scratch_bytes_ : nullptr);
+  detail::check_workspace_size(*ws_, shared_scratch_ ? layout_.scratch : layout_.total, layout_.staged);
+  if (custom_mask_ && opt_.trim_masked_tiles) {  // loaded here: run() allocates nothing
+    trim_kernel_ = &jit::KernelCache::global().kernel(catalog::trim_masked_items(), ws_->device());
+    trim_blocks_ = 4 * cuda::device_info(ws_->device()).sm_count;
+  }
+  // Merge counters start at zero; runs leave them at zero.
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch_base() + layout_.counters, 0, layout_.partial_lse - layout_.counters, stream));
+}
+
+// The planner's options for this wrapper's kernel and sections; the plan's
+// query tile and queues (a CTA pair shares one queue of 2 * cta_q-row
+// tiles) and the partial-state capacities go to the out-parameters.
+PlannerOptions BatchPrefill::planner_options(int& plan_cta_q, int& plan_ctas, int64_t& slot_cap,
+                                             int64_t& split_cap) const {
+  PlannerOptions popt = opt_.planner;
+  popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
+  popt.window_left = spec_.variant.window_left;
+  popt.serpentine = popt.serpentine || (custom_mask_ && opt_.trim_masked_tiles);  // trimmed costs vary by tile
+  // Short steps unsplit only where the caller asks (decode on tensor cores):
+  // "enough tiles" means one on every SM the plan's CTAs occupy.
+  if (popt.unsplit_max_kv < 0) popt.unsplit_max_kv = 0;
+  popt.unsplit_min_tiles = std::max(1, ctas_per_group_ / config_.cluster / std::max(1, ctas_per_sm_));
+  // A CTA pair shares one work queue of 2 * cta_q-row tiles (its sections
+  // fit the same workspace: half the queues, each slot twice the rows).
+  plan_cta_q = config_.cta_q * config_.cluster;
+  plan_ctas = ctas_per_group_ / config_.cluster;
+  // What the sections hold (a workspace below workspace_size() has fewer
+  // partial rows): the planner splits less to fit. A pair's counters are
+  // cluster entries per split tile.
+  slot_cap = layout_.max_slot_rows / plan_cta_q;
+  split_cap = layout_.max_split_tiles / config_.cluster;
+  popt.max_slots = popt.max_slots > 0 ? std::min(popt.max_slots, slot_cap) : slot_cap;
+  popt.max_split_tiles = popt.max_split_tiles > 0 ? std::min(popt.max_split_tiles, split_cap) : split_cap;
+  if (slot_cap == 0 && popt.fixed_chunk <= 0) popt.split_kv = false;  // no partial rows (a cap of 0 means none)
+  return popt;
+}
+
 void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                                const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
                                std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr,
@@ -193,47 +267,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   if (custom_mask_) validate_mask_indptr(mask_indptr, qo_lens_, kv_lens);  // before any GPU work
 
   cuda::DeviceGuard guard(ws_->device());  // the upload and its event belong to the workspace's device
-  if (!kernel_) {  // first plan: choose the tile, load the kernel, fix grid and sections
-    int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
-    // On sm_90 the Hopper kernel's 64-row tiles beat the FA2 template's 16- and
-    // 32-row ones even where most rows go unused: short queries are memory
-    // bound, and its producer streams KV faster (H100, bench/decode_one.py:
-    // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
-    if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
-    config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q), opt_.tile);
-    config_.cluster = choose_cluster(src);
-    for (;;) {  // once, or twice if the CTA pairs do not fit
-      source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile);
-      const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
-                                              config_.ctas_per_sm, task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
-      kernel_ = pk.kernel;
-      const auto g = detail::head_groups(task_.num_kv_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
-                                         pk.ctas_per_sm, opt_.max_sms);
-      ctas_per_group_ = g.ctas_per_group;
-      head_groups_ = g.groups;
-      ctas_per_sm_ = pk.ctas_per_sm;
-      if (config_.cluster == 1) break;
-      // A persistent grid of pairs: every pair resident at once.
-      const int c = config_.cluster;
-      const int fit = detail::max_active_clusters(*kernel_, config_.threads, config_.smem_bytes, c) / head_groups_;
-      ctas_per_group_ = std::min(ctas_per_group_ / c, fit) * c;
-      if (ctas_per_group_ >= c) break;
-      config_.cluster = 1;
-    }
-    if (task_.max_batch == 0) task_.max_batch = std::max<int64_t>(batch, 1);
-    if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
-    if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(kv_indices.count, 1);
-    // The partial states get the rows the workspace (or shared scratch) holds.
-    layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q, opt_.planner.fixed_chunk,
-                         ws_->device_bytes(), shared_scratch_ ? &shared_scratch_bytes_ : nullptr);
-    detail::check_workspace_size(*ws_, shared_scratch_ ? layout_.scratch : layout_.total, layout_.staged);
-    if (custom_mask_ && opt_.trim_masked_tiles) {  // loaded here: run() allocates nothing
-      trim_kernel_ = &jit::KernelCache::global().kernel(catalog::trim_masked_items(), ws_->device());
-      trim_blocks_ = 4 * cuda::device_info(ws_->device()).sm_count;
-    }
-    // Merge counters start at zero; runs leave them at zero.
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch_base() + layout_.counters, 0, layout_.partial_lse - layout_.counters, stream));
-  }
+  if (!kernel_) configure(src, batch, total_q, kv_indices.count, stream);
   if (batch > task_.max_batch)
     throw InvalidArgument("qo_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" + str(task_.max_batch));
   if (total_q > task_.max_total_q)
@@ -243,25 +277,10 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     throw InvalidArgument("kv_indices: " + str(kv_indices.count) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages));
 
-  PlannerOptions popt = opt_.planner;
-  popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
-  popt.window_left = spec_.variant.window_left;
-  popt.serpentine = popt.serpentine || (custom_mask_ && opt_.trim_masked_tiles);  // trimmed costs vary by tile
-  // Short steps unsplit only where the caller asks (decode on tensor cores):
-  // "enough tiles" means one on every SM the plan's CTAs occupy.
-  if (popt.unsplit_max_kv < 0) popt.unsplit_max_kv = 0;
-  popt.unsplit_min_tiles = std::max(1, ctas_per_group_ / config_.cluster / std::max(1, ctas_per_sm_));
   const int heads_per_group = task_.num_kv_heads / head_groups_;
-  // A CTA pair shares one work queue of 2 * cta_q-row tiles (its sections
-  // fit the same workspace: half the queues, each slot twice the rows).
-  const int plan_cta_q = config_.cta_q * config_.cluster, plan_ctas = ctas_per_group_ / config_.cluster;
-  // What the sections hold (a workspace below workspace_size() has fewer
-  // partial rows): the planner splits less to fit. A pair's counters are
-  // cluster entries per split tile.
-  const int64_t slot_cap = layout_.max_slot_rows / plan_cta_q, split_cap = layout_.max_split_tiles / config_.cluster;
-  popt.max_slots = popt.max_slots > 0 ? std::min(popt.max_slots, slot_cap) : slot_cap;
-  popt.max_split_tiles = popt.max_split_tiles > 0 ? std::min(popt.max_split_tiles, split_cap) : split_cap;
-  if (slot_cap == 0 && popt.fixed_chunk <= 0) popt.split_kv = false;  // no partial rows (a cap of 0 means none)
+  int plan_cta_q = 0, plan_ctas = 0;
+  int64_t slot_cap = 0, split_cap = 0;
+  const PlannerOptions popt = planner_options(plan_cta_q, plan_ctas, slot_cap, split_cap);
   if (heads_per_group == 1) {
     planner_.plan_prefill(qo_lens_, kv_lens, group, plan_cta_q, opt_.causal_schedule, plan_ctas, popt, plan_);
   } else {  // a request per (request b, head h of the group): index b * heads_per_group + h
@@ -311,6 +330,8 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
 
   if (src == Source::kPaged) (void)page_errors_.device_ptr();  // allocated here, not in run()
   source_kind_ = src;
+  device_.active = false;
+  device_.planner_ahead = false;
   batch_ = batch;
   total_q_ = total_q;
   total_kv_ = src == Source::kRagged ? kv_indptr.back() : 0;
@@ -364,8 +385,12 @@ void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, cons
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
   check_mask_tensor(mask, q);
   const char* dev = static_cast<const char*>(ws_->device_ptr());
-  device::PagedKV view{kv.k().data, kv.v().data, reinterpret_cast<const int*>(dev + layout_.kv_indptr),
-                       reinterpret_cast<const int*>(dev + layout_.indices), reinterpret_cast<const int*>(dev + layout_.last),
+  // A plan on the GPU left the page table in the caller's buffers.
+  const bool on_device = device_.active;
+  device::PagedKV view{kv.k().data, kv.v().data,
+                       on_device ? device_.kv_indptr : reinterpret_cast<const int*>(dev + layout_.kv_indptr),
+                       on_device ? device_.kv_indices : reinterpret_cast<const int*>(dev + layout_.indices),
+                       on_device ? device_.kv_last_page_len : reinterpret_cast<const int*>(dev + layout_.last),
                        kv.page_stride(), kv.head_stride(), kv.token_stride(), kv.page_size(), kv.num_kv_heads(), 0};
   // The kernels check every page id, whether or not plan() read them: a
   // captured graph keeps these parameters across plans of either kind.
@@ -416,7 +441,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.q_stride_h = q.stride(1);
   p.o_stride_n = o.stride(0);
   p.o_stride_h = o.stride(1);
-  p.qo_indptr = reinterpret_cast<const int*>(dev + layout_.qo_indptr);
+  p.qo_indptr = device_.active && device_.qo_indptr ? device_.qo_indptr : reinterpret_cast<const int*>(dev + layout_.qo_indptr);
   p.kv = kv;
   p.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
   p.work_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.items);
@@ -450,7 +475,8 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   // reads its first item before its grid-dependency wait, so it must not
   // start early behind that kernel (the trim pass itself may).
   if (trim) trim_items(*mask, stream, opt.pdl);
-  const bool pdl = opt.pdl && !trim;
+  // Nor behind the device planner, whose queues it reads.
+  const bool pdl = opt.pdl && !trim && !device_.take_planner_ahead();
   const dim3 grid(ctas_per_group_, head_groups_), threads(config_.threads);
   if (config_.hopper) {
     // Tensor maps for the producer's TMA loads (encoded per run on the host:
@@ -467,7 +493,8 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
                                         kv.head_stride, config_.cta_kv);
     }
     const int group = task_.num_qo_heads / task_.num_kv_heads;
-    const bool q_fill = total_q_ >= batch_ * (config_.cta_q / group);
+    // (A plan on the GPU leaves the lengths unknown here: cp.async.)
+    const bool q_fill = !device_.active && total_q_ >= batch_ * (config_.cta_q / group);
     if (q_fill && config_.cta_q % group == 0)
       maps.q_on = tma::encode_q_tiles(maps.q, q.data, total_q_, task_.num_kv_heads, group, spec_.head_dim, q.stride(0),
                                       q.stride(1), config_.cta_q);

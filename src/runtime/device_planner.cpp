@@ -15,131 +15,125 @@ namespace {
 
 int64_t sixteenths(double x) { return static_cast<int64_t>(std::max(x, 0.0) * 16.0 + 0.5); }
 
+}  // namespace
+
 using plan::ChunkShape;
 using plan::Costs;
 
-// The host twin's tables and the steps of plan/kernel.cuh, sequentially.
-struct Twin {
-  const DevicePlanParams& p;
-  std::vector<int> req, q_tile, begin, len, rows, chunk0, cta_first;
-  std::vector<int64_t> before, mid2, cta_before;
-  Costs costs;
+ChunkShape ParallelSchedule::shape(size_t i, int L) const { return plan::chunk_shape(len_[i], L, p_->chunk_align); }
 
-  struct Evaluation {
-    int64_t makespan = 0, slots = 0, splits = 0, worst = 0, chunks = 0, cost = 0;
+ParallelSchedule::Evaluation ParallelSchedule::evaluate(int L) {
+  const int n = static_cast<int>(len_.size());
+  const Costs costs{p_->item_cost, p_->token_cost};
+  Evaluation e;
+  before_.resize(n);
+  mid2_.resize(n);
+  chunk0_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const ChunkShape s = shape(i, L);
+    before_[i] = e.cost;
+    chunk0_[i] = static_cast<int>(e.chunks);
+    mid2_[i] = plan::last_midpoint2(costs, e.cost, len_[i], s);
+    e.cost += plan::tile_cost(costs, len_[i], s);
+    e.chunks += s.n;
+    if (s.n > 1) {
+      e.slots += s.n;
+      e.splits += 1;
+      e.worst = std::max<int64_t>(e.worst, int64_t{rows_[i]} * s.n);
+    }
+  }
+  const int ctas = p_->ctas;
+  cta_first_.assign(ctas + 1, 0);
+  cta_before_.assign(ctas + 1, 0);
+  for (int x = 1; x <= ctas; ++x) {
+    int64_t first = e.chunks, cost_before = e.cost;
+    if (x < ctas) {
+      const int64_t t2 = plan::cta_threshold2(e.cost, x, ctas);
+      const int lo = static_cast<int>(std::lower_bound(mid2_.begin(), mid2_.end(), t2) - mid2_.begin());
+      if (lo < n) {
+        const ChunkShape s = shape(lo, L);
+        const int j = plan::first_chunk_from(costs, before_[lo], s, t2);
+        first = chunk0_[lo] + j;
+        cost_before = plan::cost_before_chunk(costs, before_[lo], s, j);
+      }
+    }
+    cta_first_[x] = static_cast<int>(first);
+    cta_before_[x] = cost_before;
+  }
+  for (int x = 0; x < ctas; ++x) e.makespan = std::max(e.makespan, cta_before_[x + 1] - cta_before_[x]);
+  return e;
+}
+
+int64_t ParallelSchedule::chunks_at(int64_t l) const {
+  int64_t c = 0;
+  for (int x : len_) c += std::max<int64_t>(1, (x + l - 1) / l);
+  return c;
+}
+
+int ParallelSchedule::choose_chunk_size(const DevicePlanParams& p, std::span<const int32_t> len,
+                                        std::span<const int32_t> rows) {
+  p_ = &p;
+  len_.assign(len.begin(), len.end());
+  rows_.assign(rows.begin(), rows.end());
+  const int n = static_cast<int>(len_.size());
+  int64_t total = 0, longest = 1;
+  for (int x : len_) {
+    total += x;
+    longest = std::max<int64_t>(longest, x);
+  }
+  const int a = std::max(1, p.chunk_align);
+  const int64_t sms = std::max(1, p.unsplit_min_tiles);
+  const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
+                          8 * longest * sms <= 9 * total;
+  const bool fixed = p.split_kv && p.fixed_chunk > 0;
+  const bool split = p.split_kv && !short_step && !fixed;
+  auto clamp = [](int64_t L) { return static_cast<int>(std::min<int64_t>(L, plan::kNoSplit)); };
+  int L = plan::kNoSplit;
+  if (split) L = clamp(plan::align_up(std::max<int64_t>((total + p.ctas - 1) / p.ctas, std::max(1, p.min_chunk)), a));
+  if (fixed) L = clamp(plan::align_up(p.fixed_chunk, a));
+  Evaluation cur = evaluate(L);
+  int tables_at = L;
+  if (!split) return L;
+  const int whole = clamp(plan::align_up(longest, a));
+  if (chunks_at(L) > p.ctas && chunks_at(whole) <= p.ctas) {
+    int lo = L, hi = whole;
+    while (hi - lo > a) {
+      const int mid = clamp(plan::align_up(lo + (hi - lo) / 2, a));
+      if (mid >= hi) break;
+      if (chunks_at(mid) <= p.ctas) hi = mid;
+      else lo = mid;
+    }
+    const Evaluation fit = evaluate(hi);
+    tables_at = hi;
+    if (fit.makespan < cur.makespan) {
+      cur = fit;
+      L = hi;
+    }
+  }
+  if (p.merge_cost > 0) {
+    int64_t est = cur.makespan + p.merge_cost * cur.worst;
+    while (10 * p.merge_cost * cur.worst > est && L < whole) {
+      const int next = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
+      const Evaluation e = evaluate(next);
+      tables_at = next;
+      const int64_t e_est = e.makespan + p.merge_cost * e.worst;
+      if (!(e_est < est)) break;
+      est = e_est;
+      cur = e;
+      L = next;
+    }
+  }
+  auto over = [&](const Evaluation& e) {
+    return (p.max_slots > 0 && e.slots > p.max_slots) || (p.max_split_tiles > 0 && e.splits > p.max_split_tiles);
   };
-
-  ChunkShape shape(size_t i, int L) const { return plan::chunk_shape(len[i], L, p.chunk_align); }
-
-  Evaluation evaluate(int L) {
-    const int n = static_cast<int>(len.size());
-    Evaluation e;
-    before.assign(n, 0);
-    mid2.assign(n, 0);
-    chunk0.assign(n, 0);
-    for (int i = 0; i < n; ++i) {
-      const ChunkShape s = shape(i, L);
-      before[i] = e.cost;
-      chunk0[i] = static_cast<int>(e.chunks);
-      mid2[i] = plan::last_midpoint2(costs, e.cost, len[i], s);
-      e.cost += plan::tile_cost(costs, len[i], s);
-      e.chunks += s.n;
-      if (s.n > 1) {
-        e.slots += s.n;
-        e.splits += 1;
-        e.worst = std::max<int64_t>(e.worst, int64_t{rows[i]} * s.n);
-      }
-    }
-    cta_first.assign(p.ctas + 1, 0);
-    cta_before.assign(p.ctas + 1, 0);
-    for (int x = 1; x <= p.ctas; ++x) {
-      int64_t first = e.chunks, cost_before = e.cost;
-      if (x < p.ctas) {
-        const int64_t t2 = plan::cta_threshold2(e.cost, x, p.ctas);
-        const int lo = static_cast<int>(std::lower_bound(mid2.begin(), mid2.end(), t2) - mid2.begin());
-        if (lo < n) {
-          const ChunkShape s = shape(lo, L);
-          const int j = plan::first_chunk_from(costs, before[lo], s, t2);
-          first = chunk0[lo] + j;
-          cost_before = plan::cost_before_chunk(costs, before[lo], s, j);
-        }
-      }
-      cta_first[x] = static_cast<int>(first);
-      cta_before[x] = cost_before;
-    }
-    for (int x = 0; x < p.ctas; ++x) e.makespan = std::max(e.makespan, cta_before[x + 1] - cta_before[x]);
-    return e;
+  while (over(cur) && L < whole) {
+    L = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
+    cur = evaluate(L);
+    tables_at = L;
   }
-
-  int64_t chunks_at(int64_t l) const {
-    int64_t c = 0;
-    for (int x : len) c += std::max<int64_t>(1, (x + l - 1) / l);
-    return c;
-  }
-
-  int choose_chunk_size() {
-    const int n = static_cast<int>(len.size());
-    int64_t total = 0, longest = 1;
-    for (int x : len) {
-      total += x;
-      longest = std::max<int64_t>(longest, x);
-    }
-    const int a = std::max(1, p.chunk_align);
-    const int64_t sms = std::max(1, p.unsplit_min_tiles);
-    const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
-                            8 * longest * sms <= 9 * total;
-    const bool fixed = p.split_kv && p.fixed_chunk > 0;
-    const bool split = p.split_kv && !short_step && !fixed;
-    auto clamp = [](int64_t L) { return static_cast<int>(std::min<int64_t>(L, plan::kNoSplit)); };
-    int L = plan::kNoSplit;
-    if (split) L = clamp(plan::align_up(std::max<int64_t>((total + p.ctas - 1) / p.ctas, std::max(1, p.min_chunk)), a));
-    if (fixed) L = clamp(plan::align_up(p.fixed_chunk, a));
-    Evaluation cur = evaluate(L);
-    int tables_at = L;
-    if (!split) return L;
-    const int whole = clamp(plan::align_up(longest, a));
-    if (chunks_at(L) > p.ctas && chunks_at(whole) <= p.ctas) {
-      int lo = L, hi = whole;
-      while (hi - lo > a) {
-        const int mid = clamp(plan::align_up(lo + (hi - lo) / 2, a));
-        if (mid >= hi) break;
-        if (chunks_at(mid) <= p.ctas) hi = mid;
-        else lo = mid;
-      }
-      const Evaluation fit = evaluate(hi);
-      tables_at = hi;
-      if (fit.makespan < cur.makespan) {
-        cur = fit;
-        L = hi;
-      }
-    }
-    if (p.merge_cost > 0) {
-      int64_t est = cur.makespan + p.merge_cost * cur.worst;
-      while (10 * p.merge_cost * cur.worst > est && L < whole) {
-        const int next = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
-        const Evaluation e = evaluate(next);
-        tables_at = next;
-        const int64_t e_est = e.makespan + p.merge_cost * e.worst;
-        if (!(e_est < est)) break;
-        est = e_est;
-        cur = e;
-        L = next;
-      }
-    }
-    auto over = [&](const Evaluation& e) {
-      return (p.max_slots > 0 && e.slots > p.max_slots) || (p.max_split_tiles > 0 && e.splits > p.max_split_tiles);
-    };
-    while (over(cur) && L < whole) {
-      L = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
-      cur = evaluate(L);
-      tables_at = L;
-    }
-    if (tables_at != L) evaluate(L);
-    return L;
-  }
-};
-
-}  // namespace
+  if (tables_at != L) evaluate(L);
+  return L;
+}
 
 DevicePlanParams device_plan_config(const PlannerOptions& opt, int ctas, double tile_rows) {
   if (ctas < 1) throw InvalidArgument("ctas: expected >= 1, got " + std::to_string(ctas));
@@ -171,7 +165,7 @@ size_t device_plan_smem_bytes(const DevicePlanParams& p) {
 
 DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs& in) {
   DevicePlanResult r;
-  Twin t{p, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {p.item_cost, p.token_cost}};
+  std::vector<int32_t> req, q_tile, begin, len, rows;  // per tile
   const bool paged = !in.kv_last_page_len.empty(), decode = in.qo_indptr.empty();
   auto fail = [&r](int code, int request, int value) {
     if (r.error != kPlanOk) return;
@@ -229,42 +223,45 @@ DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs&
         plan::clip_to_window(s, decode ? plan::decode_window_start(kv, p.window_left)
                                        : plan::prefill_window_start(qt, q, kv, p.group, p.cta_q, p.window_left),
                              p.chunk_align);
-      t.req.push_back(b);
-      t.q_tile.push_back(qt);
-      t.begin.push_back(s.begin);
-      t.len.push_back(s.len);
-      t.rows.push_back(s.rows);
+      req.push_back(b);
+      q_tile.push_back(qt);
+      begin.push_back(s.begin);
+      len.push_back(s.len);
+      rows.push_back(s.rows);
     }
   }
-  const int n = static_cast<int>(t.len.size());
-  const int L = t.choose_chunk_size();
+  const int n = static_cast<int>(len.size());
+  ParallelSchedule t;
+  const int L = t.choose_chunk_size(p, len, rows);
+  auto shape = [&](int i) { return plan::chunk_shape(len[i], L, p.chunk_align); };
 
   // Split tiles' slots and counters, then the items in chunk order.
   std::vector<int64_t> split(n, -1);
   int64_t slots = 0, splits = 0;
   for (int i = 0; i < n; ++i) {
-    const ChunkShape s = t.shape(i, L);
+    const ChunkShape s = shape(i);
     if (s.n > 1) {
       split[i] = slots << 32 | splits;
       slots += s.n;
       splits += 1;
     }
   }
-  int chunks = t.cta_first[p.ctas];
+  const std::vector<int>& chunk0 = t.chunk0(), &cta_first = t.cta_first();
+  int chunks = cta_first[p.ctas];
   if (chunks > p.max_items) {
     fail(kPlanMaxTiles, -1, chunks);
     chunks = 0;
   }
   auto item = [&](int j) {
-    const int i = static_cast<int>(std::upper_bound(t.chunk0.begin(), t.chunk0.end(), j) - t.chunk0.begin()) - 1;
-    const int k = j - t.chunk0[i];
-    const ChunkShape s = t.shape(i, L);
-    const int b = t.req[i];
+    const int i = static_cast<int>(std::upper_bound(chunk0.begin(), chunk0.end(), j) - chunk0.begin()) - 1;
+    const int k = j - chunk0[i];
+    const ChunkShape s = shape(i);
+    const int b = req[i];
     PrefillWorkItem w{};
     w.request = b;
-    w.q_tile = t.q_tile[i];
-    w.kv_start = t.begin[i] + k * s.step;
-    w.kv_end = t.begin[i] + static_cast<int>(std::min<int64_t>(t.len[i], int64_t{k + 1} * s.step));
+    w.q_tile = q_tile[i];
+    w.kv_start = begin[i] + k * s.step;
+    w.kv_end = begin[i] + static_cast<int>(std::min<int64_t>(len[i], int64_t{k + 1} * s.step));
     w.first_slot = split[i] < 0 ? -1 : static_cast<int>(split[i] >> 32);
     w.partial_slot = split[i] < 0 ? -1 : w.first_slot + k;
     w.num_chunks = s.n;
@@ -276,7 +273,7 @@ DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs&
     return w;
   };
   r.work_indptr.assign(p.ctas + 1, 0);
-  for (int x = 0; x <= p.ctas && chunks; ++x) r.work_indptr[x] = t.cta_first[x];
+  for (int x = 0; x <= p.ctas && chunks; ++x) r.work_indptr[x] = cta_first[x];
   for (int j = 0; j < chunks; ++j) {
     const PrefillWorkItem w = item(j);
     if (decode) r.decode_items.push_back({w.request, w.kv_start, w.kv_end, w.partial_slot, w.first_slot, w.num_chunks});
@@ -285,7 +282,7 @@ DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs&
   if (!decode) {
     r.first_items.assign(p.ctas, PrefillWorkItem{});
     for (int x = 0; x < p.ctas; ++x)
-      if (chunks && t.cta_first[x] < t.cta_first[x + 1]) r.first_items[x] = item(t.cta_first[x]);
+      if (chunks && cta_first[x] < cta_first[x + 1]) r.first_items[x] = item(cta_first[x]);
   }
   r.chunk_size = L;
   r.num_slots = chunks ? static_cast<int32_t>(slots) : 0;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tessera/core/error.hpp"
+#include "tessera/runtime/device_planner.hpp"
 
 namespace tessera {
 
@@ -176,87 +177,21 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
 }
 
 void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
-  int64_t total = 0, longest = 1;
-  for (const Tile& t : tiles_) {
-    total += t.kv_len;
-    longest = std::max<int64_t>(longest, t.kv_len);
-  }
-  // Short steps keep every tile whole (PlannerOptions::unsplit_max_kv), for
-  // near-equal lengths only: unsplit, a step lasts as long as its longest
-  // tile, split about as long as the mean SM's share (batch 16 of 256..1024
-  // keys ran 15% slower unsplit), so the longest may exceed that share by 1/8.
-  const int64_t n_tiles = static_cast<int64_t>(tiles_.size()), sms = std::max(1, opt.unsplit_min_tiles);
-  const bool short_step = opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas &&
-                          longest <= opt.unsplit_max_kv && 8 * longest * sms <= 9 * total;
   if (opt.fixed_chunk < 0) throw InvalidArgument("fixed_chunk: expected >= 0, got " + std::to_string(opt.fixed_chunk));
-  const bool fixed = opt.split_kv && opt.fixed_chunk > 0;
-  const bool split = opt.split_kv && !short_step && !fixed;
-  // Line 3 of Algorithm 1: the largest chunk, total / #CTA (rounded up).
-  int64_t L = INT32_MAX;
-  const int64_t a = std::max(1, opt.chunk_align);
-  auto aligned = [a](int64_t x) { return (x + a - 1) / a * a; };
-  if (split) L = aligned(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)));
-  if (fixed) L = aligned(opt.fixed_chunk);
-  double best = assign(L, ctas, tile_rows, opt);
-
-  // Refinement (FlashInfer's implementation does likewise): the smallest L
-  // whose chunks fit one wave of CTAs, found by binary search. It avoids an
-  // extra round of chunks when a batch barely overflows the CTAs, but can lose
-  // on skewed batches, so the plan with the lower cost wins (ties: line 3's).
-  if (split) {
-    auto chunks_at = [&](int64_t len) {
-      int64_t n = 0;
-      for (const Tile& t : tiles_) n += std::max<int64_t>(1, (t.kv_len + len - 1) / len);
-      return n;
-    };
-    if (chunks_at(L) > ctas && chunks_at(aligned(longest)) <= ctas) {
-      int64_t lo = L, hi = aligned(longest);  // chunks_at(lo) > ctas >= chunks_at(hi)
-      while (hi - lo > a) {
-        const int64_t mid = aligned(lo + (hi - lo) / 2);
-        if (mid >= hi) break;
-        if (chunks_at(mid) <= ctas) hi = mid; else lo = mid;
-      }
-      std::swap(cur_, alt_);  // keep line 3's plan aside
-      const double fit = assign(hi, ctas, tile_rows, opt);
-      if (fit < best) {
-        best = fit;
-        L = hi;
-      } else {
-        std::swap(cur_, alt_);  // line 3's plan again, not recomputed
-      }
-    }
+  // The chunk size: Algorithm 1's line 3, the one-wave refinement, short
+  // steps, merge-aware growth and the workspace's capacity, each candidate
+  // judged by the parallel schedule's makespan (runtime/parallel_schedule.hpp),
+  // exactly as the device planner judges it. Chunks, merge order and so the
+  // output bits are then the same whether a step is planned here or on the
+  // GPU; only the assignment below (greedy, longest first) is the host's.
+  tile_len_.resize(tiles_.size());
+  tile_rows_.resize(tiles_.size());
+  for (size_t i = 0; i < tiles_.size(); ++i) {
+    tile_len_[i] = tiles_[i].kv_len;
+    tile_rows_[i] = tiles_[i].rows;
   }
-  // Merge-aware L: the estimate adds the largest split tile's merge (see
-  // PlannerOptions::merge_cost); while that is over a tenth of it, double L
-  // as long as the estimate drops (ties keep the shorter chunks).
-  if (split && opt.merge_cost > 0) {
-    double est = best + merge_estimate(opt);
-    while (merge_estimate(opt) > 0.1 * est && L < aligned(longest)) {
-      const int64_t next = aligned(std::min<int64_t>(2 * L, longest));
-      std::swap(cur_, alt_);
-      const double cost = assign(next, ctas, tile_rows, opt);
-      const double e = cost + merge_estimate(opt);
-      if (!(e < est)) {
-        std::swap(cur_, alt_);  // the previous L's plan, not recomputed
-        break;
-      }
-      est = e;
-      best = cost;
-      L = next;
-    }
-  }
-  // The workspace's capacity (PlannerOptions::max_slots / max_split_tiles):
-  // longer chunks until the split tiles fit. At L >= the longest tile nothing
-  // splits, so the loop ends with a plan that fits any cap.
-  auto over_capacity = [&] {
-    return (opt.max_slots > 0 && cur_.slots > opt.max_slots) ||
-           (opt.max_split_tiles > 0 && cur_.split > opt.max_split_tiles);
-  };
-  if (split)
-    while (over_capacity() && L < aligned(longest)) {
-      L = aligned(std::min<int64_t>(2 * L, longest));
-      best = assign(L, ctas, tile_rows, opt);
-    }
+  const int64_t L = chooser_.choose_chunk_size(device_plan_config(opt, ctas, tile_rows), tile_len_, tile_rows_);
+  const double best = assign(L, ctas, tile_rows, opt);
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
   out.num_slots = cur_.slots;
   out.num_split = cur_.split;
@@ -273,13 +208,6 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
   fill_.assign(out.work_indptr.begin(), out.work_indptr.end() - 1);
   queue_.resize(cur_.chunks.size());
   for (int32_t w : cur_.order) queue_[fill_[cur_.owner[w]]++] = w;
-}
-
-double Planner::merge_estimate(const PlannerOptions& opt) const {
-  int64_t worst = 0;
-  for (size_t t = 0; t < tiles_.size(); ++t)
-    if (cur_.num_chunks[t] > 1) worst = std::max<int64_t>(worst, int64_t{tiles_[t].rows} * cur_.num_chunks[t]);
-  return opt.merge_cost * static_cast<double>(worst);
 }
 
 void Planner::clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt) {

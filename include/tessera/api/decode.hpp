@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "tessera/api/attention.hpp"
+#include "tessera/api/device_batch.hpp"
 #include "tessera/api/page_ids.hpp"
 #include "tessera/api/prefill.hpp"
 #include "tessera/formats/bsr.hpp"
@@ -99,6 +100,14 @@ class BatchDecode {
   // A BSR matrix with Br = 1: block row i is request i, column blocks are its
   // pages (Bc = page size), last_block_len its last page's fill.
   void plan(const BSRMatrix& bsr, cudaStream_t stream = nullptr);
+  // Planning on the GPU (api/device_batch.hpp): enqueues the device planner
+  // on `stream`; it reads the step from `batch` (qo_indptr undefined: one
+  // query per request) when it runs. Needs the bounds task.max_batch and
+  // task.max_pages. run() then takes q and o of max_batch rows; rows past
+  // the step's batch are left as they are. The first run() after it never
+  // starts early (RunOptions::pdl), since it reads the planner's queues.
+  // A host plan() afterwards plans on the host again.
+  void plan_on_device(const DeviceBatch& batch, cudaStream_t stream = nullptr);
 
   // q [batch, Hq, D]; o like q; lse [batch, Hq] float32 or undefined.
   void run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
@@ -126,7 +135,7 @@ class BatchDecode {
     size_t kv_indptr = 0, indices = 0, last = 0, work_indptr = 0, items = 0, staged = 0;
     size_t counters = 0, partial_lse = 0, partial_o = 0, total = 0;
     size_t ideal_total = 0, min_total = 0;  // with every partial slot, with none
-    int64_t max_slots = 0, ideal_slots = 0;
+    int64_t max_slots = 0, ideal_slots = 0, max_items = 0;
   };
   static Layout layout_for(const AttentionSpec& spec, const TaskInfo& task, int ctas_per_head, int fixed_chunk,
                            size_t device_bytes = SIZE_MAX);
@@ -136,6 +145,8 @@ class BatchDecode {
                      bool minimum);
   void plan_ids(std::span<const int32_t> kv_indptr, const PageIds& kv_indices, const TensorView* device_indices,
                 std::span<const int32_t> kv_last_page_len, cudaStream_t stream);
+  void configure(int64_t batch, int64_t n_indices, cudaStream_t stream);
+  PlannerOptions planner_options() const;
   void plan_tensor_cores(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
                          const TensorView* device_indices, std::span<const int32_t> kv_last_page_len,
                          cudaStream_t stream);
@@ -155,6 +166,9 @@ class BatchDecode {
   double plan_us_ = 0;
   int64_t batch_ = -1, max_page_index_ = -1;
   mutable PageIdErrors page_errors_;  // where the kernels record a bad page id
+  // plan_on_device(): the caller's buffers the kernels read, the planner,
+  // and whether the next run() follows it (it then launches without PDL).
+  detail::DeviceSteps device_;
   // use_tensor_cores: the prefill wrapper on the same workspace, and the
   // [0, 1, ..., batch] query indptr it is planned with.
   std::unique_ptr<BatchPrefill> tc_;

@@ -35,24 +35,41 @@ struct PageIds {
   static PageIds from_host(std::span<const int32_t> ids) { return {ids, nullptr, static_cast<int64_t>(ids.size())}; }
 };
 
-// Where the kernels record a failed page-id check: three ints of mapped
-// pinned memory (flag, id, num_pages), allocated at the first device_ptr().
-class PageIdErrors {
+// Four ints of mapped pinned memory where a kernel records a failed check
+// (fields 1..3, a fence, then the flag in field 0), allocated at the first
+// device_ptr() and read by the host without synchronizing.
+class MappedErrorRecord {
  public:
-  PageIdErrors() = default;
-  ~PageIdErrors();
-  PageIdErrors(PageIdErrors&& o) noexcept;
-  PageIdErrors& operator=(PageIdErrors&& o) noexcept;
-
+  MappedErrorRecord() = default;
+  ~MappedErrorRecord();
+  MappedErrorRecord(MappedErrorRecord&& o) noexcept;
+  MappedErrorRecord& operator=(MappedErrorRecord&& o) noexcept;
   int* device_ptr();
-  // Throws InvalidArgument naming `what` if a kernel recorded a bad id since
-  // the last call (and clears the record). Reads pinned memory: no
-  // synchronization, so a kernel still running reports at a later call.
-  void raise_pending(const char* what);
+
+ protected:
+  // Whether a kernel recorded a failure since the last call; its fields
+  // (the flag is cleared).
+  bool take(int (&fields)[3]);
 
  private:
   int* host_ = nullptr;
   int* device_ = nullptr;
+};
+
+// Where the kernels record a failed page-id check (flag, id, num_pages).
+class PageIdErrors : public MappedErrorRecord {
+ public:
+  // Throws InvalidArgument naming `what` if a kernel recorded a bad id since
+  // the last call (and clears the record). Reads pinned memory: no
+  // synchronization, so a kernel still running reports at a later call.
+  void raise_pending(const char* what);
+};
+
+// Where the device planner records a failed input check (flag, code,
+// request, value; abi/device_plan_params.cuh), raised like PageIdErrors.
+class DevicePlanErrors : public MappedErrorRecord {
+ public:
+  void raise_pending();
 };
 
 class Workspace;

@@ -38,6 +38,7 @@
 #include <utility>
 
 #include "tessera/api/attention.hpp"
+#include "tessera/api/device_batch.hpp"
 #include "tessera/formats/bsr.hpp"
 #include "tessera/api/page_ids.hpp"
 #include "tessera/runtime/planner.hpp"
@@ -160,6 +161,15 @@ class BatchPrefill {
   // column blocks (Bc tokens each) of a [bsr.cols(), Hkv, D] KV, viewed by
   // run() as pages of Bc tokens. Requires task.page_size == Bc.
   void plan_bsr(const BSRMatrix& bsr, cudaStream_t stream = nullptr);
+  // Paged KV planned on the GPU (api/device_batch.hpp): enqueues the device
+  // planner on `stream`; it reads the step from `batch` when it runs
+  // (qo_indptr undefined: one query per request, as decode). Needs the
+  // bounds task.max_batch, max_total_q and max_pages; not for custom masks
+  // or grouped heads. run() then takes q and o of max_total_q rows (max_batch
+  // with one query per request); rows past the step's queries are left as
+  // they are. The first run() after it never starts early (RunOptions::pdl).
+  // A host plan afterwards plans on the host again.
+  void plan_paged_on_device(const DeviceBatch& batch, cudaStream_t stream = nullptr);
 
   // Paged or BSR: kv is the page storage (for BSR: KV [N, Hkv, D] viewed as
   // [N / Bc, Bc, Hkv, D], NHD). q [total_q, Hq, D]; o like q; lse [total_q, Hq] or undefined.
@@ -201,6 +211,8 @@ class BatchPrefill {
                    const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
   bool use_hopper(int cta_q) const;
+  void configure(Source src, int64_t batch, int64_t total_q, int64_t n_indices, cudaStream_t stream);
+  PlannerOptions planner_options(int& plan_cta_q, int& plan_ctas, int64_t& slot_cap, int64_t& split_cap) const;
   // CTAs per cluster for the first plan's kernel (config_ already chosen).
   int choose_cluster(Source src) const;
   // Whether a mask was given where one is needed (and only there).
@@ -242,6 +254,7 @@ class BatchPrefill {
   int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1, mask_bytes_ = 0;
   int32_t checked_max_page_ = -1;                  // largest page id paged_lengths() saw
   mutable PageIdErrors page_errors_;               // where the kernels record a bad page id (paged runs)
+  detail::DeviceSteps device_;                     // plan_paged_on_device(): see BatchDecode
   std::chrono::steady_clock::time_point plan_t0_;  // when the current plan() began (for last_plan_us)
 };
 

@@ -20,6 +20,7 @@
 
 #include "tessera/abi/decode_params.cuh"
 #include "tessera/abi/prefill_params.cuh"
+#include "tessera/runtime/parallel_schedule.hpp"
 
 namespace tessera {
 
@@ -141,8 +142,6 @@ class Planner {
   // Chunks the tiles, assigns chunks to CTAs; fills stats and, per chunk in
   // queue order, the chunk and its owning CTA (order_).
   void schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out);
-  // merge_cost * the largest rows * chunks of a split tile of the current assignment.
-  double merge_estimate(const PlannerOptions& opt) const;
   // Drops the keys before first_key (rounded down to chunk_align) from a tile.
   static void clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt);
   // Chunks every tile at most L long and assigns the chunks greedily; returns
@@ -150,9 +149,7 @@ class Planner {
   double assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt);
 
   // What assign() leaves for schedule(): the chunks, their CTAs and order,
-  // the split tiles' slots, the final heap (CTA costs). Two of them, so the
-  // refinement can try a second chunk size and keep either plan without
-  // recomputing the first.
+  // the split tiles' slots, the final heap (CTA costs).
   struct Assignment {
     std::vector<Chunk> chunks;
     std::vector<int32_t> first_slot, num_chunks, counter, owner, order;
@@ -165,7 +162,9 @@ class Planner {
   void sort_by_length();
 
   std::vector<Tile> tiles_;
-  Assignment cur_, alt_;
+  Assignment cur_;
+  ParallelSchedule chooser_;  // the chunk size
+  std::vector<int32_t> tile_len_, tile_rows_;
   std::vector<int32_t> fill_, queue_, rank_;
   static constexpr int kCtaBits = 20;  // heap entries: cost (1/16 token units) << kCtaBits | CTA
   static constexpr uint64_t kCtaMask = (uint64_t{1} << kCtaBits) - 1;

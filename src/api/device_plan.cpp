@@ -1,0 +1,147 @@
+// Planning on the GPU for the batch wrappers (api/device_batch.hpp): the
+// buffers' checks and the planner's launch with each wrapper's options.
+#include <string>
+
+#include "checks.hpp"
+#include "tessera/api/decode.hpp"
+#include "tessera/api/prefill.hpp"
+#include "tessera/runtime/device_planner.hpp"
+
+namespace tessera {
+
+using detail::str;
+
+namespace detail {
+
+void take_device_batch(DeviceSteps& steps, const DeviceBatch& b, int64_t max_batch, int64_t max_pages, bool with_qo,
+                       int device) {
+  const Device dev{DeviceType::kCUDA, device};
+  auto take = [&](const char* name, const TensorView& t, int64_t count) {
+    if (!has(t)) throw InvalidArgument(std::string(name) + ": expected an int32 CUDA tensor for planning on the GPU");
+    check_dim(name, t, 1);
+    check_dtype(name, t, DType::kInt32);
+    check_contiguous(name, t);
+    check_device(name, t, dev);
+    if (t.size(0) < count)
+      throw InvalidArgument(std::string(name) + ": expected at least " + str(count) +
+                            " entries (the workspace bounds), got " + str(t.size(0)));
+    return static_cast<const int32_t*>(t.data);
+  };
+  if (!with_qo && has(b.qo_indptr))
+    throw InvalidArgument("qo_indptr: decode has one query per request; expected it undefined");
+  (void)take("batch_size", b.batch_size, 1);
+  steps.qo_indptr = with_qo ? take("qo_indptr", b.qo_indptr, max_batch + 1) : nullptr;
+  steps.kv_indptr = take("kv_indptr", b.kv_indptr, max_batch + 1);
+  steps.kv_indices = take("kv_indices", b.kv_indices, max_pages);
+  steps.kv_last_page_len = take("kv_last_page_len", b.kv_last_page_len, max_batch);
+}
+
+namespace {
+
+// The planner's launch for the bounds and outputs in p (inputs from `steps`).
+void launch_planner(DeviceSteps& steps, DevicePlanParams& p, const DeviceBatch& b, int device, cudaStream_t stream) {
+  p.batch_size = static_cast<const int*>(b.batch_size.data);
+  p.qo_indptr = steps.qo_indptr;
+  p.kv_indptr = steps.kv_indptr;
+  p.kv_last_page_len = steps.kv_last_page_len;
+  p.error = steps.errors.device_ptr();
+  const size_t smem = device_plan_smem_bytes(p);
+  if (!steps.planner || smem > steps.smem_bytes) {
+    steps.planner = &device_planner_kernel(device, smem);
+    steps.smem_bytes = smem;
+  }
+  launch_device_planner(*steps.planner, p, smem, stream);
+  check_launch("device planner");
+  steps.active = true;
+  steps.planner_ahead = true;
+}
+
+}  // namespace
+}  // namespace detail
+
+void BatchPrefill::plan_paged_on_device(const DeviceBatch& b, cudaStream_t stream) {
+  if (custom_mask_)
+    throw InvalidArgument("plan_paged_on_device: the custom_mask variant plans on the host (its mask_indptr); "
+                          "use plan_paged");
+  page_errors_.raise_pending("kv_indices");
+  device_.errors.raise_pending();
+  if (task_.max_batch < 1 || task_.max_total_q < 1 || task_.max_pages < 1)
+    throw InvalidArgument("task: planning on the GPU needs the bounds max_batch, max_total_q and max_pages (> 0), got " +
+                          str(task_.max_batch) + ", " + str(task_.max_total_q) + ", " + str(task_.max_pages));
+  const bool one_query = !detail::has(b.qo_indptr);
+  const int64_t max_q = one_query ? task_.max_batch : task_.max_total_q;
+  if (one_query && task_.max_total_q < task_.max_batch)
+    throw InvalidArgument("task: one query per request needs max_total_q >= max_batch, got " + str(task_.max_total_q));
+  detail::take_device_batch(device_, b, task_.max_batch, task_.max_pages, !one_query, ws_->device());
+  cuda::DeviceGuard guard(ws_->device());
+  if (!kernel_) configure(Source::kPaged, task_.max_batch, max_q, task_.max_pages, stream);
+  if (head_groups_ != task_.num_kv_heads)
+    throw InvalidArgument("group_heads: planning on the GPU plans every KV head alike; expected group_heads false");
+  int plan_cta_q = 0, plan_ctas = 0;
+  int64_t slot_cap = 0, split_cap = 0;
+  const PlannerOptions popt = planner_options(plan_cta_q, plan_ctas, slot_cap, split_cap);
+  const int group = task_.num_qo_heads / task_.num_kv_heads;
+  DevicePlanParams p = device_plan_config(popt, plan_ctas, static_cast<double>(plan_cta_q));
+  p.max_batch = static_cast<int>(task_.max_batch);
+  p.max_pages = static_cast<int>(std::min<int64_t>(task_.max_pages, INT32_MAX));
+  p.max_total_q = static_cast<int>(max_q);
+  p.page_size = task_.page_size;
+  p.decode = 0;
+  p.group = group;
+  p.cta_q = plan_cta_q;
+  p.causal = opt_.causal_schedule ? 1 : 0;
+  p.max_tiles = static_cast<int>(std::min<int64_t>(prefill_max_tiles(max_q, task_.max_batch, group, plan_cta_q), INT32_MAX));
+  p.max_items = static_cast<int>(std::min<int64_t>(layout_.max_items, INT32_MAX));
+  char* dev = static_cast<char*>(ws_->device_ptr());
+  p.work_indptr = reinterpret_cast<int*>(dev + layout_.work_indptr);
+  p.items = dev + layout_.items;
+  p.first_items = reinterpret_cast<PrefillWorkItem*>(dev + layout_.first_items);
+  detail::launch_planner(device_, p, b, ws_->device(), stream);
+  (void)page_errors_.device_ptr();  // allocated here, not in run()
+  plan_ = {};
+  source_kind_ = Source::kPaged;
+  batch_ = task_.max_batch;
+  total_q_ = max_q;
+  total_kv_ = 0;
+  mask_bytes_ = 0;
+  max_page_index_ = -1;  // the kernels check every id
+  plan_us_ = 0;
+}
+
+void BatchDecode::plan_on_device(const DeviceBatch& b, cudaStream_t stream) {
+  if (task_.max_batch < 1 || task_.max_pages < 1)
+    throw InvalidArgument("task: planning on the GPU needs the bounds max_batch and max_pages (> 0), got " +
+                          str(task_.max_batch) + ", " + str(task_.max_pages));
+  if (tc_) {
+    if (detail::has(b.qo_indptr))
+      throw InvalidArgument("qo_indptr: decode has one query per request; expected it undefined");
+    tc_->plan_paged_on_device(b, stream);
+    batch_ = task_.max_batch;
+    return;
+  }
+  page_errors_.raise_pending("kv_indices");
+  device_.errors.raise_pending();
+  detail::take_device_batch(device_, b, task_.max_batch, task_.max_pages, false, ws_->device());
+  cuda::DeviceGuard guard(ws_->device());
+  if (!kernel_) configure(task_.max_batch, task_.max_pages, stream);
+  DevicePlanParams p = device_plan_config(planner_options(), ctas_per_head_, 1.0);
+  p.max_batch = static_cast<int>(task_.max_batch);
+  p.max_pages = static_cast<int>(std::min<int64_t>(task_.max_pages, INT32_MAX));
+  p.max_total_q = p.max_batch;
+  p.page_size = task_.page_size;
+  p.decode = 1;
+  p.group = 1;
+  p.cta_q = 1;
+  p.max_tiles = p.max_batch;
+  p.max_items = static_cast<int>(std::min<int64_t>(layout_.max_items, INT32_MAX));
+  char* dev = static_cast<char*>(ws_->device_ptr());
+  p.work_indptr = reinterpret_cast<int*>(dev + layout_.work_indptr);
+  p.items = dev + layout_.items;
+  detail::launch_planner(device_, p, b, ws_->device(), stream);
+  plan_ = {};
+  batch_ = task_.max_batch;
+  max_page_index_ = -1;  // the kernels check every id
+  plan_us_ = 0;
+}
+
+}  // namespace tessera
