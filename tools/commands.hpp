@@ -18,4 +18,13 @@ int run_compile(const std::vector<std::string>& archs, int threads, bool verbose
 // Host time of steady-state BatchDecode::plan() calls, and of the planner alone.
 int run_plan_time(int batch, int reps);
 
+// A decode step of `layers` attention layers planned on the GPU in one
+// graph for every batch size, against host plans with a graph per size.
+struct DevicePlanOptions {
+  int layers = 32, steps = 100, max_batch = 256, max_len = 4096;
+  bool cuda_cores = false;
+  unsigned long long seed = 1;
+};
+int run_device_plan(const DevicePlanOptions& opt);
+
 }  // namespace tessera::tools

@@ -2,6 +2,7 @@
 //   tessera demo [--small] [--seed N] [--iters N]   serving-style attention step, verified
 //   tessera compile [--arch sm_80,sm_90a] [--threads N] [--verbose] [--load] [--pack DIR]
 //   tessera plan-time [--batch N] [--reps N]         host time of BatchDecode::plan()
+//   tessera device-plan [--layers N] [--steps N]     decode steps planned on the GPU vs on the host
 //   tessera info                                     GPU, NVRTC and cache
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,8 @@ void usage() {
       "  compile  [--arch LIST] [--threads N] [--verbose] [--load] [--pack DIR]  JIT-compile every built-in\n"
       "           kernel (--pack: also write them to DIR, a kernel pack an install ships)\n"
       "  plan-time [--batch N] [--reps N]  host time of steady-state decode plan() calls\n"
+      "  device-plan [--layers N] [--steps N] [--max-batch N] [--max-len N] [--cuda-cores]\n"
+      "                                    decode steps planned on the GPU in one graph vs host plans\n"
       "  info     show the GPU, NVRTC version and kernel cache directory");
 }
 
@@ -80,6 +83,20 @@ int main(int argc, char** argv) {
       }
       if (batch < 1 || reps < 1) { usage(); return 2; }
       return tessera::tools::run_plan_time(batch, reps);
+    }
+    if (cmd == "device-plan") {
+      tessera::tools::DevicePlanOptions opt;
+      for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--layers" && i + 1 < argc) opt.layers = std::atoi(argv[++i]);
+        else if (a == "--steps" && i + 1 < argc) opt.steps = std::atoi(argv[++i]);
+        else if (a == "--max-batch" && i + 1 < argc) opt.max_batch = std::atoi(argv[++i]);
+        else if (a == "--max-len" && i + 1 < argc) opt.max_len = std::atoi(argv[++i]);
+        else if (a == "--cuda-cores") opt.cuda_cores = true;
+        else { usage(); return 2; }
+      }
+      if (opt.layers < 1 || opt.steps < 1 || opt.max_batch < 1 || opt.max_len < 1) { usage(); return 2; }
+      return tessera::tools::run_device_plan(opt);
     }
     if (cmd == "compile") {
       std::vector<std::string> archs = {"sm_80", "sm_89", "sm_90a"};

@@ -342,6 +342,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
     return;
   }
   page_errors_.raise_pending("kv_indices");
+  device_.errors.raise_pending();
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, batch_);
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
   detail::check_workspace_device(q.device, ws_->device());

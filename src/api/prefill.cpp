@@ -380,6 +380,7 @@ void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, cons
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kPaged) throw InvalidArgument("run: the last plan was ragged; call run_ragged()");
   page_errors_.raise_pending("kv_indices");
+  device_.errors.raise_pending();
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
   detail::check_workspace_device(q.device, ws_->device());
   detail::check_paged_storage(kv, spec_, task_, max_page_index_, q.device);
