@@ -147,6 +147,7 @@ DevicePlanParams device_plan_config(const PlannerOptions& opt, int ctas, double 
   p.window_left = opt.window_left;
   p.unsplit_max_kv = opt.unsplit_max_kv;
   p.unsplit_min_tiles = opt.unsplit_min_tiles;
+  p.serpentine = opt.serpentine ? 1 : 0;
   p.item_cost = sixteenths(opt.alpha * tile_rows);
   p.token_cost = sixteenths(opt.beta);
   p.merge_cost = sixteenths(opt.merge_cost);
@@ -160,13 +161,43 @@ size_t device_plan_smem_bytes(const DevicePlanParams& p) {
     throw InvalidArgument("max_batch: device planning holds at most " + std::to_string(kDevicePlanMaxTiles) +
                           " query tiles per step (its tables live in one block's shared memory), the bounds give " +
                           std::to_string(p.max_tiles));
-  return plan::tables_layout(p.max_tiles, p.max_batch, p.ctas).bytes;
+  const u64 bytes = plan::tables_layout(p.max_tiles, p.max_batch, p.ctas, p.max_items).bytes;
+  constexpr u64 kLimit = 227 * 1024;  // one block's shared memory on sm_90 (sm_80: 163 KB, checked at the launch)
+  if (bytes > kLimit)
+    throw InvalidArgument("max_batch: device planning needs " + std::to_string(bytes) + " bytes of shared memory for " +
+                          std::to_string(p.max_tiles) + " query tiles and " + std::to_string(p.max_items) +
+                          " work items (the bounds), more than one block holds; expected smaller bounds");
+  return bytes;
 }
+
+namespace {
+
+// PlannerOptions whose rounding gives back p's integer costs exactly.
+PlannerOptions planner_options_of(const DevicePlanParams& p, double tile_rows) {
+  PlannerOptions opt;
+  opt.split_kv = p.split_kv != 0;
+  opt.alpha = static_cast<double>(p.item_cost) / (16.0 * tile_rows);
+  opt.beta = static_cast<double>(p.token_cost) / 16.0;
+  opt.merge_cost = static_cast<double>(p.merge_cost) / 16.0;
+  opt.min_chunk = p.min_chunk;
+  opt.chunk_align = p.chunk_align;
+  opt.window_left = p.window_left;
+  opt.serpentine = p.serpentine != 0;
+  opt.unsplit_max_kv = p.unsplit_max_kv;
+  opt.unsplit_min_tiles = p.unsplit_min_tiles;
+  opt.fixed_chunk = p.fixed_chunk;
+  opt.max_slots = p.max_slots;
+  opt.max_split_tiles = p.max_split_tiles;
+  return opt;
+}
+
+}  // namespace
 
 DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs& in) {
   DevicePlanResult r;
-  std::vector<int32_t> req, q_tile, begin, len, rows;  // per tile
-  const bool paged = !in.kv_last_page_len.empty(), decode = in.qo_indptr.empty();
+  r.work_indptr.assign(p.ctas + 1, 0);
+  if (!p.decode) r.first_items.assign(p.ctas, PrefillWorkItem{});
+  const bool paged = !in.kv_last_page_len.empty(), one_query = in.qo_indptr.empty();
   auto fail = [&r](int code, int request, int value) {
     if (r.error != kPlanOk) return;
     r.error = code;
@@ -181,7 +212,7 @@ DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs&
   auto kv_len = [&](int b) {
     return plan::kv_length(in.kv_indptr[b], in.kv_indptr[b + 1], paged ? in.kv_last_page_len[b] : 0, p.page_size, paged);
   };
-  auto qo_len = [&](int b) { return decode ? 1 : in.qo_indptr[b + 1] - in.qo_indptr[b]; };
+  auto qo_len = [&](int b) { return one_query ? 1 : in.qo_indptr[b + 1] - in.qo_indptr[b]; };
   bool bad = false;
   for (int b = 0; b < batch; ++b) {
     const int k0 = in.kv_indptr[b], k1 = in.kv_indptr[b + 1];
@@ -192,7 +223,7 @@ DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs&
       fail(kPlanLastPageLen, b, in.kv_last_page_len[b]);
       bad = true;
     }
-    if (!decode && ((b == 0 && in.qo_indptr[0] != 0) || in.qo_indptr[b + 1] < in.qo_indptr[b])) {
+    if (!one_query && ((b == 0 && in.qo_indptr[0] != 0) || in.qo_indptr[b + 1] < in.qo_indptr[b])) {
       fail(kPlanQoIndptr, b, b == 0 && in.qo_indptr[0] != 0 ? in.qo_indptr[0] : in.qo_indptr[b + 1]);
       bad = true;
     }
@@ -201,93 +232,61 @@ DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs&
     fail(kPlanMaxPages, batch, in.kv_indptr[batch]);
     bad = true;
   }
-  if (batch > 0 && !decode && in.qo_indptr[batch] > p.max_total_q) {
+  if (batch > 0 && !one_query && in.qo_indptr[batch] > p.max_total_q) {
     fail(kPlanMaxTotalQ, batch, in.qo_indptr[batch]);
     bad = true;
   }
   if (bad) batch = 0;
-
-  // The tiles.
+  std::vector<int32_t> qo_lens(batch), kv_lens(batch);
   int64_t tiles = 0;
-  for (int b = 0; b < batch; ++b) tiles += decode ? 1 : (int64_t{qo_len(b)} * p.group + p.cta_q - 1) / p.cta_q;
-  if (!decode && tiles > p.max_tiles) {
-    fail(kPlanMaxTiles, -1, p.max_tiles);
-    batch = 0;
-  }
   for (int b = 0; b < batch; ++b) {
-    const int q = qo_len(b), kv = kv_len(b);
-    const int n = decode ? 1 : static_cast<int>((int64_t{q} * p.group + p.cta_q - 1) / p.cta_q);
-    for (int qt = 0; qt < n; ++qt) {
-      plan::TileSpan s = decode ? plan::TileSpan{0, kv, 1} : plan::prefill_tile(qt, q, kv, p.group, p.cta_q, p.causal != 0);
-      if (p.window_left >= 0)
-        plan::clip_to_window(s, decode ? plan::decode_window_start(kv, p.window_left)
-                                       : plan::prefill_window_start(qt, q, kv, p.group, p.cta_q, p.window_left),
-                             p.chunk_align);
-      req.push_back(b);
-      q_tile.push_back(qt);
-      begin.push_back(s.begin);
-      len.push_back(s.len);
-      rows.push_back(s.rows);
-    }
+    qo_lens[b] = qo_len(b);
+    kv_lens[b] = kv_len(b);
+    tiles += p.decode ? 1 : (int64_t{qo_lens[b]} * p.group + p.cta_q - 1) / p.cta_q;
   }
-  const int n = static_cast<int>(len.size());
-  ParallelSchedule t;
-  const int L = t.choose_chunk_size(p, len, rows);
-  auto shape = [&](int i) { return plan::chunk_shape(len[i], L, p.chunk_align); };
+  if (tiles > p.max_tiles) {
+    fail(kPlanMaxTiles, -1, p.max_tiles);
+    qo_lens.clear();
+    kv_lens.clear();
+  }
 
-  // Split tiles' slots and counters, then the items in chunk order.
-  std::vector<int64_t> split(n, -1);
-  int64_t slots = 0, splits = 0;
-  for (int i = 0; i < n; ++i) {
-    const ChunkShape s = shape(i);
-    if (s.n > 1) {
-      split[i] = slots << 32 | splits;
-      slots += s.n;
-      splits += 1;
+  // The host planner's plan (the kernel computes the same one).
+  Planner planner;
+  PlanStats* stats = nullptr;
+  if (p.decode) {
+    DecodePlan plan;
+    planner.plan_decode(kv_lens, p.ctas, planner_options_of(p, 1.0), plan);
+    r.decode_items = std::move(plan.items);
+    r.num_items = static_cast<int32_t>(r.decode_items.size());
+    static_cast<PlanStats&>(r.plan) = plan;
+  } else {
+    PrefillPlan plan;
+    planner.plan_prefill(qo_lens, kv_lens, p.group, p.cta_q, p.causal != 0, p.ctas, planner_options_of(p, p.cta_q), plan);
+    r.items = std::move(plan.items);
+    for (PrefillWorkItem& w : r.items) {
+      const int b = w.request;
+      w.qo_begin = one_query ? b : in.qo_indptr[b];
+      w.qo_len = qo_lens[b];
+      w.kv_begin = in.kv_indptr[b];
+      w.kv_len = kv_lens[b];
     }
+    r.num_items = static_cast<int32_t>(r.items.size());
+    static_cast<PlanStats&>(r.plan) = plan;
   }
-  const std::vector<int>& chunk0 = t.chunk0(), &cta_first = t.cta_first();
-  int chunks = cta_first[p.ctas];
-  if (chunks > p.max_items) {
-    fail(kPlanMaxTiles, -1, chunks);
-    chunks = 0;
+  stats = &r.plan;
+  r.chunk_size = stats->chunk_size;
+  if (r.num_items > p.max_items) {  // an empty plan, as the kernel leaves it
+    fail(kPlanMaxTiles, -1, r.num_items);
+    r.decode_items.clear();
+    r.items.clear();
+    r.num_items = 0;
+    return r;
   }
-  auto item = [&](int j) {
-    const int i = static_cast<int>(std::upper_bound(chunk0.begin(), chunk0.end(), j) - chunk0.begin()) - 1;
-    const int k = j - chunk0[i];
-    const ChunkShape s = shape(i);
-    const int b = req[i];
-    PrefillWorkItem w{};
-    w.request = b;
-    w.q_tile = q_tile[i];
-    w.kv_start = begin[i] + k * s.step;
-    w.kv_end = begin[i] + static_cast<int>(std::min<int64_t>(len[i], int64_t{k + 1} * s.step));
-    w.first_slot = split[i] < 0 ? -1 : static_cast<int>(split[i] >> 32);
-    w.partial_slot = split[i] < 0 ? -1 : w.first_slot + k;
-    w.num_chunks = s.n;
-    w.counter = split[i] < 0 ? -1 : static_cast<int>(split[i] & 0xffffffff);
-    w.qo_begin = decode ? b : in.qo_indptr[b];
-    w.qo_len = qo_len(b);
-    w.kv_begin = in.kv_indptr[b];
-    w.kv_len = kv_len(b);
-    return w;
-  };
-  r.work_indptr.assign(p.ctas + 1, 0);
-  for (int x = 0; x <= p.ctas && chunks; ++x) r.work_indptr[x] = cta_first[x];
-  for (int j = 0; j < chunks; ++j) {
-    const PrefillWorkItem w = item(j);
-    if (decode) r.decode_items.push_back({w.request, w.kv_start, w.kv_end, w.partial_slot, w.first_slot, w.num_chunks});
-    else r.items.push_back(w);
-  }
-  if (!decode) {
-    r.first_items.assign(p.ctas, PrefillWorkItem{});
-    for (int x = 0; x < p.ctas; ++x)
-      if (chunks && cta_first[x] < cta_first[x + 1]) r.first_items[x] = item(cta_first[x]);
-  }
-  r.chunk_size = L;
-  r.num_slots = chunks ? static_cast<int32_t>(slots) : 0;
-  r.num_split = chunks ? static_cast<int32_t>(splits) : 0;
-  r.num_items = chunks;
+  r.work_indptr = stats->work_indptr;
+  for (int x = 0; x < p.ctas && !p.decode; ++x)
+    if (r.work_indptr[x] < r.work_indptr[x + 1]) r.first_items[x] = r.items[r.work_indptr[x]];
+  r.num_slots = stats->num_slots;
+  r.num_split = stats->num_split;
   return r;
 }
 

@@ -111,15 +111,12 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   a.heap[m] = UINT64_MAX;  // sentinel: a missing right child is never the smaller one
   a.owner.resize(n);
   a.order.resize(n);
-  const auto fixed = [](double cost) { return static_cast<uint64_t>(std::max(cost, 0.0) * 16.0 + 0.5); };
-  const uint64_t item_cost = fixed(opt.alpha * tile_rows);
-  // beta in whole 1/16 steps (the default 1.0 is): integer costs, same values.
-  const double beta16 = std::max(opt.beta, 0.0) * 16.0;
-  const bool beta_exact = beta16 == static_cast<double>(static_cast<uint64_t>(beta16)) && beta16 < 1e9;
-  const uint64_t beta_fx = beta_exact ? static_cast<uint64_t>(beta16) : 0;
+  // Costs in 1/16 token units, alpha * tile_rows and beta each rounded, as
+  // the device planner counts them (device_plan_config).
+  const DevicePlanParams units = device_plan_config(opt, ctas, tile_rows);
+  const uint64_t item_cost = static_cast<uint64_t>(units.item_cost), token_cost = static_cast<uint64_t>(units.token_cost);
   auto added = [&](int32_t w) {
-    const int64_t len = a.chunks[w].end - a.chunks[w].start;
-    return (item_cost + (beta_exact ? beta_fx * static_cast<uint64_t>(len) : fixed(opt.beta * len))) << kCtaBits;
+    return (item_cost + token_cost * static_cast<uint64_t>(a.chunks[w].end - a.chunks[w].start)) << kCtaBits;
   };
   // While every CTA still has cost 0, the cheapest is the lowest-numbered one
   // not yet given a chunk: chunk k goes to CTA k with no heap walk, as long

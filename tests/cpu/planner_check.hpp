@@ -104,10 +104,10 @@ inline std::vector<std::pair<int32_t, int32_t>> chunks_of(const PlanTile& t, int
 }
 
 // An item's cost as the planner's heap counts it: alpha * tile_rows + beta *
-// keys, each rounded to 1/16 token units.
+// keys, alpha * tile_rows and beta each rounded to 1/16 token units.
 inline uint64_t cost16(const PlannerOptions& opt, double tile_rows, int64_t keys) {
   auto fixed = [](double x) { return static_cast<uint64_t>(std::max(x, 0.0) * 16.0 + 0.5); };
-  return fixed(opt.alpha * tile_rows) + fixed(opt.beta * static_cast<double>(keys));
+  return fixed(opt.alpha * tile_rows) + fixed(opt.beta) * static_cast<uint64_t>(keys);
 }
 
 // The parallel schedule's makespan (device/kernels/plan/schedule.cuh) of

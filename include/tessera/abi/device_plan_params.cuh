@@ -10,7 +10,7 @@
 namespace tessera {
 
 constexpr int kDevicePlanThreads = 1024;  // one block plans the whole step
-constexpr int kDevicePlanMaxTiles = 4096;  // shared-memory tables: 40 bytes per query tile
+constexpr int kDevicePlanMaxTiles = 4096;  // shared-memory tables: 44 bytes per query tile, 28 per chunk
 
 // What a failed input check records (DevicePlanParams::error, mapped pinned
 // memory: flag, code, request, value). The plan is then empty.
@@ -42,6 +42,7 @@ struct DevicePlanParams {
   int ctas;
   int split_kv, fixed_chunk, min_chunk, chunk_align, window_left;
   int unsplit_max_kv, unsplit_min_tiles;
+  int serpentine;  // PlannerOptions::serpentine
   i64 item_cost;   // per work item: alpha * rows of a tile, x16
   i64 token_cost;  // per KV token: beta, x16
   i64 merge_cost;  // per row and chunk of a split tile's merge, x16 (0: off)

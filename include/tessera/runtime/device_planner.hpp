@@ -1,11 +1,12 @@
 // Planning on the GPU (device/kernels/plan/): configuration, launch, and
 // the planner's host twin.
 //
-// The device planner runs the parallel schedule of plan/schedule.cuh in one
-// block, reading the step's lengths from device memory. plan_on_host() is
-// the same schedule computed sequentially: the kernel's plan is bitwise
-// this one (tests compare them on random batches), which is how a device
-// plan is checked and reproduced without a GPU.
+// The device planner computes the host planner's plan in one block,
+// reading the step's lengths from device memory: the chunk size by the
+// rule both share (runtime/parallel_schedule.hpp), then Algorithm 1's
+// greedy assignment. plan_on_host() is that plan from the host Planner,
+// with the kernel's input checks: the kernel's queues are bitwise these
+// (tests compare them on random batches).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -49,6 +50,7 @@ struct DevicePlanResult {
   std::vector<PrefillWorkItem> items;          // prefill
   std::vector<PrefillWorkItem> first_items;    // prefill: [ctas]
   int32_t chunk_size = 0, num_slots = 0, num_split = 0, num_items = 0;
+  PlanStats plan;  // the host planner's statistics of the same plan
 };
 
 // The device planner's schedule on the host (config: device_plan_config

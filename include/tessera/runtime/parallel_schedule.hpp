@@ -1,7 +1,5 @@
-// The device planner's parallel schedule (device/kernels/plan/schedule.cuh)
-// on the host: its choice of chunk size, which the host planner makes too,
-// and its assignment of chunks to CTAs, which the device planner's host
-// twin (runtime/device_planner.hpp) uses.
+// The chunk-size rule of the host and device planners
+// (device/kernels/plan/schedule.cuh), on the host.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -12,19 +10,17 @@
 
 namespace tessera {
 
-// The parallel schedule's choice of chunk size (plan/schedule.cuh), which
-// the host planner makes too, so a tile is cut alike whichever planner
-// ran and its output bits do not depend on where the step was planned.
-// Tables reused call after call.
+// The chunk size: Algorithm 1's line 3, the one-wave refinement, short
+// steps, merge-aware growth and the workspace's capacity, each candidate
+// judged by the makespan of the parallel schedule (chunks in tile order,
+// each to the CTA whose share of the total cost holds its midpoint), which
+// one block computes with scans, so the device planner decides exactly as
+// the host does. Tables reused call after call.
 class ParallelSchedule {
  public:
   // Tiles of len[i] visible keys and rows[i] query rows; options and CTAs
-  // from p (device_plan_config). Returns L (plan::kNoSplit: none splits);
-  // chunk0() and cta_first() are then L's: each tile's first chunk, each
-  // CTA's first chunk in tile order ([ctas + 1]).
+  // from p (device_plan_config). Returns L (plan::kNoSplit: none splits).
   int choose_chunk_size(const DevicePlanParams& p, std::span<const int32_t> len, std::span<const int32_t> rows);
-  const std::vector<int>& chunk0() const { return chunk0_; }
-  const std::vector<int>& cta_first() const { return cta_first_; }
 
  private:
   struct Evaluation {

@@ -1,10 +1,11 @@
 // The device planner: one block reads a step's lengths from the caller's
-// device buffers and writes the work queues of the parallel schedule
-// (plan/schedule.cuh) into the workspace sections the attention kernels
-// read, so planning needs no host round trip and a CUDA graph can hold it.
+// device buffers and writes the host planner's work queues (chunk size by
+// plan/schedule.cuh's rule, assignment by plan/assign.cuh) into the
+// workspace sections the attention kernels read, so planning needs no host
+// round trip and a CUDA graph can hold it.
 // Bad lengths are recorded (DevicePlanError) and leave an empty plan.
 #pragma once
-#include "tessera/device/kernels/plan/block_schedule.cuh"
+#include "tessera/device/kernels/plan/assign.cuh"
 
 namespace tessera {
 
@@ -218,7 +219,7 @@ __device__ PrefillWorkItem chunk_item(const DevicePlanParams& p, const Tables& t
 }
 
 __device__ void plan_step(const DevicePlanParams& p, char* smem) {
-  const Tables t = tables_at(smem, tables_layout(p.max_tiles, p.max_batch, p.ctas));
+  const Tables t = tables_at(smem, tables_layout(p.max_tiles, p.max_batch, p.ctas, p.max_items));
   int* claim = t.misc;
   if (threadIdx.x == 0) claim[0] = 0;
   __syncthreads();
@@ -238,24 +239,41 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
   const int L = choose_chunk_size(p, t, n, costs);
   const SplitTotals split = number_split_tiles(p, t, n, L);
   int chunks = t.cta_first[p.ctas];
+  __syncthreads();  // every thread read the count before the tables change
   if (chunks > p.max_items) {  // beyond the workspace's bound (the bounds make it unreachable): an empty plan
     if (threadIdx.x == 0) record_error(p, claim, kPlanMaxTiles, -1, chunks);
     chunks = 0;
   }
-  for (int x = threadIdx.x; x <= p.ctas; x += blockDim.x) p.work_indptr[x] = chunks ? t.cta_first[x] : 0;
-  for (int j = threadIdx.x; j < chunks; j += blockDim.x) {
-    const PrefillWorkItem w = chunk_item(p, t, n, L, j);
+  chunk_sort_keys(p, t, batch, n, chunks, L);
+  sort_chunks(t);
+  assign_chunks(p, t, chunks);
+  // Queues: each CTA's chunks in assignment order, CTA after CTA.
+  const Segment seg = segment(p.ctas);
+  i64 mine = 0, total = 0;
+  for (int c = seg.lo; c < seg.hi; ++c) mine += t.cta_count[c];
+  i64 at = block_exclusive_scan(mine, t.red, total);
+  for (int c = seg.lo; c < seg.hi; ++c) {
+    t.cta_first[c] = static_cast<int>(at);
+    at += t.cta_count[c];
+  }
+  if (threadIdx.x == 0) t.cta_first[p.ctas] = chunks;
+  __syncthreads();
+  for (int w = threadIdx.x; w < chunks; w += blockDim.x) t.queue[t.cta_first[t.owner[w]] + t.rank[w]] = w;
+  __syncthreads();
+  for (int x = threadIdx.x; x <= p.ctas; x += blockDim.x) p.work_indptr[x] = t.cta_first[x];
+  for (int q = threadIdx.x; q < chunks; q += blockDim.x) {
+    const PrefillWorkItem w = chunk_item(p, t, n, L, t.queue[q]);
     if (p.decode) {
-      static_cast<DecodeWorkItem*>(p.items)[j] = {w.request, w.kv_start, w.kv_end, w.partial_slot, w.first_slot,
+      static_cast<DecodeWorkItem*>(p.items)[q] = {w.request, w.kv_start, w.kv_end, w.partial_slot, w.first_slot,
                                                    w.num_chunks};
     } else {
-      static_cast<PrefillWorkItem*>(p.items)[j] = w;
+      static_cast<PrefillWorkItem*>(p.items)[q] = w;
     }
   }
   if (p.first_items)
     for (int x = threadIdx.x; x < p.ctas; x += blockDim.x) {
-      const int j = t.cta_first[x];
-      p.first_items[x] = chunks && j < t.cta_first[x + 1] ? chunk_item(p, t, n, L, j) : PrefillWorkItem{};
+      const int q = t.cta_first[x];
+      p.first_items[x] = q < t.cta_first[x + 1] ? chunk_item(p, t, n, L, t.queue[q]) : PrefillWorkItem{};
     }
   if (threadIdx.x == 0 && p.stats) {
     p.stats[0] = L;

@@ -1,8 +1,10 @@
 // The device planner's shared-memory tables: per query tile its request,
 // query tile, visible keys and rows, and the current chunk size's prefixes;
-// per request its first tile; per CTA its first chunk and the cost before
-// it. One layout function serves the host (the launch's dynamic shared
-// memory) and the kernel (the pointers), so the two never disagree.
+// per request its first tile and longest chunk; per CTA its first chunk,
+// the cost before it (the parallel schedule's estimate) and its greedy
+// cost and count; per chunk its sort keys, CTA, rank there and queue slot.
+// One layout function serves the host (the launch's dynamic shared memory)
+// and the kernel (the pointers), so the two never disagree.
 #pragma once
 #include "tessera/abi/types.cuh"
 
@@ -10,15 +12,16 @@ namespace tessera::plan {
 
 struct TablesLayout {
   // byte offsets; 8-byte arrays first
-  u64 before, mid2, cta_before, red;
-  u64 req, q_tile, begin, len, rows, chunk0, tile0, cta_first, misc;
+  u64 before, mid2, cta_before, red, major, minor, cta_cost;
+  u64 req, q_tile, begin, len, rows, chunk0, tile0, req_rank, cta_first, cta_count, owner, rank, queue, misc;
   u64 bytes;
+  int sort_n;  // the sort's power-of-two length
 };
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 __host__ __device__
 #endif
-inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas) {
+inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int max_items) {
   TablesLayout l{};
   u64 at = 0;
   auto take = [&at](u64 bytes) {
@@ -27,11 +30,16 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas) {
     return o;
   };
   const u64 tiles = static_cast<u64>(max_tiles) + 1, reqs = static_cast<u64>(max_batch) + 1;
-  const u64 ctas1 = static_cast<u64>(ctas) + 1;
+  const u64 ctas1 = static_cast<u64>(ctas) + 1, items = static_cast<u64>(max_items > 0 ? max_items : 1);
+  l.sort_n = 1;
+  while (static_cast<u64>(l.sort_n) < items) l.sort_n *= 2;
   l.before = take(8 * tiles);
   l.mid2 = take(8 * tiles);
   l.cta_before = take(8 * ctas1);
   l.red = take(8 * 32);
+  l.major = take(8 * static_cast<u64>(l.sort_n));
+  l.minor = take(8 * static_cast<u64>(l.sort_n));
+  l.cta_cost = take(8 * ctas1);
   l.req = take(4 * tiles);
   l.q_tile = take(4 * tiles);
   l.begin = take(4 * tiles);
@@ -39,7 +47,12 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas) {
   l.rows = take(4 * tiles);
   l.chunk0 = take(4 * tiles);
   l.tile0 = take(4 * reqs);
+  l.req_rank = take(4 * reqs);
   l.cta_first = take(4 * ctas1);
+  l.cta_count = take(4 * ctas1);
+  l.owner = take(4 * items);
+  l.rank = take(4 * items);
+  l.queue = take(4 * items);
   l.misc = take(4 * 8);
   l.bytes = at;
   return l;
@@ -48,16 +61,22 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas) {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 struct Tables {
   i64 *before, *mid2, *cta_before, *red;
-  int *req, *q_tile, *begin, *len, *rows, *chunk0, *tile0, *cta_first, *misc;
+  u64 *major, *minor, *cta_cost;
+  int *req, *q_tile, *begin, *len, *rows, *chunk0, *tile0, *req_rank, *cta_first, *cta_count, *owner, *rank, *queue,
+      *misc;
+  int sort_n;
 };
 __device__ __forceinline__ Tables tables_at(char* smem, const TablesLayout& l) {
   return {reinterpret_cast<i64*>(smem + l.before), reinterpret_cast<i64*>(smem + l.mid2),
           reinterpret_cast<i64*>(smem + l.cta_before), reinterpret_cast<i64*>(smem + l.red),
-          reinterpret_cast<int*>(smem + l.req), reinterpret_cast<int*>(smem + l.q_tile),
+          reinterpret_cast<u64*>(smem + l.major), reinterpret_cast<u64*>(smem + l.minor),
+          reinterpret_cast<u64*>(smem + l.cta_cost), reinterpret_cast<int*>(smem + l.req), reinterpret_cast<int*>(smem + l.q_tile),
           reinterpret_cast<int*>(smem + l.begin), reinterpret_cast<int*>(smem + l.len),
           reinterpret_cast<int*>(smem + l.rows), reinterpret_cast<int*>(smem + l.chunk0),
-          reinterpret_cast<int*>(smem + l.tile0), reinterpret_cast<int*>(smem + l.cta_first),
-          reinterpret_cast<int*>(smem + l.misc)};
+          reinterpret_cast<int*>(smem + l.tile0), reinterpret_cast<int*>(smem + l.req_rank),
+          reinterpret_cast<int*>(smem + l.cta_first), reinterpret_cast<int*>(smem + l.cta_count),
+          reinterpret_cast<int*>(smem + l.owner), reinterpret_cast<int*>(smem + l.rank),
+          reinterpret_cast<int*>(smem + l.queue), reinterpret_cast<int*>(smem + l.misc), l.sort_n};
 }
 #endif
 
