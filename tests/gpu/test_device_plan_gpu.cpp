@@ -309,7 +309,10 @@ TEST_P(DevicePlanDecode, BadDeviceInputRaisedByTheNextCall) {
   const Table good = make_table({30, 200, 7}, c.page_size, pool, rng);
   auto expect_raised = [&](const std::string& name) {
     dec.plan_on_device(step.decode());
-    (void)run_rows(dec, p, c, max_batch, max_batch);  // synchronizes
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_THROW_MSG((void)run_rows(dec, p, c, max_batch, max_batch), InvalidArgument, name);
+    dec.plan_on_device(step.decode());  // raised by the next plan too
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_THROW_MSG(dec.plan_on_device(step.decode()), InvalidArgument, name);
     step.set(good);
     dec.plan_on_device(step.decode());
