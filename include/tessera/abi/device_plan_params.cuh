@@ -9,7 +9,7 @@
 
 namespace tessera {
 
-constexpr int kDevicePlanThreads = 1024;  // one block plans the whole step
+constexpr int kDevicePlanThreads = 512;  // one block plans the whole step
 constexpr int kDevicePlanMaxTiles = 4096;  // shared-memory tables: 44 bytes per query tile, 28 per chunk
 
 // What a failed input check records (DevicePlanParams::error, mapped pinned

@@ -96,7 +96,7 @@ __device__ void assign_chunks(const DevicePlanParams& p, const Tables& t, int ch
   i64 fast = min(chunks, m);
   for (int k = threadIdx.x; k < min(chunks, m); k += blockDim.x)
     if (cost_at(k) == 0) fast = min(fast, static_cast<i64>(k));
-  fast = block_reduce(fast, t.red, [](i64 a, i64 b) { return a < b ? a : b; });
+  fast = block_reduce(fast, t.red, Min{});
   for (int c = threadIdx.x; c < m; c += blockDim.x) {
     const bool taken = c < fast;
     t.cta_cost[c] = (taken ? cost_at(c) << kCtaBits : 0) | static_cast<u64>(c);

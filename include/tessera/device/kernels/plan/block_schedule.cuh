@@ -13,16 +13,24 @@ namespace tessera {
 namespace plan {
 
 // Block-wide reductions and scans (every thread calls them, every thread
-// gets the result). red: 32 shared slots, reused call after call.
+// gets the result). red: 33 shared slots, reused call after call: warp w's
+// partial in red[w], the result in red[32]. A call's writes to red[w] come
+// after its warp's reads of the previous call (__syncwarp), and warp 0
+// reads the partials before the barrier that ends the call.
 template <typename Op>
 __device__ __forceinline__ i64 block_reduce(i64 v, i64* red, Op op) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();  // the previous call's readers are done with red
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncwarp();
+  if (lane == 0) red[warp] = v;
   __syncthreads();
-  i64 r = red[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) r = op(r, red[w]);
-  return r;
+  if (warp == 0) {
+    i64 x = red[lane < warps ? lane : 0];
+    for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if (lane == 0) red[32] = x;
+  }
+  __syncthreads();
+  return red[32];
 }
 struct Sum {
   __device__ i64 operator()(i64 a, i64 b) const { return a + b; }
@@ -30,24 +38,33 @@ struct Sum {
 struct Max {
   __device__ i64 operator()(i64 a, i64 b) const { return a > b ? a : b; }
 };
+struct Min {
+  __device__ i64 operator()(i64 a, i64 b) const { return a < b ? a : b; }
+};
 // Exclusive prefix of the threads' values in thread order; total: the sum.
 __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* red, i64& total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   i64 x = v;
   for (int o = 1; o < 32; o <<= 1) {
     const i64 y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= o) x += y;
   }
-  __syncthreads();
+  __syncwarp();
   if (lane == 31) red[warp] = x;
   __syncthreads();
-  i64 base = 0;
-  total = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
-    if (w < warp) base += red[w];
-    total += red[w];
+  if (warp == 0) {  // the warps' exclusive prefixes in place, the total in red[32]
+    const i64 mine = lane < warps ? red[lane] : 0;
+    i64 y = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      const i64 z = __shfl_up_sync(0xffffffffu, y, o);
+      if (lane >= o) y += z;
+    }
+    if (lane < warps) red[lane] = y - mine;
+    if (lane == 31) red[32] = y;
   }
-  return base + x - v;
+  __syncthreads();
+  total = red[32];
+  return red[warp] + x - v;
 }
 
 // This thread's contiguous run of n elements (scans keep element order).

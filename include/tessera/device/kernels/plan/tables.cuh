@@ -36,7 +36,7 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int ma
   l.before = take(8 * tiles);
   l.mid2 = take(8 * tiles);
   l.cta_before = take(8 * ctas1);
-  l.red = take(8 * 32);
+  l.red = take(8 * 33);
   l.major = take(8 * static_cast<u64>(l.sort_n));
   l.minor = take(8 * static_cast<u64>(l.sort_n));
   l.cta_cost = take(8 * ctas1);
