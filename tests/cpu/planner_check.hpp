@@ -89,6 +89,24 @@ inline std::vector<PlanTile> prefill_tiles(std::span<const int32_t> qo, std::spa
   return tiles;
 }
 
+// Line 3 of Algorithm 1 (total keys / ctas, at least min_chunk, aligned) and
+// the short-step rule (PlannerOptions::unsplit_max_kv), from the tiles.
+inline int64_t line3_chunk(const std::vector<PlanTile>& tiles, int ctas, const PlannerOptions& opt) {
+  int64_t total = 0;
+  for (const PlanTile& t : tiles) total += t.end - t.begin;
+  return align_up(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)), align_of(opt));
+}
+inline bool is_short_step(const std::vector<PlanTile>& tiles, int ctas, const PlannerOptions& opt) {
+  int64_t total = 0, longest = 1;
+  for (const PlanTile& t : tiles) {
+    total += t.end - t.begin;
+    longest = std::max<int64_t>(longest, t.end - t.begin);
+  }
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size()), sms = std::max(1, opt.unsplit_min_tiles);
+  return opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas && longest <= opt.unsplit_max_kv &&
+         8 * longest * sms <= 9 * total;
+}
+
 // A tile longer than L is cut into n = ceil(len / L) near-equal pieces of
 // `step` keys, step a multiple of chunk_align and at most L; the last piece
 // takes the rest. Returns the chunks' [start, end).
@@ -286,15 +304,8 @@ inline void check_plan(const std::vector<PlanTile>& tiles, int32_t requests, int
 
   // Short steps (PlannerOptions::unsplit_max_kv) and the ablation stay whole;
   // otherwise L is at least line 3's total / ctas and a multiple of chunk_align.
-  int64_t total = 0, longest = 1;
-  for (const PlanTile& t : tiles) {
-    total += t.end - t.begin;
-    longest = std::max<int64_t>(longest, t.end - t.begin);
-  }
-  const int64_t n_tiles = static_cast<int64_t>(tiles.size()), sms = std::max(1, opt.unsplit_min_tiles);
-  const bool short_step = opt.unsplit_max_kv > 0 && n_tiles >= sms && n_tiles <= ctas &&
-                          longest <= opt.unsplit_max_kv && 8 * longest * sms <= 9 * total;
-  const int64_t L3 = align_up(std::max<int64_t>((total + ctas - 1) / ctas, std::max(1, opt.min_chunk)), align);
+  const bool short_step = is_short_step(tiles, ctas, opt);
+  const int64_t L3 = line3_chunk(tiles, ctas, opt);
   if (fixed) {
     EXPECT_EQ(stats.chunk_size, align_up(opt.fixed_chunk, align)) << "fixed chunks: L is fixed_chunk, aligned";
   } else if (!opt.split_kv || short_step) {
