@@ -1,11 +1,10 @@
 // Checks a device plan (runtime/device_planner.hpp, plan_on_host) against
-// the parallel schedule's contract (device/kernels/plan/schedule.cuh), for
-// the device planner's tests: every query tile's visible keys (derived by
-// planner_check.hpp from the documented rules, not by the planner) covered
-// in chunk order by the near-equal chunks of the plan's L, split tiles'
-// consecutive partial slots and unique counters, each chunk in the CTA whose
-// share of the total cost holds its midpoint (hence the list-scheduling
-// bound), the first items, the workspace bounds and the caller's caps. Also
+// the planner's contract, for the device planner's tests: every query
+// tile's visible keys (derived by planner_check.hpp from the documented
+// rules, not by the planner) covered by the near-equal chunks of the plan's
+// L, split tiles' consecutive partial slots and unique counters, the
+// list-scheduling bound, the first items, the workspace bounds and the
+// caller's caps. Also
 // a step's index arrays as the kernel reads them and its configuration.
 #pragma once
 #include <gtest/gtest.h>

@@ -1,7 +1,6 @@
-// The device planner's host twin (runtime/device_planner.hpp): the parallel
-// schedule's contract on random decode and prefill batches (the checks of
-// device_plan_check.hpp, plus determinism, no plan worse than line 3's L
-// where only the refinement may move it, and batch-invariant fixed chunks),
+// The device planner's host twin (runtime/device_planner.hpp): the plan's
+// contract on random decode and prefill batches (the checks of
+// device_plan_check.hpp, plus determinism and batch-invariant fixed chunks),
 // its chunking against the host Planner where the rules make them equal by
 // construction, its input checks, empty batches, and the kernel's NVRTC
 // build. Seeds: fuzz_util.hpp (TESSERA_FUZZ_SEED / TESSERA_FUZZ_SCALE,
