@@ -157,6 +157,9 @@ DevicePlanParams device_plan_config(const PlannerOptions& opt, int ctas, double 
 }
 
 size_t device_plan_smem_bytes(const DevicePlanParams& p) {
+  if (p.decode && p.max_tiles < p.max_batch)
+    throw InvalidArgument("max_tiles: decode plans a tile per request; expected at least max_batch (" +
+                          std::to_string(p.max_batch) + "), got " + std::to_string(p.max_tiles));
   if (p.max_tiles > kDevicePlanMaxTiles)
     throw InvalidArgument("max_batch: device planning holds at most " + std::to_string(kDevicePlanMaxTiles) +
                           " query tiles per step (its tables live in one block's shared memory), the bounds give " +
@@ -276,7 +279,7 @@ DevicePlanResult plan_on_host(const DevicePlanParams& p, const DevicePlanInputs&
   stats = &r.plan;
   r.chunk_size = stats->chunk_size;
   if (r.num_items > p.max_items) {  // an empty plan, as the kernel leaves it
-    fail(kPlanMaxTiles, -1, r.num_items);
+    fail(kPlanMaxItems, -1, r.num_items);
     r.decode_items.clear();
     r.items.clear();
     r.num_items = 0;
@@ -301,6 +304,9 @@ std::string device_plan_error_message(int code, int request, int value) {
     case kPlanMaxTotalQ: return "qo_indptr: expected qo_indptr[batch] <= the workspace bound max_total_q" + at;
     case kPlanMaxTiles:
       return "qo_indptr: expected at most " + std::to_string(value) + " query tiles (the workspace's bound)";
+    case kPlanMaxItems:
+      return "kv_indptr: " + std::to_string(value) + " work items exceed the workspace (fixed_chunk splits the batch's "
+             "keys into more chunks than its bound holds)";
     default: return "device plan: unknown error code " + std::to_string(code);
   }
 }

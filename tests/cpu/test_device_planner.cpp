@@ -312,7 +312,7 @@ TEST(DevicePlanner, InputErrorsLeaveAnEmptyPlan) {
        "max_total_q"},
       {"more tiles than max_tiles", false, [](Checked& c) { c.p.max_tiles = 6; }, kPlanMaxTiles, -1, 6, "query tiles"},
       // value: the plan's chunks (8), which the message calls the bound
-      {"more chunks than max_items", true, [](Checked& c) { c.p.max_items = 3; }, kPlanMaxTiles, -1, 8, nullptr},
+      {"more chunks than max_items", true, [](Checked& c) { c.p.max_items = 3; }, kPlanMaxItems, -1, 8, "work items"},
   };
   for (const Bad& b : cases) {
     SCOPED_TRACE(b.what);

@@ -23,6 +23,7 @@ enum DevicePlanError : int {
   kPlanQoIndptr = 5,      // qo_indptr[0] != 0 or decreasing at `request`
   kPlanMaxTotalQ = 6,     // qo_indptr[batch] above max_total_q
   kPlanMaxTiles = 7,      // more query tiles than the workspace's tables hold
+  kPlanMaxItems = 8,      // more work items than the workspace holds (fixed chunks beyond its bound)
 };
 
 struct DevicePlanParams {

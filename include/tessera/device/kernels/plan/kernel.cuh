@@ -240,8 +240,8 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
   const SplitTotals split = number_split_tiles(p, t, n, L);
   int chunks = t.cta_first[p.ctas];
   __syncthreads();  // every thread read the count before the tables change
-  if (chunks > p.max_items) {  // beyond the workspace's bound (the bounds make it unreachable): an empty plan
-    if (threadIdx.x == 0) record_error(p, claim, kPlanMaxTiles, -1, chunks);
+  if (chunks > p.max_items) {  // beyond the workspace's bound: an empty plan
+    if (threadIdx.x == 0) record_error(p, claim, kPlanMaxItems, -1, chunks);
     chunks = 0;
   }
   chunk_sort_keys(p, t, batch, n, chunks, L);
