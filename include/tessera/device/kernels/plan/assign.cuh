@@ -50,8 +50,23 @@ __device__ void chunk_sort_keys(const DevicePlanParams& p, const Tables& t, int 
   __syncthreads();
 }
 
-// Bitonic sort of (major, minor) ascending over sort_n entries.
-__device__ void sort_chunks(const Tables& t) {
+// The chunks' minor keys in ascending (major, minor) order into t.order:
+// by rank (each key counts the smaller ones: one pass, no barrier per
+// stage) up to 1024 chunks, else a bitonic sort over sort_n entries.
+__device__ void sort_chunks(const Tables& t, int chunks) {
+  if (chunks <= 1024) {
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
+      const u64 a0 = t.major[i], a1 = t.minor[i];
+      int r = 0;
+      for (int j = 0; j < chunks; ++j) {
+        const u64 b0 = t.major[j], b1 = t.minor[j];
+        r += b0 < a0 || (b0 == a0 && b1 < a1);
+      }
+      t.order[r] = a1;
+    }
+    __syncthreads();
+    return;
+  }
   const int n = t.sort_n;
   for (int k = 2; k <= n; k <<= 1)
     for (int j = k >> 1; j > 0; j >>= 1) {
@@ -70,6 +85,8 @@ __device__ void sort_chunks(const Tables& t) {
       }
       __syncthreads();
     }
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) t.order[i] = t.minor[i];
+  __syncthreads();
 }
 
 // Position k of the assignment order in the sorted keys (serpentine: odd
@@ -82,51 +99,90 @@ __device__ __forceinline__ int sorted_at(const DevicePlanParams& p, int chunks, 
   return hi - 1 - (k - lo);
 }
 
+// Assignment-order chunk k: its id and cost.
+struct Pick {
+  int chunk;
+  u64 cost;
+};
+__device__ __forceinline__ Pick pick_at(const DevicePlanParams& p, const Tables& t, int chunks, int k) {
+  const u64 key = t.order[sorted_at(p, chunks, k)];
+  const unsigned len = 0x7fffffffu - static_cast<unsigned>(key >> 32);
+  return {static_cast<int>(key & 0xffffffffu), static_cast<u64>(p.item_cost) + static_cast<u64>(p.token_cost) * len};
+}
+
+// Warp 0 assigns chunks fast .. chunks - 1: lane l holds the entries of
+// CTAs l, l + 32, ... (K of them) in registers; each step takes the
+// minimum entry (two 32-bit warp reductions: high word, then low word among
+// the lanes holding it), and that CTA's lane adds the chunk. The next 32
+// chunks are read once per 32 steps and passed by shuffles.
+template <int K>
+__device__ void greedy_steps(const DevicePlanParams& p, const Tables& t, int chunks, int fast) {
+  const int lane = threadIdx.x, m = p.ctas;
+  u64 e[K];
+  int count[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const int c = lane + 32 * i;
+    e[i] = c < m ? (c < fast ? pick_at(p, t, chunks, c).cost << kCtaBits : 0) | static_cast<u64>(c) : ~u64{0};
+    count[i] = c < fast ? 1 : 0;
+  }
+  auto lane_min = [&] {
+    u64 x = e[0];
+#pragma unroll
+    for (int i = 1; i < K; ++i) x = min(x, e[i]);
+    return x;
+  };
+  u64 mine = lane_min();
+  for (int base = fast; base < chunks; base += 32) {
+    Pick ahead{0, 0};
+    if (base + lane < chunks) ahead = pick_at(p, t, chunks, base + lane);
+    const int steps = min(32, chunks - base);
+    for (int s = 0; s < steps; ++s) {
+      const int w = __shfl_sync(0xffffffffu, ahead.chunk, s);
+      const u64 cost = __shfl_sync(0xffffffffu, ahead.cost, s);
+      const unsigned hi = __reduce_min_sync(0xffffffffu, static_cast<unsigned>(mine >> 32));
+      const unsigned lo = __reduce_min_sync(
+          0xffffffffu, static_cast<unsigned>(mine >> 32) == hi ? static_cast<unsigned>(mine) : 0xffffffffu);
+      const int c = static_cast<int>(lo & kCtaMask);
+      if (c % 32 == lane) {
+#pragma unroll
+        for (int i = 0; i < K; ++i)
+          if (i == c / 32) {
+            t.owner[w] = c;
+            t.rank[w] = count[i]++;
+            e[i] += cost << kCtaBits;
+          }
+        mine = lane_min();
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < K; ++i)
+    if (lane + 32 * i < m) t.cta_count[lane + 32 * i] = count[i];
+}
+
 // Each chunk to the cheapest CTA: owner, rank within the CTA, the CTAs'
 // chunk counts. The first chunks (while each adds a cost) go to CTAs 0, 1,
 // ... as the host's heap would give them; warp 0 assigns the rest.
 __device__ void assign_chunks(const DevicePlanParams& p, const Tables& t, int chunks) {
   const int m = p.ctas;
-  const u64 item = static_cast<u64>(p.item_cost), token = static_cast<u64>(p.token_cost);
-  auto chunk_at = [&](int k) { return static_cast<int>(t.minor[sorted_at(p, chunks, k)] & 0xffffffffu); };
-  auto cost_at = [&](int k) {
-    const unsigned len = 0x7fffffffu - static_cast<unsigned>(t.minor[sorted_at(p, chunks, k)] >> 32);
-    return item + token * len;
-  };
   i64 fast = min(chunks, m);
   for (int k = threadIdx.x; k < min(chunks, m); k += blockDim.x)
-    if (cost_at(k) == 0) fast = min(fast, static_cast<i64>(k));
+    if (pick_at(p, t, chunks, k).cost == 0) fast = min(fast, static_cast<i64>(k));
   fast = block_reduce(fast, t.red, Min{});
-  for (int c = threadIdx.x; c < m; c += blockDim.x) {
-    const bool taken = c < fast;
-    t.cta_cost[c] = (taken ? cost_at(c) << kCtaBits : 0) | static_cast<u64>(c);
-    t.cta_count[c] = taken ? 1 : 0;
-    if (taken) {
-      t.owner[chunk_at(c)] = c;
-      t.rank[chunk_at(c)] = 0;
-    }
+  for (int k = threadIdx.x; k < fast; k += blockDim.x) {
+    const int w = pick_at(p, t, chunks, k).chunk;
+    t.owner[w] = k;
+    t.rank[w] = 0;
   }
-  __syncthreads();
-  if (threadIdx.x < 32 && fast < chunks) {
-    const int lane = threadIdx.x;
-    auto lane_min = [&] {
-      u64 e = ~u64{0};
-      for (int c = lane; c < m; c += 32) e = min(e, t.cta_cost[c]);
-      return e;
-    };
-    u64 mine = lane_min();
-    for (int k = static_cast<int>(fast); k < chunks; ++k) {
-      u64 e = mine;
-      for (int o = 16; o > 0; o >>= 1) e = min(e, __shfl_xor_sync(0xffffffffu, e, o));
-      const int c = static_cast<int>(e & kCtaMask);
-      if (c % 32 == lane) {
-        const int w = chunk_at(k);
-        t.owner[w] = c;
-        t.rank[w] = t.cta_count[c]++;
-        t.cta_cost[c] = e + (cost_at(k) << kCtaBits);
-        mine = lane_min();
-      }
-    }
+  if (threadIdx.x < 32) {
+    const int f = static_cast<int>(fast);
+    if (m <= 32) greedy_steps<1>(p, t, chunks, f);
+    else if (m <= 64) greedy_steps<2>(p, t, chunks, f);
+    else if (m <= 128) greedy_steps<4>(p, t, chunks, f);
+    else if (m <= 256) greedy_steps<8>(p, t, chunks, f);
+    else if (m <= 512) greedy_steps<16>(p, t, chunks, f);
+    else greedy_steps<32>(p, t, chunks, f);
   }
   __syncthreads();
 }

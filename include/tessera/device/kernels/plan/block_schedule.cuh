@@ -25,7 +25,7 @@ __device__ __forceinline__ i64 block_reduce(i64 v, i64* red, Op op) {
   if (lane == 0) red[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    i64 x = red[lane < warps ? lane : 0];
+    i64 x = lane < warps ? red[lane] : Op::kIdentity;
     for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
     if (lane == 0) red[32] = x;
   }
@@ -33,14 +33,43 @@ __device__ __forceinline__ i64 block_reduce(i64 v, i64* red, Op op) {
   return red[32];
 }
 struct Sum {
+  static constexpr i64 kIdentity = 0;
   __device__ i64 operator()(i64 a, i64 b) const { return a + b; }
 };
 struct Max {
+  static constexpr i64 kIdentity = -0x7fffffffffffffffLL - 1;
   __device__ i64 operator()(i64 a, i64 b) const { return a > b ? a : b; }
 };
 struct Min {
+  static constexpr i64 kIdentity = 0x7fffffffffffffffLL;
   __device__ i64 operator()(i64 a, i64 b) const { return a < b ? a : b; }
 };
+// Four reductions in one pass (max, sum, sum, max), as evaluate() needs
+// them; quad: 4 x 33 shared slots, apart from red.
+__device__ __forceinline__ void block_reduce4(i64 (&v)[4], i64* quad) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int o = 16; o > 0; o >>= 1) {
+    v[0] = Max{}(v[0], __shfl_xor_sync(0xffffffffu, v[0], o));
+    v[1] += __shfl_xor_sync(0xffffffffu, v[1], o);
+    v[2] += __shfl_xor_sync(0xffffffffu, v[2], o);
+    v[3] = Max{}(v[3], __shfl_xor_sync(0xffffffffu, v[3], o));
+  }
+  __syncwarp();
+  if (lane == 0)
+    for (int i = 0; i < 4; ++i) quad[33 * i + warp] = v[i];
+  __syncthreads();
+  if (warp < 4) {  // warp i folds value i
+    const bool sum = warp == 1 || warp == 2;
+    i64 x = lane < warps ? quad[33 * warp + lane] : (sum ? Sum::kIdentity : Max::kIdentity);
+    for (int o = 16; o > 0; o >>= 1) {
+      const i64 y = __shfl_xor_sync(0xffffffffu, x, o);
+      x = sum ? x + y : Max{}(x, y);
+    }
+    if (lane == 0) quad[33 * warp + 32] = x;
+  }
+  __syncthreads();
+  for (int i = 0; i < 4; ++i) v[i] = quad[33 * i + 32];
+}
 // Exclusive prefix of the threads' values in thread order; total: the sum.
 __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* red, i64& total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -145,10 +174,12 @@ __device__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n
   __syncthreads();
   i64 longest = 0;
   for (int x = threadIdx.x; x < p.ctas; x += blockDim.x) longest = imax(longest, t.cta_before[x + 1] - t.cta_before[x]);
-  e.makespan = block_reduce(longest, t.red, Max{});
-  e.slots = block_reduce(slots, t.red, Sum{});
-  e.splits = block_reduce(splits, t.red, Sum{});
-  e.worst = block_reduce(worst, t.red, Max{});
+  i64 v[4] = {longest, slots, splits, worst};
+  block_reduce4(v, t.quad);
+  e.makespan = v[0];
+  e.slots = v[1];
+  e.splits = v[2];
+  e.worst = v[3];
   return e;
 }
 

@@ -245,7 +245,7 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
     chunks = 0;
   }
   chunk_sort_keys(p, t, batch, n, chunks, L);
-  sort_chunks(t);
+  sort_chunks(t, chunks);
   assign_chunks(p, t, chunks);
   // Queues: each CTA's chunks in assignment order, CTA after CTA.
   const Segment seg = segment(p.ctas);
