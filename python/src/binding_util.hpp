@@ -11,6 +11,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/api/attention.hpp"
+#include "tessera/api/device_batch.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
 #include "tessera/runtime/variant_params.hpp"
 #include "tessera/api/prefill.hpp"
@@ -99,6 +100,23 @@ struct DevicePlanArgs {
     ip_s = host_ints("kv_indptr", ip);
     last_s = host_ints("kv_last_page_len", last);
   }
+};
+
+// plan_on_device()'s buffers (api/device_batch.hpp): int32 1-D contiguous
+// CUDA tensors on the workspace's device, sized for the wrapper's bounds,
+// converted without reading them (the C++ side checks dtype, shape, device
+// and lengths, naming the argument). qo_indptr None: one query per request
+// (decode), an undefined view. The Args keep the callers' tensors alive
+// while the views are in use.
+struct DeviceBatchArgs {
+  Arg bs, qo, ip, idx, last;
+  DeviceBatch batch;
+  DeviceBatchArgs(nanobind::handle batch_size, nanobind::handle qo_indptr, nanobind::handle kv_indptr,
+                  nanobind::handle kv_indices, nanobind::handle kv_last_page_len)
+      : bs(to_arg("batch_size", batch_size)), qo(to_optional_arg("qo_indptr", qo_indptr)),
+        ip(to_arg("kv_indptr", kv_indptr)), idx(to_arg("kv_indices", kv_indices)),
+        last(to_arg("kv_last_page_len", kv_last_page_len)),
+        batch{bs.view, qo.view, ip.view, idx.view, last.view} {}
 };
 
 // plan()'s host int32 arrays of a paged step, converted once; the Args keep

@@ -235,6 +235,15 @@ class PyBatchDecode {
     dec_.plan(a.ip_s, a.ids, a.last_s, to_stream(stream));
   }
 
+  // Planning on the GPU (api/device_batch.hpp): the planner kernel reads the
+  // step from these int32 CUDA tensors when it runs; nothing is read here.
+  void plan_on_device(nb::handle batch_size, nb::handle kv_indptr, nb::handle kv_indices,
+                      nb::handle kv_last_page_len, uintptr_t stream) {
+    const DeviceBatchArgs a(batch_size, nb::none(), kv_indptr, kv_indices, kv_last_page_len);
+    nb::gil_scoped_release release;
+    dec_.plan_on_device(a.batch, to_stream(stream));
+  }
+
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
            bool pdl, double rope_scale, double rope_theta, double v_scale, double k_scale, nb::handle k_scale_tensor,
            nb::handle v_scale_tensor, nb::handle alibi_slopes) {
@@ -363,6 +372,14 @@ NB_MODULE(_C, m) {
            "copied on the stream; the kernels check them and the next call raises a bad one.")
       .def("plan", &PyBatchDecode::plan, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step from host int32 arrays; uploads the schedule on `stream`.")
+      .def("plan_on_device", &PyBatchDecode::plan_on_device, "batch_size"_a, "kv_indptr"_a, "kv_indices"_a,
+           "kv_last_page_len"_a, "stream"_a = 0,
+           "Plans on the GPU: enqueues the device planner on `stream`, which reads the step from int32 CUDA "
+           "tensors on the workspace's device (batch_size [1], kv_indptr [max_batch + 1], kv_indices "
+           "[max_pages], kv_last_page_len [max_batch]; only their first entries count) when it runs; nothing "
+           "is read on the host, so it can be captured in a CUDA graph with run(). Needs the bounds max_batch "
+           "and max_pages; run() then takes q and o of max_batch rows (rows past the step's batch are left as "
+           "they are). A bad value in the tensors is raised (ValueError) by the next plan or run.")
       .def("run", &PyBatchDecode::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
            "stream"_a = 0, "pdl"_a = false, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0,
            "k_scale"_a = 1.0, "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),

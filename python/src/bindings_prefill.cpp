@@ -109,6 +109,15 @@ class PyBatchPrefill {
     pre_.plan_paged(a.qo_s, a.ip_s, a.ids, a.last_s, to_stream(stream));
   }
 
+  // Planning on the GPU (as PyBatchDecode::plan_on_device); qo_indptr None:
+  // one query per request.
+  void plan_paged_on_device(nb::handle batch_size, nb::handle qo_indptr, nb::handle kv_indptr,
+                            nb::handle kv_indices, nb::handle kv_last_page_len, uintptr_t stream) {
+    const DeviceBatchArgs a(batch_size, qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
+    nb::gil_scoped_release release;
+    pre_.plan_paged_on_device(a.batch, to_stream(stream));
+  }
+
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {
     Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
     Arg mip = to_optional_arg("mask_indptr", mask_indptr);
@@ -218,6 +227,13 @@ void bind_prefill(nb::module_& m) {
            "kv_last_page_len"_a, "stream"_a = 0, "mask_indptr"_a.none() = nb::none(),
            "Plans a paged step from host int32 arrays (kv_indptr in pages; mask_indptr: byte offsets of the "
            "requests' packed masks, custom_mask objects only).")
+      .def("plan_paged_on_device", &PyBatchPrefill::plan_paged_on_device, "batch_size"_a, "qo_indptr"_a.none(),
+           "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
+           "Plans a paged step on the GPU (as BatchDecode.plan_on_device): int32 CUDA tensors batch_size [1], "
+           "qo_indptr [max_batch + 1] (None: one query per request), kv_indptr [max_batch + 1], kv_indices "
+           "[max_pages], kv_last_page_len [max_batch]. Needs the bounds max_batch, max_total_q and max_pages; "
+           "not for custom masks. run() then takes q and o of max_total_q rows (max_batch with qo_indptr None); "
+           "rows past the step's queries are left as they are.")
       .def("plan_ragged", &PyBatchPrefill::plan_ragged, "qo_indptr"_a, "kv_indptr"_a, "stream"_a = 0,
            "mask_indptr"_a.none() = nb::none(),
            "Plans a ragged step from host int32 arrays (kv_indptr in tokens; mask_indptr as for plan_paged).")

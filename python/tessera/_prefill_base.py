@@ -124,10 +124,11 @@ class PrefillWrapper(W.PlannedWrapper):
         return config, scale, options
 
     def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(W.POS_NONE, 1.0, 1e4),
-              planner=(True, 0, None), **planned):
+              planner=(True, 0, None), exact=False, **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream. planner: (split_kv, fixed chunk in keys, 0 = off,
-        lens() -> (qo_lens, kv_lens) of the step, read only with fixed chunks)."""
+        lens() -> (qo_lens, kv_lens) of the step, read only with fixed chunks). exact: the counts are the
+        bounds (planning on the GPU; see W.ensure_native)."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer_once(self)
         split, fixed, lens = planner
@@ -153,7 +154,7 @@ class PrefillWrapper(W.PlannedWrapper):
             dims, kw = split_want(want)
             return _C.BatchPrefill(*config, *dims, ws, ws_bytes, host, host_bytes, device, **kw)
 
-        W.ensure_native(self, key, counts, bounds, size, make)
+        W.ensure_native(self, key, counts, bounds, size, make, exact)
         with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))

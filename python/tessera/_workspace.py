@@ -73,7 +73,7 @@ def probe_workspace_size(owner, plan_fn, args, kwargs):
 _PROBE = threading.local()
 
 
-def ensure_native(owner, config, counts, bounds, size, make):
+def ensure_native(owner, config, counts, bounds, size, make, exact=False):
     """Builds (or re-sizes) owner's C++ plan/run object for `config` and these counts.
 
     owner: the wrapper; reads _float_workspace_buffer, _use_cuda_graph and
@@ -90,6 +90,12 @@ def ensure_native(owner, config, counts, bounds, size, make):
     Bounds that cannot move are the caller's buffers and, in CUDA-graph
     mode, those of the object already built (a captured run() holds the
     workspace addresses); a count beyond one is a ValueError naming it.
+
+    exact: the counts are the bounds themselves (planning on the GPU: the
+    C++ object's bounds are the sizes of the caller's tensors, and run()
+    takes q of exactly those rows), so the object is built for them, not
+    grown, and rebuilt when its bounds differ; a count other than a bound
+    that cannot move is a ValueError naming it.
     """
     key = owner._native_key
     same = key is not None and key[0] == config
@@ -98,20 +104,24 @@ def ensure_native(owner, config, counts, bounds, size, make):
         need = tuple(c if f is None else max(c, f) for c, f in zip(counts, fixed))
         ideal, _, host = size(need, owner._float_workspace_buffer.device.index or 0)
         raise _WorkspaceProbe(ideal, host)
-    if same and all(c <= b for c, b in zip(counts, key[1])):
+    if same and (tuple(counts) == tuple(key[1]) if exact else all(c <= b for c, b in zip(counts, key[1]))):
         return
     fixed = [b.fixed for b in bounds]
     if same and owner._use_cuda_graph:
         fixed = list(key[1])
     for b, c, f in zip(bounds, counts, fixed):
-        if f is not None and c > f:
+        if f is not None and (c != f if exact else c > f):
             by = f"{b.fixed_by}, or by " if b.fixed_by else ""
+            if exact:
+                raise ValueError(f"{b.arg}: {b.what} {c} differs from the workspace bound {b.name}={f} (fixed by "
+                                 f"{by}the first plan() with use_cuda_graph=True); on_device=True plans for "
+                                 "exactly the bounds it is given")
             raise ValueError(f"{b.arg}: {b.what} {c} exceeds the workspace bound {b.name}={f} "
                              f"(fixed by {by}the first plan() with use_cuda_graph=True)")
     need = tuple(c if f is None else f for c, f in zip(counts, fixed))
     # Growing without fixed bounds: double, so a slowly growing workload
     # re-sizes rarely (each re-size waits for the GPU once).
-    if same:
+    if same and not exact:
         grown = (max(c, 2 * b) for c, b in zip(counts, key[1]))
         want = tuple(g if f is None else f for g, f in zip(grown, fixed))
     else:

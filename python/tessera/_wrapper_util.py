@@ -20,7 +20,7 @@ from . import _tensors as T
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
-from ._errors import not_supported
+from ._errors import describe, not_supported
 
 LAYOUTS = ("NHD", "HND")
 INT32_MAX = 2**31 - 1
@@ -267,6 +267,75 @@ def page_ids(x, count, name, buffer, on_device=True):
     if arr.size > count >= 0:
         arr = arr[:count]
     return arr
+
+
+# ----------------------------------------------------------------------- planning on the GPU
+def on_device_arg(on_device, batch_size):
+    """plan()'s Tessera-only on_device flag as a bool; batch_size must be None without it (a host plan takes the
+    batch size from its indptr)."""
+    if not isinstance(on_device, (bool, np.bool_)):
+        raise TypeError(f"on_device: expected a bool, got {type(on_device).__name__}")
+    if not on_device and batch_size is not None:
+        raise ValueError("batch_size: expected None without on_device=True (a plan on the host takes the batch "
+                         "size from indptr)")
+    return bool(on_device)
+
+
+def refuse_on_device(why, **arguments):
+    """ValueError naming the first of `arguments` that is not None: an option that planning on the GPU does not
+    take (why: what it would need)."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise ValueError(f"{name}: expected None with on_device=True ({why}), got {describe(value)}")
+
+
+def device_step(owner, tensors):
+    """The tensors of a plan on the GPU (on_device=True), {name: tensor} in plan()'s argument names with
+    "batch_size" among them: 1-D int32 torch CUDA tensors (batch_size: one element; a 0-d one becomes its
+    1-element view) on the device of the wrapper's workspace, contiguous. Checked from their metadata only:
+    never read, copied or synchronized on, so plan() stays capturable in a CUDA graph. Type and dtype errors are
+    TypeError, shape errors ValueError, both naming the tensor; dtypes and shapes are checked for every tensor
+    before whether it is on the GPU, and that before the workspace (check_workspace_buffer_once). Sizes (the
+    bounds) are the caller's to check. Returns the tensors."""
+    for name, x in tensors.items():
+        if x is None:
+            raise ValueError(f"{name}: expected an int32 CUDA tensor with on_device=True, got None")
+        if not (T.is_torch(x) or isinstance(x, np.ndarray)):
+            raise TypeError(f"{name}: expected an int32 CUDA tensor with on_device=True, got {type(x).__name__}")
+        dt = T.dtype_str(x)
+        if dt != "int32":
+            raise TypeError(f"{name}: expected dtype int32 with on_device=True, got {dt}")
+        if name == "batch_size":
+            if len(x.shape) > 1 or int(np.prod(x.shape)) != 1:
+                raise ValueError(f"batch_size: expected a tensor of 1 element (the step's number of requests), got "
+                                 f"shape {tuple(x.shape)}")
+        elif len(x.shape) != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(x.shape)}")
+    for name, x in tensors.items():
+        if not T.is_cuda(x):
+            raise TypeError(f"{name}: expected a CUDA tensor with on_device=True (the planner reads it on the GPU; "
+                            f"plan() never reads it on the host), got a {T.framework(x, name)} one on "
+                            f"{T.device_of(x)}")
+    check_workspace_buffer_once(owner)
+    device = T.device_of(owner._float_workspace_buffer)
+    out = {}
+    for name, x in tensors.items():
+        if T.device_of(x) != device:
+            raise ValueError(f"{name}: expected a tensor on {device} (the workspace's device), got one on "
+                             f"{T.device_of(x)}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor (stride 1), got stride {tuple(x.stride())}")
+        out[name] = x.reshape(1) if x.dim() == 0 else x
+    return out
+
+
+def device_bound(x, name, extra, what):
+    """A bound given by a tensor's length: len(x) - extra, at least 1 (ValueError naming x otherwise)."""
+    n = int(x.shape[0]) - extra
+    if n < 1:
+        raise ValueError(f"{name}: expected at least {extra + 1} entries ({what} >= 1 with on_device=True), got "
+                         f"{int(x.shape[0])}")
+    return n
 
 
 def positive_int(value, name):

@@ -54,6 +54,33 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
     large enough. Below the ideal size (e.g. the common 16 MB) the split-KV
     partial states get what fits, so long requests split over fewer CTAs;
     below the minimum (min_workspace_size) plan() raises ValueError.
+
+    Planning on the GPU (Tessera's keyword-only plan(..., on_device=True,
+    batch_size=...)): the step's batch size, page table and last-page
+    lengths stay in int32 CUDA tensors on the workspace's device, sized for
+    the bounds: batch_size [1], indptr [max_batch + 1], indices [max_pages]
+    and last_page_len [>= max_batch]; only their first entries count
+    (batch_size[0] requests, indptr[0 .. batch], ...). The bounds are the
+    tensors' sizes (max_batch = len(indptr) - 1, max_pages = len(indices));
+    where the constructor's index buffers or a use_cuda_graph plan already
+    fixed them, the tensors must give the same bounds (pass those buffers).
+    plan() only enqueues the planner kernel on torch's current stream: it
+    never reads, copies or synchronizes on the tensors, so one CUDA graph
+    holding plan(on_device=True) and every layer's run() serves any batch up
+    to max_batch: each step write the lengths and page ids into the same
+    tensors (copy_, or a kernel) and replay. run() then takes q (and out /
+    lse) of max_batch rows; rows past the step's batch are left as they are.
+    A bad value in the tensors (a batch size above max_batch, a decreasing
+    indptr, a last-page length outside 1..page_size, a page id beyond the
+    cache or max_pages) leaves an empty plan and is raised (ValueError naming
+    it) by the next plan() or run() on the host. The kernels read the
+    tensors at every run(): they must stay allocated as long as runs planned
+    from them (or a graph holding them) may execute; the wrapper keeps a
+    reference until the next plan(). Call plan(on_device=True) (and run())
+    once before capturing: the first one builds the C++ object for the
+    bounds and loads the kernels. Bounds beyond what the planner kernel's
+    one block holds raise ValueError naming max_batch. Not with
+    shared_prefix, q_len_per_req > 1 or seq_lens (ValueError naming them).
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
@@ -180,7 +207,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                    q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
                    rope_scale=None, rope_theta=None, non_blocking=True, block_tables=None, seq_lens=None,
                    fixed_split_size=None, disable_split_kv=False, q_len_per_req=1, is_causal=None,
-                   shared_prefix=None):
+                   shared_prefix=None, on_device=False, batch_size=None):
         """Plans one decode step (FlashInfer's plan() options, keyword-only).
 
         Args:
@@ -253,6 +280,17 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 o_data_type, fixed_split_size, disable_split_kv or
                 q_len_per_req > 1 (NotSupportedError naming it); run() takes
                 float scales only. See tessera/_auto_prefix.py.
+            on_device: Tessera's (keyword-only): False (FlashInfer's plan on
+                the host), or True to plan on the GPU: plan() then only
+                enqueues the device planner on torch's current stream, which
+                reads the step from indptr, indices, last_page_len and
+                batch_size when it runs. Nothing is read, copied or
+                synchronized on the host, so plan() and run() can be captured
+                together in one CUDA graph that serves any batch within the
+                bounds (see "Planning on the GPU" in the class doc).
+            batch_size: with on_device=True, an int32 CUDA tensor of one
+                element: the step's number of requests (0 .. max_batch),
+                read on the GPU; else None.
         """
         # The scalar arguments rarely change between steps: their checks (and
         # the C++ workspace_size probe) run when they do, not every step.
@@ -272,6 +310,22 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                        block_tables=block_tables)
         n = C.int_arg(q_len_per_req, "q_len_per_req")
         auto = AP.shared_prefix_arg(shared_prefix)
+        split = self._split_kv and not disable_split_kv
+        # Batch-invariant chunks of fixed_split_size pages (0: the planner's own).
+        fixed = C.fixed_split_size_arg(fixed_split_size) * shape[3]
+        if W.on_device_arg(on_device, batch_size):
+            W.refuse_on_device("finding shared prefixes reads the page table on the host",
+                               shared_prefix=shared_prefix)
+            W.refuse_on_device("it is checked against the page table on the host", seq_lens=seq_lens)
+            if n != 1:
+                raise ValueError(f"q_len_per_req: expected 1 with on_device=True (several queries per request run "
+                                 f"on the prefill wrapper: plan BatchPrefillWithPagedKVCacheWrapper with "
+                                 f"on_device=True and a qo_indptr tensor), got {n}")
+            if self._auto_prefix is not None:
+                self._auto_prefix.stats = None
+            self._plan_on_device(batch_size, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt), shape, scale,
+                                 options, rope, split, fixed)
+            return
         if auto:
             AP.check_options(self._use_cuda_graph, options[0], rope, kv_dt, q_dt, o_dt,
                              fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, q_len_per_req=n)
@@ -305,9 +359,6 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if auto and AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt), shape, scale, sm_scale,
                                    options[1], rope, buf):
             return
-        split = self._split_kv and not disable_split_kv
-        # Batch-invariant chunks of fixed_split_size pages (0: the planner's own).
-        fixed = C.fixed_split_size_arg(fixed_split_size) * shape[3]
         self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split, fixed), max(batch, 1),
                             max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
@@ -320,6 +371,30 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope,
                          "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device), "auto_prefix": auto}
 
+
+    def _plan_on_device(self, batch_size, indptr, indices, last_page_len, dtypes, shape, scale, options, rope, split,
+                        fixed):
+        """plan(on_device=True): checks the tensors from their metadata (never their values), sizes the workspace
+        for the bounds they give (or the fixed ones they must match) and enqueues the C++ device planner."""
+        self._planned = None  # a failed plan() leaves nothing to run
+        if batch_size is None:
+            raise ValueError("batch_size: expected an int32 CUDA tensor of 1 element with on_device=True, got None")
+        step = W.device_step(self, dict(batch_size=batch_size, indptr=indptr, indices=indices,
+                                        last_page_len=last_page_len))
+        buf = self._float_workspace_buffer
+        max_batch = W.device_bound(step["indptr"], "indptr", 1, "max_batch")
+        max_pages = W.device_bound(step["indices"], "indices", 0, "max_pages")
+        if step["last_page_len"].shape[0] < max_batch:
+            raise ValueError(f"last_page_len: expected at least {max_batch} entries (max_batch, indptr's length - 1), "
+                             f"got {step['last_page_len'].shape[0]}")
+        self._ensure_native(dtypes + shape + options + (rope[0], split, fixed), max_batch, max_pages, exact=True)
+        self._native.plan_on_device(step["batch_size"], step["indptr"], step["indices"], step["last_page_len"],
+                                    T.stream_of(buf))
+        self._planned = {"batch": max_batch, "q_dtype": dtypes[0], "kv_dtype": dtypes[1], "o_dtype": dtypes[2],
+                         "num_qo_heads": shape[0], "head_dim": shape[2], "sm_scale": scale, "window_left": options[0],
+                         "rope": rope, "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device),
+                         "auto_prefix": False, "on_device": True,
+                         "device_step": step}  # the C++ object reads them at every run(): keep them alive
 
     def _plan_multi_token(self, n, is_causal, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
                           page_size, **options):
@@ -361,10 +436,12 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
 
     begin_forward = plan
 
-    def _ensure_native(self, config, batch, pages):
-        """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts."""
-        bounds = (W.Bound("max_batch", "indptr", "batch size", self._fixed_batch, "paged_kv_indptr_buffer"),
-                  W.Bound("max_pages", "indices", "page count", self._fixed_pages, "paged_kv_indices_buffer"))
+    def _ensure_native(self, config, batch, pages, exact=False):
+        """Builds (or re-sizes) the C++ BatchDecode for this configuration and these counts (exact: these bounds,
+        planning on the GPU; see W.ensure_native)."""
+        what = ("max_batch (its length - 1)", "max_pages (its length)") if exact else ("batch size", "page count")
+        bounds = (W.Bound("max_batch", "indptr", what[0], self._fixed_batch, "paged_kv_indptr_buffer"),
+                  W.Bound("max_pages", "indices", what[1], self._fixed_pages, "paged_kv_indices_buffer"))
         q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split, fixed = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=split, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
@@ -378,7 +455,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         def make(want, ws, ws_bytes, host, host_bytes, device):
             return _C.BatchDecode(*args, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
 
-        W.ensure_native(self, config, (batch, pages), bounds, size, make)
+        W.ensure_native(self, config, (batch, pages), bounds, size, make, exact)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
             return_lse=False, enable_pdl=None, window_left=None, sinks=None, q_len_per_req=None,
@@ -465,6 +542,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         v = T.kv_bits(v, "paged_kv_cache", plan["kv_dtype"])[0]
         if len(q.shape) != 3:
             raise ValueError(f"q: expected a 3-D tensor [batch_size, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
+        if plan.get("on_device") and q.shape[0] != plan["batch"]:
+            raise ValueError(f"q: expected {plan['batch']} rows (max_batch: after plan(on_device=True) run() covers "
+                             f"the bound's rows, leaving those past the step's batch as they are), got {q.shape[0]}")
         sinks = W.check_sinks(sinks, q, plan["num_qo_heads"])
         if out is None:
             out = T.empty(q, q.shape, plan["o_dtype"])

@@ -26,6 +26,8 @@ causal part into the mask). Rows that see no key get o = 0 and lse = -inf.
 
 import functools
 
+import numpy as np
+
 from . import _auto_prefix as AP
 from . import _compat as C
 from . import _masks as M
@@ -61,6 +63,30 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
     16 MB) works: the split-KV partial states get what fits and long requests
     split over fewer CTAs; below the minimum (min_workspace_size) plan()
     raises ValueError naming it.
+
+    Planning on the GPU (Tessera's keyword-only plan(..., on_device=True,
+    batch_size=..., max_total_q=...)), as for
+    BatchDecodeWithPagedKVCacheWrapper: the step stays in int32 CUDA tensors
+    on the workspace's device, sized for the bounds: batch_size [1],
+    qo_indptr [max_batch + 1] (or None: one query per request),
+    paged_kv_indptr [max_batch + 1], paged_kv_indices [max_pages],
+    paged_kv_last_page_len [>= max_batch]; only their first entries count.
+    max_batch and max_pages are the tensors' sizes (where the constructor's
+    index buffers or a use_cuda_graph plan already fixed them, the tensors
+    must give the same bounds), max_total_q the keyword (max_batch with
+    qo_indptr None). plan() only enqueues the planner kernel on torch's
+    current stream, never reading, copying or synchronizing on the tensors,
+    so it can be captured with run() in one CUDA graph that serves any step
+    within the bounds: write the step into the same tensors and replay.
+    run() then takes q (and out / lse) of max_total_q rows; rows past the
+    step's queries are left as they are. A bad value in the tensors leaves
+    an empty plan and is raised (ValueError naming it) by the next plan() or
+    run() on the host. The tensors must stay allocated as long as runs
+    planned from them may execute (the wrapper keeps a reference until the
+    next plan()). Call it (and run()) once before capturing. Not with
+    custom masks, shared_prefix, fixed_split_size or the length arguments
+    seq_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv
+    (ValueError naming them); ragged KV plans on the host.
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
@@ -129,7 +155,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
              o_data_type=None, non_blocking=True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
              token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None,
              max_token_per_sequence=None, max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False,
-             uniform_q_len=None, *, shared_prefix=None):
+             uniform_q_len=None, *, shared_prefix=None, on_device=False, batch_size=None, max_total_q=None):
         """Plans one step.
 
         Args:
@@ -211,6 +237,20 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 q_data_type, fixed_split_size or disable_split_kv
                 (NotSupportedError naming the argument). shared_prefix_stats
                 tells what the last plan found. See tessera/_auto_prefix.py.
+            on_device: Tessera's (keyword-only): False (FlashInfer's plan on
+                the host), or True to plan on the GPU (see "Planning on the
+                GPU" in the class doc): qo_indptr (or None), paged_kv_indptr,
+                paged_kv_indices and paged_kv_last_page_len are then int32
+                CUDA tensors sized for the bounds, read by the planner kernel
+                on the GPU, never on the host.
+            batch_size: with on_device=True, an int32 CUDA tensor of one
+                element, the step's number of requests (0 .. max_batch);
+                else None.
+            max_total_q: with on_device=True and a qo_indptr tensor, the
+                bound on the step's query rows (qo_indptr[batch] <=
+                max_total_q): run() takes q of that many rows. None with
+                qo_indptr None (one query per request: max_batch rows) and
+                without on_device.
         """
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
@@ -220,6 +260,29 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
                                               self._kv_layout, causal, sm_scale, q_data_type, kv_data_type,
                                               o_data_type, window_left, logits_soft_cap, masked, rope, head_dim_vo)
+        if W.on_device_arg(on_device, batch_size):
+            W.refuse_on_device("a custom mask's plan reads the lengths on the host", custom_mask=custom_mask,
+                               packed_custom_mask=packed_custom_mask)
+            W.refuse_on_device("finding shared prefixes reads the page table on the host",
+                               shared_prefix=shared_prefix)
+            W.refuse_on_device("it is checked against the lengths on the host", seq_lens=seq_lens,
+                               seq_lens_q=seq_lens_q, max_token_per_sequence=max_token_per_sequence,
+                               max_sequence_kv=max_sequence_kv)
+            if C.fixed_split_size_arg(fixed_split_size):
+                raise ValueError(f"fixed_split_size: expected None or -1 with on_device=True (batch-invariant "
+                                 f"chunks size the workspace from the step's lengths), got {fixed_split_size}")
+            C.multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
+            if not isinstance(disable_split_kv, (bool, np.bool_)):
+                raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
+            C.uniform_q_len_arg(uniform_q_len)
+            if self._auto_prefix is not None:
+                self._auto_prefix.stats = None
+            self._plan_on_device(config, scale, options, rope, batch_size, qo_indptr, paged_kv_indptr,
+                                 paged_kv_indices, paged_kv_last_page_len, max_total_q, not disable_split_kv)
+            return
+        if max_total_q is not None:
+            raise ValueError(f"max_total_q: expected None without on_device=True (a plan on the host takes it from "
+                             f"qo_indptr), got {max_total_q!r}")
         qo = B.indptr_arg(qo_indptr, "qo_indptr")
         kv = B.indptr_arg(paged_kv_indptr, "paged_kv_indptr")
         last = W.host_ints(paged_kv_last_page_len, "paged_kv_last_page_len")
@@ -259,6 +322,47 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                    mask=mask, rope=rope, total_q=total_q, auto_prefix=auto,
                    planner=(split, fixed * config[6],
                             lambda: (M.indptr_lengths(qo, "qo_indptr"), M.paged_kv_lengths(kv, last, config[6]))))
+
+    def _plan_on_device(self, config, scale, options, rope, batch_size, qo_indptr, kv_indptr, kv_indices, last,
+                        max_total_q, split):
+        """plan(on_device=True): checks the tensors from their metadata (never their values), sizes the workspace
+        for the bounds they give (or the fixed ones they must match) and enqueues the C++ device planner."""
+        if batch_size is None:
+            raise ValueError("batch_size: expected an int32 CUDA tensor of 1 element with on_device=True, got None")
+        if qo_indptr is None:
+            if max_total_q is not None:
+                raise ValueError(f"max_total_q: expected None with qo_indptr None (one query per request: the bound "
+                                 f"is max_batch), got {max_total_q!r}")
+        else:
+            max_total_q = C.int_arg(max_total_q, "max_total_q", allow_none=True)
+            if max_total_q is None or max_total_q < 1:
+                raise ValueError(f"max_total_q: expected an int >= 1 with on_device=True and a qo_indptr tensor (the "
+                                 f"bound on the step's query rows, q's rows in run()), got {max_total_q}")
+        step = {"batch_size": batch_size} if qo_indptr is None else {"batch_size": batch_size, "qo_indptr": qo_indptr}
+        step = W.device_step(self, dict(step, paged_kv_indptr=kv_indptr, paged_kv_indices=kv_indices,
+                                        paged_kv_last_page_len=last))
+        max_batch = W.device_bound(step["paged_kv_indptr"], "paged_kv_indptr", 1, "max_batch")
+        max_pages = W.device_bound(step["paged_kv_indices"], "paged_kv_indices", 0, "max_pages")
+        if qo_indptr is not None and step["qo_indptr"].shape[0] != max_batch + 1:
+            raise ValueError(f"qo_indptr: expected {max_batch + 1} entries (like paged_kv_indptr), got "
+                             f"{step['qo_indptr'].shape[0]}")
+        if step["paged_kv_last_page_len"].shape[0] < max_batch:
+            raise ValueError(f"paged_kv_last_page_len: expected at least {max_batch} entries (max_batch, "
+                             f"paged_kv_indptr's length - 1), got {step['paged_kv_last_page_len'].shape[0]}")
+        if qo_indptr is None:
+            max_total_q = max_batch
+        bounds = (W.Bound("max_batch", "paged_kv_indptr", "max_batch (its length - 1)", self._fixed_batch,
+                          "qo_indptr_buf / paged_kv_indptr_buf / paged_kv_last_page_len_buf"),
+                  W.Bound("max_total_q", "max_total_q" if qo_indptr is not None else "qo_indptr",
+                          "query-row bound"),
+                  W.Bound("max_pages", "paged_kv_indices", "max_pages (its length)", self._fixed_pages,
+                          "paged_kv_indices_buf"))
+        qo = step.get("qo_indptr")
+        self._plan(config, scale, options, (max_batch, max_total_q, max_pages), bounds,
+                   lambda n, s: n.plan_paged_on_device(step["batch_size"], qo, step["paged_kv_indptr"],
+                                                       step["paged_kv_indices"], step["paged_kv_last_page_len"], s),
+                   rope=rope, total_q=max_total_q, auto_prefix=False, on_device=True, planner=(split, 0, None),
+                   exact=True, device_step=step)  # the C++ object reads them at every run(): keep them alive
 
     begin_forward = plan
 
@@ -330,6 +434,9 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         if sinks is not None and lse is None:
             lse = T.empty(q, q.shape[:2], "float32")
         n = plan["total_q"]
+        if plan.get("on_device") and (q.shape[0] < n or (q.shape[0] > n and not self._use_cuda_graph)):
+            raise ValueError(f"q: expected {n} rows (the bound on query rows: after plan(on_device=True) run() covers "
+                             f"them, leaving those past the step's queries as they are), got {q.shape[0]}")
         if plan.get("shared_prefix") is not None:  # the shared-prefix cascade (shared_prefix="auto")
             if plan["k_scale_tensor"] is not None or plan["v_scale_tensor"] is not None:
                 raise TypeError("k_scale, v_scale: expected floats with shared_prefix=\"auto\" (16-bit caches), "

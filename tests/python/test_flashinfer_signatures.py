@@ -303,8 +303,8 @@ TESSERA_EXTRAS = {
     "MultiLevelCascadeAttentionWrapper.__init__": ("backend",),
     "MultiLevelCascadeAttentionWrapper.run": ("out", "lse", "return_lse", "k_scale", "v_scale"),
     "append_paged_kv_cache": ("k_scale", "v_scale"),
-    "BatchDecodeWithPagedKVCacheWrapper._plan_impl": ("shared_prefix",),
-    "BatchPrefillWithPagedKVCacheWrapper.plan": ("shared_prefix",),
+    "BatchDecodeWithPagedKVCacheWrapper._plan_impl": ("shared_prefix", "on_device", "batch_size"),
+    "BatchPrefillWithPagedKVCacheWrapper.plan": ("shared_prefix", "on_device", "batch_size", "max_total_q"),
 }
 
 _EMPTY = inspect.Parameter.empty
