@@ -1,7 +1,9 @@
-// The parallel schedule (plan/schedule.cuh) as one block computes it: every
-// decision is a block-wide reduction or scan over the query tiles, whose
-// tables live in shared memory (plan/tables.cuh). Evaluating a chunk size
-// costs one pass over the tiles, two scans and a binary search per CTA.
+// The parallel schedule (plan/schedule.cuh) as the planner's block computes
+// it: the chunk-size decision is a sequence of warp-wide reductions and
+// scans over the query tiles, whose tables live in shared memory
+// (plan/tables.cuh), in warp 0 alone (no block barrier per step).
+// Evaluating a chunk size costs one pass over the tiles, two scans and a
+// binary search per CTA.
 #pragma once
 #include "tessera/abi/device_plan_params.cuh"
 #include "tessera/device/kernels/plan/schedule.cuh"
@@ -44,32 +46,6 @@ struct Min {
   static constexpr i64 kIdentity = 0x7fffffffffffffffLL;
   __device__ i64 operator()(i64 a, i64 b) const { return a < b ? a : b; }
 };
-// Four reductions in one pass (max, sum, sum, max), as evaluate() needs
-// them; quad: 4 x 33 shared slots, apart from red.
-__device__ __forceinline__ void block_reduce4(i64 (&v)[4], i64* quad) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int o = 16; o > 0; o >>= 1) {
-    v[0] = Max{}(v[0], __shfl_xor_sync(0xffffffffu, v[0], o));
-    v[1] += __shfl_xor_sync(0xffffffffu, v[1], o);
-    v[2] += __shfl_xor_sync(0xffffffffu, v[2], o);
-    v[3] = Max{}(v[3], __shfl_xor_sync(0xffffffffu, v[3], o));
-  }
-  __syncwarp();
-  if (lane == 0)
-    for (int i = 0; i < 4; ++i) quad[33 * i + warp] = v[i];
-  __syncthreads();
-  if (warp < 4) {  // warp i folds value i
-    const bool sum = warp == 1 || warp == 2;
-    i64 x = lane < warps ? quad[33 * warp + lane] : (sum ? Sum::kIdentity : Max::kIdentity);
-    for (int o = 16; o > 0; o >>= 1) {
-      const i64 y = __shfl_xor_sync(0xffffffffu, x, o);
-      x = sum ? x + y : Max{}(x, y);
-    }
-    if (lane == 0) quad[33 * warp + 32] = x;
-  }
-  __syncthreads();
-  for (int i = 0; i < 4; ++i) v[i] = quad[33 * i + 32];
-}
 // Exclusive prefix of the threads' values in thread order; total: the sum.
 __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* red, i64& total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -96,15 +72,36 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* red, i64& total)
   return red[warp] + x - v;
 }
 
-// This thread's contiguous run of n elements (scans keep element order).
+// Warp-wide versions: the chunk-size decision runs in warp 0 alone, whose
+// steps then need shuffles only, no block barrier.
+template <typename Op>
+__device__ __forceinline__ i64 warp_reduce(i64 v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ i64 warp_exclusive_scan(i64 v, i64& total) {
+  const int lane = threadIdx.x % 32;
+  i64 x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const i64 y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  total = __shfl_sync(0xffffffffu, x, 31);
+  return x - v;
+}
+
+// This thread's contiguous run of n elements among `threads` (scans keep
+// element order): the block's, or warp 0's.
 struct Segment {
   int lo, hi;
 };
-__device__ __forceinline__ Segment segment(int n) {
-  const int per = (n + blockDim.x - 1) / blockDim.x;
-  const int lo = min(n, static_cast<int>(threadIdx.x) * per);
+__device__ __forceinline__ Segment segment(int n, int threads, int rank) {
+  const int per = (n + threads - 1) / threads;
+  const int lo = min(n, rank * per);
   return {lo, min(n, lo + per)};
 }
+__device__ __forceinline__ Segment segment(int n) { return segment(n, blockDim.x, threadIdx.x); }
+__device__ __forceinline__ Segment lane_segment(int n) { return segment(n, 32, threadIdx.x % 32); }
 
 // Binary search: the last index i in [0, n) with a[i] <= x (a ascending, a[0] <= x).
 __device__ __forceinline__ int last_at_most(const int* a, int n, i64 x) {
@@ -117,14 +114,16 @@ __device__ __forceinline__ int last_at_most(const int* a, int n, i64 x) {
   return lo;
 }
 
-// What the schedule at one chunk size gives (every thread holds it); the
-// tables' per-tile prefixes and CTA boundaries are this L's afterwards.
+// What the schedule at one chunk size gives (every lane of warp 0 holds
+// it); the tables' per-tile prefixes and CTA boundaries are this L's
+// afterwards. Warp 0 only.
 struct Evaluation {
   i64 makespan, slots, splits, worst, chunks, cost;
 };
 
 __device__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n, int L, const Costs& costs) {
-  const Segment seg = segment(n);
+  const int lane = threadIdx.x % 32;
+  const Segment seg = lane_segment(n);
   i64 cost = 0, chunks = 0, slots = 0, splits = 0, worst = 0;
   for (int i = seg.lo; i < seg.hi; ++i) {
     const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
@@ -137,8 +136,8 @@ __device__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n
     }
   }
   Evaluation e{};
-  i64 c = block_exclusive_scan(cost, t.red, e.cost);
-  i64 k = block_exclusive_scan(chunks, t.red, e.chunks);
+  i64 c = warp_exclusive_scan(cost, e.cost);
+  i64 k = warp_exclusive_scan(chunks, e.chunks);
   for (int i = seg.lo; i < seg.hi; ++i) {
     const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
     t.before[i] = c;
@@ -147,8 +146,8 @@ __device__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n
     c += tile_cost(costs, t.len[i], s);
     k += s.n;
   }
-  __syncthreads();
-  for (int x = threadIdx.x; x <= p.ctas; x += blockDim.x) {
+  __syncwarp();
+  for (int x = lane; x <= p.ctas; x += 32) {
     i64 first = e.chunks, before = e.cost;  // CTA ctas, or a share past every chunk's midpoint
     if (x == 0) {
       first = 0;
@@ -171,23 +170,22 @@ __device__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n
     t.cta_first[x] = static_cast<int>(first);
     t.cta_before[x] = before;
   }
-  __syncthreads();
+  __syncwarp();
   i64 longest = 0;
-  for (int x = threadIdx.x; x < p.ctas; x += blockDim.x) longest = imax(longest, t.cta_before[x + 1] - t.cta_before[x]);
-  i64 v[4] = {longest, slots, splits, worst};
-  block_reduce4(v, t.quad);
-  e.makespan = v[0];
-  e.slots = v[1];
-  e.splits = v[2];
-  e.worst = v[3];
+  for (int x = lane; x < p.ctas; x += 32) longest = imax(longest, t.cta_before[x + 1] - t.cta_before[x]);
+  e.makespan = warp_reduce(longest, Max{});
+  e.slots = warp_reduce(slots, Sum{});
+  e.splits = warp_reduce(splits, Sum{});
+  e.worst = warp_reduce(worst, Max{});
   return e;
 }
 
-// Chunks of the tiles at chunk size len, as the host planner's one-wave refinement counts them.
-__device__ __forceinline__ i64 chunks_at(const Tables& t, int n, i64 len, i64* red) {
+// Chunks of the tiles at chunk size len, as the host planner's one-wave
+// refinement counts them. Warp 0 only.
+__device__ __forceinline__ i64 chunks_at(const Tables& t, int n, i64 len) {
   i64 c = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) c += imax(1, (t.len[i] + len - 1) / len);
-  return block_reduce(c, red, Sum{});
+  for (int i = threadIdx.x % 32; i < n; i += 32) c += imax(1, (t.len[i] + len - 1) / len);
+  return warp_reduce(c, Sum{});
 }
 
 // Records the first failed check (flag last, as PageIdErrors reads it).

@@ -101,16 +101,16 @@ __device__ int build_tiles(const DevicePlanParams& p, const Tables& t, int batch
 }
 
 // The chunk size (Algorithm 1 line 3, refined as the host planner refines
-// it, each candidate judged by this schedule's makespan); leaves the tables
-// holding the chosen size's prefixes.
+// it, each candidate judged by the parallel schedule's makespan); leaves the
+// tables holding the chosen size's prefixes. Warp 0 only.
 __device__ int choose_chunk_size(const DevicePlanParams& p, const Tables& t, int n, const Costs& costs) {
   i64 total = 0, longest = 1;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int i = threadIdx.x % 32; i < n; i += 32) {
     total += t.len[i];
     longest = imax(longest, t.len[i]);
   }
-  total = block_reduce(total, t.red, Sum{});
-  longest = block_reduce(longest, t.red, Max{});
+  total = warp_reduce(total, Sum{});
+  longest = warp_reduce(longest, Max{});
   const int a = max(1, p.chunk_align);
   const i64 sms = max(1, p.unsplit_min_tiles);
   const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
@@ -125,12 +125,12 @@ __device__ int choose_chunk_size(const DevicePlanParams& p, const Tables& t, int
   int tables_at = L;  // the size the tables hold
   if (!split) return L;
   const int whole = clamp(align_up(longest, a));
-  if (chunks_at(t, n, L, t.red) > p.ctas && chunks_at(t, n, whole, t.red) <= p.ctas) {
+  if (chunks_at(t, n, L) > p.ctas && chunks_at(t, n, whole) <= p.ctas) {
     int lo = L, hi = whole;
     while (hi - lo > a) {
       const int mid = clamp(align_up(lo + (hi - lo) / 2, a));
       if (mid >= hi) break;
-      if (chunks_at(t, n, mid, t.red) <= p.ctas) hi = mid;
+      if (chunks_at(t, n, mid) <= p.ctas) hi = mid;
       else lo = mid;
     }
     const Evaluation fit = evaluate(p, t, n, hi, costs);
@@ -168,11 +168,12 @@ __device__ int choose_chunk_size(const DevicePlanParams& p, const Tables& t, int
 
 // Each split tile's first partial slot and merge counter, packed into mid2
 // (slot << 32 | counter; -1: not split), which evaluate() no longer needs.
+// Warp 0 only.
 struct SplitTotals {
   i64 slots, splits;
 };
 __device__ SplitTotals number_split_tiles(const DevicePlanParams& p, const Tables& t, int n, int L) {
-  const Segment seg = segment(n);
+  const Segment seg = lane_segment(n);
   i64 slots = 0, splits = 0;
   for (int i = seg.lo; i < seg.hi; ++i) {
     const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
@@ -182,8 +183,8 @@ __device__ SplitTotals number_split_tiles(const DevicePlanParams& p, const Table
     }
   }
   SplitTotals total{};
-  i64 slot = block_exclusive_scan(slots, t.red, total.slots);
-  i64 counter = block_exclusive_scan(splits, t.red, total.splits);
+  i64 slot = warp_exclusive_scan(slots, total.slots);
+  i64 counter = warp_exclusive_scan(splits, total.splits);
   for (int i = seg.lo; i < seg.hi; ++i) {
     const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
     t.mid2[i] = s.n > 1 ? (slot << 32 | counter) : -1;
@@ -192,7 +193,6 @@ __device__ SplitTotals number_split_tiles(const DevicePlanParams& p, const Table
       counter += 1;
     }
   }
-  __syncthreads();
   return total;
 }
 
@@ -235,11 +235,21 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
     n = 0;
   }
   __syncthreads();
-  const Costs costs{p.item_cost, p.token_cost};
-  const int L = choose_chunk_size(p, t, n, costs);
-  const SplitTotals split = number_split_tiles(p, t, n, L);
-  int chunks = t.cta_first[p.ctas];
-  __syncthreads();  // every thread read the count before the tables change
+  // The decision in warp 0; the others wait at the barrier.
+  if (threadIdx.x < 32) {
+    const int L = choose_chunk_size(p, t, n, Costs{p.item_cost, p.token_cost});
+    const SplitTotals split = number_split_tiles(p, t, n, L);
+    if (threadIdx.x == 0) {
+      t.misc[1] = L;
+      t.misc[2] = static_cast<int>(split.slots);
+      t.misc[3] = static_cast<int>(split.splits);
+      t.misc[4] = t.cta_first[p.ctas];
+    }
+  }
+  __syncthreads();
+  const int L = t.misc[1];
+  const SplitTotals split{t.misc[2], t.misc[3]};
+  int chunks = t.misc[4];
   if (chunks > p.max_items) {  // beyond the workspace's bound: an empty plan
     if (threadIdx.x == 0) record_error(p, claim, kPlanMaxItems, -1, chunks);
     chunks = 0;

@@ -13,7 +13,7 @@ namespace tessera::plan {
 
 struct TablesLayout {
   // byte offsets; 8-byte arrays first
-  u64 before, mid2, cta_before, red, quad, major, minor, order;
+  u64 before, mid2, cta_before, red, major, minor, order;
   u64 req, q_tile, begin, len, rows, chunk0, tile0, req_rank, cta_first, cta_count, owner, rank, queue, misc;
   u64 bytes;
   int sort_n;  // the sort's power-of-two length
@@ -38,7 +38,6 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int ma
   l.mid2 = take(8 * tiles);
   l.cta_before = take(8 * ctas1);
   l.red = take(8 * 33);
-  l.quad = take(8 * 4 * 33);
   l.major = take(8 * static_cast<u64>(l.sort_n));
   l.minor = take(8 * static_cast<u64>(l.sort_n));
   l.order = take(8 * items);
@@ -62,7 +61,7 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int ma
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 struct Tables {
-  i64 *before, *mid2, *cta_before, *red, *quad;
+  i64 *before, *mid2, *cta_before, *red;
   u64 *major, *minor, *order;
   int *req, *q_tile, *begin, *len, *rows, *chunk0, *tile0, *req_rank, *cta_first, *cta_count, *owner, *rank, *queue,
       *misc;
@@ -71,7 +70,7 @@ struct Tables {
 __device__ __forceinline__ Tables tables_at(char* smem, const TablesLayout& l) {
   return {reinterpret_cast<i64*>(smem + l.before), reinterpret_cast<i64*>(smem + l.mid2),
           reinterpret_cast<i64*>(smem + l.cta_before), reinterpret_cast<i64*>(smem + l.red),
-          reinterpret_cast<i64*>(smem + l.quad), reinterpret_cast<u64*>(smem + l.major),
+          reinterpret_cast<u64*>(smem + l.major),
           reinterpret_cast<u64*>(smem + l.minor), reinterpret_cast<u64*>(smem + l.order),
           reinterpret_cast<int*>(smem + l.req), reinterpret_cast<int*>(smem + l.q_tile),
           reinterpret_cast<int*>(smem + l.begin), reinterpret_cast<int*>(smem + l.len),
