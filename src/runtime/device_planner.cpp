@@ -157,6 +157,8 @@ DevicePlanParams device_plan_config(const PlannerOptions& opt, int ctas, double 
 }
 
 size_t device_plan_smem_bytes(const DevicePlanParams& p) {
+  if (p.ctas > 1024)  // warp 0 holds every CTA's entry in registers (plan/assign.cuh)
+    throw InvalidArgument("ctas: device planning assigns at most 1024 CTAs per head group, got " + std::to_string(p.ctas));
   if (p.decode && p.max_tiles < p.max_batch)
     throw InvalidArgument("max_tiles: decode plans a tile per request; expected at least max_batch (" +
                           std::to_string(p.max_batch) + "), got " + std::to_string(p.max_tiles));

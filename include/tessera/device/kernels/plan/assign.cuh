@@ -116,7 +116,7 @@ __device__ __forceinline__ Pick pick_at(const DevicePlanParams& p, const Tables&
 // the lanes holding it), and that CTA's lane adds the chunk. The next 32
 // chunks are read once per 32 steps and passed by shuffles.
 template <int K>
-__device__ void greedy_steps(const DevicePlanParams& p, const Tables& t, int chunks, int fast) {
+__device__ __noinline__ void greedy_steps(const DevicePlanParams& p, const Tables& t, int chunks, int fast) {
   const int lane = threadIdx.x, m = p.ctas;
   u64 e[K];
   int count[K];
@@ -177,11 +177,8 @@ __device__ void assign_chunks(const DevicePlanParams& p, const Tables& t, int ch
   }
   if (threadIdx.x < 32) {
     const int f = static_cast<int>(fast);
-    if (m <= 32) greedy_steps<1>(p, t, chunks, f);
-    else if (m <= 64) greedy_steps<2>(p, t, chunks, f);
+    if (m <= 32) greedy_steps<1>(p, t, chunks, f);  // few instantiations: less code to fetch
     else if (m <= 128) greedy_steps<4>(p, t, chunks, f);
-    else if (m <= 256) greedy_steps<8>(p, t, chunks, f);
-    else if (m <= 512) greedy_steps<16>(p, t, chunks, f);
     else greedy_steps<32>(p, t, chunks, f);
   }
   __syncthreads();

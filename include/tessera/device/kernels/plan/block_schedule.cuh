@@ -121,7 +121,9 @@ struct Evaluation {
   i64 makespan, slots, splits, worst, chunks, cost;
 };
 
-__device__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n, int L, const Costs& costs) {
+// One copy of the code (not inlined at each call): the planner runs once a
+// step, so its code is cold in the instruction cache every time.
+__device__ __noinline__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n, int L, const Costs& costs) {
   const int lane = threadIdx.x % 32;
   const Segment seg = lane_segment(n);
   i64 cost = 0, chunks = 0, slots = 0, splits = 0, worst = 0;
@@ -183,8 +185,9 @@ __device__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n
 // Chunks of the tiles at chunk size len, as the host planner's one-wave
 // refinement counts them. Warp 0 only.
 __device__ __forceinline__ i64 chunks_at(const Tables& t, int n, i64 len) {
+  const unsigned l = static_cast<unsigned>(len);  // 32-bit divisions: len and every tile's keys are below 2^31
   i64 c = 0;
-  for (int i = threadIdx.x % 32; i < n; i += 32) c += imax(1, (t.len[i] + len - 1) / len);
+  for (int i = threadIdx.x % 32; i < n; i += 32) c += max(1u, (static_cast<unsigned>(t.len[i]) + l - 1) / l);
   return warp_reduce(c, Sum{});
 }
 

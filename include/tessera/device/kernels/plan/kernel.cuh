@@ -197,7 +197,7 @@ __device__ SplitTotals number_split_tiles(const DevicePlanParams& p, const Table
 }
 
 // Chunk j of the plan as a prefill work item (decode takes its first fields).
-__device__ PrefillWorkItem chunk_item(const DevicePlanParams& p, const Tables& t, int n, int L, int j) {
+__device__ __noinline__ PrefillWorkItem chunk_item(const DevicePlanParams& p, const Tables& t, int n, int L, int j) {
   const int i = last_at_most(t.chunk0, n, j), k = j - t.chunk0[i];
   const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
   const i64 split = t.mid2[i];
