@@ -22,10 +22,10 @@ using plan::Costs;
 
 ChunkShape ParallelSchedule::shape(size_t i, int L) const { return plan::chunk_shape(len_[i], L, p_->chunk_align); }
 
-ParallelSchedule::Evaluation ParallelSchedule::evaluate(int L) {
+plan::Evaluation ParallelSchedule::evaluate(int L) {
   const int n = static_cast<int>(len_.size());
   const Costs costs{p_->item_cost, p_->token_cost};
-  Evaluation e;
+  plan::Evaluation e{};
   before_.resize(n);
   mid2_.resize(n);
   chunk0_.resize(n);
@@ -39,7 +39,7 @@ ParallelSchedule::Evaluation ParallelSchedule::evaluate(int L) {
     if (s.n > 1) {
       e.slots += s.n;
       e.splits += 1;
-      e.worst = std::max<int64_t>(e.worst, int64_t{rows_[i]} * s.n);
+      e.worst = std::max<i64>(e.worst, i64{rows_[i]} * s.n);
     }
   }
   const int ctas = p_->ctas;
@@ -60,7 +60,7 @@ ParallelSchedule::Evaluation ParallelSchedule::evaluate(int L) {
     cta_first_[x] = static_cast<int>(first);
     cta_before_[x] = cost_before;
   }
-  for (int x = 0; x < ctas; ++x) e.makespan = std::max(e.makespan, cta_before_[x + 1] - cta_before_[x]);
+  for (int x = 0; x < ctas; ++x) e.makespan = std::max<i64>(e.makespan, cta_before_[x + 1] - cta_before_[x]);
   return e;
 }
 
@@ -75,64 +75,17 @@ int ParallelSchedule::choose_chunk_size(const DevicePlanParams& p, std::span<con
   p_ = &p;
   len_.assign(len.begin(), len.end());
   rows_.assign(rows.begin(), rows.end());
-  const int n = static_cast<int>(len_.size());
   int64_t total = 0, longest = 1;
   for (int x : len_) {
     total += x;
     longest = std::max<int64_t>(longest, x);
   }
-  const int a = std::max(1, p.chunk_align);
-  const int64_t sms = std::max(1, p.unsplit_min_tiles);
-  const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
-                          8 * longest * sms <= 9 * total;
-  const bool fixed = p.split_kv && p.fixed_chunk > 0;
-  const bool split = p.split_kv && !short_step && !fixed;
-  auto clamp = [](int64_t L) { return static_cast<int>(std::min<int64_t>(L, plan::kNoSplit)); };
-  int L = plan::kNoSplit;
-  if (split) L = clamp(plan::align_up(std::max<int64_t>((total + p.ctas - 1) / p.ctas, std::max(1, p.min_chunk)), a));
-  if (fixed) L = clamp(plan::align_up(p.fixed_chunk, a));
-  Evaluation cur = evaluate(L);
-  int tables_at = L;
-  if (!split) return L;
-  const int whole = clamp(plan::align_up(longest, a));
-  if (chunks_at(L) > p.ctas && chunks_at(whole) <= p.ctas) {
-    int lo = L, hi = whole;
-    while (hi - lo > a) {
-      const int mid = clamp(plan::align_up(lo + (hi - lo) / 2, a));
-      if (mid >= hi) break;
-      if (chunks_at(mid) <= p.ctas) hi = mid;
-      else lo = mid;
-    }
-    const Evaluation fit = evaluate(hi);
-    tables_at = hi;
-    if (fit.makespan < cur.makespan) {
-      cur = fit;
-      L = hi;
-    }
-  }
-  if (p.merge_cost > 0) {
-    int64_t est = cur.makespan + p.merge_cost * cur.worst;
-    while (10 * p.merge_cost * cur.worst > est && L < whole) {
-      const int next = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
-      const Evaluation e = evaluate(next);
-      tables_at = next;
-      const int64_t e_est = e.makespan + p.merge_cost * e.worst;
-      if (!(e_est < est)) break;
-      est = e_est;
-      cur = e;
-      L = next;
-    }
-  }
-  auto over = [&](const Evaluation& e) {
-    return (p.max_slots > 0 && e.slots > p.max_slots) || (p.max_split_tiles > 0 && e.splits > p.max_split_tiles);
-  };
-  while (over(cur) && L < whole) {
-    L = clamp(plan::align_up(std::min<int64_t>(2 * int64_t{L}, longest), a));
-    cur = evaluate(L);
-    tables_at = L;
-  }
-  if (tables_at != L) evaluate(L);
-  return L;
+  struct HostEvaluator {
+    ParallelSchedule& s;
+    plan::Evaluation evaluate(int L) { return s.evaluate(L); }
+    int64_t chunks_at(int64_t l) const { return s.chunks_at(l); }
+  } ev{*this};
+  return plan::choose_chunk_size(p, static_cast<int>(len_.size()), total, longest, ev);
 }
 
 DevicePlanParams device_plan_config(const PlannerOptions& opt, int ctas, double tile_rows) {

@@ -273,3 +273,10 @@ __global__ void __launch_bounds__(tessera::MlaConfigFor<CQ>::Shape::THREADS, 1) 
 template __global__ void mla_k<tessera::half_t, 16, false>(const tessera::MlaParams);
 template __global__ void mla_k<tessera::bf16_t, 32, true>(const tessera::MlaParams);
 template __global__ void mla_k<tessera::half_t, 64, true>(const tessera::MlaParams);
+
+// The device planner (one block per step).
+#include "tessera/device/kernels/plan/kernel.cuh"
+__global__ void __launch_bounds__(tessera::kDevicePlanThreads) device_plan_k(const tessera::DevicePlanParams p) {
+  extern __shared__ __align__(16) char smem[];
+  tessera::plan::plan_step(p, smem);
+}

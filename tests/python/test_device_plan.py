@@ -213,20 +213,24 @@ def plan_decode(wrapper, torch, step, page_size, **kwargs):
                  on_device=True, batch_size=step.batch_size, **kwargs)
 
 
+def decode_problem(torch, rng, layout, max_batch, max_len, page_size):
+    """A shuffled fp16 cache for max_batch requests of up to max_len keys, a query of max_batch rows (and their
+    numpy copies for the reference), the pool size and the step's device tensors."""
+    pool = max_batch * (max_len // page_size + 1) + 3
+    cache, k, v = DR.random_cache(torch, rng, layout, pool, page_size, torch.float16, False)
+    q = DR.random_q(torch, rng, max_batch, torch.float16)
+    return cache, to_np(k), to_np(v), q, to_np(q), pool, Step(torch, max_batch, pool)
+
+
 @pytest.mark.parametrize("tensor_cores", [False, True])
 def test_decode_device_plan_bitwise_the_host_plan(torch_cuda, rng, tensor_cores):
     """30 random batches: the step planned on the GPU gives bitwise the outputs of the same step planned on the
     host (same bounds: the host wrapper's are fixed by its index buffers), and matches the float64 reference."""
     torch = torch_cuda
     max_batch, page_size, max_len = 24, 16, 3000
-    pool = max_batch * (max_len // page_size + 1) + 3
-    cache, k, v = DR.random_cache(torch, rng, "NHD", pool, page_size, torch.float16, False)
-    kn, vn = to_np(k), to_np(v)
-    q = DR.random_q(torch, rng, max_batch, torch.float16)
-    qn = to_np(q)
+    cache, kn, vn, q, qn, pool, step = decode_problem(torch, rng, "NHD", max_batch, max_len, page_size)
     host = decode_wrapper(torch, tensor_cores, max_batch, pool)
     dev = decode_wrapper(torch, tensor_cores, max_batch, pool)
-    step = Step(torch, max_batch, pool)
     for i in range(30):
         batch = int(rng.integers(1, max_batch + 1))
         indptr, indices, last, _ = DR.make_table(rng, random_lens(rng, batch, max_len), page_size)
@@ -248,12 +252,7 @@ def test_decode_device_plan_one_cuda_graph_for_every_batch_size(torch_cuda, rng,
     replays it. Rows past the step's batch keep their NaN."""
     torch = torch_cuda
     max_batch, page_size, max_len = 16, 16, 2500
-    pool = max_batch * (max_len // page_size + 1) + 3
-    cache, k, v = DR.random_cache(torch, rng, "HND", pool, page_size, torch.float16, False)
-    kn, vn = to_np(k), to_np(v)
-    q = DR.random_q(torch, rng, max_batch, torch.float16)
-    qn = to_np(q)
-    step = Step(torch, max_batch, pool)
+    cache, kn, vn, q, qn, pool, step = decode_problem(torch, rng, "HND", max_batch, max_len, page_size)
     # The wrapper's CUDA-graph buffers are the step's tensors (FlashInfer's CUDA-graph wrapper takes them too).
     wrapper = tessera.BatchDecodeWithPagedKVCacheWrapper(
         DR.workspace(torch), "HND", use_cuda_graph=True, use_tensor_cores=tensor_cores,

@@ -23,10 +23,7 @@ class ParallelSchedule {
   int choose_chunk_size(const DevicePlanParams& p, std::span<const int32_t> len, std::span<const int32_t> rows);
 
  private:
-  struct Evaluation {
-    int64_t makespan = 0, slots = 0, splits = 0, worst = 0, chunks = 0, cost = 0;
-  };
-  Evaluation evaluate(int L);
+  plan::Evaluation evaluate(int L);
   int64_t chunks_at(int64_t l) const;
   plan::ChunkShape shape(size_t i, int L) const;
 

@@ -114,13 +114,9 @@ __device__ __forceinline__ int last_at_most(const int* a, int n, i64 x) {
   return lo;
 }
 
-// What the schedule at one chunk size gives (every lane of warp 0 holds
-// it); the tables' per-tile prefixes and CTA boundaries are this L's
+// The parallel schedule at one chunk size (every lane of warp 0 holds the
+// result); the tables' per-tile prefixes and CTA boundaries are this L's
 // afterwards. Warp 0 only.
-struct Evaluation {
-  i64 makespan, slots, splits, worst, chunks, cost;
-};
-
 // One copy of the code (not inlined at each call): the planner runs once a
 // step, so its code is cold in the instruction cache every time.
 __device__ __noinline__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n, int L, const Costs& costs) {

@@ -100,71 +100,25 @@ __device__ int build_tiles(const DevicePlanParams& p, const Tables& t, int batch
   return static_cast<int>(n);
 }
 
-// The chunk size (Algorithm 1 line 3, refined as the host planner refines
-// it, each candidate judged by the parallel schedule's makespan); leaves the
-// tables holding the chosen size's prefixes. Warp 0 only.
+// The chunk size by the shared rule (plan/schedule.cuh), evaluated on the
+// shared tables; leaves them holding the chosen size's prefixes. Warp 0 only.
+struct WarpEvaluator {
+  const DevicePlanParams& p;
+  const Tables& t;
+  int n;
+  Costs costs;
+  __device__ Evaluation evaluate(int L) { return plan::evaluate(p, t, n, L, costs); }
+  __device__ i64 chunks_at(i64 len) { return plan::chunks_at(t, n, len); }
+};
 __device__ int choose_chunk_size(const DevicePlanParams& p, const Tables& t, int n, const Costs& costs) {
   i64 total = 0, longest = 1;
   for (int i = threadIdx.x % 32; i < n; i += 32) {
     total += t.len[i];
     longest = imax(longest, t.len[i]);
   }
-  total = warp_reduce(total, Sum{});
-  longest = warp_reduce(longest, Max{});
-  const int a = max(1, p.chunk_align);
-  const i64 sms = max(1, p.unsplit_min_tiles);
-  const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
-                          8 * longest * sms <= 9 * total;
-  const bool fixed = p.split_kv && p.fixed_chunk > 0;
-  const bool split = p.split_kv && !short_step && !fixed;
-  auto clamp = [](i64 L) { return static_cast<int>(imin(L, kNoSplit)); };
-  int L = kNoSplit;
-  if (split) L = clamp(align_up(imax((total + p.ctas - 1) / p.ctas, max(1, p.min_chunk)), a));
-  if (fixed) L = clamp(align_up(p.fixed_chunk, a));
-  Evaluation cur = evaluate(p, t, n, L, costs);
-  int tables_at = L;  // the size the tables hold
-  if (!split) return L;
-  const int whole = clamp(align_up(longest, a));
-  if (chunks_at(t, n, L) > p.ctas && chunks_at(t, n, whole) <= p.ctas) {
-    int lo = L, hi = whole;
-    while (hi - lo > a) {
-      const int mid = clamp(align_up(lo + (hi - lo) / 2, a));
-      if (mid >= hi) break;
-      if (chunks_at(t, n, mid) <= p.ctas) hi = mid;
-      else lo = mid;
-    }
-    const Evaluation fit = evaluate(p, t, n, hi, costs);
-    tables_at = hi;
-    if (fit.makespan < cur.makespan) {
-      cur = fit;
-      L = hi;
-    }
-  }
-  if (p.merge_cost > 0) {
-    i64 est = cur.makespan + p.merge_cost * cur.worst;
-    while (10 * p.merge_cost * cur.worst > est && L < whole) {
-      const int next = clamp(align_up(imin(2 * static_cast<i64>(L), longest), a));
-      const Evaluation e = evaluate(p, t, n, next, costs);
-      tables_at = next;
-      const i64 e_est = e.makespan + p.merge_cost * e.worst;
-      if (!(e_est < est)) break;
-      est = e_est;
-      cur = e;
-      L = next;
-    }
-  }
-  auto over = [&](const Evaluation& e) {
-    return (p.max_slots > 0 && e.slots > p.max_slots) || (p.max_split_tiles > 0 && e.splits > p.max_split_tiles);
-  };
-  while (over(cur) && L < whole) {
-    L = clamp(align_up(imin(2 * static_cast<i64>(L), longest), a));
-    cur = evaluate(p, t, n, L, costs);
-    tables_at = L;
-  }
-  if (tables_at != L) evaluate(p, t, n, L, costs);
-  return L;
+  WarpEvaluator ev{p, t, n, costs};
+  return choose_chunk_size(p, n, warp_reduce(total, Sum{}), warp_reduce(longest, Max{}), ev);
 }
-
 
 // Each split tile's first partial slot and merge counter, packed into mid2
 // (slot << 32 | counter; -1: not split), which evaluate() no longer needs.

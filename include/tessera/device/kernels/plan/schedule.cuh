@@ -15,7 +15,7 @@
 //
 // These functions are shared by both; the kernel is plan/kernel.cuh.
 #pragma once
-#include "tessera/abi/types.cuh"
+#include "tessera/abi/device_plan_params.cuh"
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define TESSERA_PLAN_FN __host__ __device__ __forceinline__
@@ -115,6 +115,76 @@ TESSERA_PLAN_FN i64 prefill_window_start(int t, int qo_len, int kv_len, int grou
 TESSERA_PLAN_FN int kv_length(int begin, int end, int last_page_len, int page_size, bool paged) {
   if (!paged) return end - begin;
   return end > begin ? (end - begin - 1) * page_size + last_page_len : 0;
+}
+
+// What the parallel schedule at one chunk size gives.
+struct Evaluation {
+  i64 makespan, slots, splits, worst, chunks, cost;
+};
+
+// The chunk size: Algorithm 1's line 3; the smallest L that fits one wave
+// of CTAs (binary search) if the schedule rates it cheaper; no split for
+// short steps; the caller's fixed chunks; merge-aware doubling while the
+// estimate (makespan + the largest split tile's merge) drops; doubling
+// while the workspace's caps are exceeded. The host planner and the device
+// planner both decide with this one function: `ev` evaluates a size
+// (ev.evaluate(L) -> Evaluation, leaving its tables at L) and counts the
+// one-wave refinement's chunks (ev.chunks_at(len)); n tiles, total keys,
+// longest tile (>= 1). On return the evaluator's tables hold L's.
+template <typename Evaluator>
+TESSERA_PLAN_FN int choose_chunk_size(const DevicePlanParams& p, int n, i64 total, i64 longest, Evaluator& ev) {
+  const int a = p.chunk_align > 1 ? p.chunk_align : 1;
+  const i64 sms = p.unsplit_min_tiles > 1 ? p.unsplit_min_tiles : 1;
+  const bool short_step = p.unsplit_max_kv > 0 && n >= sms && n <= p.ctas && longest <= p.unsplit_max_kv &&
+                          8 * longest * sms <= 9 * total;
+  const bool fixed = p.split_kv && p.fixed_chunk > 0;
+  const bool split = p.split_kv && !short_step && !fixed;
+  auto clamp = [](i64 L) { return static_cast<int>(imin(L, kNoSplit)); };
+  int L = kNoSplit;
+  if (split) L = clamp(align_up(imax((total + p.ctas - 1) / p.ctas, p.min_chunk > 1 ? p.min_chunk : 1), a));
+  if (fixed) L = clamp(align_up(p.fixed_chunk, a));
+  Evaluation cur = ev.evaluate(L);
+  if (!split) return L;
+  int tables_at = L;
+  const int whole = clamp(align_up(longest, a));
+  if (ev.chunks_at(L) > p.ctas && ev.chunks_at(whole) <= p.ctas) {
+    int lo = L, hi = whole;
+    while (hi - lo > a) {
+      const int mid = clamp(align_up(lo + (hi - lo) / 2, a));
+      if (mid >= hi) break;
+      if (ev.chunks_at(mid) <= p.ctas) hi = mid;
+      else lo = mid;
+    }
+    const Evaluation fit = ev.evaluate(hi);
+    tables_at = hi;
+    if (fit.makespan < cur.makespan) {
+      cur = fit;
+      L = hi;
+    }
+  }
+  if (p.merge_cost > 0) {
+    i64 est = cur.makespan + p.merge_cost * cur.worst;
+    while (10 * p.merge_cost * cur.worst > est && L < whole) {
+      const int next = clamp(align_up(imin(2 * static_cast<i64>(L), longest), a));
+      const Evaluation e = ev.evaluate(next);
+      tables_at = next;
+      const i64 e_est = e.makespan + p.merge_cost * e.worst;
+      if (!(e_est < est)) break;
+      est = e_est;
+      cur = e;
+      L = next;
+    }
+  }
+  auto over = [&p](const Evaluation& e) {
+    return (p.max_slots > 0 && e.slots > p.max_slots) || (p.max_split_tiles > 0 && e.splits > p.max_split_tiles);
+  };
+  while (over(cur) && L < whole) {
+    L = clamp(align_up(imin(2 * static_cast<i64>(L), longest), a));
+    cur = ev.evaluate(L);
+    tables_at = L;
+  }
+  if (tables_at != L) ev.evaluate(L);
+  return L;
 }
 
 }  // namespace tessera::plan
