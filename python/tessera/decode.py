@@ -56,31 +56,13 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
     below the minimum (min_workspace_size) plan() raises ValueError.
 
     Planning on the GPU (Tessera's keyword-only plan(..., on_device=True,
-    batch_size=...)): the step's batch size, page table and last-page
-    lengths stay in int32 CUDA tensors on the workspace's device, sized for
-    the bounds: batch_size [1], indptr [max_batch + 1], indices [max_pages]
-    and last_page_len [>= max_batch]; only their first entries count
-    (batch_size[0] requests, indptr[0 .. batch], ...). The bounds are the
-    tensors' sizes (max_batch = len(indptr) - 1, max_pages = len(indices));
-    where the constructor's index buffers or a use_cuda_graph plan already
-    fixed them, the tensors must give the same bounds (pass those buffers).
-    plan() only enqueues the planner kernel on torch's current stream: it
-    never reads, copies or synchronizes on the tensors, so one CUDA graph
-    holding plan(on_device=True) and every layer's run() serves any batch up
-    to max_batch: each step write the lengths and page ids into the same
-    tensors (copy_, or a kernel) and replay. run() then takes q (and out /
-    lse) of max_batch rows; rows past the step's batch are left as they are.
-    A bad value in the tensors (a batch size above max_batch, a decreasing
-    indptr, a last-page length outside 1..page_size, a page id beyond the
-    cache or max_pages) leaves an empty plan and is raised (ValueError naming
-    it) by the next plan() or run() on the host. The kernels read the
-    tensors at every run(): they must stay allocated as long as runs planned
-    from them (or a graph holding them) may execute; the wrapper keeps a
-    reference until the next plan(). Call plan(on_device=True) (and run())
-    once before capturing: the first one builds the C++ object for the
-    bounds and loads the kernels. Bounds beyond what the planner kernel's
-    one block holds raise ValueError naming max_batch. Not with
-    shared_prefix, q_len_per_req > 1 or seq_lens (ValueError naming them).
+    batch_size=...)): the step stays in int32 CUDA tensors sized for the
+    bounds (their sizes: max_batch = len(indptr) - 1, max_pages =
+    len(indices)); plan() only enqueues the planner kernel, so one CUDA
+    graph of plan() and every layer's run() serves any batch up to
+    max_batch. run() then takes q of max_batch rows. Bad values are raised
+    by the next host call; the tensors must outlive the runs planned from
+    them. Details: docs/architecture.md, "Planning on the GPU".
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,

@@ -67,26 +67,12 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
     Planning on the GPU (Tessera's keyword-only plan(..., on_device=True,
     batch_size=..., max_total_q=...)), as for
     BatchDecodeWithPagedKVCacheWrapper: the step stays in int32 CUDA tensors
-    on the workspace's device, sized for the bounds: batch_size [1],
-    qo_indptr [max_batch + 1] (or None: one query per request),
-    paged_kv_indptr [max_batch + 1], paged_kv_indices [max_pages],
-    paged_kv_last_page_len [>= max_batch]; only their first entries count.
-    max_batch and max_pages are the tensors' sizes (where the constructor's
-    index buffers or a use_cuda_graph plan already fixed them, the tensors
-    must give the same bounds), max_total_q the keyword (max_batch with
-    qo_indptr None). plan() only enqueues the planner kernel on torch's
-    current stream, never reading, copying or synchronizing on the tensors,
-    so it can be captured with run() in one CUDA graph that serves any step
-    within the bounds: write the step into the same tensors and replay.
-    run() then takes q (and out / lse) of max_total_q rows; rows past the
-    step's queries are left as they are. A bad value in the tensors leaves
-    an empty plan and is raised (ValueError naming it) by the next plan() or
-    run() on the host. The tensors must stay allocated as long as runs
-    planned from them may execute (the wrapper keeps a reference until the
-    next plan()). Call it (and run()) once before capturing. Not with
-    custom masks, shared_prefix, fixed_split_size or the length arguments
-    seq_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv
-    (ValueError naming them); ragged KV plans on the host.
+    sized for the bounds (qo_indptr None: one query per request); plan()
+    only enqueues the planner kernel, so it can be captured with run() in
+    one CUDA graph serving any step within the bounds. run() then takes q of
+    max_total_q rows. Not with custom masks, shared_prefix, fixed_split_size
+    or the length arguments (ValueError naming them); ragged KV plans on the
+    host. Details: docs/architecture.md, "Planning on the GPU".
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
