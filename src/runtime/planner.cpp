@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tessera/core/error.hpp"
+#include "tessera/device/kernels/plan/schedule.cuh"
 #include "tessera/runtime/device_planner.hpp"
 
 namespace tessera {
@@ -27,7 +28,7 @@ void Planner::sort_by_length() {
   }
 }
 
-double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt) {
+int64_t Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt) {
   Assignment& a = cur_;
   // Line 4: chunks. A tile of n chunks is cut into n near-equal aligned
   // pieces, not L-sized ones plus a tail: a tiny tail costs a whole item's
@@ -170,25 +171,44 @@ double Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOptio
   a.heap.pop_back();  // the sentinel
   uint64_t max_cost = 0;
   for (uint64_t e : a.heap) max_cost = std::max(max_cost, e >> kCtaBits);
-  return static_cast<double>(max_cost) / 16.0;
+  return static_cast<int64_t>(max_cost);
 }
 
 void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, PlanStats& out) {
   if (opt.fixed_chunk < 0) throw InvalidArgument("fixed_chunk: expected >= 0, got " + std::to_string(opt.fixed_chunk));
   // The chunk size: Algorithm 1's line 3, the one-wave refinement, short
   // steps, merge-aware growth and the workspace's capacity, each candidate
-  // judged by the parallel schedule's makespan (runtime/parallel_schedule.hpp),
-  // exactly as the device planner judges it. Chunks, merge order and so the
-  // output bits are then the same whether a step is planned here or on the
-  // GPU; only the assignment below (greedy, longest first) is the host's.
-  tile_len_.resize(tiles_.size());
-  tile_rows_.resize(tiles_.size());
-  for (size_t i = 0; i < tiles_.size(); ++i) {
-    tile_len_[i] = tiles_[i].kv_len;
-    tile_rows_[i] = tiles_[i].rows;
+  // judged by its greedy assignment (plan::choose_chunk_size, the rule the
+  // device planner runs too), so a step planned on the GPU is this plan.
+  struct Greedy {
+    Planner& planner;
+    int ctas;
+    double tile_rows;
+    const PlannerOptions& opt;
+    plan::Evaluation evaluate(int L) {
+      const int64_t makespan = planner.assign(L, ctas, tile_rows, opt);
+      const Assignment& a = planner.cur_;
+      int64_t worst = 0;
+      for (size_t t = 0; t < planner.tiles_.size(); ++t)
+        if (a.num_chunks[t] > 1) worst = std::max<int64_t>(worst, int64_t{planner.tiles_[t].rows} * a.num_chunks[t]);
+      return {makespan, a.slots, a.split, worst, static_cast<i64>(a.chunks.size()), 0};
+    }
+    int64_t chunks_at(int64_t len) const {
+      int64_t n = 0;
+      for (const Tile& t : planner.tiles_) n += std::max<int64_t>(1, (t.kv_len + len - 1) / len);
+      return n;
+    }
+  } greedy{*this, ctas, tile_rows, opt};
+  int64_t total = 0, longest = 1;
+  for (const Tile& t : tiles_) {
+    total += t.kv_len;
+    longest = std::max<int64_t>(longest, t.kv_len);
   }
-  const int64_t L = chooser_.choose_chunk_size(device_plan_config(opt, ctas, tile_rows), tile_len_, tile_rows_);
-  const double best = assign(L, ctas, tile_rows, opt);
+  const int64_t L = plan::choose_chunk_size(device_plan_config(opt, ctas, tile_rows), static_cast<int>(tiles_.size()),
+                                            total, longest, greedy);
+  uint64_t max_cost = 0;
+  for (uint64_t e : cur_.heap) max_cost = std::max(max_cost, e >> kCtaBits);
+  const double best = static_cast<double>(max_cost) / 16.0;
   out.chunk_size = static_cast<int32_t>(std::min<int64_t>(L, INT32_MAX));
   out.num_slots = cur_.slots;
   out.num_split = cur_.split;

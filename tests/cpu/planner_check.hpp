@@ -128,28 +128,6 @@ inline uint64_t cost16(const PlannerOptions& opt, double tile_rows, int64_t keys
   return fixed(opt.alpha * tile_rows) + fixed(opt.beta) * static_cast<uint64_t>(keys);
 }
 
-// The parallel schedule's makespan (device/kernels/plan/schedule.cuh) of
-// chunks of the given lengths in tile order: costs in 1/16 token (alpha *
-// tile_rows and beta each rounded), chunk j to the CTA c whose share
-// [c W / ctas, (c + 1) W / ctas) holds its midpoint.
-inline int64_t midpoint_makespan(const std::vector<int64_t>& keys, int ctas, const PlannerOptions& opt,
-                                 double tile_rows) {
-  auto fixed = [](double x) { return static_cast<int64_t>(std::max(x, 0.0) * 16.0 + 0.5); };
-  const int64_t item = fixed(opt.alpha * tile_rows), token = fixed(opt.beta);
-  int64_t total = 0;
-  for (int64_t k : keys) total += item + token * k;
-  std::vector<int64_t> cta_cost(ctas, 0);
-  int64_t before = 0;
-  for (int64_t k : keys) {
-    const int64_t w = item + token * k, mid2 = 2 * before + w;
-    int c = 0;  // the last share starting at or below the midpoint
-    while (c + 1 < ctas && (2 * total * (c + 1) + ctas - 1) / ctas <= mid2) ++c;
-    cta_cost[c] += w;
-    before += w;
-  }
-  return ctas ? *std::max_element(cta_cost.begin(), cta_cost.end()) : 0;
-}
-
 // Lines 5-13 of Algorithm 1 on the given chunks: the assignment order
 // (longest first, ties by request, q tile, position; prefill first orders
 // requests by their longest chunk; serpentine reverses every other run of
@@ -342,21 +320,19 @@ inline void check_plan(const std::vector<PlanTile>& tiles, int32_t requests, int
   EXPECT_NEAR(stats.mean_cta_cost, static_cast<double>(total16) / 16.0 / ctas, 1e-9 * (1.0 + stats.mean_cta_cost))
       << "reported mean CTA cost";
 
-  // The refinement keeps line 3's chunks unless they cost more in the
-  // parallel schedule (chunks in tile order, each to the CTA whose share of
-  // the total holds its midpoint), by which the planner judges a chunk size
-  // so that the device planner cuts alike; without merge costs or capacity
-  // caps the later growth of L never runs, so no chunking is worse than
-  // line 3's by that measure.
+  // The refinement keeps line 3's plan unless it is cheaper; without merge
+  // costs or capacity caps the later growth of L never runs, so no plan is
+  // worse than line 3's.
   const bool capped = opt.max_slots > 0 || opt.max_split_tiles > 0;
   if (opt.split_kv && !short_step && !fixed && opt.merge_cost <= 0 && !capped) {
-    std::vector<int64_t> chosen, line3;
-    for (const PlanTile& t : tiles) {
-      for (auto [s, e] : chunks_of(t, L, align)) chosen.push_back(e - s);
-      for (auto [s, e] : chunks_of(t, L3, align)) line3.push_back(e - s);
-    }
-    EXPECT_LE(midpoint_makespan(chosen, ctas, opt, tile_rows), midpoint_makespan(line3, ctas, opt, tile_rows))
-        << "the chosen L (" << L << ") is costlier than line 3's (" << L3 << ")";
+    std::vector<PlanItem> line3;
+    for (const PlanTile& t : tiles)
+      for (auto [s, e] : chunks_of(t, L3, align)) line3.push_back({t.request, t.q_tile, s, e, -1, -1, 1, -1});
+    std::vector<int> cta3;
+    std::vector<uint64_t> cost3;
+    list_schedule(line3, ctas, opt, tile_rows, by_request, cta3, cost3);
+    const uint64_t max3 = cost3.empty() ? 0 : *std::max_element(cost3.begin(), cost3.end());
+    EXPECT_LE(max16, max3) << "the chosen L (" << L << ") is costlier than line 3's (" << L3 << ")";
   }
 }
 

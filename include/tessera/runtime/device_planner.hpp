@@ -3,8 +3,8 @@
 //
 // The device planner computes the host planner's plan in one block,
 // reading the step's lengths from device memory: the chunk size by the
-// rule both share (runtime/parallel_schedule.hpp), then Algorithm 1's
-// greedy assignment. plan_on_host() is that plan from the host Planner,
+// rule both share (plan::choose_chunk_size, device/kernels/plan/
+// schedule.cuh), each candidate judged by Algorithm 1's greedy assignment. plan_on_host() is that plan from the host Planner,
 // with the kernel's input checks: the kernel's queues are bitwise these
 // (tests compare them on random batches).
 #pragma once

@@ -20,7 +20,6 @@
 
 #include "tessera/abi/decode_params.cuh"
 #include "tessera/abi/prefill_params.cuh"
-#include "tessera/runtime/parallel_schedule.hpp"
 
 namespace tessera {
 
@@ -145,8 +144,8 @@ class Planner {
   // Drops the keys before first_key (rounded down to chunk_align) from a tile.
   static void clip_to_window(Tile& tile, int64_t first_key, const PlannerOptions& opt);
   // Chunks every tile at most L long and assigns the chunks greedily; returns
-  // the largest CTA cost.
-  double assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt);
+  // the largest CTA cost (1/16 token).
+  int64_t assign(int64_t L, int ctas, double tile_rows, const PlannerOptions& opt);
 
   // What assign() leaves for schedule(): the chunks, their CTAs and order,
   // the split tiles' slots, the final heap (CTA costs).
@@ -163,8 +162,6 @@ class Planner {
 
   std::vector<Tile> tiles_;
   Assignment cur_;
-  ParallelSchedule chooser_;  // the chunk size
-  std::vector<int32_t> tile_len_, tile_rows_;
   std::vector<int32_t> fill_, queue_, rank_;
   static constexpr int kCtaBits = 20;  // heap entries: cost (1/16 token units) << kCtaBits | CTA
   static constexpr uint64_t kCtaMask = (uint64_t{1} << kCtaBits) - 1;

@@ -156,15 +156,22 @@ __device__ __noinline__ void greedy_steps(const DevicePlanParams& p, const Table
       }
     }
   }
+  i64 longest = 0;  // the busiest CTA's cost
 #pragma unroll
   for (int i = 0; i < K; ++i)
-    if (lane + 32 * i < m) t.cta_count[lane + 32 * i] = count[i];
+    if (lane + 32 * i < m) {
+      t.cta_count[lane + 32 * i] = count[i];
+      longest = imax(longest, static_cast<i64>(e[i] >> kCtaBits));
+    }
+  longest = warp_reduce(longest, Max{});
+  if (lane == 0) t.scalars[0] = longest;
 }
 
 // Each chunk to the cheapest CTA: owner, rank within the CTA, the CTAs'
-// chunk counts. The first chunks (while each adds a cost) go to CTAs 0, 1,
-// ... as the host's heap would give them; warp 0 assigns the rest.
-__device__ void assign_chunks(const DevicePlanParams& p, const Tables& t, int chunks) {
+// chunk counts; returns the largest CTA cost (every thread). The first
+// chunks (while each adds a cost) go to CTAs 0, 1, ... as the host's heap
+// would give them; warp 0 assigns the rest.
+__device__ i64 assign_chunks(const DevicePlanParams& p, const Tables& t, int chunks) {
   const int m = p.ctas;
   i64 fast = min(chunks, m);
   for (int k = threadIdx.x; k < min(chunks, m); k += blockDim.x)
@@ -182,6 +189,7 @@ __device__ void assign_chunks(const DevicePlanParams& p, const Tables& t, int ch
     else greedy_steps<32>(p, t, chunks, f);
   }
   __syncthreads();
+  return t.scalars[0];
 }
 
 }  // namespace plan

@@ -1,9 +1,6 @@
-// The parallel schedule (plan/schedule.cuh) as the planner's block computes
-// it: the chunk-size decision is a sequence of warp-wide reductions and
-// scans over the query tiles, whose tables live in shared memory
-// (plan/tables.cuh), in warp 0 alone (no block barrier per step).
-// Evaluating a chunk size costs one pass over the tiles, two scans and a
-// binary search per CTA.
+// The device planner's block-wide and warp-wide steps over the query
+// tiles, whose tables live in shared memory (plan/tables.cuh): reductions,
+// scans, a chunk size's pass over the tiles, the one-wave chunk count.
 #pragma once
 #include "tessera/abi/device_plan_params.cuh"
 #include "tessera/device/kernels/plan/schedule.cuh"
@@ -114,18 +111,13 @@ __device__ __forceinline__ int last_at_most(const int* a, int n, i64 x) {
   return lo;
 }
 
-// The parallel schedule at one chunk size (every lane of warp 0 holds the
-// result); the tables' per-tile prefixes and CTA boundaries are this L's
-// afterwards. Warp 0 only.
-// One copy of the code (not inlined at each call): the planner runs once a
-// step, so its code is cold in the instruction cache every time.
-__device__ __noinline__ Evaluation evaluate(const DevicePlanParams& p, const Tables& t, int n, int L, const Costs& costs) {
-  const int lane = threadIdx.x % 32;
+// Chunk size L over the tiles (warp 0 only): each tile's first chunk
+// (chunk0) and the totals of an Evaluation but its makespan.
+__device__ __noinline__ Evaluation tile_pass(const DevicePlanParams& p, const Tables& t, int n, int L) {
   const Segment seg = lane_segment(n);
-  i64 cost = 0, chunks = 0, slots = 0, splits = 0, worst = 0;
+  i64 chunks = 0, slots = 0, splits = 0, worst = 0;
   for (int i = seg.lo; i < seg.hi; ++i) {
     const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
-    cost += tile_cost(costs, t.len[i], s);
     chunks += s.n;
     if (s.n > 1) {
       slots += s.n;
@@ -134,57 +126,24 @@ __device__ __noinline__ Evaluation evaluate(const DevicePlanParams& p, const Tab
     }
   }
   Evaluation e{};
-  i64 c = warp_exclusive_scan(cost, e.cost);
   i64 k = warp_exclusive_scan(chunks, e.chunks);
   for (int i = seg.lo; i < seg.hi; ++i) {
-    const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
-    t.before[i] = c;
     t.chunk0[i] = static_cast<int>(k);
-    t.mid2[i] = last_midpoint2(costs, c, t.len[i], s);
-    c += tile_cost(costs, t.len[i], s);
-    k += s.n;
+    k += chunk_shape(t.len[i], L, p.chunk_align).n;
   }
-  __syncwarp();
-  for (int x = lane; x <= p.ctas; x += 32) {
-    i64 first = e.chunks, before = e.cost;  // CTA ctas, or a share past every chunk's midpoint
-    if (x == 0) {
-      first = 0;
-      before = 0;
-    } else if (x < p.ctas) {
-      const i64 t2 = cta_threshold2(e.cost, x, p.ctas);
-      int lo = 0, hi = n;  // the first tile whose last chunk reaches t2
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (t.mid2[mid] >= t2) hi = mid;
-        else lo = mid + 1;
-      }
-      if (lo < n) {
-        const ChunkShape s = chunk_shape(t.len[lo], L, p.chunk_align);
-        const int j = first_chunk_from(costs, t.before[lo], s, t2);
-        first = t.chunk0[lo] + j;
-        before = cost_before_chunk(costs, t.before[lo], s, j);
-      }
-    }
-    t.cta_first[x] = static_cast<int>(first);
-    t.cta_before[x] = before;
-  }
-  __syncwarp();
-  i64 longest = 0;
-  for (int x = lane; x < p.ctas; x += 32) longest = imax(longest, t.cta_before[x + 1] - t.cta_before[x]);
-  e.makespan = warp_reduce(longest, Max{});
   e.slots = warp_reduce(slots, Sum{});
   e.splits = warp_reduce(splits, Sum{});
   e.worst = warp_reduce(worst, Max{});
   return e;
 }
 
-// Chunks of the tiles at chunk size len, as the host planner's one-wave
-// refinement counts them. Warp 0 only.
+// Chunks of the tiles at chunk size len, as the one-wave refinement counts
+// them (every thread calls it, every thread gets the count).
 __device__ __forceinline__ i64 chunks_at(const Tables& t, int n, i64 len) {
   const unsigned l = static_cast<unsigned>(len);  // 32-bit divisions: len and every tile's keys are below 2^31
   i64 c = 0;
-  for (int i = threadIdx.x % 32; i < n; i += 32) c += max(1u, (static_cast<unsigned>(t.len[i]) + l - 1) / l);
-  return warp_reduce(c, Sum{});
+  for (int i = threadIdx.x; i < n; i += blockDim.x) c += max(1u, (static_cast<unsigned>(t.len[i]) + l - 1) / l);
+  return block_reduce(c, t.red, Sum{});
 }
 
 // Records the first failed check (flag last, as PageIdErrors reads it).

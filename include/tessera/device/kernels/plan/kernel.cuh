@@ -100,24 +100,44 @@ __device__ int build_tiles(const DevicePlanParams& p, const Tables& t, int batch
   return static_cast<int>(n);
 }
 
-// The chunk size by the shared rule (plan/schedule.cuh), evaluated on the
-// shared tables; leaves them holding the chosen size's prefixes. Warp 0 only.
-struct WarpEvaluator {
+// The chunk size by the rule the host planner uses (plan/schedule.cuh),
+// each candidate judged by its greedy assignment on the shared tables
+// (every thread calls it; the tables then hold the chosen size's chunks and
+// assignment).
+struct BlockEvaluator {
   const DevicePlanParams& p;
   const Tables& t;
-  int n;
-  Costs costs;
-  __device__ Evaluation evaluate(int L) { return plan::evaluate(p, t, n, L, costs); }
+  int batch, n;
+  __device__ Evaluation evaluate(int L) {
+    if (threadIdx.x < 32) {
+      const Evaluation e = tile_pass(p, t, n, L);
+      if (threadIdx.x == 0) {
+        t.scalars[1] = e.chunks;
+        t.scalars[2] = e.slots;
+        t.scalars[3] = e.splits;
+        t.scalars[4] = e.worst;
+      }
+    }
+    __syncthreads();
+    Evaluation e{0, t.scalars[2], t.scalars[3], t.scalars[4], t.scalars[1], 0};
+    const int chunks = static_cast<int>(imin(e.chunks, p.max_items));  // past the bound plan_step reports it
+    chunk_sort_keys(p, t, batch, n, chunks, L);
+    sort_chunks(t, chunks);
+    e.makespan = assign_chunks(p, t, chunks);
+    return e;
+  }
   __device__ i64 chunks_at(i64 len) { return plan::chunks_at(t, n, len); }
 };
-__device__ int choose_chunk_size(const DevicePlanParams& p, const Tables& t, int n, const Costs& costs) {
+__device__ int choose_chunk_size(const DevicePlanParams& p, const Tables& t, int batch, int n) {
   i64 total = 0, longest = 1;
-  for (int i = threadIdx.x % 32; i < n; i += 32) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
     total += t.len[i];
     longest = imax(longest, t.len[i]);
   }
-  WarpEvaluator ev{p, t, n, costs};
-  return choose_chunk_size(p, n, warp_reduce(total, Sum{}), warp_reduce(longest, Max{}), ev);
+  total = block_reduce(total, t.red, Sum{});
+  longest = block_reduce(longest, t.red, Max{});
+  BlockEvaluator ev{p, t, batch, n};
+  return choose_chunk_size(p, n, total, longest, ev);
 }
 
 // Each split tile's first partial slot and merge counter, packed into mid2
@@ -189,28 +209,22 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
     n = 0;
   }
   __syncthreads();
-  // The decision in warp 0; the others wait at the barrier.
+  // The chunk size; the tables then hold its chunks and greedy assignment.
+  const int L = choose_chunk_size(p, t, batch, n);
   if (threadIdx.x < 32) {
-    const int L = choose_chunk_size(p, t, n, Costs{p.item_cost, p.token_cost});
     const SplitTotals split = number_split_tiles(p, t, n, L);
     if (threadIdx.x == 0) {
-      t.misc[1] = L;
-      t.misc[2] = static_cast<int>(split.slots);
-      t.misc[3] = static_cast<int>(split.splits);
-      t.misc[4] = t.cta_first[p.ctas];
+      t.scalars[5] = split.slots;
+      t.scalars[6] = split.splits;
     }
   }
   __syncthreads();
-  const int L = t.misc[1];
-  const SplitTotals split{t.misc[2], t.misc[3]};
-  int chunks = t.misc[4];
-  if (chunks > p.max_items) {  // beyond the workspace's bound: an empty plan
+  const SplitTotals split{t.scalars[5], t.scalars[6]};
+  int chunks = static_cast<int>(t.scalars[1]);
+  if (t.scalars[1] > p.max_items) {  // beyond the workspace's bound: an empty plan
     if (threadIdx.x == 0) record_error(p, claim, kPlanMaxItems, -1, chunks);
     chunks = 0;
   }
-  chunk_sort_keys(p, t, batch, n, chunks, L);
-  sort_chunks(t, chunks);
-  assign_chunks(p, t, chunks);
   // Queues: each CTA's chunks in assignment order, CTA after CTA.
   const Segment seg = segment(p.ctas);
   i64 mine = 0, total = 0;
@@ -224,7 +238,7 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
   __syncthreads();
   for (int w = threadIdx.x; w < chunks; w += blockDim.x) t.queue[t.cta_first[t.owner[w]] + t.rank[w]] = w;
   __syncthreads();
-  for (int x = threadIdx.x; x <= p.ctas; x += blockDim.x) p.work_indptr[x] = t.cta_first[x];
+  for (int x = threadIdx.x; x <= p.ctas; x += blockDim.x) p.work_indptr[x] = chunks ? t.cta_first[x] : 0;
   for (int q = threadIdx.x; q < chunks; q += blockDim.x) {
     const PrefillWorkItem w = chunk_item(p, t, n, L, t.queue[q]);
     if (p.decode) {
@@ -237,7 +251,7 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
   if (p.first_items)
     for (int x = threadIdx.x; x < p.ctas; x += blockDim.x) {
       const int q = t.cta_first[x];
-      p.first_items[x] = q < t.cta_first[x + 1] ? chunk_item(p, t, n, L, t.queue[q]) : PrefillWorkItem{};
+      p.first_items[x] = chunks && q < t.cta_first[x + 1] ? chunk_item(p, t, n, L, t.queue[q]) : PrefillWorkItem{};
     }
   if (threadIdx.x == 0 && p.stats) {
     p.stats[0] = L;

@@ -1,19 +1,10 @@
-// The parallel schedule of the device planner: Algorithm 1's cost model and
-// chunking, with an assignment that needs only prefix sums.
-//
-// Query tiles (one per decode request; cta_q fused rows per prefill tile)
-// are cut into chunks exactly as the host planner cuts them (near-equal
-// aligned pieces of at most L keys, L from line 3, the one-wave refinement,
-// merge-aware growth, short steps and the workspace's capacity, each
-// decision taken on this schedule's own makespan). The chunks stay in tile
-// order, and chunk j, of cost w_j after P_j of the others, goes to the CTA
-// whose share [c W / ctas, (c + 1) W / ctas) holds its midpoint P_j + w_j / 2.
-// So every CTA's queue is a contiguous run of chunks, found by a binary
-// search per CTA, and a CTA costs at most W / ctas + the largest chunk,
-// list scheduling's bound. Costs are integers (1/16 KV token), so the host
-// twin (runtime/device_planner.hpp) and the kernel build the same plan.
-//
-// These functions are shared by both; the kernel is plan/kernel.cuh.
+// The planner's arithmetic, shared by the host planner (runtime/planner.cpp)
+// and the device planner (plan/kernel.cuh), so both cut and cost every tile
+// alike: the chunking of a tile at chunk size L (near-equal aligned pieces
+// of at most L keys), integer costs in 1/16 KV token, a prefill tile's
+// visible keys and window, and the chunk-size rule itself
+// (choose_chunk_size), which judges each candidate L by the makespan of
+// Algorithm 1's greedy assignment, computed by the caller's evaluator.
 #pragma once
 #include "tessera/abi/device_plan_params.cuh"
 
@@ -52,34 +43,6 @@ TESSERA_PLAN_FN i64 chunk_cost(const Costs& c, int keys) { return c.item + c.tok
 TESSERA_PLAN_FN i64 tile_cost(const Costs& c, int len, ChunkShape s) { return c.item * s.n + c.token * len; }
 TESSERA_PLAN_FN int last_chunk_keys(int len, ChunkShape s) { return len - (s.n - 1) * s.step; }
 
-// Twice the midpoint of a tile's last chunk, the tile starting at cost
-// `before` (doubled so every midpoint is an integer).
-TESSERA_PLAN_FN i64 last_midpoint2(const Costs& c, i64 before, int len, ChunkShape s) {
-  return 2 * (before + tile_cost(c, len, s)) - chunk_cost(c, last_chunk_keys(len, s));
-}
-
-// CTA c's share starts at twice-midpoint ceil(2 W c / ctas).
-TESSERA_PLAN_FN i64 cta_threshold2(i64 total, int c, int ctas) {
-  return (2 * total * c + ctas - 1) / ctas;
-}
-
-// Within a tile (starting at cost `before`) whose last chunk reaches the
-// threshold t2: the first chunk whose twice-midpoint is >= t2.
-TESSERA_PLAN_FN int first_chunk_from(const Costs& c, i64 before, ChunkShape s, i64 t2) {
-  if (s.n == 1) return 0;
-  const i64 full = chunk_cost(c, s.step);  // every chunk but the last
-  const i64 first = 2 * before + full;
-  if (first >= t2) return 0;
-  if (full <= 0) return s.n - 1;
-  const i64 k = (t2 - first + 2 * full - 1) / (2 * full);
-  return k > s.n - 2 ? s.n - 1 : static_cast<int>(k);
-}
-
-// Cost before chunk k of a tile starting at `before` (chunks before the last are full).
-TESSERA_PLAN_FN i64 cost_before_chunk(const Costs& c, i64 before, ChunkShape s, int k) {
-  return before + static_cast<i64>(k) * chunk_cost(c, s.step);
-}
-
 // A prefill query tile: t of request (qo_len queries, kv_len keys), cta_q
 // fused rows of `group` heads per query. Its visible keys (causal:
 // bottom-right aligned, up to its last query's) and rows.
@@ -117,13 +80,15 @@ TESSERA_PLAN_FN int kv_length(int begin, int end, int last_page_len, int page_si
   return end > begin ? (end - begin - 1) * page_size + last_page_len : 0;
 }
 
-// What the parallel schedule at one chunk size gives.
+// What the greedy assignment at one chunk size gives: the largest CTA cost,
+// the partial slots and split tiles it needs, the largest rows x chunks of
+// a split tile (its merge), the chunk count.
 struct Evaluation {
   i64 makespan, slots, splits, worst, chunks, cost;
 };
 
 // The chunk size: Algorithm 1's line 3; the smallest L that fits one wave
-// of CTAs (binary search) if the schedule rates it cheaper; no split for
+// of CTAs (binary search) if the greedy assignment rates it cheaper; no split for
 // short steps; the caller's fixed chunks; merge-aware doubling while the
 // estimate (makespan + the largest split tile's merge) drops; doubling
 // while the workspace's caps are exceeded. The host planner and the device

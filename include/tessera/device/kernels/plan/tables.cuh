@@ -1,9 +1,9 @@
 // The device planner's shared-memory tables: per query tile its request,
-// query tile, visible keys and rows, and the current chunk size's prefixes;
-// per request its first tile and longest chunk; per CTA its first chunk,
-// the cost before it (the parallel schedule's estimate) and its greedy
-// chunk count; per chunk its sort keys, sorted minor key, CTA, rank there
-// and queue slot.
+// query tile, visible keys and rows, its first chunk at the current chunk
+// size and (mid2) its split numbering; per request its first tile and
+// longest chunk; per CTA its first queue slot and greedy chunk count; per
+// chunk its sort keys, sorted minor key, CTA, rank there and queue slot; a
+// few block-wide scalars.
 // One layout function serves the host (the launch's dynamic shared memory)
 // and the kernel (the pointers), so the two never disagree.
 #pragma once
@@ -13,7 +13,7 @@ namespace tessera::plan {
 
 struct TablesLayout {
   // byte offsets; 8-byte arrays first
-  u64 before, mid2, cta_before, red, major, minor, order;
+  u64 mid2, scalars, red, major, minor, order;
   u64 req, q_tile, begin, len, rows, chunk0, tile0, req_rank, cta_first, cta_count, owner, rank, queue, misc;
   u64 bytes;
   int sort_n;  // the sort's power-of-two length
@@ -34,9 +34,8 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int ma
   const u64 ctas1 = static_cast<u64>(ctas) + 1, items = static_cast<u64>(max_items > 0 ? max_items : 1);
   l.sort_n = 1;
   while (static_cast<u64>(l.sort_n) < items) l.sort_n *= 2;
-  l.before = take(8 * tiles);
   l.mid2 = take(8 * tiles);
-  l.cta_before = take(8 * ctas1);
+  l.scalars = take(8 * 8);
   l.red = take(8 * 33);
   l.major = take(8 * static_cast<u64>(l.sort_n));
   l.minor = take(8 * static_cast<u64>(l.sort_n));
@@ -61,15 +60,15 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int ma
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 struct Tables {
-  i64 *before, *mid2, *cta_before, *red;
+  i64 *mid2, *scalars, *red;
   u64 *major, *minor, *order;
   int *req, *q_tile, *begin, *len, *rows, *chunk0, *tile0, *req_rank, *cta_first, *cta_count, *owner, *rank, *queue,
       *misc;
   int sort_n;
 };
 __device__ __forceinline__ Tables tables_at(char* smem, const TablesLayout& l) {
-  return {reinterpret_cast<i64*>(smem + l.before), reinterpret_cast<i64*>(smem + l.mid2),
-          reinterpret_cast<i64*>(smem + l.cta_before), reinterpret_cast<i64*>(smem + l.red),
+  return {reinterpret_cast<i64*>(smem + l.mid2), reinterpret_cast<i64*>(smem + l.scalars),
+          reinterpret_cast<i64*>(smem + l.red),
           reinterpret_cast<u64*>(smem + l.major),
           reinterpret_cast<u64*>(smem + l.minor), reinterpret_cast<u64*>(smem + l.order),
           reinterpret_cast<int*>(smem + l.req), reinterpret_cast<int*>(smem + l.q_tile),
