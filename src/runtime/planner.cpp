@@ -191,7 +191,7 @@ void Planner::schedule(int ctas, double tile_rows, const PlannerOptions& opt, Pl
       int64_t worst = 0;
       for (size_t t = 0; t < planner.tiles_.size(); ++t)
         if (a.num_chunks[t] > 1) worst = std::max<int64_t>(worst, int64_t{planner.tiles_[t].rows} * a.num_chunks[t]);
-      return {makespan, a.slots, a.split, worst, static_cast<i64>(a.chunks.size()), 0};
+      return {makespan, a.slots, a.split, worst, static_cast<i64>(a.chunks.size())};
     }
     int64_t chunks_at(int64_t len) const {
       int64_t n = 0;

@@ -119,7 +119,7 @@ struct BlockEvaluator {
       }
     }
     __syncthreads();
-    Evaluation e{0, t.scalars[2], t.scalars[3], t.scalars[4], t.scalars[1], 0};
+    Evaluation e{0, t.scalars[2], t.scalars[3], t.scalars[4], t.scalars[1]};
     const int chunks = static_cast<int>(imin(e.chunks, p.max_items));  // past the bound plan_step reports it
     chunk_sort_keys(p, t, batch, n, chunks, L);
     sort_chunks(t, chunks);

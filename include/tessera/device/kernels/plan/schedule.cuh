@@ -35,12 +35,7 @@ TESSERA_PLAN_FN ChunkShape chunk_shape(int len, int L, int align) {
   return {(len - 1) / step + 1, step};
 }
 
-// Costs in 1/16 KV token: a work item's fixed cost plus its keys'.
-struct Costs {
-  i64 item, token;
-};
-TESSERA_PLAN_FN i64 chunk_cost(const Costs& c, int keys) { return c.item + c.token * keys; }
-TESSERA_PLAN_FN i64 tile_cost(const Costs& c, int len, ChunkShape s) { return c.item * s.n + c.token * len; }
+// The last chunk's keys (the others hold step each).
 TESSERA_PLAN_FN int last_chunk_keys(int len, ChunkShape s) { return len - (s.n - 1) * s.step; }
 
 // A prefill query tile: t of request (qo_len queries, kv_len keys), cta_q
@@ -84,7 +79,7 @@ TESSERA_PLAN_FN int kv_length(int begin, int end, int last_page_len, int page_si
 // the partial slots and split tiles it needs, the largest rows x chunks of
 // a split tile (its merge), the chunk count.
 struct Evaluation {
-  i64 makespan, slots, splits, worst, chunks, cost;
+  i64 makespan, slots, splits, worst, chunks;
 };
 
 // The chunk size: Algorithm 1's line 3; the smallest L that fits one wave
