@@ -8,6 +8,7 @@
 #include "tessera/api/merge.hpp"
 #include "tessera/api/mla.hpp"
 #include "tessera/api/prefill.hpp"
+#include "tessera/api/prefill_pair.hpp"
 #include "tessera/api/rope.hpp"
 #include "tessera/api/workspace.hpp"
 #include "tessera/core/error.hpp"

@@ -4,8 +4,10 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <tuple>
@@ -13,6 +15,7 @@
 #include "binding_util.hpp"
 #include "tensor_convert.hpp"
 #include "tessera/api/prefill.hpp"
+#include "tessera/api/prefill_pair.hpp"
 #include "tessera/formats/bsr.hpp"
 #include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
@@ -23,6 +26,48 @@ using namespace nb::literals;
 namespace tessera::python {
 
 namespace {
+
+// One BatchPrefill run's arguments, converted and kept alive until launched:
+// paged plans hold PagedRunArgs (q, the cache, o, lse), ragged ones q, k, v,
+// o, lse; both the mask, the scale tensors and the position-encoding extras
+// that args.opt points at.
+struct StagedRun {
+  explicit StagedRun(const BatchPrefill& w) : wrapper(&w) {}
+  const BatchPrefill* wrapper;
+  std::unique_ptr<PagedRunArgs> paged;
+  Arg q, k, v, o, lse, mask;
+  std::unique_ptr<ScaleArgs> scales;
+  std::unique_ptr<PosEncodingExtras> extras;
+  PrefillRunArgs args;
+
+  void finish(nb::handle packed_custom_mask, RunOptions opt, bool pdl, double k_scale, double v_scale,
+              nb::handle k_scale_tensor, nb::handle v_scale_tensor, int pos_encoding, double rope_scale,
+              double rope_theta, nb::handle alibi_slopes) {
+    mask = to_optional_arg("packed_custom_mask", packed_custom_mask);
+    scales = std::make_unique<ScaleArgs>(k_scale_tensor, v_scale_tensor);
+    extras = std::make_unique<PosEncodingExtras>(pos_encoding, rope_scale, rope_theta, alibi_slopes);
+    opt.pdl = pdl;
+    scales->apply(opt, k_scale, v_scale);
+    opt.extras = extras->get();
+    args.q = q.view;
+    args.o = o.view;
+    args.lse = lse.view;
+    args.packed_custom_mask = mask.view;
+    args.opt = opt;
+  }
+  // The wrapper's own run (GIL released by the caller).
+  void launch(cudaStream_t stream) const {
+    const TensorView* m = args.packed_custom_mask.defined() ? &args.packed_custom_mask : nullptr;
+    if (args.kv) {
+      if (m) wrapper->run(args.q, *args.kv, *m, args.o, args.lse, stream, args.opt);
+      else wrapper->run(args.q, *args.kv, args.o, args.lse, stream, args.opt);
+    } else if (m) {
+      wrapper->run_ragged(args.q, args.k, args.v, *m, args.o, args.lse, stream, args.opt);
+    } else {
+      wrapper->run_ragged(args.q, args.k, args.v, args.o, args.lse, stream, args.opt);
+    }
+  }
+};
 
 // BatchPrefill over a borrowed workspace, like PyBatchDecode. One object
 // serves one KV source kind per plan: plan_paged / plan_bsr pair with run(),
@@ -143,39 +188,63 @@ class PyBatchPrefill {
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
            nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta, double v_scale,
            nb::handle alibi_slopes, double k_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor) {
-    PagedRunArgs a(q, k, v, o, lse, sm_scale, layout_, v_scale, kv_dtype_);
-    a.opt.pdl = pdl;
-    const ScaleArgs scales(k_scale_tensor, v_scale_tensor);
-    scales.apply(a.opt, k_scale, v_scale);
-    const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
-    a.opt.extras = extras.get();
-    Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
+    const auto s = stage_run(q, k, v, o, lse, sm_scale, packed_custom_mask, pdl, rope_scale, rope_theta, v_scale,
+                             alibi_slopes, k_scale, k_scale_tensor, v_scale_tensor);
     nb::gil_scoped_release release;
-    if (!packed_custom_mask.is_none()) pre_.run(a.q.view, a.storage, ma.view, a.o.view, a.lse.view, to_stream(stream), a.opt);
-    else pre_.run(a.q.view, a.storage, a.o.view, a.lse.view, to_stream(stream), a.opt);
+    s->launch(to_stream(stream));
   }
 
   void run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale,
                   uintptr_t stream, nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta,
                   double v_scale, nb::handle alibi_slopes, double k_scale, nb::handle k_scale_tensor,
                   nb::handle v_scale_tensor) {
-    Arg qa = to_arg("q", q), ka = to_arg("k", k), va = to_arg("v", v);
-    retag_fp8(ka, kv_dtype_);
-    retag_fp8(va, kv_dtype_);
-    Arg oa = to_arg("o", o, true), la = to_optional_arg("lse", lse, true);
-    Arg ma = to_optional_arg("packed_custom_mask", packed_custom_mask);
+    const auto s = stage_run_ragged(q, k, v, o, lse, sm_scale, packed_custom_mask, pdl, rope_scale, rope_theta,
+                                    v_scale, alibi_slopes, k_scale, k_scale_tensor, v_scale_tensor);
+    nb::gil_scoped_release release;
+    s->launch(to_stream(stream));
+  }
+
+  // A run's converted arguments, launched now (run, run_ragged) or later
+  // beside another wrapper's (PrefillPair).
+  std::unique_ptr<StagedRun> stage_run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                                       double sm_scale, nb::handle packed_custom_mask, bool pdl, double rope_scale,
+                                       double rope_theta, double v_scale, nb::handle alibi_slopes, double k_scale,
+                                       nb::handle k_scale_tensor, nb::handle v_scale_tensor) {
+    auto s = std::make_unique<StagedRun>(pre_);
+    s->paged = std::make_unique<PagedRunArgs>(q, k, v, o, lse, sm_scale, layout_, v_scale, kv_dtype_);
+    s->q = s->paged->q;
+    s->o = s->paged->o;
+    s->lse = s->paged->lse;
+    s->args.kv = &s->paged->storage;
+    s->finish(packed_custom_mask, s->paged->opt, pdl, k_scale, v_scale, k_scale_tensor, v_scale_tensor,
+              pos_encoding_, rope_scale, rope_theta, alibi_slopes);
+    return s;
+  }
+
+  std::unique_ptr<StagedRun> stage_run_ragged(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                                              double sm_scale, nb::handle packed_custom_mask, bool pdl,
+                                              double rope_scale, double rope_theta, double v_scale,
+                                              nb::handle alibi_slopes, double k_scale, nb::handle k_scale_tensor,
+                                              nb::handle v_scale_tensor) {
+    auto s = std::make_unique<StagedRun>(pre_);
+    s->q = to_arg("q", q);
+    s->k = to_arg("k", k);
+    s->v = to_arg("v", v);
+    retag_fp8(s->k, kv_dtype_);
+    retag_fp8(s->v, kv_dtype_);
+    s->o = to_arg("o", o, true);
+    s->lse = to_optional_arg("lse", lse, true);
+    s->args.k = s->k.view;
+    s->args.v = s->v.view;
     RunOptions opt;
     opt.sm_scale = sm_scale;
-    opt.pdl = pdl;
-    const ScaleArgs scales(k_scale_tensor, v_scale_tensor);
-    scales.apply(opt, k_scale, v_scale);
-    const PosEncodingExtras extras(pos_encoding_, rope_scale, rope_theta, alibi_slopes);
-    opt.extras = extras.get();
-    nb::gil_scoped_release release;
-    if (!packed_custom_mask.is_none())
-      pre_.run_ragged(qa.view, ka.view, va.view, ma.view, oa.view, la.view, to_stream(stream), opt);
-    else pre_.run_ragged(qa.view, ka.view, va.view, oa.view, la.view, to_stream(stream), opt);
+    opt.v_scale = v_scale;
+    s->finish(packed_custom_mask, opt, pdl, k_scale, v_scale, k_scale_tensor, v_scale_tensor, pos_encoding_,
+              rope_scale, rope_theta, alibi_slopes);
+    return s;
   }
+
+  const BatchPrefill& native() const { return pre_; }
 
   double last_plan_us() const { return pre_.last_plan_us(); }
   // The query tile is only fixed by the first plan (ctas_per_head is 0 before).
@@ -189,6 +258,25 @@ class PyBatchPrefill {
   KVLayout layout_;
   int pos_encoding_;  // ROPE_LLAMA: run() passes rope_scale / rope_theta; ALIBI: alibi_slopes
   DType kv_dtype_;    // an fp8 cache may come as uint8 views (retag_fp8)
+};
+
+// Two PyBatchPrefills' staged runs in one launch (PrefillPair).
+class PyPrefillPair {
+ public:
+  PyPrefillPair(const PyBatchPrefill& first, const PyBatchPrefill& second)
+      : first_(&first.native()), second_(&second.native()), pair_(first.native(), second.native()) {}
+  void run(const StagedRun& a, const StagedRun& b, uintptr_t stream) const {
+    if (a.wrapper != first_ || b.wrapper != second_)
+      throw InvalidArgument("run: expected runs staged by the pair's first and second wrappers, in that order");
+    nb::gil_scoped_release release;
+    pair_.run(a.args, b.args, to_stream(stream));
+  }
+  std::string entry() const { return pair_.kernel_source().entry; }
+
+ private:
+  const BatchPrefill* first_;
+  const BatchPrefill* second_;
+  PrefillPair pair_;
 };
 
 }  // namespace
@@ -251,11 +339,30 @@ void bind_prefill(nb::module_& m) {
            "k_scale"_a = 1.0, "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
            "Ragged run: k, v [total_kv, Hkv, D] (any row/head strides; fp8 caches may be uint8 views); "
            "packed_custom_mask, pdl and the scales as for run.")
+      .def("stage_run", &PyBatchPrefill::stage_run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(),
+           "sm_scale"_a = -1.0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false, "rope_scale"_a = 1.0,
+           "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(), "k_scale"_a = 1.0,
+           "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
+           "run()'s arguments (less the stream), converted for PrefillPair.run; launches nothing.")
+      .def("stage_run_ragged", &PyBatchPrefill::stage_run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
+           "sm_scale"_a = -1.0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false, "rope_scale"_a = 1.0,
+           "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(), "k_scale"_a = 1.0,
+           "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
+           "run_ragged()'s arguments (less the stream), converted for PrefillPair.run; launches nothing.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")
       .def_prop_ro("cluster", &PyBatchPrefill::cluster,
                    "CTAs per cluster of the Hopper kernel (2: pairs sharing each K / V tile by TMA multicast; 0 before plan).");
+  nb::class_<StagedRun>(m, "StagedPrefillRun", "A BatchPrefill run's converted arguments (stage_run, stage_run_ragged).");
+  nb::class_<PyPrefillPair>(m, "PrefillPair",
+                            "Two planned BatchPrefills (FA2 template) in one persistent launch (POD-Attention).")
+      .def(nb::init<const PyBatchPrefill&, const PyBatchPrefill&>(), "first"_a, "second"_a,
+           nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>(),
+           "Both planned at least once, on the FA2 template; loads the fused kernel.")
+      .def("run", &PyPrefillPair::run, "first"_a, "second"_a, "stream"_a = 0,
+           "Launches the two staged runs (first's, then second's queues on every CTA) on `stream`.")
+      .def_prop_ro("entry", &PyPrefillPair::entry, "The fused kernel's name.");
 }
 
 }  // namespace tessera::python

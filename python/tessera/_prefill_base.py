@@ -70,6 +70,12 @@ class PrefillWrapper(W.PlannedWrapper):
         self._cluster = 0
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
         self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
+        self._stager = None  # set while pod.py stages this wrapper's run for a fused launch
+
+    def _launcher(self):
+        """What run() launches through: the C++ object, or the stager of a fused launch (pod.py), which keeps
+        the run's converted arguments instead."""
+        return self._stager if self._stager is not None else self._native
 
     @property
     def cta_q(self):

@@ -1,28 +1,62 @@
-"""Prefill next to decode (FlashInfer's ``flashinfer.pod`` name): PODWithPagedKVCacheWrapper.
+"""Prefill next to decode in one launch (FlashInfer's ``flashinfer.pod`` name): PODWithPagedKVCacheWrapper.
 
-FlashInfer's POD-Attention runs one request's prefill (contiguous K / V) and
-a batch of decode requests (paged cache) in one fused launch. Tessera runs
-the same two computations as two launches on the same stream: the decode
-batch through BatchDecodeWithPagedKVCacheWrapper (planned by plan()), then
-the prefill through single_prefill_with_kv_cache. The results are those of
-the two separate calls; only the overlap of the fused kernel is missing.
-(tessera.BatchAttention runs prefill and decode requests of a paged cache
-in one launch.)
+POD-Attention fuses one request's prefill (contiguous K / V) with a batch of
+decode requests (paged cache) of the same layer: the decode rows stream KV on
+SMs whose other CTAs keep the tensor cores busy, and the step pays one launch
+and one tail. Tessera plans each side with its own batch prefill wrapper on
+the FA2 template (the prefill as a ragged batch of one, the decode batch as a
+paged one with one query per request) and runs both plans in one persistent
+launch (C++ tessera::PrefillPair): every CTA walks its queue of prefill work,
+then its queue of decode work. The outputs are those of the two wrappers'
+own runs, bit for bit.
 """
 
+import contextlib
+
 from . import _compat as C
-from ._single_prefill import single_prefill_with_kv_cache
-from .decode import BatchDecodeWithPagedKVCacheWrapper
+from . import _tensors as T
+from . import _wrapper_util as W
+from ._native import _C
+from .prefill import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
+
+
+class _Stager:
+    """Stands in for a wrapper's C++ object during one run(): keeps the run's converted arguments (a
+    StagedPrefillRun) for the fused launch instead of launching them."""
+
+    def __init__(self, native):
+        self._native = native
+        self.staged = None
+
+    def run(self, q, k, v, o, lse, sm_scale, stream, mask, **options):
+        self.staged = self._native.stage_run(q, k, v, o, lse, sm_scale, mask, **options)
+
+    def run_ragged(self, q, k, v, o, lse, sm_scale, stream, mask, **options):
+        self.staged = self._native.stage_run_ragged(q, k, v, o, lse, sm_scale, mask, **options)
+
+
+@contextlib.contextmanager
+def _staging(*wrappers):
+    """Inside, the wrappers' run() stage their launches; yields their stagers."""
+    stagers = [_Stager(w._native) for w in wrappers]
+    for w, s in zip(wrappers, stagers):
+        w._stager = s
+    try:
+        yield stagers
+    finally:
+        for w in wrappers:
+            w._stager = None
 
 
 class PODWithPagedKVCacheWrapper:
-    """One prefill request and a decode batch per call (FlashInfer's wrapper of the same name; two launches,
-    see the module doc).
+    """One prefill request and a decode batch per call, in one launch (FlashInfer's wrapper of the same name).
 
-    plan() plans the decode batch (as BatchDecodeWithPagedKVCacheWrapper.plan,
-    without a soft cap, as FlashInfer's POD plan), then run() for every
-    layer takes the prefill's q / K / V with its options and the decode
-    batch's q and cache, and returns (out_p, out_d).
+    plan() plans the decode batch (the arguments of
+    BatchDecodeWithPagedKVCacheWrapper.plan that FlashInfer's POD plan
+    takes), then run() for every layer takes the prefill's q / K / V with
+    its options and the decode batch's q and cache, and returns
+    (out_p, out_d). The prefill side is planned inside run() when its
+    lengths or options change (once per step: every layer brings the same).
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, paged_kv_indptr_buffer=None,
@@ -30,41 +64,67 @@ class PODWithPagedKVCacheWrapper:
         """
         Args:
             float_workspace_buffer: a contiguous CUDA tensor of any dtype (FlashInfer users allocate 128 MB),
-                the decode batch's workspace.
+                used as bytes: its first half holds the decode batch's plan, the second the prefill's.
             kv_layout: "NHD" or "HND", of the decode cache.
             use_cuda_graph, paged_kv_indptr_buffer, paged_kv_indices_buffer,
             paged_kv_last_page_len_buffer: as for BatchDecodeWithPagedKVCacheWrapper
-                (the buffers' lengths fix its workspace bounds).
+                (the buffers' lengths fix the decode side's workspace bounds).
             jit_args: only None (custom variants run through tessera.AttentionWrapper).
         """
         C.refuse_given("custom variants run through tessera.AttentionWrapper", jit_args=jit_args)
-        self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, use_cuda_graph,
-                                                          paged_kv_indptr_buffer=paged_kv_indptr_buffer,
-                                                          paged_kv_indices_buffer=paged_kv_indices_buffer,
-                                                          paged_kv_last_page_len_buffer=paged_kv_last_page_len_buffer)
+        if kv_layout not in W.LAYOUTS:
+            raise ValueError(f"kv_layout: expected one of {W.LAYOUTS}, got {kv_layout!r}")
         self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._buffers = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
         self._planned = None
+        self._set_workspace(float_workspace_buffer)
+
+    def _set_workspace(self, float_workspace_buffer):
+        """Splits the buffer's bytes between the two sides and builds their wrappers (no plan yet)."""
+        W.check_aligned(float_workspace_buffer, "float_workspace_buffer")
+        buf = W.workspace_bytes(float_workspace_buffer)
+        half = buf.shape[0] // 2 // 256 * 256  # each side's workspace starts 256-byte aligned
+        indptr_buf, indices_buf, last_buf = self._buffers
+        qo_indptr_buf = None
+        if indptr_buf is not None and T.is_torch(indptr_buf):
+            qo_indptr_buf = T._torch().arange(len(indptr_buf), dtype=T._torch().int32, device=indptr_buf.device)
+        self._decode = BatchPrefillWithPagedKVCacheWrapper(
+            buf[:half], self._kv_layout, self._use_cuda_graph, qo_indptr_buf=qo_indptr_buf,
+            paged_kv_indptr_buf=indptr_buf, paged_kv_indices_buf=indices_buf, paged_kv_last_page_len_buf=last_buf,
+            backend="fa2")
+        self._prefill_buffer = buf[half:]
+        self._prefill = None  # built by the first run(), for its kv_layout_p
+        self._prefill_key = None  # the prefill plan's lengths and options
+        self._pair = self._pair_key = None
 
     @property
     def is_cuda_graph_enabled(self):
-        return self._decode.is_cuda_graph_enabled
+        return self._use_cuda_graph
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
-        """Moves the decode batch to a new workspace (any dtype, used as bytes); plan() again before run().
+        """Moves both sides to a new workspace (any dtype, used as bytes); plan() again before run().
         int_workspace_buffer: accepted for FlashInfer's signature and not written."""
         self._planned = None
-        self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+        self._set_workspace(float_workspace_buffer)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              pos_encoding_mode="NONE", window_left=-1, q_data_type="float16", kv_data_type=None, data_type=None,
              sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True):
         """Plans the decode batch: the arguments of BatchDecodeWithPagedKVCacheWrapper.plan of the same names
-        (pos_encoding_mode "NONE" or "ROPE_LLAMA", window_left, dtypes, sm_scale, RoPE parameters)."""
+        (pos_encoding_mode "NONE", "ROPE_LLAMA" or "ALIBI", window_left, dtypes, sm_scale, RoPE parameters)."""
         self._planned = None
-        self._decode.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                          pos_encoding_mode=pos_encoding_mode, window_left=window_left, q_data_type=q_data_type,
-                          kv_data_type=kv_data_type, data_type=data_type, sm_scale=sm_scale, rope_scale=rope_scale,
-                          rope_theta=rope_theta, non_blocking=non_blocking)
+        if data_type is not None:  # FlashInfer's older name for both dtypes
+            q_data_type = data_type if q_data_type in (None, "float16") else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
+        n = len(indptr) - 1
+        if n < 0:
+            raise ValueError("indptr: expected batch_size + 1 >= 1 entries, got 0")
+        qo_indptr = list(range(n + 1))
+        self._decode.plan(qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                          causal=False, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                          q_data_type=q_data_type, kv_data_type=kv_data_type, sm_scale=sm_scale,
+                          rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking)
         self._planned = dict(pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
                              rope_scale=rope_scale, rope_theta=rope_theta)
 
@@ -80,17 +140,51 @@ class PODWithPagedKVCacheWrapper:
                 raise ValueError(f"{name}_d: expected {defaults[name]!r} or the plan()'s {planned!r} (the decode "
                                  f"side runs with plan()'s options), got {value!r}")
 
+    def _plan_prefill(self, q_p, k_p, v_p, kv_layout_p, options, mask):
+        """Plans the prefill side (a ragged batch of one) where its lengths, options or mask changed."""
+        if kv_layout_p not in W.LAYOUTS:
+            raise ValueError(f"kv_layout_p: expected one of {W.LAYOUTS}, got {kv_layout_p!r}")
+        for name, x in (("q_p", q_p), ("k_p", k_p), ("v_p", v_p)):
+            T.framework(x, name)
+            if len(x.shape) != 3:
+                raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(x.shape)}")
+        if self._prefill is None or self._prefill._kv_layout != kv_layout_p:
+            self._prefill = BatchPrefillWithRaggedKVCacheWrapper(self._prefill_buffer, kv_layout_p, backend="fa2")
+            self._prefill_key = None
+        qo_len, heads, head_dim = q_p.shape
+        tokens_at, heads_at = (1, 0) if kv_layout_p == "HND" else (0, 1)
+        kv_len, kv_heads = k_p.shape[tokens_at], k_p.shape[heads_at]
+        # The pair's tiles must have as many threads: 4 warps on both sides
+        # (the FA2 template's 128-row tile takes 8 at head dim 256).
+        self._prefill._cta_q = 64 if head_dim > 128 else 0
+        key = (qo_len, kv_len, heads, kv_heads, head_dim, v_p.shape[-1], q_p.dtype, k_p.dtype,
+               tuple(sorted(options.items())))
+        if mask is None and key == self._prefill_key:
+            return
+        self._prefill_key = None
+        self._prefill.plan([0, qo_len], [0, kv_len], heads, kv_heads, head_dim, head_dim_vo=v_p.shape[-1],
+                           q_data_type=q_p.dtype, kv_data_type=k_p.dtype, **(mask or {}), **options)
+        self._prefill_key = None if mask else key
+
+    def _pair_for(self):
+        """The fused launch of the two sides' current C++ objects (rebuilt when a side rebuilt its own)."""
+        key = (id(self._prefill._native), id(self._decode._native))
+        if self._pair is None or self._pair_key != key:
+            self._pair = _C.PrefillPair(self._prefill._native, self._decode._native)
+            self._pair_key = key
+        return self._pair
+
     def run(self, q_p, k_p, v_p, q_d, paged_kv_cache_d, custom_mask_p=None, packed_custom_mask_p=None,
             causal_p=False, kv_layout_p="NHD", pos_encoding_mode_p="NONE", sm_scale_p=None, window_left_p=-1,
             rope_scale_p=None, rope_theta_p=None, return_lse_p=False, custom_mask_d=None, packed_custom_mask_d=None,
             causal_d=False, kv_layout_d="NHD", pos_encoding_mode_d="NONE", sm_scale_d=None, window_left_d=-1,
             rope_scale_d=None, rope_theta_d=None, q_scale=None, k_scale=None, v_scale=None, return_lse_d=False,
             use_fp16_qk_reduction=False, enable_pdl=None, *args):
-        """The prefill request and the planned decode batch.
+        """The prefill request and the planned decode batch, in one launch.
 
         Args:
             q_p, k_p, v_p: the prefill request, as for single_prefill_with_kv_cache
-                ([qo_len, num_qo_heads, head_dim]; k / v in kv_layout_p).
+                ([qo_len, num_qo_heads, head_dim]; k / v in kv_layout_p; head dims up to 256).
             q_d: [batch, num_qo_heads, head_dim] decode queries.
             paged_kv_cache_d: the decode cache, (k_cache, v_cache) or one
                 interleaved tensor, in the wrapper's kv_layout.
@@ -111,7 +205,7 @@ class PODWithPagedKVCacheWrapper:
                 FlashInfer): q_scale * k_scale multiply its softmax scale,
                 v_scale its output.
             use_fp16_qk_reduction: accepted; q.k accumulates in float32.
-            enable_pdl: programmatic dependent launch of the decode launch.
+            enable_pdl: programmatic dependent launch of the fused launch.
             args: only empty.
 
         Returns:
@@ -130,15 +224,26 @@ class PODWithPagedKVCacheWrapper:
                              f"{kv_layout_d!r}")
         self._check_decode_options(dict(pos_encoding_mode=pos_encoding_mode_d, sm_scale=sm_scale_d,
                                         window_left=window_left_d, rope_scale=rope_scale_d, rope_theta=rope_theta_d))
-        for name, flag in (("causal_d", causal_d), ("return_lse_p", return_lse_p), ("return_lse_d", return_lse_d)):
+        for name, flag in (("causal_p", causal_p), ("causal_d", causal_d), ("return_lse_p", return_lse_p),
+                           ("return_lse_d", return_lse_d)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                                 enable_pdl=enable_pdl)
-        out_p = single_prefill_with_kv_cache(q_p, k_p, v_p, custom_mask=custom_mask_p,
-                                             packed_custom_mask=packed_custom_mask_p, causal=causal_p,
-                                             kv_layout=kv_layout_p, pos_encoding_mode=pos_encoding_mode_p,
-                                             use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale_p,
-                                             window_left=window_left_p, rope_scale=rope_scale_p,
-                                             rope_theta=rope_theta_p)
+        if custom_mask_p is not None and packed_custom_mask_p is not None:
+            raise ValueError("custom_mask_p, packed_custom_mask_p: expected at most one")
+        mask = None
+        if custom_mask_p is not None:
+            mask = dict(custom_mask=custom_mask_p.reshape(-1))
+        elif packed_custom_mask_p is not None:
+            mask = dict(packed_custom_mask=packed_custom_mask_p)
+        options = dict(causal=causal_p, pos_encoding_mode=pos_encoding_mode_p, sm_scale=sm_scale_p,
+                       window_left=window_left_p, rope_scale=rope_scale_p, rope_theta=rope_theta_p,
+                       use_fp16_qk_reduction=use_fp16_qk_reduction)
+        self._plan_prefill(q_p, k_p, v_p, kv_layout_p, options, mask)
+        pair = self._pair_for()
+        with _staging(self._prefill, self._decode) as (stage_p, stage_d):
+            out_p = self._prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
+            out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                     enable_pdl=enable_pdl)
+        with T.on_device_of(q_d):
+            pair.run(stage_p.staged, stage_d.staged, T.stream_of(q_d))
         return out_p, out_d

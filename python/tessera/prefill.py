@@ -431,10 +431,11 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
             plan["shared_prefix"].run(q, paged_kv_cache, out, lse, plan["sm_scale"], vs, sinks)
             return (out, C.finish_lse(lse, lse_base)) if return_lse else out
         with T.on_device_of(q):
-            self._native.run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
-                             plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],
-                             k_scale_tensor=plan["k_scale_tensor"], v_scale_tensor=plan["v_scale_tensor"],
-                             **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
+            self._launcher().run(T.arg(self._rows(q, n)), T.arg(k), T.arg(v), self._rows(out, n), self._rows(lse, n),
+                                 plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
+                                 v_scale=plan["v_scale"], k_scale_tensor=plan["k_scale_tensor"],
+                                 v_scale_tensor=plan["v_scale_tensor"],
+                                 **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
             if sinks is not None:
                 W.apply_sinks(self._rows(out, n), self._rows(lse, n), sinks)
         if not return_lse:
@@ -577,11 +578,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         out, lse = self._outputs(q, out, lse, return_lse)
         n, nk = plan["total_q"], plan["total_kv"]
         with T.on_device_of(q):
-            self._native.run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
-                                    self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
-                                    plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],
-                                    k_scale_tensor=plan["k_scale_tensor"], v_scale_tensor=plan["v_scale_tensor"],
-                                    **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
+            self._launcher().run_ragged(T.arg(self._rows(q, n)), T.arg(self._rows(k, nk)), T.arg(self._rows(v, nk)),
+                                        self._rows(out, n), self._rows(lse, n), plan["sm_scale"], T.stream_of(q),
+                                        plan["mask"], pdl=plan["pdl"], v_scale=plan["v_scale"],
+                                        k_scale_tensor=plan["k_scale_tensor"], v_scale_tensor=plan["v_scale_tensor"],
+                                        **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
         if not return_lse:
             return out
         C.finish_lse(self._rows(lse, n), lse_base)

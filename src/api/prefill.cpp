@@ -376,6 +376,11 @@ void BatchPrefill::check_mask_tensor(const TensorView* mask, const TensorView& q
 
 void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, const TensorView* mask, const TensorView& o,
                              const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
+  launch(q, o, lse, paged_run_view(q, kv, mask, o, lse), mask, stream, opt);
+}
+
+device::PagedKV BatchPrefill::paged_run_view(const TensorView& q, const PagedKVStorage& kv, const TensorView* mask,
+                                             const TensorView& o, const TensorView& lse) const {
   check_mask_given(mask != nullptr, "packed_custom_mask", "run");
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kPaged) throw InvalidArgument("run: the last plan was ragged; call run_ragged()");
@@ -400,12 +405,17 @@ void BatchPrefill::run_paged(const TensorView& q, const PagedKVStorage& kv, cons
   view.v_page_stride = kv.v_page_stride();
   view.v_head_stride = kv.v_head_stride();
   view.v_token_stride = kv.v_token_stride();
-  launch(q, o, lse, view, mask, stream, opt);
+  return view;
 }
 
 void BatchPrefill::run_ragged_impl(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* mask,
                                    const TensorView& o, const TensorView& lse, cudaStream_t stream,
                                    const RunOptions& opt) const {
+  launch(q, o, lse, ragged_run_view(q, k, v, mask, o, lse), mask, stream, opt);
+}
+
+device::PagedKV BatchPrefill::ragged_run_view(const TensorView& q, const TensorView& k, const TensorView& v,
+                                              const TensorView* mask, const TensorView& o, const TensorView& lse) const {
   check_mask_given(mask != nullptr, "packed_custom_mask", "run_ragged");
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
   if (source_kind_ != Source::kRagged) throw InvalidArgument("run_ragged: the last plan was paged; call run()");
@@ -428,13 +438,14 @@ void BatchPrefill::run_ragged_impl(const TensorView& q, const TensorView& k, con
                        0, k.stride(1), k.stride(0), 1, task_.num_kv_heads, 0};
   view.v_head_stride = v.stride(1);
   view.v_token_stride = v.stride(0);
-  launch(q, o, lse, view, mask, stream, opt);
+  return view;
 }
 
-void BatchPrefill::launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
-                          const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const {
+void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
+                            const TensorView* mask, const RunOptions& opt, PrefillParams<NoExtra>& p,
+                            ParamBlock& block) const {
   const char* dev = static_cast<const char*>(ws_->device_ptr());
-  PrefillParams<NoExtra> p{};
+  p = {};
   p.q = q.data;
   p.o = o.data;
   p.lse = detail::has(lse) ? static_cast<float*>(lse.data) : nullptr;
@@ -464,13 +475,19 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   p.custom_mask_bytes = mask ? mask->numel() : 0;
   p.mask_indptr = custom_mask_ ? reinterpret_cast<const int*>(dev + layout_.mask_indptr) : nullptr;
   // Custom masks: the kernel reads the items trimmed to their visible tiles.
-  const bool trim = mask != nullptr && opt_.trim_masked_tiles;
-  if (trim) {
+  if (trims(mask)) {
     p.work_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.trimmed_items);
     p.first_items = reinterpret_cast<const PrefillWorkItem*>(dev + layout_.trimmed_first);
   }
-  ParamBlock block;  // p followed by the variant's extras
-  pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);
+  pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);  // p and the variant's extras
+}
+
+void BatchPrefill::launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
+                          const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const {
+  PrefillParams<NoExtra> p;
+  ParamBlock block;
+  pack_run(q, o, lse, kv, mask, opt, p, block);
+  const bool trim = trims(mask);
   cuda::DeviceGuard guard(ws_->device());
   // The trimmed items come from a kernel on this stream; the attention kernel
   // reads its first item before its grid-dependency wait, so it must not

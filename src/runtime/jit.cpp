@@ -256,6 +256,11 @@ void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t
   launch_kernel(kernel_, pdl && pdl_capable_, grid, block, smem_bytes, stream, args);
 }
 
+void LoadedKernel::launch_params(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                                 std::span<void* const> args, bool pdl) const {
+  launch_kernel(kernel_, pdl && pdl_capable_, grid, block, smem_bytes, stream, const_cast<void**>(args.data()));
+}
+
 void LoadedKernel::set_max_dynamic_smem(int bytes) const {
   TESSERA_CUDA_CHECK(cudaKernelSetAttributeForDevice(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, device_));
 }

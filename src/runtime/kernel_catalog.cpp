@@ -143,26 +143,52 @@ void require_16bit_kv(const AttentionSpec& spec, const char* kernel) {
                        "BatchAttention, and batch / single prefill on backend fa2)");
 }
 
-// The parts of a generated kernel around the variant's code.
-static std::string generated_checks(const AttentionSpec& spec, const char* params_type) {
+// The parts of a generated kernel around the variant's code. ns: the
+// variant's namespace; spec_struct: the struct the kernel is instantiated
+// with (the spec's flags on top of the variant's).
+static std::string generated_checks(const AttentionSpec& spec, const char* params_type,
+                                    const std::string& ns = "tessera_variant",
+                                    const std::string& spec_struct = "tessera_spec_variant") {
   const VariantSpec& v = spec.variant;
   const ParamsLayout l = params_layout(params_kind(params_type), v);
-  const std::string P = std::string("tessera::") + params_type + "<tessera_variant::Extra>";
+  const std::string P = std::string("tessera::") + params_type + "<" + ns + "::Extra>";
   std::ostringstream os;
   os << "// The spec's use_softmax / causal on top of the code's.\n"
-     << "struct tessera_spec_variant : tessera_variant::" << v.name << " {\n"
-     << "  using tessera_variant::" << v.name << "::" << v.name << ";\n"
-     << "  static constexpr bool use_softmax = " << (v.use_softmax ? "true" : "false") << " && tessera_variant::" << v.name
+     << "struct " << spec_struct << " : " << ns << "::" << v.name << " {\n"
+     << "  using " << ns << "::" << v.name << "::" << v.name << ";\n"
+     << "  static constexpr bool use_softmax = " << (v.use_softmax ? "true" : "false") << " && " << ns << "::" << v.name
      << "::use_softmax;\n"
-     << "  static constexpr bool causal = " << (v.causal ? "true" : "false") << " || tessera_variant::" << v.name
+     << "  static constexpr bool causal = " << (v.causal ? "true" : "false") << " || " << ns << "::" << v.name
      << "::causal;\n"
      << "};\n"
      << "// The host packs the parameters with this layout (runtime/variant_params.hpp).\n"
      << "static_assert(sizeof(" << P << ") == " << l.total;
   if (!v.tensors.empty() || !v.scalars.empty())  // an 8-aligned Extra ends the block: its offset follows
-    os << " && sizeof(" << P << ") - sizeof(tessera_variant::Extra) == " << l.extra_offset;
+    os << " && sizeof(" << P << ") - sizeof(" << ns << "::Extra) == " << l.extra_offset;
   os << ", \"kernel parameter layout differs from the host's\");\n";
   return os.str();
+}
+
+// The variant's namespace: head dim, Extra, and the user's code (with #line,
+// so compile errors point at the user's lines) or the built-in's struct.
+static std::string variant_namespace(const AttentionSpec& spec, const std::string& ns) {
+  std::ostringstream src;
+  src << "namespace " << ns << " {\n"
+      << "constexpr int kHeadDim = " << spec.head_dim << ";\n"
+      << extra_struct_source(spec.variant);
+  if (spec.variant.headers.empty())
+    src << "#line 1 \"variant:" << spec.variant.name << "\"\n" << spec.variant.code << "\n";
+  else
+    src << "using " << spec.variant.name << " = " << spec.variant.struct_name << ";\n";
+  src << "}  // namespace " << ns << "\n";
+  return src.str();
+}
+
+// The template arguments of an attention kernel function after the variant:
+// DQ, DKV, DO, head dim, then the kernel's own.
+static std::string kernel_arguments(const AttentionSpec& spec, const std::string& template_tail) {
+  return std::string(dtype_device_name(spec.q_dtype)) + ", " + dtype_device_name(spec.kv_dtype) + ", " +
+         dtype_device_name(spec.o_dtype) + ", " + std::to_string(spec.head_dim) + ", " + template_tail;
 }
 
 jit::KernelSource attention_source(const AttentionSpec& spec, const std::string& entry, const std::string& comment,
@@ -177,14 +203,7 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
       << "#include \"tessera/device/primitives/rope.cuh\"\n"  // for RoPE variants
       << "#include \"" << header << "\"\n";
   for (const std::string& h : spec.variant.headers) src << "#include \"" << h << "\"\n";  // a built-in variant
-  src << "namespace tessera_variant {\n"
-      << "constexpr int kHeadDim = " << spec.head_dim << ";\n"
-      << extra_struct_source(spec.variant);
-  if (spec.variant.headers.empty())
-    src << "#line 1 \"variant:" << spec.variant.name << "\"\n" << spec.variant.code << "\n";
-  else
-    src << "using " << spec.variant.name << " = " << spec.variant.struct_name << ";\n";
-  src << "}  // namespace tessera_variant\n"
+  src << variant_namespace(spec, "tessera_variant")
       << "#line 1 \"generated:" << entry << "\"\n"
       << generated_checks(spec, params_type)
       << "extern \"C\" __global__ void "
@@ -192,9 +211,36 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
       << "__launch_bounds__(" << threads
       << (min_blocks > 0 ? ", " + std::to_string(min_blocks) : std::string()) << ") " << entry << "(const tessera::" << params_type
       << "<tessera_variant::Extra> p" << (second_param.empty() ? "" : ", const __grid_constant__ " + second_param) << ") {\n"
-      << "  tessera::" << fn << "<tessera_spec_variant, " << dtype_device_name(spec.q_dtype) << ", "
-      << dtype_device_name(spec.kv_dtype) << ", " << dtype_device_name(spec.o_dtype) << ", " << spec.head_dim << ", "
-      << template_tail << ">(p" << second_arg << ");\n"
+      << "  tessera::" << fn << "<tessera_spec_variant, " << kernel_arguments(spec, template_tail) << ">(p" << second_arg
+      << ");\n"
+      << "}\n";
+  return {entry, src.str(), {}};
+}
+
+jit::KernelSource attention_pair_source(const AttentionSpec& first, const std::string& first_tail,
+                                        const AttentionSpec& second, const std::string& second_tail,
+                                        const std::string& entry, const std::string& comment, const char* header,
+                                        const char* params_type, const char* fn, int threads) {
+  validate_variant(first.variant);
+  validate_variant(second.variant);
+  std::ostringstream src;
+  src << "// Generated by tessera: " << comment << ", " << first.str() << " | " << second.str() << "\n"
+      << "#include \"tessera/device/primitives/rope.cuh\"\n"
+      << "#include \"" << header << "\"\n";
+  for (const AttentionSpec* s : {&first, &second})
+    for (const std::string& h : s->variant.headers) src << "#include \"" << h << "\"\n";
+  src << variant_namespace(first, "tessera_variant_first") << variant_namespace(second, "tessera_variant_second")
+      << "#line 1 \"generated:" << entry << "\"\n"
+      << generated_checks(first, params_type, "tessera_variant_first", "tessera_spec_first")
+      << generated_checks(second, params_type, "tessera_variant_second", "tessera_spec_second")
+      << "// CTA (x, group) walks queue x of each plan whose grid holds it.\n"
+      << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << entry << "(const tessera::"
+      << params_type << "<tessera_variant_first::Extra> p, const tessera::" << params_type
+      << "<tessera_variant_second::Extra> p2, int ctas_first, int ctas_second) {\n"
+      << "  if (blockIdx.x < ctas_first) tessera::" << fn << "<tessera_spec_first, "
+      << kernel_arguments(first, first_tail) << ">(p);\n"
+      << "  if (blockIdx.x < ctas_second) tessera::" << fn << "<tessera_spec_second, "
+      << kernel_arguments(second, second_tail) << ">(p2);\n"
       << "}\n";
   return {entry, src.str(), {}};
 }

@@ -218,18 +218,42 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   return c;
 }
 
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster, const PrefillTile& tile) {
-  const PrefillConfig c = prefill_config(spec, cta_q, hopper, tile);
-  if (cluster != 1 && (!hopper || cluster != 2))
-    throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
-  std::ostringstream entry, tail;
-  entry << "tessera_prefill_" << spec.variant.name << "_";
+// The name of a prefill kernel after "tessera_prefill_": variant, dtypes,
+// head dims and tile (the FA2 template's warps and stages too).
+static std::string prefill_name(const AttentionSpec& spec, const PrefillConfig& c) {
+  std::ostringstream entry;
+  entry << spec.variant.name << "_";
   // An fp8 cache's kernel also names q's type (the mma's); 16-bit ones keep their names.
   if (is_fp8(spec.kv_dtype)) entry << dtype_tag(spec.q_dtype);
   entry << dtype_tag(spec.kv_dtype) << "_" << dtype_tag(spec.o_dtype)
         << "_d" << c.head_dim_qk;
   if (c.head_dim_vo != c.head_dim_qk) entry << "v" << c.head_dim_vo;  // e.g. _d192v128, _d512v256
   entry << "_q" << c.cta_q << "_kv" << c.cta_kv;
+  if (!c.hopper) entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
+  return entry.str();
+}
+
+// The FA2 template's arguments after the head dim: <..., HEAD_DIM_QK,
+// HEAD_DIM_VO, tile ...>, and the spec it is generated for (head dim 512:
+// the 512 / 256 kernel).
+static std::string fa2_tail(const PrefillConfig& c) {
+  std::ostringstream tail;
+  tail << c.head_dim_vo << ", " << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", "
+       << c.stages;
+  return tail.str();
+}
+static AttentionSpec fa2_kernel_spec(const AttentionSpec& spec, const PrefillConfig& c) {
+  AttentionSpec kernel_spec = spec;
+  kernel_spec.head_dim_vo = c.head_dim_vo == c.head_dim_qk ? 0 : c.head_dim_vo;
+  return kernel_spec;
+}
+
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster, const PrefillTile& tile) {
+  const PrefillConfig c = prefill_config(spec, cta_q, hopper, tile);
+  if (cluster != 1 && (!hopper || cluster != 2))
+    throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
+  std::ostringstream entry, tail;
+  entry << "tessera_prefill_" << prefill_name(spec, c);
   if (c.hopper) {
     // The warp-specialized kernel: its register split (setmaxnreg) needs the
     // register cap that __launch_bounds__(threads, ctas_per_sm) sets.
@@ -242,16 +266,31 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
                             "tessera/device/kernels/prefill_sm90/kernel.cuh", "PrefillParams", "batch_prefill_sm90",
                             c.threads, tail.str(), c.ctas_per_sm, "tessera::Sm90TensorMaps tma", cluster);
   }
-  entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
-  // The template's head dims: <..., HEAD_DIM_QK (attention_source's head_dim), HEAD_DIM_VO, tile ...>.
-  tail << c.head_dim_vo << ", " << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", "
-       << c.stages;
-  AttentionSpec kernel_spec = spec;  // head dim 512: the 512 / 256 kernel
-  kernel_spec.head_dim_vo = c.head_dim_vo == c.head_dim_qk ? 0 : c.head_dim_vo;
-  return attention_source(kernel_spec, entry.str(), "batch prefill (FA2 template), tile " +
+  return attention_source(fa2_kernel_spec(spec, c), entry.str(), "batch prefill (FA2 template), tile " +
                               std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
                           "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill", c.threads,
-                          tail.str());
+                          fa2_tail(c));
+}
+
+jit::KernelSource batch_prefill_pair(const AttentionSpec& first, const PrefillConfig& first_config,
+                                     const AttentionSpec& second, const PrefillConfig& second_config) {
+  for (const PrefillConfig* c : {&first_config, &second_config}) {
+    if (c->hopper)
+      throw InvalidArgument("backend: a pair of prefills in one launch runs on the FA2 template; expected "
+                            "PrefillBackend::kFA2 for both");
+    if (c->vo_split != 1)
+      throw InvalidArgument("head_dim: a pair of prefills in one launch takes head dims up to 256, got 512");
+  }
+  if (first_config.threads != second_config.threads)
+    throw InvalidArgument("tile: a pair of prefills in one launch needs tiles of as many threads, got " +
+                          std::to_string(first_config.threads) + " and " + std::to_string(second_config.threads));
+  const std::string entry =
+      "tessera_prefill_pair_" + prefill_name(first, first_config) + "__" + prefill_name(second, second_config);
+  return attention_pair_source(fa2_kernel_spec(first, first_config), fa2_tail(first_config),
+                               fa2_kernel_spec(second, second_config), fa2_tail(second_config), entry,
+                               "two batch prefills in one launch (FA2 template)",
+                               "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill",
+                               first_config.threads);
 }
 
 std::vector<jit::KernelSource> builtin_prefill_kernels(const VariantSpec& v) {

@@ -1,8 +1,8 @@
 """tessera.PODWithPagedKVCacheWrapper (flashinfer.pod): one prefill request
 (contiguous K / V, causal / window / custom mask options) next to a decode
-batch over shuffled pages, each against its float64 reference with the
-outputs the wrapper allocates poisoned; the decode-side run() options that
-must agree with plan(); argument errors without a GPU.
+batch over shuffled pages, in one launch, each against its float64 reference
+with the outputs the wrapper allocates poisoned; the decode-side run()
+options that must agree with plan(); argument errors without a GPU.
 """
 
 import numpy as np
@@ -72,6 +72,7 @@ def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, 
                              window_left=50)[0]
     check(out_p, None, ref_p, None, dtype)
     check(out_d, None, 0.5 * ref_d, None, dtype)
+    assert w._pair.entry.startswith("tessera_prefill_pair_")  # both sides ran in one launch
     # The decode side's run() options: the planned ones agree, others are refused.
     again = w.run(q_p, k_p, v_p, q_d, (k_d, v_d), window_left_d=50, kv_layout_d=layout, causal_d=True,
                   return_lse_p=True, return_lse_d=True, **prefill_opts)

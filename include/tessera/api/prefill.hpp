@@ -41,8 +41,11 @@
 #include "tessera/api/device_batch.hpp"
 #include "tessera/formats/bsr.hpp"
 #include "tessera/api/page_ids.hpp"
+#include "tessera/abi/prefill_params.cuh"
+#include "tessera/abi/variant_extra.cuh"
 #include "tessera/runtime/planner.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
+#include "tessera/runtime/variant_params.hpp"
 
 namespace tessera {
 
@@ -84,6 +87,8 @@ struct PrefillOptions {
   // pin cta_q (and backend) to set a warp layout. Checked at construction.
   PrefillTile tile;
 };
+
+class PrefillPair;
 
 class BatchPrefill {
  public:
@@ -226,10 +231,20 @@ class BatchPrefill {
                  const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const;
   void run_ragged_impl(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* mask,
                        const TensorView& o, const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const;
+  // run()'s checks, and the KV view its kernel reads.
+  device::PagedKV paged_run_view(const TensorView& q, const PagedKVStorage& kv, const TensorView* mask,
+                                 const TensorView& o, const TensorView& lse) const;
+  device::PagedKV ragged_run_view(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* mask,
+                                  const TensorView& o, const TensorView& lse) const;
+  // The kernel's parameters for a run: p, and block (p with the variant's extras).
+  void pack_run(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
+                const TensorView* mask, const RunOptions& opt, PrefillParams<NoExtra>& p, ParamBlock& block) const;
+  bool trims(const TensorView* mask) const { return mask != nullptr && opt_.trim_masked_tiles; }
   void launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
               const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const;
   // Custom masks: writes the plan's items trimmed to their visible KV tiles.
   void trim_items(const TensorView& mask, cudaStream_t stream, bool pdl) const;
+  friend class PrefillPair;  // runs two planned wrappers in one launch
 
   AttentionSpec spec_;
   TaskInfo task_;

@@ -74,6 +74,9 @@ class LoadedKernel {
   // Kernels with a second parameter (the Hopper prefill kernel's tensor maps).
   void launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, void* params2,
               bool pdl = false) const;
+  // Any parameter list: args[i] points at parameter i.
+  void launch_params(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, std::span<void* const> args,
+                     bool pdl = false) const;
   void set_max_dynamic_smem(int bytes) const;
   const std::string& entry() const { return entry_; }
   cudaKernel_t handle() const { return kernel_; }

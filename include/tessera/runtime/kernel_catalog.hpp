@@ -179,6 +179,16 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
                                    const char* header, const char* params_type, const char* fn, int threads,
                                    const std::string& template_tail, int min_blocks = 0,
                                    const std::string& second_param = "", int cluster = 1);
+// Two kernels' bodies in one persistent launch: the entry
+// `entry(const params_type<Extra1> p, const params_type<Extra2> p2, int
+// ctas_first, int ctas_second)` runs fn<first's variant, ..., first_tail>(p)
+// on CTAs x < ctas_first, then fn<second's ..., second_tail>(p2) on CTAs x <
+// ctas_second, each variant in its own namespace. Both bodies take
+// `threads` threads.
+jit::KernelSource attention_pair_source(const AttentionSpec& first, const std::string& first_tail,
+                                        const AttentionSpec& second, const std::string& second_tail,
+                                        const std::string& entry, const std::string& comment, const char* header,
+                                        const char* params_type, const char* fn, int threads);
 // Short dtype tag for kernel names: f16, bf16, f32, e4m3, e5m2.
 std::string dtype_tag(DType t);
 // An fp8 KV cache (kv_dtype float8_e4m3fn / float8_e5m2, with 16-bit q and o)
