@@ -5,13 +5,14 @@ prefill chunk of Q tokens after P cached ones (causal, contiguous K / V) and
 a decode batch of B requests with L keys each (paged, shuffled pages), per
 layer. Three ways, timed alike (common.bench_graph_ms: rotating input copies
 replayed from one CUDA graph, interleaved rounds, medians):
-  fused      tessera.PODWithPagedKVCacheWrapper.run: both plans in one
-             persistent launch (FA2 template);
+  fused      tessera.PODWithPagedKVCacheWrapper(backend="fa2").run: both
+             plans in one persistent launch (FA2 template);
   two_fa2    the same two plans launched one after the other (what the
              fusion saves);
-  two_best   the two calls an engine makes without POD: single_prefill (the
-             Hopper kernel on sm_90) and BatchDecodeWithPagedKVCacheWrapper
-             (the wrapper's kernel pick).
+  two_best   the two calls an engine makes without POD: the prefill on the
+             ragged wrapper's pick (the Hopper kernel on sm_90), then
+             BatchDecodeWithPagedKVCacheWrapper (the wrapper's kernel pick);
+             what the POD wrapper's default backend runs on sm_90.
 FlashInfer's POD module is not among the peer's prebuilt sm_90a modules (its
 nvcc JIT takes minutes), so it is not timed here.
 Usage: python bench/pod.py [--rounds N] [--cases Q:P:B:L,...]
@@ -43,10 +44,14 @@ def make_case(q_len, prefix, batch, kv_len, copies, gen):
 
 
 def callables(table, sets):
-    pod = tessera.PODWithPagedKVCacheWrapper(common.new_workspace(256 << 20))
+    pod = tessera.PODWithPagedKVCacheWrapper(common.new_workspace(256 << 20), backend="fa2")
     pod.plan(table["indptr"], table["indices"], table["last"], HQ, HKV, D, PAGE, q_data_type=torch.float16)
     dec = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20))
     dec.plan(table["indptr"], table["indices"], table["last"], HQ, HKV, D, PAGE, q_data_type=torch.float16)
+    # single_prefill's kernel (the Hopper one on sm_90), planned here: a plan does not belong in a graph.
+    q_len, kv_len = sets[0]["q_p"].shape[0], sets[0]["k_p"].shape[0]
+    pre = tessera.BatchPrefillWithRaggedKVCacheWrapper(common.new_workspace(256 << 20))
+    pre.plan([0, q_len], [0, kv_len], HQ, HKV, D, causal=True, q_data_type=torch.float16)
     fused = [lambda s=s: pod.run(s["q_p"], s["k_p"], s["v_p"], s["q_d"], s["cache"], causal_p=True) for s in sets]
     fused[0]()  # plans the prefill side (its lengths stay)
 
@@ -55,7 +60,7 @@ def callables(table, sets):
         pod._decode.run(s["q_d"], s["cache"])
 
     def two_best(s):
-        tessera.single_prefill_with_kv_cache(s["q_p"], s["k_p"], s["v_p"], causal=True)
+        pre.run(s["q_p"], s["k_p"], s["v_p"])
         dec.run(s["q_d"], s["cache"])
     return dict(fused=fused, two_fa2=[lambda s=s: two_fa2(s) for s in sets],
                 two_best=[lambda s=s: two_best(s) for s in sets]), (pod, dec)

@@ -251,6 +251,7 @@ class PyBatchPrefill {
   int cta_q() const { return pre_.ctas_per_group() ? pre_.config().cta_q : 0; }
   int ctas_per_head() const { return pre_.ctas_per_group(); }
   int cluster() const { return pre_.ctas_per_group() ? pre_.cluster() : 0; }
+  bool hopper() const { return pre_.ctas_per_group() && pre_.config().hopper; }
 
  private:
   Workspace ws_;  // declared before pre_, which keeps a pointer to it
@@ -352,6 +353,8 @@ void bind_prefill(nb::module_& m) {
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")
+      .def_prop_ro("hopper", &PyBatchPrefill::hopper,
+                   "Whether the first plan chose the Hopper (wgmma) template (False before plan).")
       .def_prop_ro("cluster", &PyBatchPrefill::cluster,
                    "CTAs per cluster of the Hopper kernel (2: pairs sharing each K / V tile by TMA multicast; 0 before plan).");
   nb::class_<StagedRun>(m, "StagedPrefillRun", "A BatchPrefill run's converted arguments (stage_run, stage_run_ragged).");

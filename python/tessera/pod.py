@@ -1,14 +1,16 @@
-"""Prefill next to decode in one launch (FlashInfer's ``flashinfer.pod`` name): PODWithPagedKVCacheWrapper.
+"""Prefill next to decode (FlashInfer's ``flashinfer.pod`` name): PODWithPagedKVCacheWrapper.
 
 POD-Attention fuses one request's prefill (contiguous K / V) with a batch of
 decode requests (paged cache) of the same layer: the decode rows stream KV on
 SMs whose other CTAs keep the tensor cores busy, and the step pays one launch
-and one tail. Tessera plans each side with its own batch prefill wrapper on
-the FA2 template (the prefill as a ragged batch of one, the decode batch as a
-paged one with one query per request) and runs both plans in one persistent
+and one tail. Tessera plans each side with its own batch prefill wrapper (the
+prefill as a ragged batch of one, the decode batch as a paged one with one
+query per request). On the FA2 template both plans run in one persistent
 launch (C++ tessera::PrefillPair): every CTA walks its queue of prefill work,
-then its queue of decode work. The outputs are those of the two wrappers'
-own runs, bit for bit.
+then its queue of decode work, and the outputs are those of the two
+wrappers' own runs, bit for bit. On sm_90 the default runs each side on the
+Hopper kernel in a launch of its own, which measured faster than the fused
+FA2 launch (bench/pod.py); backend="fa2" asks for the fused launch there too.
 """
 
 import contextlib
@@ -49,7 +51,8 @@ def _staging(*wrappers):
 
 
 class PODWithPagedKVCacheWrapper:
-    """One prefill request and a decode batch per call, in one launch (FlashInfer's wrapper of the same name).
+    """One prefill request and a decode batch per call, in one fused launch or two (see the module doc;
+    FlashInfer's wrapper of the same name).
 
     plan() plans the decode batch (the arguments of
     BatchDecodeWithPagedKVCacheWrapper.plan that FlashInfer's POD plan
@@ -60,7 +63,8 @@ class PODWithPagedKVCacheWrapper:
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, paged_kv_indptr_buffer=None,
-                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, jit_args=None):
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, jit_args=None, *,
+                 backend="auto"):
         """
         Args:
             float_workspace_buffer: a contiguous CUDA tensor of any dtype (FlashInfer users allocate 128 MB),
@@ -70,8 +74,14 @@ class PODWithPagedKVCacheWrapper:
             paged_kv_last_page_len_buffer: as for BatchDecodeWithPagedKVCacheWrapper
                 (the buffers' lengths fix the decode side's workspace bounds).
             jit_args: only None (custom variants run through tessera.AttentionWrapper).
+            backend (Tessera's): "auto" (the Hopper kernel for each side, two launches, on sm_90; one fused
+                FA2 launch elsewhere), "fa2" (one fused launch on any GPU) or "fa3" (the Hopper kernels, two
+                launches).
         """
         C.refuse_given("custom variants run through tessera.AttentionWrapper", jit_args=jit_args)
+        if backend not in ("auto", "fa2", "fa3"):
+            raise ValueError(f"backend: expected 'auto', 'fa2' or 'fa3', got {backend!r}")
+        self._backend = backend
         if kv_layout not in W.LAYOUTS:
             raise ValueError(f"kv_layout: expected one of {W.LAYOUTS}, got {kv_layout!r}")
         self._kv_layout = kv_layout
@@ -92,7 +102,7 @@ class PODWithPagedKVCacheWrapper:
         self._decode = BatchPrefillWithPagedKVCacheWrapper(
             buf[:half], self._kv_layout, self._use_cuda_graph, qo_indptr_buf=qo_indptr_buf,
             paged_kv_indptr_buf=indptr_buf, paged_kv_indices_buf=indices_buf, paged_kv_last_page_len_buf=last_buf,
-            backend="fa2")
+            backend=self._backend)
         self._prefill_buffer = buf[half:]
         self._prefill = None  # built by the first run(), for its kv_layout_p
         self._prefill_key = None  # the prefill plan's lengths and options
@@ -149,13 +159,14 @@ class PODWithPagedKVCacheWrapper:
             if len(x.shape) != 3:
                 raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(x.shape)}")
         if self._prefill is None or self._prefill._kv_layout != kv_layout_p:
-            self._prefill = BatchPrefillWithRaggedKVCacheWrapper(self._prefill_buffer, kv_layout_p, backend="fa2")
+            self._prefill = BatchPrefillWithRaggedKVCacheWrapper(self._prefill_buffer, kv_layout_p,
+                                                                 backend=self._backend)
             self._prefill_key = None
         qo_len, heads, head_dim = q_p.shape
         tokens_at, heads_at = (1, 0) if kv_layout_p == "HND" else (0, 1)
         kv_len, kv_heads = k_p.shape[tokens_at], k_p.shape[heads_at]
-        # The pair's tiles must have as many threads: 4 warps on both sides
-        # (the FA2 template's 128-row tile takes 8 at head dim 256).
+        # A fused pair's tiles must have as many threads: 4 warps on both
+        # sides (the FA2 template's 128-row tile takes 8 at head dim 256).
         self._prefill._cta_q = 64 if head_dim > 128 else 0
         key = (qo_len, kv_len, heads, kv_heads, head_dim, v_p.shape[-1], q_p.dtype, k_p.dtype,
                tuple(sorted(options.items())))
@@ -167,7 +178,11 @@ class PODWithPagedKVCacheWrapper:
         self._prefill_key = None if mask else key
 
     def _pair_for(self):
-        """The fused launch of the two sides' current C++ objects (rebuilt when a side rebuilt its own)."""
+        """The fused launch of the two sides' current C++ objects (rebuilt when a side rebuilt its own), or
+        None where a side runs on the Hopper kernel (a launch of its own)."""
+        if self._prefill._native.hopper or self._decode._native.hopper:
+            self._pair = self._pair_key = None
+            return None
         key = (id(self._prefill._native), id(self._decode._native))
         if self._pair is None or self._pair_key != key:
             self._pair = _C.PrefillPair(self._prefill._native, self._decode._native)
@@ -180,7 +195,7 @@ class PODWithPagedKVCacheWrapper:
             causal_d=False, kv_layout_d="NHD", pos_encoding_mode_d="NONE", sm_scale_d=None, window_left_d=-1,
             rope_scale_d=None, rope_theta_d=None, q_scale=None, k_scale=None, v_scale=None, return_lse_d=False,
             use_fp16_qk_reduction=False, enable_pdl=None, *args):
-        """The prefill request and the planned decode batch, in one launch.
+        """The prefill request and the planned decode batch (one launch or two: see the backend).
 
         Args:
             q_p, k_p, v_p: the prefill request, as for single_prefill_with_kv_cache
@@ -205,7 +220,7 @@ class PODWithPagedKVCacheWrapper:
                 FlashInfer): q_scale * k_scale multiply its softmax scale,
                 v_scale its output.
             use_fp16_qk_reduction: accepted; q.k accumulates in float32.
-            enable_pdl: programmatic dependent launch of the fused launch.
+            enable_pdl: programmatic dependent launch of the launches.
             args: only empty.
 
         Returns:
@@ -240,6 +255,11 @@ class PODWithPagedKVCacheWrapper:
                        use_fp16_qk_reduction=use_fp16_qk_reduction)
         self._plan_prefill(q_p, k_p, v_p, kv_layout_p, options, mask)
         pair = self._pair_for()
+        if pair is None:
+            out_p = self._prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
+            out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                     enable_pdl=enable_pdl)
+            return out_p, out_d
         with _staging(self._prefill, self._decode) as (stage_p, stage_d):
             out_p = self._prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
             out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,

@@ -301,6 +301,7 @@ FLASHINFER = {
 # Tessera-only parameters, keyword-only after FlashInfer's.
 TESSERA_EXTRAS = {
     "MultiLevelCascadeAttentionWrapper.__init__": ("backend",),
+    "PODWithPagedKVCacheWrapper.__init__": ("backend",),
     "MultiLevelCascadeAttentionWrapper.run": ("out", "lse", "return_lse", "k_scale", "v_scale"),
     "append_paged_kv_cache": ("k_scale", "v_scale"),
     "BatchDecodeWithPagedKVCacheWrapper._plan_impl": ("shared_prefix", "on_device", "batch_size"),

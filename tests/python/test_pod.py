@@ -1,8 +1,9 @@
 """tessera.PODWithPagedKVCacheWrapper (flashinfer.pod): one prefill request
 (contiguous K / V, causal / window / custom mask options) next to a decode
-batch over shuffled pages, in one launch, each against its float64 reference
-with the outputs the wrapper allocates poisoned; the decode-side run()
-options that must agree with plan(); argument errors without a GPU.
+batch over shuffled pages, in one launch (FA2) or two (Hopper), each against
+its float64 reference with the outputs the wrapper allocates poisoned; the
+decode-side run() options that must agree with plan(); argument errors
+without a GPU.
 """
 
 import numpy as np
@@ -19,6 +20,7 @@ def test_pod_errors_without_gpu():
     buf = np.zeros(16, np.uint8)
     expect(ValueError, "^kv_layout", lambda: tessera.PODWithPagedKVCacheWrapper(buf, "NDH"))
     expect(tessera.NotSupportedError, "^jit_args", lambda: tessera.PODWithPagedKVCacheWrapper(buf, jit_args=["x"]))
+    expect(ValueError, "^backend", lambda: tessera.PODWithPagedKVCacheWrapper(buf, backend="fa4"))
     w = tessera.PODWithPagedKVCacheWrapper(buf, "HND")
     assert not w.is_cuda_graph_enabled
     args = ([0, 1, 3], [0, 2, 1], [5, 16], 8, HKV, 128, 16)
@@ -35,12 +37,15 @@ def test_pod_errors_without_gpu():
 DECODE_LENS = [33, 0, 1, 200, 16]
 
 
-@pytest.mark.parametrize("dtype, head_dim, group, layout, page_size, prefill_opts", [
-    ("float16", 128, 4, "NHD", 16, dict(causal_p=True)),
-    ("bfloat16", 64, 1, "HND", 1, dict(window_left_p=9, causal_p=True, sm_scale_p=0.2)),
-    ("float16", 128, 8, "HND", 5, dict(custom_mask_p=True)),
-    ("bfloat16", 256, 2, "NHD", 16, dict(kv_layout_p="HND"))])
-def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, layout, page_size, prefill_opts):
+@pytest.mark.parametrize("dtype, head_dim, group, layout, page_size, prefill_opts, backend", [
+    ("float16", 128, 4, "NHD", 16, dict(causal_p=True), "fa2"),
+    ("float16", 128, 4, "NHD", 16, dict(causal_p=True), "auto"),
+    ("bfloat16", 64, 1, "HND", 1, dict(window_left_p=9, causal_p=True, sm_scale_p=0.2), "fa2"),
+    ("float16", 128, 8, "HND", 5, dict(custom_mask_p=True), "fa2"),
+    ("bfloat16", 256, 2, "NHD", 16, dict(kv_layout_p="HND"), "fa2"),
+    ("bfloat16", 256, 2, "NHD", 16, dict(kv_layout_p="HND"), "auto")])
+def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, layout, page_size, prefill_opts,
+                               backend):
     torch = torch_cuda
     tdt = getattr(torch, dtype)
     hq = HKV * group
@@ -59,7 +64,8 @@ def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, 
     k_d, v_d = (torch.from_numpy(rng.uniform(-1, 1, (num_pages,) + page).astype(np.float32)).cuda().to(tdt)
                 for _ in range(2))
     q_d = torch.from_numpy(rng.uniform(-2, 2, (len(DECODE_LENS), hq, head_dim)).astype(np.float32)).cuda().to(tdt)
-    w = tessera.PODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), layout)
+    w = tessera.PODWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), layout,
+                                           backend=backend)
     w.plan(torch.from_numpy(indptr).cuda(), torch.from_numpy(indices).cuda(), torch.from_numpy(last).cuda(), hq, HKV,
            head_dim, page_size, window_left=50, q_data_type=tdt)
     out_p, out_d = w.run(q_p, k_p, v_p, q_d, (k_d, v_d), v_scale=0.5, **prefill_opts)
@@ -72,7 +78,9 @@ def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, 
                              window_left=50)[0]
     check(out_p, None, ref_p, None, dtype)
     check(out_d, None, 0.5 * ref_d, None, dtype)
-    assert w._pair.entry.startswith("tessera_prefill_pair_")  # both sides ran in one launch
+    # FA2 (any GPU with backend "fa2", before sm_90 with "auto"): both sides in one launch.
+    fused = backend == "fa2" or torch.cuda.get_device_capability()[0] != 9
+    assert (w._pair is not None and w._pair.entry.startswith("tessera_prefill_pair_")) == fused
     # The decode side's run() options: the planned ones agree, others are refused.
     again = w.run(q_p, k_p, v_p, q_d, (k_d, v_d), window_left_d=50, kv_layout_d=layout, causal_d=True,
                   return_lse_p=True, return_lse_d=True, **prefill_opts)
