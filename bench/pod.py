@@ -3,16 +3,16 @@
 Llama-3.1-8B attention shape (32 / 8 heads of 128, fp16, page 16): one
 prefill chunk of Q tokens after P cached ones (causal, contiguous K / V) and
 a decode batch of B requests with L keys each (paged, shuffled pages), per
-layer. Three ways, timed alike (common.bench_graph_ms: rotating input copies
+layer. Four ways, timed alike (common.bench_graph_ms: rotating input copies
 replayed from one CUDA graph, interleaved rounds, medians):
-  fused      tessera.PODWithPagedKVCacheWrapper(backend="fa2").run: both
-             plans in one persistent launch (FA2 template);
-  two_fa2    the same two plans launched one after the other (what the
-             fusion saves);
+  fused      tessera.PODWithPagedKVCacheWrapper.run: both plans in one
+             persistent launch (the Hopper kernel on sm_90);
+  fused_fa2  the same with backend="fa2" (the FA2 template);
+  two_fa2    fused_fa2's two plans launched one after the other (what the
+             fusion saves on FA2);
   two_best   the two calls an engine makes without POD: the prefill on the
              ragged wrapper's pick (the Hopper kernel on sm_90), then
-             BatchDecodeWithPagedKVCacheWrapper (the wrapper's kernel pick);
-             what the POD wrapper's default backend runs on sm_90.
+             BatchDecodeWithPagedKVCacheWrapper (the wrapper's kernel pick).
 FlashInfer's POD module is not among the peer's prebuilt sm_90a modules (its
 nvcc JIT takes minutes), so it is not timed here.
 Usage: python bench/pod.py [--rounds N] [--cases Q:P:B:L,...]
@@ -44,25 +44,31 @@ def make_case(q_len, prefix, batch, kv_len, copies, gen):
 
 
 def callables(table, sets):
-    pod = tessera.PODWithPagedKVCacheWrapper(common.new_workspace(256 << 20), backend="fa2")
-    pod.plan(table["indptr"], table["indices"], table["last"], HQ, HKV, D, PAGE, q_data_type=torch.float16)
+    pods = {}
+    for backend in ("auto", "fa2"):
+        pods[backend] = tessera.PODWithPagedKVCacheWrapper(common.new_workspace(256 << 20), backend=backend)
+        pods[backend].plan(table["indptr"], table["indices"], table["last"], HQ, HKV, D, PAGE,
+                           q_data_type=torch.float16)
+    pod, pod_fa2 = pods["auto"], pods["fa2"]
     dec = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20))
     dec.plan(table["indptr"], table["indices"], table["last"], HQ, HKV, D, PAGE, q_data_type=torch.float16)
     # single_prefill's kernel (the Hopper one on sm_90), planned here: a plan does not belong in a graph.
     q_len, kv_len = sets[0]["q_p"].shape[0], sets[0]["k_p"].shape[0]
     pre = tessera.BatchPrefillWithRaggedKVCacheWrapper(common.new_workspace(256 << 20))
     pre.plan([0, q_len], [0, kv_len], HQ, HKV, D, causal=True, q_data_type=torch.float16)
-    fused = [lambda s=s: pod.run(s["q_p"], s["k_p"], s["v_p"], s["q_d"], s["cache"], causal_p=True) for s in sets]
-    fused[0]()  # plans the prefill side (its lengths stay)
+    def fused_by(w):
+        return [lambda s=s: w.run(s["q_p"], s["k_p"], s["v_p"], s["q_d"], s["cache"], causal_p=True) for s in sets]
+    fused, fused_fa2 = fused_by(pod), fused_by(pod_fa2)
+    fused[0](), fused_fa2[0]()  # plan the prefill sides (their lengths stay)
 
     def two_fa2(s):
-        pod._prefill.run(s["q_p"], s["k_p"], s["v_p"])
-        pod._decode.run(s["q_d"], s["cache"])
+        pod_fa2._prefill.run(s["q_p"], s["k_p"], s["v_p"])
+        pod_fa2._decode.run(s["q_d"], s["cache"])
 
     def two_best(s):
         pre.run(s["q_p"], s["k_p"], s["v_p"])
         dec.run(s["q_d"], s["cache"])
-    return dict(fused=fused, two_fa2=[lambda s=s: two_fa2(s) for s in sets],
+    return dict(fused=fused, fused_fa2=fused_fa2, two_fa2=[lambda s=s: two_fa2(s) for s in sets],
                 two_best=[lambda s=s: two_best(s) for s in sets]), (pod, dec)
 
 
@@ -93,13 +99,16 @@ def main():
                                    timer=lambda calls: common.bench_graph_ms(calls) * 1e3)
         row = dict(q_len=q_len, prefix=prefix, batch=batch, kv_len=kv_len, max_rel_diff=err,
                    us={n: common.median(t) for n, t in times.items()},
-                   two_fa2_over_fused=common.paired_ratio(times, "two_fa2", "fused"),
-                   two_best_over_fused=common.paired_ratio(times, "two_best", "fused"), entry=pod._pair.entry)
+                   two_best_over_fused=common.paired_ratio(times, "two_best", "fused"),
+                   two_fa2_over_fused_fa2=common.paired_ratio(times, "two_fa2", "fused_fa2"),
+                   two_best_over_fused_fa2=common.paired_ratio(times, "two_best", "fused_fa2"),
+                   entry=pod._pair.entry)
         rows.append(row)
-        print(f"prefill {q_len} after {prefix}, decode {batch} x {kv_len}: fused {row['us']['fused']:.1f} us, "
-              f"two launches (same plans) {row['us']['two_fa2']:.1f} us ({row['two_fa2_over_fused']:.3f}x), "
-              f"single_prefill + decode {row['us']['two_best']:.1f} us ({row['two_best_over_fused']:.3f}x); "
-              f"max rel diff {err:.1e}", flush=True)
+        us = row["us"]
+        print(f"prefill {q_len} after {prefix}, decode {batch} x {kv_len}: fused {us['fused']:.1f} us (two best "
+              f"launches {us['two_best']:.1f} us, {row['two_best_over_fused']:.3f}x); FA2 fused "
+              f"{us['fused_fa2']:.1f} us (its two launches {us['two_fa2']:.1f} us, "
+              f"{row['two_fa2_over_fused_fa2']:.3f}x); max rel diff {err:.1e}", flush=True)
     common.save_results("pod", dict(heads=[HQ, HKV], head_dim=D, page_size=PAGE, dtype="float16", rows=rows))
 
 

@@ -1,16 +1,15 @@
-"""Prefill next to decode (FlashInfer's ``flashinfer.pod`` name): PODWithPagedKVCacheWrapper.
+"""Prefill next to decode in one launch (FlashInfer's ``flashinfer.pod`` name): PODWithPagedKVCacheWrapper.
 
 POD-Attention fuses one request's prefill (contiguous K / V) with a batch of
 decode requests (paged cache) of the same layer: the decode rows stream KV on
 SMs whose other CTAs keep the tensor cores busy, and the step pays one launch
 and one tail. Tessera plans each side with its own batch prefill wrapper (the
 prefill as a ragged batch of one, the decode batch as a paged one with one
-query per request). On the FA2 template both plans run in one persistent
-launch (C++ tessera::PrefillPair): every CTA walks its queue of prefill work,
-then its queue of decode work, and the outputs are those of the two
-wrappers' own runs, bit for bit. On sm_90 the default runs each side on the
-Hopper kernel in a launch of its own, which measured faster than the fused
-FA2 launch (bench/pod.py); backend="fa2" asks for the fused launch there too.
+query per request) and runs both plans in one persistent launch (C++
+tessera::PrefillPair): every CTA walks its queue of prefill work, then its
+queue of decode work. Both sides run on one template: the Hopper kernel on
+sm_90 (64-row query tiles on both sides), the FA2 template elsewhere. The
+outputs are those of the two wrappers' own runs, bit for bit.
 """
 
 import contextlib
@@ -51,8 +50,7 @@ def _staging(*wrappers):
 
 
 class PODWithPagedKVCacheWrapper:
-    """One prefill request and a decode batch per call, in one fused launch or two (see the module doc;
-    FlashInfer's wrapper of the same name).
+    """One prefill request and a decode batch per call, in one launch (FlashInfer's wrapper of the same name).
 
     plan() plans the decode batch (the arguments of
     BatchDecodeWithPagedKVCacheWrapper.plan that FlashInfer's POD plan
@@ -74,9 +72,8 @@ class PODWithPagedKVCacheWrapper:
             paged_kv_last_page_len_buffer: as for BatchDecodeWithPagedKVCacheWrapper
                 (the buffers' lengths fix the decode side's workspace bounds).
             jit_args: only None (custom variants run through tessera.AttentionWrapper).
-            backend (Tessera's): "auto" (the Hopper kernel for each side, two launches, on sm_90; one fused
-                FA2 launch elsewhere), "fa2" (one fused launch on any GPU) or "fa3" (the Hopper kernels, two
-                launches).
+            backend (Tessera's): the template of both sides: "auto" (the Hopper kernel on sm_90 for head
+                dims 64, 128 and 256, else FA2), "fa2" or "fa3" (the Hopper kernel).
         """
         C.refuse_given("custom variants run through tessera.AttentionWrapper", jit_args=jit_args)
         if backend not in ("auto", "fa2", "fa3"):
@@ -91,22 +88,38 @@ class PODWithPagedKVCacheWrapper:
         self._set_workspace(float_workspace_buffer)
 
     def _set_workspace(self, float_workspace_buffer):
-        """Splits the buffer's bytes between the two sides and builds their wrappers (no plan yet)."""
+        """Splits the buffer's bytes between the two sides (their wrappers come with the first plan)."""
         W.check_aligned(float_workspace_buffer, "float_workspace_buffer")
         buf = W.workspace_bytes(float_workspace_buffer)
         half = buf.shape[0] // 2 // 256 * 256  # each side's workspace starts 256-byte aligned
+        self._decode_buffer, self._prefill_buffer = buf[:half], buf[half:]
+        self._decode = self._template = None  # built by plan()
+        self._prefill = None  # built by the first run(), for its kv_layout_p
+        self._prefill_key = None  # the prefill plan's lengths and options
+        self._pair = self._pair_key = None
+
+    def _choose_template(self, head_dim):
+        """"fa3" (the Hopper kernel) or "fa2" for both sides; builds the decode side's wrapper for it."""
+        template = self._backend
+        if template == "auto":
+            buf = self._decode_buffer
+            on_sm90 = T.is_torch(buf) and buf.is_cuda and T._torch().cuda.get_device_capability(buf.device)[0] == 9
+            template = "fa3" if on_sm90 and head_dim in (64, 128, 256) else "fa2"
+        if self._decode is not None and template == self._template:
+            return
         indptr_buf, indices_buf, last_buf = self._buffers
         qo_indptr_buf = None
         if indptr_buf is not None and T.is_torch(indptr_buf):
             qo_indptr_buf = T._torch().arange(len(indptr_buf), dtype=T._torch().int32, device=indptr_buf.device)
         self._decode = BatchPrefillWithPagedKVCacheWrapper(
-            buf[:half], self._kv_layout, self._use_cuda_graph, qo_indptr_buf=qo_indptr_buf,
+            self._decode_buffer, self._kv_layout, self._use_cuda_graph, qo_indptr_buf=qo_indptr_buf,
             paged_kv_indptr_buf=indptr_buf, paged_kv_indices_buf=indices_buf, paged_kv_last_page_len_buf=last_buf,
-            backend=self._backend)
-        self._prefill_buffer = buf[half:]
-        self._prefill = None  # built by the first run(), for its kv_layout_p
-        self._prefill_key = None  # the prefill plan's lengths and options
-        self._pair = self._pair_key = None
+            backend=template)
+        # Tiles of as many threads on both sides: the Hopper kernel's 64-row
+        # ones; on FA2 the heuristic's decode tile (4 warps).
+        self._decode._cta_q = 64 if template == "fa3" else 0
+        self._template = template
+        self._prefill = None
 
     @property
     def is_cuda_graph_enabled(self):
@@ -131,6 +144,7 @@ class PODWithPagedKVCacheWrapper:
         if n < 0:
             raise ValueError("indptr: expected batch_size + 1 >= 1 entries, got 0")
         qo_indptr = list(range(n + 1))
+        self._choose_template(head_dim)
         self._decode.plan(qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                           causal=False, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                           q_data_type=q_data_type, kv_data_type=kv_data_type, sm_scale=sm_scale,
@@ -160,14 +174,14 @@ class PODWithPagedKVCacheWrapper:
                 raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(x.shape)}")
         if self._prefill is None or self._prefill._kv_layout != kv_layout_p:
             self._prefill = BatchPrefillWithRaggedKVCacheWrapper(self._prefill_buffer, kv_layout_p,
-                                                                 backend=self._backend)
+                                                                 backend=self._template)
             self._prefill_key = None
         qo_len, heads, head_dim = q_p.shape
         tokens_at, heads_at = (1, 0) if kv_layout_p == "HND" else (0, 1)
         kv_len, kv_heads = k_p.shape[tokens_at], k_p.shape[heads_at]
-        # A fused pair's tiles must have as many threads: 4 warps on both
-        # sides (the FA2 template's 128-row tile takes 8 at head dim 256).
-        self._prefill._cta_q = 64 if head_dim > 128 else 0
+        # Tiles of as many threads on both sides: the Hopper kernel's 64-row
+        # ones; on FA2 4 warps (its 128-row tile takes 8 at head dim 256).
+        self._prefill._cta_q = 64 if self._template == "fa3" or head_dim > 128 else 0
         key = (qo_len, kv_len, heads, kv_heads, head_dim, v_p.shape[-1], q_p.dtype, k_p.dtype,
                tuple(sorted(options.items())))
         if mask is None and key == self._prefill_key:
@@ -178,11 +192,7 @@ class PODWithPagedKVCacheWrapper:
         self._prefill_key = None if mask else key
 
     def _pair_for(self):
-        """The fused launch of the two sides' current C++ objects (rebuilt when a side rebuilt its own), or
-        None where a side runs on the Hopper kernel (a launch of its own)."""
-        if self._prefill._native.hopper or self._decode._native.hopper:
-            self._pair = self._pair_key = None
-            return None
+        """The fused launch of the two sides' current C++ objects (rebuilt when a side rebuilt its own)."""
         key = (id(self._prefill._native), id(self._decode._native))
         if self._pair is None or self._pair_key != key:
             self._pair = _C.PrefillPair(self._prefill._native, self._decode._native)
@@ -195,7 +205,7 @@ class PODWithPagedKVCacheWrapper:
             causal_d=False, kv_layout_d="NHD", pos_encoding_mode_d="NONE", sm_scale_d=None, window_left_d=-1,
             rope_scale_d=None, rope_theta_d=None, q_scale=None, k_scale=None, v_scale=None, return_lse_d=False,
             use_fp16_qk_reduction=False, enable_pdl=None, *args):
-        """The prefill request and the planned decode batch (one launch or two: see the backend).
+        """The prefill request and the planned decode batch, in one launch.
 
         Args:
             q_p, k_p, v_p: the prefill request, as for single_prefill_with_kv_cache
@@ -220,7 +230,7 @@ class PODWithPagedKVCacheWrapper:
                 FlashInfer): q_scale * k_scale multiply its softmax scale,
                 v_scale its output.
             use_fp16_qk_reduction: accepted; q.k accumulates in float32.
-            enable_pdl: programmatic dependent launch of the launches.
+            enable_pdl: programmatic dependent launch of the fused launch.
             args: only empty.
 
         Returns:
@@ -255,11 +265,6 @@ class PODWithPagedKVCacheWrapper:
                        use_fp16_qk_reduction=use_fp16_qk_reduction)
         self._plan_prefill(q_p, k_p, v_p, kv_layout_p, options, mask)
         pair = self._pair_for()
-        if pair is None:
-            out_p = self._prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
-            out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                                     enable_pdl=enable_pdl)
-            return out_p, out_d
         with _staging(self._prefill, self._decode) as (stage_p, stage_d):
             out_p = self._prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
             out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,

@@ -482,6 +482,29 @@ void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const Tens
   pack_params(block, ParamsKind::kPrefill, &p, spec_.variant, opt.extras, q.device);  // p and the variant's extras
 }
 
+// Tensor maps for the Hopper producer's TMA loads (encoded per run on the
+// host: pointers may change between runs; no device work). Contiguous K and
+// V; Q where the group divides the query tile and queries fill their tiles
+// on average (decode's one-token queries would load mostly unused rows:
+// cp.async copies only the valid ones).
+Sm90TensorMaps BatchPrefill::tensor_maps(const TensorView& q, const device::PagedKV& kv) const {
+  Sm90TensorMaps maps{};
+  if (kv.indices == nullptr && !is_fp8(spec_.kv_dtype)) {  // fp8 tiles are staged and widened by cp.async copies
+    const int64_t tokens = kv.indptr ? total_kv_ : kv.single_len;
+    maps.kv_on = tma::encode_kv_tiles(maps.k, kv.k, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
+                                      kv.head_stride, config_.cta_kv) &&
+                 tma::encode_kv_tiles(maps.v, kv.v, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
+                                      kv.head_stride, config_.cta_kv);
+  }
+  const int group = task_.num_qo_heads / task_.num_kv_heads;
+  // (A plan on the GPU leaves the lengths unknown here: cp.async.)
+  const bool q_fill = !device_.active && total_q_ >= batch_ * (config_.cta_q / group);
+  if (q_fill && config_.cta_q % group == 0)
+    maps.q_on = tma::encode_q_tiles(maps.q, q.data, total_q_, task_.num_kv_heads, group, spec_.head_dim, q.stride(0),
+                                    q.stride(1), config_.cta_q);
+  return maps;
+}
+
 void BatchPrefill::launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
                           const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const {
   PrefillParams<NoExtra> p;
@@ -497,25 +520,7 @@ void BatchPrefill::launch(const TensorView& q, const TensorView& o, const Tensor
   const bool pdl = opt.pdl && !trim && !device_.take_planner_ahead();
   const dim3 grid(ctas_per_group_, head_groups_), threads(config_.threads);
   if (config_.hopper) {
-    // Tensor maps for the producer's TMA loads (encoded per run on the host:
-    // pointers may change between runs; no device work). Contiguous K and V;
-    // Q where the group divides the query tile and queries fill their tiles
-    // on average (decode's one-token queries would load mostly unused rows:
-    // cp.async copies only the valid ones).
-    Sm90TensorMaps maps{};
-    if (kv.indices == nullptr && !is_fp8(spec_.kv_dtype)) {  // fp8 tiles are staged and widened by cp.async copies
-      const int64_t tokens = kv.indptr ? total_kv_ : kv.single_len;
-      maps.kv_on = tma::encode_kv_tiles(maps.k, kv.k, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
-                                        kv.head_stride, config_.cta_kv) &&
-                   tma::encode_kv_tiles(maps.v, kv.v, tokens, kv.num_kv_heads, spec_.head_dim, kv.token_stride,
-                                        kv.head_stride, config_.cta_kv);
-    }
-    const int group = task_.num_qo_heads / task_.num_kv_heads;
-    // (A plan on the GPU leaves the lengths unknown here: cp.async.)
-    const bool q_fill = !device_.active && total_q_ >= batch_ * (config_.cta_q / group);
-    if (q_fill && config_.cta_q % group == 0)
-      maps.q_on = tma::encode_q_tiles(maps.q, q.data, total_q_, task_.num_kv_heads, group, spec_.head_dim, q.stride(0),
-                                      q.stride(1), config_.cta_q);
+    Sm90TensorMaps maps = tensor_maps(q, kv);
     kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), &maps, pdl);
   } else {
     kernel_->launch(grid, threads, config_.smem_bytes, stream, block.data(), pdl);

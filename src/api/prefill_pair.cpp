@@ -31,10 +31,14 @@ PrefillPair::PrefillPair(const BatchPrefill& first, const BatchPrefill& second) 
     if (w->batch_ < 0)
       throw InvalidArgument(std::string(name) + ": expected a BatchPrefill planned at least once (its tile is chosen "
                             "by its first plan)");
-    if (w->config_.hopper)
-      throw InvalidArgument(std::string(name) + ": a pair runs on the FA2 template; expected a BatchPrefill built "
-                            "with PrefillBackend::kFA2, got one on the Hopper kernel");
+    if (w->config_.cluster != 1)
+      throw InvalidArgument(std::string(name) + ": a pair runs single CTAs; expected PrefillOptions::cluster 0 or 1, "
+                            "got a plan of CTA pairs");
   }
+  if (first.config_.hopper != second.config_.hopper)
+    throw InvalidArgument("second: expected the template of first (both PrefillBackend::kFA2, or both on the Hopper "
+                          "kernel), got " + std::string(second.config_.hopper ? "the Hopper kernel" : "FA2") +
+                          " beside " + (first.config_.hopper ? "the Hopper kernel" : "FA2"));
   if (first.ws_->device() != second.ws_->device())
     throw InvalidArgument("second: expected its workspace on first's device " + std::to_string(first.ws_->device()) +
                           ", got device " + std::to_string(second.ws_->device()));
@@ -64,14 +68,15 @@ void PrefillPair::run(const PrefillRunArgs& a, const PrefillRunArgs& b, cudaStre
     const TensorView* mask;
     PrefillParams<NoExtra> p;
     ParamBlock block;
+    device::PagedKV view;
   };
-  Part parts[2] = {{first_, &a, nullptr, {}, {}}, {second_, &b, nullptr, {}, {}}};
+  Part parts[2] = {{first_, &a, nullptr, {}, {}, {}}, {second_, &b, nullptr, {}, {}, {}}};
   for (Part& part : parts) {
     const BatchPrefill& w = *part.w;
     const PrefillRunArgs& r = *part.args;
     const char* name = part.w == first_ ? "first" : "second";
     part.mask = r.packed_custom_mask.defined() ? &r.packed_custom_mask : nullptr;
-    device::PagedKV view;
+    device::PagedKV& view = part.view;
     if (w.source_kind_ == BatchPrefill::Source::kRagged) {
       if (r.kv != nullptr)
         throw InvalidArgument(std::string(name) + ".kv: expected null for a ragged plan (it reads k and v)");
@@ -101,9 +106,15 @@ void PrefillPair::run(const PrefillRunArgs& a, const PrefillRunArgs& b, cudaStre
   const bool ahead_second = second_->device_.take_planner_ahead();
   const bool pdl = pdl_asked && !trimmed && !ahead_first && !ahead_second;
   int ctas_first = first_->ctas_per_group_, ctas_second = second_->ctas_per_group_;
-  void* args[] = {parts[0].block.data(), parts[1].block.data(), &ctas_first, &ctas_second};
-  const dim3 grid(std::max(ctas_first, ctas_second), first_->head_groups_);
-  kernel_->launch_params(grid, dim3(first_->config_.threads), smem_bytes_, stream, args, pdl);
+  const dim3 grid(std::max(ctas_first, ctas_second), first_->head_groups_), threads(first_->config_.threads);
+  if (first_->config_.hopper) {
+    Sm90TensorMaps maps = first_->tensor_maps(a.q, parts[0].view), maps2 = second_->tensor_maps(b.q, parts[1].view);
+    void* args[] = {parts[0].block.data(), parts[1].block.data(), &maps, &maps2, &ctas_first, &ctas_second};
+    kernel_->launch_params(grid, threads, smem_bytes_, stream, args, pdl);
+  } else {
+    void* args[] = {parts[0].block.data(), parts[1].block.data(), &ctas_first, &ctas_second};
+    kernel_->launch_params(grid, threads, smem_bytes_, stream, args, pdl);
+  }
   detail::check_launch("PrefillPair::run");
 }
 

@@ -220,7 +220,8 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
 jit::KernelSource attention_pair_source(const AttentionSpec& first, const std::string& first_tail,
                                         const AttentionSpec& second, const std::string& second_tail,
                                         const std::string& entry, const std::string& comment, const char* header,
-                                        const char* params_type, const char* fn, int threads) {
+                                        const char* params_type, const char* fn, int threads, int min_blocks,
+                                        const char* kernel_struct) {
   validate_variant(first.variant);
   validate_variant(second.variant);
   std::ostringstream src;
@@ -234,14 +235,28 @@ jit::KernelSource attention_pair_source(const AttentionSpec& first, const std::s
       << generated_checks(first, params_type, "tessera_variant_first", "tessera_spec_first")
       << generated_checks(second, params_type, "tessera_variant_second", "tessera_spec_second")
       << "// CTA (x, group) walks queue x of each plan whose grid holds it.\n"
-      << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << entry << "(const tessera::"
+      << "extern \"C\" __global__ void __launch_bounds__(" << threads
+      << (min_blocks > 0 ? ", " + std::to_string(min_blocks) : std::string()) << ") " << entry << "(const tessera::"
       << params_type << "<tessera_variant_first::Extra> p, const tessera::" << params_type
-      << "<tessera_variant_second::Extra> p2, int ctas_first, int ctas_second) {\n"
-      << "  if (blockIdx.x < ctas_first) tessera::" << fn << "<tessera_spec_first, "
-      << kernel_arguments(first, first_tail) << ">(p);\n"
-      << "  if (blockIdx.x < ctas_second) tessera::" << fn << "<tessera_spec_second, "
-      << kernel_arguments(second, second_tail) << ">(p2);\n"
-      << "}\n";
+      << "<tessera_variant_second::Extra> p2, ";
+  if (kernel_struct == nullptr) {  // one kernel function per plan
+    src << "int ctas_first, int ctas_second) {\n"
+        << "  if (blockIdx.x < ctas_first) tessera::" << fn << "<tessera_spec_first, "
+        << kernel_arguments(first, first_tail) << ">(p);\n"
+        << "  if (blockIdx.x < ctas_second) tessera::" << fn << "<tessera_spec_second, "
+        << kernel_arguments(second, second_tail) << ">(p2);\n";
+  } else {  // one function over both plans' kernel structs (and their tensor maps)
+    auto kernel = [&](const char* spec, const AttentionSpec& s, const std::string& tail, const char* ns) {
+      return std::string("tessera::") + kernel_struct + "<" + spec + ", " + kernel_arguments(s, tail) + ", tessera::" +
+             params_type + "<" + ns + "::Extra>>";
+    };
+    src << "const __grid_constant__ tessera::Sm90TensorMaps tma, const __grid_constant__ tessera::Sm90TensorMaps tma2, "
+        << "int ctas_first, int ctas_second) {\n"
+        << "  tessera::" << fn << "<" << kernel("tessera_spec_first", first, first_tail, "tessera_variant_first")
+        << ", " << kernel("tessera_spec_second", second, second_tail, "tessera_variant_second")
+        << ">(p, tma, ctas_first, p2, tma2, ctas_second);\n";
+  }
+  src << "}\n";
   return {entry, src.str(), {}};
 }
 

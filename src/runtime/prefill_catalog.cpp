@@ -274,18 +274,39 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
 
 jit::KernelSource batch_prefill_pair(const AttentionSpec& first, const PrefillConfig& first_config,
                                      const AttentionSpec& second, const PrefillConfig& second_config) {
+  if (first_config.hopper != second_config.hopper)
+    throw InvalidArgument("backend: a pair of prefills in one launch runs on one template; expected both on the FA2 "
+                          "template or both on the Hopper kernel");
   for (const PrefillConfig* c : {&first_config, &second_config}) {
-    if (c->hopper)
-      throw InvalidArgument("backend: a pair of prefills in one launch runs on the FA2 template; expected "
-                            "PrefillBackend::kFA2 for both");
     if (c->vo_split != 1)
       throw InvalidArgument("head_dim: a pair of prefills in one launch takes head dims up to 256, got 512");
+    if (c->cluster != 1)
+      throw InvalidArgument("cluster: a pair of prefills in one launch runs single CTAs, got clusters of " +
+                            std::to_string(c->cluster));
   }
   if (first_config.threads != second_config.threads)
     throw InvalidArgument("tile: a pair of prefills in one launch needs tiles of as many threads, got " +
                           std::to_string(first_config.threads) + " and " + std::to_string(second_config.threads));
   const std::string entry =
       "tessera_prefill_pair_" + prefill_name(first, first_config) + "__" + prefill_name(second, second_config);
+  if (first_config.hopper) {
+    // The warp-specialized kernels split the register file by CTAs per SM
+    // (__launch_bounds__ sets the cap): both plans must agree.
+    if (first_config.ctas_per_sm != second_config.ctas_per_sm)
+      throw InvalidArgument("tile: a pair of Hopper prefills needs tiles of as many CTAs per SM, got " +
+                            std::to_string(first_config.ctas_per_sm) + " and " +
+                            std::to_string(second_config.ctas_per_sm));
+    auto tail = [](const PrefillConfig& c) {
+      return std::to_string(c.cta_q) + ", " + std::to_string(c.cta_kv) + ", " + std::to_string(c.stages) + ", " +
+             std::to_string(c.v_stages) + ", " + std::to_string(c.q_bufs) + ", " + std::to_string(c.ctas_per_sm) +
+             ", 1";
+    };
+    return attention_pair_source(first, tail(first_config), second, tail(second_config), entry + "_sm90ws",
+                                 "two batch prefills in one launch (Hopper warp-specialized template)",
+                                 "tessera/device/kernels/prefill_sm90/pair.cuh", "PrefillParams",
+                                 "batch_prefill_sm90_pair", first_config.threads, first_config.ctas_per_sm,
+                                 "Sm90PrefillKernel");
+  }
   return attention_pair_source(fa2_kernel_spec(first, first_config), fa2_tail(first_config),
                                fa2_kernel_spec(second, second_config), fa2_tail(second_config), entry,
                                "two batch prefills in one launch (FA2 template)",

@@ -1,6 +1,6 @@
 // Two batch prefills in one launch (api/prefill_pair.hpp): the fused
 // kernel's source and the configurations it refuses, checked without a GPU
-// (NVRTC compiles it for sm_80 and sm_90a).
+// (NVRTC compiles it for sm_80 and sm_90a, FA2 and Hopper pairs).
 #include <gtest/gtest.h>
 
 #include "jit_util.hpp"
@@ -36,13 +36,26 @@ TEST(PrefillPairSource, OneEntryCallingBothKernelsOnTheirOwnCtas) {
   EXPECT_NE(src.entry, other.entry);
 }
 
-TEST(PrefillPairSource, RefusesHopperHeadDim512AndUnequalThreads) {
+TEST(PrefillPairSource, RefusesMixedTemplatesHeadDim512AndUnequalTiles) {
   const AttentionSpec p = spec_of(128, variants::causal()), d = spec_of(128, variants::standard());
   const PrefillConfig fa2 = catalog::prefill_config(d, 16);
   EXPECT_THROW_MSG(catalog::batch_prefill_pair(p, catalog::prefill_config(p, 128, true), d, fa2), InvalidArgument,
                    "backend");
   EXPECT_THROW_MSG(catalog::batch_prefill_pair(d, fa2, p, catalog::prefill_config(p, 64, true)), InvalidArgument,
                    "backend");
+  // Hopper: 128-row tiles take 3 warpgroups, 64-row ones 2; head dim 256's
+  // 64-row tile one CTA per SM, head dim 128's two.
+  EXPECT_THROW_MSG(catalog::batch_prefill_pair(p, catalog::prefill_config(p, 128, true), d,
+                                               catalog::prefill_config(d, 64, true)),
+                   InvalidArgument, "tile");
+  const AttentionSpec d256h = spec_of(256, variants::standard());
+  EXPECT_THROW_MSG(catalog::batch_prefill_pair(p, catalog::prefill_config(p, 64, true), d256h,
+                                               catalog::prefill_config(d256h, 64, true)),
+                   InvalidArgument, "tile");
+  PrefillConfig pairs = catalog::prefill_config(p, 128, true);
+  pairs.cluster = 2;
+  EXPECT_THROW_MSG(catalog::batch_prefill_pair(p, pairs, p, catalog::prefill_config(p, 128, true)), InvalidArgument,
+                   "cluster");
   const AttentionSpec d512 = spec_of(512, variants::standard());
   EXPECT_THROW_MSG(catalog::batch_prefill_pair(d512, catalog::prefill_config(d512, 16), d512,
                                                catalog::prefill_config(d512, 16)),
@@ -74,6 +87,12 @@ TEST(PrefillPairSource, CompilesForSm80AndSm90a) {
     cache.precompile(kernels, a, 2);
     for (const auto& k : kernels) EXPECT_TRUE(test::is_elf(cache.cubin(k, a)->image)) << arch << " " << k.entry;
   }
+  // The Hopper pair: one warp specialization over both plans.
+  const jit::KernelSource hopper = catalog::batch_prefill_pair(rope, catalog::prefill_config(rope, 64, true), plain,
+                                                               catalog::prefill_config(plain, 64, true));
+  EXPECT_NE(hopper.source.find("batch_prefill_sm90_pair<tessera::Sm90PrefillKernel<tessera_spec_first"),
+            std::string::npos);
+  EXPECT_TRUE(test::is_elf(cache.cubin(hopper, jit::Arch::parse("sm_90a"))->image)) << hopper.entry;
 }
 
 }  // namespace

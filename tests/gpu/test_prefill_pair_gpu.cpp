@@ -1,7 +1,8 @@
 // Two batch prefills in one launch (PrefillPair, POD-Attention's fusion): a
 // causal prefill chunk over contiguous KV beside a decode batch over a
-// shuffled paged cache, against the CPU reference, bit for bit equal to each
-// wrapper's own run, deterministic, and the arguments it refuses.
+// shuffled paged cache, on the FA2 template and on the Hopper kernel,
+// against the CPU reference, bit for bit equal to each wrapper's own run,
+// deterministic, and the arguments it refuses.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -71,8 +72,11 @@ struct Wrappers {
   Workspace ws_p, ws_d;
   std::unique_ptr<BatchPrefill> pre, dec;
 
-  // backend: the prefill side's (the decode side runs on FA2).
-  Wrappers(const Step& s, PrefillBackend backend = PrefillBackend::kFA2) {
+  // backend: FA2 or the Hopper kernel (kFA3) for both sides; decode_backend:
+  // the decode side's, where it differs.
+  explicit Wrappers(const Step& s, PrefillBackend backend = PrefillBackend::kFA2,
+                    PrefillBackend decode_backend = PrefillBackend::kAuto) {
+    if (decode_backend == PrefillBackend::kAuto) decode_backend = backend;
     spec_p = AttentionSpec{variants::causal(), s.dt, s.dt, s.dt, s.D};
     spec_d = AttentionSpec{variants::standard(), s.dt, s.dt, s.dt, s.D};
     task_p = TaskInfo{static_cast<int>(s.hq()), s.Hkv, 1, KVLayout::kNHD, 1, 1};
@@ -80,9 +84,11 @@ struct Wrappers {
     task_d = TaskInfo{static_cast<int>(s.hq()), s.Hkv, 16, KVLayout::kNHD, s.batch(), s.pool};
     task_d.max_total_q = s.batch();
     opt_p.backend = backend;
-    opt_d.backend = PrefillBackend::kFA2;
-    opt_p.cta_q = s.D == 256 ? 64 : 128;  // 4 warps, as the decode part's 16-row tile
-    opt_d.cta_q = 16;
+    opt_d.backend = decode_backend;
+    // Tiles of as many threads: FA2's 16-row decode tile has 4 warps, as its
+    // 128-row tile (64 at head dim 256); the Hopper kernel's 64-row tiles.
+    opt_p.cta_q = backend == PrefillBackend::kFA3 ? 64 : s.D == 256 ? 64 : 128;
+    opt_d.cta_q = decode_backend == PrefillBackend::kFA3 ? 64 : 16;
     ws_p = prefill_workspace(spec_p, task_p, opt_p);
     ws_d = prefill_workspace(spec_d, task_d, opt_d);
     pre = std::make_unique<BatchPrefill>(spec_p, task_p, ws_p, opt_p);
@@ -94,14 +100,17 @@ struct Wrappers {
   }
 };
 
-class PrefillPairGpu : public ::testing::TestWithParam<std::tuple<DType, int, int>> {};
+// backend: kFA2 (any GPU) or kFA3 (the Hopper kernel, sm_90 only).
+class PrefillPairGpu : public ::testing::TestWithParam<std::tuple<DType, int, int, PrefillBackend>> {};
 
 TEST_P(PrefillPairGpu, MatchesReferenceAndEachWrappersOwnRun) {
   SKIP_WITHOUT_GPU();
-  const auto [dt, D, group] = GetParam();
+  const auto [dt, D, group, backend] = GetParam();
+  if (backend == PrefillBackend::kFA3 && cuda::device_info(cuda::current_device()).major != 9)
+    GTEST_SKIP() << "skipped: the Hopper kernel needs sm_90";
   std::mt19937_64 rng(D * 7 + group);
   Step s(dt, D, group, rng);
-  Wrappers w(s);
+  Wrappers w(s, backend);
   w.plan(s);
   PrefillPair pod(*w.pre, *w.dec);
   auto dqp = to_device(s.qp), dkp = to_device(s.kp), dvp = to_device(s.vp), dqd = to_device(s.qd),
@@ -140,7 +149,8 @@ TEST_P(PrefillPairGpu, MatchesReferenceAndEachWrappersOwnRun) {
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillPairGpu,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
-                                            ::testing::Values(64, 128, 256), ::testing::Values(1, 4, 8)));
+                                            ::testing::Values(64, 128, 256), ::testing::Values(1, 4, 8),
+                                            ::testing::Values(PrefillBackend::kFA2, PrefillBackend::kFA3)));
 
 TEST(PrefillPairGpuArgs, RefusesWhatCannotRunTogether) {
   SKIP_WITHOUT_GPU();
@@ -162,11 +172,11 @@ TEST(PrefillPairGpuArgs, RefusesWhatCannotRunTogether) {
   PrefillRunArgs short_o = paged;
   short_o.o = dop.view;  // the prefill's rows
   EXPECT_THROW_MSG(pod.run(ragged, short_o), InvalidArgument, "o");
-  // The Hopper template runs alone.
+  // Both sides on one template.
   if (cuda::device_info(cuda::current_device()).major == 9) {
-    Wrappers hopper(s, PrefillBackend::kFA3);
-    hopper.plan(s);
-    EXPECT_THROW_MSG(PrefillPair(*hopper.pre, *w.dec), InvalidArgument, "first");
+    Wrappers mixed(s, PrefillBackend::kFA3, PrefillBackend::kFA2);
+    mixed.plan(s);
+    EXPECT_THROW_MSG(PrefillPair(*mixed.pre, *mixed.dec), InvalidArgument, "second");
   }
 }
 

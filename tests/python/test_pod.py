@@ -1,7 +1,7 @@
 """tessera.PODWithPagedKVCacheWrapper (flashinfer.pod): one prefill request
 (contiguous K / V, causal / window / custom mask options) next to a decode
-batch over shuffled pages, in one launch (FA2) or two (Hopper), each against
-its float64 reference with the outputs the wrapper allocates poisoned; the
+batch over shuffled pages, in one launch (FA2 or Hopper), each against its
+float64 reference with the outputs the wrapper allocates poisoned; the
 decode-side run() options that must agree with plan(); argument errors
 without a GPU.
 """
@@ -78,9 +78,9 @@ def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, 
                              window_left=50)[0]
     check(out_p, None, ref_p, None, dtype)
     check(out_d, None, 0.5 * ref_d, None, dtype)
-    # FA2 (any GPU with backend "fa2", before sm_90 with "auto"): both sides in one launch.
-    fused = backend == "fa2" or torch.cuda.get_device_capability()[0] != 9
-    assert (w._pair is not None and w._pair.entry.startswith("tessera_prefill_pair_")) == fused
+    # Both sides in one launch: the Hopper kernel with "auto" on sm_90, else FA2.
+    hopper = backend == "auto" and torch.cuda.get_device_capability()[0] == 9
+    assert w._pair.entry.startswith("tessera_prefill_pair_") and w._pair.entry.endswith("_sm90ws") == hopper
     # The decode side's run() options: the planned ones agree, others are refused.
     again = w.run(q_p, k_p, v_p, q_d, (k_d, v_d), window_left_d=50, kv_layout_d=layout, causal_d=True,
                   return_lse_p=True, return_lse_d=True, **prefill_opts)

@@ -240,6 +240,8 @@ class BatchPrefill {
   void pack_run(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
                 const TensorView* mask, const RunOptions& opt, PrefillParams<NoExtra>& p, ParamBlock& block) const;
   bool trims(const TensorView* mask) const { return mask != nullptr && opt_.trim_masked_tiles; }
+  // The Hopper kernel's TMA descriptors for a run.
+  Sm90TensorMaps tensor_maps(const TensorView& q, const device::PagedKV& kv) const;
   void launch(const TensorView& q, const TensorView& o, const TensorView& lse, const device::PagedKV& kv,
               const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const;
   // Custom masks: writes the plan's items trimmed to their visible KV tiles.

@@ -4,8 +4,8 @@
 // same layer, so decode items stream KV on SMs whose other CTAs are busy on
 // the tensor cores, and the step pays one launch and one tail.
 //
-//   BatchPrefill prefill(spec_p, task_p, ws_p, {.backend = PrefillBackend::kFA2});
-//   BatchPrefill decode(spec_d, task_d, ws_d, {.backend = PrefillBackend::kFA2});
+//   BatchPrefill prefill(spec_p, task_p, ws_p, {.cta_q = 64});   // same tile shape on both sides:
+//   BatchPrefill decode(spec_d, task_d, ws_d, {.cta_q = 64});    // here the Hopper kernel's 64-row tiles
 //   prefill.plan_ragged(...);  decode.plan_paged(...);   // each step
 //   PrefillPair pod(prefill, decode);                    // once, after the first plans
 //   pod.run({.q = q_p, .k = k_p, .v = v_p, .o = o_p},
@@ -14,8 +14,11 @@
 // Each wrapper keeps its own plan, variant (mask, window, RoPE, soft cap,
 // scales), KV source and workspace; CTA x walks x's queue of the first plan,
 // then of the second, so the outputs are those of the two wrappers' own
-// run()s on the FA2 template, bit for bit. run() allocates nothing and never
-// synchronizes (capturable, like the wrappers' runs).
+// run()s, bit for bit. Both run on the FA2 template (prefill_sm80/kernel.cuh:
+// one kernel function per plan) or both on the Hopper kernel
+// (prefill_sm90/pair.cuh: one warp specialization over both plans). run()
+// allocates nothing and never synchronizes (capturable, like the wrappers'
+// runs).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -37,11 +40,13 @@ struct PrefillRunArgs {
 
 class PrefillPair {
  public:
-  // Both wrappers planned at least once (their tiles are fixed then), on the
-  // FA2 template (PrefillBackend::kFA2), same device and head groups, tiles
-  // of as many threads, head dims up to 256: else InvalidArgument naming
-  // what differs. Loads (JIT-compiling if needed) the fused kernel. The
-  // wrappers must outlive the pair; re-plan them freely.
+  // Both wrappers planned at least once (their tiles are fixed then), on one
+  // template (FA2 for both, or the Hopper kernel for both with as many CTAs
+  // per SM), single CTAs (no PrefillOptions::cluster pairs), same device and
+  // head groups, tiles of as many threads, head dims up to 256, workspaces
+  // apart: else InvalidArgument naming what differs. Loads (JIT-compiling if
+  // needed) the fused kernel. The wrappers must outlive the pair; re-plan
+  // them freely.
   PrefillPair(const BatchPrefill& first, const BatchPrefill& second);
 
   // The wrappers' latest plans in one launch on `stream`; `first`'s

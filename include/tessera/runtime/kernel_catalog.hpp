@@ -184,11 +184,15 @@ jit::KernelSource attention_source(const AttentionSpec& spec, const std::string&
 // ctas_first, int ctas_second)` runs fn<first's variant, ..., first_tail>(p)
 // on CTAs x < ctas_first, then fn<second's ..., second_tail>(p2) on CTAs x <
 // ctas_second, each variant in its own namespace. Both bodies take
-// `threads` threads.
+// `threads` threads; min_blocks as for attention_source. kernel_struct
+// (the Hopper kernel's): the entry also takes two Sm90TensorMaps after p2
+// and calls fn<kernel_struct<first's ..., Params1>, kernel_struct<second's
+// ..., Params2>>(p, tma, ctas_first, p2, tma2, ctas_second).
 jit::KernelSource attention_pair_source(const AttentionSpec& first, const std::string& first_tail,
                                         const AttentionSpec& second, const std::string& second_tail,
                                         const std::string& entry, const std::string& comment, const char* header,
-                                        const char* params_type, const char* fn, int threads);
+                                        const char* params_type, const char* fn, int threads, int min_blocks = 0,
+                                        const char* kernel_struct = nullptr);
 // Short dtype tag for kernel names: f16, bf16, f32, e4m3, e5m2.
 std::string dtype_tag(DType t);
 // An fp8 KV cache (kv_dtype float8_e4m3fn / float8_e5m2, with 16-bit q and o)

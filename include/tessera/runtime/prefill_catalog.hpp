@@ -59,10 +59,11 @@ int prefill_launch_vo(const AttentionSpec& spec);
 // cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90/kernel.cuh, CLUSTER).
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1,
                                 const PrefillTile& tile = {});
-// Two FA2 prefill kernels in one persistent launch (attention_pair_source):
-// CTAs walk the first plan's queue, then the second's. Configurations from
-// prefill_config without the Hopper template or head dim 512, of equal
-// thread counts (InvalidArgument naming backend / head_dim / tile).
+// Two prefill kernels in one persistent launch (attention_pair_source): CTAs
+// walk the first plan's queue, then the second's. Configurations from
+// prefill_config on one template (both FA2, or both Hopper with as many
+// CTAs per SM), single CTAs, head dims up to 256, of equal thread counts
+// (InvalidArgument naming backend / cluster / head_dim / tile).
 jit::KernelSource batch_prefill_pair(const AttentionSpec& first, const PrefillConfig& first_config,
                                      const AttentionSpec& second, const PrefillConfig& second_config);
 // Every prefill kernel of one variant: fp16/bf16, head dims 64/128/256, each

@@ -72,23 +72,42 @@ struct Sm90PrefillKernel {
                     kSm90StaticSmemBound,
                 "static shared memory within the bound the host assumes");
 
+  using ParamsType = Params;
+  static constexpr int kRowOffsets = 4 * CTA_KV;  // the producer's paged row-offset tables
+
+  // The dynamic shared memory's buffers, in the aligned window of smem_raw.
+  // q is stored as T: the MMA needs one operand type.
+  struct Buffers {
+    T *q, *k, *v;
+    u8* staging;  // fp8 caches only
+  };
+  __device__ __forceinline__ static Buffers buffers(uint4* smem_raw) {
+    static_assert(kSmem.q_offset == 0, "the Q buffers open the aligned window");
+    char* base = reinterpret_cast<char*>((reinterpret_cast<size_t>(smem_raw) + (kSm90SmemAlign - 1)) &
+                                         ~size_t(kSm90SmemAlign - 1));
+    return {reinterpret_cast<T*>(base), reinterpret_cast<T*>(base + kSmem.k_offset),
+            reinterpret_cast<T*>(base + kSmem.v_offset), reinterpret_cast<u8*>(base + kSmem.staging_offset)};
+  }
+  // Whether the producer loads K / V (contiguous KV only: paged KV is
+  // gathered) and Q with the TMA.
+  __device__ __forceinline__ static bool kv_by_tma(const Params& p, const Sm90TensorMaps& tma) {
+    return Producer::uses_tma(tma) && p.kv.indices == nullptr;
+  }
+  // Thread 0: the pipeline's barriers, counting the arrivals of this launch's loads.
+  __device__ __forceinline__ static void init_pipeline(Sm90Pipeline<Rings>& pipe, bool kv_tma, bool q_tma) {
+    constexpr int kConsumers = THREADS - 128;
+    pipe.init(kConsumers, CLUSTER == 1 ? kConsumers : CLUSTER * kConsumers / 32, kv_tma ? 1 : 128, q_tma ? 1 : 128);
+  }
+
   __device__ __forceinline__ static void run(const Params& p, const Sm90TensorMaps& tma) {
     extern __shared__ uint4 smem_raw[];
     __shared__ Sm90Pipeline<Rings> pipe;
-    __shared__ __align__(16) i64 row_offs[4 * CTA_KV];  // the producer's paged row-offset tables
-    static_assert(kSmem.q_offset == 0, "the Q buffers open the aligned window");
-    // q is stored as T: the MMA needs one operand type.
-    char* base = reinterpret_cast<char*>((reinterpret_cast<size_t>(smem_raw) + (kSm90SmemAlign - 1)) &
-                                         ~size_t(kSm90SmemAlign - 1));
-    T* q_smem = reinterpret_cast<T*>(base);
-    T* k_smem = reinterpret_cast<T*>(base + kSmem.k_offset);
-    T* v_smem = reinterpret_cast<T*>(base + kSmem.v_offset);
-    u8* staging = reinterpret_cast<u8*>(base + kSmem.staging_offset);  // fp8 caches only
-    const bool kv_tma = Producer::uses_tma(tma) && p.kv.indices == nullptr;  // paged KV is gathered
+    __shared__ __align__(16) i64 row_offs[kRowOffsets];
+    const Buffers buf = buffers(smem_raw);
+    const bool kv_tma = kv_by_tma(p, tma);
     const bool q_tma = tma.q_on != 0;
-    constexpr int kConsumers = THREADS - 128;
     if (threadIdx.x == 0) {
-      pipe.init(kConsumers, CLUSTER == 1 ? kConsumers : CLUSTER * kConsumers / 32, kv_tma ? 1 : 128, q_tma ? 1 : 128);
+      init_pipeline(pipe, kv_tma, q_tma);
       if constexpr (CLUSTER > 1) fence_mbarrier_init_cluster();
     }
     if constexpr (CLUSTER > 1) {
@@ -99,10 +118,10 @@ struct Sm90PrefillKernel {
 
     if (threadIdx.x < 128) {
       setmaxnreg_dec<Regs::PRODUCER>();
-      Producer(p, pipe, q_smem, k_smem, v_smem, staging, row_offs).run(tma, kv_tma, q_tma);
+      Producer(p, pipe, buf.q, buf.k, buf.v, buf.staging, row_offs).run(tma, kv_tma, q_tma);
     } else {
       setmaxnreg_inc<Regs::CONSUMER>();
-      Consumer(p, pipe, q_smem, k_smem, v_smem).run();
+      Consumer(p, pipe, buf.q, buf.k, buf.v).run();
     }
     // No CTA leaves while its peer may still copy into its shared memory or
     // arrive on its barriers.

@@ -18,6 +18,7 @@ namespace tessera {
 constexpr int kSm90ConsumersBar = 1;  // all consumer warpgroups (epilogue merge)
 constexpr int kSm90QueryBar = 4;      // 4, 5: one consumer warpgroup (query transform)
 constexpr int kSm90ProducerBar = 6;   // the producer warpgroup (key / value transforms)
+constexpr int kSm90PairBar = 7;       // every thread, between two plans of one launch (prefill_sm90/pair.cuh)
 
 // Ring depths of the Hopper prefill pipeline: K stages, V stages, Q buffers.
 template <int K, int V, int Q>
