@@ -9,7 +9,9 @@ query per request) and runs both plans in one persistent launch (C++
 tessera::PrefillPair): every CTA walks its queue of prefill work, then its
 queue of decode work. Both sides run on one template: the Hopper kernel on
 sm_90 (64-row query tiles on both sides), the FA2 template elsewhere. The
-outputs are those of the two wrappers' own runs, bit for bit.
+outputs are those of the two wrappers' own runs, bit for bit. On the Hopper
+kernel a prompt chunk of more than 1024 queries runs in a launch of its own
+with its own tile choice (faster there, see _FUSED_MAX_Q).
 """
 
 import contextlib
@@ -34,6 +36,14 @@ class _Stager:
 
     def run_ragged(self, q, k, v, o, lse, sm_scale, stream, mask, **options):
         self.staged = self._native.stage_run_ragged(q, k, v, o, lse, sm_scale, mask, **options)
+
+
+# On the Hopper kernel, a prompt chunk of more queries runs in a launch of its
+# own, beside the decode batch's: the pair's decode side takes 64-row tiles,
+# and so must the prefill's, where alone it takes 128-row ones. bench/pod.py,
+# H100, 32/8 heads: fused 1.02-1.06x the two launches at 512 queries,
+# 0.94-0.99x at 2048, 0.86x at 8192.
+_FUSED_MAX_Q = 1024
 
 
 @contextlib.contextmanager
@@ -94,8 +104,7 @@ class PODWithPagedKVCacheWrapper:
         half = buf.shape[0] // 2 // 256 * 256  # each side's workspace starts 256-byte aligned
         self._decode_buffer, self._prefill_buffer = buf[:half], buf[half:]
         self._decode = self._template = None  # built by plan()
-        self._prefill = None  # built by the first run(), for its kv_layout_p
-        self._prefill_key = None  # the prefill plan's lengths and options
+        self._prefills = {}  # "fused" / "alone": [wrapper, its plan's lengths and options], built by run()
         self._pair = self._pair_key = None
 
     def _choose_template(self, head_dim):
@@ -119,7 +128,7 @@ class PODWithPagedKVCacheWrapper:
         # ones; on FA2 the heuristic's decode tile (4 warps).
         self._decode._cta_q = 64 if template == "fa3" else 0
         self._template = template
-        self._prefill = None
+        self._prefills = {}
 
     @property
     def is_cuda_graph_enabled(self):
@@ -164,38 +173,44 @@ class PODWithPagedKVCacheWrapper:
                 raise ValueError(f"{name}_d: expected {defaults[name]!r} or the plan()'s {planned!r} (the decode "
                                  f"side runs with plan()'s options), got {value!r}")
 
-    def _plan_prefill(self, q_p, k_p, v_p, kv_layout_p, options, mask):
-        """Plans the prefill side (a ragged batch of one) where its lengths, options or mask changed."""
+    def _plan_prefill(self, kind, q_p, k_p, v_p, kv_layout_p, options, mask):
+        """The prefill side's wrapper of `kind`, planned (a ragged batch of one) where its lengths, options or
+        mask changed: "fused" (the pair's tiles) or, on the Hopper kernel, "alone" (its own tile choice, for
+        a launch of its own). Each has a quarter of the workspace, so both plans stay valid."""
         if kv_layout_p not in W.LAYOUTS:
             raise ValueError(f"kv_layout_p: expected one of {W.LAYOUTS}, got {kv_layout_p!r}")
         for name, x in (("q_p", q_p), ("k_p", k_p), ("v_p", v_p)):
             T.framework(x, name)
             if len(x.shape) != 3:
                 raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(x.shape)}")
-        if self._prefill is None or self._prefill._kv_layout != kv_layout_p:
-            self._prefill = BatchPrefillWithRaggedKVCacheWrapper(self._prefill_buffer, kv_layout_p,
-                                                                 backend=self._template)
-            self._prefill_key = None
         qo_len, heads, head_dim = q_p.shape
+        entry = self._prefills.get(kind)
+        if entry is None or entry[0]._kv_layout != kv_layout_p:
+            quarter = self._prefill_buffer.shape[0] // 2 // 256 * 256
+            part = self._prefill_buffer[:quarter] if kind == "fused" else self._prefill_buffer[quarter:]
+            entry = self._prefills[kind] = [BatchPrefillWithRaggedKVCacheWrapper(part, kv_layout_p,
+                                                                                 backend=self._template), None]
+        wrapper = entry[0]
+        if kind == "fused":
+            # Tiles of as many threads on both sides: the Hopper kernel's 64-row
+            # ones; on FA2 4 warps (its 128-row tile takes 8 at head dim 256).
+            wrapper._cta_q = 64 if self._template == "fa3" or head_dim > 128 else 0
         tokens_at, heads_at = (1, 0) if kv_layout_p == "HND" else (0, 1)
         kv_len, kv_heads = k_p.shape[tokens_at], k_p.shape[heads_at]
-        # Tiles of as many threads on both sides: the Hopper kernel's 64-row
-        # ones; on FA2 4 warps (its 128-row tile takes 8 at head dim 256).
-        self._prefill._cta_q = 64 if self._template == "fa3" or head_dim > 128 else 0
         key = (qo_len, kv_len, heads, kv_heads, head_dim, v_p.shape[-1], q_p.dtype, k_p.dtype,
                tuple(sorted(options.items())))
-        if mask is None and key == self._prefill_key:
-            return
-        self._prefill_key = None
-        self._prefill.plan([0, qo_len], [0, kv_len], heads, kv_heads, head_dim, head_dim_vo=v_p.shape[-1],
-                           q_data_type=q_p.dtype, kv_data_type=k_p.dtype, **(mask or {}), **options)
-        self._prefill_key = None if mask else key
+        if mask is not None or key != entry[1]:
+            entry[1] = None
+            wrapper.plan([0, qo_len], [0, kv_len], heads, kv_heads, head_dim, head_dim_vo=v_p.shape[-1],
+                         q_data_type=q_p.dtype, kv_data_type=k_p.dtype, **(mask or {}), **options)
+            entry[1] = None if mask else key
+        return wrapper
 
-    def _pair_for(self):
+    def _pair_for(self, prefill):
         """The fused launch of the two sides' current C++ objects (rebuilt when a side rebuilt its own)."""
-        key = (id(self._prefill._native), id(self._decode._native))
+        key = (id(prefill._native), id(self._decode._native))
         if self._pair is None or self._pair_key != key:
-            self._pair = _C.PrefillPair(self._prefill._native, self._decode._native)
+            self._pair = _C.PrefillPair(prefill._native, self._decode._native)
             self._pair_key = key
         return self._pair
 
@@ -263,10 +278,16 @@ class PODWithPagedKVCacheWrapper:
         options = dict(causal=causal_p, pos_encoding_mode=pos_encoding_mode_p, sm_scale=sm_scale_p,
                        window_left=window_left_p, rope_scale=rope_scale_p, rope_theta=rope_theta_p,
                        use_fp16_qk_reduction=use_fp16_qk_reduction)
-        self._plan_prefill(q_p, k_p, v_p, kv_layout_p, options, mask)
-        pair = self._pair_for()
-        with _staging(self._prefill, self._decode) as (stage_p, stage_d):
-            out_p = self._prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
+        alone = self._template == "fa3" and len(q_p.shape) == 3 and q_p.shape[0] > _FUSED_MAX_Q
+        prefill = self._plan_prefill("alone" if alone else "fused", q_p, k_p, v_p, kv_layout_p, options, mask)
+        if alone:
+            out_p = prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
+            out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                     enable_pdl=enable_pdl)
+            return out_p, out_d
+        pair = self._pair_for(prefill)
+        with _staging(prefill, self._decode) as (stage_p, stage_d):
+            out_p = prefill.run(q_p, k_p, v_p, enable_pdl=enable_pdl)
             out_d = self._decode.run(q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                      enable_pdl=enable_pdl)
         with T.on_device_of(q_d):

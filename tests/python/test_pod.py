@@ -1,9 +1,9 @@
 """tessera.PODWithPagedKVCacheWrapper (flashinfer.pod): one prefill request
 (contiguous K / V, causal / window / custom mask options) next to a decode
-batch over shuffled pages, in one launch (FA2 or Hopper), each against its
-float64 reference with the outputs the wrapper allocates poisoned; the
-decode-side run() options that must agree with plan(); argument errors
-without a GPU.
+batch over shuffled pages, in one launch (FA2 or Hopper; a long prompt chunk
+in two on Hopper), each against its float64 reference with the outputs the
+wrapper allocates poisoned; the decode-side run() options that must agree
+with plan(); argument errors without a GPU.
 """
 
 import numpy as np
@@ -43,14 +43,16 @@ DECODE_LENS = [33, 0, 1, 200, 16]
     ("bfloat16", 64, 1, "HND", 1, dict(window_left_p=9, causal_p=True, sm_scale_p=0.2), "fa2"),
     ("float16", 128, 8, "HND", 5, dict(custom_mask_p=True), "fa2"),
     ("bfloat16", 256, 2, "NHD", 16, dict(kv_layout_p="HND"), "fa2"),
-    ("bfloat16", 256, 2, "NHD", 16, dict(kv_layout_p="HND"), "auto")])
+    ("bfloat16", 256, 2, "NHD", 16, dict(kv_layout_p="HND"), "auto"),
+    ("float16", 128, 4, "NHD", 16, dict(causal_p=True, qo_len=1100), "auto")])
 def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, layout, page_size, prefill_opts,
                                backend):
     torch = torch_cuda
     tdt = getattr(torch, dtype)
     hq = HKV * group
-    qo_len, kv_len = 37, 90
     prefill_opts = dict(prefill_opts)
+    qo_len = prefill_opts.pop("qo_len", 37)
+    kv_len = qo_len + 53
     q_p = torch.from_numpy(rng.uniform(-2, 2, (qo_len, hq, head_dim)).astype(np.float32)).cuda().to(tdt)
     shape_p = (kv_len, HKV, head_dim) if prefill_opts.get("kv_layout_p", "NHD") == "NHD" else (HKV, kv_len, head_dim)
     k_p, v_p = (torch.from_numpy(rng.uniform(-1, 1, shape_p).astype(np.float32)).cuda().to(tdt) for _ in range(2))
@@ -78,9 +80,13 @@ def test_pod_matches_reference(torch_cuda, rng, poison, dtype, head_dim, group, 
                              window_left=50)[0]
     check(out_p, None, ref_p, None, dtype)
     check(out_d, None, 0.5 * ref_d, None, dtype)
-    # Both sides in one launch: the Hopper kernel with "auto" on sm_90, else FA2.
+    # Both sides in one launch: the Hopper kernel with "auto" on sm_90, else
+    # FA2; a prompt chunk of over 1024 queries in a launch of its own there.
     hopper = backend == "auto" and torch.cuda.get_device_capability()[0] == 9
-    assert w._pair.entry.startswith("tessera_prefill_pair_") and w._pair.entry.endswith("_sm90ws") == hopper
+    if hopper and qo_len > 1024:
+        assert w._pair is None
+    else:
+        assert w._pair.entry.startswith("tessera_prefill_pair_") and w._pair.entry.endswith("_sm90ws") == hopper
     # The decode side's run() options: the planned ones agree, others are refused.
     again = w.run(q_p, k_p, v_p, q_d, (k_d, v_d), window_left_d=50, kv_layout_d=layout, causal_d=True,
                   return_lse_p=True, return_lse_d=True, **prefill_opts)
