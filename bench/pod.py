@@ -64,7 +64,7 @@ def callables(table, sets):
     fused[0](), fused_fa2[0]()  # plan the prefill sides (their lengths stay)
 
     def two_fa2(s):
-        pod_fa2._prefill.run(s["q_p"], s["k_p"], s["v_p"])
+        pod_fa2._prefills["fused"][0].run(s["q_p"], s["k_p"], s["v_p"])
         pod_fa2._decode.run(s["q_d"], s["cache"])
 
     def two_best(s):
