@@ -238,7 +238,6 @@ class PyBatchPrefill {
     s->args.v = s->v.view;
     RunOptions opt;
     opt.sm_scale = sm_scale;
-    opt.v_scale = v_scale;
     s->finish(packed_custom_mask, opt, pdl, k_scale, v_scale, k_scale_tensor, v_scale_tensor, pos_encoding_,
               rope_scale, rope_theta, alibi_slopes);
     return s;
@@ -359,10 +358,11 @@ void bind_prefill(nb::module_& m) {
                    "CTAs per cluster of the Hopper kernel (2: pairs sharing each K / V tile by TMA multicast; 0 before plan).");
   nb::class_<StagedRun>(m, "StagedPrefillRun", "A BatchPrefill run's converted arguments (stage_run, stage_run_ragged).");
   nb::class_<PyPrefillPair>(m, "PrefillPair",
-                            "Two planned BatchPrefills (FA2 template) in one persistent launch (POD-Attention).")
+                            "Two planned BatchPrefills in one persistent launch (POD-Attention).")
       .def(nb::init<const PyBatchPrefill&, const PyBatchPrefill&>(), "first"_a, "second"_a,
            nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>(),
-           "Both planned at least once, on the FA2 template; loads the fused kernel.")
+           "Both planned at least once, on one template (FA2, or the Hopper kernel with tiles of as many threads "
+           "and CTAs per SM); loads the fused kernel.")
       .def("run", &PyPrefillPair::run, "first"_a, "second"_a, "stream"_a = 0,
            "Launches the two staged runs (first's, then second's queues on every CTA) on `stream`.")
       .def_prop_ro("entry", &PyPrefillPair::entry, "The fused kernel's name.");
