@@ -40,9 +40,9 @@ class _Stager:
 
 # On the Hopper kernel, a prompt chunk of more queries runs in a launch of its
 # own, beside the decode batch's: the pair's decode side takes 64-row tiles,
-# and so must the prefill's, where alone it takes 128-row ones. bench/pod.py,
-# H100, 32/8 heads: fused 1.02-1.06x the two launches at 512 queries,
-# 0.94-0.99x at 2048, 0.86x at 8192.
+# and so must the prefill's, where alone it takes 128-row ones (bench/pod.py
+# on the H100, 32/8 heads: fused 1.02-1.06x the two launches at 512 queries,
+# 1.00-1.02x at 1024, 0.94-0.99x at 2048, 0.86x at 8192).
 _FUSED_MAX_Q = 1024
 
 
