@@ -14,8 +14,12 @@ per head, causal keys only) and its fraction of the dense fp16 tensor-core
 rate measured in the same run (common.matmul_ceiling_tflops), and the speedup
 over FlashInfer (paired by round). Results: bench/results/mla.json.
 
+Tessera's kernels: --backends auto (default; the Hopper kernel on sm_90),
+or several of auto / fa2 / fa3 timed in the same rounds (the first is the
+row's headline, the others are reported as its speedup over them).
+
 Usage: python bench/mla.py [--quick] [--rounds 3] [--dtype bfloat16|float16]
-                           [--workloads H:q_len:batch:kv,...] [--save-as NAME]
+                           [--backends auto,fa2] [--workloads H:q_len:batch:kv,...] [--save-as NAME]
 """
 import argparse
 import math
@@ -47,7 +51,7 @@ def flops(h, q, b, kv):
     return 2.0 * b * h * keys * (DC + DR + DC)
 
 
-def make_calls(lib, h, q, b, kv, dtype, ws):
+def make_calls(lib, h, q, b, kv, dtype, ws, backend=None):
     """One run() closure per rotating cache copy, all on one plan."""
     pages_per = (kv + PAGE - 1) // PAGE
     pool = b * pages_per
@@ -59,7 +63,7 @@ def make_calls(lib, h, q, b, kv, dtype, ws):
     kv_indptr = torch.arange(0, (b + 1) * pages_per, pages_per, dtype=torch.int32)
     kv_indices = torch.randperm(pool, dtype=torch.int32, device="cuda")
     kv_lens = torch.full((b,), kv, dtype=torch.int32)
-    w = lib.BatchMLAPagedAttentionWrapper(ws)
+    w = lib.BatchMLAPagedAttentionWrapper(ws) if backend is None else lib.BatchMLAPagedAttentionWrapper(ws, backend=backend)
     w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, h, DC, DR, PAGE, q > 1, 1 / math.sqrt(192), dtype, dtype)
     q_nope = torch.randn(b * q, h, DC, dtype=dtype, device="cuda")
     q_pe = torch.randn(b * q, h, DR, dtype=dtype, device="cuda")
@@ -76,6 +80,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--workloads", default="")
+    ap.add_argument("--backends", default="auto")
     ap.add_argument("--save-as", default="")
     args = ap.parse_args()
     common.require()
@@ -89,15 +94,19 @@ def main():
           f"{mm_tflops:.0f} TFLOP/s  flashinfer: {'yes' if fi else 'not installed'}")
     print(f"{'H':>4} {'q':>2} {'batch':>5} {'kv':>6} | {'us':>8} {'TB/s':>6} {'%read':>6} {'TFLOP/s':>8} "
           f"{'%mma':>5} | {'vs FI':>6}")
+    backends = [x for x in args.backends.split(",") if x]
     rows = []
     for h, q, b, kv in workloads:
-        ws_t = common.new_workspace(256 << 20)
-        made = make_calls(tessera, h, q, b, kv, dtype, ws_t)
+        made = make_calls(tessera, h, q, b, kv, dtype, common.new_workspace(256 << 20), backends[0])
         if made is None:
             print(f"{h:>4} {q:>2} {b:>5} {kv:>6} | skipped (memory)")
             continue
         fns = {"tessera": lambda calls=made[0]: common.bench_graph_ms(calls)}
         keep = [made]
+        for be in backends[1:]:
+            other = make_calls(tessera, h, q, b, kv, dtype, common.new_workspace(256 << 20), be)
+            fns["tessera-" + be] = lambda calls=other[0]: common.bench_graph_ms(calls)
+            keep.append(other)
         if fi is not None:
             try:
                 made_fi = make_calls(fi, h, q, b, kv, dtype, common.new_workspace(256 << 20))
@@ -111,14 +120,17 @@ def main():
         tbps = latent_bytes(h, q, b, kv, elem) / (ms * 1e-3) / 1e12
         tflops = flops(h, q, b, kv) / (ms * 1e-3) / 1e12
         vs = common.paired_ratio(times, "flashinfer", "tessera") if "flashinfer" in times else float("nan")
+        vs_own = {be: common.paired_ratio(times, "tessera-" + be, "tessera") for be in backends[1:]}
+        own = "".join(f"  vs {be} {common.fmt(r)}" for be, r in vs_own.items())
         print(f"{h:>4} {q:>2} {b:>5} {kv:>6} | {ms * 1e3:8.1f} {tbps:6.2f} {100 * tbps / read_tbps:5.1f}% "
-              f"{tflops:8.1f} {100 * tflops / mm_tflops:4.1f}% | {common.fmt(vs)}")
+              f"{tflops:8.1f} {100 * tflops / mm_tflops:4.1f}% | {common.fmt(vs)}{own}")
         rows.append(dict(heads=h, q_len=q, batch=b, kv=kv, us=ms * 1e3, tbps=tbps, read_frac=tbps / read_tbps,
-                         tflops=tflops, mma_frac=tflops / mm_tflops, vs_flashinfer=vs,
+                         tflops=tflops, mma_frac=tflops / mm_tflops, vs_flashinfer=vs, vs_backends=vs_own,
                          times_ms={k: v for k, v in times.items()}))
         del keep, made
         torch.cuda.empty_cache()
-    path = common.save_results(args.save_as or "mla", dict(dtype=args.dtype, page_size=PAGE, hbm_read_tbps=read_tbps,
+    path = common.save_results(args.save_as or "mla", dict(dtype=args.dtype, page_size=PAGE, backends=backends,
+                                                          hbm_read_tbps=read_tbps,
                                                           mma_tflops=mm_tflops, rows=rows))
     print(f"results: {path}")
 

@@ -31,8 +31,16 @@ MLATask mla_task(const std::string& q_dtype, const std::string& kv_dtype, int nu
   return t;
 }
 
-MLAOptions mla_options(int cta_q, int max_sms, bool split_kv) {
+MlaBackend mla_backend(const std::string& backend) {
+  if (backend == "auto") return MlaBackend::kAuto;
+  if (backend == "fa2") return MlaBackend::kFA2;
+  if (backend == "fa3") return MlaBackend::kFA3;
+  throw InvalidArgument("backend: expected 'auto', 'fa2' or 'fa3', got '" + backend + "'");
+}
+
+MLAOptions mla_options(int cta_q, int max_sms, bool split_kv, const std::string& backend) {
   MLAOptions o;
+  o.backend = mla_backend(backend);
   o.cta_q = cta_q;
   o.max_sms = max_sms;
   o.planner.split_kv = split_kv;
@@ -44,17 +52,18 @@ class PyBatchMLA {
   PyBatchMLA(const std::string& q_dtype, const std::string& kv_dtype, int num_heads, int head_dim_ckv,
              int head_dim_kpe, int page_size, bool causal, int64_t max_batch, int64_t max_total_q, int64_t max_pages,
              uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes, int device, int cta_q,
-             int max_sms, bool split_kv)
+             int max_sms, bool split_kv, const std::string& backend)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         mla_(mla_task(q_dtype, kv_dtype, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, max_batch,
                       max_total_q, max_pages),
-             ws_, mla_options(cta_q, max_sms, split_kv)) {}
+             ws_, mla_options(cta_q, max_sms, split_kv, backend)) {}
 
   template <bool Min>
   static std::tuple<size_t, size_t> sizes(const std::string& q_dtype, const std::string& kv_dtype, int num_heads,
                                           int head_dim_ckv, int head_dim_kpe, int page_size, bool causal,
                                           int64_t max_batch, int64_t max_total_q, int64_t max_pages, int num_sms,
-                                          int device, int cta_q, int max_sms, bool split_kv) {
+                                          int device, int cta_q, int max_sms, bool split_kv,
+                                          const std::string& backend) {
     const MLATask t = mla_task(q_dtype, kv_dtype, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, max_batch,
                                max_total_q, max_pages);
     if (num_sms <= 0) {
@@ -62,7 +71,7 @@ class PyBatchMLA {
       num_sms = cuda::device_info(device).sm_count;
     }
     const auto s = (Min ? BatchMLA::min_workspace_size : BatchMLA::workspace_size)(
-        t, num_sms, mla_options(cta_q, max_sms, split_kv));
+        t, num_sms, mla_options(cta_q, max_sms, split_kv, backend));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -98,6 +107,7 @@ class PyBatchMLA {
   }
 
   int cta_q() const { return mla_.ctas() ? mla_.config().cta_q : 0; }
+  bool hopper() const { return mla_.ctas() && mla_.config().hopper; }
   int ctas() const { return mla_.ctas(); }
   int num_split() const { return mla_.last_plan().num_split; }
 
@@ -113,12 +123,12 @@ void bind_mla(nb::module_& m) {
   def_workspace_sizes(c, &PyBatchMLA::sizes<false>, &PyBatchMLA::sizes<true>, "q_dtype"_a, "kv_dtype"_a,
                       "num_heads"_a, "head_dim_ckv"_a, "head_dim_kpe"_a, "page_size"_a, "causal"_a, "max_batch"_a,
                       "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "cta_q"_a = 0, "max_sms"_a = 0,
-                      "split_kv"_a = true);
+                      "split_kv"_a = true, "backend"_a = "auto");
   c.def(nb::init<const std::string&, const std::string&, int, int, int, int, bool, int64_t, int64_t, int64_t, uintptr_t,
-                 size_t, uintptr_t, size_t, int, int, int, bool>(),
+                 size_t, uintptr_t, size_t, int, int, int, bool, const std::string&>(),
         "q_dtype"_a, "kv_dtype"_a, "num_heads"_a, "head_dim_ckv"_a, "head_dim_kpe"_a, "page_size"_a, "causal"_a,
         "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
-        "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0, "split_kv"_a = true,
+        "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0, "split_kv"_a = true, "backend"_a = "auto",
         "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive.")
       .def("plan", &PyBatchMLA::plan, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_len_arr"_a, "stream"_a = 0,
            "Plans a step from host int32 arrays (kv_indptr in pages, kv_len_arr in tokens).")
@@ -128,6 +138,7 @@ void bind_mla(nb::module_& m) {
            "sm_scale"_a = -1.0, "stream"_a = 0, "pdl"_a = false,
            "q_nope [T, H, 512], q_pe [T, H, 64], ckv_cache [pages, page, 512], kpe_cache [pages, page, 64] -> out, lse.")
       .def_prop_ro("cta_q", &PyBatchMLA::cta_q, "Fused rows per query tile (0 before the first plan).")
+      .def_prop_ro("hopper", &PyBatchMLA::hopper, "Whether the first plan chose the Hopper (sm_90a) kernel.")
       .def_prop_ro("ctas", &PyBatchMLA::ctas, "Persistent CTAs (0 before the first plan).")
       .def_prop_ro("num_split", &PyBatchMLA::num_split, "Split query tiles of the last plan.");
 }

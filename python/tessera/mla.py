@@ -34,8 +34,10 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
 
     def __init__(self, float_workspace_buffer, use_cuda_graph=False, qo_indptr=None, kv_indptr=None,
                  kv_indices=None, kv_len_arr=None, backend="auto"):
-        if backend not in ("auto", "fa2"):
-            raise not_supported("backend", backend, "Tessera's MLA kernel is one family: 'auto' or 'fa2'")
+        if backend not in ("auto", "fa2", "fa3"):
+            raise not_supported("backend", backend, "Tessera's MLA kernels: 'auto' (the Hopper kernel on sm_90, "
+                                "else fa2), 'fa2' (mma.sync, sm_80+) or 'fa3' (Hopper)")
+        self._backend = backend
         if not isinstance(use_cuda_graph, bool):
             raise TypeError(f"use_cuda_graph: expected a bool, got {type(use_cuda_graph).__name__}")
         self._float_workspace_buffer = float_workspace_buffer
@@ -128,14 +130,14 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
 
         def size(want, dev):
             i_dev, i_host = _C.BatchMLA.workspace_size(q_dtype, kv_dtype, num_heads, _DIM_CKV, _DIM_KPE, page_size,
-                                                       bool(causal), *want, device=dev)
+                                                       bool(causal), *want, device=dev, backend=self._backend)
             m_dev, _ = _C.BatchMLA.min_workspace_size(q_dtype, kv_dtype, num_heads, _DIM_CKV, _DIM_KPE, page_size,
-                                                      bool(causal), *want, device=dev)
+                                                      bool(causal), *want, device=dev, backend=self._backend)
             return i_dev, m_dev, i_host
 
         def make(want, ws_ptr, ws_bytes, host_ptr, host_bytes, dev):
             return _C.BatchMLA(q_dtype, kv_dtype, num_heads, _DIM_CKV, _DIM_KPE, page_size, bool(causal), *want,
-                               ws_ptr, ws_bytes, host_ptr, host_bytes, dev)
+                               ws_ptr, ws_bytes, host_ptr, host_bytes, dev, backend=self._backend)
 
         ensure_native(self, config, (max(batch, 1), max(total_q, 1), max(count, 1)), self._bounds(), size, make)
         stream = T.stream_of(self._float_workspace_buffer)

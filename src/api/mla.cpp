@@ -33,6 +33,10 @@ void validate_mla_task(const MLATask& t) {
 
 static void validate_options(const MLAOptions& opt) {
   if (opt.cta_q) (void)catalog::mla_config(opt.cta_q);
+  if (opt.backend != MlaBackend::kAuto && opt.backend != MlaBackend::kFA2 && opt.backend != MlaBackend::kFA3)
+    throw InvalidArgument("backend: expected kAuto, kFA2 or kFA3, got " + str(static_cast<int>(opt.backend)));
+  if (opt.backend == MlaBackend::kFA3 && opt.cta_q != 0 && opt.cta_q != kMlaSm90Rows)
+    throw InvalidArgument("cta_q: the Hopper MLA kernel (backend fa3) takes 64-row query tiles, got " + str(opt.cta_q));
   if (opt.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0 (0: all), got " + str(opt.max_sms));
   if (opt.planner.fixed_chunk != 0)
     throw InvalidArgument("planner.fixed_chunk: the MLA wrapper plans load-balanced chunks only; expected 0, got " +
@@ -167,10 +171,21 @@ void BatchMLA::plan_common(std::span<const int32_t> qo_indptr, std::span<const i
                             str(task_.max_pages));
   }
   cuda::DeviceGuard guard(ws_->device());
-  if (!kernel_) {  // first plan: tile, kernel, grid and sections
-    const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_mla_cta_q(batch ? double(total_q) * H / batch : 1.0);
-    config_ = catalog::mla_config(cta_q);
-    source_ = catalog::batch_mla(task_.q_dtype, cta_q, task_.causal);
+  if (!kernel_) {  // first plan: template, tile, kernel, grid and sections
+    const bool sm90 = jit::Arch::of_device(ws_->device()).major == 9;
+    if (opt_.backend == MlaBackend::kFA3 && !sm90)
+      throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
+    const bool hopper = opt_.backend == MlaBackend::kFA3 ||
+                        (opt_.backend == MlaBackend::kAuto && sm90 && (opt_.cta_q == 0 || opt_.cta_q == kMlaSm90Rows));
+    if (hopper) {
+      config_ = catalog::mla_sm90_config();
+      source_ = catalog::batch_mla_sm90(task_.q_dtype, task_.causal);
+    } else {
+      const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_mla_cta_q(batch ? double(total_q) * H / batch : 1.0);
+      config_ = catalog::mla_config(cta_q);
+      source_ = catalog::batch_mla(task_.q_dtype, cta_q, task_.causal);
+    }
+    const int cta_q = config_.cta_q;
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes, 1, 1,
                                             opt_.max_sms, "BatchMLA::plan");
     kernel_ = pk.kernel;

@@ -43,10 +43,26 @@ TEST(MlaCatalog, ConfigsFitAnSmAndNameTheirTile) {
   const auto k = catalog::batch_mla(DType::kBFloat16, 64, true);
   EXPECT_EQ(k.entry, "tessera_mla_bf16_q64_kv32_causal");
   EXPECT_NE(k.source.find("batch_mla<tessera::bf16_t, tessera::bf16_t, 64, true>"), std::string::npos);
-  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 12u);
+  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 16u);
   int in_builtins = 0;
   for (const auto& b : catalog::builtin_kernels()) in_builtins += b.entry.rfind("tessera_mla_", 0) == 0;
-  EXPECT_EQ(in_builtins, 12);  // `tessera compile` and scripts/test.sh compile them
+  EXPECT_EQ(in_builtins, 16);  // `tessera compile` and scripts/test.sh compile them
+}
+
+TEST(MlaCatalog, HopperKernelFitsAnSm) {
+  const MlaKernelConfig c = catalog::mla_sm90_config();
+  EXPECT_TRUE(c.hopper);
+  EXPECT_EQ(c.cta_q, 64);
+  EXPECT_EQ(c.cta_kv, 64);
+  EXPECT_EQ(c.threads, 384);
+  // The storage (Q, two KV stages, P: 224 KB), its alignment slack and the
+  // barriers and row exchange in static shared memory fit the 227 KB a CTA may have.
+  EXPECT_EQ(c.smem_bytes, 28 * 8192 + 1024);
+  EXPECT_LE(c.smem_bytes + 1088, 232448);
+  const auto k = catalog::batch_mla_sm90(DType::kFloat16, true);
+  EXPECT_EQ(k.entry, "tessera_mla_sm90_f16_causal");
+  EXPECT_NE(k.source.find("batch_mla_sm90<tessera::half_t, tessera::half_t, true>"), std::string::npos);
+  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat8E4M3, false), TypeMismatch, "q_dtype");
 }
 
 MLATask small_task() {
@@ -77,6 +93,13 @@ TEST(MlaValidation, TaskFieldsAreNamed) {
   opt = {};
   opt.planner.fixed_chunk = 256;
   EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "fixed_chunk");
+  opt = {};
+  opt.backend = MlaBackend::kFA3;
+  opt.cta_q = 16;
+  EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "cta_q");
+  opt = {};
+  opt.backend = static_cast<MlaBackend>(7);
+  EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "backend");
 }
 
 TEST(MlaValidation, PlanArgumentsAreNamedBeforeAnyGpuWork) {

@@ -135,49 +135,65 @@ void run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
   expect_matches_reference(in, s, c.causal, scale, c.dt, what);
 }
 
-TEST(MlaGpu, DecodeAcrossHeadsPagesAndDtypes) {
-  SKIP_WITHOUT_GPU();
+// Every correctness case runs on both kernel templates: the mma.sync kernel
+// (fa2, any sm_80+) and the Hopper kernel (fa3, sm_90 only).
+class MlaGpuBackend : public ::testing::TestWithParam<MlaBackend> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    if (GetParam() == MlaBackend::kFA3 && cuda::device_info(cuda::current_device()).major != 9)
+      GTEST_SKIP() << "skipped: the Hopper MLA kernel needs sm_90";
+  }
+  MLAOptions options() const {
+    MLAOptions o;
+    o.backend = GetParam();
+    return o;
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Templates, MlaGpuBackend, ::testing::Values(MlaBackend::kFA2, MlaBackend::kFA3),
+                         [](const auto& info) { return info.param == MlaBackend::kFA2 ? "fa2" : "fa3"; });
+
+TEST_P(MlaGpuBackend, DecodeAcrossHeadsPagesAndDtypes) {
   uint64_t seed = 100;
   for (DType dt : {DType::kFloat16, DType::kBFloat16})
     for (int H : {16, 32, 64, 128})
       for (int ps : {1, 16, 64})
-        run_case({H, ps, dt, false, {1, 1, 1, 1, 1}, {0, 1, 97, 1031, 64}}, ++seed);
+        run_case({H, ps, dt, false, {1, 1, 1, 1, 1}, {0, 1, 97, 1031, 64}}, ++seed, options());
 }
 
-TEST(MlaGpu, MultiTokenCausalQueries) {
-  SKIP_WITHOUT_GPU();
+TEST_P(MlaGpuBackend, MultiTokenCausalQueries) {
   uint64_t seed = 200;
   for (DType dt : {DType::kFloat16, DType::kBFloat16})
     for (int H : {16, 32, 64, 128})
       for (int q : {1, 2, 3, 5, 8})
-        run_case({H, 64, dt, true, {q, q, q}, {q, 37 + q, 509}}, ++seed);
+        run_case({H, 64, dt, true, {q, q, q}, {q, 37 + q, 509}}, ++seed, options());
   // Mixed query lengths in one batch, page size 16 and 1.
-  for (int ps : {1, 16}) run_case({32, ps, DType::kFloat16, true, {1, 8, 4, 2, 7}, {1, 8, 131, 2053, 9}}, ++seed);
+  for (int ps : {1, 16})
+    run_case({32, ps, DType::kFloat16, true, {1, 8, 4, 2, 7}, {1, 8, 131, 2053, 9}}, ++seed, options());
   // Non-causal multi-token (absorbed prefill without a mask).
-  run_case({16, 16, DType::kFloat16, false, {6, 3}, {100, 3}}, ++seed);
+  run_case({16, 16, DType::kFloat16, false, {6, 3}, {100, 3}}, ++seed, options());
 }
 
-TEST(MlaGpu, LongContextsSplitKvAndMerge) {
-  SKIP_WITHOUT_GPU();
+TEST_P(MlaGpuBackend, LongContextsSplitKvAndMerge) {
   // Few requests, long KV: the planner splits them over the CTAs.
-  run_case({16, 64, DType::kFloat16, false, {1}, {32768}}, 300);
-  run_case({128, 64, DType::kBFloat16, false, {1, 1}, {20011, 4099}}, 301);
-  run_case({64, 16, DType::kFloat16, true, {2, 8}, {16411, 8191}}, 302);
+  run_case({16, 64, DType::kFloat16, false, {1}, {32768}}, 300, options());
+  run_case({128, 64, DType::kBFloat16, false, {1, 1}, {20011, 4099}}, 301, options());
+  run_case({64, 16, DType::kFloat16, true, {2, 8}, {16411, 8191}}, 302, options());
   // A workspace with no partial states: no split, same answers.
-  MLAOptions no_split;
+  MLAOptions no_split = options();
   no_split.planner.split_kv = false;
   run_case({16, 64, DType::kFloat16, true, {3}, {9001}}, 303, no_split);
-  // Each query tile pinned.
+  // Each query tile pinned (the Hopper kernel takes 64 only).
   for (int q : {16, 32, 64}) {
-    MLAOptions o;
+    if (GetParam() == MlaBackend::kFA3 && q != 64) continue;
+    MLAOptions o = options();
     o.cta_q = q;
     run_case({32, 16, DType::kBFloat16, true, {2, 1, 4}, {5000, 17, 777}}, 310 + q, o);
   }
 }
 
 // Two runs of one plan write the same bits (split tiles merge in chunk order).
-TEST(MlaGpu, BitwiseDeterministic) {
-  SKIP_WITHOUT_GPU();
+TEST_P(MlaGpuBackend, BitwiseDeterministic) {
   std::mt19937 rng(7);
   const int H = 128, ps = 64;
   const std::vector<int32_t> qo(8, 2), kv{10000, 300, 7, 4096, 1, 12345, 640, 2};
@@ -193,10 +209,11 @@ TEST(MlaGpu, BitwiseDeterministic) {
   task.max_batch = 8;
   task.max_total_q = 16;
   task.max_pages = pool;
-  const auto sz = BatchMLA::workspace_size(task, cuda::device_info(cuda::current_device()).sm_count);
+  const auto sz = BatchMLA::workspace_size(task, cuda::device_info(cuda::current_device()).sm_count, options());
   Workspace ws = Workspace::allocate(sz.device_bytes, sz.host_bytes);
-  BatchMLA mla(task, ws);
+  BatchMLA mla(task, ws, options());
   mla.plan(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens);
+  EXPECT_EQ(mla.config().hopper, GetParam() == MlaBackend::kFA3);
   EXPECT_GT(mla.last_plan().num_split, 0);
   HostTensor first;
   for (int run = 0; run < 3; ++run) {
@@ -212,8 +229,7 @@ TEST(MlaGpu, BitwiseDeterministic) {
 
 // One capture of run(), replayed after plans of other lengths (same bounds),
 // each checked against the reference; page ids on the GPU for the second step.
-TEST(MlaGpu, CudaGraphReplayWithChangedLengths) {
-  SKIP_WITHOUT_GPU();
+TEST_P(MlaGpuBackend, CudaGraphReplayWithChangedLengths) {
   std::mt19937 rng(11);
   const int H = 16, ps = 16, pool = 1200;
   MLATask task;
@@ -223,9 +239,9 @@ TEST(MlaGpu, CudaGraphReplayWithChangedLengths) {
   task.max_batch = 16;
   task.max_total_q = 64;
   task.max_pages = pool;
-  const auto sz = BatchMLA::workspace_size(task, cuda::device_info(cuda::current_device()).sm_count);
+  const auto sz = BatchMLA::workspace_size(task, cuda::device_info(cuda::current_device()).sm_count, options());
   Workspace ws = Workspace::allocate(sz.device_bytes, sz.host_bytes);
-  BatchMLA mla(task, ws);
+  BatchMLA mla(task, ws, options());
   // Fixed tensors sized for the bounds; each step uses a prefix of q / o rows.
   const std::vector<std::vector<int32_t>> qo_steps = {{1, 1, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, {4, 1, 3}};
   const std::vector<std::vector<int32_t>> kv_steps = {{1, 700, 63, 4000}, {2, 9, 100, 5, 17, 2000, 3, 30, 2, 444, 8, 11},

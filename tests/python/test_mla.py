@@ -140,20 +140,24 @@ def check(torch, s, out, lse, causal, scale, dtype):
 @pytest.mark.parametrize("page", [1, 64])
 @pytest.mark.parametrize("q_len, causal", [(1, False), (2, True), (8, True)])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-def test_matches_reference(torch_cuda, poison, H, page, q_len, causal, dtype_name):
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_matches_reference(torch_cuda, poison, H, page, q_len, causal, dtype_name, backend):
     torch = torch_cuda
+    if backend == "fa3" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("skipped: the Hopper MLA kernel needs sm_90")
     dtype = getattr(torch, dtype_name)
     rng = np.random.default_rng(H * 1000 + page * 10 + q_len)
     kv_lens = [q_len, 97, 1031 + q_len, 8]
     s = make_step(torch, [q_len] * 4, kv_lens, page, H, dtype, rng)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    w = tessera.BatchMLAPagedAttentionWrapper(ws)
+    w = tessera.BatchMLAPagedAttentionWrapper(ws, backend=backend)
     scale = 1 / math.sqrt(192)
     w.plan(torch.from_numpy(s["qo_indptr"]), torch.from_numpy(s["kv_indptr"]),
            torch.from_numpy(s["kv_indices"]).cuda(), torch.from_numpy(s["kv_lens"]), H, 512, 64, page, causal, scale,
            dtype, dtype)
     out, lse = w.run(s["q_nope"], s["q_pe"], s["ckv"], s["kpe"], return_lse=True)
     torch.cuda.synchronize()
+    assert w._native.hopper == (backend == "fa3")
     check(torch, s, out, lse, causal, scale, dtype)
     # Packed forms through query= / kv_cache=, into caller outputs.
     out2 = torch.full_like(out, float("nan"))

@@ -103,4 +103,23 @@ struct MlaConfigFor<64> {
   using Shape = MlaShape<64, 32, 2, 3>;
 };
 
+// The Hopper kernel (device/kernels/mla_sm90/): a 64-row query tile against
+// 64-key KV tiles in two stages, both consumer warpgroups on every tile.
+// Tiles are 128-byte-swizzled wgmma operands: nine column blocks of [64
+// rows][64 features] (a block is 8 KB, 1024-byte aligned); P holds the
+// tile's 64 x 64 weights, each warpgroup's 32 keys in its half.
+constexpr int kMlaSm90Rows = 64;     // fused rows per query tile
+constexpr int kMlaSm90Keys = 64;     // keys per KV tile (32 per consumer warpgroup for S)
+constexpr int kMlaSm90Stages = 2;    // what fits beside the 72 KB Q tile
+constexpr int kMlaSm90Threads = 384; // a producer warpgroup and two consumers
+constexpr int kMlaSm90Blocks = kMlaDimQK / 64;
+struct MlaSm90SharedStorage {
+  u16 q[kMlaSm90Blocks][kMlaSm90Rows * 64];
+  u16 kv[kMlaSm90Stages][kMlaSm90Blocks][kMlaSm90Keys * 64];
+  u16 p[kMlaSm90Rows * kMlaSm90Keys];
+};
+// Dynamic shared memory of a launch: the storage and the slack that aligns
+// it to 1024 bytes.
+constexpr int kMlaSm90SmemBytes = static_cast<int>(sizeof(MlaSm90SharedStorage)) + 1024;
+
 }  // namespace tessera

@@ -15,6 +15,7 @@ struct MlaKernelConfig {
   int stages = 2;   // cp.async pipeline depth
   int threads = 128;
   int smem_bytes = 0;  // dynamic shared memory: sizeof(MlaSharedStorage) (abi/mla_params.cuh)
+  bool hopper = false;  // the sm_90a kernel (device/kernels/mla_sm90/): a producer and two consumer warpgroups
 };
 
 namespace catalog {
@@ -27,7 +28,12 @@ int choose_mla_cta_q(double avg_fused_rows);
 // The persistent MLA kernel: q / caches of dtype (fp16 or bf16; else
 // TypeMismatch naming q_dtype), o of the same dtype.
 jit::KernelSource batch_mla(DType dtype, int cta_q, bool causal);
-// Every built-in MLA kernel: fp16 / bf16 x query tiles 16 / 32 / 64 x causal or not.
+// The Hopper kernel's configuration (64-row query tiles, 64-key KV tiles).
+MlaKernelConfig mla_sm90_config();
+// The persistent Hopper (sm_90a) MLA kernel: as batch_mla, 64-row tiles.
+jit::KernelSource batch_mla_sm90(DType dtype, bool causal);
+// Every built-in MLA kernel: fp16 / bf16 x (query tiles 16 / 32 / 64 and the
+// Hopper kernel) x causal or not.
 std::vector<jit::KernelSource> builtin_mla_kernels();
 }  // namespace catalog
 

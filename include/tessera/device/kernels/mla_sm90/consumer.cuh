@@ -1,0 +1,269 @@
+// MLA kernel family on Hopper (sm_90a), the two consumer warpgroups. Both
+// hold all 64 rows of the query tile; warpgroup w computes S for keys
+// 32w..32w+31 of each KV tile and accumulates O's latent columns
+// 256w..256w+255 (64 x 256 fp32: 128 registers a thread, so O never needs
+// more than two warpgroups and nothing is computed twice):
+//
+//   S_w = Q K[32w..]^T        wgmma m64n32k16 x 36, both operands in shared memory
+//   row maxima of both halves exchanged through shared memory (barrier A);
+//   P_w = exp2(S_w * scale - m), kept as A fragments and written into the
+//   P tile for the other warpgroup (barrier B);
+//   O_w += P_w V[32w.., cols_w]          (A from registers)
+//        + P_{1-w} V[32(1-w).., cols_w]   (A from the P tile)
+//
+// V is the K tile's first 512 features, read MN-major, so one stage serves
+// both GEMMs. Per tile: S_t, softmax, P_t V_t, and the stage goes back at
+// once: with two stages of 72 KB beside the 72 KB Q tile (all that fits),
+// the producer's next load must start as early as possible. (Issuing S_{t+1}
+// during the softmax when its tile had landed measured 5-9% slower: P_t V_t
+// then queues behind it on the tensor cores and the stage goes back later.)
+// Barrier A also orders the P tile's reuse: both warpgroups have waited for
+// the previous P V before either writes the next P.
+#pragma once
+#include "tessera/device/arch/warpgroup.cuh"
+#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/mla/kernel.cuh"
+#include "tessera/device/kernels/mla_sm90/producer.cuh"
+#include "tessera/device/kernels/prefill_sm90/mma.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Named barriers of the consumer warpgroups (256 threads).
+constexpr int kMlaMaxBar = 1;    // row maxima of a tile (then row sums at the end)
+constexpr int kMlaPBar = 2;      // the P tile complete
+constexpr int kMlaMergeBar = 3;  // split-KV merge
+
+// Scratch of the consumers beside the pipeline (static shared memory).
+struct MlaSm90Exchange {
+  float max[2][kMlaSm90Rows];  // per warpgroup: a tile's row maxima over its keys
+  float sum[2][kMlaSm90Rows];  // per warpgroup: the item's row sums over its keys
+  int is_last;
+};
+
+template <typename T, typename DO, bool CAUSAL>
+struct MlaSm90Consumer {
+  static constexpr int NT_S = 32 / 8;                  // S n-tiles of a warpgroup (32 keys)
+  static constexpr int O_REGS = kMlaDimCkv / 2 / 2;    // 64 x 256 fp32 over 128 threads
+  static constexpr u32 BLOCK = kMlaSm90Rows * 128;     // one [64][64] column block
+  static constexpr u32 STAGE_BYTES = kMlaSm90Blocks * BLOCK;
+
+  const MlaParams& p;
+  MlaSm90Pipeline& pipe;
+  MlaSm90SharedStorage& sm;
+  MlaSm90Exchange& ex;
+
+#if TESSERA_HAS_WGMMA
+  // S = Q K^T over this warpgroup's 32 keys of the stage at k_desc (its first row).
+  __device__ __forceinline__ static void issue_s(float (&s)[NT_S * 4], u64 q_desc, u64 k_desc) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMlaDimQK / 16; ++kk) {
+      const u32 off = (kk / 4) * BLOCK + (kk % 4) * 32;
+      wgmma_ss(s, desc_at(q_desc, off), desc_at(k_desc, off), kk > 0, T{}, WgmmaN<32>{});
+    }
+    wgmma_commit();
+  }
+  // O += P V over the tile's 64 keys: this warpgroup's 32 from registers,
+  // the other's from the P tile. v_desc: the stage's V at this warpgroup's
+  // first column block; own / other: byte offsets of the two key halves.
+  __device__ __forceinline__ static void issue_pv(float (&o)[O_REGS], const u32 (&pa)[2][4], u64 p_desc, u64 v_desc,
+                                                  int wg) {
+    wgmma_fence();
+    const u32 own = static_cast<u32>(wg) * 32 * 128, other = static_cast<u32>(1 - wg) * 32 * 128;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wgmma_rs_tb(o, pa[j], desc_at(v_desc, own + j * 16 * 128), 1, T{}, WgmmaN<256>{});
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wgmma_ss_tb(o, desc_at(p_desc, (1 - wg) * 64 + j * 32), desc_at(v_desc, other + j * 16 * 128), 1, T{},
+                  WgmmaN<256>{});
+    wgmma_commit();
+  }
+#endif
+
+  __device__ __forceinline__ void run() {
+#if TESSERA_HAS_WGMMA
+    const int wg = threadIdx.x / 128 - 1, tid = threadIdx.x - 128;
+    const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+    const int warp_row0 = (threadIdx.x / 32 % 4) * 16;
+    const int H = p.group;
+    const u64 q_desc = wgmma_desc(smem_addr(&sm.q[0][0]), 16, 1024);
+    const u64 k_desc0 = desc_at(wgmma_desc(smem_addr(&sm.kv[0][0][0]), 16, 1024), wg * 32 * 128);
+    const u64 v_desc0 = desc_at(wgmma_desc(smem_addr(&sm.kv[0][0][0]), kMlaSm90Keys * 128, 1024), wg * 4 * BLOCK);
+    const u64 p_desc = wgmma_desc(smem_addr(sm.p), 16, 1024);
+    const u32 p_addr = smem_addr(sm.p);
+    RingPos<1> q_pos;
+    RingPos<kMlaSm90Stages> kv_pos;
+    WorkQueue<PrefillWorkItem, QueueLoad::kAhead, MlaParams> queue(p, blockIdx.x);
+    grid_dependency_wait();  // before any write of o, lse or partial states
+    grid_dependency_launch_dependents();
+    const float scale_log2 = p.sm_scale * kLog2e;
+    for (int wi = queue.begin; wi < queue.end; ++wi) {
+      PrefillWorkItem w = queue.take(wi);
+      w.kv_start = warp_uniform(w.kv_start);
+      w.kv_end = warp_uniform(w.kv_end);
+      const int b = w.request, qo_start = w.qo_begin, qo_len = w.qo_len, kv_len = w.kv_len;
+      const int row0 = w.q_tile * kMlaSm90Rows;
+      const int n_tiles = (w.kv_end - w.kv_start + kMlaSm90Keys - 1) / kMlaSm90Keys;
+      int qo[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) qo[r] = (row0 + warp_row0 + g + 8 * r) / H;
+      const int causal_shift = kv_len - qo_len;
+      const int warp_min_qo = (row0 + warp_row0) / H;
+
+      float o[O_REGS];
+#pragma unroll
+      for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+      float m[2] = {neg_inf(), neg_inf()}, d[2] = {0.f, 0.f};
+      if (n_tiles > 0) {
+        mbarrier_wait(smem_addr(&pipe.q_full), q_pos.phase());
+        float s[NT_S * 4];
+        u32 pa[2][4];
+        for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
+          const int stage = kv_pos.index();
+          mbarrier_wait(smem_addr(&pipe.kv_full[stage]), kv_pos.phase());
+          issue_s(s, q_desc, desc_at(k_desc0, stage * STAGE_BYTES));
+          wgmma_wait<0>();
+          wgmma_keep(s);
+          if (t == n_tiles - 1) mbarrier_arrive(smem_addr(&pipe.q_empty));
+
+          // Mask: keys past the chunk, and (causal) past a row's diagonal.
+          const int key0 = w.kv_start + t * kMlaSm90Keys + wg * 32;
+          const int tile_last = w.kv_start + t * kMlaSm90Keys + kMlaSm90Keys - 1;
+          if (tile_last >= w.kv_end || (CAUSAL && tile_last > warp_min_qo + causal_shift)) {
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int pos = key0 + n * 8 + quad * 2 + (e & 1);
+                bool keep = pos < w.kv_end;
+                if constexpr (CAUSAL) keep = keep && pos <= qo[e / 2] + causal_shift;
+                if (!keep) s[n * 4 + e] = neg_inf();
+              }
+          }
+          // Row maxima over both warpgroups' keys.
+          float mx[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float x = neg_inf();
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n) x = fmaxf(x, fmaxf(s[n * 4 + 2 * r], s[n * 4 + 2 * r + 1]));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+            mx[r] = x;
+            if (quad == 0) ex.max[wg][warp_row0 + g + 8 * r] = x;
+          }
+          named_barrier_sync(kMlaMaxBar, 256);
+          float factor[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float x = fmaxf(mx[r], ex.max[1 - wg][warp_row0 + g + 8 * r]);
+            const float m_new = fmaxf(m[r], x * scale_log2);  // sm_scale > 0: the maximum commutes with it
+            const float m_safe = m_new == neg_inf() ? 0.f : m_new;  // all masked so far: weights 0, not NaN
+            factor[r] = fast_exp2(m[r] - m_safe);
+            m[r] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                float& v = s[n * 4 + 2 * r + c];
+                v = fast_exp2(fmaf(v, scale_log2, -m_safe));
+                sum += v;
+              }
+            d[r] = d[r] * factor[r] + sum;
+          }
+#pragma unroll
+          for (int j = 0; j < O_REGS / 4; ++j) {
+            o[4 * j] *= factor[0];
+            o[4 * j + 1] *= factor[0];
+            o[4 * j + 2] *= factor[1];
+            o[4 * j + 3] *= factor[1];
+          }
+          pack_p<32, T>(pa, reinterpret_cast<const float(&)[NT_S][4]>(s));
+          // This warpgroup's P into its half of the P tile (swizzled as an
+          // A operand: 16-byte chunk c of row r at chunk c ^ (r % 8)).
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp_row0 + g + 8 * r;
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n) {
+              const u32 chunk = static_cast<u32>(wg * 4 + n) ^ static_cast<u32>(row & 7);
+              const u32 v = pa[n / 2][(n % 2) * 2 + r];
+              asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(p_addr + row * 128 + (chunk << 4) + quad * 4), "r"(v));
+            }
+          }
+          fence_proxy_async();  // generic stores -> the wgmmas' async proxy
+          named_barrier_sync(kMlaPBar, 256);
+          issue_pv(o, pa, p_desc, desc_at(v_desc0, stage * STAGE_BYTES), wg);
+          // The stage goes back as soon as P V is done, so the producer's next
+          // load is in flight while this warpgroup waits for the next tile.
+          wgmma_wait<0>();
+          wgmma_keep(o);
+          wgmma_keep(pa);
+          mbarrier_arrive(smem_addr(&pipe.kv_empty[stage]));
+        }
+        q_pos = q_pos.next();
+      }
+      epilogue(w, b, qo_start, qo_len, row0, qo, o, m, d, wg, tid, warp_row0, g, quad);
+    }
+#else
+    __trap();  // Hopper kernels are only built for sm_90a
+#endif
+  }
+
+  // Row sums of both warpgroups, then the rows (o, lse) or a partial state
+  // and, for a split tile, the merge by its last writer.
+  __device__ __forceinline__ void epilogue(const PrefillWorkItem& w, int b, int qo_start, int qo_len, int row0,
+                                           const int (&qo)[2], const float (&o)[O_REGS], const float (&m)[2],
+                                           float (&d)[2], int wg, int tid, int warp_row0, int g, int quad) {
+    const int H = p.group;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 1);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 2);
+    }
+    named_barrier_sync(kMlaMaxBar, 256);  // both warpgroups done reading the previous item's sums
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (quad == 0) ex.sum[wg][warp_row0 + g + 8 * r] = d[r];
+    named_barrier_sync(kMlaMaxBar, 256);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tile_row = warp_row0 + g + 8 * r;
+      const float dr = ex.sum[0][tile_row] + ex.sum[1][tile_row];
+      if (qo[r] >= qo_len) continue;
+      const int head = row0 + tile_row - qo[r] * H;
+      const bool empty = dr == 0.f;
+      const float inv = (empty ? 0.f : row_inverse(dr)) * p.o_scale;
+      const float lse = empty ? neg_inf() : m[r] + row_log2(dr);
+      const int col = wg * (kMlaDimCkv / 2) + quad * 2;
+      if (w.partial_slot < 0) {
+        DO* dst = static_cast<DO*>(p.o) + (qo_start + qo[r]) * p.o_stride_n + head * p.o_stride_h + col;
+#pragma unroll
+        for (int n = 0; n < O_REGS / 4; ++n)
+          *reinterpret_cast<u32*>(dst + n * 8) = pack_pair<DO>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+        if (wg == 0 && quad == 0 && p.lse != nullptr)
+          p.lse[static_cast<i64>(qo_start + qo[r]) * p.num_qo_heads + head] = lse;
+      } else {
+        const i64 base = static_cast<i64>(w.partial_slot) * kMlaSm90Rows + tile_row;
+        float* dst = p.partial_o + base * kMlaDimCkv + col;
+#pragma unroll
+        for (int n = 0; n < O_REGS / 4; ++n)
+          *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+        if (wg == 0 && quad == 0) p.partial_lse[base] = lse;
+      }
+    }
+    if (w.partial_slot >= 0) {
+      MlaVariant variant(p, b, qo_len, w.kv_len);
+      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, kMlaSm90Rows>(
+          p, variant, w, qo_start, qo_len, row0, b, 0, tid, 256, &ex.is_last,
+          [] { named_barrier_sync(kMlaMergeBar, 256); });
+    }
+  }
+};
+
+#endif
+
+}  // namespace tessera
