@@ -15,10 +15,14 @@ rate measured in the same run (common.matmul_ceiling_tflops), and the speedup
 over FlashInfer (paired by round). Results: bench/results/mla.json.
 
 Tessera's kernels: --backends auto (default; the Hopper kernel on sm_90),
-or several of auto / fa2 / fa3 timed in the same rounds (the first is the
-row's headline, the others are reported as its speedup over them).
+or several of auto / fa2 / fa3 / 16bit (auto over caches of q's dtype, the
+baseline of an fp8 run) timed in the same rounds (the first is the row's
+headline, the others are reported as its speedup over them).
 
-Usage: python bench/mla.py [--quick] [--rounds 3] [--dtype bfloat16|float16]
+--kv-dtype float8_e4m3fn (or float8_e5m2) times fp8 latent caches (unit
+scales; the Hopper kernel), FlashInfer's fp8 path beside them (e4m3 only).
+
+Usage: python bench/mla.py [--quick] [--rounds 3] [--dtype bfloat16|float16] [--kv-dtype DTYPE]
                            [--backends auto,fa2] [--workloads H:q_len:batch:kv,...] [--save-as NAME]
 """
 import argparse
@@ -42,8 +46,8 @@ def parse(w):
     return h, q, b, kv
 
 
-def latent_bytes(h, q, b, kv, elem):
-    return b * kv * (DC + DR) * elem + b * q * h * (DC + DR + DC) * elem  # cache once, q in, o out
+def latent_bytes(h, q, b, kv, elem, kv_elem):
+    return b * kv * (DC + DR) * kv_elem + b * q * h * (DC + DR + DC) * elem  # cache once, q in, o out
 
 
 def flops(h, q, b, kv):
@@ -51,11 +55,12 @@ def flops(h, q, b, kv):
     return 2.0 * b * h * keys * (DC + DR + DC)
 
 
-def make_calls(lib, h, q, b, kv, dtype, ws, backend=None):
+def make_calls(lib, h, q, b, kv, dtype, ws, backend=None, kv_dtype=None):
     """One run() closure per rotating cache copy, all on one plan."""
     pages_per = (kv + PAGE - 1) // PAGE
     pool = b * pages_per
-    elem = torch.finfo(dtype).bits // 8
+    kv_dtype = kv_dtype or dtype
+    elem = torch.finfo(kv_dtype).bits // 8
     copies = common.rotation_copies(pool * PAGE * (DC + DR) * elem)
     if copies * pool * PAGE * (DC + DR) * elem > MEM_LIMIT:
         return None
@@ -64,13 +69,14 @@ def make_calls(lib, h, q, b, kv, dtype, ws, backend=None):
     kv_indices = torch.randperm(pool, dtype=torch.int32, device="cuda")
     kv_lens = torch.full((b,), kv, dtype=torch.int32)
     w = lib.BatchMLAPagedAttentionWrapper(ws) if backend is None else lib.BatchMLAPagedAttentionWrapper(ws, backend=backend)
-    w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, h, DC, DR, PAGE, q > 1, 1 / math.sqrt(192), dtype, dtype)
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, h, DC, DR, PAGE, q > 1, 1 / math.sqrt(192), dtype, kv_dtype)
     q_nope = torch.randn(b * q, h, DC, dtype=dtype, device="cuda")
     q_pe = torch.randn(b * q, h, DR, dtype=dtype, device="cuda")
     out = torch.empty(b * q, h, DC, dtype=dtype, device="cuda")
-    caches = [(torch.randn(pool, PAGE, DC, dtype=dtype, device="cuda"),
-               torch.randn(pool, PAGE, DR, dtype=dtype, device="cuda")) for _ in range(copies)]
-    calls = [lambda c=c: w.run(q_nope, q_pe, c[0], c[1], out=out) for c in caches]
+    caches = [(torch.randn(pool, PAGE, DC, dtype=dtype, device="cuda").to(kv_dtype),
+               torch.randn(pool, PAGE, DR, dtype=dtype, device="cuda").to(kv_dtype)) for _ in range(copies)]
+    scales = dict(ckv_scale=1.0, kpe_scale=1.0) if kv_dtype != dtype else {}
+    calls = [lambda c=c: w.run(q_nope, q_pe, c[0], c[1], out=out, **scales) for c in caches]
     return calls, (w, caches)
 
 
@@ -81,11 +87,13 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--workloads", default="")
     ap.add_argument("--backends", default="auto")
+    ap.add_argument("--kv-dtype", default="", choices=("", "float8_e4m3fn", "float8_e5m2"))
     ap.add_argument("--save-as", default="")
     args = ap.parse_args()
     common.require()
     dtype = getattr(torch, args.dtype)
-    elem = 2
+    kv_dtype = getattr(torch, args.kv_dtype) if args.kv_dtype else dtype
+    elem, kv_elem = 2, torch.finfo(kv_dtype).bits // 8
     workloads = [parse(w) for w in args.workloads.split(",") if w] or (QUICK if args.quick else GRID)
     read_tbps, _ = common.hbm_ceilings()
     mm_tflops = common.matmul_ceiling_tflops()
@@ -97,19 +105,21 @@ def main():
     backends = [x for x in args.backends.split(",") if x]
     rows = []
     for h, q, b, kv in workloads:
-        made = make_calls(tessera, h, q, b, kv, dtype, common.new_workspace(256 << 20), backends[0])
+        made = make_calls(tessera, h, q, b, kv, dtype, common.new_workspace(256 << 20), backends[0], kv_dtype)
         if made is None:
             print(f"{h:>4} {q:>2} {b:>5} {kv:>6} | skipped (memory)")
             continue
         fns = {"tessera": lambda calls=made[0]: common.bench_graph_ms(calls)}
         keep = [made]
         for be in backends[1:]:
-            other = make_calls(tessera, h, q, b, kv, dtype, common.new_workspace(256 << 20), be)
+            # "16bit": the same kernel choice over caches of q's dtype (an fp8 run's baseline)
+            other = make_calls(tessera, h, q, b, kv, dtype, common.new_workspace(256 << 20),
+                               "auto" if be == "16bit" else be, dtype if be == "16bit" else kv_dtype)
             fns["tessera-" + be] = lambda calls=other[0]: common.bench_graph_ms(calls)
             keep.append(other)
         if fi is not None:
             try:
-                made_fi = make_calls(fi, h, q, b, kv, dtype, common.new_workspace(256 << 20))
+                made_fi = make_calls(fi, h, q, b, kv, dtype, common.new_workspace(256 << 20), None, kv_dtype)
                 if made_fi is not None:
                     fns["flashinfer"] = lambda calls=made_fi[0]: common.bench_graph_ms(calls)
                     keep.append(made_fi)
@@ -117,7 +127,7 @@ def main():
                 print(f"  flashinfer: {type(e).__name__}: {e}")
         times = common.interleaved(fns, args.rounds, timer=lambda f: f())
         ms = common.median(times["tessera"])
-        tbps = latent_bytes(h, q, b, kv, elem) / (ms * 1e-3) / 1e12
+        tbps = latent_bytes(h, q, b, kv, elem, kv_elem) / (ms * 1e-3) / 1e12
         tflops = flops(h, q, b, kv) / (ms * 1e-3) / 1e12
         vs = common.paired_ratio(times, "flashinfer", "tessera") if "flashinfer" in times else float("nan")
         vs_own = {be: common.paired_ratio(times, "tessera-" + be, "tessera") for be in backends[1:]}
@@ -129,7 +139,8 @@ def main():
                          times_ms={k: v for k, v in times.items()}))
         del keep, made
         torch.cuda.empty_cache()
-    path = common.save_results(args.save_as or "mla", dict(dtype=args.dtype, page_size=PAGE, backends=backends,
+    path = common.save_results(args.save_as or "mla", dict(dtype=args.dtype, kv_dtype=str(kv_dtype).split(".")[-1],
+                                                          page_size=PAGE, backends=backends,
                                                           hbm_read_tbps=read_tbps,
                                                           mma_tflops=mm_tflops, rows=rows))
     print(f"results: {path}")

@@ -96,12 +96,14 @@ class PyBatchMLA {
   }
 
   void run(nb::handle q_nope, nb::handle q_pe, nb::handle ckv, nb::handle kpe, nb::handle o, nb::handle lse,
-           double sm_scale, uintptr_t stream, bool pdl) {
+           double sm_scale, uintptr_t stream, bool pdl, double ckv_scale, double kpe_scale) {
     Arg qn = to_arg("q_nope", q_nope), qp = to_arg("q_pe", q_pe), c = to_arg("ckv_cache", ckv),
         k = to_arg("kpe_cache", kpe), oa = to_arg("out", o, true), la = to_optional_arg("lse", lse, true);
     MLARunOptions opt;
     opt.sm_scale = sm_scale;
     opt.pdl = pdl;
+    opt.ckv_scale = ckv_scale;
+    opt.kpe_scale = kpe_scale;
     nb::gil_scoped_release release;
     mla_.run(qn.view, qp.view, c.view, k.view, oa.view, la.view, to_stream(stream), opt);
   }
@@ -135,7 +137,7 @@ void bind_mla(nb::module_& m) {
       .def("plan_device", &PyBatchMLA::plan_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_len_arr"_a, "stream"_a = 0, "Plans a step whose page ids stay on the GPU.")
       .def("run", &PyBatchMLA::run, "q_nope"_a, "q_pe"_a, "ckv_cache"_a, "kpe_cache"_a, "out"_a, "lse"_a.none(),
-           "sm_scale"_a = -1.0, "stream"_a = 0, "pdl"_a = false,
+           "sm_scale"_a = -1.0, "stream"_a = 0, "pdl"_a = false, "ckv_scale"_a = 1.0, "kpe_scale"_a = 1.0,
            "q_nope [T, H, 512], q_pe [T, H, 64], ckv_cache [pages, page, 512], kpe_cache [pages, page, 64] -> out, lse.")
       .def_prop_ro("cta_q", &PyBatchMLA::cta_q, "Fused rows per query tile (0 before the first plan).")
       .def_prop_ro("hopper", &PyBatchMLA::hopper, "Whether the first plan chose the Hopper (sm_90a) kernel.")

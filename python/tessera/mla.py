@@ -77,12 +77,14 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
             num_heads: query heads; head_dim_ckv 512, head_dim_kpe 64.
             page_size: tokens per page; causal: mask among new tokens.
             sm_scale: softmax scale (DeepSeek: 1 / sqrt(192) times any YaRN factor).
-            q_data_type, kv_data_type: float16 or bfloat16, equal.
+            q_data_type: float16 or bfloat16; kv_data_type: the same, or an fp8
+                dtype (float8_e4m3fn, float8_e5m2; the Hopper kernel), whose
+                run() takes ckv_scale and kpe_scale.
         """
         for name, value, default in (("metadata", metadata, None), ("cum_seq_lens_q", cum_seq_lens_q, None),
                                      ("block_tables", block_tables, None), ("seq_lens", seq_lens, None),
                                      ("max_q_len", max_q_len, None), ("output_dtype", output_dtype, None),
-                                     ("output_scale", output_scale, "none"), ("scale_mode", scale_mode, "default"),
+                                     ("output_scale", output_scale, "none"),
                                      ("skip_softmax", skip_softmax, False), ("use_sinks", use_sinks, False),
                                      ("use_profiler", use_profiler, False)):
             if value is not default and value != default:
@@ -110,9 +112,15 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         sm_scale = W.sm_scale_arg(sm_scale)
         q_dtype = W.dtype_arg(q_data_type, "q_data_type")
         kv_dtype = W.dtype_arg(kv_data_type, "kv_data_type", fp8=True)
-        if kv_dtype != q_dtype:
-            raise TypeError(f"kv_data_type: expected q_data_type's {q_dtype} (the MLA kernel reads caches of q's "
-                            f"dtype; fp8 latent caches are not supported yet), got {kv_dtype}")
+        fp8 = kv_dtype in ("float8_e4m3fn", "float8_e5m2")
+        if kv_dtype != q_dtype and not fp8:
+            raise TypeError(f"kv_data_type: expected q_data_type's {q_dtype} or an fp8 dtype (float8_e4m3fn, "
+                            f"float8_e5m2), got {kv_dtype}")
+        if scale_mode not in ("default", "kv-per-tensor"):
+            raise not_supported("scale_mode", scale_mode, "per-tensor fp8 cache scales ('kv-per-tensor') or none")
+        if scale_mode == "kv-per-tensor" and not fp8:
+            raise ValueError("scale_mode: 'kv-per-tensor' is for fp8 caches; expected 'default' with "
+                             f"kv_data_type {kv_dtype}")
         qo = W.host_ints(qo_indptr, "qo_indptr")
         ip = W.host_ints(kv_indptr, "kv_indptr")
         lens = W.host_ints(kv_len_arr, "kv_len_arr")
@@ -146,7 +154,7 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         else:
             self._native.plan(qo, ip, ids, lens, stream)
         self._planned = dict(num_heads=num_heads, total_q=total_q, sm_scale=sm_scale, dtype=q_dtype,
-                             lse_base_e=lse_mode == "basee", pdl=bool(enable_pdl))
+                             lse_base_e=lse_mode == "basee", pdl=bool(enable_pdl), fp8=fp8)
 
     def run(self, q_nope=None, q_pe=None, ckv_cache=None, kpe_cache=None, out=None, lse=None, return_lse=False,
             profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False, o_scale=None, *,
@@ -155,12 +163,12 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         """out [total_q, num_heads, 512] (and, with return_lse, lse [total_q, num_heads], base 2 unless
         return_lse_base_on_e) for the last plan()."""
         for name, value in (("profiler_buffer", profiler_buffer), ("kv_len", kv_len), ("page_table", page_table),
-                            ("o_scale", o_scale), ("ckv_scale", ckv_scale), ("ckv_scale_arr", ckv_scale_arr),
-                            ("kpe_scale", kpe_scale), ("sinks", sinks),
+                            ("o_scale", o_scale), ("ckv_scale_arr", ckv_scale_arr), ("sinks", sinks),
                             ("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor),
                             ("bmm1_scale", bmm1_scale), ("bmm2_scale", bmm2_scale)):
             if value is not None:
-                raise not_supported(name, value, "the plan's CSR page table and unscaled fp16 / bf16 caches only")
+                raise not_supported(name, value, "the plan's CSR page table, and per-tensor scales (ckv_scale, "
+                                    "kpe_scale) for fp8 caches")
         if query is not None:
             if q_nope is not None or q_pe is not None:
                 raise ValueError("query: give either query= or q_nope / q_pe, not both")
@@ -175,6 +183,17 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         p = self._planned
         if p is None:
             raise ValueError("run: expected plan() to be called first")
+        if p["fp8"]:
+            for name, value in (("ckv_scale", ckv_scale), ("kpe_scale", kpe_scale)):
+                if value is None:
+                    raise ValueError(f"{name}: required with an fp8 cache (its per-tensor dequantization scale)")
+            ckv_scale = W._scale_value("ckv_scale", ckv_scale, True)
+            kpe_scale = W._scale_value("kpe_scale", kpe_scale, True)
+        else:
+            if ckv_scale is not None or kpe_scale is not None:
+                raise ValueError("ckv_scale / kpe_scale: only for fp8 caches (this plan's are "
+                                 f"{p['dtype']})")
+            ckv_scale = kpe_scale = 1.0
         if not T.is_cuda(q_nope):
             raise TypeError(f"q_nope: expected a CUDA tensor, got {type(q_nope).__name__} on {T.device_of(q_nope)}")
         if len(q_nope.shape) != 3:
@@ -185,7 +204,8 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         if lse is None and want_lse:
             lse = T.empty(q_nope, tuple(q_nope.shape[:2]), "float32")
         self._native.run(T.arg(q_nope), T.arg(q_pe), T.arg(ckv_cache), T.arg(kpe_cache), T.arg(out),
-                         T.arg(lse) if lse is not None else None, p["sm_scale"], T.stream_of(q_nope), p["pdl"])
+                         T.arg(lse) if lse is not None else None, p["sm_scale"], T.stream_of(q_nope), p["pdl"],
+                         ckv_scale, kpe_scale)
         if lse is not None and (return_lse_base_on_e or p["lse_base_e"]):
             lse.mul_(0.6931471805599453)  # base 2 -> natural
         return (out, lse) if return_lse else out

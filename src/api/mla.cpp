@@ -23,10 +23,9 @@ void validate_mla_task(const MLATask& t) {
   auto half = [](DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; };
   if (!half(t.q_dtype))
     throw TypeMismatch(std::string("q_data_type: expected float16 or bfloat16, got ") + dtype_name(t.q_dtype));
-  if (t.kv_dtype != t.q_dtype)
-    throw TypeMismatch(std::string("kv_data_type: the MLA kernel needs the caches in q's dtype (") +
-                       dtype_name(t.q_dtype) + "), got " + dtype_name(t.kv_dtype) +
-                       (is_fp8(t.kv_dtype) ? " (fp8 latent caches are not supported yet)" : ""));
+  if (t.kv_dtype != t.q_dtype && !is_fp8(t.kv_dtype))
+    throw TypeMismatch(std::string("kv_data_type: expected q's dtype (") + dtype_name(t.q_dtype) +
+                       ") or fp8 (float8_e4m3fn, float8_e5m2), got " + dtype_name(t.kv_dtype));
   if (t.max_batch < 0 || t.max_total_q < 0 || t.max_pages < 0)
     throw InvalidArgument("max_batch, max_total_q, max_pages: expected >= 0 (0: from the first plan)");
 }
@@ -43,9 +42,17 @@ static void validate_options(const MLAOptions& opt) {
                           str(opt.planner.fixed_chunk));
 }
 
+// fp8 caches are read by the Hopper kernel only (its consumers widen them).
+static void check_fp8_backend(const MLATask& t, const MLAOptions& opt) {
+  if (is_fp8(t.kv_dtype) && (opt.backend == MlaBackend::kFA2 || (opt.cta_q != 0 && opt.cta_q != kMlaSm90Rows)))
+    throw TypeMismatch(std::string("kv_data_type: ") + dtype_name(t.kv_dtype) +
+                       " latent caches need the Hopper kernel (backend fa3 or auto on sm_90, 64-row tiles)");
+}
+
 BatchMLA::BatchMLA(MLATask task, Workspace& workspace, MLAOptions opt) : task_(task), ws_(&workspace), opt_(opt) {
   validate_mla_task(task_);
   validate_options(opt_);
+  check_fp8_backend(task_, opt_);
   config_ = catalog::mla_config(opt_.cta_q ? opt_.cta_q : 16);
 }
 
@@ -177,9 +184,12 @@ void BatchMLA::plan_common(std::span<const int32_t> qo_indptr, std::span<const i
       throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
     const bool hopper = opt_.backend == MlaBackend::kFA3 ||
                         (opt_.backend == MlaBackend::kAuto && sm90 && (opt_.cta_q == 0 || opt_.cta_q == kMlaSm90Rows));
+    if (is_fp8(task_.kv_dtype) && !hopper)
+      throw TypeMismatch(std::string("kv_data_type: ") + dtype_name(task_.kv_dtype) +
+                         " latent caches need the Hopper kernel, an sm_90 GPU");
     if (hopper) {
       config_ = catalog::mla_sm90_config();
-      source_ = catalog::batch_mla_sm90(task_.q_dtype, task_.causal);
+      source_ = catalog::batch_mla_sm90(task_.q_dtype, task_.kv_dtype, task_.causal);
     } else {
       const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_mla_cta_q(batch ? double(total_q) * H / batch : 1.0);
       config_ = catalog::mla_config(cta_q);
@@ -275,6 +285,13 @@ void BatchMLA::run(const TensorView& q_nope, const TensorView& q_pe, const Tenso
   const double scale = opt.sm_scale < 0 ? 1.0 / std::sqrt(double(kMlaDimCkv + kMlaDimKpe)) : opt.sm_scale;
   if (!(scale > 0) || !std::isfinite(scale))
     throw InvalidArgument("sm_scale: expected a finite value > 0, got " + std::to_string(opt.sm_scale));
+  for (auto [name, v] : {std::pair{"ckv_scale", opt.ckv_scale}, {"kpe_scale", opt.kpe_scale}}) {
+    if (!(v > 0) || !std::isfinite(v))
+      throw InvalidArgument(std::string(name) + ": expected a finite value > 0, got " + std::to_string(v));
+    if (!is_fp8(task_.kv_dtype) && v != 1.0)
+      throw InvalidArgument(std::string(name) + ": dequantization scales are for fp8 caches; expected 1 for " +
+                            dtype_name(task_.kv_dtype) + " caches, got " + std::to_string(v));
+  }
 
   const char* dev = static_cast<const char*>(ws_->device_ptr());
   MlaParams p{};
@@ -308,8 +325,11 @@ void BatchMLA::run(const TensorView& q_nope, const TensorView& q_pe, const Tenso
   p.num_qo_heads = task_.num_heads;
   p.group = task_.num_heads;
   p.heads_per_group = 1;
-  p.sm_scale = static_cast<float>(scale);
-  p.o_scale = 1.f;
+  // ckv's scale multiplies both q.k's latent part and V: folded into the
+  // softmax and output scales; kpe's relative to it scales the widened kpe.
+  p.sm_scale = static_cast<float>(scale * opt.ckv_scale);
+  p.o_scale = static_cast<float>(opt.ckv_scale);
+  p.pe_scale = static_cast<float>(opt.kpe_scale / opt.ckv_scale);
   cuda::DeviceGuard guard(ws_->device());
   kernel_->launch(dim3(ctas_), dim3(config_.threads), config_.smem_bytes, stream, &p, opt.pdl);
   detail::check_launch("BatchMLA::run");

@@ -43,10 +43,10 @@ TEST(MlaCatalog, ConfigsFitAnSmAndNameTheirTile) {
   const auto k = catalog::batch_mla(DType::kBFloat16, 64, true);
   EXPECT_EQ(k.entry, "tessera_mla_bf16_q64_kv32_causal");
   EXPECT_NE(k.source.find("batch_mla<tessera::bf16_t, tessera::bf16_t, 64, true>"), std::string::npos);
-  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 16u);
+  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 20u);
   int in_builtins = 0;
   for (const auto& b : catalog::builtin_kernels()) in_builtins += b.entry.rfind("tessera_mla_", 0) == 0;
-  EXPECT_EQ(in_builtins, 16);  // `tessera compile` and scripts/test.sh compile them
+  EXPECT_EQ(in_builtins, 20);  // `tessera compile` and scripts/test.sh compile them
 }
 
 TEST(MlaCatalog, HopperKernelFitsAnSm) {
@@ -59,10 +59,15 @@ TEST(MlaCatalog, HopperKernelFitsAnSm) {
   // barriers and row exchange in static shared memory fit the 227 KB a CTA may have.
   EXPECT_EQ(c.smem_bytes, 28 * 8192 + 1024);
   EXPECT_LE(c.smem_bytes + 1088, 232448);
-  const auto k = catalog::batch_mla_sm90(DType::kFloat16, true);
+  const auto k = catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat16, true);
   EXPECT_EQ(k.entry, "tessera_mla_sm90_f16_causal");
-  EXPECT_NE(k.source.find("batch_mla_sm90<tessera::half_t, tessera::half_t, true>"), std::string::npos);
-  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat8E4M3, false), TypeMismatch, "q_dtype");
+  EXPECT_NE(k.source.find("batch_mla_sm90<tessera::half_t, tessera::half_t, tessera::half_t, true>"), std::string::npos);
+  const auto f8 = catalog::batch_mla_sm90(DType::kBFloat16, DType::kFloat8E5M2, false);
+  EXPECT_NE(f8.source.find("batch_mla_sm90<tessera::bf16_t, tessera::fp8_e5m2_t, tessera::bf16_t, false>"),
+            std::string::npos);
+  EXPECT_NE(f8.entry, catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, false).entry);
+  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat8E4M3, DType::kFloat8E4M3, false), TypeMismatch, "q_dtype");
+  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kBFloat16, false), TypeMismatch, "kv_dtype");
 }
 
 MLATask small_task() {
@@ -85,7 +90,21 @@ TEST(MlaValidation, TaskFieldsAreNamed) {
   EXPECT_THROW_MSG(make([](MLATask& t) { t.page_size = 0; }), InvalidArgument, "page_size");
   EXPECT_THROW_MSG(make([](MLATask& t) { t.q_dtype = DType::kFloat32; }), TypeMismatch, "q_data_type");
   EXPECT_THROW_MSG(make([](MLATask& t) { t.kv_dtype = DType::kBFloat16; }), TypeMismatch, "kv_data_type");
-  EXPECT_THROW_MSG(make([](MLATask& t) { t.kv_dtype = DType::kFloat8E4M3; }), TypeMismatch, "kv_data_type");
+  EXPECT_THROW_MSG(make([](MLATask& t) { t.kv_dtype = DType::kFloat32; }), TypeMismatch, "kv_data_type");
+  {
+    MLATask t = small_task();
+    t.kv_dtype = DType::kFloat8E4M3;  // the Hopper kernel's: accepted by auto and fa3, refused by fa2
+    BatchMLA auto_ok(t, fw.ws);
+    MLAOptions fa3;
+    fa3.backend = MlaBackend::kFA3;
+    BatchMLA fa3_ok(t, fw.ws, fa3);
+    MLAOptions fa2;
+    fa2.backend = MlaBackend::kFA2;
+    EXPECT_THROW_MSG(BatchMLA(t, fw.ws, fa2), TypeMismatch, "kv_data_type");
+    MLAOptions tile16;
+    tile16.cta_q = 16;
+    EXPECT_THROW_MSG(BatchMLA(t, fw.ws, tile16), TypeMismatch, "kv_data_type");
+  }
   EXPECT_THROW_MSG(make([](MLATask& t) { t.max_pages = -1; }), InvalidArgument, "max_pages");
   MLAOptions opt;
   opt.cta_q = 48;

@@ -67,13 +67,14 @@ struct Inputs {
   DeviceTensor d_q_nope, d_q_pe, d_ckv, d_kpe, d_o, d_lse;
 };
 
-Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint64_t seed) {
+// kv_dt: the caches' dtype (dt's, or fp8: random values are quantized).
+Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint64_t seed, DType kv_dt) {
   Inputs in;
   const int64_t T = s.qo_indptr.back();
   in.q_nope = test::make_host(dt, {T, H, kDc});
   in.q_pe = test::make_host(dt, {T, H, kDr});
-  in.ckv = test::make_host(dt, {pool, page_size, kDc});
-  in.kpe = test::make_host(dt, {pool, page_size, kDr});
+  in.ckv = test::make_host(kv_dt, {pool, page_size, kDc});
+  in.kpe = test::make_host(kv_dt, {pool, page_size, kDr});
   in.o = test::make_host(dt, {T, H, kDc});
   in.lse = test::make_host(DType::kFloat32, {T, H});
   test::fill_random(in.q_nope, seed + 10);
@@ -87,11 +88,26 @@ Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint
   in.d_lse = test::poisoned_like(in.lse);
   return in;
 }
+Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint64_t seed) {
+  return make_inputs(s, H, page_size, pool, dt, seed, dt);
+}
 
+// An fp8 cache's values dequantized (stored value x scale) into float32, NaN kept.
+HostTensor dequantized(const HostTensor& t, double scale) {
+  if (!is_fp8(t.view.dtype)) return t;
+  HostTensor f = test::make_host(DType::kFloat32, t.view.shape);
+  for (size_t i = 0; i < f.storage_elems(); ++i) f.set(i, static_cast<float>(t.get(i) * scale));
+  return f;
+}
+
+// ckv_scale / kpe_scale: an fp8 cache's dequantization scales; the reference
+// attends over the dequantized values, so it measures the kernel, not the
+// quantization.
 void expect_matches_reference(const Inputs& in, const Step& s, bool causal, double sm_scale, DType dt,
-                              const std::string& what) {
+                              const std::string& what, double ckv_scale = 1.0, double kpe_scale = 1.0) {
   SCOPED_TRACE(what);
-  const reference::Result ref = reference::mla_paged(in.q_nope.view, in.q_pe.view, in.ckv.view, in.kpe.view,
+  const HostTensor ckv = dequantized(in.ckv, ckv_scale), kpe = dequantized(in.kpe, kpe_scale);
+  const reference::Result ref = reference::mla_paged(in.q_nope.view, in.q_pe.view, ckv.view, kpe.view,
                                                      s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens, causal,
                                                      sm_scale);
   const HostTensor o = test::to_host(in.d_o, in.o), lse = test::to_host(in.d_lse, in.lse);
@@ -104,6 +120,8 @@ struct Case {
   DType dt;
   bool causal;
   std::vector<int32_t> qo_lens, kv_lens;
+  DType kv_dt = DType::kFloat32;  // the caches' dtype; kFloat32: dt's
+  double ckv_scale = 1.0, kpe_scale = 1.0;
 };
 
 void run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
@@ -112,11 +130,13 @@ void run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
   for (int32_t k : c.kv_lens) need += (k + c.page_size - 1) / c.page_size;
   const int pool = static_cast<int>(need) + 3;
   const Step s = make_step(c.qo_lens, c.kv_lens, c.page_size, pool, rng);
-  Inputs in = make_inputs(s, c.H, c.page_size, pool, c.dt, seed);
+  const DType kv_dt = c.kv_dt == DType::kFloat32 ? c.dt : c.kv_dt;
+  Inputs in = make_inputs(s, c.H, c.page_size, pool, c.dt, seed, kv_dt);
   MLATask task;
   task.num_heads = c.H;
   task.page_size = c.page_size;
-  task.q_dtype = task.kv_dtype = c.dt;
+  task.q_dtype = c.dt;
+  task.kv_dtype = kv_dt;
   task.causal = c.causal;
   task.max_batch = static_cast<int64_t>(c.qo_lens.size());
   task.max_total_q = std::max<int64_t>(1, s.qo_indptr.back());
@@ -125,14 +145,17 @@ void run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
   Workspace ws = Workspace::allocate(sz.device_bytes, sz.host_bytes);
   BatchMLA mla(task, ws, opt);
   mla.plan(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens);
-  const double scale = 1.0 / std::sqrt(192.0);  // DeepSeek's: 1 / sqrt(qk_nope 128 + rope 64)
-  mla.run(in.d_q_nope.view, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view, nullptr,
-          {scale});
+  MLARunOptions ro;
+  ro.sm_scale = 1.0 / std::sqrt(192.0);  // DeepSeek's: 1 / sqrt(qk_nope 128 + rope 64)
+  ro.ckv_scale = c.ckv_scale;
+  ro.kpe_scale = c.kpe_scale;
+  mla.run(in.d_q_nope.view, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view, nullptr, ro);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::string what = "H " + std::to_string(c.H) + " page " + std::to_string(c.page_size) + " " + dtype_name(c.dt) +
-                     (c.causal ? " causal" : "") + " tile " + std::to_string(mla.config().cta_q) + " split tiles " +
+                     " caches " + dtype_name(kv_dt) + (c.causal ? " causal" : "") + " tile " +
+                     std::to_string(mla.config().cta_q) + (mla.config().hopper ? " hopper" : "") + " split tiles " +
                      std::to_string(mla.last_plan().num_split);
-  expect_matches_reference(in, s, c.causal, scale, c.dt, what);
+  expect_matches_reference(in, s, c.causal, ro.sm_scale, c.dt, what, c.ckv_scale, c.kpe_scale);
 }
 
 // Every correctness case runs on both kernel templates: the mma.sync kernel
@@ -190,6 +213,26 @@ TEST_P(MlaGpuBackend, LongContextsSplitKvAndMerge) {
     o.cta_q = q;
     run_case({32, 16, DType::kBFloat16, true, {2, 1, 4}, {5000, 17, 777}}, 310 + q, o);
   }
+}
+
+// fp8 latent caches (the Hopper kernel): e4m3 and e5m2 under fp16 and bf16
+// queries, per-tensor scales (equal and unequal for ckv and kpe), against the
+// reference over the dequantized caches; decode, causal multi-token queries
+// and a long split context.
+TEST(MlaGpuFp8, HopperKernelMatchesTheDequantizedReference) {
+  SKIP_WITHOUT_GPU();
+  if (cuda::device_info(cuda::current_device()).major != 9) GTEST_SKIP() << "skipped: fp8 MLA caches need sm_90";
+  uint64_t seed = 400;
+  for (DType kv : {DType::kFloat8E4M3, DType::kFloat8E5M2})
+    for (DType dt : {DType::kFloat16, DType::kBFloat16})
+      for (int H : {16, 128})
+        for (int ps : {1, 16, 64}) {
+          Case c{H, ps, dt, false, {1, 1, 1, 1, 1}, {0, 1, 97, 1031, 64}, kv, 0.5, ps == 16 ? 0.5 : 1.75};
+          run_case(c, ++seed);
+        }
+  for (int q : {2, 8})
+    run_case({128, 64, DType::kBFloat16, true, {q, q, q}, {q, 37 + q, 509}, DType::kFloat8E4M3, 0.03, 0.02}, ++seed);
+  run_case({16, 64, DType::kFloat16, false, {1, 1}, {32768, 3001}, DType::kFloat8E4M3, 2.0, 0.25}, ++seed);
 }
 
 // Two runs of one plan write the same bits (split tiles merge in chunk order).

@@ -64,7 +64,9 @@ def plan_args(**over):
     (dict(sm_scale=-1.0), ValueError, "sm_scale"),
     (dict(q_data_type="float32"), TypeError, "q_data_type"),
     (dict(kv_data_type="float16"), TypeError, "kv_data_type"),
-    (dict(kv_data_type="float8_e4m3fn"), TypeError, "kv_data_type"),
+    (dict(kv_data_type="float32"), TypeError, "kv_data_type"),
+    (dict(scale_mode="kv-per-tensor"), ValueError, "scale_mode"),
+    (dict(scale_mode="bmm-scalar", kv_data_type="float8_e4m3fn"), ValueError, "scale_mode"),
     (dict(kv_indptr=np.array([0, 1], np.int32)), ValueError, "kv_indptr"),
     (dict(kv_len_arr=np.array([5], np.int32)), ValueError, "kv_len_arr"),
     (dict(qo_indptr=np.array([0.0, 1.0])), TypeError, "qo_indptr"),
@@ -164,6 +166,33 @@ def test_matches_reference(torch_cuda, poison, H, page, q_len, causal, dtype_nam
     w.run(query=(s["q_nope"], s["q_pe"]), kv_cache=torch.cat([s["ckv"], s["kpe"]], -1), out=out2)
     torch.cuda.synchronize()
     assert torch.equal(out, out2)
+
+
+@pytest.mark.parametrize("kv_name", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("H, q_len, causal", [(16, 1, False), (128, 1, False), (128, 2, True)])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_fp8_caches_match_the_dequantized_reference(torch_cuda, poison, kv_name, H, q_len, causal, dtype_name):
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("skipped: fp8 MLA caches need the Hopper kernel (sm_90)")
+    dtype, kv_dtype = getattr(torch, dtype_name), getattr(torch, kv_name)
+    rng = np.random.default_rng(H + q_len)
+    page = 16
+    s = make_step(torch, [q_len] * 3, [q_len, 300 + q_len, 2049], page, H, dtype, rng)
+    ckv8, kpe8 = s["ckv"].to(kv_dtype), s["kpe"].to(kv_dtype)  # NaN stays NaN in unused slots
+    ckv_scale, kpe_scale = 0.7, 1.3
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    w = tessera.BatchMLAPagedAttentionWrapper(ws)
+    scale = 1 / math.sqrt(192)
+    w.plan(s["qo_indptr"], s["kv_indptr"], s["kv_indices"], s["kv_lens"], H, 512, 64, page, causal, scale, dtype,
+           kv_dtype)
+    with pytest.raises(ValueError, match="ckv_scale"):
+        w.run(s["q_nope"], s["q_pe"], ckv8, kpe8, kpe_scale=kpe_scale)
+    out, lse = w.run(s["q_nope"], s["q_pe"], ckv8, kpe8, return_lse=True, ckv_scale=ckv_scale, kpe_scale=kpe_scale)
+    torch.cuda.synchronize()
+    assert w._native.hopper
+    deq = dict(s, ckv=ckv8.float() * ckv_scale, kpe=kpe8.float() * kpe_scale)
+    check(torch, deq, out, lse, causal, scale, dtype)
 
 
 def test_long_context_split_and_graph_replay(torch_cuda):

@@ -52,6 +52,10 @@ struct MlaParams {
   int heads_per_group; // 1 (the work queue's request field is the request)
   float sm_scale;
   float o_scale;
+  // fp8 caches (Hopper kernel): kpe's dequantization scale over ckv's. ckv's
+  // own scale is folded into sm_scale and o_scale; this multiplies the
+  // widened kpe values. 1 for 16-bit caches.
+  float pe_scale;
 };
 
 // Shape of one kernel configuration: CTA_Q fused rows in WARPS_Q row groups
@@ -113,13 +117,28 @@ constexpr int kMlaSm90Keys = 64;     // keys per KV tile (32 per consumer warpgr
 constexpr int kMlaSm90Stages = 2;    // what fits beside the 72 KB Q tile
 constexpr int kMlaSm90Threads = 384; // a producer warpgroup and two consumers
 constexpr int kMlaSm90Blocks = kMlaDimQK / 64;
-struct MlaSm90SharedStorage {
+// 16-bit caches: the KV tiles are the stages. fp8 caches (e4m3 / e5m2): two
+// stages of raw fp8 rows (576 bytes: ckv then kpe), which the consumers widen
+// into one 16-bit working tile, so each fp8 stage goes back as soon as it is
+// widened. Both layouts take 224 KB; q, kv and p start at the same offsets.
+template <bool kFp8>
+struct MlaSm90Storage;
+template <>
+struct MlaSm90Storage<false> {
   u16 q[kMlaSm90Blocks][kMlaSm90Rows * 64];
   u16 kv[kMlaSm90Stages][kMlaSm90Blocks][kMlaSm90Keys * 64];
   u16 p[kMlaSm90Rows * kMlaSm90Keys];
 };
+template <>
+struct MlaSm90Storage<true> {
+  u16 q[kMlaSm90Blocks][kMlaSm90Rows * 64];
+  u16 kv[1][kMlaSm90Blocks][kMlaSm90Keys * 64];
+  u16 p[kMlaSm90Rows * kMlaSm90Keys];
+  u8 raw[kMlaSm90Stages][kMlaSm90Keys * kMlaDimQK];
+};
+static_assert(sizeof(MlaSm90Storage<true>) == sizeof(MlaSm90Storage<false>), "one launch size for both");
 // Dynamic shared memory of a launch: the storage and the slack that aligns
 // it to 1024 bytes.
-constexpr int kMlaSm90SmemBytes = static_cast<int>(sizeof(MlaSm90SharedStorage)) + 1024;
+constexpr int kMlaSm90SmemBytes = static_cast<int>(sizeof(MlaSm90Storage<false>)) + 1024;
 
 }  // namespace tessera

@@ -45,7 +45,9 @@ struct MLATask {
   int head_dim_kpe = 64;   // RoPE features (the kernel takes 64)
   int page_size = 64;
   DType q_dtype = DType::kFloat16;   // q_nope, q_pe and o: float16 or bfloat16
-  DType kv_dtype = DType::kFloat16;  // ckv / kpe caches: the same as q_dtype
+  // ckv / kpe caches: q_dtype, or fp8 (kFloat8E4M3 / kFloat8E5M2, the Hopper
+  // kernel only; dequantized by MLARunOptions::ckv_scale / kpe_scale)
+  DType kv_dtype = DType::kFloat16;
   bool causal = false;
   // Workspace bounds; 0 = take them from the first plan().
   int64_t max_batch = 0, max_total_q = 0, max_pages = 0;
@@ -68,6 +70,9 @@ struct MLAOptions {
 struct MLARunOptions {
   double sm_scale = -1.0;  // < 0: 1 / sqrt(head_dim_ckv + head_dim_kpe)
   bool pdl = false;        // programmatic dependent launch (sm_90+), as RunOptions::pdl
+  // fp8 caches: per-tensor dequantization scales (value = stored x scale),
+  // FlashInfer's ckv_scale / kpe_scale; 1 for 16-bit caches.
+  double ckv_scale = 1.0, kpe_scale = 1.0;
 };
 
 class BatchMLA {

@@ -30,10 +30,12 @@ int choose_mla_cta_q(double avg_fused_rows);
 jit::KernelSource batch_mla(DType dtype, int cta_q, bool causal);
 // The Hopper kernel's configuration (64-row query tiles, 64-key KV tiles).
 MlaKernelConfig mla_sm90_config();
-// The persistent Hopper (sm_90a) MLA kernel: as batch_mla, 64-row tiles.
-jit::KernelSource batch_mla_sm90(DType dtype, bool causal);
-// Every built-in MLA kernel: fp16 / bf16 x (query tiles 16 / 32 / 64 and the
-// Hopper kernel) x causal or not.
+// The persistent Hopper (sm_90a) MLA kernel: as batch_mla, 64-row tiles;
+// caches of kv_dtype: q's dtype, or fp8 e4m3 / e5m2 (else TypeMismatch
+// naming kv_dtype).
+jit::KernelSource batch_mla_sm90(DType dtype, DType kv_dtype, bool causal);
+// Every built-in MLA kernel: fp16 / bf16 x (query tiles 16 / 32 / 64, the
+// Hopper kernel, the Hopper kernel over e4m3 caches) x causal or not.
 std::vector<jit::KernelSource> builtin_mla_kernels();
 }  // namespace catalog
 

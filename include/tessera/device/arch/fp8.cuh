@@ -115,7 +115,10 @@ __device__ __forceinline__ void f16x2_to_float2(u32 w, float& a, float& b) {
 
 // Four fp8 values packed in x as two 16-bit pairs of type H (half_t: the
 // f16x2 words above; bf16_t: through float, exact since every e4m3 / e5m2
-// value is a bf16 value), for tensor-core operands of q's type.
+// value is a bf16 value), for tensor-core operands of q's type. A float
+// holding an fp8 value has at most 4 significant bits, so its top 16 bits
+// are that value's bf16: one byte permute packs a pair (a rounding
+// conversion would cost a pass through the conversion unit per pair).
 template <typename T, typename H>
 __device__ __forceinline__ void fp8x4_to_16x2(u32 x, u32& lo, u32& hi) {
   fp8x4_to_f16x2<T>(x, lo, hi);
@@ -123,9 +126,7 @@ __device__ __forceinline__ void fp8x4_to_16x2(u32 x, u32& lo, u32& hi) {
     auto to_bf16x2 = [](u32 w) {
       float a, b;
       f16x2_to_float2(w, a, b);
-      u32 r;
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));  // the first source goes high
-      return r;
+      return byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);  // a's top half low, b's high
     };
     lo = to_bf16x2(lo);
     hi = to_bf16x2(hi);

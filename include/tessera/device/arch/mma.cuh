@@ -43,6 +43,14 @@ __device__ __forceinline__ u32 pack2(float lo, float hi, bf16_t) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// The inverse: one register of two 16-bit values -> two floats (exact).
+__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi, half_t) {
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(w));
+}
+__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi, bf16_t) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xffff0000u);
+}
 
 #endif
 

@@ -19,7 +19,13 @@
 // then queues behind it on the tensor cores and the stage goes back later.)
 // Barrier A also orders the P tile's reuse: both warpgroups have waited for
 // the previous P V before either writes the next P.
+//
+// fp8 caches: the consumers first widen the tile's raw fp8 rows into the
+// 16-bit working tile (exact: every e4m3 / e5m2 value is an fp16 and a bf16
+// value; kpe then times pe_scale) and give the raw stage back at once, so
+// the producer's loads run two fp8 tiles ahead of the math.
 #pragma once
+#include "tessera/device/arch/fp8.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/common/epilogue.cuh"
 #include "tessera/device/kernels/mla/kernel.cuh"
@@ -34,6 +40,42 @@ namespace tessera {
 constexpr int kMlaMaxBar = 1;    // row maxima of a tile (then row sums at the end)
 constexpr int kMlaPBar = 2;      // the P tile complete
 constexpr int kMlaMergeBar = 3;  // split-KV merge
+constexpr int kMlaWidenBar = 4;  // fp8: the working tile free, then widened
+
+// Widens a raw stage of 64 fp8 rows (576 bytes each) into the swizzled 16-bit
+// working tile at shared address dst, kpe (block 8) times pe_scale. The 256
+// consumer threads in quarter warps: quarter q takes rows 2q and 2q + 1,
+// lane i of it 16 features (16 * (i % 4) ..) of row 2q + i / 4 in each of
+// the nine 64-feature blocks: its reads cover 128 distinct bytes and its
+// 16-byte stores eight distinct chunk slots (the swizzle), so neither side
+// has bank conflicts.
+template <typename T, typename DKV>
+__device__ __forceinline__ void mla_sm90_widen(u32 dst, u32 raw, int tid, float pe_scale) {
+  const int sub = tid % 8, row = 2 * (tid / 8) + sub / 4, k = sub % 4;
+  const u32 src = raw + static_cast<u32>(row * kMlaDimQK + 16 * k);
+  const u32 out = dst + static_cast<u32>(row * 128);
+  const u32 c0 = static_cast<u32>((2 * k) ^ (row & 7)) << 4, c1 = static_cast<u32>((2 * k + 1) ^ (row & 7)) << 4;
+#pragma unroll 3
+  for (int b = 0; b < kMlaSm90Blocks; ++b) {
+    const uint4 x = ld_shared_16(src + b * 64);
+    u32 w[8];
+    fp8x4_to_16x2<DKV, T>(x.x, w[0], w[1]);
+    fp8x4_to_16x2<DKV, T>(x.y, w[2], w[3]);
+    fp8x4_to_16x2<DKV, T>(x.z, w[4], w[5]);
+    fp8x4_to_16x2<DKV, T>(x.w, w[6], w[7]);
+    if (b == kMlaSm90Blocks - 1 && pe_scale != 1.f) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float lo, hi;
+        unpack2(w[i], lo, hi, T{});
+        w[i] = pack2(lo * pe_scale, hi * pe_scale, T{});
+      }
+    }
+    const u32 block = out + b * (kMlaSm90Keys * 128);
+    st_shared_16(block + c0, make_uint4(w[0], w[1], w[2], w[3]));
+    st_shared_16(block + c1, make_uint4(w[4], w[5], w[6], w[7]));
+  }
+}
 
 // Scratch of the consumers beside the pipeline (static shared memory).
 struct MlaSm90Exchange {
@@ -42,8 +84,9 @@ struct MlaSm90Exchange {
   int is_last;
 };
 
-template <typename T, typename DO, bool CAUSAL>
+template <typename T, typename DKV, typename DO, bool CAUSAL>
 struct MlaSm90Consumer {
+  static constexpr bool kFp8 = is_fp8<DKV>;
   static constexpr int NT_S = 32 / 8;                  // S n-tiles of a warpgroup (32 keys)
   static constexpr int O_REGS = kMlaDimCkv / 2 / 2;    // 64 x 256 fp32 over 128 threads
   static constexpr u32 BLOCK = kMlaSm90Rows * 128;     // one [64][64] column block
@@ -51,7 +94,7 @@ struct MlaSm90Consumer {
 
   const MlaParams& p;
   MlaSm90Pipeline& pipe;
-  MlaSm90SharedStorage& sm;
+  MlaSm90Storage<kFp8>& sm;
   MlaSm90Exchange& ex;
 
 #if TESSERA_HAS_WGMMA
@@ -123,7 +166,17 @@ struct MlaSm90Consumer {
         for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
           const int stage = kv_pos.index();
           mbarrier_wait(smem_addr(&pipe.kv_full[stage]), kv_pos.phase());
-          issue_s(s, q_desc, desc_at(k_desc0, stage * STAGE_BYTES));
+          int tile = stage;  // the 16-bit tile's buffer: the stage, or (fp8) the working tile
+          if constexpr (kFp8) {
+            tile = 0;
+            named_barrier_sync(kMlaWidenBar, 256);  // both warpgroups' P V of the last tile are done
+            mla_sm90_widen<T, DKV>(smem_addr(&sm.kv[0][0][0]), mla_sm90_stages(sm) + stage * (kMlaSm90Keys * kMlaDimQK),
+                                   tid, p.pe_scale);
+            mbarrier_arrive(smem_addr(&pipe.kv_empty[stage]));
+            fence_proxy_async();  // generic stores -> the wgmmas' async proxy
+            named_barrier_sync(kMlaWidenBar, 256);
+          }
+          issue_s(s, q_desc, desc_at(k_desc0, tile * STAGE_BYTES));
           wgmma_wait<0>();
           wgmma_keep(s);
           if (t == n_tiles - 1) mbarrier_arrive(smem_addr(&pipe.q_empty));
@@ -196,13 +249,13 @@ struct MlaSm90Consumer {
           }
           fence_proxy_async();  // generic stores -> the wgmmas' async proxy
           named_barrier_sync(kMlaPBar, 256);
-          issue_pv(o, pa, p_desc, desc_at(v_desc0, stage * STAGE_BYTES), wg);
+          issue_pv(o, pa, p_desc, desc_at(v_desc0, tile * STAGE_BYTES), wg);
           // The stage goes back as soon as P V is done, so the producer's next
           // load is in flight while this warpgroup waits for the next tile.
           wgmma_wait<0>();
           wgmma_keep(o);
           wgmma_keep(pa);
-          mbarrier_arrive(smem_addr(&pipe.kv_empty[stage]));
+          if constexpr (!kFp8) mbarrier_arrive(smem_addr(&pipe.kv_empty[stage]));
         }
         q_pos = q_pos.next();
       }

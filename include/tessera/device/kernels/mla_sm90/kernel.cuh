@@ -24,24 +24,27 @@ struct MlaSm90Registers {
   static_assert((PRODUCER + 2 * CONSUMER) * 128 <= 65536, "register file");
 };
 
-// T: q / ckv / kpe element type (fp16 or bf16); DO: o's. CAUSAL: bottom-right
-// aligned causal mask among a request's new tokens.
-template <typename T, typename DO, bool CAUSAL>
+// T: q's element type (fp16 or bf16), also the tiles' and the MMAs'; DKV:
+// the caches' (T, or fp8 e4m3 / e5m2); DO: o's. CAUSAL: bottom-right aligned
+// causal mask among a request's new tokens.
+template <typename T, typename DKV, typename DO, bool CAUSAL>
 __device__ __forceinline__ void batch_mla_sm90(const MlaParams& p) {
-  static_assert(sizeof(T) == 2 && sizeof(DO) == 2, "16-bit q, caches and o");
+  constexpr bool kFp8 = is_fp8<DKV>;
+  static_assert(sizeof(T) == 2 && sizeof(DO) == 2, "16-bit q and o");
+  static_assert(kFp8 || sizeof(DKV) == 2, "16-bit caches of q's type, or fp8");
   extern __shared__ uint4 smem_raw[];
   __shared__ MlaSm90Pipeline pipe;
   __shared__ MlaSm90Exchange ex;
-  MlaSm90SharedStorage& sm = *reinterpret_cast<MlaSm90SharedStorage*>(
+  auto& sm = *reinterpret_cast<MlaSm90Storage<kFp8>*>(
       (reinterpret_cast<size_t>(smem_raw) + 1023) & ~static_cast<size_t>(1023));  // wgmma's swizzle atoms
   if (threadIdx.x == 0) pipe.init();
   __syncthreads();
   if (threadIdx.x < 128) {
     setmaxnreg_dec<MlaSm90Registers::PRODUCER>();
-    MlaSm90Producer<T>{p, pipe, sm}.run();
+    MlaSm90Producer<T, DKV>{p, pipe, sm}.run();
   } else {
     setmaxnreg_inc<MlaSm90Registers::CONSUMER>();
-    MlaSm90Consumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
+    MlaSm90Consumer<T, DKV, DO, CAUSAL>{p, pipe, sm, ex}.run();
   }
 }
 

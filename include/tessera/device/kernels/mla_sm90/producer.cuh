@@ -1,12 +1,15 @@
 // MLA kernel family on Hopper (sm_90a), the producer warpgroup: walks the
 // CTA's work queue and gathers, for each item, the Q tile (q_nope | q_pe rows
 // of 64 fused rows) and then each 64-key KV tile (ckv | kpe rows through the
-// page table) into the 128-byte-swizzled wgmma layout of
-// MlaSm90SharedStorage, with cp.async copies that arrive on the buffers'
-// mbarriers when they land (cp.async.mbarrier.arrive.noinc), so the producer
-// never waits for its own copies, only for free buffers.
+// page table) with cp.async copies that arrive on the buffers' mbarriers
+// when they land (cp.async.mbarrier.arrive.noinc), so the producer never
+// waits for its own copies, only for free buffers. 16-bit tiles land in the
+// 128-byte-swizzled wgmma layout of MlaSm90Storage; fp8 rows land as they
+// are (576 bytes a row) for the consumers to widen. Page ids are read a tile
+// ahead, while the producer waits for a free stage.
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
+#include "tessera/device/arch/fp8.cuh"
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/mbarrier.cuh"
 #include "tessera/device/kernels/common/work_queue.cuh"
@@ -72,21 +75,64 @@ __device__ __forceinline__ void mla_sm90_load_tile(u32 dst, const T* nope, const
   }
 }
 
-template <typename T>
+// The shared address of the first stage the producer fills: the 16-bit tiles,
+// or the raw fp8 rows.
+__device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<false>& s) { return smem_addr(&s.kv[0][0][0]); }
+__device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<true>& s) { return smem_addr(&s.raw[0][0]); }
+
+// The fp8 path: tile rows' page ids, two per lane (rows lane and lane + 32;
+// -1: the row is past the chunk or its id is bad, zero-filled), every warp
+// holding all 64 and handing them out with shuffles.
+struct MlaSm90Pages {
+  int id[2];
+};
+
+// Copies 64 fp8 rows into a raw stage at shared address dst (row r at r *
+// 576: ckv's 512 bytes, then kpe's 64). Warp w copies ckv rows w, w + 4, ...
+// one 16-byte chunk a lane (a row's 512 bytes per instruction), and all 128
+// threads copy the kpe chunks (four a row).
+template <typename DKV>
+__device__ __forceinline__ void mla_sm90_load_raw(u32 dst, const MlaParams& p, const DKV* ckv, const DKV* kpe, int tid,
+                                                  const MlaSm90Pages& pages, int start) {
+  const int lane = tid % 32, warp = tid / 32;
+  auto page_of = [&](int row) { return __shfl_sync(0xffffffffu, pages.id[row >> 5], row & 31); };
+  auto src_row = [&](int row, int page, i64 page_stride, i64 token_stride) {
+    const int pos = start + row;
+    const int slot = pos - (p.page_shift >= 0 ? (pos >> p.page_shift) << p.page_shift : pos / p.page_size * p.page_size);
+    return page * page_stride + slot * token_stride;
+  };
+#pragma unroll 4
+  for (int i = 0; i < kMlaSm90Keys / 4; ++i) {
+    const int row = warp + 4 * i, page = page_of(row);
+    const bool ok = page >= 0;
+    cp_async_16(dst + static_cast<u32>(row * kMlaDimQK + lane * 16),
+                ok ? ckv + src_row(row, page, p.ckv_page_stride, p.ckv_token_stride) + lane * 16 : ckv, ok);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int row = tid / 4 + 32 * j, c = tid % 4, page = page_of(row);
+    const bool ok = page >= 0;
+    cp_async_16(dst + static_cast<u32>(row * kMlaDimQK + kMlaDimCkv + c * 16),
+                ok ? kpe + src_row(row, page, p.kpe_page_stride, p.kpe_token_stride) + c * 16 : kpe, ok);
+  }
+}
+
+template <typename T, typename DKV>
 struct MlaSm90Producer {
+  static constexpr bool kFp8 = is_fp8<DKV>;
   const MlaParams& p;
   MlaSm90Pipeline& pipe;
-  MlaSm90SharedStorage& sm;
+  MlaSm90Storage<kFp8>& sm;
 
   __device__ __forceinline__ void run() {
     const int tid = threadIdx.x;  // 0..127
     const T* q_nope = static_cast<const T*>(p.q_nope);
     const T* q_pe = static_cast<const T*>(p.q_pe);
-    const T* ckv = static_cast<const T*>(p.ckv);
-    const T* kpe = static_cast<const T*>(p.kpe);
+    const DKV* ckv = static_cast<const DKV*>(p.ckv);
+    const DKV* kpe = static_cast<const DKV*>(p.kpe);
     const int H = p.group;
-    const u32 q_addr = smem_addr(&sm.q[0][0]), kv_addr = smem_addr(&sm.kv[0][0][0]);
-    constexpr u32 STAGE_BYTES = sizeof(sm.kv[0]);
+    const u32 q_addr = smem_addr(&sm.q[0][0]), kv_addr = mla_sm90_stages(sm);
+    constexpr u32 STAGE_BYTES = kFp8 ? kMlaSm90Keys * kMlaDimQK : sizeof(sm.kv[0]);
     WorkQueue<PrefillWorkItem, QueueLoad::kFirst, MlaParams> queue(p, blockIdx.x);
     RingPos<1> q_pos;
     RingPos<kMlaSm90Stages> kv_pos;
@@ -104,20 +150,30 @@ struct MlaSm90Producer {
       });
       // A tile's rows: their page ids are loaded a tile ahead, while the
       // producer waits for a free stage.
+      auto page_of_pos = [&](int pos) {
+        if (pos >= w.kv_end) return -1;  // zeros past the chunk (masked), never an unused slot's NaN
+        const int page_idx = p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
+        return mla_page_id(p, w.kv_begin + page_idx);
+      };
       auto kv_rows = [&](int t) {
         const int start = w.kv_start + t * kMlaSm90Keys;
         return mla_sm90_rows(tid, [&](int r) -> MlaRowOffset {
-          const int pos = start + r;
-          if (pos >= w.kv_end) return {-1, -1};  // zeros past the chunk (masked), never an unused slot's NaN
-          const int page_idx = p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
-          const int slot = pos - page_idx * p.page_size;
-          const int page = mla_page_id(p, w.kv_begin + page_idx);
+          const int pos = start + r, page = page_of_pos(pos);
           if (page < 0) return {-1, -1};
+          const int slot = pos - (p.page_shift >= 0 ? (pos >> p.page_shift) << p.page_shift : pos / p.page_size * p.page_size);
           return {page * p.ckv_page_stride + slot * p.ckv_token_stride,
                   page * p.kpe_page_stride + slot * p.kpe_token_stride};
         });
       };
-      MlaSm90Rows rows = kv_rows(0);
+      auto kv_pages = [&](int t) {
+        const int start = w.kv_start + t * kMlaSm90Keys, lane = tid % 32;
+        return MlaSm90Pages{{page_of_pos(start + lane), page_of_pos(start + lane + 32)}};
+      };
+      auto ahead = [&](int t) {
+        if constexpr (kFp8) return kv_pages(t);
+        else return kv_rows(t);
+      };
+      auto rows = ahead(0);
       mbarrier_wait(smem_addr(&pipe.q_empty), q_pos.phase() ^ 1);
       mla_sm90_load_tile(q_addr, q_nope, q_pe, tid, q_rows);
       cp_async_arrive_noinc(smem_addr(&pipe.q_full));
@@ -125,9 +181,10 @@ struct MlaSm90Producer {
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
         const int s = kv_pos.index();
         mbarrier_wait(smem_addr(&pipe.kv_empty[s]), kv_pos.phase() ^ 1);
-        mla_sm90_load_tile(kv_addr + s * STAGE_BYTES, ckv, kpe, tid, rows);
+        if constexpr (kFp8) mla_sm90_load_raw(kv_addr + s * STAGE_BYTES, p, ckv, kpe, tid, rows, w.kv_start + t * kMlaSm90Keys);
+        else mla_sm90_load_tile(kv_addr + s * STAGE_BYTES, ckv, kpe, tid, rows);
         cp_async_arrive_noinc(smem_addr(&pipe.kv_full[s]));
-        if (t + 1 < n_tiles) rows = kv_rows(t + 1);
+        if (t + 1 < n_tiles) rows = ahead(t + 1);
       }
     }
     grid_dependency_launch_dependents();
