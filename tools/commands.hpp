@@ -18,6 +18,9 @@ int run_compile(const std::vector<std::string>& archs, int threads, bool verbose
 // Host time of steady-state BatchDecode::plan() calls, and of the planner alone.
 int run_plan_time(int batch, int reps);
 
+// Host time of shared-prefix detection on serving-sized page tables.
+int run_prefix_time(int batch, int tokens, int reps);
+
 // A decode step of `layers` attention layers planned on the GPU in one
 // graph for every batch size, against host plans with a graph per size.
 struct DevicePlanOptions {

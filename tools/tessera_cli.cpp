@@ -2,6 +2,7 @@
 //   tessera demo [--small] [--seed N] [--iters N]   serving-style attention step, verified
 //   tessera compile [--arch sm_80,sm_90a] [--threads N] [--verbose] [--load] [--pack DIR]
 //   tessera plan-time [--batch N] [--reps N]         host time of BatchDecode::plan()
+//   tessera prefix-time [--batch N] [--tokens N] [--reps N]   host time of shared-prefix detection
 //   tessera device-plan [--layers N] [--steps N]     decode steps planned on the GPU vs on the host
 //   tessera info                                     GPU, NVRTC and cache
 #include <cstdio>
@@ -25,6 +26,7 @@ void usage() {
       "  compile  [--arch LIST] [--threads N] [--verbose] [--load] [--pack DIR]  JIT-compile every built-in\n"
       "           kernel (--pack: also write them to DIR, a kernel pack an install ships)\n"
       "  plan-time [--batch N] [--reps N]  host time of steady-state decode plan() calls\n"
+      "  prefix-time [--batch N] [--tokens N] [--reps N]  host time of shared-prefix detection (no GPU needed)\n"
       "  device-plan [--layers N] [--steps N] [--max-batch N] [--max-len N] [--cuda-cores]\n"
       "                                    decode steps planned on the GPU in one graph vs host plans\n"
       "  info     show the GPU, NVRTC version and kernel cache directory");
@@ -83,6 +85,18 @@ int main(int argc, char** argv) {
       }
       if (batch < 1 || reps < 1) { usage(); return 2; }
       return tessera::tools::run_plan_time(batch, reps);
+    }
+    if (cmd == "prefix-time") {
+      int batch = 256, tokens = 4096, reps = 100;
+      for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--batch" && i + 1 < argc) batch = std::atoi(argv[++i]);
+        else if (a == "--tokens" && i + 1 < argc) tokens = std::atoi(argv[++i]);
+        else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+        else { usage(); return 2; }
+      }
+      if (batch < 1 || tokens < 512 || reps < 1) { usage(); return 2; }
+      return tessera::tools::run_prefix_time(batch, tokens, reps);
     }
     if (cmd == "device-plan") {
       tessera::tools::DevicePlanOptions opt;
