@@ -261,15 +261,16 @@ TEST(MlaReference, ArgumentsAreNamed) {
 
 // The wrapper's plans (group = H, the tile's rows, causal clipping, chunks
 // aligned to the KV tile) satisfy the planner's contract on random decode /
-// MTP batches, for every tile configuration.
+// MTP batches, for every tile configuration (the mma.sync kernel's and, every
+// other batch, the Hopper kernel's 64-row tiles of 64 keys).
 TEST(MlaPlan, RandomBatchesMeetThePlannerContract) {
   std::mt19937 rng(30);
   Planner planner;
   PrefillPlan plan;
   for (int iter = 0; iter < 200 && !::testing::Test::HasFailure(); ++iter) {
     const int H = std::vector<int>{16, 32, 64, 128}[rng() % 4];
-    const int cta_q = catalog::choose_mla_cta_q(H);
-    const MlaKernelConfig cfg = catalog::mla_config(cta_q);
+    const MlaKernelConfig cfg = iter % 2 ? catalog::mla_sm90_config() : catalog::mla_config(catalog::choose_mla_cta_q(H));
+    const int cta_q = cfg.cta_q;
     const int batch = 1 + static_cast<int>(rng() % 64), q_len = 1 + static_cast<int>(rng() % 8);
     const bool causal = rng() % 2;
     const int ctas = 1 + static_cast<int>(rng() % 132);
