@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "timing.hpp"
 #include "tessera/tessera.hpp"
 #include "tessera/runtime/device_buffer.hpp"
 
@@ -217,11 +218,6 @@ int demo_without_gpu(const DemoOptions& opt) {
   std::printf("reference check (%lld rows x %d heads, paged vs dense formula): max abs diff %.2e  %s\n",
               (long long)rows.size(), kHq, max_err, ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct StepResult {

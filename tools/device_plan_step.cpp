@@ -20,23 +20,14 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "timing.hpp"
 #include "tessera/runtime/device_buffer.hpp"
 #include "tessera/tessera.hpp"
 
 namespace tessera::tools {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 16;
-
-double us_since(Clock::time_point t0, Clock::time_point t1) {
-  return std::chrono::duration<double, std::micro>(t1 - t0).count();
-}
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Step {
   int batch;

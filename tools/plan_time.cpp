@@ -12,17 +12,12 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "timing.hpp"
 #include "tessera/tessera.hpp"
 
 namespace tessera::tools {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Constant lengths, or Zipf-like skewed ones (weight 1 / rank^1.1 for a
 // random rank) scaled to the given mean. Not bench/common.py's draws: the

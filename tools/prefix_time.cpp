@@ -12,17 +12,11 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "timing.hpp"
 #include "tessera/tessera.hpp"
 
 namespace tessera::tools {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Table {
   std::vector<int32_t> indptr{0}, indices, last, lens;
@@ -82,8 +76,8 @@ int run_prefix_time(int batch, int tokens, int reps) {
       pl.plan_decode(t.lens, 132, {}, dplan);
       const auto t2 = Clock::now();
       if (i == 0) continue;
-      detect.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      planner.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+      detect.push_back(us_since(t0, t1));
+      planner.push_back(us_since(t1, t2));
     }
     std::printf("%-34s %9zu %7zu %12lld | %12.1f %14.1f\n", r.name, t.indices.size(), split.groups.size(),
                 static_cast<long long>(split.saved_pages), median(detect), median(planner));
