@@ -35,7 +35,10 @@ Table make_table(int batch, int tokens, int n, int shared, int page_size, unsign
   size_t next = 0;
   std::vector<int32_t> prompt;
   for (int b = 0; b < batch; ++b) {
-    if (b % n == 0) prompt.assign(pool.begin() + next, pool.begin() + next + shared_pages), next += shared_pages;
+    if (b % n == 0) {  // a new prompt: its shared pages
+      prompt.assign(pool.begin() + next, pool.begin() + next + shared_pages);
+      next += shared_pages;
+    }
     t.indices.insert(t.indices.end(), prompt.begin(), prompt.end());
     for (int p = shared_pages; p < total_pages; ++p) t.indices.push_back(pool[next++]);
     t.indptr.push_back(static_cast<int32_t>(t.indices.size()));

@@ -134,7 +134,7 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         ids = W.page_ids(kv_indices, count, "kv_indices", self._float_workspace_buffer)
         batch, total_q = qo.size - 1, int(qo[-1])
         W.check_workspace_buffer_once(self)
-        config = (q_dtype, num_heads, page_size, bool(causal))
+        config = (q_dtype, kv_dtype, num_heads, page_size, bool(causal))
 
         def size(want, dev):
             i_dev, i_host = _C.BatchMLA.workspace_size(q_dtype, kv_dtype, num_heads, _DIM_CKV, _DIM_KPE, page_size,
