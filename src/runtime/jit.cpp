@@ -252,8 +252,8 @@ void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t
 
 void LoadedKernel::launch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, void* params, void* params2,
                           bool pdl) const {
-  void* args[] = {params, params2};
-  launch_kernel(kernel_, pdl && pdl_capable_, grid, block, smem_bytes, stream, args);
+  void* const args[] = {params, params2};
+  launch_params(grid, block, smem_bytes, stream, args, pdl);
 }
 
 void LoadedKernel::launch_params(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,

@@ -20,6 +20,18 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// What setmaxnreg can hand out: it moves registers between the warpgroups of
+// a CTA within what the CTA got at launch, every thread the register count
+// that __launch_bounds__(threads, ctas) caps (ptxas gives a kernel that uses
+// setmaxnreg the whole cap): the 64K file's share, rounded down to the
+// allocation unit of 8, at most 256. A split that asks for more does not
+// fail: setmaxnreg.inc waits for registers that never come, and the kernel
+// hangs. Warp-specialized kernels static_assert their split against this.
+constexpr int launch_registers(int threads, int ctas) {
+  const int share = 65536 / (threads * ctas) / 8 * 8;
+  return share < 256 ? share : 256;
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {

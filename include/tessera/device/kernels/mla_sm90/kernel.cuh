@@ -21,7 +21,8 @@ namespace tessera {
 
 struct MlaSm90Registers {
   static constexpr int PRODUCER = 56, CONSUMER = 224;
-  static_assert((PRODUCER + 2 * CONSUMER) * 128 <= 65536, "register file");
+  static_assert((PRODUCER + 2 * CONSUMER) * 128 <= launch_registers(kMlaSm90Threads, 1) * kMlaSm90Threads,
+                "the split must fit the CTA's launch registers (a producer of 64 here hangs the consumers' setmaxnreg)");
 };
 
 // T: q's element type (fp16 or bf16), also the tiles' and the MMAs'; DKV:

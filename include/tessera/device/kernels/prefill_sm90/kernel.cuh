@@ -22,16 +22,18 @@ namespace tessera {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 // Register split per thread (producer, consumer) for CONSUMERS consumer
-// warpgroups and CTAS CTAs per SM: the whole 64K-register file, the
-// producer keeping what its address arithmetic needs. ptxas fits each side
-// into its setmaxnreg count: with one consumer warpgroup, 40 producer
-// registers spilled 28-188 bytes, 64 none, and the consumer of a 64-row
-// tile fits 192 (head dims 64 / 128).
+// warpgroups and CTAS CTAs per SM: all of the CTA's launch registers
+// (launch_registers), the producer keeping what its address arithmetic
+// needs. ptxas fits each side into its setmaxnreg count: with one consumer
+// warpgroup, 40 producer registers spilled 28-188 bytes, 64 none, and the
+// consumer of a 64-row tile fits 192 (head dims 64 / 128).
 template <int CONSUMERS, int CTAS>
 struct Sm90Registers {
   static constexpr int PRODUCER = CONSUMERS == 2 ? 56 : 64;
   static constexpr int CONSUMER = CONSUMERS == 2 ? 224 : (CTAS == 2 ? 192 : 240);
-  static_assert((PRODUCER + CONSUMERS * CONSUMER) * 128 * CTAS <= 65536, "register file");
+  static constexpr int THREADS = 128 * (1 + CONSUMERS);
+  static_assert((PRODUCER + CONSUMERS * CONSUMER) * 128 <= launch_registers(THREADS, CTAS) * THREADS,
+                "the split must fit the CTA's launch registers, or setmaxnreg.inc waits forever");
 };
 
 // CLUSTER = 2: the CTAs of a cluster pair up on one work queue whose items
