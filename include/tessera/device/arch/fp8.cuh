@@ -109,10 +109,6 @@ __device__ __forceinline__ void fp8x4_to_f16x2(u32 x, u32& lo, u32& hi) {
 #endif
 }
 
-__device__ __forceinline__ void f16x2_to_float2(u32 w, float& a, float& b) {
-  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(a), "=f"(b) : "r"(w));
-}
-
 // Four fp8 values packed in x as two 16-bit pairs of type H (half_t: the
 // f16x2 words above; bf16_t: through float, exact since every e4m3 / e5m2
 // value is a bf16 value), for tensor-core operands of q's type. A float
@@ -125,7 +121,7 @@ __device__ __forceinline__ void fp8x4_to_16x2(u32 x, u32& lo, u32& hi) {
   if constexpr (!is_fp16<H>) {
     auto to_bf16x2 = [](u32 w) {
       float a, b;
-      f16x2_to_float2(w, a, b);
+      unpack2(w, a, b, half_t{});
       return byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);  // a's top half low, b's high
     };
     lo = to_bf16x2(lo);
@@ -138,8 +134,8 @@ template <typename T>
 __device__ __forceinline__ void fp8x4_to_float(u32 x, float* out) {
   u32 lo, hi;
   fp8x4_to_f16x2<T>(x, lo, hi);
-  f16x2_to_float2(lo, out[0], out[1]);
-  f16x2_to_float2(hi, out[2], out[3]);
+  unpack2(lo, out[0], out[1], half_t{});
+  unpack2(hi, out[2], out[3], half_t{});
 }
 
 template <typename T>

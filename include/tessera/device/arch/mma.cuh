@@ -32,26 +32,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], cons
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Two floats -> one register of two 16-bit values (low half = first).
-__device__ __forceinline__ u32 pack2(float lo, float hi, half_t) {
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-__device__ __forceinline__ u32 pack2(float lo, float hi, bf16_t) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-// The inverse: one register of two 16-bit values -> two floats (exact).
-__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi, half_t) {
-  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(w));
-}
-__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi, bf16_t) {
-  lo = __uint_as_float(w << 16);
-  hi = __uint_as_float(w & 0xffff0000u);
-}
-
 #endif
 
 }  // namespace tessera

@@ -35,6 +35,26 @@ template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float f) {
   return h;
 }
 
+// Two floats -> one register of two 16-bit values (low half = first).
+__device__ __forceinline__ u32 pack2(float lo, float hi, half_t) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi, bf16_t) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// The inverse: one register of two 16-bit values -> two floats (exact).
+__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi, half_t) {
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(w));
+}
+__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi, bf16_t) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xffff0000u);
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
