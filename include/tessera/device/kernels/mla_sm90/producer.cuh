@@ -80,6 +80,11 @@ __device__ __forceinline__ void mla_sm90_load_tile(u32 dst, const T* nope, const
 __device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<false>& s) { return smem_addr(&s.kv[0][0][0]); }
 __device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<true>& s) { return smem_addr(&s.raw[0][0]); }
 
+// A KV position's slot in its page (shifts for power-of-two pages).
+__device__ __forceinline__ int mla_sm90_slot(const MlaParams& p, int pos) {
+  return pos - (p.page_shift >= 0 ? (pos >> p.page_shift) << p.page_shift : pos / p.page_size * p.page_size);
+}
+
 // The fp8 path: tile rows' page ids, two per lane (rows lane and lane + 32;
 // -1: the row is past the chunk or its id is bad, zero-filled), every warp
 // holding all 64 and handing them out with shuffles.
@@ -97,9 +102,7 @@ __device__ __forceinline__ void mla_sm90_load_raw(u32 dst, const MlaParams& p, c
   const int lane = tid % 32, warp = tid / 32;
   auto page_of = [&](int row) { return __shfl_sync(0xffffffffu, pages.id[row >> 5], row & 31); };
   auto src_row = [&](int row, int page, i64 page_stride, i64 token_stride) {
-    const int pos = start + row;
-    const int slot = pos - (p.page_shift >= 0 ? (pos >> p.page_shift) << p.page_shift : pos / p.page_size * p.page_size);
-    return page * page_stride + slot * token_stride;
+    return page * page_stride + mla_sm90_slot(p, start + row) * token_stride;
   };
 #pragma unroll 4
   for (int i = 0; i < kMlaSm90Keys / 4; ++i) {
@@ -160,7 +163,7 @@ struct MlaSm90Producer {
         return mla_sm90_rows(tid, [&](int r) -> MlaRowOffset {
           const int pos = start + r, page = page_of_pos(pos);
           if (page < 0) return {-1, -1};
-          const int slot = pos - (p.page_shift >= 0 ? (pos >> p.page_shift) << p.page_shift : pos / p.page_size * p.page_size);
+          const int slot = mla_sm90_slot(p, pos);
           return {page * p.ckv_page_stride + slot * p.ckv_token_stride,
                   page * p.kpe_page_stride + slot * p.kpe_token_stride};
         });
