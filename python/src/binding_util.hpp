@@ -106,16 +106,17 @@ struct DevicePlanArgs {
 // CUDA tensors on the workspace's device, sized for the wrapper's bounds,
 // converted without reading them (the C++ side checks dtype, shape, device
 // and lengths, naming the argument). qo_indptr None: one query per request
-// (decode), an undefined view. The Args keep the callers' tensors alive
-// while the views are in use.
+// (decode), an undefined view; kv_indices and kv_last_page_len None
+// (ragged KV) likewise. The Args keep the callers' tensors alive while the
+// views are in use.
 struct DeviceBatchArgs {
   Arg bs, qo, ip, idx, last;
   DeviceBatch batch;
   DeviceBatchArgs(nanobind::handle batch_size, nanobind::handle qo_indptr, nanobind::handle kv_indptr,
                   nanobind::handle kv_indices, nanobind::handle kv_last_page_len)
       : bs(to_arg("batch_size", batch_size)), qo(to_optional_arg("qo_indptr", qo_indptr)),
-        ip(to_arg("kv_indptr", kv_indptr)), idx(to_arg("kv_indices", kv_indices)),
-        last(to_arg("kv_last_page_len", kv_last_page_len)),
+        ip(to_arg("kv_indptr", kv_indptr)), idx(to_optional_arg("kv_indices", kv_indices)),
+        last(to_optional_arg("kv_last_page_len", kv_last_page_len)),
         batch{bs.view, qo.view, ip.view, idx.view, last.view} {}
 };
 

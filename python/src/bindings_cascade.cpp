@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -98,6 +99,27 @@ class PyCascade {
     }
     nb::gil_scoped_release release;
     cascade_.plan(levels, to_stream(stream));
+  }
+
+  // Planning on the GPU: per level, int32 CUDA tensors batch_size [1],
+  // qo_indptr and kv_indptr [max_batch + 1], kv_indices [max_pages],
+  // kv_last_page_len [max_batch] (CascadeAttention::plan_on_device).
+  void plan_on_device(nb::list batch_size, nb::list qo_indptr, nb::list kv_indptr, nb::list kv_indices,
+                      nb::list kv_last_page_len, uintptr_t stream) {
+    const size_t n = nb::len(qo_indptr);
+    if (nb::len(batch_size) != n || nb::len(kv_indptr) != n || nb::len(kv_indices) != n ||
+        nb::len(kv_last_page_len) != n)
+      throw InvalidArgument("plan_on_device: expected one batch_size, qo_indptr, kv_indptr, kv_indices and "
+                            "kv_last_page_len per level");
+    std::vector<std::unique_ptr<DeviceBatchArgs>> args;  // keep the tensors alive while planning
+    std::vector<DeviceBatch> levels;
+    for (size_t i = 0; i < n; ++i) {
+      args.push_back(std::make_unique<DeviceBatchArgs>(batch_size[i], qo_indptr[i], kv_indptr[i], kv_indices[i],
+                                                       kv_last_page_len[i]));
+      levels.push_back(args.back()->batch);
+    }
+    nb::gil_scoped_release release;
+    cascade_.plan_on_device(levels, to_stream(stream));
   }
 
   // k_scale / v_scale (floats) and k_scale_tensor / v_scale_tensor (1-element
@@ -197,6 +219,11 @@ void bind_cascade(nb::module_& m) {
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; causal applies to the last level.")
       .def("plan", &PyCascade::plan, "qo_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a,
            "stream"_a = 0, "Plans a step: per level, host int32 arrays as BatchPrefill.plan_paged takes them.")
+      .def("plan_on_device", &PyCascade::plan_on_device, "batch_size"_a, "qo_indptr"_a, "kv_indptr"_a,
+           "kv_indices"_a, "kv_last_page_len"_a, "stream"_a = 0,
+           "Plans a step on the GPU: per level, int32 CUDA tensors batch_size [1], qo_indptr and kv_indptr "
+           "[max_batch + 1], kv_indices [max_pages], kv_last_page_len [max_batch], read when the planners run. "
+           "run() then takes q, o, lse of max_total_q rows.")
       .def("run", &PyCascade::run, "q"_a, "k"_a, "v"_a.none(), "o"_a, "lse"_a.none(), "sm_scale"_a = -1.0,
            "stream"_a = 0, "k_scale"_a = 1.0, "v_scale"_a = 1.0, "k_scale_tensor"_a.none() = nb::none(),
            "v_scale_tensor"_a.none() = nb::none(),

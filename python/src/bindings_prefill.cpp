@@ -163,6 +163,14 @@ class PyBatchPrefill {
     pre_.plan_paged_on_device(a.batch, to_stream(stream));
   }
 
+  // Ragged KV planned on the GPU: kv_indptr counts tokens, bounded by max_kv_tokens.
+  void plan_ragged_on_device(nb::handle batch_size, nb::handle qo_indptr, nb::handle kv_indptr, int64_t max_kv_tokens,
+                             uintptr_t stream) {
+    const DeviceBatchArgs a(batch_size, qo_indptr, kv_indptr, nb::none(), nb::none());
+    nb::gil_scoped_release release;
+    pre_.plan_ragged_on_device(a.batch, max_kv_tokens, to_stream(stream));
+  }
+
   void plan_ragged(nb::handle qo_indptr, nb::handle kv_indptr, uintptr_t stream, nb::handle mask_indptr) {
     Arg qo = to_arg("qo_indptr", qo_indptr), ip = to_arg("kv_indptr", kv_indptr);
     Arg mip = to_optional_arg("mask_indptr", mask_indptr);
@@ -322,6 +330,10 @@ void bind_prefill(nb::module_& m) {
            "[max_pages], kv_last_page_len [max_batch]. Needs the bounds max_batch, max_total_q and max_pages; "
            "not for custom masks. run() then takes q and o of max_total_q rows (max_batch with qo_indptr None); "
            "rows past the step's queries are left as they are.")
+      .def("plan_ragged_on_device", &PyBatchPrefill::plan_ragged_on_device, "batch_size"_a, "qo_indptr"_a.none(),
+           "kv_indptr"_a, "max_kv_tokens"_a, "stream"_a = 0,
+           "Plans a ragged step on the GPU: as plan_paged_on_device, kv_indptr counting tokens (at most "
+           "max_kv_tokens); run_ragged() then takes k and v of at least max_kv_tokens rows.")
       .def("plan_ragged", &PyBatchPrefill::plan_ragged, "qo_indptr"_a, "kv_indptr"_a, "stream"_a = 0,
            "mask_indptr"_a.none() = nb::none(),
            "Plans a ragged step from host int32 arrays (kv_indptr in tokens; mask_indptr as for plan_paged).")

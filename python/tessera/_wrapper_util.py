@@ -305,7 +305,7 @@ def device_step(owner, tensors):
         dt = T.dtype_str(x)
         if dt != "int32":
             raise TypeError(f"{name}: expected dtype int32 with on_device=True, got {dt}")
-        if name == "batch_size":
+        if name.startswith("batch_size"):
             if len(x.shape) > 1 or int(np.prod(x.shape)) != 1:
                 raise ValueError(f"batch_size: expected a tensor of 1 element (the step's number of requests), got "
                                  f"shape {tuple(x.shape)}")

@@ -150,6 +150,16 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
     are). causal=True masks the last level bottom-right (the shared levels
     precede every query row); logits_soft_cap applies to every level. All
     LSEs are in **base 2**.
+
+    Planning on the GPU (Tessera's keyword-only plan(..., on_device=True,
+    batch_size=[...], max_total_q=...)): every level's qo_indptr,
+    paged_kv_indptr, paged_kv_indices and paged_kv_last_page_len stay in
+    int32 CUDA tensors sized for the bounds, with a 1-element batch_size
+    tensor per level (its group count); plan() only enqueues each level's
+    planner kernel, so it can be captured with run() in one CUDA graph
+    serving any step within the bounds. run() then takes q of max_total_q
+    rows. A level whose qo_indptr ends elsewhere than level 0's is raised by
+    the next plan() or run() (ValueError naming the level).
     """
 
     def __init__(self, num_levels, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
@@ -199,7 +209,7 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
     def plan(self, qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim, page_size, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
              sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
-             q_data_type="float16", kv_data_type=None):
+             q_data_type="float16", kv_data_type=None, *, on_device=False, batch_size=None, max_total_q=None):
         """Plans one step.
 
         Args:
@@ -221,6 +231,10 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
                 may also be float8_e4m3fn or float8_e5m2 (an fp8 cache read
                 by the FA2 kernels: head_dim 64, 128 or 256), else it equals
                 q's.
+            on_device, batch_size, max_total_q: Tessera's (keyword-only):
+                planning on the GPU (see the class doc); batch_size a list
+                of 1-element int32 CUDA tensors, one per level; max_total_q
+                the bound on query rows (q's rows in run()).
         """
         self._planned = None
         W.reject_unsupported(pos_encoding_mode, None, None, None, rope_scale, rope_theta)
@@ -228,6 +242,14 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         if window != -1:
             raise C.not_supported("window_left", window_left, "a sliding window spans the levels of a cascade; "
                                   "only -1 is implemented")
+        if W.on_device_arg(on_device, batch_size):
+            self._plan_on_device(qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len,
+                                 batch_size, max_total_q, (num_qo_heads, num_kv_heads, head_dim, page_size, causal,
+                                                           sm_scale, q_data_type, kv_data_type, cap))
+            return
+        if max_total_q is not None:
+            raise ValueError(f"max_total_q: expected None without on_device=True (a plan on the host takes it from "
+                             f"qo_indptr_arr), got {max_total_q!r}")
         qo = [W.host_ints(x, f"qo_indptr_arr[{i}]")
               for i, x in enumerate(self._per_level(qo_indptr_arr, "qo_indptr_arr"))]
         kv = [W.host_ints(x, f"paged_kv_indptr_arr[{i}]")
@@ -265,6 +287,53 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
             self._native.plan(qo, kv, idx, last, T.stream_of(buf))
         self._planned = dict(total_q=total_q, sm_scale=scale, o_dtype=config[0], kv_dtype=config[1],
                              head_dim=config[3])
+
+    def _plan_on_device(self, qo_arr, kv_arr, idx_arr, last_arr, batch_size, max_total_q, options):
+        """plan(on_device=True): the level tensors checked from their metadata (never their values), the
+        workspace sized for the bounds they give, every level's planner enqueued."""
+        levels = []
+        sizes = self._per_level(batch_size, "batch_size") if batch_size is not None else None
+        if sizes is None:
+            raise ValueError("batch_size: expected a list of 1-element int32 CUDA tensors (one per level) with "
+                             "on_device=True, got None")
+        for i, (qo, kv, idx, last, bs) in enumerate(zip(self._per_level(qo_arr, "qo_indptr_arr"),
+                                                         self._per_level(kv_arr, "paged_kv_indptr_arr"),
+                                                         self._per_level(idx_arr, "paged_kv_indices_arr"),
+                                                         self._per_level(last_arr, "paged_kv_last_page_len"),
+                                                         sizes)):
+            step = W.device_step(self, {f"batch_size[{i}]": bs, f"qo_indptr_arr[{i}]": qo,
+                                        f"paged_kv_indptr_arr[{i}]": kv, f"paged_kv_indices_arr[{i}]": idx,
+                                        f"paged_kv_last_page_len[{i}]": last})
+            levels.append(tuple(step.values()))
+        max_total_q = C.int_arg(max_total_q, "max_total_q", allow_none=True)
+        if max_total_q is None or max_total_q < 1:
+            raise ValueError(f"max_total_q: expected an int >= 1 with on_device=True (the bound on the step's query "
+                             f"rows, q's rows in run()), got {max_total_q}")
+        max_batch = max(W.device_bound(lv[2], f"paged_kv_indptr_arr[{i}]", 1, "max_batch")
+                        for i, lv in enumerate(levels))
+        max_pages = max(W.device_bound(lv[3], f"paged_kv_indices_arr[{i}]", 0, "max_pages")
+                        for i, lv in enumerate(levels))
+        config, scale, knobs = self._config(*options)
+        bounds = (W.Bound("max_batch", "paged_kv_indptr_arr", "max_batch (the longest length - 1)", self._fixed_batch,
+                          "qo_indptr_buf_arr / paged_kv_indptr_buf_arr / paged_kv_last_page_len_buf_arr"),
+                  W.Bound("max_total_q", "max_total_q", "query-row bound"),
+                  W.Bound("max_pages", "paged_kv_indices_arr", "max_pages (the longest length)", self._fixed_pages,
+                          "paged_kv_indices_buf_arr"))
+
+        def size(want, device):
+            ideal, host = _C.CascadeAttention.workspace_size(*config, *want, device=device, **knobs)
+            return ideal, _C.CascadeAttention.min_workspace_size(*config, *want, device=device, **knobs)[0], host
+
+        def make(want, ws, ws_bytes, host, host_bytes, device):
+            return _C.CascadeAttention(*config, *want, ws, ws_bytes, host, host_bytes, device, **knobs)
+
+        W.ensure_native(self, config + (options[-1],), (max_batch, max_total_q, max_pages), bounds, size, make,
+                        exact=True)
+        buf = self._float_workspace_buffer
+        with T.on_device_of(buf):
+            self._native.plan_on_device(*[[lv[j] for lv in levels] for j in range(5)], T.stream_of(buf))
+        self._planned = dict(total_q=max_total_q, sm_scale=scale, o_dtype=config[0], kv_dtype=config[1],
+                             head_dim=config[3], on_device=True, device_step=levels)  # the planners read them
 
     def _config(self, num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale, q_data_type, kv_data_type,
                 cap):
@@ -320,6 +389,10 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         # An fp8 cache crosses as uint8 views (T.kv_bits); its fp8 type must be the planned one.
         k = T.kv_bits(k, "paged_kv_cache", plan["kv_dtype"])[0]
         v = T.kv_bits(v, "paged_kv_cache", plan["kv_dtype"])[0]
+        if plan.get("on_device") and (q.shape[0] < plan["total_q"] or
+                                      (q.shape[0] > plan["total_q"] and not self._use_cuda_graph)):
+            raise ValueError(f"q: expected {plan['total_q']} rows (max_total_q: after plan(on_device=True) run() "
+                             f"covers them, leaving those past the step's queries as they are), got {q.shape[0]}")
         out, lse = W.run_outputs(q, out, lse, return_lse, self._planned["o_dtype"])
         # CUDA-graph mode: buffers may hold more rows than the workspace bound
         # max_total_q; the rows up to it are what any plan can touch.

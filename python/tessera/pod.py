@@ -142,22 +142,28 @@ class PODWithPagedKVCacheWrapper:
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              pos_encoding_mode="NONE", window_left=-1, q_data_type="float16", kv_data_type=None, data_type=None,
-             sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True):
+             sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True, *, on_device=False,
+             batch_size=None):
         """Plans the decode batch: the arguments of BatchDecodeWithPagedKVCacheWrapper.plan of the same names
-        (pos_encoding_mode "NONE", "ROPE_LLAMA" or "ALIBI", window_left, dtypes, sm_scale, RoPE parameters)."""
+        (pos_encoding_mode "NONE", "ROPE_LLAMA" or "ALIBI", window_left, dtypes, sm_scale, RoPE parameters).
+        on_device, batch_size (Tessera's, keyword-only): the decode batch planned on the GPU, as
+        BatchDecodeWithPagedKVCacheWrapper.plan(on_device=True) takes it; run() then takes q_d of max_batch
+        rows (indptr's length - 1). The prefill side plans from its tensors' shapes at its first run()."""
         self._planned = None
+        on_device = W.on_device_arg(on_device, batch_size)
         if data_type is not None:  # FlashInfer's older name for both dtypes
             q_data_type = data_type if q_data_type in (None, "float16") else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         n = len(indptr) - 1
         if n < 0:
             raise ValueError("indptr: expected batch_size + 1 >= 1 entries, got 0")
-        qo_indptr = list(range(n + 1))
+        qo_indptr = None if on_device else list(range(n + 1))  # on the GPU: one query per request
         self._choose_template(head_dim)
         self._decode.plan(qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                           causal=False, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                           q_data_type=q_data_type, kv_data_type=kv_data_type, sm_scale=sm_scale,
-                          rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking)
+                          rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking,
+                          on_device=on_device, batch_size=batch_size)
         self._planned = dict(pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
                              rope_scale=rope_scale, rope_theta=rope_theta)
 

@@ -230,6 +230,32 @@ void CascadeAttention::plan(std::span<const CascadeLevel> levels, cudaStream_t s
   plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void CascadeAttention::plan_on_device(std::span<const DeviceBatch> levels, cudaStream_t stream) {
+  if (static_cast<int>(levels.size()) != num_levels())
+    throw InvalidArgument("levels: expected " + str(num_levels()) + " levels (one per level spec), got " +
+                          str(levels.size()));
+  for (size_t i = 0; i < levels.size(); ++i)
+    if (!detail::has(levels[i].qo_indptr))
+      throw InvalidArgument("levels[" + str(i) + "].qo_indptr: expected an int32 CUDA tensor (each level groups the "
+                            "step's query rows)");
+  detail::require_gpu("CascadeAttention::plan_on_device");
+  total_q_ = -1;  // a level that fails to plan leaves nothing to run
+  for (size_t i = 0; i < levels.size(); ++i) {
+    // Level 0's buffers are checked by its own plan before a further level reads them.
+    const detail::LevelRows rows =
+        i == 0 ? detail::LevelRows{static_cast<unsigned char*>(row_mask_->device_ptr()), nullptr, nullptr}
+               : detail::LevelRows{nullptr, static_cast<const int32_t*>(levels[0].batch_size.data),
+                                   static_cast<const int32_t*>(levels[0].qo_indptr.data)};
+    try {
+      levels_[i]->prefill.plan_on_device(BatchPrefill::Source::kPaged, levels[i], 0, stream, rows);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("levels[" + str(i) + "]: " + e.what());
+    }
+  }
+  total_q_ = task_.max_total_q;
+  plan_us_ = 0;
+}
+
 void CascadeAttention::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                            cudaStream_t stream, const RunOptions& opt) const {
   if (total_q_ < 0) throw InvalidArgument("run: expected a successful plan() first");
@@ -251,16 +277,24 @@ void CascadeAttention::run(const TensorView& q, const PagedKVStorage& kv, const 
   const Device dev = o.device;
   const int64_t hq = o.size(1), d = o.size(2);
   const TensorView state_lse = detail::has(lse) ? lse : TensorView(base + own_lse_, DType::kFloat32, dev, {rows, hq});
-  if (levels_.size() == 1) return levels_[0]->prefill.run(first(q), kv, first(o), first(state_lse), stream, opt);
+  // A level's failed plan on the GPU is raised by its run, named here.
+  auto run_level = [&](size_t i, const TensorView& lo, const TensorView& llse) {
+    try {
+      levels_[i]->prefill.run(first(q), kv, first(lo), first(llse), stream, opt);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("levels[" + str(i) + "]: " + e.what());
+    }
+  };
+  if (levels_.size() == 1) return run_level(0, o, state_lse);
   // Level 0 into the fp32 state, each next level into fp32 scratch merged
   // into it; the last merge writes o (16-bit: the only rounding).
   const TensorView state_o(base + state_o_, DType::kFloat32, dev, {rows, hq, d});
-  levels_[0]->prefill.run(first(q), kv, first(state_o), first(state_lse), stream, opt);
+  run_level(0, state_o, state_lse);
   const TensorView tmp_o(base + scratch_o_, DType::kFloat32, dev, {rows, hq, d});
   const TensorView tmp_lse(base + scratch_lse_, DType::kFloat32, dev, {rows, hq});
   const TensorView mask(row_mask_->device_ptr(), DType::kUInt8, dev, {rows});
   for (size_t i = 1; i < levels_.size(); ++i) {
-    levels_[i]->prefill.run(first(q), kv, first(tmp_o), first(tmp_lse), stream, opt);
+    run_level(i, tmp_o, tmp_lse);
     detail::merge_state_into(state_o, state_lse, tmp_o, tmp_lse, i + 1 == levels_.size() ? o : state_o, state_lse,
                              mask, stream);
   }

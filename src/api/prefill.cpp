@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "checks.hpp"
 #include "prefill_candidates.hpp"
@@ -421,8 +422,18 @@ device::PagedKV BatchPrefill::ragged_run_view(const TensorView& q, const TensorV
   if (source_kind_ != Source::kRagged) throw InvalidArgument("run_ragged: the last plan was paged; call run()");
   detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
   detail::check_workspace_device(q.device, ws_->device());
-  check_shape("k", k, {total_kv_, task_.num_kv_heads, spec_.head_dim});
-  check_shape("v", v, {total_kv_, task_.num_kv_heads, spec_.vo_dim()});
+  device_.errors.raise_pending();
+  if (device_.active) {  // a plan on the GPU: any step within max_kv_tokens (total_kv_) rows
+    for (auto [name, t, dim] : {std::tuple{"k", &k, spec_.head_dim}, std::tuple{"v", &v, spec_.vo_dim()}}) {
+      check_dim(name, *t, 3);
+      if (t->size(0) < total_kv_ || t->size(1) != task_.num_kv_heads || t->size(2) != dim)
+        throw InvalidArgument(std::string(name) + ": expected shape [>= " + str(total_kv_) + " (max_kv_tokens), " +
+                              str(task_.num_kv_heads) + ", " + str(dim) + "], got " + t->shape_str());
+    }
+  } else {
+    check_shape("k", k, {total_kv_, task_.num_kv_heads, spec_.head_dim});
+    check_shape("v", v, {total_kv_, task_.num_kv_heads, spec_.vo_dim()});
+  }
   check_dtype("k", k, spec_.kv_dtype);
   check_dtype("v", v, spec_.kv_dtype);
   // Equal dims read V at K's strides; unequal ones at V's own (PagedKV::v_*).
@@ -434,8 +445,9 @@ device::PagedKV BatchPrefill::ragged_run_view(const TensorView& q, const TensorV
   check_same_device("q", q, "v", v);
   check_mask_tensor(mask, q);
   const char* dev = static_cast<const char*>(ws_->device_ptr());
-  device::PagedKV view{k.data, v.data, reinterpret_cast<const int*>(dev + layout_.kv_indptr), nullptr, nullptr,
-                       0, k.stride(1), k.stride(0), 1, task_.num_kv_heads, 0};
+  // A plan on the GPU left the token offsets in the caller's buffer.
+  const int* kv_indptr = device_.active ? device_.kv_indptr : reinterpret_cast<const int*>(dev + layout_.kv_indptr);
+  device::PagedKV view{k.data, v.data, kv_indptr, nullptr, nullptr, 0, k.stride(1), k.stride(0), 1, task_.num_kv_heads, 0};
   view.v_head_stride = v.stride(1);
   view.v_token_stride = v.stride(0);
   return view;

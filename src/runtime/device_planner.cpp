@@ -182,12 +182,15 @@ std::string device_plan_error_message(int code, int request, int value) {
   switch (code) {
     case kPlanBatchSize: return "batch_size: expected a value in [0, max_batch], got " + std::to_string(value);
     case kPlanKvIndptr: return "kv_indptr: expected kv_indptr[0] == 0 and non-decreasing entries" + at;
-    case kPlanMaxPages: return "kv_indptr: expected kv_indptr[batch] <= the workspace bound max_pages" + at;
+    case kPlanMaxPages: return "kv_indptr: expected kv_indptr[batch] <= the plan's bound (max_pages; ragged KV: max_kv_tokens)" + at;
     case kPlanLastPageLen: return "kv_last_page_len: expected values in [1, page_size] for non-empty requests" + at;
     case kPlanQoIndptr: return "qo_indptr: expected qo_indptr[0] == 0 and non-decreasing entries" + at;
     case kPlanMaxTotalQ: return "qo_indptr: expected qo_indptr[batch] <= the workspace bound max_total_q" + at;
     case kPlanMaxTiles:
       return "qo_indptr: expected at most " + std::to_string(value) + " query tiles (the workspace's bound)";
+    case kPlanLevelRows:
+      return "qo_indptr: expected qo_indptr[batch] to equal level 0's (every cascade level covers the step's query "
+             "rows)" + at;
     case kPlanMaxItems:
       return "kv_indptr: " + std::to_string(value) + " work items exceed the workspace (fixed_chunk splits the batch's "
              "keys into more chunks than its bound holds)";

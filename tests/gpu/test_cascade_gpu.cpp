@@ -6,7 +6,7 @@
 // and bf16, causal last level (bottom-right on the suffix = causal over the
 // whole sequence when q_len <= suffix length), a group with no pages at a
 // level; bitwise repeat; CUDA-graph replay after a re-plan with new lengths;
-// page ids that stay on the GPU.
+// page ids that stay on the GPU; levels planned on the GPU in one graph.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -311,4 +311,119 @@ TEST(CascadeDevicePageIds, SameBitsAsHostIdsAndBadIdRaised) {
   plan_device(good);
   Out again = run_and_fetch(run, dt, rows, Hq, D);
   EXPECT_TRUE(bitwise_equal(host.o, again.o));
+}
+
+// Levels planned on the GPU: one CUDA graph of plan_on_device() and run()
+// replays steps whose groups, lengths and rows change, each bitwise the same
+// step planned on the host and close to the reference, rows past the step
+// untouched; a level whose rows differ from level 0's is raised by name.
+TEST(CascadeDevicePlan, OneGraphBitwiseTheHostPlan) {
+  SKIP_WITHOUT_GPU();
+  const DType dt = DType::kBFloat16;
+  const int D = 128, P = 16;
+  const int64_t Hkv = 2, Hq = 8;
+  std::mt19937_64 rng(13);
+  CascadeStep other;
+  other.q_len = {2, 1, 1, 3, 1};
+  other.groups = {{5}, {2, 3}, {1, 1, 1, 1, 1}};
+  other.tokens = {{700}, {90, 0}, {8, 3, 1, 250, 16}};
+  CascadeProblem p1(three_levels(true), dt, D, Hkv, Hq, P, rng), p2(other, dt, D, Hkv, Hq, P, rng);
+  const auto specs = level_specs(dt, D, 3, true);
+  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), P, KVLayout::kNHD, 8, std::max(p1.pool, p2.pool)};
+  task.max_total_q = 24;
+  PrefillOptions opt;
+  opt.cta_q = 64;  // the host and device cascades' tile, whatever their first plans bring
+  Workspace ws = cascade_workspace(specs, task), ws_host = cascade_workspace(specs, task);
+  CascadeAttention cascade(specs, task, ws, opt), host(specs, task, ws_host, opt);
+  const int64_t pool = task.max_pages, rows_max = task.max_total_q;
+  HostTensor k = make_host(dt, {pool, P, Hkv, D}), q = make_host(dt, {rows_max, Hq, D});
+  HostTensor o = make_host(dt, {rows_max, Hq, D}), lse = make_host(DType::kFloat32, {rows_max, Hq});
+  auto dk = to_device(k), dv = to_device(k), dq = to_device(q), d_o = poisoned_like(o), dlse = poisoned_like(lse);
+  PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
+  // Per level: batch size, qo_indptr, kv_indptr, ids, last page lengths, sized for the bounds.
+  auto ints = [](int64_t n) { return to_device(make_host(DType::kInt32, {n})); };
+  struct LevelBuffers {
+    DeviceTensor batch, qo, kv, ids, last;
+  };
+  std::vector<LevelBuffers> bufs;
+  std::vector<DeviceBatch> levels;
+  for (int l = 0; l < 3; ++l) {
+    bufs.push_back({ints(1), ints(task.max_batch + 1), ints(task.max_batch + 1), ints(pool), ints(task.max_batch)});
+    const LevelBuffers& b = bufs.back();
+    levels.push_back({b.batch.view, b.qo.view, b.kv.view, b.ids.view, b.last.view});
+  }
+  auto put = [](DeviceTensor& t, const std::vector<int32_t>& v) {
+    if (!v.empty()) t.buf.upload(v.data(), v.size() * sizeof(int32_t));
+  };
+  auto load = [&](const CascadeProblem& p) {
+    dk.buf.upload(p.k.storage.data(), p.k.storage.size());
+    dv.buf.upload(p.v.storage.data(), p.v.storage.size());
+    dq.buf.upload(p.q.storage.data(), p.q.storage.size());
+    for (size_t l = 0; l < 3; ++l) {
+      const LevelArrays& a = p.levels[l];
+      put(bufs[l].batch, {static_cast<int32_t>(a.last.size())});
+      put(bufs[l].qo, a.qo);
+      put(bufs[l].kv, a.kv);
+      put(bufs[l].ids, a.indices);
+      put(bufs[l].last, a.last);
+    }
+    d_o.buf.fill(0xFF);
+    dlse.buf.fill(0xFF);
+  };
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  load(p1);
+  cascade.plan_on_device(levels, stream);  // loads the kernels outside the capture
+  cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cascade.plan_on_device(levels, stream);
+  cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
+  TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (const CascadeProblem* p : {&p1, &p2, &p1}) {
+    load(*p);
+    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const int64_t rows = p->qo.back();
+    const HostTensor got_o = to_host(d_o, o), got_lse = to_host(dlse, lse);
+    std::vector<double> go = to_doubles(got_o.view), gl = to_doubles(got_lse.view);
+    for (size_t i = static_cast<size_t>(rows * Hq * D); i < go.size(); ++i) ASSERT_TRUE(std::isnan(go[i])) << i;
+    for (size_t i = static_cast<size_t>(rows * Hq); i < gl.size(); ++i) ASSERT_TRUE(std::isnan(gl[i])) << i;
+    const auto in = p->plan_input();
+    host.plan(in, stream);
+    Out h = run_and_fetch([&](const TensorView& ho, const TensorView& hl) {
+      TensorView qv = dq.view;
+      qv.shape[0] = rows;
+      host.run(qv, kv, ho, hl, stream);
+    }, dt, rows, Hq, D);
+    HostTensor lead_o = make_host(dt, {rows, Hq, D}), lead_lse = make_host(DType::kFloat32, {rows, Hq});
+    std::memcpy(lead_o.storage.data(), got_o.storage.data(), lead_o.storage.size());
+    std::memcpy(lead_lse.storage.data(), got_lse.storage.data(), lead_lse.storage.size());
+    EXPECT_TRUE(bitwise_equal(h.o, lead_o));
+    EXPECT_TRUE(bitwise_equal(h.lse, lead_lse));
+    EXPECT_CLOSE(compare(to_doubles(lead_o.view), p->reference(true).o), dt);
+  }
+  // Level 1 ending one row short of level 0: recorded, raised by the next run.
+  std::vector<int32_t> qo1 = p1.levels[1].qo;
+  qo1.back() -= 1;
+  put(bufs[1].qo, qo1);
+  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  try {
+    cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
+    ADD_FAILURE() << "expected the level's rows to be raised";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("levels[1]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("level 0"), std::string::npos) << e.what();
+  }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+  // No qo_indptr on a level: refused before any GPU work.
+  levels[2].qo_indptr = TensorView();
+  EXPECT_THROW_MSG(cascade.plan_on_device(levels, stream), InvalidArgument, "levels[2].qo_indptr");
 }

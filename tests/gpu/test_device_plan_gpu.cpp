@@ -2,7 +2,8 @@
 // the kernel writes exactly the host planner's plan on random batches
 // (decode and prefill, paged and ragged, every option); a step planned on the GPU
 // gives bitwise the outputs of the same step planned on the host (decode on
-// tensor cores and CUDA cores, paged prefill), on 1,000 random batches; one
+// tensor cores and CUDA cores, paged and ragged prefill), on 1,000 random
+// batches; one
 // CUDA graph (planner + layers) replays steps of any batch size against the
 // reference; bad device inputs are raised by the next call; argument errors.
 #include <gtest/gtest.h>
@@ -415,6 +416,87 @@ TEST(DevicePlanPrefill, BitwiseTheHostPlannedStep) {
         EXPECT_CLOSE(compare(to_doubles(a.o.view), reference::attention_paged(qv, RaggedIndex(qo), cache, ro).o), dt);
       }
     }
+  }
+}
+
+// Ragged prefill (kv_indptr counting tokens of one K / V) on the default
+// kernel and the FA2 template: 100 random batches each, the device plan
+// bitwise the host plan's, against the reference; k and v of the bound's
+// rows; a step beyond max_kv_tokens and argument errors raised by name.
+TEST(DevicePlanPrefill, RaggedBitwiseTheHostPlannedStep) {
+  SKIP_WITHOUT_GPU();
+  const DType dt = DType::kFloat16;
+  const int64_t Hkv = 2, Hq = 8, D = 128, max_batch = 12, max_q = 768, max_kv = 12 * 2500;
+  for (PrefillBackend backend : {PrefillBackend::kAuto, PrefillBackend::kFA2}) {
+    SCOPED_TRACE(backend == PrefillBackend::kFA2 ? "fa2" : "auto");
+    std::mt19937_64 rng(91);
+    HostTensor k = make_host(dt, {max_kv, Hkv, D}), v = k, q = make_host(dt, {max_q, Hq, D});
+    fill_random(k, rng());
+    fill_random(v, rng());
+    fill_random(q, rng(), -2.f, 2.f);
+    auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+    const AttentionSpec spec{variants::causal(), dt, dt, dt, D};
+    TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, max_batch, 1};
+    task.max_total_q = max_q;
+    PrefillOptions opt;
+    opt.backend = backend;
+    opt.cta_q = 64;  // both wrappers' tile, whatever their first plans bring
+    Workspace ws = prefill_workspace(spec, task, opt), ws2 = prefill_workspace(spec, task, opt);
+    BatchPrefill host(spec, task, ws, opt), dev(spec, task, ws2, opt);
+    StepBuffers step(max_batch, 1);
+    const DeviceBatch ragged{step.batch.view(), step.qo.view(), step.kv.view(), TensorView(), TensorView()};
+    for (int i = 0; i < 100; ++i) {
+      SCOPED_TRACE("batch " + std::to_string(i));
+      const int64_t batch = 1 + static_cast<int64_t>(rng() % max_batch);
+      std::vector<int32_t> kv_lens = random_lens(rng, batch, 2500), qo{0}, kv{0};
+      for (int64_t b = 0; b < batch; ++b) {
+        const int32_t ql = std::min<int32_t>(kv_lens[b], static_cast<int32_t>(rng() % 100));
+        qo.push_back(std::min<int32_t>(qo.back() + ql, static_cast<int32_t>(max_q)));
+        kv.push_back(kv.back() + kv_lens[b]);
+      }
+      const int64_t rows = qo.back();
+      host.plan_ragged(qo, kv);
+      const Out a = run_and_fetch([&](const TensorView& o, const TensorView& lse) {
+        TensorView qv = dq.view, kv_k = dk.view, kv_v = dv.view;
+        qv.shape[0] = rows;
+        kv_k.shape[0] = kv_v.shape[0] = kv.back();
+        host.run_ragged(qv, kv_k, kv_v, o, lse);
+      }, dt, rows, Hq, D);
+      step.batch.set({static_cast<int32_t>(batch)});
+      step.qo.set(qo);
+      step.kv.set(kv);
+      dev.plan_ragged_on_device(ragged, max_kv);
+      const Out b = run_and_fetch([&](const TensorView& o, const TensorView& lse) {
+        dev.run_ragged(dq.view, dk.view, dv.view, o, lse);
+      }, dt, max_q, Hq, D);
+      ASSERT_TRUE(bitwise_equal(a.o, leading_rows(b.o, rows)));
+      ASSERT_TRUE(bitwise_equal(a.lse, leading_rows(b.lse, rows)));
+      if (i % 25 == 0) {
+        reference::Options ro;
+        ro.causal = true;
+        TensorView qv = q.view, kv_k = k.view, kv_v = v.view;
+        qv.shape[0] = rows;
+        kv_k.shape[0] = kv_v.shape[0] = kv.back();
+        EXPECT_CLOSE(compare(to_doubles(a.o.view),
+                             reference::attention_ragged(qv, RaggedIndex(qo), kv_k, kv_v, RaggedIndex(kv), ro).o),
+                     dt);
+      }
+    }
+    // k / v below the bound, page-table buffers with ragged KV, a zero bound.
+    TensorView short_k = dk.view;
+    short_k.shape[0] = max_kv - 1;
+    auto out = to_device(make_host(dt, {max_q, Hq, D}));
+    EXPECT_THROW_MSG(dev.run_ragged(dq.view, short_k, dv.view, out.view, TensorView()), InvalidArgument, "max_kv_tokens");
+    EXPECT_THROW_MSG(dev.plan_ragged_on_device(step.prefill(), max_kv), InvalidArgument, "kv_indices");
+    EXPECT_THROW_MSG(dev.plan_ragged_on_device(ragged, 0), InvalidArgument, "max_kv_tokens");
+    // A step past max_kv_tokens: recorded, raised by the next run, naming the bound.
+    step.kv.set({0, 10, static_cast<int32_t>(max_kv) + 1});
+    step.qo.set({0, 1, 2});
+    step.batch.set({2});
+    dev.plan_ragged_on_device(ragged, max_kv);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_THROW_MSG(dev.run_ragged(dq.view, dk.view, dv.view, out.view, TensorView()), InvalidArgument,
+                     "max_kv_tokens");
   }
 }
 

@@ -1,8 +1,9 @@
 """Planning on the GPU: plan(..., on_device=True, batch_size=...) of the
-paged decode and prefill wrappers enqueues the C++ device planner, which reads
-the step (batch size, indptr, page ids, last-page lengths) from int32 CUDA
-tensors sized for the bounds, so plan() and run() can be captured in one CUDA
-graph that serves any batch up to the bounds.
+paged decode and prefill wrappers, the ragged prefill wrapper, the cascade
+and POD wrappers enqueues the C++ device planner, which reads the step (batch
+size, indptr, page ids, last-page lengths) from int32 CUDA tensors sized for
+the bounds, so plan() and run() can be captured in one CUDA graph that serves
+any batch up to the bounds.
 
 CPU tests check the argument handling, which raises before any GPU work (a
 numpy workspace would fail the workspace check, naming
@@ -64,7 +65,11 @@ def expect(error, name, wrapper, **args):
 
 def test_new_keywords_are_keyword_only_with_defaults():
     for fn, names in ((tessera.BatchDecodeWithPagedKVCacheWrapper._plan_impl, ("on_device", "batch_size")),
-                      (tessera.BatchPrefillWithPagedKVCacheWrapper.plan, ("on_device", "batch_size", "max_total_q"))):
+                      (tessera.BatchPrefillWithPagedKVCacheWrapper.plan, ("on_device", "batch_size", "max_total_q")),
+                      (tessera.BatchPrefillWithRaggedKVCacheWrapper.plan,
+                       ("on_device", "batch_size", "max_total_q", "max_kv_tokens")),
+                      (tessera.MultiLevelCascadeAttentionWrapper.plan, ("on_device", "batch_size", "max_total_q")),
+                      (tessera.PODWithPagedKVCacheWrapper.plan, ("on_device", "batch_size"))):
         params = inspect.signature(fn).parameters
         assert list(params)[-len(names):] == list(names)
         for name in names:
@@ -155,12 +160,55 @@ def test_prefill_options_that_need_the_host():
         w().plan(**prefill_args(fixed_split_size=-1, uniform_q_len=3, disable_split_kv=True))
 
 
-def test_other_wrappers_plan_on_the_host():
-    """Ragged and block-sparse KV have no plan on the GPU: the keyword is refused by name."""
+def ragged_args(**overrides):
+    args = dict(qo_indptr=i32([0, 2, 5]), kv_indptr=i32([0, 9, 20]), num_qo_heads=HQ, num_kv_heads=HKV,
+                head_dim_qk=HEAD_DIM, causal=True, on_device=True, batch_size=i32([2]), max_total_q=16,
+                max_kv_tokens=64)
+    args.update(overrides)
+    return args
+
+
+def test_ragged_plan_on_device_arguments():
+    """Ragged KV on the GPU: the bounds, the options that need the host and host tensors, each refused by name
+    before any GPU work."""
+    w = lambda: tessera.BatchPrefillWithRaggedKVCacheWrapper(np.zeros(1024, dtype=np.uint8))  # noqa: E731
+    expect(TypeError, "on_device", w(), **ragged_args(on_device="yes"))
+    expect(ValueError, "batch_size", w(), **ragged_args(batch_size=None))
+    for bad in (None, 0, 2 ** 31):
+        expect(ValueError, "max_kv_tokens", w(), **ragged_args(max_kv_tokens=bad))
+    expect(TypeError, "max_kv_tokens", w(), **ragged_args(max_kv_tokens=2.5))
+    expect(ValueError, "max_total_q", w(), **ragged_args(max_total_q=None))
+    expect(ValueError, "max_total_q", w(), **ragged_args(qo_indptr=None))  # one query per request: no bound
+    expect(ValueError, "max_kv_tokens", w(), **ragged_args(on_device=False, batch_size=None, max_total_q=None))
+    expect(ValueError, "seq_lens", w(), **ragged_args(seq_lens=i32([9, 11])))
+    expect(ValueError, "v_indptr", w(), **ragged_args(v_indptr=i32([0, 9, 20])))
+    expect(ValueError, "custom_mask", w(), **ragged_args(causal=False, custom_mask=np.ones(47, bool)))
+    expect(TypeError, "batch_size", w(), **ragged_args())  # host tensors: refused by their type
+    expect(TypeError, "kv_indptr", w(), **ragged_args(kv_indptr=i32([0, 9, 20]).astype(np.int64)))
+
+
+def test_cascade_and_pod_plan_on_device_arguments():
     buf = np.zeros(1024, dtype=np.uint8)
-    with pytest.raises(TypeError, match="on_device"):
-        tessera.BatchPrefillWithRaggedKVCacheWrapper(buf).plan(i32([0, 2]), i32([0, 9]), HQ, HKV, HEAD_DIM,
-                                                               on_device=True)
+    levels = [[i32([0, 3]), i32([0, 3])], [i32([0, 1]), i32([0, 2])], [i32([0, 1, 4]), i32([1, 2])],
+              [i32([5]), i32([3, 16])]]
+    w = tessera.MultiLevelCascadeAttentionWrapper(2, buf)
+    with pytest.raises(ValueError, match="^batch_size"):
+        w.plan(*levels, HQ, HKV, HEAD_DIM, 16, on_device=True)
+    with pytest.raises(ValueError, match="^batch_size: expected a list of 2"):
+        w.plan(*levels, HQ, HKV, HEAD_DIM, 16, on_device=True, batch_size=[i32([1])], max_total_q=8)
+    with pytest.raises(TypeError, match=r"^batch_size\[0\]"):  # host tensors: refused by their type
+        w.plan(*levels, HQ, HKV, HEAD_DIM, 16, on_device=True, batch_size=[i32([1]), i32([1])], max_total_q=8)
+    with pytest.raises(ValueError, match="^max_total_q"):
+        w.plan(*levels, HQ, HKV, HEAD_DIM, 16, max_total_q=8)
+    assert w._planned is None
+    with pytest.raises(TypeError, match="^on_device"):
+        tessera.PODWithPagedKVCacheWrapper(buf).plan(i32([0, 1]), i32([0]), i32([5]), HQ, HKV, HEAD_DIM, 16,
+                                                     on_device=1)
+
+
+def test_block_sparse_plans_on_the_host():
+    """Block-sparse KV has no plan on the GPU: the keyword is refused by name."""
+    buf = np.zeros(1024, dtype=np.uint8)
     with pytest.raises(TypeError, match="on_device"):
         tessera.BlockSparseAttentionWrapper(buf).plan(i32([0, 1]), i32([0]), 16, 16, 16, 16, HQ, HKV, HEAD_DIM,
                                                       on_device=True)
@@ -426,3 +474,4 @@ def test_prefill_device_plan_one_query_per_request(torch_cuda, rng):
         o_host, lse_host = wrapper.run(q[:batch], cache, return_lse=True)
         torch.cuda.synchronize()
         assert torch.equal(o_dev[:batch], o_host) and torch.equal(lse_dev[:batch], lse_host), f"batch {batch}"
+

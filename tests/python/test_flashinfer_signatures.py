@@ -306,6 +306,9 @@ TESSERA_EXTRAS = {
     "append_paged_kv_cache": ("k_scale", "v_scale"),
     "BatchDecodeWithPagedKVCacheWrapper._plan_impl": ("shared_prefix", "on_device", "batch_size"),
     "BatchPrefillWithPagedKVCacheWrapper.plan": ("shared_prefix", "on_device", "batch_size", "max_total_q"),
+    "BatchPrefillWithRaggedKVCacheWrapper.plan": ("on_device", "batch_size", "max_total_q", "max_kv_tokens"),
+    "MultiLevelCascadeAttentionWrapper.plan": ("on_device", "batch_size", "max_total_q"),
+    "PODWithPagedKVCacheWrapper.plan": ("on_device", "batch_size"),
 }
 
 _EMPTY = inspect.Parameter.empty

@@ -24,6 +24,7 @@ enum DevicePlanError : int {
   kPlanMaxTotalQ = 6,     // qo_indptr[batch] above max_total_q
   kPlanMaxTiles = 7,      // more query tiles than the workspace's tables hold
   kPlanMaxItems = 8,      // more work items than the workspace holds (fixed chunks beyond its bound)
+  kPlanLevelRows = 9,     // a cascade level's qo_indptr[batch] differs from level 0's
 };
 
 struct DevicePlanParams {
@@ -55,6 +56,12 @@ struct DevicePlanParams {
   void* items;                        // DecodeWorkItem or PrefillWorkItem [max_items]
   PrefillWorkItem* first_items;       // [ctas] (prefill)
   int* stats;                         // [4]: chunk size, partial slots, split tiles, items
+  // Cascades: level 0 marks the step's query rows in row_mask ([max_total_q]:
+  // 1 below qo_indptr[batch], 0 beyond); each further level checks that its
+  // qo_indptr ends where level 0's does (rows_indptr[*rows_batch]). Null: none.
+  unsigned char* row_mask;
+  const int* rows_batch;
+  const int* rows_indptr;
   int* error;                         // [4] mapped pinned: flag, code, request, value
 };
 

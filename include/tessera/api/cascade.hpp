@@ -85,6 +85,18 @@ class CascadeAttention {
   // levels.size() == num_levels(). Validates every level before planning any.
   void plan(std::span<const CascadeLevel> levels, cudaStream_t stream = nullptr);
 
+  // The levels planned on the GPU (api/device_batch.hpp): one DeviceBatch
+  // per level in device buffers sized for the task's bounds (qo_indptr
+  // grouping the query rows, kv_indptr / kv_indices / kv_last_page_len as
+  // plan_paged_on_device takes them), read when each level's planner runs:
+  // one CUDA graph of plan_on_device() and every layer's run() serves any
+  // step within the bounds. Level 0's planner marks the step's query rows
+  // (its qo_indptr[batch]) for the merges; a level whose qo_indptr ends
+  // elsewhere is recorded and left unplanned, and the next plan or run on
+  // the host raises it (InvalidArgument naming the level). run() then takes
+  // q, o and lse of max_total_q rows; rows past the step's are left as they are.
+  void plan_on_device(std::span<const DeviceBatch> levels, cudaStream_t stream = nullptr);
+
   // q [rows, Hq, D] with the plan's total_q <= rows <= task.max_total_q
   // (rows beyond total_q are left as they are: capture a CUDA graph with
   // tensors of the largest step and replay it after any re-plan); kv the page

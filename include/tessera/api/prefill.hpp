@@ -175,6 +175,12 @@ class BatchPrefill {
   // they are. The first run() after it never starts early (RunOptions::pdl).
   // A host plan afterwards plans on the host again.
   void plan_paged_on_device(const DeviceBatch& batch, cudaStream_t stream = nullptr);
+  // Ragged KV planned on the GPU: as above, batch.kv_indptr counting tokens
+  // and kv_indices / kv_last_page_len undefined (needs the bounds max_batch
+  // and max_total_q). max_kv_tokens bounds kv_indptr[batch] (a step beyond
+  // it is recorded and left unplanned); run_ragged() then takes k and v of
+  // at least max_kv_tokens rows.
+  void plan_ragged_on_device(const DeviceBatch& batch, int64_t max_kv_tokens, cudaStream_t stream = nullptr);
 
   // Paged or BSR: kv is the page storage (for BSR: KV [N, Hkv, D] viewed as
   // [N / Bc, Bc, Hkv, D], NHD). q [total_q, Hq, D]; o like q; lse [total_q, Hq] or undefined.
@@ -217,6 +223,9 @@ class BatchPrefill {
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
   bool use_hopper(int cta_q) const;
   void configure(Source src, int64_t batch, int64_t total_q, int64_t n_indices, cudaStream_t stream);
+  // rows: a cascade level's row mask or row check (device_batch.hpp).
+  void plan_on_device(Source src, const DeviceBatch& batch, int64_t max_kv_tokens, cudaStream_t stream,
+                      const detail::LevelRows& rows = {});
   PlannerOptions planner_options(int& plan_cta_q, int& plan_ctas, int64_t& slot_cap, int64_t& split_cap) const;
   // CTAs per cluster for the first plan's kernel (config_ already chosen).
   int choose_cluster(Source src) const;
@@ -246,7 +255,8 @@ class BatchPrefill {
               const TensorView* mask, cudaStream_t stream, const RunOptions& opt) const;
   // Custom masks: writes the plan's items trimmed to their visible KV tiles.
   void trim_items(const TensorView& mask, cudaStream_t stream, bool pdl) const;
-  friend class PrefillPair;  // runs two planned wrappers in one launch
+  friend class PrefillPair;        // runs two planned wrappers in one launch
+  friend class CascadeAttention;  // plans its levels on the GPU with their row checks
 
   AttentionSpec spec_;
   TaskInfo task_;
@@ -271,7 +281,7 @@ class BatchPrefill {
   int64_t total_q_ = 0, total_kv_ = 0, batch_ = -1, max_page_index_ = -1, mask_bytes_ = 0;
   int32_t checked_max_page_ = -1;                  // largest page id paged_lengths() saw
   mutable PageIdErrors page_errors_;               // where the kernels record a bad page id (paged runs)
-  detail::DeviceSteps device_;                     // plan_paged_on_device(): see BatchDecode
+  detail::DeviceSteps device_;                     // plan_*_on_device(): see BatchDecode
   std::chrono::steady_clock::time_point plan_t0_;  // when the current plan() began (for last_plan_us)
 };
 

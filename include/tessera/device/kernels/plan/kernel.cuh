@@ -55,6 +55,13 @@ __device__ bool check_inputs(const DevicePlanParams& p, int batch, int* claim) {
       bad = true;
     }
   }
+  if (threadIdx.x == 0 && p.rows_indptr) {  // a cascade level covers level 0's rows
+    const int b0 = *p.rows_batch, rows = batch > 0 ? p.qo_indptr[batch] : 0;
+    if (b0 < 0 || b0 > p.max_batch || rows != p.rows_indptr[b0]) {
+      record_error(p, claim, kPlanLevelRows, batch, rows);
+      bad = true;
+    }
+  }
   return __syncthreads_or(bad);
 }
 
@@ -258,6 +265,11 @@ __device__ void plan_step(const DevicePlanParams& p, char* smem) {
     p.stats[1] = chunks ? static_cast<int>(split.slots) : 0;
     p.stats[2] = chunks ? static_cast<int>(split.splits) : 0;
     p.stats[3] = chunks;
+  }
+  // A cascade's merges change only the step's rows (none for an empty plan).
+  if (p.row_mask) {
+    const int rows = chunks ? (p.qo_indptr ? p.qo_indptr[batch] : batch) : 0;
+    for (int r = threadIdx.x; r < p.max_total_q; r += blockDim.x) p.row_mask[r] = r < rows;
   }
 }
 
