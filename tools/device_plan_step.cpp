@@ -10,13 +10,16 @@
 // graph, the device path copies the lengths and launches its one graph.
 // Reported per phase: GPU time of the step (events around all of its
 // stream work), wall time of the step with its synchronization (what an
-// engine that samples each step waits), and the host time of the calls.
+// engine that samples each step waits), and the host time of the calls;
+// then the planner's GPU time, and the graph launch's host time beside a
+// one-node graph's after the same step.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "commands.hpp"
@@ -256,16 +259,40 @@ int run_device_plan(const DevicePlanOptions& o) {
                 median(planner), kPlanners);
   }
   // The graph launch alone, the step's inputs already on the GPU (as an
-  // engine that updates its block table there).
-  std::vector<double> launch;
-  for (int r = 0; r < 50; ++r) {
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto t0 = Clock::now();
-    TESSERA_CUDA_CHECK(cudaGraphLaunch(dev_graph, stream));
-    launch.push_back(us_since(t0, Clock::now()));
+  // engine that updates its block table there), after the GPU finished a
+  // step of this batch (synchronized): beside it, under the same conditions,
+  // a one-node graph (a 4-byte memset), the least any graph launch costs
+  // then. A launch right after a long GPU task costs more whatever the graph
+  // holds, so both are reported after a short and a long step.
+  int32_t* scratch = nullptr;
+  TESSERA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int32_t)));
+  const cudaGraphExec_t one_node = capture([&] { TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch, 0, 4, stream)); });
+  for (const auto [batch, len] : {std::pair{8, 1024}, std::pair{max_batch, o.max_len}}) {
+    const Step s = make_step(rng, batch, len, pool);
+    stage(s);
+    TESSERA_CUDA_CHECK(cudaMemcpy(md, meta_h, sizeof(int32_t) * meta_n, cudaMemcpyHostToDevice));
+    TESSERA_CUDA_CHECK(cudaMemcpy(ids_d.get(), ids_h, sizeof(int32_t) * s.ids.size(), cudaMemcpyHostToDevice));
+    std::vector<double> ours, baseline, step_us;
+    for (int r = 0; r < 40; ++r) {
+      const cudaGraphExec_t timed = r % 2 ? one_node : dev_graph;
+      TESSERA_CUDA_CHECK(cudaEventRecord(e0, stream));
+      TESSERA_CUDA_CHECK(cudaGraphLaunch(dev_graph, stream));  // the step before
+      TESSERA_CUDA_CHECK(cudaEventRecord(e1, stream));
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      step_us.push_back(ms * 1e3);
+      const auto t0 = Clock::now();
+      TESSERA_CUDA_CHECK(cudaGraphLaunch(timed, stream));
+      (r % 2 ? baseline : ours).push_back(us_since(t0, Clock::now()));
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    std::printf("graph launch after a %.0f us step (batch %d, keys 1-%d), inputs on the GPU: %.1f us host time; a "
+                "one-node graph there: %.1f us (medians of 20)\n",
+                median(step_us), batch, len, median(ours), median(baseline));
   }
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::printf("device path graph launch, inputs already on the GPU: %.1f us host time (median of 50)\n", median(launch));
+  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(one_node));
+  TESSERA_CUDA_CHECK(cudaFree(scratch));
   std::printf("outputs bitwise equal: %s (%d mismatching layer outputs), %zu host graphs\n",
               mismatches ? "NO" : "yes", mismatches, host_graphs.size());
   for (auto& [b, g] : host_graphs) TESSERA_CUDA_CHECK(cudaGraphExecDestroy(g));
