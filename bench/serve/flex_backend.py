@@ -58,9 +58,13 @@ class _MaskRows:
 
     def __init__(self, rows, num_pages, max_pages, q_blocks, device):
         i32 = dict(dtype=torch.int32, device=device)
-        self.phys2log = torch.full((rows, num_pages), -1, **i32)
-        self.kv_len = torch.zeros(rows, **i32)
-        self.prefix = torch.zeros(rows, **i32)
+        # What mask_mod reads is int64, as its index arithmetic is: int32 lookups made inductor's Triton code
+        # mix int32 and int64 in one conditional ("Ternary expression with dynamic condition has inconsistent
+        # types int64 and int32").
+        i64 = dict(dtype=torch.int64, device=device)
+        self.phys2log = torch.full((rows, num_pages), -1, **i64)
+        self.kv_len = torch.zeros(rows, **i64)
+        self.prefix = torch.zeros(rows, **i64)
         self.num = torch.zeros(rows, 1, q_blocks, **i32)
         # Block lists as wide as the pool: BlockMask sizes its dense form by their last dimension, and the
         # entries are physical page ids (up to num_pages - 1), not positions in a request.
@@ -85,9 +89,9 @@ class _MaskRows:
         if self._used:
             self.phys2log[: self._used].fill_(-1)
         t = lambda a, dt=torch.long: torch.from_numpy(np.ascontiguousarray(a)).to(device, dt)  # noqa: E731
-        self.phys2log.index_put_((t(rows), t(pages)), t(logical, torch.int32))
-        self.kv_len[:n].copy_(t(kv_lens, torch.int32))
-        self.prefix[:n].copy_(t(prefix, torch.int32))
+        self.phys2log.index_put_((t(rows), t(pages)), t(logical))
+        self.kv_len[:n].copy_(t(kv_lens))
+        self.prefix[:n].copy_(t(prefix))
         self._used = n
 
 

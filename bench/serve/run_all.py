@@ -316,7 +316,9 @@ def main(argv=None):
     if os.environ.get("OUT"):
         import shutil
         for p in paths:
-            shutil.copy(p, os.path.join(os.environ["OUT"], os.path.basename(p)))
+            dst = os.path.join(os.environ["OUT"], os.path.basename(p))
+            if os.path.abspath(p) != os.path.abspath(dst):  # --out may point into $OUT already
+                shutil.copy(p, dst)
     bad = [n for n, r in doc["check"].items() if not r.get("ok")]
     log(f"# done in {time.perf_counter() - t_start:.0f} s: {', '.join(paths)}"
         + (f"; logits check FAILED for {', '.join(bad)}" if bad else ""))
