@@ -228,6 +228,40 @@ _RUN_FEATURES = {
 }
 
 
+def refuse_on_device_extras(custom_mask, packed_custom_mask, fixed_split_size, prefix_len_ptr, token_pos_in_items_ptr,
+                            token_pos_in_items_len, max_item_len_ptr, disable_split_kv, uniform_q_len, **host_lengths):
+    """plan(on_device=True)'s refusals shared by the prefill wrappers: a custom mask, fixed_split_size and the
+    arguments checked against host lengths (host_lengths: {name: value}), each ValueError naming it; the
+    multi-item-scoring, disable_split_kv and uniform_q_len checks of a host plan."""
+    W.refuse_on_device("a custom mask's plan reads the lengths on the host", custom_mask=custom_mask,
+                       packed_custom_mask=packed_custom_mask)
+    W.refuse_on_device("it is checked against the lengths on the host", **host_lengths)
+    if C.fixed_split_size_arg(fixed_split_size):
+        raise ValueError(f"fixed_split_size: expected None or -1 with on_device=True (batch-invariant chunks size the "
+                         f"workspace from the step's lengths), got {fixed_split_size}")
+    C.multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
+    if not isinstance(disable_split_kv, (bool, np.bool_)):
+        raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
+    C.uniform_q_len_arg(uniform_q_len)
+
+
+def on_device_total_q(batch_size, qo_indptr, max_total_q):
+    """plan(on_device=True)'s batch_size and max_total_q checks: max_total_q as an int, or None with qo_indptr
+    None (one query per request: the bound is then max_batch)."""
+    if batch_size is None:
+        raise ValueError("batch_size: expected an int32 CUDA tensor of 1 element with on_device=True, got None")
+    if qo_indptr is None:
+        if max_total_q is not None:
+            raise ValueError(f"max_total_q: expected None with qo_indptr None (one query per request: the bound is "
+                             f"max_batch), got {max_total_q!r}")
+        return None
+    max_total_q = C.int_arg(max_total_q, "max_total_q", allow_none=True)
+    if max_total_q is None or max_total_q < 1:
+        raise ValueError(f"max_total_q: expected an int >= 1 with on_device=True and a qo_indptr tensor (the bound on "
+                         f"the step's query rows, q's rows in run()), got {max_total_q}")
+    return max_total_q
+
+
 def check_run_flags(use_fp16_softmax, uses_spcompress):
     """TensorRT-LLM kernel selections of FlashInfer's paged run(): off (None / False) only."""
     C.refuse_true("use_fp16_softmax", use_fp16_softmax, "a float16 softmax accumulator is a TensorRT-LLM kernel "

@@ -5,8 +5,6 @@ masks, LSE base)."""
 
 import functools
 
-import numpy as np
-
 from . import _compat as C
 from . import _masks as M
 from . import _prefill_base as B
@@ -82,18 +80,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
                                               sm_scale, q_data_type, kv_data_type, o_data_type, window_left,
                                               logits_soft_cap, masked, rope, head_dim_vo)
         if W.on_device_arg(on_device, batch_size):
-            W.refuse_on_device("a custom mask's plan reads the lengths on the host", custom_mask=custom_mask,
-                               packed_custom_mask=packed_custom_mask)
-            W.refuse_on_device("it is checked against the lengths on the host", seq_lens=seq_lens,
-                               seq_lens_q=seq_lens_q, max_token_per_sequence=max_token_per_sequence,
-                               max_sequence_kv=max_sequence_kv, v_indptr=v_indptr, o_indptr=o_indptr)
-            if C.fixed_split_size_arg(fixed_split_size):
-                raise ValueError(f"fixed_split_size: expected None or -1 with on_device=True (batch-invariant "
-                                 f"chunks size the workspace from the step's lengths), got {fixed_split_size}")
-            C.multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
-            if not isinstance(disable_split_kv, (bool, np.bool_)):
-                raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
-            C.uniform_q_len_arg(uniform_q_len)
+            B.refuse_on_device_extras(custom_mask, packed_custom_mask, fixed_split_size, prefix_len_ptr,
+                                      token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
+                                      disable_split_kv, uniform_q_len, seq_lens=seq_lens, seq_lens_q=seq_lens_q,
+                                      max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
+                                      v_indptr=v_indptr, o_indptr=o_indptr)
             self._plan_on_device(config, scale, options, rope, batch_size, qo_indptr, kv_indptr, max_total_q,
                                  max_kv_tokens, not disable_split_kv)
             return
@@ -129,21 +120,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
                         max_kv_tokens, split):
         """plan(on_device=True): the tensors checked from their metadata, the workspace sized for the bounds, the
         C++ device planner enqueued (as the paged wrapper's)."""
-        if batch_size is None:
-            raise ValueError("batch_size: expected an int32 CUDA tensor of 1 element with on_device=True, got None")
+        max_total_q = B.on_device_total_q(batch_size, qo_indptr, max_total_q)
         max_kv_tokens = C.int_arg(max_kv_tokens, "max_kv_tokens", allow_none=True)
         if max_kv_tokens is None or not 1 <= max_kv_tokens < 2 ** 31:
             raise ValueError(f"max_kv_tokens: expected an int in [1, 2**31) with on_device=True (the bound on "
                              f"kv_indptr[batch], k's and v's rows in run()), got {max_kv_tokens}")
-        if qo_indptr is None:
-            if max_total_q is not None:
-                raise ValueError(f"max_total_q: expected None with qo_indptr None (one query per request: the bound "
-                                 f"is max_batch), got {max_total_q!r}")
-        else:
-            max_total_q = C.int_arg(max_total_q, "max_total_q", allow_none=True)
-            if max_total_q is None or max_total_q < 1:
-                raise ValueError(f"max_total_q: expected an int >= 1 with on_device=True and a qo_indptr tensor (the "
-                                 f"bound on the step's query rows, q's rows in run()), got {max_total_q}")
         step = {"batch_size": batch_size} if qo_indptr is None else {"batch_size": batch_size, "qo_indptr": qo_indptr}
         step = W.device_step(self, dict(step, kv_indptr=kv_indptr))
         max_batch = W.device_bound(step["kv_indptr"], "kv_indptr", 1, "max_batch")

@@ -27,8 +27,6 @@ causal part into the mask). Rows that see no key get o = 0 and lse = -inf.
 
 import functools
 
-import numpy as np
-
 from . import _auto_prefix as AP
 from . import _compat as C
 from . import _masks as M
@@ -249,20 +247,12 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                                               self._kv_layout, causal, sm_scale, q_data_type, kv_data_type,
                                               o_data_type, window_left, logits_soft_cap, masked, rope, head_dim_vo)
         if W.on_device_arg(on_device, batch_size):
-            W.refuse_on_device("a custom mask's plan reads the lengths on the host", custom_mask=custom_mask,
-                               packed_custom_mask=packed_custom_mask)
             W.refuse_on_device("finding shared prefixes reads the page table on the host",
                                shared_prefix=shared_prefix)
-            W.refuse_on_device("it is checked against the lengths on the host", seq_lens=seq_lens,
-                               seq_lens_q=seq_lens_q, max_token_per_sequence=max_token_per_sequence,
-                               max_sequence_kv=max_sequence_kv)
-            if C.fixed_split_size_arg(fixed_split_size):
-                raise ValueError(f"fixed_split_size: expected None or -1 with on_device=True (batch-invariant "
-                                 f"chunks size the workspace from the step's lengths), got {fixed_split_size}")
-            C.multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
-            if not isinstance(disable_split_kv, (bool, np.bool_)):
-                raise TypeError(f"disable_split_kv: expected a bool, got {type(disable_split_kv).__name__}")
-            C.uniform_q_len_arg(uniform_q_len)
+            B.refuse_on_device_extras(custom_mask, packed_custom_mask, fixed_split_size, prefix_len_ptr,
+                                      token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
+                                      disable_split_kv, uniform_q_len, seq_lens=seq_lens, seq_lens_q=seq_lens_q,
+                                      max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv)
             if self._auto_prefix is not None:
                 self._auto_prefix.stats = None
             self._plan_on_device(config, scale, options, rope, batch_size, qo_indptr, paged_kv_indptr,
@@ -315,17 +305,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                         max_total_q, split):
         """plan(on_device=True): checks the tensors from their metadata (never their values), sizes the workspace
         for the bounds they give (or the fixed ones they must match) and enqueues the C++ device planner."""
-        if batch_size is None:
-            raise ValueError("batch_size: expected an int32 CUDA tensor of 1 element with on_device=True, got None")
-        if qo_indptr is None:
-            if max_total_q is not None:
-                raise ValueError(f"max_total_q: expected None with qo_indptr None (one query per request: the bound "
-                                 f"is max_batch), got {max_total_q!r}")
-        else:
-            max_total_q = C.int_arg(max_total_q, "max_total_q", allow_none=True)
-            if max_total_q is None or max_total_q < 1:
-                raise ValueError(f"max_total_q: expected an int >= 1 with on_device=True and a qo_indptr tensor (the "
-                                 f"bound on the step's query rows, q's rows in run()), got {max_total_q}")
+        max_total_q = B.on_device_total_q(batch_size, qo_indptr, max_total_q)
         step = {"batch_size": batch_size} if qo_indptr is None else {"batch_size": batch_size, "qo_indptr": qo_indptr}
         step = W.device_step(self, dict(step, paged_kv_indptr=kv_indptr, paged_kv_indices=kv_indices,
                                         paged_kv_last_page_len=last))
