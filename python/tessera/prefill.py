@@ -71,8 +71,9 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
     only enqueues the planner kernel, so it can be captured with run() in
     one CUDA graph serving any step within the bounds. run() then takes q of
     max_total_q rows. Not with custom masks, shared_prefix, fixed_split_size
-    or the length arguments (ValueError naming them); ragged KV plans on the
-    host. Details: docs/architecture.md, "Planning on the GPU".
+    or the length arguments (ValueError naming them); ragged KV: the ragged
+    wrapper's plan(on_device=True). Details: docs/architecture.md, "Planning
+    on the GPU".
     """
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
