@@ -264,9 +264,8 @@ int run_device_plan(const DevicePlanOptions& o) {
   // a one-node graph (a 4-byte memset), the least any graph launch costs
   // then. A launch right after a long GPU task costs more whatever the graph
   // holds, so both are reported after a short and a long step.
-  int32_t* scratch = nullptr;
-  TESSERA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int32_t)));
-  const cudaGraphExec_t one_node = capture([&] { TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch, 0, 4, stream)); });
+  const cuda::DeviceBuffer scratch(sizeof(int32_t));
+  const cudaGraphExec_t one_node = capture([&] { TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, 4, stream)); });
   for (const auto [batch, len] : {std::pair{8, 1024}, std::pair{max_batch, o.max_len}}) {
     const Step s = make_step(rng, batch, len, pool);
     stage(s);
@@ -292,7 +291,6 @@ int run_device_plan(const DevicePlanOptions& o) {
                 median(step_us), batch, len, median(ours), median(baseline));
   }
   TESSERA_CUDA_CHECK(cudaGraphExecDestroy(one_node));
-  TESSERA_CUDA_CHECK(cudaFree(scratch));
   std::printf("outputs bitwise equal: %s (%d mismatching layer outputs), %zu host graphs\n",
               mismatches ? "NO" : "yes", mismatches, host_graphs.size());
   for (auto& [b, g] : host_graphs) TESSERA_CUDA_CHECK(cudaGraphExecDestroy(g));

@@ -4,10 +4,11 @@
 // plan_ragged_on_device() (BatchPrefill) enqueue the device planner
 // (runtime/device_planner.hpp) instead of planning on the host: when it
 // runs, it reads the step's batch size and lengths from these buffers and
-// writes the work queues into the workspace. Nothing is read or copied by the host, so one CUDA graph
-// holding the planner and every layer's run() serves any batch up to the
-// wrapper's bounds: each step the caller writes the lengths and page ids
-// into the same buffers (or computes them on the GPU) and replays.
+// writes the work queues into the workspace. Nothing is read or copied by
+// the host, so one CUDA graph holding the planner and every layer's run()
+// serves any batch up to the wrapper's bounds: each step the caller writes
+// the lengths and page ids into the same buffers (or computes them on the
+// GPU) and replays.
 //
 // The buffers are int32, 1-D, contiguous, on the workspace's device, sized
 // for the bounds (TaskInfo max_batch, max_pages, max_total_q), and must
