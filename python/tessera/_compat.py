@@ -196,18 +196,29 @@ _PLAN_ATTRIBUTES = ("causal", "pos_encoding_mode", "window_left", "logits_soft_c
                     "rope_theta", "use_fp16_qk_reduction")
 
 
-def _record_plan_options(wrapper, impl, args, kwargs):
-    """Sets wrapper._<option> for FlashInfer's recorded plan options, as FlashInfer's plan() leaves them
-    (logits_soft_cap None becomes 0.0; sm_scale stays None when not given)."""
-    bound = inspect.signature(impl).bind(wrapper, *args, **kwargs)
-    bound.apply_defaults()
-    values = dict(bound.arguments)
-    values.update(values.pop("kwargs", {}) or {})
-    hidden = getattr(type(wrapper), "_plan_impl", None)  # decode: the options are _plan_impl's keywords
+@functools.lru_cache(maxsize=None)
+def _plan_parameters(impl, hidden):
+    """impl's positional parameter names after self, and the defaults of impl's parameters and then of
+    hidden's (decode: the options are _plan_impl's keywords): built once per plan function, since
+    inspect.signature costs tens of microseconds and plan() runs every step."""
+    params = list(inspect.signature(impl).parameters.values())[1:]
+    positional = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     if hidden is not None:
         for name, p in inspect.signature(hidden).parameters.items():
             if p.default is not inspect.Parameter.empty:
-                values.setdefault(name, p.default)
+                defaults.setdefault(name, p.default)
+    return positional, defaults
+
+
+def _record_plan_options(wrapper, impl, args, kwargs):
+    """Sets wrapper._<option> for FlashInfer's recorded plan options, as FlashInfer's plan() leaves them
+    (logits_soft_cap None becomes 0.0; sm_scale stays None when not given). Called after impl accepted
+    args and kwargs, so they bind."""
+    positional, defaults = _plan_parameters(impl, getattr(type(wrapper), "_plan_impl", None))
+    values = dict(defaults)
+    values.update(zip(positional, args))
+    values.update(kwargs)
     for name in _PLAN_ATTRIBUTES:
         if name in values:
             value = values[name]
