@@ -291,11 +291,11 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
     def _plan_on_device(self, qo_arr, kv_arr, idx_arr, last_arr, batch_size, max_total_q, options):
         """plan(on_device=True): the level tensors checked from their metadata (never their values), the
         workspace sized for the bounds they give, every level's planner enqueued."""
-        levels = []
-        sizes = self._per_level(batch_size, "batch_size") if batch_size is not None else None
-        if sizes is None:
+        if batch_size is None:
             raise ValueError("batch_size: expected a list of 1-element int32 CUDA tensors (one per level) with "
                              "on_device=True, got None")
+        sizes = self._per_level(batch_size, "batch_size")
+        levels = []
         for i, (qo, kv, idx, last, bs) in enumerate(zip(self._per_level(qo_arr, "qo_indptr_arr"),
                                                          self._per_level(kv_arr, "paged_kv_indptr_arr"),
                                                          self._per_level(idx_arr, "paged_kv_indices_arr"),

@@ -90,12 +90,8 @@ TEST(DevicePlanApi, CascadeLevels) {
   const std::vector<AttentionSpec> specs(2);
   const TaskInfo task = bounded_task();
   const auto need = CascadeAttention::min_workspace_size(specs, task, 1);
-  std::vector<char> dev(need.device_bytes + 256), host(need.host_bytes + 256);
-  auto aligned = [](std::vector<char>& v) {
-    return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(v.data()) + 255) / 256 * 256);
-  };
-  Workspace ws(aligned(dev), need.device_bytes, aligned(host), need.host_bytes, 0);
-  CascadeAttention cascade(specs, task, ws);
+  HostWorkspace h(need.device_bytes, need.host_bytes);
+  CascadeAttention cascade(specs, task, h.ws);
   StepViews s;
   const std::vector<DeviceBatch> one = {s.paged()};
   EXPECT_THROW_MSG(cascade.plan_on_device(one), InvalidArgument, "levels");

@@ -18,6 +18,7 @@
 #include "tessera/formats/paged_kv.hpp"
 #include "tessera/formats/shared_prefix.hpp"
 #include "tessera/runtime/cuda.hpp"
+#include "fake_workspace.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
@@ -334,12 +335,8 @@ TEST(SharedPrefix, LevelsPassTheCascadeChecks) {
   const std::vector<AttentionSpec> specs = {
       AttentionSpec{}, AttentionSpec{variants::causal(), DType::kFloat16, DType::kFloat16, DType::kFloat16, 128}};
   const auto sizes = CascadeAttention::workspace_size(specs, task, 1);
-  std::vector<char> dev(sizes.device_bytes + 256), host(sizes.host_bytes + 256);
-  auto at256 = [](std::vector<char>& b) {
-    return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b.data()) + 255) / 256 * 256);
-  };
-  Workspace ws(at256(dev), sizes.device_bytes, at256(host), sizes.host_bytes, 0);
-  CascadeAttention cascade(specs, task, ws);
+  HostWorkspace h(sizes.device_bytes, sizes.host_bytes);
+  CascadeAttention cascade(specs, task, h.ws);
   const auto levels = cascade_levels(sp);
   EXPECT_THROW_MSG(cascade.plan(levels), CudaError, "CascadeAttention::plan");
 }
