@@ -10,9 +10,10 @@
 // graph, the device path copies the lengths and launches its one graph.
 // Reported per phase: GPU time of the step (events around all of its
 // stream work), wall time of the step with its synchronization (what an
-// engine that samples each step waits), and the host time of the calls;
-// then the planner's GPU time, and the graph launch's host time beside a
-// one-node graph's after the same step.
+// engine that samples each step waits), the host time of the calls, and
+// the host path's graph alone as a share of its step (the ratio a device
+// planner of zero cost would reach); then the planner's GPU time, and the
+// graph launch's host time beside a one-node graph's after the same step.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -63,7 +64,7 @@ cuda::DeviceBuffer random_fp16(size_t bytes, std::vector<uint16_t>& pattern) {
 
 struct Timing {
   std::vector<double> gpu_host, gpu_dev, wall_host, wall_dev, ratio_gpu, ratio_wall, launch_dev, calls_dev, calls_host,
-      plan_host;
+      plan_host, bound;
 };
 
 }  // namespace
@@ -218,6 +219,15 @@ int run_device_plan(const DevicePlanOptions& o) {
       t.wall_dev.push_back(wall[1]);
       t.ratio_gpu.push_back(gpu_ms[1] / gpu_ms[0]);
       t.ratio_wall.push_back(wall[1] / wall[0]);
+      // The host path's graph alone (its plan and copies done): no device
+      // planner, however fast, makes the step cheaper than these layers.
+      TESSERA_CUDA_CHECK(cudaEventRecord(e0, stream));
+      TESSERA_CUDA_CHECK(cudaGraphLaunch(host_graphs[batch], stream));
+      TESSERA_CUDA_CHECK(cudaEventRecord(e1, stream));
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      float graph_ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, e0, e1));
+      t.bound.push_back(graph_ms * 1e3 / gpu_ms[0]);
       // The same bits from both plans (first and last layer).
       for (int l : {0, o.layers - 1}) {
         std::vector<char> a(row_bytes * batch), b(row_bytes * batch);
@@ -228,14 +238,16 @@ int run_device_plan(const DevicePlanOptions& o) {
     }
     std::printf("%-8s batch %d-%d, keys 1-%d: GPU step us host-planned %.1f, device-planned %.1f (ratio %.3f); "
                 "wall with sync %.1f / %.1f (ratio %.3f); host us: graph launch %.1f, device path calls %.1f, "
-                "host path calls %.1f (plan() %.1f)\n",
+                "host path calls %.1f (plan() %.1f); the host path's graph alone over its step (the best ratio a "
+                "device planner of zero cost could reach) %.3f\n",
                 ph.name, ph.min_batch, ph.max_batch, ph.max_len, median(t.gpu_host), median(t.gpu_dev),
                 median(t.ratio_gpu), median(t.wall_host), median(t.wall_dev), median(t.ratio_wall),
-                median(t.launch_dev), median(t.calls_dev), median(t.calls_host), median(t.plan_host));
+                median(t.launch_dev), median(t.calls_dev), median(t.calls_host), median(t.plan_host),
+                median(t.bound));
   }
-  // The planner alone for a small and a full batch: GPU time per planner
+  // The planner alone for small batches and a full one: GPU time per planner
   // of a graph of 20 planners back to back (no launch gaps), events around it.
-  for (int batch : {8, max_batch}) {
+  for (int batch : {4, 8, 16, max_batch}) {
     const Step s = make_step(rng, batch, batch == max_batch ? o.max_len : 1024, pool);
     stage(s);
     TESSERA_CUDA_CHECK(cudaMemcpy(md, meta_h, sizeof(int32_t) * meta_n, cudaMemcpyHostToDevice));

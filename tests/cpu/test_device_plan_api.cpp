@@ -10,6 +10,7 @@
 
 #include "tessera/api/cascade.hpp"
 #include "tessera/api/prefill.hpp"
+#include "tessera/runtime/cuda.hpp"
 #include "fake_workspace.hpp"
 #include "test_util.hpp"
 
@@ -89,7 +90,8 @@ TEST(DevicePlanApi, PagedNeedsItsPageTable) {
 TEST(DevicePlanApi, CascadeLevels) {
   const std::vector<AttentionSpec> specs(2);
   const TaskInfo task = bounded_task();
-  const auto need = CascadeAttention::min_workspace_size(specs, task, 1);
+  const int sms = cuda::gpu_available() ? cuda::device_info(0).sm_count : 1;  // what the constructor sizes for
+  const auto need = CascadeAttention::min_workspace_size(specs, task, sms);
   HostWorkspace h(need.device_bytes, need.host_bytes);
   CascadeAttention cascade(specs, task, h.ws);
   StepViews s;

@@ -10,7 +10,7 @@
 namespace tessera {
 
 constexpr int kDevicePlanThreads = 512;  // one block plans the whole step
-constexpr int kDevicePlanMaxTiles = 4096;  // shared-memory tables: 32 bytes per query tile, 36 per work item
+constexpr int kDevicePlanMaxTiles = 4096;  // shared-memory tables: 36 bytes per query tile, 36 per work item
 
 // What a failed input check records (DevicePlanParams::error, mapped pinned
 // memory: flag, code, request, value). The plan is then empty.

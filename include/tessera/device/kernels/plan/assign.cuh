@@ -18,30 +18,33 @@ constexpr u64 kCtaMask = (u64{1} << kCtaBits) - 1;
 
 // Chunk j of tile i (chunk0 at chunk size L): its tile and length.
 __device__ __forceinline__ int chunk_tile(const Tables& t, int n, int j) { return last_at_most(t.chunk0, n, j); }
-__device__ __forceinline__ int chunk_keys(const Tables& t, int L, int align, int i, int k) {
-  const ChunkShape s = chunk_shape(t.len[i], L, align);
+__device__ __forceinline__ int chunk_keys(const Tables& t, int i, int k) {
+  const ChunkShape s = tile_shape(t, i);
   return k < s.n - 1 ? s.step : last_chunk_keys(t.len[i], s);
 }
 
 // Sort keys: (request rank, request) then (length descending, chunk id), padded to sort_n with the largest.
-__device__ void chunk_sort_keys(const DevicePlanParams& p, const Tables& t, int batch, int n, int chunks, int L) {
+__device__ void chunk_sort_keys(const DevicePlanParams& p, const Tables& t, int batch, int n, int chunks) {
   if (!p.decode) {  // a request's rank: its longest chunk (the first of a split tile)
+#pragma unroll 1
     for (int b = threadIdx.x; b < batch; b += blockDim.x) {
       int r = 0;
+#pragma unroll 1
       for (int i = t.tile0[b]; i < t.tile0[b + 1]; ++i) {
-        const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
+        const ChunkShape s = tile_shape(t, i);
         r = max(r, s.n == 1 ? t.len[i] : s.step);
       }
       t.req_rank[b] = r;
     }
     __syncthreads();
   }
+#pragma unroll 1
   for (int j = threadIdx.x; j < t.sort_n; j += blockDim.x) {
     if (j >= chunks) {
       t.major[j] = t.minor[j] = ~u64{0};
       continue;
     }
-    const int i = chunk_tile(t, n, j), len = chunk_keys(t, L, p.chunk_align, i, j - t.chunk0[i]);
+    const int i = chunk_tile(t, n, j), len = chunk_keys(t, i, j - t.chunk0[i]);
     t.minor[j] = static_cast<u64>(static_cast<unsigned>(0x7fffffff - len)) << 32 | static_cast<unsigned>(j);
     const int b = t.req[i];
     t.major[j] = p.decode ? 0 : static_cast<u64>(static_cast<unsigned>(0x7fffffff - t.req_rank[b])) << 32 |
@@ -55,9 +58,11 @@ __device__ void chunk_sort_keys(const DevicePlanParams& p, const Tables& t, int 
 // stage) up to 1024 chunks, else a bitonic sort over sort_n entries.
 __device__ void sort_chunks(const Tables& t, int chunks) {
   if (chunks <= 1024) {
+#pragma unroll 1
     for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
       const u64 a0 = t.major[i], a1 = t.minor[i];
       int r = 0;
+#pragma unroll 4
       for (int j = 0; j < chunks; ++j) {
         const u64 b0 = t.major[j], b1 = t.minor[j];
         r += b0 < a0 || (b0 == a0 && b1 < a1);
@@ -68,8 +73,11 @@ __device__ void sort_chunks(const Tables& t, int chunks) {
     return;
   }
   const int n = t.sort_n;
+#pragma unroll 1
   for (int k = 2; k <= n; k <<= 1)
+#pragma unroll 1
     for (int j = k >> 1; j > 0; j >>= 1) {
+#pragma unroll 1
       for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int x = i ^ j;
         if (x <= i) continue;
@@ -85,6 +93,7 @@ __device__ void sort_chunks(const Tables& t, int chunks) {
       }
       __syncthreads();
     }
+#pragma unroll 1
   for (int i = threadIdx.x; i < chunks; i += blockDim.x) t.order[i] = t.minor[i];
   __syncthreads();
 }
@@ -133,10 +142,12 @@ __device__ __noinline__ void greedy_steps(const DevicePlanParams& p, const Table
     return x;
   };
   u64 mine = lane_min();
+#pragma unroll 1
   for (int base = fast; base < chunks; base += 32) {
     Pick ahead{0, 0};
     if (base + lane < chunks) ahead = pick_at(p, t, chunks, base + lane);
     const int steps = min(32, chunks - base);
+#pragma unroll 1
     for (int s = 0; s < steps; ++s) {
       const int w = __shfl_sync(0xffffffffu, ahead.chunk, s);
       const u64 cost = __shfl_sync(0xffffffffu, ahead.cost, s);
@@ -144,16 +155,23 @@ __device__ __noinline__ void greedy_steps(const DevicePlanParams& p, const Table
       const unsigned lo = __reduce_min_sync(
           0xffffffffu, static_cast<unsigned>(mine >> 32) == hi ? static_cast<unsigned>(mine) : 0xffffffffu);
       const int c = static_cast<int>(lo & kCtaMask);
-      if (c % 32 == lane) {
+      // Branch-free: every lane runs the update, predicated on holding CTA
+      // c (a divergent branch per step cost more than the update itself).
+      const bool holder = (c & 31) == lane;
+      const int slot = c >> 5;
+      int rank = 0;
 #pragma unroll
-        for (int i = 0; i < K; ++i)
-          if (i == c / 32) {
-            t.owner[w] = c;
-            t.rank[w] = count[i]++;
-            e[i] += cost << kCtaBits;
-          }
-        mine = lane_min();
+      for (int i = 0; i < K; ++i) {
+        const bool hit = holder && i == slot;
+        rank = hit ? count[i] : rank;
+        count[i] += hit ? 1 : 0;
+        e[i] += hit ? cost << kCtaBits : 0;
       }
+      if (holder) {
+        t.owner[w] = c;
+        t.rank[w] = rank;
+      }
+      mine = lane_min();
     }
   }
   i64 longest = 0;  // the busiest CTA's cost
@@ -174,9 +192,11 @@ __device__ __noinline__ void greedy_steps(const DevicePlanParams& p, const Table
 __device__ i64 assign_chunks(const DevicePlanParams& p, const Tables& t, int chunks) {
   const int m = p.ctas;
   i64 fast = min(chunks, m);
+#pragma unroll 1
   for (int k = threadIdx.x; k < min(chunks, m); k += blockDim.x)
     if (pick_at(p, t, chunks, k).cost == 0) fast = min(fast, static_cast<i64>(k));
   fast = block_reduce(fast, t.red, Min{});
+#pragma unroll 1
   for (int k = threadIdx.x; k < fast; k += blockDim.x) {
     const int w = pick_at(p, t, chunks, k).chunk;
     t.owner[w] = k;
@@ -184,8 +204,10 @@ __device__ i64 assign_chunks(const DevicePlanParams& p, const Tables& t, int chu
   }
   if (threadIdx.x < 32) {
     const int f = static_cast<int>(fast);
-    if (m <= 32) greedy_steps<1>(p, t, chunks, f);  // few instantiations: less code to fetch
+    if (m <= 32) greedy_steps<1>(p, t, chunks, f);
+    else if (m <= 64) greedy_steps<2>(p, t, chunks, f);
     else if (m <= 128) greedy_steps<4>(p, t, chunks, f);
+    else if (m <= 256) greedy_steps<8>(p, t, chunks, f);
     else greedy_steps<32>(p, t, chunks, f);
   }
   __syncthreads();

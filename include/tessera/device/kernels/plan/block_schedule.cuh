@@ -97,7 +97,7 @@ __device__ __forceinline__ Segment segment(int n, int threads, int rank) {
   const int lo = min(n, rank * per);
   return {lo, min(n, lo + per)};
 }
-__device__ __forceinline__ Segment segment(int n) { return segment(n, blockDim.x, threadIdx.x); }
+__device__ __forceinline__ Segment segment(int n) { return segment(n, kDevicePlanThreads, threadIdx.x); }
 __device__ __forceinline__ Segment lane_segment(int n) { return segment(n, 32, threadIdx.x % 32); }
 
 // Binary search: the last index i in [0, n) with a[i] <= x (a ascending, a[0] <= x).
@@ -112,12 +112,16 @@ __device__ __forceinline__ int last_at_most(const int* a, int n, i64 x) {
 }
 
 // Chunk size L over the tiles (warp 0 only): each tile's first chunk
-// (chunk0) and the totals of an Evaluation but its makespan.
+// (chunk0, with the total in chunk0[n]) and chunk length (step), and the
+// totals of an Evaluation but its makespan.
 __device__ __noinline__ Evaluation tile_pass(const DevicePlanParams& p, const Tables& t, int n, int L) {
   const Segment seg = lane_segment(n);
   i64 chunks = 0, slots = 0, splits = 0, worst = 0;
+#pragma unroll 1
   for (int i = seg.lo; i < seg.hi; ++i) {
     const ChunkShape s = chunk_shape(t.len[i], L, p.chunk_align);
+    t.chunk0[i] = s.n;  // the count until the scan below
+    t.step[i] = s.step;
     chunks += s.n;
     if (s.n > 1) {
       slots += s.n;
@@ -127,14 +131,22 @@ __device__ __noinline__ Evaluation tile_pass(const DevicePlanParams& p, const Ta
   }
   Evaluation e{};
   i64 k = warp_exclusive_scan(chunks, e.chunks);
+#pragma unroll 1
   for (int i = seg.lo; i < seg.hi; ++i) {
+    const int c = t.chunk0[i];
     t.chunk0[i] = static_cast<int>(k);
-    k += chunk_shape(t.len[i], L, p.chunk_align).n;
+    k += c;
   }
+  if (threadIdx.x == 0) t.chunk0[n] = static_cast<int>(e.chunks);
   e.slots = warp_reduce(slots, Sum{});
   e.splits = warp_reduce(splits, Sum{});
   e.worst = warp_reduce(worst, Max{});
   return e;
+}
+
+// Tile i's chunks at the chunk size of the last tile_pass.
+__device__ __forceinline__ ChunkShape tile_shape(const Tables& t, int i) {
+  return {t.chunk0[i + 1] - t.chunk0[i], t.step[i]};
 }
 
 // Chunks of the tiles at chunk size len, as the one-wave refinement counts
@@ -142,6 +154,7 @@ __device__ __noinline__ Evaluation tile_pass(const DevicePlanParams& p, const Ta
 __device__ __forceinline__ i64 chunks_at(const Tables& t, int n, i64 len) {
   const unsigned l = static_cast<unsigned>(len);  // 32-bit divisions: len and every tile's keys are below 2^31
   i64 c = 0;
+#pragma unroll 1
   for (int i = threadIdx.x; i < n; i += blockDim.x) c += max(1u, (static_cast<unsigned>(t.len[i]) + l - 1) / l);
   return block_reduce(c, t.red, Sum{});
 }

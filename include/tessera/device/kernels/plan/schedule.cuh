@@ -20,19 +20,36 @@ constexpr int kNoSplit = 0x7fffffff;  // L when nothing splits
 
 TESSERA_PLAN_FN i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 TESSERA_PLAN_FN i64 imax(i64 a, i64 b) { return a > b ? a : b; }
-TESSERA_PLAN_FN i64 align_up(i64 x, int a) { return (x + a - 1) / a * a; }
+// x / d and ceil(x / d) for x >= 0, d >= 1: in 32 bits when both fit (a
+// 64-bit division is a long instruction sequence on the GPU, and the
+// device planner's critical path is mostly these divisions).
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__host__ __device__ __noinline__
+#else
+inline
+#endif
+i64 div_down_wide(i64 x, i64 d) { return x / d; }  // out of line: rarely taken, long on the GPU
+TESSERA_PLAN_FN i64 div_down(i64 x, i64 d) {
+  if ((static_cast<u64>(x) | static_cast<u64>(d)) >> 32 == 0) return static_cast<unsigned>(x) / static_cast<unsigned>(d);
+  return div_down_wide(x, d);
+}
+TESSERA_PLAN_FN i64 div_up(i64 x, i64 d) { return div_down(x + d - 1, d); }
+TESSERA_PLAN_FN i64 align_up(i64 x, int a) { return div_up(x, a) * a; }
 
 // A tile of len keys at chunk size L: n chunks of `step` keys, the last
 // holding the rest (host planner's rule: n = ceil(len / L) near-equal
-// aligned pieces).
+// aligned pieces), in 32-bit unsigned arithmetic (len, L < 2^31; the
+// aligned step below 2^32).
 struct ChunkShape {
   int n, step;
 };
 TESSERA_PLAN_FN ChunkShape chunk_shape(int len, int L, int align) {
   if (len <= L) return {1, len};
-  const int n = (len - 1) / L + 1;
-  const int step = static_cast<int>(imin(L, align_up((len - 1) / n + 1, align)));
-  return {(len - 1) / step + 1, step};
+  const unsigned l = static_cast<unsigned>(len) - 1, a = static_cast<unsigned>(align);
+  const unsigned n = l / static_cast<unsigned>(L) + 1;
+  unsigned step = (l / n + a) / a * a;  // align_up(ceil(len / n), a)
+  if (step > static_cast<unsigned>(L)) step = static_cast<unsigned>(L);
+  return {static_cast<int>(l / step + 1), static_cast<int>(step)};
 }
 
 // The last chunk's keys (the others hold step each).
@@ -48,7 +65,7 @@ TESSERA_PLAN_FN TileSpan prefill_tile(int t, int qo_len, int kv_len, int group, 
   const i64 rows = static_cast<i64>(qo_len) * group;
   int visible = kv_len;
   if (causal) {
-    const i64 last_q = (imin(rows, static_cast<i64>(t + 1) * cta_q) - 1) / group;
+    const i64 last_q = div_down(imin(rows, static_cast<i64>(t + 1) * cta_q) - 1, group);
     visible = static_cast<int>(imin(imax(last_q + kv_len - qo_len + 1, 0), kv_len));
   }
   return {0, visible, static_cast<int>(imin(cta_q, rows - static_cast<i64>(t) * cta_q))};
@@ -66,7 +83,7 @@ TESSERA_PLAN_FN i64 decode_window_start(int kv_len, int window_left) {
   return static_cast<i64>(kv_len) - 1 - window_left;
 }
 TESSERA_PLAN_FN i64 prefill_window_start(int t, int qo_len, int kv_len, int group, int cta_q, int window_left) {
-  return static_cast<i64>(t) * cta_q / group + kv_len - qo_len - window_left;
+  return div_down(static_cast<i64>(t) * cta_q, group) + kv_len - qo_len - window_left;
 }
 
 // A request's KV length from its page-table row (paged) or its token range (ragged).
@@ -101,7 +118,7 @@ TESSERA_PLAN_FN int choose_chunk_size(const DevicePlanParams& p, int n, i64 tota
   const bool split = p.split_kv && !short_step && !fixed;
   auto clamp = [](i64 L) { return static_cast<int>(imin(L, kNoSplit)); };
   int L = kNoSplit;
-  if (split) L = clamp(align_up(imax((total + p.ctas - 1) / p.ctas, p.min_chunk > 1 ? p.min_chunk : 1), a));
+  if (split) L = clamp(align_up(imax(div_up(total, p.ctas), p.min_chunk > 1 ? p.min_chunk : 1), a));
   if (fixed) L = clamp(align_up(p.fixed_chunk, a));
   Evaluation cur = ev.evaluate(L);
   if (!split) return L;

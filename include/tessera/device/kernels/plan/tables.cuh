@@ -14,7 +14,7 @@ namespace tessera::plan {
 struct TablesLayout {
   // byte offsets; 8-byte arrays first
   u64 mid2, scalars, red, major, minor, order;
-  u64 req, q_tile, begin, len, rows, chunk0, tile0, req_rank, cta_first, cta_count, owner, rank, queue, misc;
+  u64 req, q_tile, begin, len, rows, chunk0, step, tile0, req_rank, cta_first, cta_count, owner, rank, queue, misc;
   u64 bytes;
   int sort_n;  // the sort's power-of-two length
 };
@@ -46,6 +46,7 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int ma
   l.len = take(4 * tiles);
   l.rows = take(4 * tiles);
   l.chunk0 = take(4 * tiles);
+  l.step = take(4 * tiles);
   l.tile0 = take(4 * reqs);
   l.req_rank = take(4 * reqs);
   l.cta_first = take(4 * ctas1);
@@ -62,7 +63,7 @@ inline TablesLayout tables_layout(int max_tiles, int max_batch, int ctas, int ma
 struct Tables {
   i64 *mid2, *scalars, *red;
   u64 *major, *minor, *order;
-  int *req, *q_tile, *begin, *len, *rows, *chunk0, *tile0, *req_rank, *cta_first, *cta_count, *owner, *rank, *queue,
+  int *req, *q_tile, *begin, *len, *rows, *chunk0, *step, *tile0, *req_rank, *cta_first, *cta_count, *owner, *rank, *queue,
       *misc;
   int sort_n;
 };
@@ -74,6 +75,7 @@ __device__ __forceinline__ Tables tables_at(char* smem, const TablesLayout& l) {
           reinterpret_cast<int*>(smem + l.req), reinterpret_cast<int*>(smem + l.q_tile),
           reinterpret_cast<int*>(smem + l.begin), reinterpret_cast<int*>(smem + l.len),
           reinterpret_cast<int*>(smem + l.rows), reinterpret_cast<int*>(smem + l.chunk0),
+          reinterpret_cast<int*>(smem + l.step),
           reinterpret_cast<int*>(smem + l.tile0), reinterpret_cast<int*>(smem + l.req_rank),
           reinterpret_cast<int*>(smem + l.cta_first), reinterpret_cast<int*>(smem + l.cta_count),
           reinterpret_cast<int*>(smem + l.owner), reinterpret_cast<int*>(smem + l.rank),
