@@ -11,7 +11,7 @@ paths in turn (alternating which goes first), each timed on the host clock
 from its first call to the end of a synchronize (the engine waits for the
 step's tokens), and its last layer's output compared bitwise with the other
 path's. Both paths copy the step's lengths to the GPU (pinned, async); the
-device path also its batch size. Medians over the steps of each phase:
+device path also its batch size, all in one copy. Medians over the steps of each phase:
   small    batch 1-16, keys 1-1024
   serving  batch 1-256, keys 1-4096
 
@@ -59,9 +59,12 @@ def main():
         return torch.zeros(n, dtype=torch.int32, pin_memory=pinned) if pinned else \
             torch.zeros(n, dtype=torch.int32, device="cuda")
 
-    # Device path: bound-sized step tensors and one graph (planner + every layer).
-    d_batch, d_indptr, d_last = i32(1), i32(max_batch + 1), i32(max_batch)
-    h_meta = i32(2 + 2 * max_batch, pinned=True)  # [batch | indptr (max_batch + 1) | last (max_batch)]
+    # Device path: bound-sized step tensors and one graph (planner + every layer). The step's
+    # lengths live in one buffer, [batch | indptr (max_batch + 1) | last (max_batch)], written
+    # on the host through numpy and uploaded by one copy, as an engine would batch them.
+    d_meta, h_meta = i32(2 + 2 * max_batch), i32(2 + 2 * max_batch, pinned=True)
+    h_np = h_meta.numpy()
+    d_batch, d_indptr, d_last = d_meta[:1], d_meta[1:2 + max_batch], d_meta[2 + max_batch:]
     ws_dev = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     dev = tessera.BatchDecodeWithPagedKVCacheWrapper(
         ws_dev, "NHD", use_cuda_graph=True, use_tensor_cores=tc, paged_kv_indptr_buffer=d_indptr,
@@ -69,14 +72,12 @@ def main():
 
     def write_meta(indptr, last):
         b = len(last)
-        h_meta[0] = b
-        h_meta[1:2 + b].copy_(torch.from_numpy(indptr))
-        h_meta[2 + max_batch:2 + max_batch + b].copy_(torch.from_numpy(last))
+        h_np[0] = b
+        h_np[1:2 + b] = indptr
+        h_np[2 + max_batch:2 + max_batch + b] = last
 
     def upload_meta():
-        d_batch.copy_(h_meta[:1], non_blocking=True)
-        d_indptr.copy_(h_meta[1:2 + max_batch], non_blocking=True)
-        d_last.copy_(h_meta[2 + max_batch:], non_blocking=True)
+        d_meta.copy_(h_meta, non_blocking=True)
 
     def device_step():
         dev.plan(d_indptr, ids_dev, d_last, HQ, HKV, D, PAGE, q_data_type=torch.float16, on_device=True,
