@@ -245,6 +245,14 @@ def refuse_on_device_extras(custom_mask, packed_custom_mask, fixed_split_size, p
     C.uniform_q_len_arg(uniform_q_len)
 
 
+def on_device_qo_rows(step, max_batch, kv_name):
+    """plan(on_device=True): a qo_indptr tensor of the step, when given, has max_batch + 1 entries like the
+    KV indptr (kv_name); ValueError naming it otherwise."""
+    qo = step.get("qo_indptr")
+    if qo is not None and qo.shape[0] != max_batch + 1:
+        raise ValueError(f"qo_indptr: expected {max_batch + 1} entries (like {kv_name}), got {qo.shape[0]}")
+
+
 def on_device_total_q(batch_size, qo_indptr, max_total_q):
     """plan(on_device=True)'s batch_size and max_total_q checks: max_total_q as an int, or None with qo_indptr
     None (one query per request: the bound is then max_batch)."""

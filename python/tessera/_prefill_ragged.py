@@ -128,9 +128,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         step = {"batch_size": batch_size} if qo_indptr is None else {"batch_size": batch_size, "qo_indptr": qo_indptr}
         step = W.device_step(self, dict(step, kv_indptr=kv_indptr))
         max_batch = W.device_bound(step["kv_indptr"], "kv_indptr", 1, "max_batch")
-        if qo_indptr is not None and step["qo_indptr"].shape[0] != max_batch + 1:
-            raise ValueError(f"qo_indptr: expected {max_batch + 1} entries (like kv_indptr), got "
-                             f"{step['qo_indptr'].shape[0]}")
+        B.on_device_qo_rows(step, max_batch, "kv_indptr")
         if qo_indptr is None:
             max_total_q = max_batch
         bounds = (W.Bound("max_batch", "kv_indptr", "max_batch (its length - 1)", self._fixed_batch,

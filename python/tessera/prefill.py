@@ -312,9 +312,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                                         paged_kv_last_page_len=last))
         max_batch = W.device_bound(step["paged_kv_indptr"], "paged_kv_indptr", 1, "max_batch")
         max_pages = W.device_bound(step["paged_kv_indices"], "paged_kv_indices", 0, "max_pages")
-        if qo_indptr is not None and step["qo_indptr"].shape[0] != max_batch + 1:
-            raise ValueError(f"qo_indptr: expected {max_batch + 1} entries (like paged_kv_indptr), got "
-                             f"{step['qo_indptr'].shape[0]}")
+        B.on_device_qo_rows(step, max_batch, "paged_kv_indptr")
         if step["paged_kv_last_page_len"].shape[0] < max_batch:
             raise ValueError(f"paged_kv_last_page_len: expected at least {max_batch} entries (max_batch, "
                              f"paged_kv_indptr's length - 1), got {step['paged_kv_last_page_len'].shape[0]}")
