@@ -1,6 +1,7 @@
 #include "tessera/runtime/prefill_catalog.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -15,14 +16,14 @@ int choose_cta_q(double avg_fused_q_len) {
   return 128;
 }
 
-// Whether the variant defines any per-element functor (QueryTransform,
-// KeyTransform, ValueTransform, LogitsTransform, LogitsMask, OutputTransform)
-// in its code or, for a built-in, its headers. A textual check, used only to
-// pick a tile size: every tile size is correct for every variant, and a
-// mention in a comment only costs speed.
-static bool has_element_functors(const VariantSpec& v) {
-  auto mentions = [](const std::string& text) {
-    return text.find("Transform") != std::string::npos || text.find("LogitsMask") != std::string::npos;
+// Whether the variant's code or, for a built-in, its headers mention any of
+// `words`. A textual check, used only to pick a kernel form that is correct
+// for every variant: a mention in a comment only costs speed.
+static bool variant_mentions(const VariantSpec& v, std::initializer_list<const char*> words) {
+  auto mentions = [&](const std::string& text) {
+    for (const char* w : words)
+      if (text.find(w) != std::string::npos) return true;
+    return false;
   };
   if (mentions(v.code)) return true;
   for (const std::string& h : v.headers)
@@ -30,6 +31,17 @@ static bool has_element_functors(const VariantSpec& v) {
       if (name == h && mentions(text)) return true;
   return false;
 }
+
+// Whether the variant defines any per-element functor (QueryTransform,
+// KeyTransform, ValueTransform, LogitsTransform, LogitsMask, OutputTransform):
+// picks a tile size.
+static bool has_element_functors(const VariantSpec& v) { return variant_mentions(v, {"Transform", "LogitsMask"}); }
+
+// Whether the variant may transform K or V rows: with an fp8 cache, the FA2
+// template then widens the staged rows into 16-bit tiles for the transform
+// (Fa2KvTiles::kFp8Widened); the kernel refuses to compile a transform on
+// tiles widened in registers.
+static bool transforms_kv(const VariantSpec& v) { return variant_mentions(v, {"KeyTransform", "ValueTransform"}); }
 
 // The fields of `tile` that are set (0 keeps the heuristic's choice), each
 // range-checked; the caller checks that the result fits the kernel.
@@ -70,8 +82,10 @@ static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
   if (qk != vo && (c.threads % 64 || (c.cta_kv % rows_per_pass && rows_per_pass % c.cta_kv)))
     fail("tile.cta_kv", "unequal head dims copy rows " + std::to_string(rows_per_pass) + " apart: expected warps_q x "
                         "warps_kv even and cta_kv a multiple or divisor of " + std::to_string(rows_per_pass));
-  if (c.warps_kv > 1 && c.warps_kv * c.cta_q * (vo + 2) * 4 > c.stages * c.cta_kv * (qk + vo) * 2)
-    fail("tile.warps_kv", "the KV-warp merge scratch does not fit the KV pipeline buffers");
+  if (c.warps_kv > 1 && c.warps_kv * c.cta_q * (vo + 2) * 4 > c.smem_bytes)
+    fail("tile.warps_kv", "the KV-warp merge scratch does not fit the tile buffers");
+  if (c.kv_tiles == Fa2KvTiles::kFp8 && c.threads / 32 * 16 * 36 * 4 > c.smem_bytes)
+    fail("tile", "the fp8 output reorder scratch (2304 bytes a warp) does not fit the tile buffers");
   if (c.smem_bytes > 227 * 1024)
     fail("tile", "needs " + std::to_string(c.smem_bytes) + " bytes of shared memory (at most 232448)");
 }
@@ -211,8 +225,15 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   c.stages = 2;
   apply_tile(c, tile);
   c.threads = 32 * c.warps_q * c.warps_kv;
+  if (fp8) c.kv_tiles = transforms_kv(spec.variant) ? Fa2KvTiles::kFp8Widened : Fa2KvTiles::kFp8;
+  // fp8 on 16-row tiles (decode): up to 128 registers, so four CTAs share
+  // an SM (a few bytes of spills at head dim 128): more warps hide the
+  // loads' latency (H100, GQA 32/8 64 x 4096 decode: 249 -> 213 us).
+  if (c.kv_tiles == Fa2KvTiles::kFp8 && c.cta_q == 16 && c.cta_kv == 64 && c.warps_kv == 4 && c.stages == 2 &&
+      vo <= 128)
+    c.min_blocks = 4;
   // The kernel's own size (abi/shared_memory.cuh, PrefillShape::SMEM_BYTES).
-  c.smem_bytes = fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, fp8 ? 1 : 2);
+  c.smem_bytes = fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, c.kv_tiles);
   check_fa2_tile(c, fp8);
   c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
   return c;
@@ -230,6 +251,8 @@ static std::string prefill_name(const AttentionSpec& spec, const PrefillConfig& 
   if (c.head_dim_vo != c.head_dim_qk) entry << "v" << c.head_dim_vo;  // e.g. _d192v128, _d512v256
   entry << "_q" << c.cta_q << "_kv" << c.cta_kv;
   if (!c.hopper) entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
+  if (c.kv_tiles == Fa2KvTiles::kFp8Widened) entry << "_wide";
+  if (!c.hopper && c.min_blocks) entry << "_c" << c.min_blocks;
   return entry.str();
 }
 
@@ -239,7 +262,8 @@ static std::string prefill_name(const AttentionSpec& spec, const PrefillConfig& 
 static std::string fa2_tail(const PrefillConfig& c) {
   std::ostringstream tail;
   tail << c.head_dim_vo << ", " << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", "
-       << c.stages;
+       << c.stages
+       << (c.kv_tiles == Fa2KvTiles::kFp8Widened ? ", true" : "");
   return tail.str();
 }
 static AttentionSpec fa2_kernel_spec(const AttentionSpec& spec, const PrefillConfig& c) {
@@ -269,7 +293,7 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
   return attention_source(fa2_kernel_spec(spec, c), entry.str(), "batch prefill (FA2 template), tile " +
                               std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
                           "tessera/device/kernels/prefill_sm80/kernel.cuh", "PrefillParams", "batch_prefill", c.threads,
-                          fa2_tail(c));
+                          fa2_tail(c), c.min_blocks);
 }
 
 jit::KernelSource batch_prefill_pair(const AttentionSpec& first, const PrefillConfig& first_config,

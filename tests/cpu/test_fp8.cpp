@@ -21,6 +21,7 @@
 #include "tessera/reference/attention.hpp"
 #include "tessera/runtime/kernel_catalog.hpp"
 #include "tessera/abi/shared_memory.cuh"
+#include "tessera/runtime/cuda.hpp"
 #include "tessera/runtime/prefill_catalog.hpp"
 
 using namespace tessera;
@@ -145,8 +146,9 @@ TEST(Fp8Validation, TensorCoreFamiliesTakeFp8) {
   EXPECT_GT(CascadeAttention::workspace_size(levels, task(), 132).device_bytes, 0u);  // levels on the FA2 kernel
 }
 
-// FA2 fp8 configurations: the kernel name carries q's and the cache's types,
-// and shared memory (abi/shared_memory.cuh) adds the fp8 staging stages.
+// FA2 fp8 configurations: the kernel name carries q's and the cache's types;
+// shared memory (abi/shared_memory.cuh) holds the Q tile and the fp8 stages,
+// and for variants that transform K / V also the 16-bit stages they widen into.
 TEST(Fp8Validation, Fa2PrefillConfig) {
   for (int d : {64, 128, 256})
     for (int q : {16, 32, 64, 128}) {
@@ -155,10 +157,20 @@ TEST(Fp8Validation, Fa2PrefillConfig) {
       // 32 rows of head dim 128 per warp: 32-token KV tiles for fp8 (16-bit: 64).
       const bool rows32_d128 = d == 128 && q / f16.warps_q == 32;
       EXPECT_EQ(f8.cta_kv, rows32_d128 ? 32 : f16.cta_kv) << d << " " << q;
-      const int f16_bytes = fa2_smem_bytes(d, d, q, f8.cta_kv, f8.stages, 2);
-      EXPECT_EQ(f8.smem_bytes, f16_bytes + f8.stages * f8.cta_kv * 2 * d) << d << " " << q;
-      EXPECT_LE(f8.smem_bytes, 227 * 1024) << d << " " << q;
+      const int staging = f8.stages * f8.cta_kv * 2 * d;
+      EXPECT_EQ(f8.kv_tiles, Fa2KvTiles::kFp8);
+      EXPECT_EQ(f8.smem_bytes, 2 * q * d + staging) << d << " " << q;
+      const PrefillConfig wide = catalog::prefill_config({variants::rope(), DType::kFloat16, kE4M3, DType::kFloat16, d}, q);
+      EXPECT_EQ(wide.kv_tiles, Fa2KvTiles::kFp8Widened);
+      EXPECT_EQ(wide.smem_bytes, fa2_smem_bytes(d, d, q, wide.cta_kv, wide.stages, Fa2KvTiles::k16Bit) +
+                                     wide.stages * wide.cta_kv * 2 * d) << d << " " << q;
+      EXPECT_LE(wide.smem_bytes, 227 * 1024) << d << " " << q;
     }
+  // Widened tiles are a kernel of their own.
+  const jit::KernelSource rope_src =
+      catalog::batch_prefill({variants::rope(), DType::kFloat16, kE4M3, DType::kFloat16, 128}, 16);
+  EXPECT_NE(rope_src.entry.find("_wide"), std::string::npos) << rope_src.entry;
+  EXPECT_EQ(catalog::batch_prefill(fp8_spec(), 16).entry.find("_wide"), std::string::npos);
   const jit::KernelSource src = catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2, 128), 64);
   EXPECT_EQ(src.entry.rfind("tessera_prefill_" + variants::standard().name + "_bf16e5m2_bf16_d128_q64_", 0), 0u)
       << src.entry;
@@ -170,9 +182,20 @@ TEST(Fp8Validation, Fa2PrefillConfig) {
 }
 
 // The wrapper's pick is the CUDA-core kernel (dtypes differ), on every device.
-TEST(Fp8Validation, DecodeRunsOnCudaCores) {
-  EXPECT_FALSE(BatchDecode::runs_on_tensor_cores(fp8_spec(), {}, 0));
-  EXPECT_GT(BatchDecode::workspace_size(fp8_spec(), task(), 132).device_bytes, 0u);
+// The wrapper's pick for an fp8 cache: the tensor cores on sm_90 (16-row
+// tiles of the FA2 template), else the CUDA-core kernel; asked-for CUDA-core
+// tuning keeps that kernel everywhere. The workspace has room for either.
+TEST(Fp8Validation, DecodeKernelPick) {
+  const bool sm90 = cuda::gpu_available() && cuda::device_info(0).major == 9;
+  EXPECT_EQ(BatchDecode::runs_on_tensor_cores(fp8_spec(), {}, 0), sm90);
+  DecodeOptions cc;
+  cc.heads_per_thread = 2;
+  EXPECT_FALSE(BatchDecode::runs_on_tensor_cores(fp8_spec(), cc, 0));
+  DecodeOptions tc;
+  tc.use_tensor_cores = true;
+  const size_t both = BatchDecode::workspace_size(fp8_spec(), task(), 132).device_bytes;
+  EXPECT_GE(both, BatchDecode::workspace_size(fp8_spec(), task(), 132, tc).device_bytes);
+  EXPECT_GE(both, BatchDecode::workspace_size(fp8_spec(), task(), 132, cc).device_bytes);
 }
 
 // One stage of K and V stays ~16 KB: twice the tokens of fp16; 16 features a lane.

@@ -113,26 +113,30 @@ TEST_P(Fp8DecodeGpu, MatchesDequantizedReference) {
   Fp8Problem p = make_fp8_problem(c, {0, 1, 7, 300, 1000, 5003, 33, 129, 64, 2, 777}, D * 7 + group * 3 + c.page_size);
   const auto ref = fp8_reference(p, c, kKScale, kVScale);
   Workspace ws = decode_workspace(p.spec, p.task);
-  BatchDecode dec(p.spec, p.task, ws);  // the wrapper's pick: CUDA cores for fp8 on every device
-  EXPECT_EQ(dec.tensor_core_prefill(), nullptr);
-  dec.plan(p.t.indptr, p.t.indices, p.t.last);
-  EXPECT_GT(dec.last_plan().num_split_requests, 0) << "the long request must be split";
-  RunOptions opt;
-  opt.k_scale = kKScale;
-  opt.v_scale = kVScale;
-  const Outputs a = run_fp8(dec, p, opt);
-  expect_matches(a, ref, c.q);
-  const Outputs b = run_fp8(dec, p, opt);  // bitwise the same on a re-run
-  EXPECT_TRUE(bitwise_equal(a.o, b.o));
-  EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
-  // The same scales as device tensors (times the float scales, here 2 and 0.5).
-  DeviceTensor ks = scale_tensor(static_cast<float>(kKScale / 2)), vs = scale_tensor(static_cast<float>(kVScale * 2));
-  RunOptions t;
-  t.k_scale = 2;
-  t.v_scale = 0.5;
-  t.k_scale_tensor = ks.view;
-  t.v_scale_tensor = vs.view;
-  expect_matches(run_fp8(dec, p, t), ref, c.q);
+  // The CUDA-core kernel, then the wrapper's pick (on sm_90 the tensor cores).
+  for (bool pick : {false, true}) {
+    SCOPED_TRACE(pick ? "the wrapper's pick" : "CUDA cores");
+    BatchDecode dec(p.spec, p.task, ws, pick ? DecodeOptions{} : cuda_cores());
+    EXPECT_EQ(dec.tensor_core_prefill() != nullptr, pick && jit::Arch::of_device(0).major == 9);
+    dec.plan(p.t.indptr, p.t.indices, p.t.last);
+    if (!pick) EXPECT_GT(dec.last_plan().num_split_requests, 0) << "the long request must be split";
+    RunOptions opt;
+    opt.k_scale = kKScale;
+    opt.v_scale = kVScale;
+    const Outputs a = run_fp8(dec, p, opt);
+    expect_matches(a, ref, c.q);
+    const Outputs b = run_fp8(dec, p, opt);  // bitwise the same on a re-run
+    EXPECT_TRUE(bitwise_equal(a.o, b.o));
+    EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+    // The same scales as device tensors (times the float scales, here 2 and 0.5).
+    DeviceTensor ks = scale_tensor(static_cast<float>(kKScale / 2)), vs = scale_tensor(static_cast<float>(kVScale * 2));
+    RunOptions t;
+    t.k_scale = 2;
+    t.v_scale = 0.5;
+    t.k_scale_tensor = ks.view;
+    t.v_scale_tensor = vs.view;
+    expect_matches(run_fp8(dec, p, t), ref, c.q);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -50,11 +50,12 @@ Batch make_batch(int page_size, std::mt19937_64& rng) {
 // 64/128/256 and query tiles of 64/128 rows; kFA2 keeps the FA2 template tested there.
 class PrefillPaged : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool, int, PrefillBackend>> {};
 
-TEST_P(PrefillPaged, MatchesReference) {
-  SKIP_WITHOUT_GPU();
-  const auto [dt, D, group, page_size, causal, cta_q, backend] = GetParam();
+// A paged batch (make_batch: shuffled pages, empty and long requests) against
+// the reference, run twice for the same bits.
+void check_paged_case(DType dt, int D, int group, int page_size, bool causal, int cta_q, PrefillBackend backend,
+                      const PrefillTile& tile = {}) {
   const int64_t Hkv = 2, Hq = Hkv * group;
-  std::mt19937_64 rng(D + group * 10 + page_size * 100 + cta_q);
+  std::mt19937_64 rng(D + group * 10 + page_size * 100 + cta_q + tile.stages * 1000);
   Batch b = make_batch(page_size, rng);
   const int64_t rows = b.qo.back();
   HostTensor k = make_host(dt, {b.pool, page_size, Hkv, D}), v = k, q = make_host(dt, {rows, Hq, D});
@@ -72,9 +73,11 @@ TEST_P(PrefillPaged, MatchesReference) {
   PrefillOptions opt;
   opt.cta_q = cta_q;
   opt.backend = backend;
+  opt.tile = tile;
   Workspace ws = prefill_workspace(spec, task, opt);
   BatchPrefill pre(spec, task, ws, opt);
   pre.plan_paged(b.qo, b.kv_pages, b.indices, b.last);
+  if (tile.stages) EXPECT_EQ(pre.config().stages, tile.stages);
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
   PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
   auto run = [&](const TensorView& o, const TensorView& lse) { pre.run(dq.view, kv, o, lse); };
@@ -85,11 +88,32 @@ TEST_P(PrefillPaged, MatchesReference) {
   EXPECT_TRUE(bitwise_equal(a.o, c.o));
 }
 
+TEST_P(PrefillPaged, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto [dt, D, group, page_size, causal, cta_q, backend] = GetParam();
+  check_paged_case(dt, D, group, page_size, causal, cta_q, backend);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, PrefillPaged,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128, 256),
                                             ::testing::Values(1, 4, 8), ::testing::Values(1, 16), ::testing::Bool(),
                                             ::testing::Values(16, 64, 128),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
+
+// Deeper FA2 pipelines over paged KV keep STAGES - 1 tiles in flight: the
+// page ids arrive STAGES tiles ahead through a ring (common/tiles.cuh).
+// Pages of 1 and 16 tokens, tiles of 16 to 64 keys, 3 and 4 stages.
+TEST(PrefillPagedDeepPipeline, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (int stages : {3, 4})
+    for (int page_size : {1, 16})
+      for (const auto& [cta_q, cta_kv] : {std::pair{16, 64}, std::pair{64, 32}, std::pair{128, 16}}) {
+        SCOPED_TRACE("stages " + std::to_string(stages) + ", page " + std::to_string(page_size) + ", tile " +
+                     std::to_string(cta_q) + " x " + std::to_string(cta_kv));
+        check_paged_case(DType::kFloat16, 128, 4, page_size, true, cta_q, PrefillBackend::kFA2,
+                         {.cta_kv = cta_kv, .stages = stages});
+      }
+}
 
 // A ragged batch of n random requests over Hkv KV heads (group query heads
 // each), random q / k / v, and the reference result.

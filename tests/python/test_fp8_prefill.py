@@ -1,7 +1,8 @@
 """fp8 KV caches (float8_e4m3fn / float8_e5m2) on the tensor-core kernels: batch
 prefill (paged, ragged), cascade levels, single_prefill, and batch decode with
-use_tensor_cores=True, on the FA2 template and (backend "auto" on sm_90) the
-Hopper template, both of which widen K / V to q's type after staging them. Checked against the float64 prefill reference on the
+use_tensor_cores=True, on the FA2 template (which widens staged fp8 fragments
+in registers, or into 16-bit tiles for variants that transform K / V) and
+(backend "auto" on sm_90) the Hopper template (whose producer widens them). Checked against the float64 prefill reference on the
 dequantized cache (stored value x k_scale / v_scale), so the tests measure the
 kernels, not the quantization: fp16 queries within 1e-3 of the reference norm,
 bf16 within 1e-2, outputs poisoned with NaN first, pages shuffled.
@@ -85,6 +86,28 @@ def test_fp8_paged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim,
     kn, vn = to_np(k), to_np(v)
     ref_o, ref_lse = reference(q, qo, lambda i: gather_pages(kn, vn, layout, table, page_size, i), causal, head_dim)
     check(o, lse, ref_o, ref_lse, q_dtype)
+
+
+@pytest.mark.parametrize("cta_q, tile", [(16, (64, 0, 0, 3)), (16, (64, 0, 0, 4)), (64, (32, 0, 0, 3)),
+                                         (128, (16, 0, 0, 4))])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fp8_paged_prefill_deep_pipelines(torch_cuda, rng, poison, cta_q, tile, page_size):
+    """The FA2 template with 3-4 stages over fp8 pages: page ids arrive STAGES tiles ahead through a ring."""
+    torch = torch_cuda
+    head_dim, hq = 128, HKV * 4
+    q_lens, kv_lens = zip(*LENS)
+    table = make_table(rng, kv_lens, page_size)
+    cache, k, v = fp8_pages(torch, rng, "NHD", table[3], page_size, head_dim, "float8_e4m3fn", False)
+    qo = indptr_of(q_lens)
+    q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), torch.float16, -2.0, 2.0)
+    w = paged_wrapper(torch, backend="fa2")
+    w._cta_q, w._tile = cta_q, tile
+    w.plan(qo, *table[:3], hq, HKV, head_dim, page_size, causal=True, q_data_type=torch.float16,
+           kv_data_type=torch.float8_e4m3fn)
+    o, lse = w.run(q, cache, k_scale=KS, v_scale=VS, return_lse=True)
+    kn, vn = to_np(k), to_np(v)
+    ref_o, ref_lse = reference(q, qo, lambda i: gather_pages(kn, vn, "NHD", table, page_size, i), True, head_dim)
+    check(o, lse, ref_o, ref_lse, "float16")
 
 
 @pytest.mark.parametrize("q_dtype, kv_dtype, head_dim, group, causal", [
@@ -218,8 +241,10 @@ def test_fp8_single_prefill(torch_cuda, rng, poison, kv_dtype, causal):
 @pytest.mark.parametrize("q_dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kv_dtype", FP8)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_fp8_tensor_core_decode(torch_cuda, rng, poison, q_dtype, kv_dtype, layout):
-    """BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True) on an fp8 cache: one query per request."""
+@pytest.mark.parametrize("cta_q", [0, 16])
+def test_fp8_tensor_core_decode(torch_cuda, rng, poison, q_dtype, kv_dtype, layout, cta_q):
+    """BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True) on an fp8 cache: one query per request, on the
+    default query tile and on 16-row tiles (the FA2 template on every device)."""
     torch = torch_cuda
     head_dim, hq, page_size = 128, 8, 16
     kv_lens = [0, 1, 7, 300, 2900, 33, 129]
@@ -227,6 +252,7 @@ def test_fp8_tensor_core_decode(torch_cuda, rng, poison, q_dtype, kv_dtype, layo
     cache, k, v = fp8_pages(torch, rng, layout, table[3], page_size, head_dim, kv_dtype, False)
     q = uniform(torch, rng, (len(kv_lens), hq, head_dim), getattr(torch, q_dtype), -2.0, 2.0)
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, use_tensor_cores=True)
+    w._tc_cta_q = cta_q
     w.plan(*table[:3], hq, HKV, head_dim, page_size, q_data_type=getattr(torch, q_dtype),
            kv_data_type=getattr(torch, kv_dtype))
     assert w._native.use_tensor_cores

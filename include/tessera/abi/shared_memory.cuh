@@ -40,18 +40,23 @@ constexpr DecodeGeometry decode_geometry(int elem_bytes, int head_dim, int group
 }
 
 // ---------------------------------------------------------- FA2 batch prefill
-// Dynamic shared memory of the FA2 template (prefill_sm80/kernel.cuh): the
-// 16-bit Q tile, then STAGES stages of a 16-bit K and V tile, then, for an
-// fp8 cache (kv_bytes 1), STAGES fp8 staging stages of K and V rows: cp.async
-// lands the raw fp8 rows there and each thread widens its own rows into the
-// 16-bit stage the mainloop reads (one staging stage per pipeline stage, as
-// loads run STAGES - 1 tiles ahead of the widening).
-constexpr int fa2_staging_bytes(int head_dim_qk, int head_dim_vo, int cta_kv, int stages, int kv_bytes) {
-  return kv_bytes == 1 ? stages * cta_kv * (head_dim_qk + head_dim_vo) : 0;
-}
-constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int cta_kv, int stages, int kv_bytes) {
-  return 2 * (cta_q * head_dim_qk + stages * cta_kv * (head_dim_qk + head_dim_vo)) +
-         fa2_staging_bytes(head_dim_qk, head_dim_vo, cta_kv, stages, kv_bytes);
+// How the FA2 template (prefill_sm80/kernel.cuh) holds its K / V tiles:
+//   k16Bit       16-bit caches: STAGES stages of 16-bit K and V tiles;
+//   kFp8         fp8 caches: STAGES stages of the raw fp8 rows, which the
+//                mainloop reads and widens in registers (no 16-bit copy);
+//   kFp8Widened  fp8 caches of variants that transform K or V in shared
+//                memory (fused RoPE): the fp8 stages, and 16-bit stages each
+//                thread widens its own copied rows into.
+enum class Fa2KvTiles { k16Bit, kFp8, kFp8Widened };
+
+// Dynamic shared memory of the FA2 template: the 16-bit Q tile, then the
+// 16-bit K / V stages (k16Bit, kFp8Widened), then the fp8 stages (kFp8,
+// kFp8Widened; one per pipeline stage, as loads run STAGES - 1 tiles ahead
+// of the mainloop).
+constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int cta_kv, int stages, Fa2KvTiles kv) {
+  const int stage_elems = cta_kv * (head_dim_qk + head_dim_vo);
+  return 2 * cta_q * head_dim_qk + (kv == Fa2KvTiles::kFp8 ? 0 : 2 * stages * stage_elems) +
+         (kv == Fa2KvTiles::k16Bit ? 0 : stages * stage_elems);
 }
 
 // ------------------------------------------------------- Hopper batch prefill

@@ -2,6 +2,7 @@
 // configurations the paper's heuristic chooses between (§3.2.2), and the JIT
 // source of one configuration.
 #pragma once
+#include "tessera/abi/shared_memory.cuh"
 #include "tessera/runtime/kernel_catalog.hpp"
 
 namespace tessera {
@@ -25,6 +26,10 @@ struct PrefillConfig {
   // LSE, is the same in both).
   int head_dim_qk = 128, head_dim_vo = 128;
   int vo_split = 1;
+  // FA2 template: how K / V tiles are held (fp8 caches: widened in
+  // registers, or into 16-bit tiles for variants that transform K / V).
+  Fa2KvTiles kv_tiles = Fa2KvTiles::k16Bit;
+  int min_blocks = 0;  // FA2: __launch_bounds__'s CTAs per SM (a register cap; 0: none)
 };
 
 // Tile override for experts (PrefillOptions::tile): each field 0 keeps the

@@ -33,6 +33,23 @@ struct Swizzle128 {
     return (chunk >> 3) * (ROWS * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
   }
 };
+// Fp8RowSwizzle (FA2 template, fp8 staging): byte offset of 16-byte chunk
+// `chunk` (16 features) of row `row` in rows of HEAD_DIM fp8 bytes, the
+// chunk XORed with row % 8 (128 bytes a row and more) or, at head dim 64
+// (two rows per 128 bytes), with (row / 2) % 4: the 8 rows a warp's K
+// fragment loads read at one chunk, and the rows 2c + {0, 1, 8, 9} its V
+// fragment loads read, fall in different banks. Head dim 192's last four
+// chunks XOR with row % 4 (staying among themselves).
+template <int HEAD_DIM>
+struct Fp8RowSwizzle {
+  static constexpr int CH = HEAD_DIM / 16;
+  static __device__ __forceinline__ int x(int row, int chunk) {
+    if (CH >= 8 && chunk < (CH & ~7)) return row & 7;
+    return CH == 4 ? (row >> 1) & 3 : row & 3;
+  }
+  static __device__ __forceinline__ int at(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ x(row, chunk)) << 4); }
+};
+
 template <int HEAD_DIM>
 __device__ __forceinline__ int swz(int row, int chunk) {
   return RowSwizzle<HEAD_DIM, 0>::at(row, chunk);
@@ -75,9 +92,10 @@ struct IsRowSwizzle<RowSwizzle> {
 // into a shared table of element offsets, and tile t + 1's copies read their
 // rows' offsets from it (two per 16-byte load; the 16 threads of a row used
 // to repeat the arithmetic, ~15% of an issue-bound loop's instructions). The
-// page ids that resolution needs arrive a tile earlier still: tile t's
-// copies bring those of tile t + 2 (one cp.async per row), so no thread
-// waits on the page table.
+// page ids that resolution needs arrive earlier still: tile t's copies
+// bring those of tile t + STAGES (one cp.async per row, a ring of STAGES
+// buffers), so no thread waits on the page table, and a pipeline of STAGES
+// stages keeps STAGES - 1 tiles in flight.
 //
 // Unequal dims (SPLIT: 192 / 128, or 512 / 256 reading half of V's rows):
 // V has strides of its own (PagedKV::v_*), so the table holds a K and a V
@@ -90,16 +108,19 @@ struct IsRowSwizzle<RowSwizzle> {
 // constant. Same pipeline contract and page-id prefetch as above.
 //
 // fp8 T (equal dims only): the same copies bring 16-byte chunks of 16 fp8
-// values into a staging tile of plain [ROWS][HEAD_DIM] byte rows (the
-// k_smem / v_smem given to load); after waiting for its copies, each thread
-// widens exactly the chunks it copied (dequantize) into the 16-bit swizzled
-// tile the mainloop reads, so the pipeline's barrier after the wait also
-// publishes the widened rows.
+// values into Fp8RowSwizzle rows (the k_smem / v_smem given to load), which
+// the FA2 mainloop reads and widens in registers; for variants that
+// transform K / V in shared memory, each thread instead widens exactly the
+// chunks it copied (dequantize) into the 16-bit swizzled tile the mainloop
+// reads, after waiting for its copies, so the pipeline's barrier after the
+// wait also publishes the widened rows.
 //
-// Contract: load(t + 1) follows the completion of load(t)'s copies and a
-// barrier (every pipeline step has both); tile 0 reads the page table
-// directly, and so does the resolution of tile 1.
-template <int HEAD_DIM_K, int HEAD_DIM_V, int ROWS, int THREADS, template <int, int> class Layout, typename T>
+// Contract (a pipeline of STAGES stages): load(t + 1) follows a barrier
+// after load(t) was issued, and the completion of load(t + 2 - STAGES)'s
+// copies (what a pipeline step waits for anyway); tiles 0 .. STAGES - 1
+// resolve their rows from the page table directly.
+template <int HEAD_DIM_K, int HEAD_DIM_V, int ROWS, int THREADS, template <int, int> class Layout, typename T,
+          int STAGES = 2>
 struct KVTileLoader {
   static constexpr bool SPLIT = HEAD_DIM_K != HEAD_DIM_V;
   static constexpr bool FP8 = is_fp8<T>;
@@ -114,7 +135,7 @@ struct KVTileLoader {
                 "unequal dims: 64-feature groups of RowSwizzle rows, rows 8k apart per thread");
   static_assert(sizeof(T) == 2 || (FP8 && !SPLIT), "16-bit K / V, or fp8 with equal head dims");
   const device::PagedKV& kv;
-  int* ids;    // [2][ROWS] page ids of tile u's rows in buffer u % 2 (load(t) fills tile t + 2's)
+  int* ids;    // [STAGES][ROWS] page ids of tile u's rows in buffer u % STAGES (load(t) fills tile t + STAGES's)
   i64* offs;   // [2][ROWS] element offsets of tile u's rows in buffer u % 2 (load(t) fills tile t + 1's), -1 past kv_end;
                // SPLIT: then V's [2][ROWS]
   int page_base, kv_start, kv_end, head, shift;
@@ -153,7 +174,7 @@ struct KVTileLoader {
     static_assert(FP8 && sizeof(H) == 2, "fp8 staging into 16-bit tiles");
     const int ch = threadIdx.x % CH, row0 = threadIdx.x / CH;
     auto widen = [&](const T* stage, H* tile, int row) {
-      const uint4 x = *reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(stage) + row * HEAD_DIM_K + ch * 16);
+      const uint4 x = *reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(stage) + Fp8RowSwizzle<HEAD_DIM_K>::at(row, ch));
       uint4 a, b;  // features 16 ch .. + 7 and 16 ch + 8 .. + 15
       fp8x4_to_16x2<T, H>(x.x, a.x, a.y);
       fp8x4_to_16x2<T, H>(x.y, a.z, a.w);
@@ -181,8 +202,8 @@ struct KVTileLoader {
     // shared conversion per tile, not one per copy.
     const u32 k_dst = smem_addr(k_smem), v_dst = smem_addr(v_smem);
     auto dst = [&](int i) {
-      if constexpr (FP8)  // the plain staging rows
-        return static_cast<u32>((row0 + i * ROWS_PER_PASS) * HEAD_DIM_K + ch * 16);
+      if constexpr (FP8)  // the staging rows
+        return static_cast<u32>(Fp8RowSwizzle<HEAD_DIM_K>::at(row0 + i * ROWS_PER_PASS, ch));
       else
         return static_cast<u32>(Layout<HEAD_DIM_K, ROWS>::at(row0 + i * ROWS_PER_PASS, ch)) * 2u;
     };
@@ -234,18 +255,19 @@ struct KVTileLoader {
     if (!affine) {
       for (int r = threadIdx.x; r < ROWS; r += THREADS) {
         // Row r of tile + 1 into the table (its page id: from the page table
-        // for tile 1, else brought by the previous load).
+        // for tiles below STAGES, else brought by load(tile + 1 - STAGES)).
         const int pos = start + ROWS + r, page_idx = page_of(pos);
         if (pos < kv_end) {
-          const int page = device::check_page(kv, tile == 0 ? kv.indices[page_base + page_idx] : ids[((tile + 1) & 1) * ROWS + r]);
+          const int page = device::check_page(kv, tile + 1 < STAGES ? kv.indices[page_base + page_idx]
+                                                            : ids[((tile + 1) % STAGES) * ROWS + r]);
           offs[((tile + 1) & 1) * ROWS + table_slot(r)] = page < 0 ? -1 : row_offset(page, pos, page_idx);
         } else {
           offs[((tile + 1) & 1) * ROWS + table_slot(r)] = -1;
         }
-        // Page id of row r of tile + 2, in this tile's commit group.
-        const int pos2 = pos + ROWS;
+        // Page id of row r of tile + STAGES, in this tile's commit group.
+        const int pos2 = pos + (STAGES - 1) * ROWS;
         const bool ok = pos2 < kv_end;
-        cp_async_4(ids + (tile & 1) * ROWS + r, ok ? kv.indices + page_base + page_of(pos2) : kv.indices, ok);
+        cp_async_4(ids + (tile % STAGES) * ROWS + r, ok ? kv.indices + page_base + page_of(pos2) : kv.indices, ok);
       }
     }
   }
@@ -309,15 +331,16 @@ struct KVTileLoader {
         const int pos = start + ROWS + r, page_idx = page_of(pos);
         i64* k_table = offs + ((tile + 1) & 1) * ROWS;
         if (pos < kv_end) {
-          const int page = device::check_page(kv, tile == 0 ? kv.indices[page_base + page_idx] : ids[((tile + 1) & 1) * ROWS + r]);
+          const int page = device::check_page(kv, tile + 1 < STAGES ? kv.indices[page_base + page_idx]
+                                                            : ids[((tile + 1) % STAGES) * ROWS + r]);
           k_table[r] = page < 0 ? -1 : row_offset(page, pos, page_idx);
           k_table[2 * ROWS + r] = page < 0 ? -1 : v_row_offset(page, pos, page_idx);
         } else {
           k_table[r] = k_table[2 * ROWS + r] = -1;
         }
-        const int pos2 = pos + ROWS;
+        const int pos2 = pos + (STAGES - 1) * ROWS;  // row r of tile + STAGES, in this tile's commit group
         const bool ok = pos2 < kv_end;
-        cp_async_4(ids + (tile & 1) * ROWS + r, ok ? kv.indices + page_base + page_of(pos2) : kv.indices, ok);
+        cp_async_4(ids + (tile % STAGES) * ROWS + r, ok ? kv.indices + page_base + page_of(pos2) : kv.indices, ok);
       }
     }
   }

@@ -8,6 +8,7 @@
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/kernels/common/epilogue.cuh"
 #include "tessera/device/kernels/prefill_sm80/mainloop.cuh"
+#include "tessera/device/kernels/prefill_sm80/mainloop_fp8.cuh"
 
 namespace tessera {
 
@@ -18,26 +19,36 @@ namespace tessera {
 // (KVTileLoader) and every size below folds to the same constants.
 //
 // fp8 DKV (e4m3 / e5m2 cache, equal head dims): the loader stages the fp8
-// rows and each thread widens its own to q's 16-bit type (the mma takes one
-// operand type) right after its wait, before the pipeline's barrier; the
-// mainloop and epilogue are the 16-bit ones. The scales come from
-// read_run_scales (k_scale / v_scale tensors, else the parameters, into which
-// the host folded float scales). A compile-time branch: 16-bit caches
-// generate the code they always did.
+// rows and the mainloop widens its fragments in registers to q's 16-bit
+// type (the mma takes one operand type; prefill_sm80/mainloop_fp8.cuh). With
+// FP8_WIDEN (variants that transform K or V tiles in shared memory), each
+// thread instead widens its own copied rows into 16-bit tiles right after
+// its wait, before the pipeline's barrier, and the mainloop is the 16-bit
+// one. The scales come from read_run_scales (k_scale / v_scale tensors, else
+// the parameters, into which the host folded float scales). Compile-time
+// branches: 16-bit caches generate the code they always did.
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
-          int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, typename Params>
+          int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, bool FP8_WIDEN = false, typename Params>
 __device__ __forceinline__ void batch_prefill(const Params& p) {
   constexpr bool kFp8 = is_fp8<DKV>;
-  using Shape = PrefillShape<HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES, kFp8 ? 1 : 2>;
-  using Loader = KVTileLoader<HEAD_DIM_QK, HEAD_DIM_VO, CTA_KV, Shape::THREADS, RowSwizzle, DKV>;
+  constexpr bool kFp8Registers = kFp8 && !FP8_WIDEN;  // fp8 fragments widened in registers
+  constexpr Fa2KvTiles kKvTiles = !kFp8 ? Fa2KvTiles::k16Bit : FP8_WIDEN ? Fa2KvTiles::kFp8Widened : Fa2KvTiles::kFp8;
+  using Shape = PrefillShape<HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES, kKvTiles>;
+  using Loader = KVTileLoader<HEAD_DIM_QK, HEAD_DIM_VO, CTA_KV, Shape::THREADS, RowSwizzle, DKV, STAGES>;
   using Traits = VariantTraits<Variant, Params>;
+  static_assert(kFp8 || !FP8_WIDEN, "FP8_WIDEN: fp8 caches only");
+  static_assert(!kFp8Registers || !(Traits::key_transform || Traits::value_transform),
+                "an fp8 cache whose variant transforms K or V needs the widened tiles: the host picks them when the "
+                "variant's code names KeyTransform or ValueTransform");
   // The mma's operand type: the cache's, or q's for an fp8 cache.
   using T16 = typename Fp8Operand<DQ, DKV>::type;
   static_assert(sizeof(DQ) == 2 && (sizeof(DKV) == 2 || kFp8) && (sizeof(DO) == 2 || sizeof(DO) == 4),
                 "16-bit q; 16-bit or fp8 kv; 16- or 32-bit o");
   static_assert(!kFp8 || HEAD_DIM_QK == HEAD_DIM_VO, "fp8 caches: equal head dims");
-  static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM_VO + 2) * 4 <= STAGES * Shape::STAGE_ELEMS * 2,
-                "the KV-warp merge scratch must fit in the KV pipeline buffers");
+  static_assert(WARPS_KV == 1 || WARPS_KV * CTA_Q * (HEAD_DIM_VO + 2) * 4 <= Shape::SMEM_BYTES,
+                "the KV-warp merge scratch must fit in the tile buffers");
+  static_assert(!kFp8Registers || WARPS_Q * WARPS_KV * kFp8OrderScratchFloats * 4 <= Shape::SMEM_BYTES,
+                "the fp8 output reorder scratch must fit in the tile buffers");
   constexpr int MT = Shape::MT, NT_O = Shape::NT_O;
   extern __shared__ uint4 smem_raw[];
   T16* q_smem = reinterpret_cast<T16*>(smem_raw);  // q is stored as T16: the mma needs one operand type
@@ -49,11 +60,11 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
   // the parameters: a parameter read there changes how ptxas schedules the
   // whole kernel (the mainloop measured ~3% slower at 255 registers).
   __shared__ float s_o_scale;
-  __shared__ int s_page_ids[2 * CTA_KV];                // KVTileLoader's page ids, two tiles ahead
+  __shared__ int s_page_ids[STAGES * CTA_KV];           // KVTileLoader's page ids, STAGES tiles ahead
   __shared__ __align__(16) i64 s_row_offs[Loader::TABLE_ROWS];  // KVTileLoader's row offsets, a tile ahead
 
   // Shared addresses of the Q tile and the KV stages, converted once.
-  const u32 q_addr = smem_addr(q_smem), kv_addr = smem_addr(kv_smem);
+  const u32 q_addr = smem_addr(q_smem), kv_addr = smem_addr(kv_smem), stage_addr = smem_addr(kv_stage);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
   const int g = lane / 4, quad = lane % 4;
@@ -95,10 +106,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s > 0 && !kv_loader.affine) {  // tile s needs the row offsets tile s - 1 resolved (loader contract)
-        cp_async_wait<0>();
-        __syncthreads();
-      }
+      if (s > 0 && !kv_loader.affine) __syncthreads();  // tile s needs the row offsets tile s - 1 resolved
       if (s < n_tiles) load_kv(s, s);
       cp_async_commit();
     }
@@ -135,16 +143,10 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
           first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo, warp_max_qo, causal_shift);
     };
     for (int t = 0; t < n_tiles; ++t) {
-      // Tile t's copies are done. Deeper pipelines over paged KV wait for all:
-      // the next load needs the row offsets and page ids that the loads
-      // before it resolved and brought.
-      if (STAGES > 2 && !kv_loader.affine)
-        cp_async_wait<0>();
-      else
-        cp_async_wait<STAGES - 2>();
+      cp_async_wait<STAGES - 2>();  // tile t's copies (and the page ids load(t) brought) are done
       T16* k_tile = kv_smem + (t % STAGES) * Shape::STAGE_ELEMS;
       T16* v_tile = k_tile + Shape::K_ELEMS;
-      if constexpr (kFp8) {  // this thread's rows of tile t have landed: widen them before the barrier
+      if constexpr (FP8_WIDEN) {  // this thread's rows of tile t have landed: widen them before the barrier
         const DKV* k_stage = kv_stage + (t % STAGES) * Shape::STAGE_ELEMS;
         kv_loader.dequantize(k_stage, k_stage + Shape::K_ELEMS, k_tile, v_tile);
       }
@@ -163,18 +165,29 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
         __syncthreads();
       }
       const bool masked = masked_tile(t);
-      const u32 k_addr = kv_addr + (t % STAGES) * Shape::STAGE_ELEMS * 2;
-      prefill_compute_tile<Variant, Shape, T16, HEAD_DIM_QK, HEAD_DIM_VO, kFp8>(
-          p, variant, st, rows, q_addr, k_addr, k_addr + Shape::K_ELEMS * 2, tile_start, w.kv_end, b, kv_head, wq, wk,
-          masked, causal_shift, run_sm_scale);
+      if constexpr (kFp8Registers) {
+        const u32 k_addr = stage_addr + (t % STAGES) * Shape::STAGE_ELEMS;
+        prefill_compute_tile_fp8<Variant, Shape, T16, DKV, HEAD_DIM_QK>(
+            p, variant, st, rows, q_addr, k_addr, k_addr + Shape::K_ELEMS, tile_start, w.kv_end, b, kv_head, wq, wk,
+            masked, causal_shift, run_sm_scale);
+      } else {
+        const u32 k_addr = kv_addr + (t % STAGES) * Shape::STAGE_ELEMS * 2;
+        prefill_compute_tile<Variant, Shape, T16, HEAD_DIM_QK, HEAD_DIM_VO, kFp8>(
+            p, variant, st, rows, q_addr, k_addr, k_addr + Shape::K_ELEMS * 2, tile_start, w.kv_end, b, kv_head, wq,
+            wk, masked, causal_shift, run_sm_scale);
+      }
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free
+    if constexpr (kFp8Registers) {
+      fp8_o_to_mma_order(st, reinterpret_cast<float*>(smem_raw) + warp * kFp8OrderScratchFloats);
+      __syncthreads();  // the KV-warp merge below reuses the scratch
+    }
 
     prefill_sum_quads(st);
     // Merge the KV-split warps into warp column wk == 0, in wk order.
     if constexpr (WARPS_KV > 1) {
-      float* scratch = reinterpret_cast<float*>(kv_smem);  // [WARPS_KV][CTA_Q][HEAD_DIM_VO + 2]
+      float* scratch = reinterpret_cast<float*>(smem_raw);  // [WARPS_KV][CTA_Q][HEAD_DIM_VO + 2]
       constexpr int LD = HEAD_DIM_VO + 2;
       auto at = [&](int k, int row) { return scratch + (k * CTA_Q + row) * LD; };
 #pragma unroll

@@ -22,10 +22,10 @@ namespace tessera {
 // HEAD_DIM_QK: q / k features (Q and K tiles, S = Q K^T); HEAD_DIM_VO: v / o
 // features (V tiles, O accumulators). Equal for most models; DeepSeek's
 // prefill has 192 / 128, and head dim 512 runs as 512 / 256 twice (the
-// host launches the second half of V and O separately). KV_BYTES: bytes of a
-// cached K / V element (1: fp8, staged and widened; see fa2_smem_bytes).
+// host launches the second half of V and O separately). KV: how K / V tiles
+// are held (abi/shared_memory.cuh, Fa2KvTiles).
 template <int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES,
-          int KV_BYTES = 2>
+          Fa2KvTiles KV = Fa2KvTiles::k16Bit>
 struct PrefillShape {
   static constexpr int Q_ROWS = CTA_Q, KV_ROWS = CTA_KV;
   static constexpr int THREADS = 32 * WARPS_Q * WARPS_KV;
@@ -38,11 +38,12 @@ struct PrefillShape {
   static constexpr int K_ELEMS = CTA_KV * HEAD_DIM_QK;
   static constexpr int V_ELEMS = CTA_KV * HEAD_DIM_VO;
   static constexpr int STAGE_ELEMS = K_ELEMS + V_ELEMS;  // a stage: its K tile, then its V tile
-  // fp8 staging (bytes), after the 16-bit stages; the host sizes the launch
-  // with the same function.
-  static constexpr int STAGING_OFFSET = 2 * (Q_ELEMS + STAGES * STAGE_ELEMS);
-  static constexpr int STAGING_STAGE_BYTES = KV_BYTES == 1 ? STAGE_ELEMS : 0;
-  static constexpr int SMEM_BYTES = fa2_smem_bytes(HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, STAGES, KV_BYTES);
+  // 16-bit stages after the Q tile (none for kFp8), then the fp8 stages
+  // (kFp8, kFp8Widened); the host sizes the launch with the same function.
+  static constexpr int STAGES16 = KV == Fa2KvTiles::kFp8 ? 0 : STAGES;
+  static constexpr int STAGING_OFFSET = 2 * (Q_ELEMS + STAGES16 * STAGE_ELEMS);
+  static constexpr int STAGING_STAGE_BYTES = KV == Fa2KvTiles::k16Bit ? 0 : STAGE_ELEMS;
+  static constexpr int SMEM_BYTES = fa2_smem_bytes(HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, STAGES, KV);
   static_assert(SMEM_BYTES == STAGING_OFFSET + STAGES * STAGING_STAGE_BYTES, "layout and size agree");
   static_assert(MT >= 1 && CTA_Q == WARP_ROWS * WARPS_Q, "whole 16-row m-tiles per warp");
   static_assert(KV_PER_WARP % 16 == 0, "each warp needs whole 16-column k-steps for P*V");
