@@ -40,6 +40,15 @@ __device__ __forceinline__ void cp_async_16(u32 smem, const void* gmem, bool pre
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
 
+// The same, but a false predicate ignores the source (cp.async's
+// ignore-src: zeros, nothing read), so its address need not be valid and
+// the caller selects none.
+__device__ __forceinline__ void cp_async_16_or_zeros(u32 smem, const void* gmem, bool pred) {
+  asm volatile(
+      "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, skip;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"(static_cast<u32>(pred)));
+}
+
 // 4 bytes global -> shared through L1 (small tables such as page ids).
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool pred) {
   const int src_bytes = pred ? 4 : 0;

@@ -246,11 +246,16 @@ struct KVTileLoader {
         for (int i = 0; i < PASSES; ++i) off[i] = mine[i];
       }
     }
+    // This thread's chunk of a row at byte offset 0: a row's copy is then one
+    // 64-bit add. A row of offset -1 (past kv_end, a bad page) zero-fills
+    // and reads nothing (cp_async_16_or_zeros), so its address goes unchecked.
+    const char* k_chunk = reinterpret_cast<const char*>(k_base + ch * EPC);
+    const char* v_chunk = reinterpret_cast<const char*>(v_base + ch * EPC);
 #pragma unroll
     for (int i = 0; i < PASSES; ++i) {
-      const bool ok = off[i] >= 0;
-      cp_async_16(k_dst + dst(i), ok ? k_base + off[i] + ch * EPC : k_base, ok);
-      cp_async_16(v_dst + dst(i), ok ? v_base + off[i] + ch * EPC : v_base, ok);
+      const i64 bytes = off[i] * static_cast<i64>(sizeof(T));
+      cp_async_16_or_zeros(k_dst + dst(i), k_chunk + bytes, off[i] >= 0);
+      cp_async_16_or_zeros(v_dst + dst(i), v_chunk + bytes, off[i] >= 0);
     }
     if (!affine) {
       for (int r = threadIdx.x; r < ROWS; r += THREADS) {
