@@ -51,6 +51,30 @@ struct PrefillShape {
                 "head dims must be multiples of 64 (64, 128, 256, 512 / 256, 192 / 128)");
 };
 
+// S accumulators of one tile, zeroed.
+template <int MT, int NT_S>
+__device__ __forceinline__ void zero_tile(float (&s)[MT][NT_S][4]) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][n][e] = 0.f;
+}
+
+// P's A fragments (type T) for the 16 keys of k-step j, straight from S's
+// fragments: S's C layout over two n-tiles is the A layout of P V.
+template <typename T, int MT, int NT_S>
+__device__ __forceinline__ void pack_p(const float (&s)[MT][NT_S][4], int j, u32 (&a)[MT][4]) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    a[t][0] = pack2(s[t][2 * j][0], s[t][2 * j][1], T{});
+    a[t][1] = pack2(s[t][2 * j][2], s[t][2 * j][3], T{});
+    a[t][2] = pack2(s[t][2 * j + 1][0], s[t][2 * j + 1][1], T{});
+    a[t][3] = pack2(s[t][2 * j + 1][2], s[t][2 * j + 1][3], T{});
+  }
+}
+
 // One KV tile: S = Q K^T, variant logits/mask, online softmax, O += P V.
 // Each K/V fragment loaded from shared memory feeds all MT m-tiles of the
 // warp: with 32 rows per warp, shared-memory traffic per FLOP halves, which is
@@ -78,12 +102,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
   const u32 k_row = k_smem + (wk * Shape::KV_PER_WARP + (m / 2) * 8 + lane % 8) * ROW_BYTES;
   const u32 v_row = v_smem + (wk * Shape::KV_PER_WARP + (m % 2) * 8 + lane % 8) * V_ROW_BYTES;
   float s[MT][NT_S][4];
-#pragma unroll
-  for (int t = 0; t < MT; ++t)
-#pragma unroll
-    for (int n = 0; n < NT_S; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][n][e] = 0.f;
+  zero_tile(s);
 
 #pragma unroll
   for (int kk = 0; kk < HEAD_DIM_QK / 16; ++kk) {
@@ -110,13 +129,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
 #pragma unroll
   for (int j = 0; j < NT_S / 2; ++j) {
     u32 a[MT][4];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      a[t][0] = pack2(s[t][2 * j][0], s[t][2 * j][1], T{});
-      a[t][1] = pack2(s[t][2 * j][2], s[t][2 * j][3], T{});
-      a[t][2] = pack2(s[t][2 * j + 1][0], s[t][2 * j + 1][1], T{});
-      a[t][3] = pack2(s[t][2 * j + 1][2], s[t][2 * j + 1][3], T{});
-    }
+    pack_p<T>(s, j, a);
 #pragma unroll
     for (int dp = 0; dp < NT_O / 2; ++dp) {
       u32 r[4];

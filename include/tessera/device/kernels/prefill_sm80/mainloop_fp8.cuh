@@ -23,9 +23,7 @@
 //   epilogue, which is the 16-bit kernels'.
 #pragma once
 #include "tessera/device/arch/fp8.cuh"
-#include "tessera/device/arch/mma.cuh"
-#include "tessera/device/kernels/common/softmax.cuh"
-#include "tessera/device/kernels/common/tiles.cuh"
+#include "tessera/device/kernels/prefill_sm80/mainloop.cuh"
 
 namespace tessera {
 
@@ -66,12 +64,7 @@ __device__ __forceinline__ void prefill_compute_tile_fp8(const Params& p, const 
   // V rows wk * KV_PER_WARP + 16 j + 2c + {0, 1, 8, 9}: row % 8 is 2c + {0, 1}.
   const int v_row0 = wk * Shape::KV_PER_WARP + 2 * c;
   float s[MT][NT_S][4];
-#pragma unroll
-  for (int t = 0; t < MT; ++t)
-#pragma unroll
-    for (int n = 0; n < NT_S; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][n][e] = 0.f;
+  zero_tile(s);
 
 #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
@@ -101,13 +94,7 @@ __device__ __forceinline__ void prefill_compute_tile_fp8(const Params& p, const 
 #pragma unroll
   for (int j = 0; j < NT_S / 2; ++j) {
     u32 a[MT][4];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      a[t][0] = pack2(s[t][2 * j][0], s[t][2 * j][1], T{});
-      a[t][1] = pack2(s[t][2 * j][2], s[t][2 * j][3], T{});
-      a[t][2] = pack2(s[t][2 * j + 1][0], s[t][2 * j + 1][1], T{});
-      a[t][3] = pack2(s[t][2 * j + 1][2], s[t][2 * j + 1][3], T{});
-    }
+    pack_p<T>(s, j, a);
 #pragma unroll
     for (int T32 = 0; T32 < HEAD_DIM / 32; ++T32) {
       const int chunk = 2 * T32 + (g >> 2);
