@@ -95,17 +95,17 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOption
   p.planner = opt.planner;
   p.max_sms = opt.max_sms;
   p.group_heads = false;  // plan() runs every step: one plan for every head keeps it short
-  // Short decode steps stay unsplit (PlannerOptions::unsplit_max_kv; measured
-  // on this path only: the CUDA-core kernel gained from splitting at every
-  // batch-16 length, bench/results/decode-short-steps-*).
   p.cta_q = opt.tc_cta_q;  // 0: the prefill heuristic's (64 rows on sm_90, which runs the Hopper kernel)
   // fp8 caches: 16-row tiles, whose FA2 template widens K / V in registers;
   // the Hopper kernel's producer widens them through a 16-bit copy in shared
-  // memory (H100, GQA 32/8 128 x 4096: 418 vs 481 us). Those split short
-  // steps too: four CTAs an SM each streaming one 1024-key tile alone took
-  // 46 us at GQA 16 x 1024, split 26 us.
+  // memory (H100, GQA 32/8 128 x 4096: 418 vs 481 us).
   const bool fp8_rows16 = p.cta_q == 0 && is_fp8(spec.kv_dtype);
   if (fp8_rows16) p.cta_q = 16;
+  // Short decode steps stay unsplit (PlannerOptions::unsplit_max_kv; measured
+  // on the Hopper kernel: the CUDA-core kernel gained from splitting at every
+  // batch-16 length, bench/results/decode-short-steps-*). fp8's 16-row tiles
+  // split them: four CTAs an SM each streaming one 1024-key tile alone took
+  // 46 us at GQA 16 x 1024, split 26 us.
   if (p.planner.unsplit_max_kv < 0) p.planner.unsplit_max_kv = fp8_rows16 ? 0 : 1024;
   return p;
 }
