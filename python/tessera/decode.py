@@ -225,9 +225,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16 (torch
                 dtype or name); kv and o default to q's. kv_data_type may
                 also be torch.float8_e4m3fn / float8_e5m2 ("float8_e4m3fn",
-                "float8_e5m2"): an fp8 cache, read on the CUDA-core kernel
-                (use_tensor_cores=True is refused with it) with run()'s
-                k_scale / v_scale as its dequantization scales. data_type
+                "float8_e5m2"): an fp8 cache, read on the tensor cores on
+                sm_90 and with use_tensor_cores=True (16-row tiles that
+                widen K / V in registers), else on the CUDA-core kernel,
+                with run()'s k_scale / v_scale as its dequantization
+                scales. data_type
                 (deprecated in FlashInfer) fills kv_data_type when it is None.
             sm_scale: softmax scale; None means 1 / sqrt(head_dim).
             non_blocking: accepted; the schedule upload is always asynchronous.
@@ -457,7 +459,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 cache's dequantization scales. k_scale / v_scale may also be
                 1-element float32 CUDA tensors, read by the kernel when it
                 runs (a captured CUDA graph replays with their current
-                values; the CUDA-core kernel only, which fp8 caches use).
+                values), on either decode kernel.
             out: optional output like q (o_data_type); allocated when None.
             lse: optional float32 [batch, num_qo_heads] for the log-sum-exp;
                 allocated when None and return_lse.

@@ -24,9 +24,11 @@
 // CUDA cores otherwise), true asks for the tensor cores. cuda_cores, or any
 // CUDA-core tuning option, asks for the CUDA-core kernel. The contract
 // (bounds, graph capture, errors) is the same on both paths. An fp8 KV cache
-// (kv_dtype float8_e4m3fn / float8_e5m2) runs on the CUDA-core kernel, which
-// widens it in registers; use_tensor_cores refuses it (TypeMismatch naming
-// kv_dtype), as do scale tensors (RunOptions) on the tensor-core path.
+// (kv_dtype float8_e4m3fn / float8_e5m2) runs on the tensor cores on sm_90
+// and with use_tensor_cores (16-row tiles of the FA2 template, which widen K
+// / V fragments in registers; tc_cta_q 64 runs the Hopper kernel), else on
+// the CUDA-core kernel, which widens it in registers too; scale tensors
+// (RunOptions) work on either.
 // Head dim 512 (and unequal head dims) runs on the tensor-core path whatever
 // use_tensor_cores says: a warp of the CUDA-core kernel holds a row of at
 // most 256 16-bit features. What only the CUDA-core kernel does (fp8 caches,
@@ -66,8 +68,9 @@ struct DecodeOptions {
   // non-zero ctas_per_sm, tile, stages or heads_per_thread; excludes
   // use_tensor_cores).
   bool cuda_cores = false;
-  // With use_tensor_cores: the prefill kernel's query tile (0: its heuristic;
-  // else 16, 32, 64 or 128 fused rows, 64 / 128 run the Hopper kernel on sm_90).
+  // On the tensor cores: the prefill kernel's query tile (0: its heuristic,
+  // 16 rows for fp8 caches; else 16, 32, 64 or 128 fused rows, 64 / 128 run
+  // the Hopper kernel on sm_90).
   int tc_cta_q = 0;
 };
 
