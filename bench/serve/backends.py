@@ -110,8 +110,6 @@ class WrapperBackend(Backend):
     def prepare_graph(self, bucket):
         if bucket in self.graph_wrappers:
             return
-        if "shared_prefix" in self.plan_kw:
-            raise ValueError("shared_prefix='auto' refuses use_cuda_graph: run without graphs")
         i32 = dict(dtype=torch.int32, device=self.device)
         self.graph_wrappers[bucket] = self.lib.BatchDecodeWithPagedKVCacheWrapper(
             torch.zeros(128 << 20, dtype=torch.uint8, device=self.device), "NHD", use_cuda_graph=True,
@@ -158,6 +156,7 @@ class WrapperBackend(Backend):
         if not s:
             return {}
         return dict(shared_prefix_plans=len(s), split_fraction=float(np.mean([x["split"] for x in s])),
+                    grouped_fraction=float(np.mean([x["groups"] > 0 for x in s])),
                     saved_pages_mean=float(np.mean([x["saved_pages"] for x in s])),
                     detect_us_median=float(np.median([x["detect_us"] for x in s])))
 

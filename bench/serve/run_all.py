@@ -239,12 +239,13 @@ def main(argv=None):
                                    pdl=bool(args.pdl), shared_prefix="auto" if arm == "auto" else None,
                                    host_page_ids=True)
             e = Engine(model, be, pool, max_running=args.max_running, token_budget=args.token_budget,
-                       max_prefill_reqs=args.max_prefill, graphs=False)
+                       max_prefill_reqs=args.max_prefill, graphs=not args.no_graphs, buckets=BUCKETS)
             return e, lambda engine: None
         ns = [int(n) for n in args.par_ns.split(",")]
         doc["parallel"] = studies.parallel(model, make_engine, ns, args, log=log, deadline=deadline)
-        doc["notes"]["study 2"] = ("Tessera, no CUDA graphs in either arm (shared_prefix='auto' refuses "
-                                   "use_cuda_graph); page ids given on the host in both arms")
+        doc["notes"]["study 2"] = ("Tessera, decode steps from CUDA graphs in both arms unless --no-graphs (with "
+                                   "graphs, shared_prefix='auto' runs the cascade on every decode step and groups "
+                                   "adjacent samples); page ids given on the host in both arms")
         save()
 
     # ------------------------------------------------------------ study 3
@@ -265,14 +266,15 @@ def main(argv=None):
 
     def check_shared_prefix():
         """Study 2's arm: plan(..., shared_prefix="auto") with the split forced on (threshold 0, a Tessera-only
-        attribute its tests lower too), so the forked request runs through the cascade."""
+        attribute its tests lower too; graph-mode decode takes the cascade on every step), so the forked
+        request runs through the cascade."""
         pool = PagePool(check_pages, 16)
         cache = BK.KVCache(cfg, check_pages, 16, dev, dtype)
         be = BK.WrapperBackend("tessera", libs["tessera"], cfg, cache, dev, dtype, max_pages=check_pages + 64,
                                use_tensor_cores=bool(args.decode_tc), pdl=bool(args.pdl), shared_prefix="auto")
         be.prefill._shared_prefix_min_bytes = be.decode._shared_prefix_min_bytes = 0
         name = "tessera+shared_prefix"
-        doc["check"][name] = CK.check_one(model, name, pool, be, graphs=False, refs=check_refs, log=log)
+        doc["check"][name] = CK.check_one(model, name, pool, be, graphs=not args.no_graphs, refs=check_refs, log=log)
         save()
 
     # Tessera and FlashInfer first, then the Tessera-only studies, then the slow peers (SDPA's gathers, flex's

@@ -7,10 +7,10 @@ the running batch sizes reached.
 Study 2 (paper section 4.4), parallel generation: P prompts x n samples
 (n = 1 .. 64, P x n about --par-samples), all arriving at once; each prompt
 is prefilled once and forked, its samples sharing the prompt's full pages.
-Tessera with plan(..., shared_prefix="auto") against plan() without it, no
-CUDA graphs in either arm (the option refuses use_cuda_graph: the cascade's
-level layout changes from step to step), page ids given on the host in both
-(the detection reads them there).
+Tessera with plan(..., shared_prefix="auto") against plan() without it,
+decode steps from CUDA graphs in both arms (with graphs the option runs the
+cascade on every decode step, groups being runs of adjacent samples), page
+ids given on the host in both (the detection reads them there).
 """
 import gc
 import math
@@ -129,6 +129,9 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
     engines = {}
     for arm in ("none", "auto"):
         engines[arm] = make_engine(arm)
+        why = engines[arm][0].try_capture_graphs(engines[arm][0].new_scheduler())
+        if why:
+            log(f"# parallel, arm {arm}: CUDA graphs failed ({why}); running without them")
         warm_up(engines[arm][0], model.cfg.vocab, args.prompt_cap)
         warm_up_forks(engines[arm][0], model.cfg.vocab, args.prompt_cap, args.max_running)
     for n in ns:
@@ -146,7 +149,8 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
             engine.backend._sp_stats = []
             seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
             m = summarize(seqs, steps, truncated)
-            m.update(n=n, prompts=prompts, arm=arm, trace=tr.describe(reqs), backend_stats=engine.backend.stats())
+            m.update(n=n, prompts=prompts, arm=arm, graphs=engine.graphs_on, trace=tr.describe(reqs),
+                     backend_stats=engine.backend.stats())
             out[arm] = m
             rows.append(m)
         a, b = out["auto"], out["none"]
@@ -154,6 +158,7 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
             f"{b['itl_ms']['median']:.2f} -> {a['itl_ms']['median']:.2f} ms (none / auto "
             f"{b['itl_ms']['median'] / a['itl_ms']['median']:.3f}), TTFT median {b['ttft_ms']['median']:.1f} -> "
             f"{a['ttft_ms']['median']:.1f} ms; cascade on {a['backend_stats'].get('split_fraction', 0):.0%} of plans, "
+            f"groups in {a['backend_stats'].get('grouped_fraction', 0):.0%}, "
             f"detection {a['backend_stats'].get('detect_us_median', float('nan')):.1f} us")
     for arm, (engine, cleanup) in engines.items():
         cleanup(engine)

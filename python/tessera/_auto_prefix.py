@@ -39,12 +39,25 @@ an H100 whatever the batch). The caller's float_workspace_buffer stays the
 normal plan's alone, so a step without sharing is planned exactly as with
 shared_prefix=None.
 
-Not with CUDA graphs (the level layout changes per step), custom masks,
-sliding windows, fused RoPE / ALiBi, fp8 caches, an o_data_type or
-head_dim_vo other than q's, fixed_split_size, disable_split_kv or
-q_len_per_req > 1: plan() raises NotSupportedError naming the argument,
-whether or not the step shares pages. Page ids given as a CUDA tensor are
-copied to the host for the detection (a synchronization).
+CUDA graphs (the decode wrapper's use_cuda_graph=True): a captured run()
+replays one sequence of launches, so in this mode every plan() takes the
+cascade, also a step that shares nothing (its level 0 is then one entry
+without pages): two levels and a merge per layer whatever the step, and any
+shared page is a saving. Groups are then only runs of adjacent requests
+(keep_order), so the levels keep the caller's rows and run() needs no
+gather of q or scatter of the outputs; samples of one prompt that the
+batch does not keep together share per run. The cascade's workspace is
+sized once, at the first plan(), for the wrapper's bounds (its CUDA-graph
+buffers, else that plan's batch and page count) and q may have more rows
+than a later plan's batch (rows beyond it are left as they are). The
+prefill wrapper refuses the option with use_cuda_graph.
+
+Not with custom masks, sliding windows, fused RoPE / ALiBi, fp8 caches, an
+o_data_type or head_dim_vo other than q's, fixed_split_size,
+disable_split_kv or q_len_per_req > 1: plan() raises NotSupportedError
+naming the argument, whether or not the step shares pages. Page ids given
+as a CUDA tensor are copied to the host for the detection (a
+synchronization).
 """
 
 import math
@@ -78,10 +91,11 @@ def _refuse(name, value, why):
 def check_options(use_cuda_graph, window_left, rope, kv_dtype, q_dtype, o_dtype, masked=False, head_dim_vo=0,
                   fixed_split_size=None, disable_split_kv=False, q_len_per_req=1):
     """The plan() arguments shared_prefix="auto" does not combine with (NotSupportedError naming each); checked on
-    every such plan, whatever the table, so a configuration either works on every step or on none."""
+    every such plan, whatever the table, so a configuration either works on every step or on none.
+    use_cuda_graph: True only from the prefill wrapper (the decode wrapper's graph mode is supported)."""
     if use_cuda_graph:
-        _refuse("use_cuda_graph", True, "the levels' layout changes from step to step, so a captured run() would "
-                "not replay a later plan")
+        _refuse("use_cuda_graph", True, "the prefill wrapper's query rows change from step to step; CUDA graphs "
+                "of decode steps take the option on BatchDecodeWithPagedKVCacheWrapper")
     if q_len_per_req != 1:
         _refuse("q_len_per_req", q_len_per_req, "only one query per request is split into levels")
     if masked:
@@ -119,9 +133,12 @@ def host_page_ids(indices):
 class AutoPrefix:
     """One wrapper's shared-prefix state: the last detection and the cascade that runs split steps."""
 
-    def __init__(self, kv_layout, backend):
+    def __init__(self, kv_layout, backend, graph=False):
         self._kv_layout = kv_layout
         self._backend = backend  # the cascade's backend name ("auto", "fa2", "fa3")
+        # CUDA-graph mode: the cascade on every step, the caller's row order,
+        # bounds fixed by the first plan (see the module doc).
+        self._graph = bool(graph)
         self._cascade = None  # MultiLevelCascadeAttentionWrapper over self._buffer
         self._buffer = None
         self._config = self._bounds = None  # what the buffer was sized for
@@ -132,15 +149,19 @@ class AutoPrefix:
     def detect(self, kv_indptr, kv_indices, kv_last_page_len, page_size, qo_indptr, causal, min_pages):
         """The C++ detection on host int32 arrays; its dict when the split is worth it, else None."""
         split = _C.find_shared_prefixes(kv_indptr, kv_indices, kv_last_page_len, page_size, qo_indptr,
-                                        min_saved_pages=min_pages, causal=causal)
+                                        min_saved_pages=min_pages, causal=causal, keep_order=self._graph,
+                                        always_levels=self._graph)
         groups = split["groups"]
         self.stats = dict(split=split["split"], groups=int(groups.shape[0]),
                           requests_in_groups=int(groups[:, 1].sum()) if groups.size else 0,
                           saved_pages=int(split["saved_pages"]), detect_us=float(split["host_us"]))
         return split if split["split"] else None
 
-    def plan(self, split, buf, num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale, cap, q_dtype):
-        """Plans the two levels of `split` (detect()'s) on the cascade, sizing its own workspace first."""
+    def plan(self, split, buf, num_qo_heads, num_kv_heads, head_dim, page_size, causal, sm_scale, cap, q_dtype,
+             graph_bounds=None):
+        """Plans the two levels of `split` (detect()'s) on the cascade, sizing its own workspace first.
+        graph_bounds (CUDA-graph mode): (max_batch, max_pages) of the wrapper, each None where its first plan
+        sets it; the workspace is then sized once for them."""
         from .cascade import MultiLevelCascadeAttentionWrapper
 
         torch = T._torch()
@@ -151,6 +172,9 @@ class AutoPrefix:
         config = (q_dtype, q_dtype, q_dtype, int(head_dim), int(num_qo_heads), int(num_kv_heads), int(page_size),
                   self._kv_layout, 2, bool(causal))
         device = buf.device.index or 0
+        if self._graph:
+            self._plan_graph(levels, total_q, counts, config, buf, graph_bounds, sm_scale, cap, q_dtype)
+            return
         if config != self._config or self._bounds is None:
             bounds = counts
         elif all(c <= b for c, b in zip(counts, self._bounds)):
@@ -176,10 +200,49 @@ class AutoPrefix:
             self._rows = torch.from_numpy(split["row_order"].astype(np.int64)).to(buf.device)
         self._total_q = total_q
 
+    def _plan_graph(self, levels, total_q, counts, config, buf, graph_bounds, sm_scale, cap, q_dtype):
+        """plan() in CUDA-graph mode: bounds and workspace fixed by the first plan, a count beyond them a
+        ValueError naming the wrapper's argument; the cascade wrapper then never re-sizes (its run() holds
+        the addresses a captured graph replays)."""
+        from .cascade import MultiLevelCascadeAttentionWrapper
+
+        torch = T._torch()
+        batch, pages = levels[1][0].size - 1, int(levels[1][1][-1])
+        if self._bounds is None or config != self._config:
+            max_batch, max_pages = graph_bounds
+            bounds = (max(max_batch or batch, 1), max(max_batch or batch, 1), max(max_pages or pages, 1))
+            need, _ = _C.CascadeAttention.workspace_size(*config, *bounds, device=buf.device.index or 0,
+                                                         backend=W.BACKENDS[self._backend], logits_soft_cap=cap)
+            if self._buffer is not None:  # queued runs may still read the old buffer
+                torch.cuda.synchronize(buf.device)
+            self._cascade = None
+            self._buffer = torch.empty(need, dtype=torch.uint8, device=buf.device)
+            self._config, self._bounds = config, bounds
+            self._cascade = MultiLevelCascadeAttentionWrapper(2, self._buffer, self._kv_layout, use_cuda_graph=True,
+                                                              backend=self._backend)
+            self._cascade._fixed_batch, self._cascade._fixed_total_q, self._cascade._fixed_pages = bounds
+        b = self._bounds
+        if batch > b[0]:
+            raise ValueError(f"indptr: batch size {batch} exceeds the workspace bound max_batch={b[0]} (fixed by "
+                             f"paged_kv_indptr_buffer, or by the first plan() with use_cuda_graph=True)")
+        if pages > b[2]:
+            raise ValueError(f"indices: page count {pages} exceeds the workspace bound max_pages={b[2]} (fixed by "
+                             f"paged_kv_indices_buffer, or by the first plan() with use_cuda_graph=True)")
+        self._rows = None
+        self._cascade.plan([lv[0] for lv in levels], [lv[1] for lv in levels], [lv[2] for lv in levels],
+                           [lv[3] for lv in levels], config[4], config[5], config[3], config[6], causal=config[9],
+                           sm_scale=sm_scale, logits_soft_cap=cap, q_data_type=q_dtype, kv_data_type=q_dtype)
+        self._total_q = total_q
+
     def run(self, q, paged_kv_cache, out, lse, sm_scale, v_scale, sinks):
         """The planned levels into out (and lse, base 2, when given); sinks / v_scale applied after the merge.
         sm_scale: the binding's (run()'s q_scale / k_scale folded in); v_scale: None or a float."""
-        if q.shape[0] != self._total_q:
+        if self._graph:
+            if not self._total_q <= q.shape[0] <= self._bounds[1]:
+                raise ValueError(f"q: expected {self._total_q} to {self._bounds[1]} rows (the planned batch up to "
+                                 f"the CUDA-graph bound max_batch; rows past the plan's are left as they are), got "
+                                 f"{q.shape[0]}")
+        elif q.shape[0] != self._total_q:
             raise ValueError(f"q: expected {self._total_q} rows (the planned query rows), got {q.shape[0]}")
         k, v = W.unpack_paged_kv_cache(paged_kv_cache)
         rows = self._rows
@@ -215,14 +278,15 @@ def plan_decode(w, indptr, indices, last_page_len, dtypes, shape, scale, sm_scal
     when the step's sharing is worth it (run() then goes through it), else False (the normal plan follows).
     dtypes: (q, kv, o) names; shape: (num_qo_heads, num_kv_heads, head_dim, page_size); scale: the binding's."""
     if w._auto_prefix is None:
-        w._auto_prefix = AutoPrefix(w._kv_layout, "auto")
+        w._auto_prefix = AutoPrefix(w._kv_layout, "auto", graph=w._use_cuda_graph)
     hq, hkv, d, ps = shape
     split = w._auto_prefix.detect(indptr, host_page_ids(indices), last_page_len, ps, None, False,
                                   min_saved_pages(ps, hkv, d, w._shared_prefix_min_bytes))
     if split is None:
         return False
     w._planned = None  # a failed plan() leaves nothing to run
-    w._auto_prefix.plan(split, buf, hq, hkv, d, ps, False, sm_scale, cap, dtypes[0])
+    w._auto_prefix.plan(split, buf, hq, hkv, d, ps, False, sm_scale, cap, dtypes[0],
+                        graph_bounds=(w._fixed_batch, w._fixed_pages))
     w._planned = {"batch": indptr.size - 1, "q_dtype": dtypes[0], "kv_dtype": dtypes[1], "o_dtype": dtypes[2],
                   "num_qo_heads": hq, "head_dim": d, "sm_scale": scale, "window_left": -1, "rope": rope,
                   "alibi_slopes": None, "auto_prefix": True, "shared_prefix": w._auto_prefix}

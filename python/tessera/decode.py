@@ -259,9 +259,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 and that saves >= 16 MiB of K / V reads per layer, plan a
                 two-level cascade (shared pages once for all their sharers'
                 queries, then each request's own, merged) that run() goes
-                through, on a workspace of its own; else the normal plan. Not
-                with use_cuda_graph, window_left, pos_encoding_mode, fp8,
-                o_data_type, fixed_split_size, disable_split_kv or
+                through, on a workspace of its own; else the normal plan.
+                With use_cuda_graph every step takes the cascade (a captured
+                run() replays one sequence of launches) and groups are runs of
+                adjacent requests. Not with window_left, pos_encoding_mode,
+                fp8, o_data_type, fixed_split_size, disable_split_kv or
                 q_len_per_req > 1 (NotSupportedError naming it); run() takes
                 float scales only. See tessera/_auto_prefix.py.
             on_device: Tessera's (keyword-only): False (FlashInfer's plan on
@@ -311,7 +313,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                                  options, rope, split, fixed)
             return
         if auto:
-            AP.check_options(self._use_cuda_graph, options[0], rope, kv_dt, q_dt, o_dt,
+            AP.check_options(False, options[0], rope, kv_dt, q_dt, o_dt,  # CUDA graphs: see _auto_prefix.py
                              fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, q_len_per_req=n)
         elif self._auto_prefix is not None:
             self._auto_prefix.stats = None

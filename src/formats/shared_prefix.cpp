@@ -74,8 +74,12 @@ void find_shared_prefixes(std::span<const int32_t> kv_indptr, std::span<const in
 
   // Candidates: requests with queries and enough full pages, keyed by their
   // first page id (ids are >= 0, checked above) and then their index, so a
-  // sort puts each group together with its members in request order.
+  // sort puts each group together with its members in request order. With
+  // keep_order the key is the run of adjacent candidates with one first id
+  // instead, numbered in request order (the keys are then already sorted).
   s.keys.clear();
+  uint32_t run = 0;
+  int64_t prev = -1;  // the previous request, when it was a candidate
   s.group_of.assign(static_cast<size_t>(n), -1);
   // kv_lens becomes, in place, each request's shareable (full) pages.
   std::vector<int32_t>& full = s.kv_lens;
@@ -88,9 +92,17 @@ void find_shared_prefixes(std::span<const int32_t> kv_indptr, std::span<const in
       f = room < 0 ? 0 : std::min<int64_t>(f, room / page_size);
     }
     full[r] = static_cast<int32_t>(f);
-    if (q_len(r) > 0 && f >= opt.min_shared_pages)
-      s.keys.push_back(static_cast<uint64_t>(static_cast<uint32_t>(kv_indices[kv_indptr[r]])) << 32 |
-                       static_cast<uint32_t>(r));
+    if (q_len(r) > 0 && f >= opt.min_shared_pages) {
+      uint32_t key = static_cast<uint32_t>(kv_indices[kv_indptr[r]]);
+      if (opt.keep_order) {
+        if (prev < 0 || kv_indices[kv_indptr[prev]] != kv_indices[kv_indptr[r]]) ++run;
+        key = run;
+        prev = r;
+      }
+      s.keys.push_back(static_cast<uint64_t>(key) << 32 | static_cast<uint32_t>(r));
+    } else {
+      prev = -1;
+    }
   }
   std::sort(s.keys.begin(), s.keys.end());
 
@@ -125,7 +137,7 @@ void find_shared_prefixes(std::span<const int32_t> kv_indptr, std::span<const in
   out.row_order.clear();
   out.identity_order = true;
   out.saved_pages = saved;
-  out.split = !s.found.empty() && saved >= opt.min_saved_pages;
+  out.split = opt.always_levels || (!s.found.empty() && saved >= opt.min_saved_pages);
   reset_level(out.shared);
   reset_level(out.unique);
   // The groups in the order of their first member, also without a split.

@@ -285,6 +285,72 @@ TEST(SharedPrefix, Thresholds) {
   EXPECT_TRUE(t.find(opt).split);
 }
 
+// keep_order: groups are runs of adjacent requests, so the levels keep the
+// caller's rows (no gather / scatter for a captured graph to replay).
+TEST(SharedPrefix, KeepOrderGroupsAdjacentRuns) {
+  Table t;
+  t.add({0, 1, 2}, 40, 2);     // A: run 1
+  t.add({0, 1, 3}, 33, 1);     // B: run 1
+  t.add({10, 11, 12}, 48, 1);  // C: run 2
+  t.add({0, 1, 4}, 40, 1);     // D: first page 0 again, alone: no group
+  t.add({10, 11, 13}, 40, 3);  // E: run 3
+  t.add({10, 11}, 32, 2);      // F: run 3, all shared
+  t.add({20}, 3, 4);           // G: none
+  SharedPrefixOptions opt;
+  opt.keep_order = true;
+  for (const bool decode : {false, true}) {
+    const auto sp = t.find(opt, decode);
+    ASSERT_TRUE(sp.split);
+    EXPECT_TRUE(sp.identity_order);
+    EXPECT_TRUE(sp.row_order.empty());
+    ASSERT_EQ(sp.groups.size(), 2u);
+    EXPECT_EQ(sp.groups[0].first, 0);
+    EXPECT_EQ(sp.groups[0].size, 2);
+    EXPECT_EQ(sp.groups[0].shared_pages, 2);
+    EXPECT_EQ(sp.groups[1].first, 4);
+    EXPECT_EQ(sp.groups[1].size, 2);
+    EXPECT_EQ(sp.groups[1].shared_pages, 2);
+    EXPECT_EQ(sp.saved_pages, 4);
+    check_split(t, sp, decode, false);
+  }
+  // A request without full pages between two sharers breaks their run.
+  Table u;
+  u.add({0, 1}, 32);
+  u.add({5}, 3);
+  u.add({0, 1}, 32);
+  EXPECT_FALSE(u.find(opt, true).split);
+  EXPECT_TRUE(u.find({}, true).split);  // without keep_order they are one group
+}
+
+// always_levels: levels on every call, also without any sharing.
+TEST(SharedPrefix, AlwaysLevels) {
+  Table t;
+  t.add({0, 1, 2}, 40, 2);
+  t.add({3, 4}, 20, 1);
+  t.add({}, 0, 1);
+  SharedPrefixOptions opt;
+  opt.always_levels = true;
+  opt.keep_order = true;
+  for (const bool decode : {false, true}) {
+    const auto sp = t.find(opt, decode);
+    EXPECT_TRUE(sp.groups.empty());
+    ASSERT_TRUE(sp.split);
+    EXPECT_TRUE(sp.identity_order);
+    EXPECT_EQ(sp.shared.kv_indptr, (std::vector<int32_t>{0, 0}));  // one entry without pages
+    check_split(t, sp, decode, false);
+  }
+  // Groups below min_saved_pages are used: the launches are paid anyway.
+  Table s;
+  s.add({0, 1}, 32);
+  s.add({0, 1}, 30);
+  opt.min_saved_pages = 100;
+  const auto sp = s.find(opt, true);
+  ASSERT_TRUE(sp.split);
+  ASSERT_EQ(sp.groups.size(), 1u);
+  EXPECT_EQ(sp.groups[0].shared_pages, 1);
+  check_split(s, sp, true, false);
+}
+
 // Causal prefill: a member shares at most floor((kv_len - q_len) / page_size)
 // pages, so the shared keys precede each of its queries.
 TEST(SharedPrefix, CausalCutsToKeysBeforeTheQueries) {
@@ -427,6 +493,13 @@ TEST(SharedPrefix, RandomTablesRecomposeExactly) {
     opt.causal = causal;
     const auto sp = t.find(opt, decode);
     SCOPED_TRACE("case " + std::to_string(it));
+    {  // keep_order: the same keys, in the caller's order
+      SharedPrefixOptions kept = opt;
+      kept.keep_order = kept.always_levels = true;
+      const auto ko = t.find(kept, decode);
+      EXPECT_TRUE(ko.identity_order);
+      check_split(t, ko, decode, causal);
+    }
     // Deterministic, also when the output's buffers are reused.
     SharedPrefixSplit again = t.find(opt, decode);
     find_shared_prefixes(t.indptr, t.indices, t.last, page_size, decode ? std::span<const int32_t>() : t.qo, opt,

@@ -12,7 +12,8 @@ GPU (skipped without one): decode and paged prefill with "auto" against the
 float64 reference on tables that share (the cascade path, forced with a zero
 byte threshold), causal prefill with queries that cut the shared prefix, and
 steps without sharing worth it: the normal path, bitwise equal to
-shared_prefix=None.
+shared_prefix=None; the decode wrapper's CUDA-graph mode (one captured graph
+replaying steps with and without groups).
 """
 
 import time
@@ -230,12 +231,10 @@ def test_shared_prefix_argument_is_checked():
 ])
 def test_decode_auto_refuses_what_it_does_not_combine_with(name, kwargs):
     table = table_of([([0, 1], 20), ([0, 1], 20)])
-    w = tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, np.uint8))
-    with pytest.raises(tessera.NotSupportedError, match=name):
-        w.plan(*table, 8, 2, 128, PAGE, shared_prefix="auto", **kwargs)
-    g = tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, np.uint8), use_cuda_graph=True)
-    with pytest.raises(tessera.NotSupportedError, match="use_cuda_graph"):
-        g.plan(*table, 8, 2, 128, PAGE, shared_prefix="auto")
+    for graph in (False, True):
+        w = tessera.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1024, np.uint8), use_cuda_graph=graph)
+        with pytest.raises(tessera.NotSupportedError, match=name):
+            w.plan(*table, 8, 2, 128, PAGE, shared_prefix="auto", **kwargs)
 
 
 @pytest.mark.parametrize("name, kwargs", [
@@ -384,6 +383,63 @@ def test_decode_without_sharing_is_the_normal_path(torch_cuda, rng, tables):
         if auto:
             assert not w.shared_prefix_stats["split"]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
+    """use_cuda_graph=True: one graph captured on a step without sharing replays later plans with adjacent
+    groups, groups the batch does not keep together, a smaller batch and one without sharing again, each
+    against the float64 reference; counts beyond the graph buffers name them."""
+    torch = torch_cuda
+    B, P = 12, 160
+    i32 = dict(dtype=torch.int32, device="cuda")
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_cuda_graph=True,
+                                                   paged_kv_indptr_buffer=torch.zeros(B + 1, **i32),
+                                                   paged_kv_indices_buffer=torch.zeros(P, **i32),
+                                                   paged_kv_last_page_len_buffer=torch.zeros(B, **i32))
+    k, v = gpu_cache(torch, rng, P, torch.float16)
+    q_buf = torch.empty(B, HQ, D, dtype=torch.float16, device="cuda")
+    out = torch.full((B, HQ, D), float("nan"), dtype=torch.float16, device="cuda")
+    lse = torch.full((B, HQ), float("nan"), dtype=torch.float32, device="cuda")
+
+    def step(reqs):
+        table = table_of(reqs)
+        w.plan(*table, HQ, HKV, D, PAGE, shared_prefix="auto")
+        q_buf.copy_(torch.from_numpy(rng.standard_normal((B, HQ, D)).astype(np.float32)).half())
+        return table
+
+    def own(r, n):  # n pages of request r's own
+        return list(range(100 + 5 * r, 100 + 5 * r + n))
+
+    alone = [(own(r, 3), 3 * PAGE - r) for r in range(B)]
+    table = step(alone)
+    assert w.shared_prefix_stats == dict(split=True, groups=0, requests_in_groups=0, saved_pages=0,
+                                         detect_us=w.shared_prefix_stats["detect_us"])
+    for _ in range(2):  # warm up (JIT) before the capture
+        w.run(q_buf, (k, v), out=out, lse=lse)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q_buf, (k, v), out=out, lse=lse)
+    prompt_a, prompt_b = list(range(0, 6)), list(range(20, 24))
+    adjacent = [(prompt_a + own(r, 1), 6 * PAGE + 1 + r) for r in range(5)] + \
+               [(prompt_b + own(r, 2), 5 * PAGE + r) for r in range(5, 9)] + alone[9:]
+    scattered = [(prompt_a + own(r, 1), 6 * PAGE + 2) if r % 3 == 0 else alone[r] for r in range(B)]
+    for reqs, groups in ((adjacent, 2), (scattered, 0), (adjacent[:7], 2), (alone, 0)):
+        table = step(reqs)
+        assert w.shared_prefix_stats["groups"] == groups
+        out.fill_(float("nan"))
+        graph.replay()
+        n = len(reqs)
+        ref_o, ref_lse = reference(q_buf[:n], np.arange(n + 1), table, k, v, False)
+        check(out[:n], lse[:n], ref_o, ref_lse, "float16")
+        w.run(q_buf, (k, v), out=out, lse=lse)  # the same launches outside the graph: bitwise equal
+        again = out[:n].clone()
+        graph.replay()
+        assert torch.equal(out[:n], again)
+    with pytest.raises(ValueError, match="max_pages"):
+        w.plan(*table_of([(list(range(P + 1)), (P + 1) * PAGE)]), HQ, HKV, D, PAGE, shared_prefix="auto")
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer"):
+        w.plan(*table_of([([r], 5) for r in range(B + 1)]), HQ, HKV, D, PAGE, shared_prefix="auto")
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -51,6 +51,17 @@ struct SharedPrefixOptions {
   // keys (L' = L - shared keys >= q) keep the same alignment. Decode and
   // non-causal prefill need no cut.
   bool causal = false;
+  // Groups only of adjacent requests (a run in the caller's order with the
+  // same first page id), so the levels keep the caller's row order
+  // (identity_order always): no gather of q or scatter of the outputs, which
+  // a CUDA graph would have to replay on every step. Members of one prompt
+  // that are not adjacent form one group per run.
+  bool keep_order = false;
+  // Fill the levels on every call (`split` true), whatever the groups save:
+  // without groups, level 0 is one entry without pages. min_saved_pages is
+  // not consulted. For a caller that runs the same launches every step (a
+  // captured CUDA graph), where any shared page is a saving.
+  bool always_levels = false;
 };
 
 struct SharedPrefixGroup {
@@ -70,7 +81,8 @@ struct SharedPrefixSplit {
   std::vector<SharedPrefixGroup> groups;
   int64_t saved_pages = 0;  // page reads the split saves: sum of shared_pages * (size - 1)
   // Whether the levels below are filled: groups found and saved_pages >=
-  // min_saved_pages. When false, attend over the caller's table as usual.
+  // min_saved_pages, or always_levels. When false, attend over the caller's
+  // table as usual.
   bool split = false;
   // The request order of both levels: level position k holds request
   // order[k]. Each group's members are made adjacent (a level-0 entry is a
