@@ -35,7 +35,7 @@ struct StagedRun {
   explicit StagedRun(const BatchPrefill& w) : wrapper(&w) {}
   const BatchPrefill* wrapper;
   std::unique_ptr<PagedRunArgs> paged;
-  Arg q, k, v, o, lse, mask;
+  Arg q, k, v, o, lse, mask, merge_lse;
   std::unique_ptr<ScaleArgs> scales;
   std::unique_ptr<PosEncodingExtras> extras;
   PrefillRunArgs args;
@@ -195,9 +195,12 @@ class PyBatchPrefill {
   // packed_custom_mask (None: no custom mask): the uint8 CUDA tensor of packed bits.
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, double sm_scale, uintptr_t stream,
            nb::handle packed_custom_mask, bool pdl, double rope_scale, double rope_theta, double v_scale,
-           nb::handle alibi_slopes, double k_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor) {
+           nb::handle alibi_slopes, double k_scale, nb::handle k_scale_tensor, nb::handle v_scale_tensor,
+           nb::handle merge_lse) {
     const auto s = stage_run(q, k, v, o, lse, sm_scale, packed_custom_mask, pdl, rope_scale, rope_theta, v_scale,
                              alibi_slopes, k_scale, k_scale_tensor, v_scale_tensor);
+    s->merge_lse = to_optional_arg("merge_lse", merge_lse);
+    s->args.opt.merge_lse = s->merge_lse.view;
     nb::gil_scoped_release release;
     s->launch(to_stream(stream));
   }
@@ -343,8 +346,10 @@ void bind_prefill(nb::module_& m) {
            "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false, "rope_scale"_a = 1.0,
            "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(), "k_scale"_a = 1.0,
            "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
+           "merge_lse"_a.none() = nb::none(),
            "Paged or BSR run (for BSR, k/v are [N/C, C, Hkv, D] page views); sm_scale < 0: 1/sqrt(D); "
-           "packed_custom_mask: uint8 CUDA bits (custom_mask objects only); pdl: programmatic dependent launch.")
+           "packed_custom_mask: uint8 CUDA bits (custom_mask objects only); pdl: programmatic dependent launch; "
+           "merge_lse: float32 [rows, Hq] LSE of the state o holds, merged into instead of overwritten.")
       .def("run_ragged", &PyBatchPrefill::run_ragged, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
            "sm_scale"_a = -1.0, "stream"_a = 0, "packed_custom_mask"_a.none() = nb::none(), "pdl"_a = false,
            "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "v_scale"_a = 1.0, "alibi_slopes"_a.none() = nb::none(),

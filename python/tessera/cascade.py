@@ -185,7 +185,6 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         self._num_levels = W.positive_int(num_levels, "num_levels")
         W.init_paged_wrapper(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, None)
         self._config_key = self._config_checked = None  # plan()'s last checked scalar arguments and result
-        self._fixed_total_q = None  # set only by shared_prefix="auto" in CUDA-graph mode (_auto_prefix.py)
         for name, arr, extra in (("qo_indptr_buf_arr", qo_indptr_buf_arr, 1),
                                  ("paged_kv_indptr_buf_arr", paged_kv_indptr_buf_arr, 1),
                                  ("paged_kv_last_page_len_buf_arr", paged_kv_last_page_len_buf_arr, 0),
@@ -271,8 +270,7 @@ class MultiLevelCascadeAttentionWrapper(W.PlannedWrapper):
         total_q = int(qo[0][-1])
         bounds = (W.Bound("max_batch", "qo_indptr_arr", "group count", self._fixed_batch,
                           "qo_indptr_buf_arr / paged_kv_indptr_buf_arr / paged_kv_last_page_len_buf_arr"),
-                  W.Bound("max_total_q", "qo_indptr_arr", "total query length", self._fixed_total_q,
-                          "the shared_prefix='auto' graph bounds"),
+                  W.Bound("max_total_q", "qo_indptr_arr", "total query length"),
                   W.Bound("max_pages", "paged_kv_indices_arr", "page count", self._fixed_pages,
                           "paged_kv_indices_buf_arr"))
         counts = (max(max(x.size - 1 for x in qo), 1), max(total_q, 1), max(max(len(x) for x in idx), 1))

@@ -386,8 +386,11 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
 
     def _run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
              return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, window_left=None, sinks=None,
-             kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None, uses_spcompress=None):
-        """run() outside torch.compile (and the real implementation of tessera::batch_prefill_paged_run)."""
+             kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None, uses_spcompress=None,
+             merge_lse=None):
+        """run() outside torch.compile (and the real implementation of tessera::batch_prefill_paged_run).
+        merge_lse (internal, shared_prefix="auto"'s graph mode): float32 [rows, heads] LSE of the state `out`
+        holds; the kernel merges into out instead of overwriting it (RunOptions::merge_lse)."""
         B.check_run_flags(use_fp16_softmax, uses_spcompress)
         plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, window_left, lse_base, lse_layout,
                                like=q, kv_cache_sf=kv_cache_sf,
@@ -416,7 +419,8 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                                  plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
                                  v_scale=plan["v_scale"], k_scale_tensor=plan["k_scale_tensor"],
                                  v_scale_tensor=plan["v_scale_tensor"],
-                                 **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
+                                 **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]),
+                                 **({} if merge_lse is None else {"merge_lse": T.arg(self._rows(merge_lse, n))}))
             if sinks is not None:
                 W.apply_sinks(self._rows(out, n), self._rows(lse, n), sinks)
         if not return_lse:

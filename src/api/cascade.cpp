@@ -259,6 +259,8 @@ void CascadeAttention::plan_on_device(std::span<const DeviceBatch> levels, cudaS
 void CascadeAttention::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                            cudaStream_t stream, const RunOptions& opt) const {
   if (total_q_ < 0) throw InvalidArgument("run: expected a successful plan() first");
+  if (detail::has(opt.merge_lse))
+    throw InvalidArgument("merge_lse: expected undefined: CascadeAttention merges its levels itself");
   detail::check_q_o_lse(spec0_, q, o, lse, task_.num_qo_heads);
   const int64_t rows = q.size(0);
   if (rows < total_q_)

@@ -123,7 +123,11 @@ const float* scale_tensor(const char* name, const TensorView& t, const Device& d
 
 }  // namespace
 
-KernelScales resolve_run_scales(const RunOptions& opt, int head_dim, const Device& device, const char* refuse_tensors) {
+KernelScales resolve_run_scales(const RunOptions& opt, int head_dim, const Device& device, const char* refuse_tensors,
+                                bool merges) {
+  if (has(opt.merge_lse) && !merges)
+    throw InvalidArgument("merge_lse: expected undefined: only the tensor-core kernels (BatchPrefill, BatchDecode "
+                          "with tensor cores) merge into o");
   if (!(opt.k_scale > 0) || !std::isfinite(opt.k_scale))
     throw InvalidArgument("k_scale: expected a positive finite value, got " + std::to_string(opt.k_scale));
   KernelScales s;
@@ -136,6 +140,23 @@ KernelScales resolve_run_scales(const RunOptions& opt, int head_dim, const Devic
   s.tensors.k = scale_tensor("k_scale_tensor", opt.k_scale_tensor, device, refuse_tensors);
   s.tensors.v = scale_tensor("v_scale_tensor", opt.v_scale_tensor, device, refuse_tensors);
   return s;
+}
+
+const float* merge_lse_arg(const RunOptions& opt, const TensorView& o, const TensorView& lse) {
+  const TensorView& m = opt.merge_lse;
+  if (!has(m)) return nullptr;
+  const int64_t rows = o.size(0), heads = o.size(1);
+  check_dtype("merge_lse", m, DType::kFloat32);
+  check_device("merge_lse", m, o.device);
+  check_shape("merge_lse", m, {rows, heads});
+  check_contiguous("merge_lse", m);
+  if (has(lse)) {
+    const char *a = static_cast<const char*>(m.data), *b = static_cast<const char*>(lse.data);
+    const int64_t bytes = rows * heads * static_cast<int64_t>(sizeof(float));
+    if (a < b + bytes && b < a + bytes)
+      throw InvalidArgument("merge_lse: expected memory apart from lse (it is read while lse is written)");
+  }
+  return static_cast<const float*>(m.data);
 }
 
 int page_shift(int page_size) {

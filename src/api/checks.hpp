@@ -71,7 +71,10 @@ struct KernelScales {
   device::KVScaleTensors tensors;
 };
 KernelScales resolve_run_scales(const RunOptions& opt, int head_dim, const Device& device,
-                                const char* refuse_tensors = nullptr);
+                                const char* refuse_tensors = nullptr, bool merges = false);
+// RunOptions::merge_lse checked against o and lse (InvalidArgument naming
+// merge_lse): its data, or null when undefined.
+const float* merge_lse_arg(const RunOptions& opt, const TensorView& o, const TensorView& lse);
 // log2(page_size) when a power of two, else -1 (kernels then divide).
 int page_shift(int page_size);
 

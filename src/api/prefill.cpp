@@ -461,6 +461,7 @@ void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const Tens
   p.q = q.data;
   p.o = o.data;
   p.lse = detail::has(lse) ? static_cast<float*>(lse.data) : nullptr;
+  p.merge_lse = detail::merge_lse_arg(opt, o, lse);
   p.q_stride_n = q.stride(0);
   p.q_stride_h = q.stride(1);
   p.o_stride_n = o.stride(0);
@@ -479,7 +480,8 @@ void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const Tens
   p.page_shift = detail::page_shift(kv.page_size);
   const detail::KernelScales scales =
       detail::resolve_run_scales(opt, spec_.head_dim, q.device,
-                                 is_fp8(spec_.kv_dtype) ? nullptr : "the tensor-core prefill kernels with a 16-bit KV cache");
+                                 is_fp8(spec_.kv_dtype) ? nullptr : "the tensor-core prefill kernels with a 16-bit KV cache",
+                                 true);
   p.sm_scale = scales.sm_scale;
   p.o_scale = scales.o_scale;
   p.kv_scales = scales.tensors;  // read by the fp8 instantiations only

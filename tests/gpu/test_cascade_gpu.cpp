@@ -180,6 +180,83 @@ INSTANTIATE_TEST_SUITE_P(All, Cascade,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(64, 128),
                                             ::testing::Values(1, 4), ::testing::Values(1, 16), ::testing::Bool()));
 
+// RunOptions::merge_lse: each request's own pages run first into (o, lse);
+// the shared level then merges into o in its kernel's epilogue (no merge
+// kernel, no state buffer), its merged LSE into a separate buffer. Against
+// the flat reference; the group with no shared pages keeps o bit for bit. FA2
+// and Hopper templates, split and unsplit tiles; a bad merge_lse is named.
+class MergeIntoOutput : public ::testing::TestWithParam<std::tuple<DType, int, int, PrefillBackend, bool>> {};
+
+TEST_P(MergeIntoOutput, SharedLevelMergesIntoTheUniqueOne) {
+  SKIP_WITHOUT_GPU();
+  const auto [dt, group, P, backend, split] = GetParam();
+  if (backend == PrefillBackend::kFA3 && jit::Arch::of_device(0).major != 9)
+    GTEST_SKIP() << "skipped: the Hopper kernel needs sm_90";
+  const int D = 128;
+  const int64_t Hkv = 2, Hq = Hkv * group;
+  std::mt19937_64 rng(group + 7 * P + 31 * split + 131 * static_cast<int>(backend));
+  CascadeStep step;
+  step.q_len = {1, 2, 1, 3, 1, 1, 2};
+  step.groups = {{3, 1, 3}, {1, 1, 1, 1, 1, 1, 1}};
+  step.tokens = {{300, 0, 133}, {5, 9, 0, 130, 12, 2, 4}};
+  CascadeProblem prob(step, dt, D, Hkv, Hq, P, rng);
+  const auto ref = prob.reference(false);
+  const int64_t rows = prob.qo.back();
+  TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), P, KVLayout::kNHD, 16, prob.pool};
+  task.max_total_q = rows;
+  PrefillOptions opt;
+  opt.backend = backend;
+  opt.cta_q = backend == PrefillBackend::kFA3 ? 64 : 0;  // the Hopper kernel's smallest tile
+  opt.planner.split_kv = split;
+  const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
+  const auto sizes = BatchPrefill::workspace_size(spec, task, cuda::device_info(cuda::current_device()).sm_count, opt);
+  Workspace ws_u = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
+  Workspace ws_s = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
+  BatchPrefill unique(spec, task, ws_u, opt), shared(spec, task, ws_s, opt);
+  const LevelArrays &sh = prob.levels[0], &un = prob.levels[1];
+  unique.plan_paged(un.qo, un.kv, un.indices, un.last);
+  shared.plan_paged(sh.qo, sh.kv, sh.indices, sh.last);
+  auto dk = to_device(prob.k), dv = to_device(prob.v), dq = to_device(prob.q);
+  PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
+  HostTensor own_lse_h = make_host(DType::kFloat32, {rows, Hq});
+  auto own_lse = poisoned_like(own_lse_h);
+  HostTensor after_unique;
+  auto run = [&](const TensorView& o, const TensorView& lse) {
+    unique.run(dq.view, kv, o, own_lse.view);
+    after_unique = make_host(dt, {rows, Hq, D});
+    TESSERA_CUDA_CHECK(cudaMemcpy(after_unique.storage.data(), o.data, after_unique.storage.size(),
+                                  cudaMemcpyDeviceToHost));
+    RunOptions ro;
+    ro.merge_lse = own_lse.view;
+    shared.run(dq.view, kv, o, lse, nullptr, ro);
+  };
+  Out a = run_and_fetch(run, dt, rows, Hq, D);
+  EXPECT_CLOSE(compare(to_doubles(a.o.view), ref.o), dt);
+  EXPECT_CLOSE(compare(to_doubles(a.lse.view), ref.lse), DType::kFloat16);
+  // Request 3 (rows 4-6) has no shared pages: its rows keep the unique level's bits.
+  const size_t row_bytes = static_cast<size_t>(Hq * D) * dtype_size(dt);
+  EXPECT_EQ(std::memcmp(a.o.storage.data() + 4 * row_bytes, after_unique.storage.data() + 4 * row_bytes,
+                        3 * row_bytes),
+            0);
+  Out b = run_and_fetch(run, dt, rows, Hq, D);
+  EXPECT_TRUE(bitwise_equal(a.o, b.o));
+  EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+  // merge_lse must not be lse's memory (it is read while lse is written), and must be [rows, Hq] float32.
+  auto o = poisoned_like(a.o);
+  RunOptions same;
+  same.merge_lse = own_lse.view;
+  EXPECT_THROW_MSG(shared.run(dq.view, kv, o.view, own_lse.view, nullptr, same), InvalidArgument, "merge_lse");
+  RunOptions bad;
+  bad.merge_lse = TensorView(own_lse.view.data, DType::kFloat32, own_lse.view.device, {rows, Hq + 1});
+  EXPECT_THROW_MSG(shared.run(dq.view, kv, o.view, TensorView(), nullptr, bad), InvalidArgument, "merge_lse");
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MergeIntoOutput,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(1, 4),
+                                            ::testing::Values(1, 16),
+                                            ::testing::Values(PrefillBackend::kFA2, PrefillBackend::kFA3),
+                                            ::testing::Bool()));
+
 // Parallel generation (two levels: one long shared prefix, unique suffixes),
 // captured once in a CUDA graph and replayed after re-plans whose lengths and
 // groups change within the bounds.

@@ -48,6 +48,12 @@ struct PrefillParams {
   const void* q;  // [total_q, num_qo_heads, head_dim]
   void* o;        // [total_q, num_qo_heads, head_dim]
   float* lse;     // [total_q, num_qo_heads] base-2 LSE, or null
+  // Null, or merge into o instead of overwriting it: o already holds an
+  // attention state of these rows whose base-2 LSE is merge_lse
+  // [total_q, num_qo_heads] (never the lse buffer: it is read while lse is
+  // written). o gets the merge of that state and this attention's, lse (when
+  // given) the merged LSE; rows that see no key here keep o.
+  const float* merge_lse;
   i64 q_stride_n, q_stride_h;
   i64 o_stride_n, o_stride_h;
   const int* qo_indptr;  // [batch + 1]

@@ -80,6 +80,15 @@ struct RunOptions {
   // waits for that kernel before reading q, K, V or writing outputs. Batch
   // decode and prefill wrappers take it; graph capture keeps it.
   bool pdl = false;
+  // Merge into o instead of overwriting it (the tensor-core kernels only:
+  // BatchPrefill, BatchDecode with tensor cores): o already holds an
+  // attention state of the same rows whose base-2 LSE is merge_lse, float32
+  // [rows, Hq] like lse, on q's device, not overlapping lse. o gets the merge
+  // of that state with this run's, lse (when given) the merged LSE; rows that
+  // see no key in this run keep o bit for bit. A composable level joins a
+  // state this way without a merge kernel or a state buffer. Undefined:
+  // overwrite (other kernels refuse a defined one, InvalidArgument).
+  TensorView merge_lse;
 };
 
 class BatchAttention {

@@ -7,7 +7,8 @@
 // (blockIdx.y) shares: they are indexed slot * groups + group. A CTA pair
 // (CLUSTER = 2, prefill_sm90/kernel.cuh) shares slots of 2 * CTA_Q rows, rank r
 // holding rows r * CTA_Q ..., and each rank merges its own rows (counter
-// index * CLUSTER + rank).
+// index * CLUSTER + rank). With PrefillParams::merge_lse both paths merge the
+// finished rows into the state o already holds instead of overwriting it.
 #pragma once
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
@@ -25,6 +26,50 @@ namespace tessera {
 // instructions per row with their range checks and slow paths.
 __device__ __forceinline__ float row_inverse(float d) { return __fdividef(1.f, d); }
 __device__ __forceinline__ float row_log2(float d) { return __log2f(d); }
+
+// PrefillParams::merge_lse, or null for params without one (MLA's).
+template <typename P, typename = void>
+struct MergeLseOf {
+  __device__ __forceinline__ static const float* get(const P&) { return nullptr; }
+};
+template <typename P>
+struct MergeLseOf<P, decltype((void)(static_cast<const P*>(nullptr)->merge_lse), void())> {
+  __device__ __forceinline__ static const float* get(const P& p) { return p.merge_lse; }
+};
+
+// How a finished row combines with the state o already holds (merge_lse):
+// weights of this attention's row and of the prior one (merge_weights; a
+// plain sum without softmax), and the LSE to write.
+struct RowMerge {
+  float w_new, w_old, lse;
+};
+
+template <bool SOFTMAX>
+__device__ __forceinline__ RowMerge row_merge(const float* merge_lse, i64 idx, float lse) {
+  if (merge_lse == nullptr) return {1.f, 0.f, lse};
+  if constexpr (!SOFTMAX) {
+    return {1.f, 1.f, lse};
+  } else {
+    const MergeWeights m = merge_weights(lse, merge_lse[idx]);
+    return {m.wa, m.wb, m.lse};
+  }
+}
+
+// Merges a finished row's values (this lane's pairs: vals[2n + c] is column
+// n * 8 + c of `at`) into the prior values there, w_new : w_old. Out of
+// line: only a composable level merging into o takes it, and the plain
+// stores keep their registers.
+template <typename DO, int NT_O>
+__device__ __noinline__ void merge_store_row(DO* at, const float* vals, float w_new, float w_old) {
+#pragma unroll
+  for (int n = 0; n < NT_O; ++n) {
+    float old[2];
+    load_vec<2>(at + n * 8, old);
+    const float merged[2] = {merge_value(vals[2 * n], w_new, old[0], w_old),
+                             merge_value(vals[2 * n + 1], w_new, old[1], w_old)};
+    store_vec<2>(at + n * 8, merged);
+  }
+}
 
 // Full row sums: each quad lane summed a quarter of the columns.
 template <int MT, int NT_O>
@@ -60,12 +105,27 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
       const int tile_row = warp_row0 + t * 16 + g + 8 * r;
       if (w.partial_slot < 0) {
         DO* dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h;
+        const i64 lse_idx = static_cast<i64>(qo_start + qo) * p.num_qo_heads + head;
+        // Merging into o (merge_lse): a row that saw no key here keeps o.
+        const RowMerge mg = row_merge<Variant::use_softmax>(MergeLseOf<Params>::get(p), lse_idx, lse);
+        if (mg.w_new == 0.f) {
+          if (quad == 0 && p.lse != nullptr) p.lse[lse_idx] = mg.lse;
+          continue;
+        }
         // Column n * 8 + quad * 2 + c of the row, transformed.
         auto out_value = [&](int n, int c) {
           return variant.OutputTransform(p, st.o[t][n][2 * r + c] * inv, b, qo, head, n * 8 + quad * 2 + c);
         };
         auto out_pair = [&](auto n) { return pack_pair<DO>(out_value(n, 0), out_value(n, 1)); };  // 16-bit DO only
-        if constexpr (sizeof(DO) == 4) {  // fp32 outputs (a cascade's levels): 8-byte pairs
+        if (mg.w_old > 0.f) {  // a prior state to merge with
+          float vals[2 * NT_O];
+#pragma unroll
+          for (int n = 0; n < NT_O; ++n) {
+            vals[2 * n] = out_value(n, 0);
+            vals[2 * n + 1] = out_value(n, 1);
+          }
+          merge_store_row<DO, NT_O>(dst + quad * 2, vals, mg.w_new, mg.w_old);
+        } else if constexpr (sizeof(DO) == 4) {  // fp32 outputs (a cascade's levels): 8-byte pairs
 #pragma unroll
           for (int n = 0; n < NT_O; ++n)
             *reinterpret_cast<float2*>(dst + n * 8 + quad * 2) = make_float2(out_value(n, 0), out_value(n, 1));
@@ -86,7 +146,7 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
 #pragma unroll
           for (int n = 0; n < NT_O; ++n) *reinterpret_cast<u32*>(dst + n * 8 + quad * 2) = out_pair(n);
         }
-        if (quad == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
+        if (quad == 0 && p.lse != nullptr) p.lse[lse_idx] = mg.lse;
       } else {
         const i64 base = ((static_cast<i64>(w.partial_slot) * gridDim.y + blockIdx.y) * CLUSTER + rank) * CTA_Q + tile_row;
         float* dst = p.partial_o + base * HEAD_DIM;
@@ -140,15 +200,25 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = variant.OutputTransform(p, out[i], b, qo, head, col + i);
     DO* const dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col;
+    const i64 lse_idx = static_cast<i64>(qo_start + qo) * p.num_qo_heads + head;
+    const RowMerge mg = row_merge<Variant::use_softmax>(MergeLseOf<Params>::get(p), lse_idx, lse);
+    if (col == 0 && p.lse != nullptr) p.lse[lse_idx] = mg.lse;
+    if (mg.w_new == 0.f) continue;  // no key here: o keeps the prior state
     constexpr int kPer16 = 16 / static_cast<int>(sizeof(DO));
 #pragma unroll
     for (int i = 0; i < VEC; i += kPer16) {  // 16-byte stores
       float part[kPer16];
+      if (mg.w_old > 0.f) {
+        float old[kPer16];
+        load_vec<kPer16>(dst + i, old);
 #pragma unroll
-      for (int j = 0; j < kPer16; ++j) part[j] = out[i + j];
+        for (int j = 0; j < kPer16; ++j) part[j] = merge_value(out[i + j], mg.w_new, old[j], mg.w_old);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPer16; ++j) part[j] = out[i + j];
+      }
       store_vec<kPer16>(dst + i, part);
     }
-    if (col == 0 && p.lse != nullptr) p.lse[static_cast<i64>(qo_start + qo) * p.num_qo_heads + head] = lse;
   }
   if (tid == 0) *counter = 0;
 }
