@@ -342,9 +342,14 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         indices = W.page_ids(indices, int(indptr[-1]), "indices", buf)
         W.check_workspace_buffer_once(self)
         buf = self._float_workspace_buffer
-        if auto and AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt), shape, scale, sm_scale,
-                                   options[1], rope, buf):
-            return
+        graph_prefix = None  # CUDA-graph mode with shared_prefix="auto": run() merges its shared level in
+        if auto:
+            planned = AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt), shape, scale,
+                                     sm_scale, options[1], rope, buf)
+            if planned is True:
+                return
+            if planned is not False:  # the unique level, planned below as a step of its own
+                (indptr, indices, last_page_len), graph_prefix = planned, self._auto_prefix
         self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split, fixed), max(batch, 1),
                             max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
@@ -355,7 +360,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "kv_dtype": kv_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope,
-                         "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device), "auto_prefix": auto}
+                         "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device), "auto_prefix": auto,
+                         "graph_prefix": graph_prefix}
 
 
     def _plan_on_device(self, batch_size, indptr, indices, last_page_len, dtypes, shape, scale, options, rope, split,
@@ -536,10 +542,15 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             out = T.empty(q, q.shape, plan["o_dtype"])
         if lse is None and (return_lse or sinks is not None):
             lse = T.empty(q, q.shape[:2], "float32")
+        graph_prefix = plan.get("graph_prefix")
+        own_lse = lse if graph_prefix is None else graph_prefix.lse_for(q)
         with T.on_device_of(q):
-            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
+            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, own_lse, scale, T.stream_of(q),
                              pdl=bool(enable_pdl), v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt),
                              v_scale_tensor=T.arg(vt), **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
+            if graph_prefix is not None:  # shared_prefix="auto" in CUDA-graph mode: the shared level merges in
+                graph_prefix.merge_shared(q, paged_kv_cache, out, lse, own_lse, q_scale, k_scale, v_scale,
+                                          bool(enable_pdl))
             if sinks is not None:
                 W.apply_sinks(out, lse, sinks)
         return (out, lse) if return_lse else out

@@ -387,16 +387,19 @@ def test_decode_without_sharing_is_the_normal_path(torch_cuda, rng, tables):
 
 def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
     """use_cuda_graph=True: one graph captured on a step without sharing replays later plans with adjacent
-    groups, groups the batch does not keep together, a smaller batch and one without sharing again, each
-    against the float64 reference; counts beyond the graph buffers name them."""
+    groups (merged into the output by the shared level's kernel), groups the batch does not keep together,
+    prompts shorter than GRAPH_MIN_SHARED_TOKENS and one without sharing again, each against the float64
+    reference; counts beyond the graph buffers name them."""
+    from tessera import _auto_prefix
     torch = torch_cuda
-    B, P = 12, 160
+    B, P = 12, 400
+    pages_a = -(-_auto_prefix.GRAPH_MIN_SHARED_TOKENS // PAGE) + 2
     i32 = dict(dtype=torch.int32, device="cuda")
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_cuda_graph=True,
                                                    paged_kv_indptr_buffer=torch.zeros(B + 1, **i32),
                                                    paged_kv_indices_buffer=torch.zeros(P, **i32),
                                                    paged_kv_last_page_len_buffer=torch.zeros(B, **i32))
-    k, v = gpu_cache(torch, rng, P, torch.float16)
+    k, v = gpu_cache(torch, rng, 200, torch.float16)
     q_buf = torch.empty(B, HQ, D, dtype=torch.float16, device="cuda")
     out = torch.full((B, HQ, D), float("nan"), dtype=torch.float16, device="cuda")
     lse = torch.full((B, HQ), float("nan"), dtype=torch.float32, device="cuda")
@@ -420,11 +423,13 @@ def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         w.run(q_buf, (k, v), out=out, lse=lse)
-    prompt_a, prompt_b = list(range(0, 6)), list(range(20, 24))
-    adjacent = [(prompt_a + own(r, 1), 6 * PAGE + 1 + r) for r in range(5)] + \
-               [(prompt_b + own(r, 2), 5 * PAGE + r) for r in range(5, 9)] + alone[9:]
-    scattered = [(prompt_a + own(r, 1), 6 * PAGE + 2) if r % 3 == 0 else alone[r] for r in range(B)]
-    for reqs, groups in ((adjacent, 2), (scattered, 0), (adjacent[:7], 2), (alone, 0)):
+    prompt_a, prompt_b = list(range(0, pages_a)), list(range(40, 40 + pages_a - 1))
+    n_a, n_b = len(prompt_a), len(prompt_b)
+    adjacent = [(prompt_a + own(r, 1), n_a * PAGE + 1 + r) for r in range(5)] + \
+               [(prompt_b + own(r, 2), (n_b + 1) * PAGE + r) for r in range(5, 9)] + alone[9:]
+    scattered = [(prompt_a + own(r, 1), n_a * PAGE + 2) if r % 3 == 0 else alone[r] for r in range(B)]
+    short = [(list(range(20, 26)) + own(r, 1), 6 * PAGE + 1 + r) for r in range(6)] + alone[6:]
+    for reqs, groups in ((adjacent, 2), (scattered, 0), (short, 0), (alone, 0)):
         table = step(reqs)
         assert w.shared_prefix_stats["groups"] == groups
         out.fill_(float("nan"))

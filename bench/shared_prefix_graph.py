@@ -1,0 +1,164 @@
+"""shared_prefix="auto" in CUDA-graph decode: what a serving step's attention
+costs with and without it, GPU and host, side by side in one run.
+
+A step of B decode rows (GQA 32/8, head dim 128, page 16, fp16): P prompts
+of L tokens, each forked into n samples (B = P x n) that share the prompt's
+full pages, each sample with its own suffix (uniform 32..256 tokens). Two
+decode wrappers in use_cuda_graph mode with CUDA-graph buffers of B rows,
+as an engine holds one per batch bucket:
+  none:  plan() of the flat page table;
+  auto:  plan(..., shared_prefix="auto"): the unique level on the wrapper's
+         decode kernel, the shared level on a prefill kernel merging into
+         its output (groups of at least GRAPH_MIN_SHARED_TOKENS tokens);
+  auto-any: the same with groups of any length (for comparison).
+Per arm, one CUDA graph holds `layers` run() calls, each over its own K / V
+pool (distinct memory per layer, as a model's layers are), replayed back to
+back: GPU time per step (median of replays). Host time: plan() per step
+(median), which a synchronous engine adds to every step. Each arm's first
+layer is checked against an eager flat decode (fp16 relative error).
+Usage: python bench/shared_prefix_graph.py [--quick] [--layers N]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import torch, tessera  # noqa: E402
+
+HQ, HKV, D, PS = 32, 8, 128, 16
+
+
+def step_table(prompts, n, prefix, rng):
+    """Flat page table of one step: each sample lists its prompt's pages, then its own."""
+    pre_pages = prefix // PS
+    suffix = rng.integers(32, 257, size=prompts * n)
+    ids, nxt = [], prompts * pre_pages
+    for i, s in enumerate(suffix):
+        own = -(-int(s) // PS)
+        p = i // n
+        ids.append(np.concatenate([np.arange(p * pre_pages, (p + 1) * pre_pages), np.arange(nxt, nxt + own)]))
+        nxt += own
+    perm = rng.permutation(nxt).astype(np.int32)  # pages anywhere in the pool
+    ids = [perm[x] for x in ids]
+    indptr = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int32)
+    last = np.array([int(s) - (-(-int(s) // PS) - 1) * PS for s in suffix], np.int32)
+    return indptr, np.concatenate(ids), last, nxt
+
+
+def arm(auto, table, caches, q, layers, batch, max_pages):
+    i32 = dict(dtype=torch.int32, device="cuda")
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(
+        common.new_workspace(256 << 20), "NHD", use_cuda_graph=True, use_tensor_cores=True,
+        paged_kv_indptr_buffer=torch.zeros(batch + 1, **i32), paged_kv_indices_buffer=torch.zeros(max_pages, **i32),
+        paged_kv_last_page_len_buffer=torch.zeros(batch, **i32))
+    kw = dict(shared_prefix="auto") if auto else {}
+
+    def plan():
+        if auto == "any":  # groups of any length (what GRAPH_MIN_SHARED_TOKENS avoids), for comparison
+            from tessera import _auto_prefix
+            keep, _auto_prefix.GRAPH_MIN_SHARED_TOKENS = _auto_prefix.GRAPH_MIN_SHARED_TOKENS, 1
+            try:
+                w.plan(*table, HQ, HKV, D, PS, q_data_type="float16", **kw)
+            finally:
+                _auto_prefix.GRAPH_MIN_SHARED_TOKENS = keep
+        else:
+            w.plan(*table, HQ, HKV, D, PS, q_data_type="float16", **kw)
+    plan()
+    outs = [torch.empty_like(q) for _ in range(layers)]
+
+    def step():
+        for i in range(layers):
+            w.run(q, caches[i % len(caches)], out=outs[i], enable_pdl=True)
+    step()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    host = []
+    for _ in range(30):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        plan()
+        host.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    # The wrapper too: its workspace holds the plan the graph reads.
+    return g, outs, float(np.median(host)), w.shared_prefix_stats if auto else None, w
+
+
+def replay_us(g, reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    common.require()
+    rng = np.random.default_rng(0)
+    ns = [1, 16] if args.quick else [1, 4, 16, 64]
+    prefixes = [1536] if args.quick else [256, 512, 1536]
+    rows = []
+    for prefix in prefixes:
+        for n in ns:
+            prompts = args.batch // n
+            table = step_table(prompts, n, prefix, rng)
+            pages = table[3]
+            # Distinct K / V per layer up to ~24 GiB, reused round-robin beyond (all far beyond L2).
+            per = pages * PS * HKV * D * 2 * 2
+            pools = max(1, min(args.layers, (24 << 30) // max(per, 1)))
+            caches = [(torch.randn(pages, PS, HKV, D, dtype=torch.float16, device="cuda"),
+                       torch.randn(pages, PS, HKV, D, dtype=torch.float16, device="cuda")) for _ in range(pools)]
+            q = torch.randn(args.batch, HQ, D, dtype=torch.float16, device="cuda")
+            arms = {name: arm({"none": False, "auto": True, "auto-any": "any"}[name], table[:3], caches, q,
+                              args.layers, args.batch, len(table[1]))
+                    for name in ("none", "auto", "auto-any")}
+            times = {name: [] for name in arms}
+            for r in range(args.rounds):
+                for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                    times[name] += replay_us(arms[name][0], 5)
+            flat = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), "NHD",
+                                                              use_tensor_cores=True)
+            flat.plan(*table[:3], HQ, HKV, D, PS, q_data_type="float16")
+            ref = flat.run(q, caches[0]).float()  # eager, layer 0's pool
+            errs = {name: ((a[1][0].float() - ref).abs().max() / ref.abs().max()).item() for name, a in arms.items()}
+            err = max(errs.values())
+            gpu = {name: float(np.median(t)) for name, t in times.items()}
+            host = {name: arms[name][2] for name in arms}
+            row = dict(prefix=prefix, n=n, prompts=prompts, batch=args.batch, layers=args.layers,
+                       gpu_us=gpu, host_plan_us=host, rel_err=errs, stats=arms["auto"][3],
+                       step_ratio=(gpu["none"] + host["none"]) / (gpu["auto"] + host["auto"]))
+            rows.append(row)
+            print(f"L {prefix:5d} n {n:3d}: GPU {gpu['none']:8.1f} -> {gpu['auto']:8.1f} us "
+                  f"({gpu['none'] / gpu['auto']:.3f}x; groups of any length {gpu['auto-any']:8.1f}), plan "
+                  f"{host['none']:6.1f} -> {host['auto']:6.1f} us, step none / auto {row['step_ratio']:.3f}, "
+                  f"err {' / '.join(f'{e:.1e}' for e in errs.values())}, groups {arms['auto'][3]['groups']}", flush=True)
+            assert err < 2e-3, f"an arm differs from the eager flat decode: {errs}"
+            del arms, caches
+            torch.cuda.empty_cache()
+    common.save_results("shared-prefix-graph", dict(rows=rows))
+
+
+if __name__ == "__main__":
+    main()
