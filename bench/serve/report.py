@@ -59,21 +59,25 @@ def markdown(doc):
         out.append("")
     par = [r for r in doc.get("parallel", []) if "itl_ms" in r]
     if par:
-        out += ["## Study 2: parallel generation, Tessera with / without shared_prefix=\"auto\" (no CUDA graphs)", "",
-                "| n | prompts | ITL median none / auto (ms) | ratio | ITL p99 none / auto | TTFT median none / auto | "
-                "cascade plans | detection (us) |", "|---|---|---|---|---|---|---|---|"]
+        graphs = all(r.get("graphs") for r in par)
+        out += [f"## Study 2: parallel generation, Tessera with / without shared_prefix=\"auto\" "
+                f"({'decode steps from CUDA graphs' if graphs else 'no CUDA graphs'})", "",
+                "| prompt median | n | prompts | ITL median none / auto (ms) | ratio | ITL p99 none / auto | "
+                "TTFT median none / auto | plans with groups | detection (us) |",
+                "|---|---|---|---|---|---|---|---|---|"]
         by = {}
         for r in par:
-            by.setdefault(r["n"], {})[r["arm"]] = r
-        for n, arms in sorted(by.items()):
+            by.setdefault((r.get("prompt_median", 0), r["n"]), {})[r["arm"]] = r
+        for (median, n), arms in sorted(by.items()):
             a, b = arms.get("auto"), arms.get("none")
             if not (a and b):
                 continue
             st = a.get("backend_stats", {})
-            out.append(f"| {n} | {a['prompts']} | {_f(b['itl_ms']['median'])} / {_f(a['itl_ms']['median'])} | "
-                       f"{_f(b['itl_ms']['median'] / a['itl_ms']['median'], 3)} | {_f(b['itl_ms']['p99'])} / "
-                       f"{_f(a['itl_ms']['p99'])} | {_f(b['ttft_ms']['median'], 1)} / {_f(a['ttft_ms']['median'], 1)} "
-                       f"| {_f(100 * st.get('split_fraction', float('nan')), 0)}% | "
+            grouped = st.get("grouped_fraction", st.get("split_fraction", float("nan")))
+            out.append(f"| {median} | {n} | {a['prompts']} | {_f(b['itl_ms']['median'])} / "
+                       f"{_f(a['itl_ms']['median'])} | {_f(b['itl_ms']['median'] / a['itl_ms']['median'], 3)} | "
+                       f"{_f(b['itl_ms']['p99'])} / {_f(a['itl_ms']['p99'])} | {_f(b['ttft_ms']['median'], 1)} / "
+                       f"{_f(a['ttft_ms']['median'], 1)} | {_f(100 * grouped, 0)}% | "
                        f"{_f(st.get('detect_us_median'), 1)} |")
         out.append("")
     st = doc.get("streaming", [])
@@ -126,15 +130,16 @@ def plot(doc, path):
         ax[0, 1].set_yscale("log")
     par = [r for r in doc.get("parallel", []) if "itl_ms" in r]
     a = ax[1, 0]
-    for arm, label in (("none", "shared_prefix=None"), ("auto", 'shared_prefix="auto"')):
-        rs = sorted((r for r in par if r["arm"] == arm), key=lambda r: r["n"])
-        if rs:
-            line, = a.plot([r["n"] for r in rs], [r["itl_ms"]["median"] for r in rs], "o-", label=f"{label} median")
-            a.plot([r["n"] for r in rs], [r["itl_ms"]["p99"] for r in rs], "x--", color=line.get_color(),
-                   label=f"{label} p99")
+    for median in sorted({r.get("prompt_median", 0) for r in par}):
+        for arm, label in (("none", "shared_prefix=None"), ("auto", 'shared_prefix="auto"')):
+            rs = sorted((r for r in par if r["arm"] == arm and r.get("prompt_median", 0) == median),
+                        key=lambda r: r["n"])
+            if rs:
+                a.plot([r["n"] for r in rs], [r["itl_ms"]["median"] for r in rs], "o-" if arm == "auto" else "x--",
+                       label=f"prompts ~{median}: {label}")
     a.set_xscale("log", base=2)
     a.set_xlabel("samples per prompt (n)")
-    a.set_ylabel("ITL (ms)")
+    a.set_ylabel("ITL median (ms)")
     a.set_title("Study 2: parallel generation (Tessera)")
     a.grid(alpha=0.3)
     if par:

@@ -66,7 +66,8 @@ def parse(argv):
     ap.add_argument("--par-ns")
     ap.add_argument("--par-samples", type=int)
     ap.add_argument("--par-output-cap", type=int, default=256)
-    ap.add_argument("--par-prompt-median", type=int, default=250)
+    ap.add_argument("--par-prompt-median", default="250,1500",
+                    help="Study 2's prompt-length medians, comma-separated (one run of every n per median)")
     ap.add_argument("--stream-batches")
     ap.add_argument("--stream-window", type=int, default=2048, help="window tokens (a multiple of 16)")
     ap.add_argument("--stream-steps", type=int, default=64)

@@ -5,8 +5,10 @@ at several Poisson request rates; per rate, median and p99 ITL and TTFT and
 the running batch sizes reached.
 
 Study 2 (paper section 4.4), parallel generation: P prompts x n samples
-(n = 1 .. 64, P x n about --par-samples), all arriving at once; each prompt
-is prefilled once and forked, its samples sharing the prompt's full pages.
+(n = 1 .. 64, P x n about --par-samples), all arriving at once, for each
+prompt-length median of --par-prompt-median (ShareGPT-like 250 tokens and
+long 1500-token prompts by default); each prompt is prefilled once and
+forked, its samples sharing the prompt's full pages.
 Tessera with plan(..., shared_prefix="auto") against plan() without it,
 decode steps from CUDA graphs in both arms (with graphs the option runs the
 cascade on every decode step, groups being runs of adjacent samples), page
@@ -134,27 +136,28 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
             log(f"# parallel, arm {arm}: CUDA graphs failed ({why}); running without them")
         warm_up(engines[arm][0], model.cfg.vocab, args.prompt_cap)
         warm_up_forks(engines[arm][0], model.cfg.vocab, args.prompt_cap, args.max_running)
-    for n in ns:
+    medians = [int(m) for m in str(args.par_prompt_median).split(",")]
+    for median, n in ((m, n) for m in medians for n in ns):
         if deadline is not None and time.perf_counter() > deadline:
-            log(f"# parallel n={n}: skipped (the run's deadline)")
-            rows.append(dict(n=n, skipped="deadline"))
+            log(f"# parallel prompts ~{median} n={n}: skipped (the run's deadline)")
+            rows.append(dict(n=n, prompt_median=median, skipped="deadline"))
             continue
         prompts = max(1, args.par_samples // n)
         reqs = tr.sharegpt_like(prompts, math.inf, seed=args.seed + 100, vocab=model.cfg.vocab,
                                 prompt_cap=args.prompt_cap, output_cap=args.par_output_cap, n_samples=n,
-                                prompt_median=args.par_prompt_median)
+                                prompt_median=median)
         out = {}
         for arm in (("none", "auto") if n % 2 else ("auto", "none")):  # alternate which arm runs first
             engine = engines[arm][0]
             engine.backend._sp_stats = []
             seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
             m = summarize(seqs, steps, truncated)
-            m.update(n=n, prompts=prompts, arm=arm, graphs=engine.graphs_on, trace=tr.describe(reqs),
-                     backend_stats=engine.backend.stats())
+            m.update(n=n, prompts=prompts, prompt_median=median, arm=arm, graphs=engine.graphs_on,
+                     trace=tr.describe(reqs), backend_stats=engine.backend.stats())
             out[arm] = m
             rows.append(m)
         a, b = out["auto"], out["none"]
-        log(f"# parallel n={n:>2} ({prompts} prompts, batch max {a['batch']['max']}): ITL median "
+        log(f"# parallel prompts ~{median} n={n:>2} ({prompts} prompts, batch max {a['batch']['max']}): ITL median "
             f"{b['itl_ms']['median']:.2f} -> {a['itl_ms']['median']:.2f} ms (none / auto "
             f"{b['itl_ms']['median'] / a['itl_ms']['median']:.3f}), TTFT median {b['ttft_ms']['median']:.1f} -> "
             f"{a['ttft_ms']['median']:.1f} ms; cascade on {a['backend_stats'].get('split_fraction', 0):.0%} of plans, "
