@@ -168,6 +168,30 @@ def test_detection_rule_by_hand():
     assert not split["split"] and split["saved_pages"] == 2 and split["groups"].shape[0] == 1
 
 
+def test_graph_mode_detection_keeps_order_and_long_prompts():
+    """The CUDA-graph mode's detection (AutoPrefix(graph=True)): levels on every step, groups only of adjacent
+    requests sharing at least GRAPH_MIN_SHARED_TOKENS tokens, the caller's row order; still exact."""
+    from tessera import _auto_prefix
+    pages = -(-_auto_prefix.GRAPH_MIN_SHARED_TOKENS // PAGE)
+    long_a, long_b, short = list(range(pages)), list(range(100, 100 + pages)), [200, 201]
+    reqs = [(long_a + [300], pages * PAGE + 5), (long_a + [301], pages * PAGE + 9),  # adjacent: a group
+            (short + [302], 2 * PAGE + 1), (short + [303], 2 * PAGE + 2),            # too short: none
+            (long_b + [304], pages * PAGE + 1), ([400], 7), (long_b + [305], pages * PAGE + 3),  # apart: none
+            (long_a + [306], pages * PAGE + 4)]                                      # apart from its prompt's run
+    table = table_of(reqs)
+    auto = _auto_prefix.AutoPrefix("NHD", "auto", graph=True)
+    split = auto.detect(*table, PAGE, None, False, 0)
+    assert split is not None and split["identity_order"]
+    np.testing.assert_array_equal(split["groups"], [[0, 2, pages]])
+    check_levels(split, table, None, PAGE)
+    alone = table_of([([r], 7) for r in range(4)])
+    split = auto.detect(*alone, PAGE, None, False, 0)  # nothing shared: levels all the same
+    assert split is not None and split["groups"].shape[0] == 0 and auto.stats["split"]
+    check_levels(split, alone, None, PAGE)
+    host = _auto_prefix.AutoPrefix("NHD", "auto")  # without graphs: the short prompt and the runs apart group
+    assert host.detect(*table, PAGE, None, False, 0)["groups"].shape[0] == 3
+
+
 def test_detection_errors_name_the_argument():
     indptr, indices, last = table_of([([0, 1], 20), ([0, 1], 20)])
     with pytest.raises(ValueError, match="page_size"):
