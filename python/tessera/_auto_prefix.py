@@ -249,7 +249,6 @@ class AutoPrefix:
         if last is None or any(not np.array_equal(x, y) for x, y in zip(last, shared)):
             self._plan_shared(shared, shape, sm_scale, cap, q_dtype)
             self._last_shared = tuple(np.array(x, copy=True) for x in shared)
-        self._total_q = batch
 
     def _plan_shared(self, level, shape, sm_scale, cap, q_dtype):
         hq, hkv, d, ps = shape

@@ -543,13 +543,14 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if lse is None and (return_lse or sinks is not None):
             lse = T.empty(q, q.shape[:2], "float32")
         graph_prefix = plan.get("graph_prefix")
-        own_lse = lse if graph_prefix is None else graph_prefix.lse_for(q)
+        # shared_prefix="auto" in CUDA-graph mode: this kernel runs the unique level, its LSE kept for the merge.
+        kernel_lse = lse if graph_prefix is None else graph_prefix.lse_for(q)
         with T.on_device_of(q):
-            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, own_lse, scale, T.stream_of(q),
+            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, kernel_lse, scale, T.stream_of(q),
                              pdl=bool(enable_pdl), v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt),
                              v_scale_tensor=T.arg(vt), **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
-            if graph_prefix is not None:  # shared_prefix="auto" in CUDA-graph mode: the shared level merges in
-                graph_prefix.merge_shared(q, paged_kv_cache, out, lse, own_lse, q_scale, k_scale, v_scale,
+            if graph_prefix is not None:  # the shared level merges into out
+                graph_prefix.merge_shared(q, paged_kv_cache, out, lse, kernel_lse, q_scale, k_scale, v_scale,
                                           bool(enable_pdl))
             if sinks is not None:
                 W.apply_sinks(out, lse, sinks)
