@@ -10,15 +10,20 @@ as an engine holds one per batch bucket:
   auto:  plan(..., shared_prefix="auto"): the unique level on the wrapper's
          decode kernel, the shared level on a prefill kernel merging into
          its output (groups of at least GRAPH_MIN_SHARED_TOKENS tokens);
-  auto-any: the same with groups of any length (for comparison).
+  auto-any: the same with groups of any length (for comparison);
+  auto-64:  (--arms) the shared level's query tile pinned to 64 rows.
+--capture-first captures each arm's graph the way a serving engine does:
+after a plan of dummy rows (one key each, page 0), then re-plans the step
+(the shared level keeps the tile that first plan chose).
 Per arm, one CUDA graph holds `layers` run() calls, each over its own K / V
 pool (distinct memory per layer, as a model's layers are), replayed back to
 back: GPU time per step (median of replays). Host time: plan() per step
 (median), which a synchronous engine adds to every step. Each arm's first
 layer is checked against an eager flat decode (fp16 relative error).
-Usage: python bench/shared_prefix_graph.py [--quick] [--layers N]
+Usage: python bench/shared_prefix_graph.py [--quick] [--layers N] [--capture-first] [--arms none,auto,...]
 """
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -49,7 +54,32 @@ def step_table(prompts, n, prefix, rng):
     return indptr, np.concatenate(ids), last, nxt
 
 
-def arm(auto, table, caches, q, layers, batch, max_pages):
+@contextlib.contextmanager
+def shared_tile(cta_q):
+    """The shared level's prefill wrapper with its query tile pinned (cta_q; 0: the heuristic's)."""
+    import tessera.prefill as prefill
+    base = prefill.BatchPrefillWithPagedKVCacheWrapper
+    if not cta_q:
+        yield
+        return
+
+    class Pinned(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._cta_q = cta_q
+    prefill.BatchPrefillWithPagedKVCacheWrapper = Pinned
+    try:
+        yield
+    finally:
+        prefill.BatchPrefillWithPagedKVCacheWrapper = base
+
+
+def dummy_table(batch):
+    """A serving engine's capture step: every row one key on page 0."""
+    return (np.arange(batch + 1, dtype=np.int32), np.zeros(batch, np.int32), np.ones(batch, np.int32))
+
+
+def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False, tile=0):
     i32 = dict(dtype=torch.int32, device="cuda")
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(
         common.new_workspace(256 << 20), "NHD", use_cuda_graph=True, use_tensor_cores=True,
@@ -57,17 +87,18 @@ def arm(auto, table, caches, q, layers, batch, max_pages):
         paged_kv_last_page_len_buffer=torch.zeros(batch, **i32))
     kw = dict(shared_prefix="auto") if auto else {}
 
-    def plan():
+    def plan(t=table):
         if auto == "any":  # groups of any length (what GRAPH_MIN_SHARED_TOKENS avoids), for comparison
             from tessera import _auto_prefix
             keep, _auto_prefix.GRAPH_MIN_SHARED_TOKENS = _auto_prefix.GRAPH_MIN_SHARED_TOKENS, 1
             try:
-                w.plan(*table, HQ, HKV, D, PS, q_data_type="float16", **kw)
+                w.plan(*t, HQ, HKV, D, PS, q_data_type="float16", **kw)
             finally:
                 _auto_prefix.GRAPH_MIN_SHARED_TOKENS = keep
         else:
-            w.plan(*table, HQ, HKV, D, PS, q_data_type="float16", **kw)
-    plan()
+            w.plan(*t, HQ, HKV, D, PS, q_data_type="float16", **kw)
+    with shared_tile(tile):  # the shared level's wrapper is made at the first plan
+        plan(dummy_table(batch) if capture_first else table)
     outs = [torch.empty_like(q) for _ in range(layers)]
 
     def step():
@@ -83,6 +114,8 @@ def arm(auto, table, caches, q, layers, batch, max_pages):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step()
+    if capture_first:
+        plan()
     host = []
     for _ in range(30):
         torch.cuda.synchronize()
@@ -114,7 +147,12 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--capture-first", action="store_true", help="capture after a plan of dummy rows, as engines do")
+    ap.add_argument("--arms", default="none,auto,auto-any", help="of none, auto, auto-any, auto-64 (none first)")
     args = ap.parse_args(argv)
+    names = args.arms.split(",")
+    if names[0] != "none" or not set(names) <= {"none", "auto", "auto-any", "auto-64"} or "auto" not in names:
+        raise SystemExit(f"--arms: expected none first, auto, and any of auto-any / auto-64, got {args.arms}")
     common.require()
     rng = np.random.default_rng(0)
     ns = [1, 16] if args.quick else [1, 4, 16, 64]
@@ -131,9 +169,10 @@ def main(argv=None):
             caches = [(torch.randn(pages, PS, HKV, D, dtype=torch.float16, device="cuda"),
                        torch.randn(pages, PS, HKV, D, dtype=torch.float16, device="cuda")) for _ in range(pools)]
             q = torch.randn(args.batch, HQ, D, dtype=torch.float16, device="cuda")
-            arms = {name: arm({"none": False, "auto": True, "auto-any": "any"}[name], table[:3], caches, q,
-                              args.layers, args.batch, len(table[1]))
-                    for name in ("none", "auto", "auto-any")}
+            arms = {name: arm({"none": False, "auto": True, "auto-any": "any", "auto-64": True}[name], table[:3],
+                              caches, q, args.layers, args.batch, len(table[1]), args.capture_first,
+                              64 if name == "auto-64" else 0)
+                    for name in names}
             times = {name: [] for name in arms}
             for r in range(args.rounds):
                 for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
@@ -150,14 +189,15 @@ def main(argv=None):
                        gpu_us=gpu, host_plan_us=host, rel_err=errs, stats=arms["auto"][3],
                        step_ratio=(gpu["none"] + host["none"]) / (gpu["auto"] + host["auto"]))
             rows.append(row)
+            others = "; ".join(f"{k} {gpu[k]:8.1f}" for k in names if k not in ("none", "auto"))
             print(f"L {prefix:5d} n {n:3d}: GPU {gpu['none']:8.1f} -> {gpu['auto']:8.1f} us "
-                  f"({gpu['none'] / gpu['auto']:.3f}x; groups of any length {gpu['auto-any']:8.1f}), plan "
+                  f"({gpu['none'] / gpu['auto']:.3f}x; {others}), plan "
                   f"{host['none']:6.1f} -> {host['auto']:6.1f} us, step none / auto {row['step_ratio']:.3f}, "
                   f"err {' / '.join(f'{e:.1e}' for e in errs.values())}, groups {arms['auto'][3]['groups']}", flush=True)
             assert err < 2e-3, f"an arm differs from the eager flat decode: {errs}"
             del arms, caches
             torch.cuda.empty_cache()
-    common.save_results("shared-prefix-graph", dict(rows=rows))
+    common.save_results("shared-prefix-graph", dict(rows=rows, capture_first=args.capture_first, arms=names))
 
 
 if __name__ == "__main__":
