@@ -127,20 +127,6 @@ def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False, t
     return g, outs, float(np.median(host)), w.shared_prefix_stats if auto else None, w
 
 
-def replay_us(g, reps):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return times
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -176,7 +162,7 @@ def main(argv=None):
             times = {name: [] for name in arms}
             for r in range(args.rounds):
                 for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
-                    times[name] += replay_us(arms[name][0], 5)
+                    times[name] += [ms * 1e3 for ms in common.graph_replay_ms(arms[name][0], 5)]
             flat = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), "NHD",
                                                               use_tensor_cores=True)
             flat.plan(*table[:3], HQ, HKV, D, PS, q_data_type="float16")
