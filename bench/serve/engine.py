@@ -10,7 +10,10 @@ fixed device buffer refilled before each step.
 
 Timing: the step's end is taken after torch.cuda.synchronize(), so each
 token's timestamp is when the GPU finished the step that made it. TTFT =
-first token time - arrival; ITL = gaps between a sample's tokens.
+first token time - arrival; ITL = gaps between a sample's tokens. Each step
+also records the host time of backend.plan() and the GPU time of the
+forward (CUDA events around the replay or the eager forward), which a
+synchronous step adds up with the staging.
 """
 import dataclasses
 import time
@@ -50,6 +53,9 @@ class Engine:
         self.graphs_on = bool(graphs) and backend.supports_graphs and self.dev.type == "cuda"
         self.pad_decode = self.graphs_on or backend.pad_decode
         self.record = record  # keep logits and tokens of every step (the logits check)
+        self.events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                       if self.dev.type == "cuda" else None)
+        self.plan_ms = float("nan")
         rows = max(self.buckets[-1], self.max_running)
         tokens = max(self.token_budget, rows)
         i32, i64 = dict(dtype=torch.int32, device=self.dev), dict(dtype=torch.int64, device=self.dev)
@@ -201,12 +207,23 @@ class Engine:
                         last_page_len=self._upload("last_page_len", host.last_page_len))
 
     def step(self, sd, T, n_dec, n_logits):
+        t = time.perf_counter()
         self.backend.plan(sd)
+        self.plan_ms = (time.perf_counter() - t) * 1e3
+        if self.events:
+            self.events[0].record()
         if sd.graph:
             g, out = self.graphs[sd.bucket]
             g.replay()
-            return out
-        return self._forward(T, n_dec, n_logits)
+        else:
+            out = self._forward(T, n_dec, n_logits)
+        if self.events:
+            self.events[1].record()
+        return out
+
+    def gpu_ms(self):
+        """GPU time of the last step's forward (after sync()); nan without CUDA."""
+        return self.events[0].elapsed_time(self.events[1]) if self.events else float("nan")
 
     # ------------------------------------------------------------------ the loop
     def new_scheduler(self):
@@ -256,7 +273,8 @@ class Engine:
                 self.backend.cache.copy_pages(src, dst)
                 kid_slots = torch.tensor([k.slot for k in kids], dtype=torch.long, device=self.dev)
                 self.last_token[kid_slots] = self.last_token[parent.slot].clone()
-            log.append((sd.kind, len(step), T, sd.bucket, t_start, t_end, len(sched.running), len(sched.waiting)))
+            log.append((sd.kind, len(step), T, sd.bucket, t_start, t_end, len(sched.running), len(sched.waiting),
+                        self.plan_ms, self.gpu_ms()))
             if time_limit is not None and t_end > time_limit:
                 truncated = True
                 break

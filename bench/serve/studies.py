@@ -9,7 +9,8 @@ Study 2 (paper section 4.4), parallel generation: P prompts x n samples
 prompt-length median of --par-prompt-median (ShareGPT-like 250 tokens and
 long 1500-token prompts by default); each prompt is prefilled once and
 forked, its samples sharing the prompt's full pages.
-Tessera with plan(..., shared_prefix="auto") against plan() without it,
+Tessera with plan(..., shared_prefix="auto") against plan() without it
+(at n = 1 without it twice, before and after, to show the noise band),
 decode steps from CUDA graphs in both arms (with graphs the option runs the
 cascade on every decode step, groups being runs of adjacent samples), page
 ids given on the host in both (the detection reads them there).
@@ -39,6 +40,8 @@ def summarize(seqs, log, truncated, duration=None):
     batch = np.array([e[1] for e in log]) if log else np.zeros(1)
     dec = [(e[5] - e[4]) * 1e3 for e in log if e[0] == "decode"]
     mixed = [(e[5] - e[4]) * 1e3 for e in log if e[0] == "mixed"]
+    dec_plan = [e[8] for e in log if e[0] == "decode"]  # host plan() and GPU forward of decode steps (ms)
+    dec_gpu = [e[9] for e in log if e[0] == "decode"]
     span = (log[-1][5] - log[0][4]) if log else 0.0
     tokens = sum(len(s.token_times) for s in seqs)
     spans = [(e[5] - e[4], e[1]) for e in log]
@@ -50,14 +53,16 @@ def summarize(seqs, log, truncated, duration=None):
                 batch=dict(max=int(batch.max()), mean=float(batch.mean()),
                            time_weighted=float(sum(t * b for t, b in spans) / max(sum(t for t, _ in spans), 1e-9))),
                 steps=dict(total=len(log), decode=len(dec), mixed=len(mixed),
-                           decode_ms_median=pct(dec, 50), mixed_ms_median=pct(mixed, 50)))
+                           decode_ms_median=pct(dec, 50), mixed_ms_median=pct(mixed, 50),
+                           decode_plan_ms_median=pct(dec_plan, 50), decode_gpu_ms_median=pct(dec_gpu, 50)))
 
 
 def fmt_run(name, rate, m):
     return (f"{name:>10} rate {rate:>6}: ITL {m['itl_ms']['median']:7.2f} / {m['itl_ms']['p99']:7.2f} ms, "
             f"TTFT {m['ttft_ms']['median']:8.1f} / {m['ttft_ms']['p99']:8.1f} ms (median / p99), batch max "
             f"{m['batch']['max']:>3} mean {m['batch']['mean']:6.1f}, {m['requests']} requests, "
-            f"{m['steps']['total']} steps ({m['steps']['decode']} decode {m['steps']['decode_ms_median']:.2f} ms, "
+            f"{m['steps']['total']} steps ({m['steps']['decode']} decode {m['steps']['decode_ms_median']:.2f} ms "
+            f"(plan {m['steps']['decode_plan_ms_median']:.2f}, GPU {m['steps']['decode_gpu_ms_median']:.2f}), "
             f"{m['steps']['mixed']} mixed {m['steps']['mixed_ms_median']:.2f} ms), {m['duration_s']:.1f} s"
             + ("  TRUNCATED" if m["truncated"] else ""))
 
@@ -147,8 +152,11 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
                                 prompt_cap=args.prompt_cap, output_cap=args.par_output_cap, n_samples=n,
                                 prompt_median=median)
         out = {}
-        for arm in (("none", "auto") if n % 2 else ("auto", "none")):  # alternate which arm runs first
-            engine = engines[arm][0]
+        order = ("none", "auto") if n % 2 else ("auto", "none")  # alternate which arm runs first
+        if n == 1:  # none / auto / none again: the second none run is the noise band of "never worse at n = 1"
+            order = ("none", "auto", "none-again")
+        for arm in order:
+            engine = engines[arm.split("-")[0]][0]
             engine.backend._sp_stats = []
             seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
             m = summarize(seqs, steps, truncated)
@@ -160,9 +168,13 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
         log(f"# parallel prompts ~{median} n={n:>2} ({prompts} prompts, batch max {a['batch']['max']}): ITL median "
             f"{b['itl_ms']['median']:.2f} -> {a['itl_ms']['median']:.2f} ms (none / auto "
             f"{b['itl_ms']['median'] / a['itl_ms']['median']:.3f}), TTFT median {b['ttft_ms']['median']:.1f} -> "
-            f"{a['ttft_ms']['median']:.1f} ms; cascade on {a['backend_stats'].get('split_fraction', 0):.0%} of plans, "
+            f"{a['ttft_ms']['median']:.1f} ms; decode step plan + GPU {b['steps']['decode_plan_ms_median']:.2f} + "
+            f"{b['steps']['decode_gpu_ms_median']:.2f} -> {a['steps']['decode_plan_ms_median']:.2f} + "
+            f"{a['steps']['decode_gpu_ms_median']:.2f} ms; cascade on {a['backend_stats'].get('split_fraction', 0):.0%} of plans, "
             f"groups in {a['backend_stats'].get('grouped_fraction', 0):.0%}, "
-            f"detection {a['backend_stats'].get('detect_us_median', float('nan')):.1f} us")
+            f"detection {a['backend_stats'].get('detect_us_median', float('nan')):.1f} us"
+            + (f"; none / none again {b['itl_ms']['median'] / out['none-again']['itl_ms']['median']:.3f}"
+               if "none-again" in out else ""))
     for arm, (engine, cleanup) in engines.items():
         cleanup(engine)
     return rows

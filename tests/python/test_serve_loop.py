@@ -278,12 +278,17 @@ def test_parallel_study_driver(tiny32):
                                  run_limit=None, max_running=32)
     lines = []
     rows = studies.parallel(tiny32, make_engine, [1, 4], args, log=lines.append)
-    assert [(r["n"], r["arm"]) for r in rows] == [(1, "none"), (1, "auto"), (4, "auto"), (4, "none")]
+    assert [(r["n"], r["arm"]) for r in rows] == [(1, "none"), (1, "auto"), (1, "none-again"), (4, "auto"),
+                                                  (4, "none")]
     assert all(r["samples"] == 8 and r["requests"] == 8 // r["n"] for r in rows)
-    assert pool.in_use() == 0 and len(lines) == 2
+    assert all(r["steps"]["decode_plan_ms_median"] >= 0 for r in rows)
+    assert pool.in_use() == 0 and len(lines) == 2 and "none / none again" in lines[0]
     doc = dict(model=dict(layers=2, hidden=256, q_heads=8, kv_heads=2, head_dim=128), dtype="float32",
                config=dict(token_budget=256, max_running=32), parallel=rows)
-    assert "## Study 2" in report.markdown(doc)
+    md = report.markdown(doc)
+    assert "## Study 2" in md
+    n1 = next(line for line in md.splitlines() if line.startswith("| 60 | 1 |"))
+    assert n1.count("|") == 12 and n1.split("|")[6].strip() != ""  # the none / none again column
 
 
 def test_run_all_cpu_smoke(tmp_path):
