@@ -10,11 +10,9 @@ as an engine holds one per batch bucket:
   auto:  plan(..., shared_prefix="auto"): the unique level on the wrapper's
          decode kernel, the shared level on a prefill kernel merging into
          its output (groups of at least GRAPH_MIN_SHARED_TOKENS tokens);
-  auto-any: the same with groups of any length (for comparison);
-  auto-64:  (--arms) the shared level's query tile pinned to 64 rows.
+  auto-any: the same with groups of any length (for comparison).
 --capture-first captures each arm's graph the way a serving engine does:
-after a plan of dummy rows (one key each, page 0), then re-plans the step
-(the shared level keeps the tile that first plan chose).
+after a plan of dummy rows (one key each, page 0), then re-plans the step.
 Per arm, one CUDA graph holds `layers` run() calls, each over its own K / V
 pool (distinct memory per layer, as a model's layers are), replayed back to
 back: GPU time per step (median of replays). Host time: plan() per step
@@ -23,7 +21,6 @@ layer is checked against an eager flat decode (fp16 relative error).
 Usage: python bench/shared_prefix_graph.py [--quick] [--layers N] [--capture-first] [--arms none,auto,...]
 """
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -54,51 +51,24 @@ def step_table(prompts, n, prefix, rng):
     return indptr, np.concatenate(ids), last, nxt
 
 
-@contextlib.contextmanager
-def shared_tile(cta_q):
-    """The shared level's prefill wrapper with its query tile pinned (cta_q; 0: the heuristic's)."""
-    import tessera.prefill as prefill
-    base = prefill.BatchPrefillWithPagedKVCacheWrapper
-    if not cta_q:
-        yield
-        return
-
-    class Pinned(base):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._cta_q = cta_q
-    prefill.BatchPrefillWithPagedKVCacheWrapper = Pinned
-    try:
-        yield
-    finally:
-        prefill.BatchPrefillWithPagedKVCacheWrapper = base
-
-
 def dummy_table(batch):
     """A serving engine's capture step: every row one key on page 0."""
     return (np.arange(batch + 1, dtype=np.int32), np.zeros(batch, np.int32), np.ones(batch, np.int32))
 
 
-def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False, tile=0):
+def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False):
     i32 = dict(dtype=torch.int32, device="cuda")
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(
         common.new_workspace(256 << 20), "NHD", use_cuda_graph=True, use_tensor_cores=True,
         paged_kv_indptr_buffer=torch.zeros(batch + 1, **i32), paged_kv_indices_buffer=torch.zeros(max_pages, **i32),
         paged_kv_last_page_len_buffer=torch.zeros(batch, **i32))
     kw = dict(shared_prefix="auto") if auto else {}
+    if auto == "any":  # groups of any length (what GRAPH_MIN_SHARED_TOKENS avoids), for comparison
+        w._shared_prefix_min_tokens = 1
 
     def plan(t=table):
-        if auto == "any":  # groups of any length (what GRAPH_MIN_SHARED_TOKENS avoids), for comparison
-            from tessera import _auto_prefix
-            keep, _auto_prefix.GRAPH_MIN_SHARED_TOKENS = _auto_prefix.GRAPH_MIN_SHARED_TOKENS, 1
-            try:
-                w.plan(*t, HQ, HKV, D, PS, q_data_type="float16", **kw)
-            finally:
-                _auto_prefix.GRAPH_MIN_SHARED_TOKENS = keep
-        else:
-            w.plan(*t, HQ, HKV, D, PS, q_data_type="float16", **kw)
-    with shared_tile(tile):  # the shared level's wrapper is made at the first plan
-        plan(dummy_table(batch) if capture_first else table)
+        w.plan(*t, HQ, HKV, D, PS, q_data_type="float16", **kw)
+    plan(dummy_table(batch) if capture_first else table)
     outs = [torch.empty_like(q) for _ in range(layers)]
 
     def step():
@@ -134,10 +104,10 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--capture-first", action="store_true", help="capture after a plan of dummy rows, as engines do")
-    ap.add_argument("--arms", default="none,auto,auto-any", help="of none, auto, auto-any, auto-64 (none first)")
+    ap.add_argument("--arms", default="none,auto,auto-any", help="of none, auto, auto-any (none first)")
     args = ap.parse_args(argv)
     names = args.arms.split(",")
-    if names[0] != "none" or not set(names) <= {"none", "auto", "auto-any", "auto-64"} or "auto" not in names:
+    if names[0] != "none" or not set(names) <= {"none", "auto", "auto-any"} or "auto" not in names:
         raise SystemExit(f"--arms: expected none first, auto, and any of auto-any / auto-64, got {args.arms}")
     common.require()
     rng = np.random.default_rng(0)
@@ -155,9 +125,8 @@ def main(argv=None):
             caches = [(torch.randn(pages, PS, HKV, D, dtype=torch.float16, device="cuda"),
                        torch.randn(pages, PS, HKV, D, dtype=torch.float16, device="cuda")) for _ in range(pools)]
             q = torch.randn(args.batch, HQ, D, dtype=torch.float16, device="cuda")
-            arms = {name: arm({"none": False, "auto": True, "auto-any": "any", "auto-64": True}[name], table[:3],
-                              caches, q, args.layers, args.batch, len(table[1]), args.capture_first,
-                              64 if name == "auto-64" else 0)
+            arms = {name: arm({"none": False, "auto": True, "auto-any": "any"}[name], table[:3], caches, q,
+                              args.layers, args.batch, len(table[1]), args.capture_first)
                     for name in names}
             times = {name: [] for name in arms}
             for r in range(args.rounds):

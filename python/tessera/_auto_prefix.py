@@ -40,20 +40,15 @@ normal plan's alone, so a step without sharing is planned exactly as with
 shared_prefix=None.
 
 CUDA graphs (the decode wrapper's use_cuda_graph=True): a captured run()
-replays one sequence of launches, so in this mode every plan() splits, also
-a step that shares nothing, and the split is laid out so that such a step
-costs little: groups are only runs of adjacent requests (keep_order), so
-both levels keep the caller's rows (no gather of q, no scatter of the
-outputs); the unique level runs on the wrapper's own decode kernel into out
-and an LSE of this object's, as a plain step does; the shared level runs on
-a prefill kernel that merges into out in its epilogue (RunOptions::
-merge_lse): no merge kernel, no state buffer, and rows outside the groups
-are not touched. A step without groups thus adds one launch over no pages.
-Samples of one prompt that the batch does not keep together share per run.
-The shared level's workspace is sized once, at the first plan(), for the
-wrapper's bounds (its CUDA-graph buffers, else that plan's batch and page
-count). Groups share at least GRAPH_MIN_SHARED_TOKENS tokens in this mode.
-The prefill wrapper refuses the option with use_cuda_graph.
+replays one sequence of launches, so in this mode the C++ wrapper splits
+every step itself (DecodeOptions::shared_prefix, tessera/api/
+shared_prefix.hpp): groups are runs of adjacent requests sharing at least
+GRAPH_MIN_SHARED_TOKENS tokens (the wrapper's _shared_prefix_min_tokens),
+the unique level runs on the wrapper's own decode kernel and the shared
+level on a prefill kernel merging into out in its epilogue, re-planned only
+when its groups change; a step without groups adds one launch over no
+pages. Its workspace is the tail of the wrapper's. The prefill wrapper
+refuses the option with use_cuda_graph.
 
 Not with custom masks, sliding windows, fused RoPE / ALiBi, fp8 caches, an
 o_data_type or head_dim_vo other than q's, fixed_split_size,
@@ -77,12 +72,8 @@ from ._native import _C
 # HBM traffic at 3.35 TB/s. A heuristic, not a measurement of the cascade.
 MIN_SAVED_BYTES = 16 << 20
 
-# CUDA-graph mode: the fewest shared tokens that make a group. The flat
-# decode reads a short prompt's pages mostly from L2 (its sharers' CTAs run
-# together), so the shared level's own kernel gains little there: on an H100
-# (bench/shared_prefix_graph.py, batch 128, GQA 32/8) 256-token prompts ran
-# 1.16x faster in groups of 4 but 0.89-0.91x in groups of 16 and 64, while
-# 1536-token ones ran 2.1-2.2x faster at every group size.
+# CUDA-graph mode: the fewest shared tokens that make a group (AutoSharedPrefix::min_shared_tokens; why 512:
+# tessera/api/shared_prefix.hpp).
 GRAPH_MIN_SHARED_TOKENS = 512
 
 
@@ -144,18 +135,11 @@ def host_page_ids(indices):
 class AutoPrefix:
     """One wrapper's shared-prefix state: the last detection and the cascade that runs split steps."""
 
-    def __init__(self, kv_layout, backend, graph=False):
+    def __init__(self, kv_layout, backend):
         self._kv_layout = kv_layout
         self._backend = backend  # the cascade's backend name ("auto", "fa2", "fa3")
-        # CUDA-graph mode: the cascade on every step, the caller's row order,
-        # bounds fixed by the first plan (see the module doc).
-        self._graph = bool(graph)
         self._cascade = None  # MultiLevelCascadeAttentionWrapper over self._buffer
         self._buffer = None
-        # CUDA-graph mode: the shared level's prefill wrapper (over self._buffer), the LSE the unique level
-        # writes (merge_lse of the shared level's run), and the last shared level planned (re-planned only when
-        # it changes: a step's shared pages last as long as its groups).
-        self._shared = self._own_lse = self._last_shared = None
         self._config = self._bounds = None  # what the buffer was sized for
         self._rows = None  # level row -> caller's row (a CUDA int64 tensor), None when the order is the same
         self._total_q = 0
@@ -163,10 +147,8 @@ class AutoPrefix:
 
     def detect(self, kv_indptr, kv_indices, kv_last_page_len, page_size, qo_indptr, causal, min_pages):
         """The C++ detection on host int32 arrays; its dict when the split is worth it, else None."""
-        min_shared = -(-GRAPH_MIN_SHARED_TOKENS // page_size) if self._graph else 1
         split = _C.find_shared_prefixes(kv_indptr, kv_indices, kv_last_page_len, page_size, qo_indptr,
-                                        min_shared_pages=max(min_shared, 1), min_saved_pages=min_pages,
-                                        causal=causal, keep_order=self._graph, always_levels=self._graph)
+                                        min_shared_pages=1, min_saved_pages=min_pages, causal=causal)
         groups = split["groups"]
         self.stats = dict(split=split["split"], groups=int(groups.shape[0]),
                           requests_in_groups=int(groups[:, 1].sum()) if groups.size else 0,
@@ -210,65 +192,6 @@ class AutoPrefix:
             self._rows = torch.from_numpy(split["row_order"].astype(np.int64)).to(buf.device)
         self._total_q = total_q
 
-    def plan_graph(self, split, buf, shape, sm_scale, cap, q_dtype, bounds):
-        """CUDA-graph mode: plans `split`'s shared level (always filled: detect() keeps the order and always
-        splits) unless it is the one planned last; the caller plans the unique level on its own decode kernel.
-        shape: (num_qo_heads, num_kv_heads, head_dim, page_size); bounds: the wrapper's (max_batch, max_pages),
-        each None where its first plan sets it."""
-        from .prefill import BatchPrefillWithPagedKVCacheWrapper
-
-        torch = T._torch()
-        hq, hkv, d, ps = shape
-        shared, batch = split["shared"], split["unique"][0].size - 1
-        config = (q_dtype, hq, hkv, d, ps, sm_scale, cap, buf.device)
-        if config != self._config:
-            if self._buffer is not None:  # queued runs may still read the old buffers
-                torch.cuda.synchronize(buf.device)
-            max_batch = max(bounds[0] or batch, 1)
-            max_pages = max(bounds[1] or int(split["unique"][1][-1]) + int(shared[1][-1]), 1)
-            level = (q_dtype, q_dtype, q_dtype, d, hq, hkv, ps, self._kv_layout, 1, False)
-            need, _ = _C.CascadeAttention.workspace_size(*level, max_batch, max_batch, max_pages,
-                                                         device=buf.device.index or 0,
-                                                         backend=W.BACKENDS[self._backend], logits_soft_cap=cap)
-            i32 = dict(dtype=torch.int32, device=buf.device)
-            self._buffer = torch.empty(need, dtype=torch.uint8, device=buf.device)
-            self._shared = BatchPrefillWithPagedKVCacheWrapper(
-                self._buffer, self._kv_layout, use_cuda_graph=True, backend=self._backend,
-                qo_indptr_buf=torch.empty(max_batch + 1, **i32), paged_kv_indptr_buf=torch.empty(max_batch + 1, **i32),
-                paged_kv_indices_buf=torch.empty(max_pages, **i32),
-                paged_kv_last_page_len_buf=torch.empty(max_batch, **i32))
-            self._own_lse = torch.empty(max_batch, hq, dtype=torch.float32, device=buf.device)
-            self._config, self._bounds, self._last_shared = config, (max_batch, max_pages), None
-            if batch < max_batch:  # its first plan fixes its bound on query rows: make that max_batch
-                self._plan_shared(([0, max_batch], [0, 0], np.zeros(0, np.int32), [0]), shape, sm_scale, cap,
-                                  q_dtype)
-        if batch > self._bounds[0]:
-            raise ValueError(f"indptr: batch size {batch} exceeds the workspace bound max_batch={self._bounds[0]} "
-                             f"(fixed by paged_kv_indptr_buffer, or by the first plan() with use_cuda_graph=True)")
-        last = self._last_shared
-        if last is None or any(not np.array_equal(x, y) for x, y in zip(last, shared)):
-            self._plan_shared(shared, shape, sm_scale, cap, q_dtype)
-            self._last_shared = tuple(np.array(x, copy=True) for x in shared)
-
-    def _plan_shared(self, level, shape, sm_scale, cap, q_dtype):
-        hq, hkv, d, ps = shape
-        self._last_shared = None  # a failed plan leaves nothing to reuse
-        self._shared.plan(level[0], level[1], level[2], level[3], hq, hkv, d, ps, causal=False, sm_scale=sm_scale,
-                          logits_soft_cap=cap, q_data_type=q_dtype, kv_data_type=q_dtype)
-
-    def lse_for(self, q):
-        """CUDA-graph mode: where the unique level writes its LSE (the shared level's merge_lse)."""
-        n = q.shape[0]
-        if n > self._bounds[0]:
-            raise ValueError(f"q: expected at most {self._bounds[0]} rows (max_batch), got {n}")
-        return self._own_lse[:n]
-
-    def merge_shared(self, q, paged_kv_cache, out, lse, own_lse, q_scale, k_scale, v_scale, pdl):
-        """CUDA-graph mode, after the unique level wrote out / own_lse: the shared level merged into out by its
-        kernel's epilogue, its merged LSE into lse when given (scales as run() got them: floats or None)."""
-        self._shared._run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
-                          enable_pdl=pdl, merge_lse=own_lse)
-
     def run(self, q, paged_kv_cache, out, lse, sm_scale, v_scale, sinks):
         """The planned levels into out (and lse, base 2, when given); sinks / v_scale applied after the merge.
         sm_scale: the binding's (run()'s q_scale / k_scale folded in); v_scale: None or a float."""
@@ -304,23 +227,18 @@ def stats(wrapper):
 
 
 def plan_decode(w, indptr, indices, last_page_len, dtypes, shape, scale, sm_scale, cap, rope, buf):
-    """BatchDecodeWithPagedKVCacheWrapper.plan's shared_prefix="auto" step. Without CUDA graphs: plans the
-    cascade and returns True when the step's sharing is worth it (run() then goes through it), else False (the
-    normal plan follows). In CUDA-graph mode: plans the shared level and returns the unique level's (indptr,
-    indices, last_page_len), which the wrapper plans on its own kernel. dtypes: (q, kv, o) names; shape:
-    (num_qo_heads, num_kv_heads, head_dim, page_size); scale: the binding's."""
+    """BatchDecodeWithPagedKVCacheWrapper.plan's shared_prefix="auto" step without CUDA graphs: plans the cascade
+    and returns True when the step's sharing is worth it (run() then goes through it), else False (the normal
+    plan follows). dtypes: (q, kv, o) names; shape: (num_qo_heads, num_kv_heads, head_dim, page_size); scale: the
+    binding's."""
     if w._auto_prefix is None:
-        w._auto_prefix = AutoPrefix(w._kv_layout, "auto", graph=w._use_cuda_graph)
+        w._auto_prefix = AutoPrefix(w._kv_layout, "auto")
     hq, hkv, d, ps = shape
     split = w._auto_prefix.detect(indptr, host_page_ids(indices), last_page_len, ps, None, False,
                                   min_saved_pages(ps, hkv, d, w._shared_prefix_min_bytes))
     if split is None:
         return False
     w._planned = None  # a failed plan() leaves nothing to run
-    if w._use_cuda_graph:
-        w._auto_prefix.plan_graph(split, buf, shape, sm_scale, cap, dtypes[0], (w._fixed_batch, w._fixed_pages))
-        unique = split["unique"]
-        return unique[1], unique[2], unique[3]
     w._auto_prefix.plan(split, buf, hq, hkv, d, ps, False, sm_scale, cap, dtypes[0])
     w._planned = {"batch": indptr.size - 1, "q_dtype": dtypes[0], "kv_dtype": dtypes[1], "o_dtype": dtypes[2],
                   "num_qo_heads": hq, "head_dim": d, "sm_scale": scale, "window_left": -1, "rope": rope,

@@ -128,6 +128,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         self._heads_per_thread = 0  # the CUDA-core kernel's query heads per thread (0: heuristic)
         # shared_prefix="auto": the K / V bytes a split must save (tests lower it) and its state (_auto_prefix.py).
         self._shared_prefix_min_bytes = AP.MIN_SAVED_BYTES
+        # With CUDA graphs: the fewest shared tokens that make a group (DecodeOptions::shared_prefix).
+        self._shared_prefix_min_tokens = AP.GRAPH_MIN_SHARED_TOKENS
         self._auto_prefix = None
         self._native = None  # the C++ BatchDecode, built by plan()
         self._native_key = None  # what it was built for: dtypes, shape, bounds
@@ -144,6 +146,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
     @property
     def shared_prefix_stats(self):
         """What the last plan() with shared_prefix="auto" found (see _auto_prefix.stats), else None."""
+        plan = self._planned
+        if self._use_cuda_graph and plan is not None and plan.get("auto_prefix") and self._native is not None:
+            return self._native.shared_prefix_stats  # the C++ wrapper split the step itself
         return AP.stats(self)
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
@@ -342,16 +347,16 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         indices = W.page_ids(indices, int(indptr[-1]), "indices", buf)
         W.check_workspace_buffer_once(self)
         buf = self._float_workspace_buffer
-        graph_prefix = None  # CUDA-graph mode with shared_prefix="auto": run() merges its shared level in
-        if auto:
-            planned = AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt), shape, scale,
-                                     sm_scale, options[1], rope, buf)
-            if planned is True:
-                return
-            if planned is not False:  # the unique level, planned below as a step of its own
-                (indptr, indices, last_page_len), graph_prefix = planned, self._auto_prefix
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split, fixed), max(batch, 1),
-                            max(len(indices), 1))
+        # shared_prefix="auto": with CUDA graphs the C++ wrapper splits every step itself (DecodeOptions::
+        # shared_prefix, from host page ids); without, a step worth splitting runs on a cascade.
+        prefix_tokens = self._shared_prefix_min_tokens if auto and self._use_cuda_graph else 0
+        if auto and not prefix_tokens and AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt),
+                                                         shape, scale, sm_scale, options[1], rope, buf):
+            return
+        if prefix_tokens:
+            indices = AP.host_page_ids(indices)
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split, fixed, prefix_tokens),
+                            max(batch, 1), max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
         if isinstance(indices, W.DeviceIds):
             self._native.plan_device(indptr, indices.ptr, indices.count, indices.device, last_page_len,
@@ -360,8 +365,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             self._native.plan(indptr, indices, last_page_len, T.stream_of(buf))
         self._planned = {"batch": batch, "q_dtype": q_dt, "kv_dtype": kv_dt, "o_dtype": o_dt, "num_qo_heads": shape[0],
                          "head_dim": shape[2], "sm_scale": scale, "window_left": options[0], "rope": rope,
-                         "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device), "auto_prefix": auto,
-                         "graph_prefix": graph_prefix}
+                         "alibi_slopes": W.plan_alibi_slopes(rope, shape[0], buf.device), "auto_prefix": auto}
 
 
     def _plan_on_device(self, batch_size, indptr, indices, last_page_len, dtypes, shape, scale, options, rope, split,
@@ -379,7 +383,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if step["last_page_len"].shape[0] < max_batch:
             raise ValueError(f"last_page_len: expected at least {max_batch} entries (max_batch, indptr's length - 1), "
                              f"got {step['last_page_len'].shape[0]}")
-        self._ensure_native(dtypes + shape + options + (rope[0], split, fixed), max_batch, max_pages, exact=True)
+        self._ensure_native(dtypes + shape + options + (rope[0], split, fixed, 0), max_batch, max_pages, exact=True)
         self._native.plan_on_device(step["batch_size"], step["indptr"], step["indices"], step["last_page_len"],
                                     T.stream_of(buf))
         self._planned = {"batch": max_batch, "q_dtype": dtypes[0], "kv_dtype": dtypes[1], "o_dtype": dtypes[2],
@@ -434,11 +438,12 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         what = ("max_batch (its length - 1)", "max_pages (its length)") if exact else ("batch size", "page count")
         bounds = (W.Bound("max_batch", "indptr", what[0], self._fixed_batch, "paged_kv_indptr_buffer"),
                   W.Bound("max_pages", "indices", what[1], self._fixed_pages, "paged_kv_indices_buffer"))
-        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split, fixed = config
+        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split, fixed, prefix_tokens = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=split, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
                      tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores, window_left=window, logits_soft_cap=cap,
-                     pos_encoding=rope, fixed_chunk=fixed, heads_per_thread=self._heads_per_thread)
+                     pos_encoding=rope, fixed_chunk=fixed, heads_per_thread=self._heads_per_thread,
+                     shared_prefix_tokens=prefix_tokens)
 
         def size(want, device):
             ideal, host = _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)
@@ -542,16 +547,10 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             out = T.empty(q, q.shape, plan["o_dtype"])
         if lse is None and (return_lse or sinks is not None):
             lse = T.empty(q, q.shape[:2], "float32")
-        graph_prefix = plan.get("graph_prefix")
-        # shared_prefix="auto" in CUDA-graph mode: this kernel runs the unique level, its LSE kept for the merge.
-        kernel_lse = lse if graph_prefix is None else graph_prefix.lse_for(q)
         with T.on_device_of(q):
-            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, kernel_lse, scale, T.stream_of(q),
+            self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
                              pdl=bool(enable_pdl), v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt),
                              v_scale_tensor=T.arg(vt), **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
-            if graph_prefix is not None:  # the shared level merges into out
-                graph_prefix.merge_shared(q, paged_kv_cache, out, lse, kernel_lse, q_scale, k_scale, v_scale,
-                                          bool(enable_pdl))
             if sinks is not None:
                 W.apply_sinks(out, lse, sinks)
         return (out, lse) if return_lse else out

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "checks.hpp"
+#include "shared_prefix_level.hpp"
 #include "tessera/abi/variant_extra.cuh"
 #include "tessera/runtime/variant_params.hpp"
 
@@ -168,6 +169,15 @@ BatchDecode::Sizes BatchDecode::sizes(const AttentionSpec& spec, const TaskInfo&
   check_kernel_choice(spec, task, opt);
   if (task.max_batch < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch >= 1 and max_pages >= 1 to size the workspace");
+  if (opt.shared_prefix.enabled) {  // this wrapper's part, then the shared level's
+    using detail::SharedPrefixLevel;
+    SharedPrefixLevel::check(spec, task, task.max_batch, opt.shared_prefix, opt.planner);
+    DecodeOptions own = opt;
+    own.shared_prefix = {};
+    return SharedPrefixLevel::add(
+        sizes(spec, task, num_sms, own, minimum),
+        SharedPrefixLevel::sizes(spec, task, task.max_batch, num_sms, opt.planner, opt.max_sms, minimum));
+  }
   if (opt.use_tensor_cores || needs_tensor_cores(spec)) {
     const TaskInfo t = tensor_core_task(task);
     const PrefillOptions p = tensor_core_options(spec, opt);
@@ -203,10 +213,19 @@ BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace
   if (opt_.ctas_per_sm < 0) throw InvalidArgument("ctas_per_sm: expected >= 0, got " + str(opt_.ctas_per_sm));
   opt_.planner.window_left = spec_.variant.window_left;  // keys left of a declared window are never loaded
   check_kernel_choice(spec_, task_, opt_);
-  if (runs_on_tensor_cores(spec_, opt_, workspace.device())) {  // the prefill wrapper owns kernel, schedule, sections
+  if (opt_.shared_prefix.enabled) {  // the shared level takes the workspace's tail; this wrapper the rest
+    detail::SharedPrefixLevel::check(spec_, task_, task_.max_batch, opt_.shared_prefix, opt_.planner);
+    DecodeOptions own = opt_;
+    own.shared_prefix = {};
+    const Sizes own_min = min_workspace_size(spec_, task_, cuda::device_info(workspace.device()).sm_count, own);
+    prefix_ = std::make_unique<detail::SharedPrefixLevel>(spec_, task_, task_.max_batch, opt_.shared_prefix,
+                                                          opt_.planner, opt_.max_sms, workspace, own_min);
+    ws_ = &prefix_->own();
+  }
+  if (runs_on_tensor_cores(spec_, opt_, ws_->device())) {  // the prefill wrapper owns kernel, schedule, sections
     DecodeOptions tc = opt_;
     tc.use_tensor_cores = true;
-    tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), workspace, tensor_core_options(spec_, tc));
+    tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), *ws_, tensor_core_options(spec_, tc));
     return;
   }
   const int group = task_.num_qo_heads / task_.num_kv_heads;
@@ -227,13 +246,28 @@ void BatchDecode::plan(const BSRMatrix& bsr, cudaStream_t stream) {
   plan(bsr.indptr(), bsr.indices(), last, stream);
 }
 
+BatchDecode::~BatchDecode() = default;
+BatchDecode::BatchDecode(BatchDecode&&) noexcept = default;
+BatchDecode& BatchDecode::operator=(BatchDecode&&) noexcept = default;
+
+const SharedPrefixStats* BatchDecode::shared_prefix_stats() const { return prefix_ ? &prefix_->stats() : nullptr; }
+
 void BatchDecode::plan(std::span<const int32_t> kv_indptr, std::span<const int32_t> kv_indices,
                        std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
-  plan_ids(kv_indptr, PageIds::from_host(kv_indices), nullptr, kv_last_page_len, stream);
+  if (!prefix_) {
+    plan_ids(kv_indptr, PageIds::from_host(kv_indices), nullptr, kv_last_page_len, stream);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  batch_ = -1;  // a failed plan leaves nothing to run
+  const PrefixLevel& unique = prefix_->plan(kv_indptr, kv_indices, kv_last_page_len, {}, stream);
+  plan_ids(unique.kv_indptr, PageIds::from_host(unique.kv_indices), nullptr, unique.kv_last_page_len, stream);
+  plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void BatchDecode::plan(std::span<const int32_t> kv_indptr, const TensorView& kv_indices,
                        std::span<const int32_t> kv_last_page_len, cudaStream_t stream) {
+  if (prefix_) detail::SharedPrefixLevel::refuse("reads the page ids on the host; expected plan() with host kv_indices");
   plan_ids(kv_indptr, detail::device_page_ids(kv_indices, kv_indptr, ws_->device()), &kv_indices, kv_last_page_len,
            stream);
 }
@@ -345,6 +379,18 @@ void BatchDecode::plan_tensor_cores(std::span<const int32_t> kv_indptr, const Pa
 void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                       cudaStream_t stream, const RunOptions& opt) const {
   if (batch_ < 0) throw InvalidArgument("run: expected plan() to be called first");
+  if (!prefix_) {
+    run_level(q, kv, o, lse, stream, opt);
+    return;
+  }
+  // The unique level into o and the LSE the shared level's epilogue merges with.
+  detail::SharedPrefixLevel::check_run(opt);
+  run_level(q, kv, o, prefix_->unique_lse(q.shape.empty() ? 0 : q.shape[0]), stream, opt);
+  prefix_->merge(q, kv, o, lse, stream, opt);
+}
+
+void BatchDecode::run_level(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+                            cudaStream_t stream, const RunOptions& opt) const {
   if (tc_) {  // q [batch, Hq, D] is the prefill's [total_q, Hq, D]: same checks, same graph-capturable launch
     tc_->run(q, kv, o, lse, stream, opt);
     return;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "checks.hpp"
+#include "shared_prefix_level.hpp"
 #include "tessera/api/decode.hpp"
 #include "tessera/api/prefill.hpp"
 #include "tessera/runtime/device_planner.hpp"
@@ -78,6 +79,7 @@ void BatchPrefill::plan_on_device(Source src, const DeviceBatch& b, int64_t max_
                                   const detail::LevelRows& rows) {
   const bool paged = src == Source::kPaged;
   const char* name = paged ? "plan_paged_on_device" : "plan_ragged_on_device";
+  if (prefix_) detail::SharedPrefixLevel::refuse("reads the page ids on the host; expected plan_paged");
   if (custom_mask_)
     throw InvalidArgument(std::string(name) + ": the custom_mask variant plans on the host (its mask_indptr); use " +
                           (paged ? "plan_paged" : "plan_ragged"));
@@ -131,6 +133,7 @@ void BatchPrefill::plan_on_device(Source src, const DeviceBatch& b, int64_t max_
 }
 
 void BatchDecode::plan_on_device(const DeviceBatch& b, cudaStream_t stream) {
+  if (prefix_) detail::SharedPrefixLevel::refuse("reads the page ids on the host; expected plan() with host kv_indices");
   if (task_.max_batch < 1 || task_.max_pages < 1)
     throw InvalidArgument("task: planning on the GPU needs the bounds max_batch and max_pages (> 0), got " +
                           str(task_.max_batch) + ", " + str(task_.max_pages));

@@ -8,6 +8,7 @@
 
 #include "checks.hpp"
 #include "prefill_candidates.hpp"
+#include "shared_prefix_level.hpp"
 #include "tessera/abi/mask_trim_params.cuh"
 #include "tessera/abi/variant_extra.cuh"
 #include "tessera/formats/custom_mask.hpp"
@@ -31,10 +32,21 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
   // a skipped visible one would be wrong (causal_schedule is the caller's
   // call). Each run then trims the items by the mask it brings (trim_items).
   custom_mask_ = spec_.variant.custom_mask;
+  if (opt_.shared_prefix.enabled) {  // the shared level takes the workspace's tail; this wrapper the rest
+    prefix_ = detail::SharedPrefixLevel::for_prefill(spec_, task_, opt_, workspace);
+    ws_ = &prefix_->own();
+  }
 }
+
+BatchPrefill::~BatchPrefill() = default;
+BatchPrefill::BatchPrefill(BatchPrefill&&) noexcept = default;
+BatchPrefill& BatchPrefill::operator=(BatchPrefill&&) noexcept = default;
+
+const SharedPrefixStats* BatchPrefill::shared_prefix_stats() const { return prefix_ ? &prefix_->stats() : nullptr; }
 
 void BatchPrefill::use_shared_scratch(void* device_ptr, size_t bytes) {
   if (kernel_) throw InvalidArgument("scratch: use_shared_scratch must come before the first plan()");
+  if (prefix_) detail::SharedPrefixLevel::refuse("the wrapper's scratch lives in its own workspace");
   if (device_ptr == nullptr || reinterpret_cast<uintptr_t>(device_ptr) % 256 != 0)
     throw InvalidArgument("scratch: expected a device buffer aligned to 256 bytes");
   shared_scratch_ = static_cast<char*>(device_ptr);
@@ -75,6 +87,16 @@ void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<cons
                               std::span<const int32_t> kv_indices, std::span<const int32_t> kv_last_page_len,
                               cudaStream_t stream) {
   check_mask_given(false, "mask_indptr", "plan_paged");
+  if (prefix_) {  // the unique level here, the shared one planned by prefix_ when it changed
+    const auto t0 = std::chrono::steady_clock::now();
+    batch_ = -1;  // a failed plan leaves nothing to run
+    const PrefixLevel& u = prefix_->plan(kv_indptr, kv_indices, kv_last_page_len, qo_indptr, stream);
+    const PageIds ids = PageIds::from_host(u.kv_indices);
+    paged_lengths(u.kv_indptr, ids, u.kv_last_page_len);
+    plan_common(Source::kPaged, u.qo_indptr, u.kv_indptr, ids, u.kv_last_page_len, kv_lens_, {}, stream);
+    plan_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
   const PageIds ids = PageIds::from_host(kv_indices);
   paged_lengths(kv_indptr, ids, kv_last_page_len);
   plan_common(Source::kPaged, qo_indptr, kv_indptr, ids, kv_last_page_len, kv_lens_, {}, stream);
@@ -84,6 +106,7 @@ void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<cons
                               const TensorView& kv_indices, std::span<const int32_t> kv_last_page_len,
                               cudaStream_t stream) {
   check_mask_given(false, "mask_indptr", "plan_paged");
+  if (prefix_) detail::SharedPrefixLevel::refuse("reads the page ids on the host; expected plan_paged with host kv_indices");
   const PageIds ids = detail::device_page_ids(kv_indices, kv_indptr, ws_->device());
   paged_lengths(kv_indptr, ids, kv_last_page_len);
   plan_common(Source::kPaged, qo_indptr, kv_indptr, ids, kv_last_page_len, kv_lens_, {}, stream);
@@ -100,6 +123,7 @@ void BatchPrefill::plan_paged(std::span<const int32_t> qo_indptr, std::span<cons
 
 void BatchPrefill::plan_ragged(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr, cudaStream_t stream) {
   check_mask_given(false, "mask_indptr", "plan_ragged");
+  if (prefix_) detail::SharedPrefixLevel::refuse("finds shared pages in a page table; expected plan_paged");
   ragged_lengths(kv_indptr);
   plan_common(Source::kRagged, qo_indptr, kv_indptr, PageIds{}, {}, kv_lens_, {}, stream);
 }
@@ -343,7 +367,14 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
 
 void BatchPrefill::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
                        cudaStream_t stream, const RunOptions& opt) const {
-  run_paged(q, kv, nullptr, o, lse, stream, opt);
+  if (!prefix_) {
+    run_paged(q, kv, nullptr, o, lse, stream, opt);
+    return;
+  }
+  // The unique level into o and the LSE the shared level's epilogue merges with.
+  detail::SharedPrefixLevel::check_run(opt);
+  run_paged(q, kv, nullptr, o, prefix_->unique_lse(q.shape.empty() ? 0 : q.shape[0]), stream, opt);
+  prefix_->merge(q, kv, o, lse, stream, opt);
 }
 
 void BatchPrefill::run(const TensorView& q, const PagedKVStorage& kv, const TensorView& packed_custom_mask,

@@ -5,6 +5,7 @@
 
 #include "checks.hpp"
 #include "prefill_candidates.hpp"
+#include "shared_prefix_level.hpp"
 #include "tessera/api/prefill.hpp"
 
 namespace tessera {
@@ -83,11 +84,13 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
 
 BatchPrefill::Sizes BatchPrefill::workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                                  const PrefillOptions& opt) {
+  if (opt.shared_prefix.enabled) return detail::SharedPrefixLevel::prefill_sizes(spec, task, num_sms, opt, false);
   return sizes(spec, task, num_sms, opt).whole;
 }
 
 BatchPrefill::Sizes BatchPrefill::min_workspace_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                                      const PrefillOptions& opt) {
+  if (opt.shared_prefix.enabled) return detail::SharedPrefixLevel::prefill_sizes(spec, task, num_sms, opt, true);
   return sizes(spec, task, num_sms, opt).min_whole;
 }
 
@@ -112,6 +115,8 @@ size_t BatchPrefill::min_scratch_size(const AttentionSpec& spec, const TaskInfo&
 BatchPrefill::SizeSet BatchPrefill::sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                           const PrefillOptions& opt) {
   validate_task(task, spec);
+  if (opt.shared_prefix.enabled)  // the scratch-sharing sizes (CascadeAttention's levels) have no shared level
+    detail::SharedPrefixLevel::refuse("takes a workspace of its own; expected workspace_size / min_workspace_size");
   if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch, max_total_q and max_pages >= 1 to size the workspace");
   if (opt.cta_q) (void)catalog::prefill_config(spec, opt.cta_q);  // rejects an invalid cta_q

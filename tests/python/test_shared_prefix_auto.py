@@ -12,8 +12,8 @@ GPU (skipped without one): decode and paged prefill with "auto" against the
 float64 reference on tables that share (the cascade path, forced with a zero
 byte threshold), causal prefill with queries that cut the shared prefix, and
 steps without sharing worth it: the normal path, bitwise equal to
-shared_prefix=None; the decode wrapper's CUDA-graph mode (one captured graph
-replaying steps with and without groups).
+shared_prefix=None; the decode wrapper's CUDA-graph mode, split by the C++
+wrapper (one captured graph replaying steps with and without groups).
 """
 
 import time
@@ -169,8 +169,9 @@ def test_detection_rule_by_hand():
 
 
 def test_graph_mode_detection_keeps_order_and_long_prompts():
-    """The CUDA-graph mode's detection (AutoPrefix(graph=True)): levels on every step, groups only of adjacent
-    requests sharing at least GRAPH_MIN_SHARED_TOKENS tokens, the caller's row order; still exact."""
+    """The CUDA-graph mode's detection (what DecodeOptions::shared_prefix runs: keep_order, always_levels, groups
+    of at least GRAPH_MIN_SHARED_TOKENS tokens): levels on every step, groups only of adjacent requests, the
+    caller's row order; still exact."""
     from tessera import _auto_prefix
     pages = -(-_auto_prefix.GRAPH_MIN_SHARED_TOKENS // PAGE)
     long_a, long_b, short = list(range(pages)), list(range(100, 100 + pages)), [200, 201]
@@ -179,14 +180,17 @@ def test_graph_mode_detection_keeps_order_and_long_prompts():
             (long_b + [304], pages * PAGE + 1), ([400], 7), (long_b + [305], pages * PAGE + 3),  # apart: none
             (long_a + [306], pages * PAGE + 4)]                                      # apart from its prompt's run
     table = table_of(reqs)
-    auto = _auto_prefix.AutoPrefix("NHD", "auto", graph=True)
-    split = auto.detect(*table, PAGE, None, False, 0)
-    assert split is not None and split["identity_order"]
+
+    def graph_mode(t):
+        return _C.find_shared_prefixes(*t, PAGE, None, min_shared_pages=pages, min_saved_pages=0, keep_order=True,
+                                       always_levels=True)
+    split = graph_mode(table)
+    assert split["split"] and split["identity_order"]
     np.testing.assert_array_equal(split["groups"], [[0, 2, pages]])
     check_levels(split, table, None, PAGE)
     alone = table_of([([r], 7) for r in range(4)])
-    split = auto.detect(*alone, PAGE, None, False, 0)  # nothing shared: levels all the same
-    assert split is not None and split["groups"].shape[0] == 0 and auto.stats["split"]
+    split = graph_mode(alone)  # nothing shared: levels all the same
+    assert split["split"] and split["groups"].shape[0] == 0
     check_levels(split, alone, None, PAGE)
     host = _auto_prefix.AutoPrefix("NHD", "auto")  # without graphs: the short prompt and the runs apart group
     assert host.detect(*table, PAGE, None, False, 0)["groups"].shape[0] == 3
@@ -439,8 +443,11 @@ def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
 
     alone = [(own(r, 3), 3 * PAGE - r) for r in range(B)]
     table = step(alone)
-    assert w.shared_prefix_stats == dict(split=True, groups=0, requests_in_groups=0, saved_pages=0,
-                                         detect_us=w.shared_prefix_stats["detect_us"])
+    st = w.shared_prefix_stats  # the C++ wrapper's (DecodeOptions::shared_prefix)
+    assert {k: st[k] for k in ("split", "groups", "requests_in_groups", "saved_pages", "replanned")} == dict(
+        split=True, groups=0, requests_in_groups=0, saved_pages=0, replanned=True)
+    w.plan(*table, HQ, HKV, D, PAGE, shared_prefix="auto")
+    assert not w.shared_prefix_stats["replanned"]  # the same (empty) shared level keeps its plan
     for _ in range(2):  # warm up (JIT) before the capture
         w.run(q_buf, (k, v), out=out, lse=lse)
     torch.cuda.synchronize()

@@ -47,6 +47,7 @@
 #include "tessera/api/device_batch.hpp"
 #include "tessera/api/page_ids.hpp"
 #include "tessera/api/prefill.hpp"
+#include "tessera/api/shared_prefix.hpp"
 #include "tessera/formats/bsr.hpp"
 #include "tessera/runtime/planner.hpp"
 
@@ -72,11 +73,24 @@ struct DecodeOptions {
   // 16 rows for fp8 caches; else 16, 32, 64 or 128 fused rows, 64 / 128 run
   // the Hopper kernel on sm_90).
   int tc_cta_q = 0;
+  // Automatic shared prefixes (api/shared_prefix.hpp): plan() from host page
+  // ids splits every step into a unique level on this wrapper's kernel and a
+  // shared level merged into o, groups of adjacent requests that share full
+  // pages reading them once. Needs task.max_batch and max_pages; takes the
+  // tail of the workspace (workspace_size() counts it).
+  AutoSharedPrefix shared_prefix;
 };
+
+namespace detail {
+class SharedPrefixLevel;
+}
 
 class BatchDecode {
  public:
   BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace, DecodeOptions opt = {});
+  ~BatchDecode();
+  BatchDecode(BatchDecode&&) noexcept;
+  BatchDecode& operator=(BatchDecode&&) noexcept;
 
   using Sizes = WorkspaceSizes;
   // Workspace needed for these bounds (task.max_batch, task.max_pages > 0)
@@ -128,6 +142,8 @@ class BatchDecode {
   static bool runs_on_tensor_cores(const AttentionSpec& spec, const DecodeOptions& opt, int device);
   // The prefill wrapper that runs decode on tensor cores, else nullptr.
   const BatchPrefill* tensor_core_prefill() const { return tc_.get(); }
+  // With DecodeOptions::shared_prefix: what the last plan() found; else nullptr.
+  const SharedPrefixStats* shared_prefix_stats() const;
 
   // The CUDA-core path's workspace sections for ctas_per_head CTAs per KV
   // head (what the first plan lays out; public for tests). The partial states
@@ -153,6 +169,8 @@ class BatchDecode {
   void plan_tensor_cores(std::span<const int32_t> kv_indptr, const PageIds& kv_indices,
                          const TensorView* device_indices, std::span<const int32_t> kv_last_page_len,
                          cudaStream_t stream);
+  void run_level(const TensorView& q, const PagedKVStorage& kv, const TensorView& o, const TensorView& lse,
+                 cudaStream_t stream, const RunOptions& opt) const;
 
   AttentionSpec spec_;
   TaskInfo task_;
@@ -172,6 +190,9 @@ class BatchDecode {
   // plan_on_device(): the caller's buffers the kernels read, the planner,
   // and whether the next run() follows it (it then launches without PDL).
   detail::DeviceSteps device_;
+  // shared_prefix: the shared level, which also holds this wrapper's slice
+  // of the workspace (ws_ points there; declared before tc_, which uses it).
+  std::unique_ptr<detail::SharedPrefixLevel> prefix_;
   // use_tensor_cores: the prefill wrapper on the same workspace, and the
   // [0, 1, ..., batch] query indptr it is planned with.
   std::unique_ptr<BatchPrefill> tc_;

@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 
@@ -41,6 +42,7 @@
 #include "tessera/api/device_batch.hpp"
 #include "tessera/formats/bsr.hpp"
 #include "tessera/api/page_ids.hpp"
+#include "tessera/api/shared_prefix.hpp"
 #include "tessera/abi/prefill_params.cuh"
 #include "tessera/abi/variant_extra.cuh"
 #include "tessera/runtime/planner.hpp"
@@ -86,13 +88,28 @@ struct PrefillOptions {
   // heuristic's). It must suit every query tile the first plan may choose:
   // pin cta_q (and backend) to set a warp layout. Checked at construction.
   PrefillTile tile;
+  // Automatic shared prefixes (api/shared_prefix.hpp): plan_paged() from
+  // host page ids (or plan_bsr) splits every step into a unique level on
+  // this wrapper's kernel and a shared level merged into o, groups of
+  // adjacent requests that share full pages reading them once (causal: each
+  // member shares only pages before its first query). Needs task.max_batch,
+  // max_total_q and max_pages; takes the tail of the workspace
+  // (workspace_size() counts it); the other plan forms raise InvalidArgument
+  // naming shared_prefix.
+  AutoSharedPrefix shared_prefix;
 };
 
 class PrefillPair;
+namespace detail {
+class SharedPrefixLevel;
+}
 
 class BatchPrefill {
  public:
   BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspace, PrefillOptions opt = {});
+  ~BatchPrefill();
+  BatchPrefill(BatchPrefill&&) noexcept;
+  BatchPrefill& operator=(BatchPrefill&&) noexcept;
 
   using Sizes = WorkspaceSizes;
   // Workspace for the bounds in `task` (max_batch, max_total_q, max_pages > 0)
@@ -207,6 +224,8 @@ class BatchPrefill {
   int cluster() const { return config_.cluster; }  // CTAs per cluster (2: pairs sharing K / V tiles)
   const jit::KernelSource& kernel_source() const { return source_; }
   bool uses_custom_mask() const { return custom_mask_; }
+  // With PrefillOptions::shared_prefix: what the last plan found; else nullptr.
+  const SharedPrefixStats* shared_prefix_stats() const;
 
  private:
   enum class Source { kNone, kPaged, kRagged };
@@ -260,6 +279,9 @@ class BatchPrefill {
 
   AttentionSpec spec_;
   TaskInfo task_;
+  // shared_prefix: the shared level, which also holds this wrapper's slice
+  // of the workspace (ws_ points there).
+  std::unique_ptr<detail::SharedPrefixLevel> prefix_;
   Workspace* ws_;
   PrefillOptions opt_;
   PrefillConfig config_;
