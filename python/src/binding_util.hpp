@@ -201,9 +201,12 @@ inline TaskInfo prefill_task(int num_qo_heads, int num_kv_heads, int page_size, 
 using TileArg = std::tuple<int, int, int, int>;
 
 // split_kv / fixed_chunk: the planner's (PlannerOptions; fixed_chunk in keys, 0: off).
+// shared_prefix_tokens > 0: PrefillOptions::shared_prefix with that min_shared_tokens.
 inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const TileArg& tile = {}, int cluster = 0,
-                                      bool split_kv = true, int fixed_chunk = 0) {
+                                      bool split_kv = true, int fixed_chunk = 0, int shared_prefix_tokens = 0) {
   PrefillOptions opt;
+  opt.shared_prefix.enabled = shared_prefix_tokens > 0;
+  if (shared_prefix_tokens > 0) opt.shared_prefix.min_shared_tokens = shared_prefix_tokens;
   opt.planner.split_kv = split_kv;
   opt.planner.fixed_chunk = fixed_chunk;
   opt.cta_q = cta_q;
@@ -214,6 +217,19 @@ inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const
     throw InvalidArgument("backend: expected 0 (auto), 1 (fa2) or 2 (fa3), got " + std::to_string(backend));
   opt.backend = static_cast<PrefillBackend>(backend);
   return opt;
+}
+
+// A wrapper's shared_prefix_stats(): None without the option, else a dict.
+inline nanobind::object shared_prefix_stats_dict(const SharedPrefixStats* st) {
+  if (st == nullptr) return nanobind::none();
+  nanobind::dict d;
+  d["split"] = true;
+  d["groups"] = st->groups;
+  d["requests_in_groups"] = st->requests_in_groups;
+  d["saved_pages"] = st->saved_pages;
+  d["detect_us"] = st->detect_us;
+  d["replanned"] = st->replanned;
+  return d;
 }
 
 // window_left / logits_soft_cap / pos_encoding: FlashInfer's plan() options

@@ -266,18 +266,7 @@ class PyBatchDecode {
 
   double last_plan_us() const { return dec_.last_plan_us(); }
   // DecodeOptions::shared_prefix: what the last plan found (a dict), else None.
-  nb::object shared_prefix_stats() const {
-    const SharedPrefixStats* st = dec_.shared_prefix_stats();
-    if (st == nullptr) return nb::none();
-    nb::dict d;
-    d["split"] = true;
-    d["groups"] = st->groups;
-    d["requests_in_groups"] = st->requests_in_groups;
-    d["saved_pages"] = st->saved_pages;
-    d["detect_us"] = st->detect_us;
-    d["replanned"] = st->replanned;
-    return d;
-  }
+  nb::object shared_prefix_stats() const { return shared_prefix_stats_dict(dec_.shared_prefix_stats()); }
   int ctas_per_head() const { return dec_.ctas_per_head(); }
   // With tensor cores every request is one query tile (the tile covers the
   // group), so split tiles are split requests.

@@ -79,13 +79,14 @@ class PyBatchPrefill {
                  int64_t max_batch, int64_t max_total_q, int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes,
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
                  bool custom_mask, int window_left, double logits_soft_cap, int pos_encoding, const TileArg& tile,
-                 int cluster, bool split_kv, int fixed_chunk, int64_t max_fixed_chunks, int head_dim_vo)
+                 int cluster, bool split_kv, int fixed_chunk, int64_t max_fixed_chunks, int head_dim_vo,
+                 int shared_prefix_tokens)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap,
                   pos_encoding, head_dim_vo),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks),
              ws_,
-             prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk)),
+             prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk, shared_prefix_tokens)),
         layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding),
         kv_dtype_(parse_dtype("kv_dtype", kv_dtype)) {}
 
@@ -119,7 +120,8 @@ class PyBatchPrefill {
                                                    int backend, bool custom_mask, int window_left,
                                                    double logits_soft_cap, int pos_encoding, const TileArg& tile,
                                                    int cluster, bool split_kv, int fixed_chunk,
-                                                   int64_t max_fixed_chunks, int head_dim_vo) {
+                                                   int64_t max_fixed_chunks, int head_dim_vo,
+                                                   int shared_prefix_tokens) {
     const TaskInfo t =
         task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks);
     if (num_sms <= 0) {
@@ -132,7 +134,8 @@ class PyBatchPrefill {
     // invalid one would size nothing; reject it as the constructor would.
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
     const auto s = (Min ? BatchPrefill::min_workspace_size : BatchPrefill::workspace_size)(
-        sp, t, num_sms, prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk));
+        sp, t, num_sms,
+        prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk, shared_prefix_tokens));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -257,6 +260,7 @@ class PyBatchPrefill {
   const BatchPrefill& native() const { return pre_; }
 
   double last_plan_us() const { return pre_.last_plan_us(); }
+  nb::object shared_prefix_stats() const { return shared_prefix_stats_dict(pre_.shared_prefix_stats()); }
   // The query tile is only fixed by the first plan (ctas_per_head is 0 before).
   int cta_q() const { return pre_.ctas_per_group() ? pre_.config().cta_q : 0; }
   int ctas_per_head() const { return pre_.ctas_per_group(); }
@@ -300,16 +304,17 @@ void bind_prefill(nb::module_& m) {
                       "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0,
                       "cta_q"_a = 0, "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
                       "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
-                      "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0);
+                      "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0,
+                      "shared_prefix_tokens"_a = 0);
   prefill.def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double, int, const TileArg&, int, bool, int, int64_t, int>(),
+                    double, int, const TileArg&, int, bool, int, int64_t, int, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
            "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0, "split_kv"_a = true, "fixed_chunk"_a = 0,
-           "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0,
+           "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0, "shared_prefix_tokens"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
            "tile (cta_kv, warps_q, warps_kv, stages) overrides the heuristic's tile fields that are not 0; "
@@ -318,7 +323,8 @@ void bind_prefill(nb::module_& m) {
            "(plan takes mask_indptr, run packed_custom_mask); split_kv false plans every request unsplit; "
            "fixed_chunk > 0 splits KV into chunks of that many keys, independent of the rest of the batch "
            "(max_fixed_chunks: TaskInfo's bound on their pieces per KV head); head_dim_vo: v's and o's head dim "
-           "(0: head_dim; 128 with head_dim 192).")
+           "(0: head_dim; 128 with head_dim 192); shared_prefix_tokens > 0: automatic shared prefixes "
+           "(PrefillOptions::shared_prefix) of at least that many tokens (host page ids, plan_paged only).")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a paged step whose page ids stay on the GPU (as BatchDecode.plan_device).")
@@ -367,6 +373,8 @@ void bind_prefill(nb::module_& m) {
            "k_scale_tensor"_a.none() = nb::none(), "v_scale_tensor"_a.none() = nb::none(),
            "run_ragged()'s arguments (less the stream), converted for PrefillPair.run; launches nothing.")
       .def_prop_ro("last_plan_us", &PyBatchPrefill::last_plan_us, "Host time of the last plan() in microseconds.")
+      .def_prop_ro("shared_prefix_stats", &PyBatchPrefill::shared_prefix_stats,
+                   "With shared_prefix_tokens: what the last plan found (a dict, as BatchDecode's), else None.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")
       .def_prop_ro("hopper", &PyBatchPrefill::hopper,

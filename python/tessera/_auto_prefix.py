@@ -47,8 +47,9 @@ GRAPH_MIN_SHARED_TOKENS tokens (the wrapper's _shared_prefix_min_tokens),
 the unique level runs on the wrapper's own decode kernel and the shared
 level on a prefill kernel merging into out in its epilogue, re-planned only
 when its groups change; a step without groups adds one launch over no
-pages. Its workspace is the tail of the wrapper's. The prefill wrapper
-refuses the option with use_cuda_graph.
+pages. Its workspace is the tail of the wrapper's. The prefill wrapper's
+CUDA-graph mode does the same on its own kernel (PrefillOptions::
+shared_prefix; causal: each member shares only pages before its first query).
 
 Not with custom masks, sliding windows, fused RoPE / ALiBi, fp8 caches, an
 o_data_type or head_dim_vo other than q's, fixed_split_size,
@@ -90,14 +91,10 @@ def _refuse(name, value, why):
     raise C.not_supported(name, value, f"with shared_prefix='auto': {why}")
 
 
-def check_options(use_cuda_graph, window_left, rope, kv_dtype, q_dtype, o_dtype, masked=False, head_dim_vo=0,
+def check_options(window_left, rope, kv_dtype, q_dtype, o_dtype, masked=False, head_dim_vo=0,
                   fixed_split_size=None, disable_split_kv=False, q_len_per_req=1):
     """The plan() arguments shared_prefix="auto" does not combine with (NotSupportedError naming each); checked on
-    every such plan, whatever the table, so a configuration either works on every step or on none.
-    use_cuda_graph: True only from the prefill wrapper (the decode wrapper's graph mode is supported)."""
-    if use_cuda_graph:
-        _refuse("use_cuda_graph", True, "the prefill wrapper's query rows change from step to step; CUDA graphs "
-                "of decode steps take the option on BatchDecodeWithPagedKVCacheWrapper")
+    every such plan, whatever the table, so a configuration either works on every step or on none."""
     if q_len_per_req != 1:
         _refuse("q_len_per_req", q_len_per_req, "only one query per request is split into levels")
     if masked:

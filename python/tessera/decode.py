@@ -318,7 +318,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                                  options, rope, split, fixed)
             return
         if auto:
-            AP.check_options(False, options[0], rope, kv_dt, q_dt, o_dt,  # CUDA graphs: see _auto_prefix.py
+            AP.check_options(options[0], rope, kv_dt, q_dt, o_dt,  # CUDA graphs: see _auto_prefix.py
                              fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, q_len_per_req=n)
         elif self._auto_prefix is not None:
             self._auto_prefix.stats = None

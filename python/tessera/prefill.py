@@ -113,11 +113,16 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         self._fixed_pages = W.buffer_length(paged_kv_indices_buf, "paged_kv_indices_buf")
         # shared_prefix="auto": the K / V bytes a split must save (tests lower it) and its state (_auto_prefix.py).
         self._shared_prefix_min_bytes = AP.MIN_SAVED_BYTES
+        # With CUDA graphs: the fewest shared tokens that make a group (PrefillOptions::shared_prefix).
+        self._shared_prefix_min_tokens = AP.GRAPH_MIN_SHARED_TOKENS
         self._auto_prefix = None
 
     @property
     def shared_prefix_stats(self):
         """What the last plan() with shared_prefix="auto" found (see _auto_prefix.stats), else None."""
+        plan = self._planned
+        if plan is not None and plan.get("prefix_tokens") and self._native is not None:
+            return self._native.shared_prefix_stats  # the C++ wrapper split the step itself
         return AP.stats(self)
 
     def workspace_size(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
@@ -218,8 +223,12 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 change. With causal, a request shares only pages that end
                 before its first query (floor((kv_len - qo_len) / page_size)
                 pages), so the unmasked shared level is exact. The cascade has
-                a workspace of its own, allocated at the first split step. Not
-                with use_cuda_graph, custom masks, window_left,
+                a workspace of its own, allocated at the first split step.
+                With use_cuda_graph every step splits (the run() a graph
+                captured stays the same launches): groups are runs of adjacent
+                requests sharing at least 512 tokens, and the levels live in
+                the tail of this wrapper's workspace. Not with custom masks,
+                window_left,
                 pos_encoding_mode, head_dim_vo != head_dim_qk, o_data_type !=
                 q_data_type, fixed_split_size or disable_split_kv
                 (NotSupportedError naming the argument). shared_prefix_stats
@@ -277,11 +286,16 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         indices = W.page_ids(paged_kv_indices, int(kv[-1]), "paged_kv_indices", self._float_workspace_buffer,
                              on_device=not masked)
         auto = AP.shared_prefix_arg(shared_prefix)
+        # shared_prefix="auto": with CUDA graphs the C++ wrapper splits every step itself (PrefillOptions::
+        # shared_prefix, from host page ids); without, a step worth splitting runs on a cascade.
+        prefix_tokens = self._shared_prefix_min_tokens if auto and self._use_cuda_graph else 0
         if auto:
-            AP.check_options(self._use_cuda_graph, options["window_left"], rope, config[1], config[0], config[2],
-                             masked=masked, head_dim_vo=options["head_dim_vo"], fixed_split_size=fixed_split_size,
+            AP.check_options(options["window_left"], rope, config[1], config[0], config[2], masked=masked,
+                             head_dim_vo=options["head_dim_vo"], fixed_split_size=fixed_split_size,
                              disable_split_kv=disable_split_kv)
-            if AP.plan_prefill(self, qo, kv, indices, last, config, scale, sm_scale, options, rope):
+            if prefix_tokens:
+                indices = AP.host_page_ids(indices)
+            elif AP.plan_prefill(self, qo, kv, indices, last, config, scale, sm_scale, options, rope):
                 return
         elif self._auto_prefix is not None:
             self._auto_prefix.stats = None
@@ -298,7 +312,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                    lambda n, s: (n.plan_paged_device(qo, kv, indices.ptr, indices.count, indices.device, last, s)
                                  if isinstance(indices, W.DeviceIds) else
                                  n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr)),
-                   mask=mask, rope=rope, total_q=total_q, auto_prefix=auto,
+                   mask=mask, rope=rope, total_q=total_q, auto_prefix=auto, prefix_tokens=prefix_tokens,
                    planner=(split, fixed * config[6],
                             lambda: (M.indptr_lengths(qo, "qo_indptr"), M.paged_kv_lengths(kv, last, config[6]))))
 
@@ -386,11 +400,8 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
 
     def _run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
              return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, window_left=None, sinks=None,
-             kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None, uses_spcompress=None,
-             merge_lse=None):
-        """run() outside torch.compile (and the real implementation of tessera::batch_prefill_paged_run).
-        merge_lse (internal, shared_prefix="auto"'s graph mode): float32 [rows, heads] LSE of the state `out`
-        holds; the kernel merges into out instead of overwriting it (RunOptions::merge_lse)."""
+             kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None, uses_spcompress=None):
+        """run() outside torch.compile (and the real implementation of tessera::batch_prefill_paged_run)."""
         B.check_run_flags(use_fp16_softmax, uses_spcompress)
         plan = self._check_run(args, q_scale, k_scale, v_scale, enable_pdl, window_left, lse_base, lse_layout,
                                like=q, kv_cache_sf=kv_cache_sf,
@@ -419,8 +430,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                                  plan["sm_scale"], T.stream_of(q), plan["mask"], pdl=plan["pdl"],
                                  v_scale=plan["v_scale"], k_scale_tensor=plan["k_scale_tensor"],
                                  v_scale_tensor=plan["v_scale_tensor"],
-                                 **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]),
-                                 **({} if merge_lse is None else {"merge_lse": T.arg(self._rows(merge_lse, n))}))
+                                 **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
             if sinks is not None:
                 W.apply_sinks(self._rows(out, n), self._rows(lse, n), sinks)
         if not return_lse:

@@ -279,12 +279,10 @@ def test_prefill_auto_refuses_what_it_does_not_combine_with(name, kwargs):
     qo = np.array([0, 1, 2], np.int32)
     args = dict(head_dim_qk=128)
     args.update(kwargs)
-    w = tessera.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1024, np.uint8))
-    with pytest.raises(tessera.NotSupportedError, match=name):
-        w.plan(qo, indptr, indices, last, 8, 2, page_size=PAGE, shared_prefix="auto", **args)
-    g = tessera.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1024, np.uint8), use_cuda_graph=True)
-    with pytest.raises(tessera.NotSupportedError, match="use_cuda_graph"):
-        g.plan(qo, indptr, indices, last, 8, 2, 128, PAGE, shared_prefix="auto")
+    for graph in (False, True):
+        w = tessera.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1024, np.uint8), use_cuda_graph=graph)
+        with pytest.raises(tessera.NotSupportedError, match=name):
+            w.plan(qo, indptr, indices, last, 8, 2, page_size=PAGE, shared_prefix="auto", **args)
 
 
 # ======================================================================= GPU
@@ -541,3 +539,47 @@ def test_prefill_without_sharing_is_the_normal_path(torch_cuda, rng):
         w.plan(qo, *table, HQ, HKV, D, PAGE, causal=True, shared_prefix=auto)
         outs.append(w.run(q, (k, v), return_lse=True))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_prefill_auto_in_cuda_graphs(torch_cuda, rng):
+    """use_cuda_graph=True: the C++ wrapper splits every step itself (PrefillOptions::shared_prefix). One graph
+    captured on a step without sharing replays a causal step whose adjacent requests share a long prompt (their
+    queries cutting it to the pages before them) and one without again, each against the float64 reference."""
+    from tessera import _auto_prefix
+    torch = torch_cuda
+    q_lens = [1, 3, 2, 5, 1, 4]
+    B, bound = len(q_lens), 200
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    i32 = dict(dtype=torch.int32, device="cuda")
+    w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), use_cuda_graph=True,
+                                                    qo_indptr_buf=torch.empty(B + 1, **i32),
+                                                    paged_kv_indptr_buf=torch.empty(B + 1, **i32),
+                                                    paged_kv_indices_buf=torch.empty(bound, **i32),
+                                                    paged_kv_last_page_len_buf=torch.empty(B, **i32))
+    k, v = gpu_cache(torch, rng, 200, torch.float16)
+    q = torch.empty(int(qo[-1]), HQ, D, dtype=torch.float16, device="cuda")
+    out = torch.full((int(qo[-1]), HQ, D), float("nan"), dtype=torch.float16, device="cuda")
+    lse = torch.full((int(qo[-1]), HQ), float("nan"), dtype=torch.float32, device="cuda")
+
+    def own(r, n):
+        return list(range(100 + 5 * r, 100 + 5 * r + n))
+    alone = [(own(r, 2), 2 * PAGE - r) for r in range(B)]
+    w.plan(qo, *table_of(alone), HQ, HKV, D, PAGE, causal=True, shared_prefix="auto")
+    assert w.shared_prefix_stats["groups"] == 0
+    for _ in range(2):  # warm up (JIT) before the capture
+        w.run(q, (k, v), out=out, lse=lse)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, (k, v), out=out, lse=lse)
+    pages = -(-_auto_prefix.GRAPH_MIN_SHARED_TOKENS // PAGE) + 1  # one page more: request 3's 5 queries cut one
+    grouped = [(list(range(pages)) + own(r, 1), pages * PAGE + 1 + r) for r in range(4)] + alone[4:]
+    for reqs, groups in ((grouped, 1), (alone, 0)):
+        table = table_of(reqs)
+        w.plan(qo, *table, HQ, HKV, D, PAGE, causal=True, shared_prefix="auto")
+        st = w.shared_prefix_stats
+        assert st["groups"] == groups and st["requests_in_groups"] == 4 * groups
+        q.copy_(torch.from_numpy(rng.standard_normal(tuple(q.shape)).astype(np.float32)).half())
+        out.fill_(float("nan"))
+        graph.replay()
+        check(out, lse, *reference(q, qo, table, k, v, True), "float16")
