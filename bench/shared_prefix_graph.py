@@ -10,7 +10,8 @@ as an engine holds one per batch bucket:
   auto:  plan(..., shared_prefix="auto"): the unique level on the wrapper's
          decode kernel, the shared level on a prefill kernel merging into
          its output (groups of at least GRAPH_MIN_SHARED_TOKENS tokens);
-  auto-any: the same with groups of any length (for comparison).
+  auto-any: the same with every group, of any length, size or saving (for
+         comparison).
 --capture-first captures each arm's graph the way a serving engine does:
 after a plan of dummy rows (one key each, page 0), then re-plans the step.
 Per arm, one CUDA graph holds `layers` run() calls, each over its own K / V
@@ -63,8 +64,8 @@ def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False):
         paged_kv_indptr_buffer=torch.zeros(batch + 1, **i32), paged_kv_indices_buffer=torch.zeros(max_pages, **i32),
         paged_kv_last_page_len_buffer=torch.zeros(batch, **i32))
     kw = dict(shared_prefix="auto") if auto else {}
-    if auto == "any":  # groups of any length (what GRAPH_MIN_SHARED_TOKENS avoids), for comparison
-        w._shared_prefix_min_tokens = 1
+    if auto == "any":  # every group, of any length, size or saving (what the option's limits avoid)
+        w._shared_prefix_limits = (1, 2, 0)
 
     def plan(t=table):
         w.plan(*t, HQ, HKV, D, PS, q_data_type="float16", **kw)

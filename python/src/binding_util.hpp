@@ -201,12 +201,25 @@ inline TaskInfo prefill_task(int num_qo_heads, int num_kv_heads, int page_size, 
 using TileArg = std::tuple<int, int, int, int>;
 
 // split_kv / fixed_chunk: the planner's (PlannerOptions; fixed_chunk in keys, 0: off).
-// shared_prefix_tokens > 0: PrefillOptions::shared_prefix with that min_shared_tokens.
+// The shared_prefix knobs of the wrappers' bindings: (min_shared_tokens,
+// min_members, min_saved_tokens); the first > 0 turns the option on, a
+// negative other keeps AutoSharedPrefix's default.
+using PrefixArg = std::tuple<int, int, int64_t>;
+inline AutoSharedPrefix auto_shared_prefix(const PrefixArg& a) {
+  AutoSharedPrefix p;
+  const auto [tokens, members, saved] = a;
+  if (tokens <= 0) return p;
+  p.enabled = true;
+  p.min_shared_tokens = tokens;
+  if (members >= 0) p.min_members = members;
+  if (saved >= 0) p.min_saved_tokens = saved;
+  return p;
+}
+
 inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const TileArg& tile = {}, int cluster = 0,
-                                      bool split_kv = true, int fixed_chunk = 0, int shared_prefix_tokens = 0) {
+                                      bool split_kv = true, int fixed_chunk = 0, const PrefixArg& shared_prefix = {}) {
   PrefillOptions opt;
-  opt.shared_prefix.enabled = shared_prefix_tokens > 0;
-  if (shared_prefix_tokens > 0) opt.shared_prefix.min_shared_tokens = shared_prefix_tokens;
+  opt.shared_prefix = auto_shared_prefix(shared_prefix);
   opt.planner.split_kv = split_kv;
   opt.planner.fixed_chunk = fixed_chunk;
   opt.cta_q = cta_q;
@@ -227,6 +240,7 @@ inline nanobind::object shared_prefix_stats_dict(const SharedPrefixStats* st) {
   d["groups"] = st->groups;
   d["requests_in_groups"] = st->requests_in_groups;
   d["saved_pages"] = st->saved_pages;
+  d["groups_found"] = st->groups_found;
   d["detect_us"] = st->detect_us;
   d["replanned"] = st->replanned;
   return d;

@@ -178,21 +178,20 @@ class PyBatchDecode {
                 int64_t max_pages, uintptr_t ws_ptr, size_t ws_bytes, uintptr_t host_ptr, size_t host_bytes,
                 int device, bool split_kv, int max_sms, bool use_tensor_cores, int window_left, double logits_soft_cap,
                 int pos_encoding, int tc_cta_q, bool cuda_cores, int fixed_chunk, int heads_per_thread,
-                int shared_prefix_tokens)
+                const PrefixArg& shared_prefix)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         dec_(decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, pos_encoding),
              TaskInfo{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages}, ws_,
              options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk, heads_per_thread,
-                     shared_prefix_tokens)),
+                     shared_prefix)),
         layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding),
         kv_dtype_(parse_dtype("kv_dtype", kv_dtype)) {}
 
-  // shared_prefix_tokens > 0: DecodeOptions::shared_prefix with that min_shared_tokens.
+  // shared_prefix: (min_shared_tokens > 0 turns DecodeOptions::shared_prefix on, min_members, min_saved_tokens).
   static DecodeOptions options(bool split_kv, int max_sms, bool use_tensor_cores, int tc_cta_q, bool cuda_cores,
-                               int fixed_chunk, int heads_per_thread, int shared_prefix_tokens) {
+                               int fixed_chunk, int heads_per_thread, const PrefixArg& shared_prefix) {
     DecodeOptions opt;
-    opt.shared_prefix.enabled = shared_prefix_tokens > 0;
-    if (shared_prefix_tokens > 0) opt.shared_prefix.min_shared_tokens = shared_prefix_tokens;
+    opt.shared_prefix = auto_shared_prefix(shared_prefix);
     opt.heads_per_thread = heads_per_thread;
     opt.planner.fixed_chunk = fixed_chunk;
     opt.cuda_cores = cuda_cores;
@@ -211,7 +210,7 @@ class PyBatchDecode {
                                                    bool split_kv, int max_sms, bool use_tensor_cores, int window_left,
                                                    double logits_soft_cap, int pos_encoding, int tc_cta_q,
                                                    bool cuda_cores, int fixed_chunk, int heads_per_thread,
-                                                   int shared_prefix_tokens) {
+                                                   const PrefixArg& shared_prefix) {
     const TaskInfo task{num_qo_heads, num_kv_heads, page_size, parse_kv_layout(layout.c_str()), max_batch, max_pages};
     if (num_sms <= 0) {
       if (!cuda::gpu_available()) throw CudaError("workspace_size: num_sms not given and " + cuda::no_gpu_reason());
@@ -220,7 +219,7 @@ class PyBatchDecode {
     const auto s = (Min ? BatchDecode::min_workspace_size : BatchDecode::workspace_size)(
         decode_spec(q_dtype, kv_dtype, o_dtype, head_dim, window_left, logits_soft_cap, pos_encoding), task, num_sms,
         options(split_kv, max_sms, use_tensor_cores, tc_cta_q, cuda_cores, fixed_chunk, heads_per_thread,
-                shared_prefix_tokens));
+                shared_prefix));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -360,23 +359,23 @@ NB_MODULE(_C, m) {
                       "max_batch"_a, "max_pages"_a, "num_sms"_a = 0, "device"_a = 0, "split_kv"_a = true,
                       "max_sms"_a = 0, "use_tensor_cores"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
                       "pos_encoding"_a = 0, "tc_cta_q"_a = 0, "cuda_cores"_a = false, "fixed_chunk"_a = 0,
-                      "heads_per_thread"_a = 0, "shared_prefix_tokens"_a = 0);
+                      "heads_per_thread"_a = 0, "shared_prefix"_a = PrefixArg{});
   decode.def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, bool, int, bool, int, double, int,
-                    int, bool, int, int, int>(),
+                    int, bool, int, int, const PrefixArg&>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "max_batch"_a, "max_pages"_a, "workspace_ptr"_a, "workspace_bytes"_a, "host_ptr"_a,
            "host_bytes"_a, "device"_a, "split_kv"_a = true, "max_sms"_a = 0, "use_tensor_cores"_a = false,
            "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tc_cta_q"_a = 0,
-           "cuda_cores"_a = false, "fixed_chunk"_a = 0, "heads_per_thread"_a = 0, "shared_prefix_tokens"_a = 0,
+           "cuda_cores"_a = false, "fixed_chunk"_a = 0, "heads_per_thread"_a = 0, "shared_prefix"_a = PrefixArg{},
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
            "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype); tc_cta_q its query tile "
            "(0 heuristic, 16, 32, 64 or 128). Neither flag: the wrapper picks (DecodeOptions); cuda_cores: "
            "the CUDA-core kernel. fixed_chunk > 0: batch-invariant KV chunks of that many keys. heads_per_thread "
-           "(1..4, 0 heuristic): the CUDA-core kernel's query heads per thread (tuning). shared_prefix_tokens > 0: "
-           "automatic shared prefixes (DecodeOptions::shared_prefix) of at least that many tokens; needs the bounds "
-           "and host page ids.")
+           "(1..4, 0 heuristic): the CUDA-core kernel's query heads per thread (tuning). shared_prefix "
+           "(min_shared_tokens, min_members, min_saved_tokens): the first > 0 turns on automatic shared prefixes "
+           "(DecodeOptions::shared_prefix; a negative other keeps its default); needs the bounds and host page ids.")
       .def("plan_device", &PyBatchDecode::plan_device, "kv_indptr"_a, "ids_ptr"_a, "count"_a, "device"_a,
            "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a step whose page ids stay on the GPU: count int32 at ids_ptr on CUDA device `device`, "
@@ -401,7 +400,7 @@ NB_MODULE(_C, m) {
            "kernel only) multiply them too. An fp8 kv_dtype's cache may come as uint8 views.")
       .def_prop_ro("last_plan_us", &PyBatchDecode::last_plan_us, "Host time of the last plan() in microseconds.")
       .def_prop_ro("shared_prefix_stats", &PyBatchDecode::shared_prefix_stats,
-                   "With shared_prefix_tokens: what the last plan found (groups, requests_in_groups, saved_pages, "
+                   "With shared_prefix: what the last plan found (groups, requests_in_groups, saved_pages, "
                    "detect_us, replanned), else None.")
       .def_prop_ro("ctas_per_head", &PyBatchDecode::ctas_per_head, "Persistent CTAs per KV head (0 before plan).")
       .def_prop_ro("num_split_requests", &PyBatchDecode::num_split_requests,

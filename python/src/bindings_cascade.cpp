@@ -159,12 +159,12 @@ nb::tuple level_arrays(PrefixLevel&& l) {
 }
 
 // Host int32 arrays in (qo_indptr None for decode); a dict out: split,
-// saved_pages, groups [G, 3] (first, size, shared_pages), identity_order,
+// grouped, saved_pages, groups [G, 3] (first, size, shared_pages), identity_order,
 // order, row_order, shared / unique (qo_indptr, kv_indptr, kv_indices,
 // kv_last_page_len) and host_us.
 nb::dict py_find_shared_prefixes(nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_last_page_len,
                                  int page_size, nb::handle qo_indptr, int min_shared_pages, int64_t min_saved_pages,
-                                 bool causal, bool keep_order, bool always_levels) {
+                                 bool causal, bool keep_order, bool always_levels, int min_members) {
   const Arg ip = to_arg("kv_indptr", kv_indptr), idx = to_arg("kv_indices", kv_indices),
             last = to_arg("kv_last_page_len", kv_last_page_len), qo = to_optional_arg("qo_indptr", qo_indptr);
   SharedPrefixOptions opt;
@@ -173,6 +173,7 @@ nb::dict py_find_shared_prefixes(nb::handle kv_indptr, nb::handle kv_indices, nb
   opt.causal = causal;
   opt.keep_order = keep_order;
   opt.always_levels = always_levels;
+  opt.min_members = min_members;
   SharedPrefixSplit sp;
   {
     const auto ip_s = host_ints("kv_indptr", ip), idx_s = host_ints("kv_indices", idx),
@@ -186,6 +187,7 @@ nb::dict py_find_shared_prefixes(nb::handle kv_indptr, nb::handle kv_indices, nb
   for (const SharedPrefixGroup& g : sp.groups) groups.insert(groups.end(), {g.first, g.size, g.shared_pages});
   nb::dict d;
   d["split"] = sp.split;
+  d["grouped"] = sp.grouped;
   d["saved_pages"] = sp.saved_pages;
   d["groups"] = owned(std::move(groups), {sp.groups.size(), 3});
   d["identity_order"] = sp.identity_order;
@@ -203,7 +205,7 @@ nb::dict py_find_shared_prefixes(nb::handle kv_indptr, nb::handle kv_indices, nb
 void bind_cascade(nb::module_& m) {
   m.def("find_shared_prefixes", &py_find_shared_prefixes, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a,
         "page_size"_a, "qo_indptr"_a.none() = nb::none(), "min_shared_pages"_a = 1, "min_saved_pages"_a = 1,
-        "causal"_a = false, "keep_order"_a = false, "always_levels"_a = false,
+        "causal"_a = false, "keep_order"_a = false, "always_levels"_a = false, "min_members"_a = 2,
         "Shared prefixes of a page table (host int32 arrays; qo_indptr None: decode) and, when worth it, their two "
         "cascade levels (tessera/formats/shared_prefix.hpp): a dict.");
   nb::class_<PyCascade> cascade(m, "CascadeAttention",

@@ -43,7 +43,8 @@ CUDA graphs (the decode wrapper's use_cuda_graph=True): a captured run()
 replays one sequence of launches, so in this mode the C++ wrapper splits
 every step itself (DecodeOptions::shared_prefix, tessera/api/
 shared_prefix.hpp): groups are runs of adjacent requests sharing at least
-GRAPH_MIN_SHARED_TOKENS tokens (the wrapper's _shared_prefix_min_tokens),
+GRAPH_MIN_SHARED_TOKENS tokens, with enough members and savings (the
+wrapper's _shared_prefix_limits),
 the unique level runs on the wrapper's own decode kernel and the shared
 level on a prefill kernel merging into out in its epilogue, re-planned only
 when its groups change; a step without groups adds one launch over no
@@ -74,8 +75,11 @@ from ._native import _C
 MIN_SAVED_BYTES = 16 << 20
 
 # CUDA-graph mode: the fewest shared tokens that make a group (AutoSharedPrefix::min_shared_tokens; why 512:
-# tessera/api/shared_prefix.hpp).
+# tessera/api/shared_prefix.hpp), and the C++ option's (min_shared_tokens, min_members, min_saved_tokens) the
+# wrappers pass (-1: AutoSharedPrefix's default); OFF: the option off.
 GRAPH_MIN_SHARED_TOKENS = 512
+GRAPH_LIMITS = (GRAPH_MIN_SHARED_TOKENS, -1, -1)
+OFF = (0, -1, -1)
 
 
 def shared_prefix_arg(value):

@@ -130,20 +130,20 @@ class PrefillWrapper(W.PlannedWrapper):
         return config, scale, options
 
     def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(W.POS_NONE, 1.0, 1e4),
-              planner=(True, 0, None), exact=False, prefix_tokens=0, **planned):
+              planner=(True, 0, None), exact=False, prefix=(0, -1, -1), **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream. planner: (split_kv, fixed chunk in keys, 0 = off,
         lens() -> (qo_lens, kv_lens) of the step, read only with fixed chunks). exact: the counts are the
-        bounds (planning on the GPU; see W.ensure_native). prefix_tokens > 0: the C++ wrapper's shared_prefix
-        option (groups of at least that many tokens)."""
+        bounds (planning on the GPU; see W.ensure_native). prefix: the C++ wrapper's shared_prefix option
+        (min_shared_tokens > 0 turns it on, min_members, min_saved_tokens; -1: its default)."""
         buf = self._float_workspace_buffer
         W.check_workspace_buffer_once(self)
         split, fixed, lens = planner
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
                      cluster=self._cluster, custom_mask=mask is not None, split_kv=split, fixed_chunk=fixed,
-                     shared_prefix_tokens=prefix_tokens)
+                     shared_prefix=prefix)
         key = config + (mask is not None, options["window_left"], options["logits_soft_cap"], options["pos_encoding"],
-                        split, fixed, options["head_dim_vo"], prefix_tokens)
+                        split, fixed, options["head_dim_vo"], prefix)
         if fixed:  # the workspace holds every (query tile, chunk) piece of the step
             same = self._native is not None and self._native_key[0] == key
             cta = (self._native.cta_q if same else 0) or 16  # before the first plan: the smallest tile
@@ -166,7 +166,7 @@ class PrefillWrapper(W.PlannedWrapper):
         with T.on_device_of(buf):
             bits = None if mask is None else mask.device_bits(buf.device, self._mask_buf, self._use_cuda_graph)
             plan_fn(self._native, T.stream_of(buf))
-        self._planned = dict(planned, prefix_tokens=prefix_tokens, kv_dtype=config[1], o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
+        self._planned = dict(planned, prefix=prefix, kv_dtype=config[1], o_dtype=config[2], sm_scale=scale, mask=bits, window_left=options["window_left"],
                              rope=rope, alibi_slopes=W.plan_alibi_slopes(rope, config[4], buf.device),
                              head_dim=config[3], head_dim_vo=options["head_dim_vo"] or config[3],
                              num_qo_heads=config[4])

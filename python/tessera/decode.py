@@ -128,8 +128,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         self._heads_per_thread = 0  # the CUDA-core kernel's query heads per thread (0: heuristic)
         # shared_prefix="auto": the K / V bytes a split must save (tests lower it) and its state (_auto_prefix.py).
         self._shared_prefix_min_bytes = AP.MIN_SAVED_BYTES
-        # With CUDA graphs: the fewest shared tokens that make a group (DecodeOptions::shared_prefix).
-        self._shared_prefix_min_tokens = AP.GRAPH_MIN_SHARED_TOKENS
+        # With CUDA graphs: DecodeOptions::shared_prefix's (min_shared_tokens, min_members, min_saved_tokens);
+        # -1 keeps the C++ default (tests and benchmarks lower them).
+        self._shared_prefix_limits = AP.GRAPH_LIMITS
         self._auto_prefix = None
         self._native = None  # the C++ BatchDecode, built by plan()
         self._native_key = None  # what it was built for: dtypes, shape, bounds
@@ -349,13 +350,13 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         buf = self._float_workspace_buffer
         # shared_prefix="auto": with CUDA graphs the C++ wrapper splits every step itself (DecodeOptions::
         # shared_prefix, from host page ids); without, a step worth splitting runs on a cascade.
-        prefix_tokens = self._shared_prefix_min_tokens if auto and self._use_cuda_graph else 0
-        if auto and not prefix_tokens and AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt),
-                                                         shape, scale, sm_scale, options[1], rope, buf):
+        prefix = self._shared_prefix_limits if auto and self._use_cuda_graph else AP.OFF
+        if auto and not prefix[0] and AP.plan_decode(self, indptr, indices, last_page_len, (q_dt, kv_dt, o_dt),
+                                                        shape, scale, sm_scale, options[1], rope, buf):
             return
-        if prefix_tokens:
+        if prefix[0]:
             indices = AP.host_page_ids(indices)
-        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split, fixed, prefix_tokens),
+        self._ensure_native((q_dt, kv_dt, o_dt) + shape + options + (rope[0], split, fixed, prefix),
                             max(batch, 1), max(len(indices), 1))
         # The C++ plan() switches to the workspace's device itself.
         if isinstance(indices, W.DeviceIds):
@@ -383,7 +384,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if step["last_page_len"].shape[0] < max_batch:
             raise ValueError(f"last_page_len: expected at least {max_batch} entries (max_batch, indptr's length - 1), "
                              f"got {step['last_page_len'].shape[0]}")
-        self._ensure_native(dtypes + shape + options + (rope[0], split, fixed, 0), max_batch, max_pages, exact=True)
+        self._ensure_native(dtypes + shape + options + (rope[0], split, fixed, AP.OFF), max_batch, max_pages,
+                            exact=True)
         self._native.plan_on_device(step["batch_size"], step["indptr"], step["indices"], step["last_page_len"],
                                     T.stream_of(buf))
         self._planned = {"batch": max_batch, "q_dtype": dtypes[0], "kv_dtype": dtypes[1], "o_dtype": dtypes[2],
@@ -438,12 +440,12 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         what = ("max_batch (its length - 1)", "max_pages (its length)") if exact else ("batch size", "page count")
         bounds = (W.Bound("max_batch", "indptr", what[0], self._fixed_batch, "paged_kv_indptr_buffer"),
                   W.Bound("max_pages", "indices", what[1], self._fixed_pages, "paged_kv_indices_buffer"))
-        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split, fixed, prefix_tokens = config
+        q_dt, kv_dt, o_dt, hq, hkv, d, ps, window, cap, rope, split, fixed, prefix = config
         args = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, self._kv_layout)
         knobs = dict(split_kv=split, max_sms=self._max_sms, use_tensor_cores=self._use_tensor_cores,
                      tc_cta_q=self._tc_cta_q, cuda_cores=self._cuda_cores, window_left=window, logits_soft_cap=cap,
                      pos_encoding=rope, fixed_chunk=fixed, heads_per_thread=self._heads_per_thread,
-                     shared_prefix_tokens=prefix_tokens)
+                     shared_prefix=prefix)
 
         def size(want, device):
             ideal, host = _C.BatchDecode.workspace_size(*args, *want, device=device, **knobs)

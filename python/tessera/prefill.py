@@ -113,15 +113,15 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         self._fixed_pages = W.buffer_length(paged_kv_indices_buf, "paged_kv_indices_buf")
         # shared_prefix="auto": the K / V bytes a split must save (tests lower it) and its state (_auto_prefix.py).
         self._shared_prefix_min_bytes = AP.MIN_SAVED_BYTES
-        # With CUDA graphs: the fewest shared tokens that make a group (PrefillOptions::shared_prefix).
-        self._shared_prefix_min_tokens = AP.GRAPH_MIN_SHARED_TOKENS
+        # With CUDA graphs: PrefillOptions::shared_prefix's limits (as the decode wrapper's).
+        self._shared_prefix_limits = AP.GRAPH_LIMITS
         self._auto_prefix = None
 
     @property
     def shared_prefix_stats(self):
         """What the last plan() with shared_prefix="auto" found (see _auto_prefix.stats), else None."""
         plan = self._planned
-        if plan is not None and plan.get("prefix_tokens") and self._native is not None:
+        if plan is not None and plan.get("prefix", AP.OFF)[0] and self._native is not None:
             return self._native.shared_prefix_stats  # the C++ wrapper split the step itself
         return AP.stats(self)
 
@@ -288,12 +288,12 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         auto = AP.shared_prefix_arg(shared_prefix)
         # shared_prefix="auto": with CUDA graphs the C++ wrapper splits every step itself (PrefillOptions::
         # shared_prefix, from host page ids); without, a step worth splitting runs on a cascade.
-        prefix_tokens = self._shared_prefix_min_tokens if auto and self._use_cuda_graph else 0
+        prefix = self._shared_prefix_limits if auto and self._use_cuda_graph else AP.OFF
         if auto:
             AP.check_options(options["window_left"], rope, config[1], config[0], config[2], masked=masked,
                              head_dim_vo=options["head_dim_vo"], fixed_split_size=fixed_split_size,
                              disable_split_kv=disable_split_kv)
-            if prefix_tokens:
+            if prefix[0]:
                 indices = AP.host_page_ids(indices)
             elif AP.plan_prefill(self, qo, kv, indices, last, config, scale, sm_scale, options, rope):
                 return
@@ -312,7 +312,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                    lambda n, s: (n.plan_paged_device(qo, kv, indices.ptr, indices.count, indices.device, last, s)
                                  if isinstance(indices, W.DeviceIds) else
                                  n.plan_paged(qo, kv, indices, last, s, None if mask is None else mask.indptr)),
-                   mask=mask, rope=rope, total_q=total_q, auto_prefix=auto, prefix_tokens=prefix_tokens,
+                   mask=mask, rope=rope, total_q=total_q, auto_prefix=auto, prefix=prefix,
                    planner=(split, fixed * config[6],
                             lambda: (M.indptr_lengths(qo, "qo_indptr"), M.paged_kv_lengths(kv, last, config[6]))))
 

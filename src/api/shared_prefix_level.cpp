@@ -72,6 +72,10 @@ void SharedPrefixLevel::check(const AttentionSpec& spec, const TaskInfo& task, i
                               const AutoSharedPrefix& opt, const PlannerOptions& planner) {
   if (opt.min_shared_tokens < 1)
     throw InvalidArgument("shared_prefix: expected min_shared_tokens >= 1, got " + str(opt.min_shared_tokens));
+  if (opt.min_members < 2)
+    throw InvalidArgument("shared_prefix: expected min_members >= 2, got " + str(opt.min_members));
+  if (opt.min_saved_tokens < 0)
+    throw InvalidArgument("shared_prefix: expected min_saved_tokens >= 0, got " + str(opt.min_saved_tokens));
   if (is_fp8(spec.kv_dtype) || spec.q_dtype != spec.kv_dtype || spec.o_dtype != spec.q_dtype)
     refuse("expected q, kv and o of one 16-bit dtype (the levels read 16-bit caches and merge in o's), got " +
            spec.str());
@@ -128,6 +132,8 @@ SharedPrefixLevel::SharedPrefixLevel(const AttentionSpec& spec, const TaskInfo& 
   level_ = std::make_unique<BatchPrefill>(level_spec(spec), level_task(task, rows), *slice_,
                                           level_options(planner, max_sms));
   find_.min_shared_pages = (opt.min_shared_tokens + task.page_size - 1) / task.page_size;
+  find_.min_members = opt.min_members;
+  find_.min_saved_pages = (opt.min_saved_tokens + task.page_size - 1) / task.page_size;
   find_.causal = variants::is_causal(spec.variant);
   find_.keep_order = true;
   find_.always_levels = true;
@@ -176,9 +182,12 @@ const PrefixLevel& SharedPrefixLevel::plan(std::span<const int32_t> kv_indptr, s
                           str(rows_));
   find_shared_prefixes(kv_indptr, kv_indices, kv_last_page_len, task_.page_size, qo_indptr, find_, split_);
   stats_ = {};
-  stats_.groups = static_cast<int32_t>(split_.groups.size());
-  for (const SharedPrefixGroup& g : split_.groups) stats_.requests_in_groups += g.size;
-  stats_.saved_pages = split_.saved_pages;
+  stats_.groups_found = static_cast<int32_t>(split_.groups.size());
+  if (split_.grouped) {
+    stats_.groups = stats_.groups_found;
+    for (const SharedPrefixGroup& g : split_.groups) stats_.requests_in_groups += g.size;
+    stats_.saved_pages = split_.saved_pages;
+  }
   stats_.detect_us = split_.host_us;
   // Re-planned only when the shared level changed: its groups last as long
   // as their requests, while the unique level changes every step.

@@ -56,6 +56,7 @@ void find_shared_prefixes(std::span<const int32_t> kv_indptr, std::span<const in
   if (opt.min_shared_pages < 1)
     throw InvalidArgument("min_shared_pages: expected >= 1, got " + str(opt.min_shared_pages));
   if (opt.min_saved_pages < 0) throw InvalidArgument("min_saved_pages: expected >= 0, got " + str(opt.min_saved_pages));
+  if (opt.min_members < 2) throw InvalidArgument("min_members: expected >= 2, got " + str(opt.min_members));
   if (kv_indptr.empty()) throw InvalidArgument("kv_indptr: expected requests + 1 >= 1 entries, got 0");
   Scratch& s = scratch();
   // The checks a plan() makes (the message names indptr / indices /
@@ -114,7 +115,7 @@ void find_shared_prefixes(std::span<const int32_t> kv_indptr, std::span<const in
   for (size_t i = 0; i < s.keys.size();) {
     size_t j = i + 1;
     while (j < s.keys.size() && first_page_of(s.keys[j]) == first_page_of(s.keys[i])) ++j;
-    if (j - i >= 2) {
+    if (j - i >= static_cast<size_t>(opt.min_members)) {
       const uint32_t r0 = request_of(s.keys[i]);
       int32_t shared = full[r0];
       for (size_t k = i + 1; k < j; ++k) shared = std::min(shared, full[request_of(s.keys[k])]);
@@ -137,18 +138,22 @@ void find_shared_prefixes(std::span<const int32_t> kv_indptr, std::span<const in
   out.row_order.clear();
   out.identity_order = true;
   out.saved_pages = saved;
-  out.split = opt.always_levels || (!s.found.empty() && saved >= opt.min_saved_pages);
+  const bool worth = !s.found.empty() && saved >= opt.min_saved_pages;
+  out.split = opt.always_levels || worth;
+  out.grouped = worth;
   reset_level(out.shared);
   reset_level(out.unique);
-  // The groups in the order of their first member, also without a split.
-  if (!out.split) {
+  // The groups in the order of their first member, also when the levels do not hold them.
+  if (!worth) {
     for (int64_t r = 0; r < n; ++r) {
       const int32_t g = s.group_of[r];
       if (g >= 0 && request_of(s.keys[s.found[g].begin]) == r)
         out.groups.push_back({-1, static_cast<int32_t>(s.found[g].end - s.found[g].begin), s.found[g].shared_pages});
     }
-    out.host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    return;
+    if (!out.split) {
+      out.host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      return;
+    }
   }
 
   // The levels, walking the requests in order: a group is emitted whole at
@@ -172,7 +177,7 @@ void find_shared_prefixes(std::span<const int32_t> kv_indptr, std::span<const in
     un.kv_last_page_len.push_back(kv_indptr[r + 1] - kv_indptr[r] > skip ? kv_last_page_len[r] : 0);
   };
   for (int64_t r = 0; r < n; ++r) {
-    const int32_t g = s.group_of[r];
+    const int32_t g = worth ? s.group_of[r] : -1;  // always_levels without a saving worth it: no groups
     if (g < 0) {
       emit_unique(static_cast<int32_t>(r), 0);
       if (open_empty) {

@@ -124,6 +124,10 @@ void check_split(const Table& t, const SharedPrefixSplit& sp, bool decode, bool 
   for (const SharedPrefixGroup& g : sp.groups) {
     ASSERT_GE(g.size, 2);
     saved += static_cast<int64_t>(g.shared_pages) * (g.size - 1);
+    if (!sp.grouped) {  // listed, not in the levels
+      EXPECT_EQ(g.first, -1);
+      continue;
+    }
     // A group's members are adjacent and share its level-0 entry.
     const int32_t r0 = sp.order[g.first];
     for (int32_t m = 1; m < g.size; ++m) {
@@ -339,16 +343,33 @@ TEST(SharedPrefix, AlwaysLevels) {
     EXPECT_EQ(sp.shared.kv_indptr, (std::vector<int32_t>{0, 0}));  // one entry without pages
     check_split(t, sp, decode, false);
   }
-  // Groups below min_saved_pages are used: the launches are paid anyway.
+  // Groups below min_saved_pages are listed, not used: the levels hold every request whole.
   Table s;
   s.add({0, 1}, 32);
   s.add({0, 1}, 30);
+  s.add({0, 1, 2}, 40);
   opt.min_saved_pages = 100;
-  const auto sp = s.find(opt, true);
+  auto sp = s.find(opt, true);
   ASSERT_TRUE(sp.split);
+  EXPECT_FALSE(sp.grouped);
   ASSERT_EQ(sp.groups.size(), 1u);
-  EXPECT_EQ(sp.groups[0].shared_pages, 1);
+  EXPECT_EQ(sp.groups[0].first, -1);
+  EXPECT_EQ(sp.groups[0].size, 3);
+  EXPECT_EQ(sp.shared.kv_indptr, (std::vector<int32_t>{0, 0}));
   check_split(s, sp, true, false);
+  opt.min_saved_pages = 2;
+  sp = s.find(opt, true);
+  ASSERT_TRUE(sp.grouped);
+  EXPECT_EQ(sp.groups[0].first, 0);
+  check_split(s, sp, true, false);
+  // min_members: the three requests form no group of four.
+  opt.min_members = 4;
+  sp = s.find(opt, true);
+  EXPECT_FALSE(sp.grouped);
+  EXPECT_TRUE(sp.groups.empty());
+  check_split(s, sp, true, false);
+  opt.min_members = 1;
+  EXPECT_THROW_MSG(s.find(opt, true), InvalidArgument, "min_members");
 }
 
 // Causal prefill: a member shares at most floor((kv_len - q_len) / page_size)

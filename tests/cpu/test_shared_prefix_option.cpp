@@ -79,6 +79,13 @@ TEST(SharedPrefixOption, RefusesBadSettingsAndOpenBounds) {
   DecodeOptions zero = decode_auto();
   zero.shared_prefix.min_shared_tokens = 0;
   EXPECT_THROW_MSG(BatchDecode::workspace_size(spec, bounded_task(), kSms, zero), InvalidArgument, "min_shared_tokens");
+  DecodeOptions one = decode_auto();
+  one.shared_prefix.min_members = 1;
+  EXPECT_THROW_MSG(BatchDecode::workspace_size(spec, bounded_task(), kSms, one), InvalidArgument, "min_members");
+  DecodeOptions negative = decode_auto();
+  negative.shared_prefix.min_saved_tokens = -1;
+  EXPECT_THROW_MSG(BatchDecode::workspace_size(spec, bounded_task(), kSms, negative), InvalidArgument,
+                   "min_saved_tokens");
   DecodeOptions fixed = decode_auto();
   fixed.planner.fixed_chunk = 512;
   EXPECT_THROW_MSG(BatchDecode::workspace_size(spec, bounded_task(), kSms, fixed), InvalidArgument, "fixed_chunk");

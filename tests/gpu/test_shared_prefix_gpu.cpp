@@ -22,6 +22,8 @@ using namespace tessera::test;
 namespace {
 
 constexpr int kMinTokens = 64;
+// Groups of any size and saving.
+constexpr AutoSharedPrefix kEveryGroup{true, kMinTokens, 2, 0};
 
 // Nine requests in runs: {0,1,2} share 320 tokens, {3} none, {4,5} 48 (under
 // kMinTokens: no group), {6,7,8} 160 (request 6 has no tokens of its own).
@@ -59,7 +61,7 @@ TEST_P(SharedPrefixDecode, MatchesFlatReference) {
                 static_cast<int64_t>(flat.indices.size())};
   DecodeOptions opt;
   opt.cuda_cores = cuda_cores;
-  opt.shared_prefix = {true, kMinTokens};
+  opt.shared_prefix = kEveryGroup;
   const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
   const auto sizes = BatchDecode::workspace_size(spec, task, sm_count(), opt);
   Workspace ws = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
@@ -89,6 +91,20 @@ TEST_P(SharedPrefixDecode, MatchesFlatReference) {
   EXPECT_FALSE(dec.shared_prefix_stats()->replanned);
   Out d = run_and_fetch(run, dt, rows, Hq, D);
   EXPECT_TRUE(bitwise_equal(a.o, d.o));
+  // Limits the groups miss (3 members each, 1,920 tokens saved): found, left on the unique level.
+  DecodeOptions limits;
+  limits.cuda_cores = cuda_cores;
+  limits.shared_prefix = {true, kMinTokens, 3, 32768};
+  const auto lsizes = BatchDecode::workspace_size(spec, task, sm_count(), limits);
+  Workspace lws = Workspace::allocate(lsizes.device_bytes, lsizes.host_bytes);
+  BatchDecode whole(spec, task, lws, limits);
+  whole.plan(flat.kv, flat.indices, flat.last);
+  EXPECT_EQ(whole.shared_prefix_stats()->groups, 0);
+  EXPECT_EQ(whole.shared_prefix_stats()->groups_found, 2);
+  EXPECT_EQ(whole.shared_prefix_stats()->saved_pages, 0);
+  expect_matches(run_and_fetch([&](const TensorView& o, const TensorView& lse) { whole.run(dq.view, kv, o, lse); },
+                               dt, rows, Hq, D),
+                 ref, dt);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SharedPrefixDecode,
@@ -120,7 +136,7 @@ TEST(SharedPrefixDecodeGraph, ReplayAfterReplansMatchesReference) {
   }
   TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), P, KVLayout::kNHD, batch, entries};
   DecodeOptions opt;
-  opt.shared_prefix = {true, kMinTokens};
+  opt.shared_prefix = kEveryGroup;
   const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
   const auto sizes = BatchDecode::workspace_size(spec, task, sm_count(), opt);
   Workspace ws = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
@@ -184,7 +200,7 @@ TEST_P(SharedPrefixPrefill, MatchesFlatReference) {
                 static_cast<int64_t>(flat.indices.size())};
   task.max_total_q = 32;
   PrefillOptions opt;
-  opt.shared_prefix = {true, kMinTokens};
+  opt.shared_prefix = kEveryGroup;
   const AttentionSpec spec{causal ? variants::causal() : variants::standard(), dt, dt, dt, D};
   Workspace ws = prefill_workspace(spec, task, opt);
   BatchPrefill pre(spec, task, ws, opt);
@@ -218,7 +234,7 @@ TEST(SharedPrefixErrors, RefusedFormsAreNamed) {
   const LevelArrays flat = prob.flat_table(P);
   TaskInfo task{8, 2, P, KVLayout::kNHD, 9, static_cast<int64_t>(flat.indices.size())};
   DecodeOptions opt;
-  opt.shared_prefix = {true, kMinTokens};
+  opt.shared_prefix = kEveryGroup;
   const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
   const auto sizes = BatchDecode::workspace_size(spec, task, sm_count(), opt);
   Workspace ws = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
@@ -245,7 +261,7 @@ TEST(SharedPrefixErrors, RefusedFormsAreNamed) {
   TaskInfo ptask = task;
   ptask.max_total_q = 9;
   PrefillOptions popt;
-  popt.shared_prefix = {true, kMinTokens};
+  popt.shared_prefix = kEveryGroup;
   Workspace pws = prefill_workspace(spec, ptask, popt);
   BatchPrefill pre(spec, ptask, pws, popt);
   EXPECT_THROW_MSG(pre.plan_ragged(flat.qo, flat.kv), InvalidArgument, "shared_prefix");

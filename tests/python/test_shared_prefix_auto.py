@@ -425,6 +425,7 @@ def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
                                                    paged_kv_indptr_buffer=torch.zeros(B + 1, **i32),
                                                    paged_kv_indices_buffer=torch.zeros(P, **i32),
                                                    paged_kv_last_page_len_buffer=torch.zeros(B, **i32))
+    w._shared_prefix_limits = (_auto_prefix.GRAPH_MIN_SHARED_TOKENS, -1, 0)  # groups whatever they save
     k, v = gpu_cache(torch, rng, 200, torch.float16)
     q_buf = torch.empty(B, HQ, D, dtype=torch.float16, device="cuda")
     out = torch.full((B, HQ, D), float("nan"), dtype=torch.float16, device="cuda")
@@ -442,8 +443,9 @@ def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
     alone = [(own(r, 3), 3 * PAGE - r) for r in range(B)]
     table = step(alone)
     st = w.shared_prefix_stats  # the C++ wrapper's (DecodeOptions::shared_prefix)
-    assert {k: st[k] for k in ("split", "groups", "requests_in_groups", "saved_pages", "replanned")} == dict(
-        split=True, groups=0, requests_in_groups=0, saved_pages=0, replanned=True)
+    assert {k: st[k] for k in ("split", "groups", "groups_found", "requests_in_groups", "saved_pages",
+                               "replanned")} == dict(split=True, groups=0, groups_found=0, requests_in_groups=0,
+                                                     saved_pages=0, replanned=True)
     w.plan(*table, HQ, HKV, D, PAGE, shared_prefix="auto")
     assert not w.shared_prefix_stats["replanned"]  # the same (empty) shared level keeps its plan
     for _ in range(2):  # warm up (JIT) before the capture
@@ -470,6 +472,15 @@ def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
         again = out[:n].clone()
         graph.replay()
         assert torch.equal(out[:n], again)
+    # Limits these groups miss (they save a few thousand tokens): found, left on the unique level.
+    d = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), use_cuda_graph=True)
+    d._shared_prefix_limits = (_auto_prefix.GRAPH_MIN_SHARED_TOKENS, 4, 32768)
+    table = table_of(adjacent)
+    d.plan(*table, HQ, HKV, D, PAGE, shared_prefix="auto")
+    st = d.shared_prefix_stats
+    assert st["groups_found"] == 2 and st["groups"] == 0 and st["saved_pages"] == 0
+    o, lse_d = d.run(q_buf, (k, v), return_lse=True)
+    check(o, lse_d, *reference(q_buf, np.arange(B + 1), table, k, v, False), "float16")
     with pytest.raises(ValueError, match="max_pages"):
         w.plan(*table_of([(list(range(P + 1)), (P + 1) * PAGE)]), HQ, HKV, D, PAGE, shared_prefix="auto")
     with pytest.raises(ValueError, match="paged_kv_indptr_buffer"):
@@ -556,6 +567,7 @@ def test_prefill_auto_in_cuda_graphs(torch_cuda, rng):
                                                     paged_kv_indptr_buf=torch.empty(B + 1, **i32),
                                                     paged_kv_indices_buf=torch.empty(bound, **i32),
                                                     paged_kv_last_page_len_buf=torch.empty(B, **i32))
+    w._shared_prefix_limits = (_auto_prefix.GRAPH_MIN_SHARED_TOKENS, -1, 0)  # groups whatever they save
     k, v = gpu_cache(torch, rng, 200, torch.float16)
     q = torch.empty(int(qo[-1]), HQ, D, dtype=torch.float16, device="cuda")
     out = torch.full((int(qo[-1]), HQ, D), float("nan"), dtype=torch.float16, device="cuda")

@@ -19,8 +19,9 @@
 //
 // Groups are runs of adjacent requests (the caller's row order is kept: no
 // gather of q, no scatter of outputs) that share at least min_shared_tokens
-// tokens of full pages. A step without groups costs one more launch over no
-// pages. The shared level is re-planned only when its groups change.
+// tokens of full pages, with enough members and savings (below). A step
+// without groups costs one more launch over no pages. The shared level is
+// re-planned only when its groups change.
 //
 // Needs: host page ids (plan() with a TensorView of ids, plan_on_device and
 // the ragged / masked plans raise InvalidArgument naming shared_prefix), the
@@ -46,6 +47,19 @@ struct AutoSharedPrefix {
   // GQA 32/8) 256-token prompts ran 0.89-0.91x in groups of 16 and 64,
   // 512-token ones 1.18-1.49x and 1536-token ones 2.0-2.3x.
   int32_t min_shared_tokens = 512;
+  // The fewest members that make a group (>= 2), and the fewest K / V token
+  // reads per layer the step's groups must save (shared tokens x (members -
+  // 1), summed; >= 0) for the shared level to hold them; a step below either
+  // runs every request on the unique level (the shared level's launch over
+  // no pages stays). The defaults keep every group, as measured in
+  // docs/performance.md. The flat kernel runs a small group's members side by
+  // side and reads their shared pages mostly from L2, while the shared level
+  // adds its own latency after the unique one: in the serving loop
+  // (bench/serve, Study 2, H100) groups of 2 over ~1500-token prompts ran
+  // 0.95-1.0x and one group of 16 over 640 tokens (9,600 tokens saved) cost
+  // 15 us a layer more than it saved, so batches of such groups may raise them.
+  int32_t min_members = 2;
+  int64_t min_saved_tokens = 0;
 };
 
 // What the last plan() found.
@@ -53,6 +67,7 @@ struct SharedPrefixStats {
   int32_t groups = 0;              // groups in the shared level
   int32_t requests_in_groups = 0;  // their members
   int64_t saved_pages = 0;         // page reads per run() the split saves: shared pages x (members - 1)
+  int32_t groups_found = 0;        // groups found, also those left on the unique level (too few savings)
   double detect_us = 0;            // host time of the detection
   bool replanned = false;          // whether the shared level was planned anew (its groups changed)
 };

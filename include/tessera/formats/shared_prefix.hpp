@@ -57,15 +57,19 @@ struct SharedPrefixOptions {
   // a CUDA graph would have to replay on every step. Members of one prompt
   // that are not adjacent form one group per run.
   bool keep_order = false;
-  // Fill the levels on every call (`split` true), whatever the groups save:
-  // without groups, level 0 is one entry without pages. min_saved_pages is
-  // not consulted. For a caller that runs the same launches every step (a
-  // captured CUDA graph), where any shared page is a saving.
+  // Fill the levels on every call (`split` true): without groups worth
+  // min_saved_pages, level 0 is entries without pages (`grouped` false; the
+  // groups found are still listed). For a caller that runs the same launches
+  // every step (a captured CUDA graph).
   bool always_levels = false;
+  // The fewest members that make a group (>= 2). Members the flat kernels
+  // run side by side read a shared page mostly from L2, so small groups
+  // save little HBM traffic.
+  int32_t min_members = 2;
 };
 
 struct SharedPrefixGroup {
-  int32_t first = 0;         // position of its first member in SharedPrefixSplit::order (-1 without a split)
+  int32_t first = 0;         // position of its first member in SharedPrefixSplit::order (-1 when the levels do not hold it)
   int32_t size = 0;          // members (>= 2): order[first .. first + size)
   int32_t shared_pages = 0;  // >= min_shared_pages
 };
@@ -84,6 +88,9 @@ struct SharedPrefixSplit {
   // min_saved_pages, or always_levels. When false, attend over the caller's
   // table as usual.
   bool split = false;
+  // Whether level 0 holds the groups (false with always_levels when they
+  // save less than min_saved_pages: then every request is in level 1 whole).
+  bool grouped = false;
   // The request order of both levels: level position k holds request
   // order[k]. Each group's members are made adjacent (a level-0 entry is a
   // contiguous range of query rows), at the place of its first member; other
