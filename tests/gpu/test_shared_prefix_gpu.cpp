@@ -12,6 +12,7 @@
 #include <random>
 
 #include "cascade_util.hpp"
+#include "decode_util.hpp"
 #include "prefill_util.hpp"
 #include "tessera/api/decode.hpp"
 #include "test_util.hpp"
@@ -36,11 +37,21 @@ CascadeStep decode_step() {
   return s;
 }
 
-int sm_count() { return cuda::device_info(cuda::current_device()).sm_count; }
 
 void expect_matches(const Out& got, const reference::Result& ref, DType dt) {
   EXPECT_CLOSE(compare(to_doubles(got.o.view), ref.o), dt);
   EXPECT_CLOSE(compare(to_doubles(got.lse.view), ref.lse), DType::kFloat16);
+}
+
+// Two runs on poisoned outputs: against the reference, then bit for bit the same. Returns the first.
+template <typename RunFn>
+Out matches_and_repeats(RunFn run, const reference::Result& ref, DType dt, int64_t rows, int64_t hq, int64_t d) {
+  Out a = run_and_fetch(run, dt, rows, hq, d);
+  expect_matches(a, ref, dt);
+  Out b = run_and_fetch(run, dt, rows, hq, d);
+  EXPECT_TRUE(bitwise_equal(a.o, b.o));
+  EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+  return a;
 }
 
 }  // namespace
@@ -63,8 +74,7 @@ TEST_P(SharedPrefixDecode, MatchesFlatReference) {
   opt.cuda_cores = cuda_cores;
   opt.shared_prefix = kEveryGroup;
   const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
-  const auto sizes = BatchDecode::workspace_size(spec, task, sm_count(), opt);
-  Workspace ws = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
+  Workspace ws = decode_workspace(spec, task, opt);
   BatchDecode dec(spec, task, ws, opt);
   EXPECT_EQ(dec.tensor_core_prefill() == nullptr, cuda_cores);
   dec.plan(flat.kv, flat.indices, flat.last);
@@ -78,11 +88,7 @@ TEST_P(SharedPrefixDecode, MatchesFlatReference) {
   PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
   const int64_t rows = prob.qo.back();
   auto run = [&](const TensorView& o, const TensorView& lse) { dec.run(dq.view, kv, o, lse); };
-  Out a = run_and_fetch(run, dt, rows, Hq, D);
-  expect_matches(a, ref, dt);
-  Out b = run_and_fetch(run, dt, rows, Hq, D);
-  EXPECT_TRUE(bitwise_equal(a.o, b.o));
-  EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+  const Out a = matches_and_repeats(run, ref, dt, rows, Hq, D);
   Out c = run_and_fetch([&](const TensorView& o, const TensorView&) { dec.run(dq.view, kv, o, TensorView()); }, dt,
                         rows, Hq, D);
   EXPECT_TRUE(bitwise_equal(a.o, c.o));
@@ -95,8 +101,7 @@ TEST_P(SharedPrefixDecode, MatchesFlatReference) {
   DecodeOptions limits;
   limits.cuda_cores = cuda_cores;
   limits.shared_prefix = {true, kMinTokens, 3, 32768};
-  const auto lsizes = BatchDecode::workspace_size(spec, task, sm_count(), limits);
-  Workspace lws = Workspace::allocate(lsizes.device_bytes, lsizes.host_bytes);
+  Workspace lws = decode_workspace(spec, task, limits);
   BatchDecode whole(spec, task, lws, limits);
   whole.plan(flat.kv, flat.indices, flat.last);
   EXPECT_EQ(whole.shared_prefix_stats()->groups, 0);
@@ -138,8 +143,7 @@ TEST(SharedPrefixDecodeGraph, ReplayAfterReplansMatchesReference) {
   DecodeOptions opt;
   opt.shared_prefix = kEveryGroup;
   const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
-  const auto sizes = BatchDecode::workspace_size(spec, task, sm_count(), opt);
-  Workspace ws = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
+  Workspace ws = decode_workspace(spec, task, opt);
   BatchDecode dec(spec, task, ws, opt);
   cudaStream_t stream;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -212,12 +216,8 @@ TEST_P(SharedPrefixPrefill, MatchesFlatReference) {
   auto dk = to_device(prob.k), dv = to_device(prob.v), dq = to_device(prob.q);
   PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
   const int64_t rows = prob.qo.back();
-  auto run = [&](const TensorView& o, const TensorView& lse) { pre.run(dq.view, kv, o, lse); };
-  Out a = run_and_fetch(run, dt, rows, Hq, D);
-  expect_matches(a, ref, dt);
-  Out b = run_and_fetch(run, dt, rows, Hq, D);
-  EXPECT_TRUE(bitwise_equal(a.o, b.o));
-  EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+  matches_and_repeats([&](const TensorView& o, const TensorView& lse) { pre.run(dq.view, kv, o, lse); }, ref, dt, rows,
+                      Hq, D);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SharedPrefixPrefill,
@@ -236,8 +236,7 @@ TEST(SharedPrefixErrors, RefusedFormsAreNamed) {
   DecodeOptions opt;
   opt.shared_prefix = kEveryGroup;
   const AttentionSpec spec{variants::standard(), dt, dt, dt, D};
-  const auto sizes = BatchDecode::workspace_size(spec, task, sm_count(), opt);
-  Workspace ws = Workspace::allocate(sizes.device_bytes, sizes.host_bytes);
+  Workspace ws = decode_workspace(spec, task, opt);
   BatchDecode dec(spec, task, ws, opt);
   HostTensor ids = make_host(DType::kInt32, {static_cast<int64_t>(flat.indices.size())});
   std::memcpy(ids.storage.data(), flat.indices.data(), ids.storage.size());
