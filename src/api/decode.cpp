@@ -383,8 +383,10 @@ void BatchDecode::run(const TensorView& q, const PagedKVStorage& kv, const Tenso
     run_level(q, kv, o, lse, stream, opt);
     return;
   }
-  // The unique level into o and the LSE the shared level's epilogue merges with.
+  // The unique level into o and the LSE the shared level's epilogue merges with (the caller's
+  // outputs checked before either launches).
   detail::SharedPrefixLevel::check_run(opt);
+  detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, batch_);
   run_level(q, kv, o, prefix_->unique_lse(q.shape.empty() ? 0 : q.shape[0]), stream, opt);
   prefix_->merge(q, kv, o, lse, stream, opt);
 }

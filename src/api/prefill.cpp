@@ -371,8 +371,10 @@ void BatchPrefill::run(const TensorView& q, const PagedKVStorage& kv, const Tens
     run_paged(q, kv, nullptr, o, lse, stream, opt);
     return;
   }
-  // The unique level into o and the LSE the shared level's epilogue merges with.
+  // The unique level into o and the LSE the shared level's epilogue merges with (the caller's
+  // outputs checked before either launches).
   detail::SharedPrefixLevel::check_run(opt);
+  detail::check_q_o_lse(spec_, q, o, lse, task_.num_qo_heads, total_q_);
   run_paged(q, kv, nullptr, o, prefix_->unique_lse(q.shape.empty() ? 0 : q.shape[0]), stream, opt);
   prefix_->merge(q, kv, o, lse, stream, opt);
 }
