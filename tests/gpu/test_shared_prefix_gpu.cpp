@@ -97,7 +97,7 @@ TEST_P(SharedPrefixDecode, MatchesFlatReference) {
   EXPECT_FALSE(dec.shared_prefix_stats()->replanned);
   Out d = run_and_fetch(run, dt, rows, Hq, D);
   EXPECT_TRUE(bitwise_equal(a.o, d.o));
-  // Limits the groups miss (3 members each, 1,920 tokens saved): found, left on the unique level.
+  // Limits the groups miss (3 members each, 960 tokens saved): found, left on the unique level.
   DecodeOptions limits;
   limits.cuda_cores = cuda_cores;
   limits.shared_prefix = {true, kMinTokens, 3, 32768};
