@@ -82,7 +82,8 @@ class WrapperBackend(Backend):
     supports_graphs = True
 
     def __init__(self, name, lib, cfg, cache, device, dtype, *, max_pages, use_tensor_cores=True, pdl=True,
-                 shared_prefix=None, host_page_ids=False, pos_encoding=None, workspace_mb=512, scatter_append=None):
+                 shared_prefix=None, host_page_ids=False, pos_encoding=None, workspace_mb=512, scatter_append=None,
+                 shared_prefix_limits=None):
         super().__init__(cfg, cache, device, dtype)
         self.name, self.lib = name, lib
         self.is_tessera = lib.__name__.split(".")[0] == "tessera"
@@ -98,8 +99,11 @@ class WrapperBackend(Backend):
                 raise ValueError("shared_prefix: a Tessera-only plan() option")
             self.plan_kw["shared_prefix"] = shared_prefix
         self.use_scatter = (not self.is_tessera) if scatter_append is None else bool(scatter_append)
-        self.prefill = lib.BatchPrefillWithPagedKVCacheWrapper(self._ws(), "NHD")
-        self.decode = lib.BatchDecodeWithPagedKVCacheWrapper(self._ws(), "NHD", use_tensor_cores=self.tc)
+        # shared_prefix_limits: the CUDA-graph split's (min_shared_tokens, min_members, min_saved_tokens), a
+        # Tessera wrapper attribute (tessera/_auto_prefix.py), for measuring other limits than the defaults.
+        self.limits = shared_prefix_limits
+        self.prefill = self._limited(lib.BatchPrefillWithPagedKVCacheWrapper(self._ws(), "NHD"))
+        self.decode = self._limited(lib.BatchDecodeWithPagedKVCacheWrapper(self._ws(), "NHD", use_tensor_cores=self.tc))
         self.graph_wrappers = {}
         self.cur = None
         self._sp_stats = []
@@ -107,15 +111,20 @@ class WrapperBackend(Backend):
     def _ws(self):
         return torch.zeros(self.ws_bytes, dtype=torch.uint8, device=self.device)
 
+    def _limited(self, wrapper):
+        if self.limits is not None:
+            wrapper._shared_prefix_limits = tuple(self.limits)
+        return wrapper
+
     def prepare_graph(self, bucket):
         if bucket in self.graph_wrappers:
             return
         i32 = dict(dtype=torch.int32, device=self.device)
-        self.graph_wrappers[bucket] = self.lib.BatchDecodeWithPagedKVCacheWrapper(
+        self.graph_wrappers[bucket] = self._limited(self.lib.BatchDecodeWithPagedKVCacheWrapper(
             torch.zeros(128 << 20, dtype=torch.uint8, device=self.device), "NHD", use_cuda_graph=True,
             use_tensor_cores=self.tc, paged_kv_indptr_buffer=torch.zeros(bucket + 1, **i32),
             paged_kv_indices_buffer=torch.zeros(self.max_pages, **i32),
-            paged_kv_last_page_len_buffer=torch.zeros(bucket, **i32))
+            paged_kv_last_page_len_buffer=torch.zeros(bucket, **i32)))
 
     def plan(self, sd):
         c, h = self.cfg, sd.host

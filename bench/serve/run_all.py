@@ -65,6 +65,8 @@ def parse(argv):
     ap.add_argument("--decode-tc", type=int, default=1, help="use_tensor_cores of the decode wrappers")
     ap.add_argument("--par-ns")
     ap.add_argument("--par-samples", type=int)
+    ap.add_argument("--par-limits", help="min_shared_tokens,min_members,min_saved_tokens of the auto arm's "
+                    "CUDA-graph split (AutoSharedPrefix; -1: its default)")
     ap.add_argument("--par-output-cap", type=int, default=256)
     ap.add_argument("--par-prompt-median", default="250,1500",
                     help="Study 2's prompt-length medians, comma-separated (one run of every n per median)")
@@ -83,6 +85,20 @@ def parse(argv):
         args.kv_gb = min(args.kv_gb, 1 / 32)  # 1024 pages: eager FlexAttention on the CPU scores every slot
     args.mode = mode
     return args
+
+
+def parse_limits(text):
+    """--par-limits: None, or (min_shared_tokens, min_members, min_saved_tokens) as ints."""
+    if not text:
+        return None
+    parts = text.split(",")
+    try:
+        limits = tuple(int(x) for x in parts)
+    except ValueError:
+        limits = ()
+    if len(limits) != 3 or limits[0] < 1:
+        raise SystemExit(f"--par-limits: expected min_shared_tokens (>= 1),min_members,min_saved_tokens, got {text!r}")
+    return limits
 
 
 def main(argv=None):
@@ -233,12 +249,13 @@ def main(argv=None):
             return
         pool = PagePool(num_pages, 16)
         cache = BK.KVCache(cfg, num_pages, 16, dev, dtype)
+        limits = parse_limits(args.par_limits)
 
         def make_engine(arm):
             be = BK.WrapperBackend(f"tessera-{arm}", libs["tessera"], cfg, cache, dev, dtype,
                                    max_pages=num_pages + args.max_running, use_tensor_cores=bool(args.decode_tc),
                                    pdl=bool(args.pdl), shared_prefix="auto" if arm == "auto" else None,
-                                   host_page_ids=True)
+                                   host_page_ids=True, shared_prefix_limits=limits)
             e = Engine(model, be, pool, max_running=args.max_running, token_budget=args.token_budget,
                        max_prefill_reqs=args.max_prefill, graphs=not args.no_graphs, buckets=BUCKETS)
             return e, lambda engine: None
@@ -246,7 +263,8 @@ def main(argv=None):
         doc["parallel"] = studies.parallel(model, make_engine, ns, args, log=log, deadline=deadline)
         doc["notes"]["study 2"] = ("Tessera, decode steps from CUDA graphs in both arms unless --no-graphs (with "
                                    "graphs, shared_prefix='auto' runs the cascade on every decode step and groups "
-                                   "adjacent samples); page ids given on the host in both arms")
+                                   "adjacent samples); page ids given on the host in both arms"
+                                   + (f"; auto arm's limits {limits}" if limits else ""))
         save()
 
     # ------------------------------------------------------------ study 3

@@ -303,3 +303,13 @@ def test_run_all_cpu_smoke(tmp_path):
     (row,) = [r for r in doc["serving"] if r.get("backend") == "sdpa"]
     assert row["requests"] == 10 and row["itl_ms"]["median"] > 0 and not row["truncated"]
     assert (tmp_path / "serve.md").read_text().startswith("# Serving loop")
+
+
+def test_par_limits_argument():
+    from serve import run_all
+    assert run_all.parse_limits(None) is None
+    assert run_all.parse_limits("512,4,32768") == (512, 4, 32768)
+    assert run_all.parse_limits("1,-1,-1") == (1, -1, -1)
+    for bad in ("512,4", "0,4,1", "a,b,c"):
+        with pytest.raises(SystemExit, match="--par-limits"):
+            run_all.parse_limits(bad)
