@@ -10,6 +10,7 @@ between a paged cache, ragged KV and a block-sparse matrix (paper section
 
 import numpy as np
 
+from . import _auto_prefix as AP
 from . import _compat as C
 from . import _tensors as T
 from . import _wrapper_util as W
@@ -130,7 +131,7 @@ class PrefillWrapper(W.PlannedWrapper):
         return config, scale, options
 
     def _plan(self, config, scale, options, counts, bounds, plan_fn, mask=None, rope=(W.POS_NONE, 1.0, 1e4),
-              planner=(True, 0, None), exact=False, prefix=(0, -1, -1), **planned):
+              planner=(True, 0, None), exact=False, prefix=AP.OFF, **planned):
         """Builds the C++ object if needed (a custom-mask one when mask, an M.MaskPlan, is given), then
         plan_fn(native, stream) on torch's current stream. planner: (split_kv, fixed chunk in keys, 0 = off,
         lens() -> (qo_lens, kv_lens) of the step, read only with fixed chunks). exact: the counts are the

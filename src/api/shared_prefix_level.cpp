@@ -110,7 +110,6 @@ SharedPrefixLevel::SharedPrefixLevel(const AttentionSpec& spec, const TaskInfo& 
                                      const AutoSharedPrefix& opt, const PlannerOptions& planner, int max_sms,
                                      Workspace& workspace, WorkspaceSizes own_min)
     : task_(task), rows_(rows) {
-  check(spec, task, rows, opt, planner);
   device_ = workspace.device();
   const int sms = cuda::device_info(device_).sm_count;
   const WorkspaceSizes ideal = sizes(spec, task, rows, sms, planner, max_sms, false);
@@ -192,26 +191,12 @@ const PrefixLevel& SharedPrefixLevel::plan(std::span<const int32_t> kv_indptr, s
   // Re-planned only when the shared level changed: its groups last as long
   // as their requests, while the unique level changes every step.
   const PrefixLevel& s = split_.shared;
-  const auto same = [](const std::vector<int32_t>& a, std::span<const int32_t> b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
-  };
-  size_t at = 0;
-  bool unchanged = planned_;
-  for (const std::vector<int32_t>* part : {&s.qo_indptr, &s.kv_indptr, &s.kv_indices, &s.kv_last_page_len}) {
-    const size_t n = part->size();
-    unchanged = unchanged && at + 1 + n <= last_.size() && last_[at] == static_cast<int32_t>(n) &&
-                same(*part, std::span<const int32_t>(last_).subspan(at + 1, n));
-    at += 1 + n;
-  }
-  unchanged = unchanged && at == last_.size();
+  const bool unchanged = planned_ && s.qo_indptr == last_.qo_indptr && s.kv_indptr == last_.kv_indptr &&
+                         s.kv_indices == last_.kv_indices && s.kv_last_page_len == last_.kv_last_page_len;
   if (!unchanged) {
     planned_ = false;  // a failed plan leaves nothing to reuse
     level_->plan_paged(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, stream);
-    last_.clear();
-    for (const std::vector<int32_t>* part : {&s.qo_indptr, &s.kv_indptr, &s.kv_indices, &s.kv_last_page_len}) {
-      last_.push_back(static_cast<int32_t>(part->size()));
-      last_.insert(last_.end(), part->begin(), part->end());
-    }
+    last_ = s;  // copies into last_'s buffers (no allocation once they have grown)
     planned_ = true;
     stats_.replanned = true;
   }

@@ -28,7 +28,8 @@ class SharedPrefixLevel {
   static WorkspaceSizes add(WorkspaceSizes own, WorkspaceSizes level);
 
   // Takes the tail of `workspace` (the level's ideal size when the owner's
-  // minimum fits beside it, else its minimum); own() is the rest, for the owner.
+  // minimum fits beside it, else its minimum); own() is the rest, for the
+  // owner. The caller has check()ed the arguments (before sizing its own part).
   SharedPrefixLevel(const AttentionSpec& spec, const TaskInfo& task, int64_t rows, const AutoSharedPrefix& opt,
                     const PlannerOptions& planner, int max_sms, Workspace& workspace, WorkspaceSizes own_min);
   // BatchPrefill's: rows = task.max_total_q, the wrapper's minimum from its own sizes.
@@ -68,7 +69,7 @@ class SharedPrefixLevel {
   float* lse_ = nullptr;
   int device_ = 0;
   std::unique_ptr<BatchPrefill> level_;
-  std::vector<int32_t> last_;  // the shared level planned last, flattened with its sizes
+  PrefixLevel last_;  // the shared level planned last
   bool planned_ = false;
   SharedPrefixStats stats_;
 };
