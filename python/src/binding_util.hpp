@@ -217,8 +217,10 @@ inline AutoSharedPrefix auto_shared_prefix(const PrefixArg& a) {
 }
 
 inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const TileArg& tile = {}, int cluster = 0,
-                                      bool split_kv = true, int fixed_chunk = 0, const PrefixArg& shared_prefix = {}) {
+                                      bool split_kv = true, int fixed_chunk = 0, const PrefixArg& shared_prefix = {},
+                                      bool fp8_mma = false) {
   PrefillOptions opt;
+  opt.fp8_mma = fp8_mma;
   opt.shared_prefix = auto_shared_prefix(shared_prefix);
   opt.planner.split_kv = split_kv;
   opt.planner.fixed_chunk = fixed_chunk;

@@ -64,11 +64,14 @@ class PrefillWrapper(W.PlannedWrapper):
         # Tessera-only knobs (not in FlashInfer's signature): the query tile
         # (0 = chosen by the heuristic at the first plan), an SM cap, the
         # tile override (cta_kv, warps_q, warps_kv, stages; 0 = heuristic)
-        # and the Hopper kernel's CTA pairs (2 = on; 0 = auto, off).
+        # and the Hopper kernel's CTA pairs (2 = on; 0 = auto, off); for fp8
+        # caches on the Hopper kernel, fp8 tensor cores (PrefillOptions::fp8_mma:
+        # q as two e4m3 terms and P as e4m3; faster, less exact).
         self._cta_q = 0
         self._max_sms = 0
         self._tile = (0, 0, 0, 0)
         self._cluster = 0
+        self._fp8_mma = False
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
         self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
         self._stager = None  # set while pod.py stages this wrapper's run for a fused launch
@@ -110,7 +113,7 @@ class PrefillWrapper(W.PlannedWrapper):
         probe, which builds the variant) run when they do, as in decode."""
         args = (num_qo_heads, num_kv_heads, head_dim, head_dim_name, page_size, layout, causal, sm_scale, q_data_type,
                 kv_data_type, o_data_type, window_left, logits_soft_cap, masked, rope[0], head_dim_vo)
-        key = args + tuple(map(type, args))  # 1, 1.0 and True compare equal; their checks differ
+        key = args + tuple(map(type, args)) + (bool(self._fp8_mma),)  # 1, 1.0 and True compare equal; their checks differ
         if key == self._config_key:
             return self._config_checked
         window, cap = W.plan_options(window_left, logits_soft_cap)
@@ -126,7 +129,8 @@ class PrefillWrapper(W.PlannedWrapper):
         scale = W.sm_scale_arg(sm_scale)
         config = (q_dt, kv_dt, o_dt, d, hq, hkv, ps, layout, bool(causal))
         # The C++ checks of dtypes, heads, head_dim and options, without touching a GPU.
-        _C.BatchPrefill.workspace_size(*config, 1, 1, 1, num_sms=1, custom_mask=masked, **options)
+        _C.BatchPrefill.workspace_size(*config, 1, 1, 1, num_sms=1, custom_mask=masked, fp8_mma=bool(self._fp8_mma),
+                                       **options)
         self._config_key, self._config_checked = key, (config, scale, options)
         return config, scale, options
 
@@ -142,9 +146,9 @@ class PrefillWrapper(W.PlannedWrapper):
         split, fixed, lens = planner
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
                      cluster=self._cluster, custom_mask=mask is not None, split_kv=split, fixed_chunk=fixed,
-                     shared_prefix=prefix)
+                     shared_prefix=prefix, fp8_mma=bool(self._fp8_mma))
         key = config + (mask is not None, options["window_left"], options["logits_soft_cap"], options["pos_encoding"],
-                        split, fixed, options["head_dim_vo"], prefix)
+                        split, fixed, options["head_dim_vo"], prefix, bool(self._fp8_mma))
         if fixed:  # the workspace holds every (query tile, chunk) piece of the step
             same = self._native is not None and self._native_key[0] == key
             cta = (self._native.cta_q if same else 0) or 16  # before the first plan: the smallest tile

@@ -26,6 +26,7 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
     throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(opt_.cluster));
   if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
+  if (opt_.fp8_mma) catalog::check_fp8_mma(spec_, opt_.backend != PrefillBackend::kFA2);  // the GPU's arch: at plan
   detail::each_candidate(spec_, opt_, [](const PrefillConfig&) {});      // validates the tile override
   if (variants::is_causal(spec_.variant)) opt_.causal_schedule = true;
   // Custom masks keep the full schedule: a masked-out tile only costs time,
@@ -212,10 +213,10 @@ void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t
   // bound, and its producer streams KV faster (H100, bench/decode_one.py:
   // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
   if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
-  config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q), opt_.tile);
+  config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q), opt_.tile, opt_.fp8_mma);
   config_.cluster = choose_cluster(src);
   for (;;) {  // once, or twice if the CTA pairs do not fit
-    source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile);
+    source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile, opt_.fp8_mma);
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
                                             config_.ctas_per_sm, task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
     kernel_ = pk.kernel;

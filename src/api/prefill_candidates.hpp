@@ -18,7 +18,7 @@ void each_candidate(const AttentionSpec& spec, const PrefillOptions& opt, Fn fn)
     for (bool hopper : {false, true}) {
       if (hopper && !catalog::hopper_supported(spec, q)) continue;
       const bool allowed = opt.backend == PrefillBackend::kAuto || hopper == (opt.backend == PrefillBackend::kFA3);
-      fn(catalog::prefill_config(spec, q, hopper, allowed ? opt.tile : PrefillTile{}));
+      fn(catalog::prefill_config(spec, q, hopper, allowed ? opt.tile : PrefillTile{}, hopper && opt.fp8_mma));
     }
   }
 }

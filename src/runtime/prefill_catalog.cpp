@@ -100,8 +100,27 @@ bool hopper_supported(const AttentionSpec& spec, int cta_q) {
          (cta_q == 64 || cta_q == 128);
 }
 
-PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile) {
+void check_fp8_mma(const AttentionSpec& spec, bool hopper) {
+  if (!is_fp8(spec.kv_dtype))
+    throw InvalidArgument(std::string("fp8_mma: fp8 tensor cores need an fp8 kv_dtype (float8_e4m3fn or float8_e5m2), "
+                                      "got ") + dtype_name(spec.kv_dtype));
+  if (spec.head_dim != 128 || !spec.dims_equal())
+    throw InvalidArgument("fp8_mma: fp8 tensor cores take head_dim 128 (head_dim_vo equal), got head_dim " +
+                          std::to_string(spec.head_dim) +
+                          (spec.dims_equal() ? "" : ", head_dim_vo " + std::to_string(spec.vo_dim())));
+  if (transforms_kv(spec.variant))
+    throw InvalidArgument("fp8_mma: variant " + spec.variant.name + " transforms K or V rows (e.g. fused RoPE), which "
+                          "fp8 tensor cores read from the cache as they are; expected a variant without "
+                          "KeyTransform / ValueTransform");
+  if (!hopper)
+    throw InvalidArgument("fp8_mma: fp8 tensor cores run on the Hopper prefill kernel (sm_90a, backend auto or fa3, "
+                          "query tiles of 64 or 128 rows), not on the FA2 template");
+}
+
+PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile,
+                             bool fp8_mma) {
   validate_spec(spec);
+  if (fp8_mma) check_fp8_mma(spec, hopper);
   // fp8 caches (e4m3 / e5m2, 16-bit q): both templates stage the fp8 rows
   // and widen them to q's type in shared memory before the MMAs.
   const bool fp8 = is_fp8(spec.kv_dtype);
@@ -133,7 +152,10 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
     c.hopper = true;
     c.warps_q = cta_q / 16;
     c.warps_kv = 1;
-    c.cta_kv = spec.head_dim == 256 ? 64 : cta_q == 128 || spec.head_dim == 64 ? 128 : 64;
+    // fp8 tensor cores: 128-key tiles (V^T's rows are 128 keys, one
+    // 128-byte swizzle row), one CTA per SM.
+    c.fp8_mma = fp8_mma;
+    c.cta_kv = spec.head_dim == 256 ? 64 : cta_q == 128 || spec.head_dim == 64 || fp8_mma ? 128 : 64;
     c.stages = 2;
     if (tile.warps_q || tile.warps_kv)
       throw InvalidArgument("tile.warps_q, tile.warps_kv: the Hopper kernel's warp layout is fixed (one consumer "
@@ -142,6 +164,9 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
     if (c.cta_kv != 64 && c.cta_kv != 128)
       throw InvalidArgument("tile.cta_kv: the Hopper kernel takes 64 or 128, got " + std::to_string(c.cta_kv) +
                             " (backend fa2 takes other KV tiles)");
+    if (fp8_mma && c.cta_kv != 128)
+      throw InvalidArgument("tile.cta_kv: fp8 tensor cores (fp8_mma) take 128-key tiles, got " +
+                            std::to_string(c.cta_kv));
     c.threads = 128 * (cta_q / 64 + 1);
     // Ring depths: V gets one stage more than K (it is consumed a step later
     // and released only after P V: with 2 V stages the consumers waited on V
@@ -155,14 +180,14 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
     // tile keeps two V stages).
     auto bytes = [&](int q_bufs) {
       return sm90_smem_layout(spec.head_dim, c.cta_q, c.cta_kv, c.stages, c.v_stages, q_bufs,
-                              fp8 ? kSm90Fp8StagingTiles : 0)
+                              fp8 ? kSm90Fp8StagingTiles : 0, fp8_mma)
           .dynamic_bytes;
     };
     const int static_bytes = kSm90StaticSmemBound;
     // 64-row tiles aim at two CTAs per SM (their consumers hide each other's
     // softmax), 128-row ones and head dim 256 (a 64-row tile alone needs
     // 192 KB) at one.
-    const bool two_ctas = cta_q == 64 && spec.head_dim <= 128;
+    const bool two_ctas = cta_q == 64 && spec.head_dim <= 128 && !fp8_mma;
     auto fits = [&](int q_bufs) {
       const int per = bytes(q_bufs) + static_bytes;
       return per <= 227 * 1024 && (!two_ctas || 2 * per <= 228 * 1024);
@@ -253,6 +278,7 @@ static std::string prefill_name(const AttentionSpec& spec, const PrefillConfig& 
   if (!c.hopper) entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
   if (c.kv_tiles == Fa2KvTiles::kFp8Widened) entry << "_wide";
   if (!c.hopper && c.min_blocks) entry << "_c" << c.min_blocks;
+  if (c.fp8_mma) entry << "_f8mma";
   return entry.str();
 }
 
@@ -272,10 +298,14 @@ static AttentionSpec fa2_kernel_spec(const AttentionSpec& spec, const PrefillCon
   return kernel_spec;
 }
 
-jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster, const PrefillTile& tile) {
-  const PrefillConfig c = prefill_config(spec, cta_q, hopper, tile);
+jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster, const PrefillTile& tile,
+                                bool fp8_mma) {
+  const PrefillConfig c = prefill_config(spec, cta_q, hopper, tile, fp8_mma);
   if (cluster != 1 && (!hopper || cluster != 2))
     throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
+  if (cluster != 1 && fp8_mma)
+    throw InvalidArgument("cluster: fp8 tensor cores (fp8_mma) run single CTAs, got clusters of " +
+                          std::to_string(cluster));
   std::ostringstream entry, tail;
   entry << "tessera_prefill_" << prefill_name(spec, c);
   if (c.hopper) {
@@ -284,7 +314,7 @@ jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hoppe
     entry << "_k" << c.stages << "v" << c.v_stages << "q" << c.q_bufs << "_c" << c.ctas_per_sm
           << (cluster > 1 ? "_x" + std::to_string(cluster) : std::string()) << "_sm90ws";
     tail << c.cta_q << ", " << c.cta_kv << ", " << c.stages << ", " << c.v_stages << ", " << c.q_bufs << ", "
-         << c.ctas_per_sm << ", " << cluster;
+         << c.ctas_per_sm << ", " << cluster << ", " << (c.fp8_mma ? "true" : "false");
     return attention_source(spec, entry.str(), "batch prefill (Hopper warp-specialized template), tile " +
                                 std::to_string(c.cta_q) + "x" + std::to_string(c.cta_kv),
                             "tessera/device/kernels/prefill_sm90/kernel.cuh", "PrefillParams", "batch_prefill_sm90",
@@ -307,6 +337,8 @@ jit::KernelSource batch_prefill_pair(const AttentionSpec& first, const PrefillCo
     if (c->cluster != 1)
       throw InvalidArgument("cluster: a pair of prefills in one launch runs single CTAs, got clusters of " +
                             std::to_string(c->cluster));
+    if (c->fp8_mma)
+      throw InvalidArgument("fp8_mma: a pair of prefills in one launch runs 16-bit tensor cores; expected fp8_mma off");
   }
   if (first_config.threads != second_config.threads)
     throw InvalidArgument("tile: a pair of prefills in one launch needs tiles of as many threads, got " +
@@ -323,7 +355,7 @@ jit::KernelSource batch_prefill_pair(const AttentionSpec& first, const PrefillCo
     auto tail = [](const PrefillConfig& c) {
       return std::to_string(c.cta_q) + ", " + std::to_string(c.cta_kv) + ", " + std::to_string(c.stages) + ", " +
              std::to_string(c.v_stages) + ", " + std::to_string(c.q_bufs) + ", " + std::to_string(c.ctas_per_sm) +
-             ", 1";
+             ", 1, false";
     };
     return attention_pair_source(first, tail(first_config), second, tail(second_config), entry + "_sm90ws",
                                  "two batch prefills in one launch (Hopper warp-specialized template)",

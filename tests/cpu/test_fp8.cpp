@@ -454,3 +454,51 @@ TEST(Fp8Prefill, HopperKernelsCompile) {
   cache.precompile(kernels, a, 2);
   for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry;
 }
+
+// fp8 tensor cores (PrefillOptions::fp8_mma): 128-key tiles, one CTA per SM,
+// fp8 K / V stages and the quantized Q tile in the layout the kernel uses;
+// refused by name where it does not apply; compiles for sm_90a.
+TEST(Fp8Prefill, Fp8TensorCoreKernels) {
+  const AttentionSpec spec = fp8_spec(DType::kFloat16, kE4M3, 128);
+  for (int q : {64, 128}) {
+    const PrefillConfig c = catalog::prefill_config(spec, q, true, {}, true);
+    EXPECT_TRUE(c.hopper && c.fp8_mma);
+    EXPECT_EQ(c.cta_kv, 128);
+    EXPECT_EQ(c.ctas_per_sm, 1);
+    EXPECT_EQ(c.smem_bytes, sm90_smem_layout(128, q, 128, c.stages, c.v_stages, c.q_bufs, kSm90Fp8StagingTiles, true)
+                                .dynamic_bytes);
+    EXPECT_LE(c.smem_bytes + kSm90StaticSmemBound, 227 * 1024);
+  }
+  auto refused = [](auto fn, const std::string& words) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error, expected one naming " << words;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused([] { catalog::prefill_config(fp8_spec(DType::kFloat16, DType::kFloat16, 128), 128, true, {}, true); },
+          "fp8_mma: fp8 tensor cores need an fp8 kv_dtype");
+  refused([] { catalog::prefill_config(fp8_spec(DType::kFloat16, kE4M3, 64), 128, true, {}, true); },
+          "fp8_mma: fp8 tensor cores take head_dim 128");
+  refused([&] { catalog::prefill_config(spec, 64, false, {}, true); }, "fp8_mma: fp8 tensor cores run on the Hopper");
+  refused([&] { catalog::prefill_config(spec, 128, true, PrefillTile{64, 0, 0, 0}, true); }, "tile.cta_kv");
+  refused([&] { catalog::batch_prefill(spec, 128, true, 2, {}, true); }, "cluster");
+  AttentionSpec rope = spec;
+  rope.variant = variants::from_plan_options(false, -1, 0.f, variants::PosEncoding::kRopeLlama);
+  refused([&] { catalog::check_fp8_mma(rope, true); }, "KeyTransform");
+  const PrefillConfig c = catalog::prefill_config(spec, 128, true, {}, true);
+  refused([&] { catalog::batch_prefill_pair(spec, c, spec, c); }, "fp8_mma");
+
+  std::vector<jit::KernelSource> kernels;
+  AttentionSpec causal = spec;
+  causal.variant = variants::causal();
+  kernels.push_back(catalog::batch_prefill(causal, 128, true, 1, {}, true));
+  kernels.push_back(catalog::batch_prefill(fp8_spec(DType::kBFloat16, kE5M2, 128), 64, true, 1, {}, true));
+  EXPECT_NE(kernels[0].entry.find("_f8mma"), std::string::npos) << kernels[0].entry;
+  EXPECT_NE(kernels[0].source.find(", 1, true>"), std::string::npos);
+  jit::KernelCache cache;
+  const jit::Arch a = jit::Arch::parse("sm_90a");
+  cache.precompile(kernels, a, 2);
+  for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry;
+}

@@ -125,6 +125,16 @@ template __global__ void prefill_sm90_fp8_k<CausalAttention, tessera::half_t, te
     const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 template __global__ void prefill_sm90_fp8_k<StandardAttention, tessera::bf16_t, tessera::fp8_e5m2_t, 128, 64, 64, 2, 2>(
     const PP, const __grid_constant__ tessera::Sm90TensorMaps);
+// fp8 tensor cores (PrefillOptions::fp8_mma): q and P quantized, K and V^T fp8 stages.
+template <typename V, typename T, typename KV, int CQ>
+__global__ void __launch_bounds__(128 * (CQ / 64 + 1), 1) prefill_sm90_fp8_mma_k(
+    const PP p, const __grid_constant__ tessera::Sm90TensorMaps tma) {
+  tessera::batch_prefill_sm90<V, T, KV, T, 128, CQ, 128, 2, 2, 1, 1, 1, true>(p, tma);
+}
+template __global__ void prefill_sm90_fp8_mma_k<CausalAttention, tessera::half_t, tessera::fp8_e4m3_t, 128>(
+    const PP, const __grid_constant__ tessera::Sm90TensorMaps);
+template __global__ void prefill_sm90_fp8_mma_k<StandardAttention, tessera::bf16_t, tessera::fp8_e5m2_t, 64>(
+    const PP, const __grid_constant__ tessera::Sm90TensorMaps);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 16, 64, 1, 4>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 32, 64, 2, 2>(const PP);
 template __global__ void prefill_k<CausalAttention, tessera::half_t, 128, 64, 64, 4, 1>(const PP);

@@ -65,7 +65,10 @@ constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int ct
 // staging tiles), from the first 1024-byte
 // boundary of the dynamic window (wgmma's 128-byte swizzle repeats every 1024
 // bytes, and every buffer is a multiple of 1024 bytes); the launch asks for
-// the rings plus 1024 bytes of alignment slack.
+// the rings plus 1024 bytes of alignment slack. With fp8 tensor cores
+// (fp8_mma) the K and V stages hold fp8 (K as the cache's rows, V
+// transposed) and the staging tiles are followed by the fp8 Q tiles (q's
+// e4m3 rounding and its residual).
 constexpr int kSm90SmemAlign = 1024;
 // Bound on the kernel's static shared memory (pipeline barriers, the
 // producer's four paged row-offset tables of up to 128 rows, the consumers'
@@ -76,20 +79,23 @@ constexpr int kSm90StaticSmemBound = 7168;
 struct Sm90SmemLayout {
   int q_offset, k_offset, v_offset;  // bytes from the aligned base
   int staging_offset;                // fp8 caches: the staging tiles, after the V stages
-  int ring_bytes;                    // Q buffers + K stages + V stages (+ fp8 staging)
+  int q8_offset;                     // fp8_mma: the two quantized Q tiles, after the staging tiles
+  int ring_bytes;                    // all of the above
   int dynamic_bytes;                 // what the launch asks for
 };
 // staging: fp8 caches' staging tiles (cta_kv x head_dim bytes each; the
-// producer copies the fp8 rows there and widens them into the 16-bit stages).
+// producer copies the fp8 rows there and widens them into the 16-bit stages,
+// or with fp8_mma transposes V's into the fp8 V stages).
 constexpr Sm90SmemLayout sm90_smem_layout(int head_dim, int cta_q, int cta_kv, int k_stages, int v_stages,
-                                          int q_bufs, int staging = 0) {
+                                          int q_bufs, int staging = 0, bool fp8_mma = false) {
   Sm90SmemLayout l{};
-  const int q_tile = cta_q * head_dim * 2, kv_tile = cta_kv * head_dim * 2;
+  const int q_tile = cta_q * head_dim * 2, kv_tile = cta_kv * head_dim * (fp8_mma ? 1 : 2);
   l.q_offset = 0;
   l.k_offset = q_bufs * q_tile;
   l.v_offset = l.k_offset + k_stages * kv_tile;
   l.staging_offset = l.v_offset + v_stages * kv_tile;
-  l.ring_bytes = l.staging_offset + staging * cta_kv * head_dim;
+  l.q8_offset = l.staging_offset + staging * cta_kv * head_dim;
+  l.ring_bytes = l.q8_offset + (fp8_mma ? 2 * cta_q * head_dim : 0);
   l.dynamic_bytes = l.ring_bytes + kSm90SmemAlign;
   return l;
 }

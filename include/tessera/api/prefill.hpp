@@ -88,6 +88,16 @@ struct PrefillOptions {
   // heuristic's). It must suit every query tile the first plan may choose:
   // pin cta_q (and backend) to set a warp layout. Checked at construction.
   PrefillTile tile;
+  // fp8 caches on the Hopper kernel: run both GEMMs on fp8 tensor cores
+  // (twice the 16-bit rate) instead of widening K / V to q's type. The
+  // kernel splits q into two e4m3 terms (its rounding and the rounding's
+  // residual, about 7 significant bits; one scale per 16 rows of a query
+  // tile) and rounds the softmax weights P to e4m3, so outputs are less
+  // exact than the default path's (docs/performance.md states speed and
+  // error). Needs head dim 128, a variant that leaves K / V rows as they
+  // are and the Hopper kernel (sm_90a; backend auto or fa3); InvalidArgument
+  // naming fp8_mma otherwise.
+  bool fp8_mma = false;
   // Automatic shared prefixes (api/shared_prefix.hpp): plan_paged() from
   // host page ids (or plan_bsr) splits every step into a unique level on
   // this wrapper's kernel and a shared level merged into o, groups of

@@ -30,6 +30,7 @@ struct PrefillConfig {
   // registers, or into 16-bit tiles for variants that transform K / V).
   Fa2KvTiles kv_tiles = Fa2KvTiles::k16Bit;
   int min_blocks = 0;  // FA2: __launch_bounds__'s CTAs per SM (a register cap; 0: none)
+  bool fp8_mma = false;  // Hopper, fp8 caches: both GEMMs on fp8 tensor cores (PrefillOptions::fp8_mma)
 };
 
 // Tile override for experts (PrefillOptions::tile): each field 0 keeps the
@@ -53,7 +54,13 @@ int choose_cta_q(double avg_fused_q_len);
 // shared-memory limits of the head dimension.
 // hopper: the sm_90a wgmma mainloop (warpgroups of 64 query rows); needs
 // hopper_supported(). tile: the caller's override (see PrefillTile).
-PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false, const PrefillTile& tile = {});
+// fp8_mma: the Hopper kernel's fp8 tensor-core form (check_fp8_mma).
+PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false, const PrefillTile& tile = {},
+                             bool fp8_mma = false);
+// What PrefillOptions::fp8_mma needs (InvalidArgument naming fp8_mma): an
+// fp8 cache, head dim 128, a variant that leaves K / V rows as they are,
+// and the Hopper kernel.
+void check_fp8_mma(const AttentionSpec& spec, bool hopper);
 // Equal head dims 64 / 128 / 256 and 64- or 128-row query tiles; unequal
 // dims and head dim 512 run on the FA2 template.
 bool hopper_supported(const AttentionSpec& spec, int cta_q);
@@ -63,7 +70,7 @@ bool hopper_supported(const AttentionSpec& spec, int cta_q);
 int prefill_launch_vo(const AttentionSpec& spec);
 // cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90/kernel.cuh, CLUSTER).
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1,
-                                const PrefillTile& tile = {});
+                                const PrefillTile& tile = {}, bool fp8_mma = false);
 // Two prefill kernels in one persistent launch (attention_pair_source): CTAs
 // walk the first plan's queue, then the second's. Configurations from
 // prefill_config on one template (both FA2, or both Hopper with as many

@@ -27,6 +27,16 @@ __device__ __forceinline__ uint4 ld_shared_16(u32 addr) {
 __device__ __forceinline__ void st_shared_16(u32 addr, const uint4& v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
+__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_shared_u32x2(u32 addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
 
 // 16 bytes global -> shared, cached in L2 only (streaming KV is read once).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {

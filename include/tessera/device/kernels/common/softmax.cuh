@@ -103,9 +103,10 @@ struct MaskBits {
 // (the Hopper template, on the tensor cores). bits: the tile's mask words
 // already loaded (MaskBits::kUsed), else loaded here. kRunScale: the softmax
 // scale is run_sm_scale (an fp8 cache's k_scale tensor folded in at run
-// time), else p.sm_scale.
-template <typename Variant, bool kRowSums = true, bool kRunScale = false, int MT, int NT_S, typename State,
-          typename Params>
+// time), else p.sm_scale. kPExp2: P (and d) come out scaled by 2^kPExp2 (fp8
+// P keeps small weights that way; the caller divides d and O back).
+template <typename Variant, bool kRowSums = true, bool kRunScale = false, int kPExp2 = 0, int MT, int NT_S,
+          typename State, typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
                                                      int kv_end, int b, int kv_head, bool masked, int causal_shift,
@@ -195,7 +196,8 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
     for (int t = 0; t < MT; ++t)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float m_safe = st.m[t][r] == neg_inf() ? 0.f : st.m[t][r];  // all masked so far: weights 0, not NaN
+        // All masked so far: weights 0, not NaN.
+        const float m_safe = (st.m[t][r] == neg_inf() ? 0.f : st.m[t][r]) - static_cast<float>(kPExp2);
         float sums[2] = {0.f, 0.f};  // two chains, as for the maximum
 #pragma unroll
         for (int n = 0; n < NT_S; ++n)

@@ -29,17 +29,6 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint2 ld_shared_u32x2(u32 addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
-
 // One KV tile of an fp8 cache (DKV) with q of 16-bit type T: S = Q K^T,
 // variant logits / mask, online softmax (the run-time scale sm_scale, into
 // which k_scale is folded), O += P V. q_smem: the 16-bit RowSwizzle Q tile;

@@ -45,8 +45,11 @@ struct Sm90Registers {
 // the kernels run at the power cap. The pairs,
 // which halve only the L2 reads, measured within +-3% of single CTAs at
 // 8k-16k and 5% slower at 1k, so they are opt-in: PrefillOptions::cluster.)
+// FP8_MMA (fp8 caches, PrefillOptions::fp8_mma): both GEMMs on fp8 tensor
+// cores, q (as two e4m3 terms) and P rounded to e4m3 in the kernel
+// (mainloop_consumer.cuh).
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
-          int V_STAGES, int Q_BUFS, int CTAS_PER_SM, int CLUSTER, typename Params>
+          int V_STAGES, int Q_BUFS, int CTAS_PER_SM, int CLUSTER, bool FP8_MMA, typename Params>
 struct Sm90PrefillKernel {
   using Rings = Sm90Rings<K_STAGES, V_STAGES, Q_BUFS>;
   using Regs = Sm90Registers<CTA_Q / 64, CTAS_PER_SM>;
@@ -59,17 +62,18 @@ struct Sm90PrefillKernel {
   using T = typename Fp8Operand<DQ, DKV>::type;
   static constexpr bool kFp8 = is_fp8<DKV>;
   static constexpr int kStaging = kFp8 ? kSm90Fp8StagingTiles : 0;
-  using Producer = Sm90Producer<Variant, T, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, kStaging, Params>;
-  using Consumer = Sm90Consumer<Variant, T, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, kFp8, Params>;
+  using Producer = Sm90Producer<Variant, T, DKV, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, kStaging, FP8_MMA, Params>;
+  using Consumer = Sm90Consumer<Variant, T, DO, HEAD_DIM, CTA_Q, CTA_KV, Rings, CLUSTER, kFp8, DKV, FP8_MMA, Params>;
   static constexpr int THREADS = 128 * (CTA_Q / 64 + 1);
   // The dynamic shared memory: the same layout the host sizes the launch by.
   static constexpr Sm90SmemLayout kSmem =
-      sm90_smem_layout(HEAD_DIM, CTA_Q, CTA_KV, K_STAGES, V_STAGES, Q_BUFS, kStaging);
+      sm90_smem_layout(HEAD_DIM, CTA_Q, CTA_KV, K_STAGES, V_STAGES, Q_BUFS, kStaging, FP8_MMA);
   static_assert(sizeof(DQ) == 2 && (sizeof(DKV) == 2 || kFp8) && (sizeof(DO) == 2 || sizeof(DO) == 4),
                 "16-bit q, 16-bit or fp8 kv; 16- or 32-bit o");
   static_assert(CTA_Q == 64 || CTA_Q == 128, "one or two consumer warpgroups of 64 query rows");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "wgmma tiles for head_dim 64, 128 and 256");
   static_assert(CLUSTER == 1 || CLUSTER == 2, "single CTAs or pairs");
+  static_assert(!FP8_MMA || kFp8, "fp8 tensor cores read an fp8 cache");
   static_assert(sizeof(Sm90Pipeline<Rings>) + 4 * CTA_KV * sizeof(i64) + 2 * kSm90SmemAlign + sizeof(int) <=
                     kSm90StaticSmemBound,
                 "static shared memory within the bound the host assumes");
@@ -78,17 +82,20 @@ struct Sm90PrefillKernel {
   static constexpr int kRowOffsets = 4 * CTA_KV;  // the producer's paged row-offset tables
 
   // The dynamic shared memory's buffers, in the aligned window of smem_raw.
-  // q is stored as T: the MMA needs one operand type.
+  // q is stored as T: the MMA needs one operand type (FP8_MMA: K and V are
+  // fp8 stages behind these pointers, and q8 the quantized Q tile).
   struct Buffers {
     T *q, *k, *v;
     u8* staging;  // fp8 caches only
+    u8* q8;       // FP8_MMA only
   };
   __device__ __forceinline__ static Buffers buffers(uint4* smem_raw) {
     static_assert(kSmem.q_offset == 0, "the Q buffers open the aligned window");
     char* base = reinterpret_cast<char*>((reinterpret_cast<size_t>(smem_raw) + (kSm90SmemAlign - 1)) &
                                          ~size_t(kSm90SmemAlign - 1));
     return {reinterpret_cast<T*>(base), reinterpret_cast<T*>(base + kSmem.k_offset),
-            reinterpret_cast<T*>(base + kSmem.v_offset), reinterpret_cast<u8*>(base + kSmem.staging_offset)};
+            reinterpret_cast<T*>(base + kSmem.v_offset), reinterpret_cast<u8*>(base + kSmem.staging_offset),
+            reinterpret_cast<u8*>(base + kSmem.q8_offset)};
   }
   // Whether the producer loads K / V (contiguous KV only: paged KV is
   // gathered) and Q with the TMA.
@@ -123,7 +130,7 @@ struct Sm90PrefillKernel {
       Producer(p, pipe, buf.q, buf.k, buf.v, buf.staging, row_offs).run(tma, kv_tma, q_tma);
     } else {
       setmaxnreg_inc<Regs::CONSUMER>();
-      Consumer(p, pipe, buf.q, buf.k, buf.v).run();
+      Consumer(p, pipe, buf.q, buf.k, buf.v, buf.q8).run();
     }
     // No CTA leaves while its peer may still copy into its shared memory or
     // arrive on its barriers.
@@ -133,10 +140,10 @@ struct Sm90PrefillKernel {
 
 // The JIT's entry point (runtime/prefill_catalog.cpp).
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, int K_STAGES,
-          int V_STAGES, int Q_BUFS, int CTAS_PER_SM, int CLUSTER, typename Params>
+          int V_STAGES, int Q_BUFS, int CTAS_PER_SM, int CLUSTER, bool FP8_MMA = false, typename Params>
 __device__ __forceinline__ void batch_prefill_sm90(const Params& p, const Sm90TensorMaps& tma) {
   Sm90PrefillKernel<Variant, DQ, DKV, DO, HEAD_DIM, CTA_Q, CTA_KV, K_STAGES, V_STAGES, Q_BUFS, CTAS_PER_SM, CLUSTER,
-                    Params>::run(p, tma);
+                    FP8_MMA, Params>::run(p, tma);
 }
 
 #endif

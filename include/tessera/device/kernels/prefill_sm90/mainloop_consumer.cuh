@@ -39,32 +39,44 @@ namespace tessera {
 
 // kRunScale: the softmax and output scales are read when the kernel runs
 // (read_run_scales: an fp8 cache's k_scale / v_scale tensors folded in).
+// FP8_MMA (fp8 caches of DKV, PrefillOptions::fp8_mma): both GEMMs on fp8
+// tensor cores. Each item's Q tile is quantized to two e4m3 tiles, q's
+// rounding and the rounding's residual (S takes both: q keeps about 7
+// significant bits, where one e4m3 tile's 4 put the logits' error above
+// the P V rounding's), one factor per warp's 16 rows (folded into their
+// softmax scale); P is packed as e4m3 scaled by 2^8 (small weights keep
+// their bits; d and the output scale take the 2^-8 back); K and V^T come as
+// fp8 stages from the producer.
 template <typename Variant, typename T, typename DO, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, int CLUSTER,
-          bool kRunScale, typename Params>
+          bool kRunScale, typename DKV, bool FP8_MMA, typename Params>
 struct Sm90Consumer {
   static constexpr int CONSUMERS = CTA_Q / 64, THREADS = 128 * CONSUMERS;
   static constexpr int NT_S = CTA_KV / 8, NT_O = HEAD_DIM / 8;
   using Traits = VariantTraits<Variant, Params>;
   // Softmax row sums on the tensor cores (P times ones, wgmma_row_sums,
   // those of P_{t-1} issued just ahead of S_t) instead of one FADD per
-  // element, for fp16 only: they sum the rounded weights, and bf16's 8-bit
-  // mantissa put LSE ~1e-3 off. Not at head dim 256, whose 128 O registers
+  // element, for fp16 P only: they sum the rounded weights, and bf16's
+  // 8-bit mantissa put LSE ~1e-3 off (fp8 P's 4 bits: 2.5e-2 off, for 1-3%
+  // of the fp8 kernel's time). Not at head dim 256, whose 128 O registers
   // per thread leave no room (spills).
-  static constexpr bool kTcSums = Variant::use_softmax && HEAD_DIM <= 128 && is_fp16<T>;
+  static constexpr bool kTcSums = Variant::use_softmax && HEAD_DIM <= 128 && is_fp16<T> && !FP8_MMA;
+  static constexpr int kPExp2 = FP8_MMA ? 8 : 0;  // P's scale, 2^kPExp2
 
   const Params& p;
   Sm90Pipeline<Rings>& pipe;
   T* q_smem;  // [Q_BUFS][CTA_Q * HEAD_DIM]
   T* k_smem;  // [K_STAGES][CTA_KV * HEAD_DIM]
   T* v_smem;  // [V_STAGES][CTA_KV * HEAD_DIM]
+  u32 q8;     // FP8_MMA: the quantized Q tiles' shared address (Q_hi, then Q_lo: CTA_Q rows of HEAD_DIM bytes each)
   int wg;         // consumer warpgroup: rows wg * 64 .. wg * 64 + 63 of the query tile
   int tid;        // 0 .. THREADS - 1 over all consumers
   int warp_row0;  // first tile row of this warp
   int rank;       // in the cluster (its half of each item's 2 * CTA_Q rows alternates)
   u32 peer_bars;  // CLUSTER > 1: the peer CTA's pipeline barriers (cluster window)
 
-  __device__ __forceinline__ Sm90Consumer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v)
-      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), wg(threadIdx.x / 128 - 1), tid(threadIdx.x - 128),
+  __device__ __forceinline__ Sm90Consumer(const Params& p_, Sm90Pipeline<Rings>& pipe_, T* q, T* k, T* v, u8* q8_)
+      : p(p_), pipe(pipe_), q_smem(q), k_smem(k), v_smem(v), q8(smem_addr(q8_)), wg(threadIdx.x / 128 - 1),
+        tid(threadIdx.x - 128),
         warp_row0(wg * 64 + (threadIdx.x / 32 % 4) * 16), rank(CLUSTER > 1 ? cluster_rank() : 0),
         peer_bars(CLUSTER > 1 ? cluster_map(smem_addr(&pipe_), 1 - rank) : 0) {}
 
@@ -83,8 +95,85 @@ struct Sm90Consumer {
     }
   }
 
+  // FP8_MMA: this warp's 16 rows of the 16-bit Q tile as e4m3 in the fp8 Q
+  // tiles (128-byte rows, 128-byte swizzle: Q_hi, the rounding of q, and
+  // Q_lo, of its residual), scaled so that the largest |q|
+  // of the warp's valid rows maps to 448 (at most x 16384, which fp16 holds:
+  // smaller values would be subnormal in e4m3 anyway); returns the factor
+  // (q = q8 x factor). Lane l converts half l % 2 of row l / 2. fp16 q is
+  // scaled and converted as f16x2 pairs (two instructions a pair); the
+  // maximum is an integer maximum of the 16-bit magnitudes, whose bit order
+  // is their order as numbers.
+  __device__ __forceinline__ float quantize_q(const T* q_tile, int lane, bool row_valid) const {
+    constexpr int CH = HEAD_DIM / 16;  // 16-bit chunks in half a row
+    const int r = warp_row0 + lane / 2, h = lane % 2;
+    const u32 src = smem_addr(q_tile);
+    uint4 x[CH];
+    u32 m2 = 0;
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+      x[i] = ld_shared_16(src + Swizzle128<HEAD_DIM, CTA_Q>::at(r, h * CH + i) * 2);
+      const u32 w[4] = {x[i].x, x[i].y, x[i].z, x[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) asm("max.u16x2 %0, %0, %1;" : "+r"(m2) : "r"(w[j] & 0x7fff7fffu));
+    }
+    float lo, hi;
+    unpack2(m2, lo, hi, T{});
+    // A NaN (the largest bit patterns) must not set the scale of the warp's other rows.
+    float amax = row_valid ? fminf(fmaxf(lo, hi), 65504.f) : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float inv = amax > 0.f ? fminf(448.f / amax, 16384.f) : 1.f;
+    u32 inv2 = 0;
+    if constexpr (is_fp16<T>) {
+      inv2 = pack2(inv, inv, T{});
+      unpack2(inv2, inv, lo, T{});  // the factor is the rounded scale's inverse
+    }
+#pragma unroll
+    for (int k = 0; k < CH / 2; ++k) {
+      const u32 w[8] = {x[2 * k].x,     x[2 * k].y,     x[2 * k].z,     x[2 * k].w,
+                        x[2 * k + 1].x, x[2 * k + 1].y, x[2 * k + 1].z, x[2 * k + 1].w};
+      u32 hi[4], lo[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        u32 pair_hi[2], pair_lo[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if constexpr (is_fp16<T>) {  // t - back is exact in f16 (back: t rounded to 4 significant bits)
+            u32 t, back, res;
+            u16 b, c;
+            asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(t) : "r"(w[2 * j + e]), "r"(inv2));
+            asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(b) : "r"(t));
+            asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(back) : "h"(b));
+            asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(res) : "r"(t), "r"(back));
+            asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(c) : "r"(res));
+            pair_hi[e] = b;
+            pair_lo[e] = c;
+          } else {
+            float a, c;
+            unpack2(w[2 * j + e], a, c, T{});
+            a *= inv;
+            c *= inv;
+            pair_hi[e] = float_to_fp8x2<fp8_e4m3_t>(a, c);
+            float back[4];
+            fp8x4_to_float<fp8_e4m3_t>(pair_hi[e], back);
+            pair_lo[e] = float_to_fp8x2<fp8_e4m3_t>(a - back[0], c - back[1]);
+          }
+        }
+        hi[j] = pair_hi[0] | (pair_hi[1] << 16);
+        lo[j] = pair_lo[0] | (pair_lo[1] << 16);
+      }
+      const int c8 = h * (CH / 2) + k;  // 16-byte chunk of the 128-byte row
+      const u32 at = q8 + r * 128 + ((c8 ^ (r & 7)) << 4);
+      st_shared_16(at, make_uint4(hi[0], hi[1], hi[2], hi[3]));
+      st_shared_16(at + CTA_Q * HEAD_DIM, make_uint4(lo[0], lo[1], lo[2], lo[3]));
+    }
+    return 1.f / inv;
+  }
+
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
+    using Gemms = Sm90Gemms<FP8_MMA, T, DKV, HEAD_DIM, CTA_KV, CTA_Q * 128>;
     __shared__ int s_is_last;
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
     u64 ones_desc = 0;
@@ -101,7 +190,7 @@ struct Sm90Consumer {
     // loop offsets them (desc_at).
     const u64 q_desc0 = wgmma_desc(smem_addr(q_smem), 16, 1024);
     const u64 k_desc0 = wgmma_desc(smem_addr(k_smem), 16, 1024);
-    const u64 v_desc0 = wgmma_desc(smem_addr(v_smem), CTA_KV * 128, 1024);
+    const u64 v_desc0 = Gemms::v_desc(smem_addr(v_smem));
     RingPos<Rings::Q_BUFS> q_pos;
     RingPos<Rings::K_STAGES> kv_pos;  // K ring; V uses the same count in its own ring
     using VPos = RingPos<Rings::V_STAGES>;
@@ -182,15 +271,25 @@ struct Sm90Consumer {
           fence_proxy_async();
           named_barrier_sync(kSm90QueryBar + wg, 128);
         }
+        // fp8: the quantized tile is this item's Q, so the 16-bit buffer
+        // goes back to the producer at once.
+        float item_sm_scale = run.sm_scale;
+        if constexpr (FP8_MMA) {
+          item_sm_scale *= quantize_q(q_tile, lane, (row0 + warp_row0 + lane / 2) / p.group < qo_len);
+          fence_proxy_async();
+          named_barrier_sync(kSm90QueryBar + wg, 128);
+          mbarrier_arrive(bars.q_empty(qb));
+        }
         auto uni = [](u64 d) { return (d >> 32 << 32) | static_cast<u32>(warp_uniform(static_cast<int>(d))); };
-        const u64 q_desc = uni(desc_at(q_desc0, qb * (CTA_Q * HEAD_DIM * 2) + wg * (64 * 128)));
-        auto k_at = [&](int stage) { return uni(desc_at(k_desc0, stage * (CTA_KV * HEAD_DIM * 2))); };
-        auto v_at = [&](int stage) { return uni(desc_at(v_desc0, stage * (CTA_KV * HEAD_DIM * 2))); };
+        const u64 q_desc = FP8_MMA ? uni(wgmma_desc(q8 + wg * (64 * 128), 16, 1024))
+                                   : uni(desc_at(q_desc0, qb * (CTA_Q * HEAD_DIM * 2) + wg * (64 * 128)));
+        auto k_at = [&](int stage) { return uni(desc_at(k_desc0, stage * Gemms::kKvTileBytes)); };
+        auto v_at = [&](int stage) { return uni(desc_at(v_desc0, stage * Gemms::kKvTileBytes)); };
         float s[NT_S][4];
         float(&sf)[NT_S * 4] = reinterpret_cast<float(&)[NT_S * 4]>(s);
         float(&of)[NT_O * 4] = reinterpret_cast<float(&)[NT_O * 4]>(st.o[0]);
         float(&s2)[1][NT_S][4] = reinterpret_cast<float(&)[1][NT_S][4]>(s);
-        u32 pa[CTA_KV / 16][4];
+        typename Gemms::PFrag pa;
         float scale[1][2];
         MaskBits<Variant, Params, 1, NT_S> mask_bits;  // LogitsMaskBits variants: a tile's words
 
@@ -198,17 +297,17 @@ struct Sm90Consumer {
         if (n_comp > 0) {
           // Tile 0: S, softmax (O is still zero: nothing to rescale).
           mbarrier_wait(bars.k_full(cur.index()), cur.phase());
-          wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
+          Gemms::qk(sf, q_desc, k_at(cur.index()));
           wgmma_commit();
           mask_bits.load(p, variant, rows, w.kv_start + quad * 2, b, kv_head);  // in flight with S
           wgmma_wait<0>();
           wgmma_keep(sf);
           release_kv(bars.k_empty(cur.index()), bars);
-          if (n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
-          prefill_softmax_step<Variant, !kTcSums, kRunScale>(p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end,
-                                                             b, kv_head, masked(0), causal_shift, scale, &mask_bits,
-                                                             run.sm_scale);
-          pack_p<CTA_KV, T>(pa, s);
+          if (!FP8_MMA && n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
+          prefill_softmax_step<Variant, !kTcSums, kRunScale, kPExp2>(p, variant, st, rows, s2, w.kv_start + quad * 2,
+                                                                     w.kv_end, b, kv_head, masked(0), causal_shift,
+                                                                     scale, &mask_bits, item_sm_scale);
+          Gemms::pack(pa, s);
 
           bool k_ready = false, v_ready = false;  // probes of the next step's barriers
           for (int t = 1; t < n_comp; ++t) {
@@ -223,22 +322,20 @@ struct Sm90Consumer {
               wgmma_fence();
               wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);
             }
-            wgmma_qk<CTA_KV, HEAD_DIM, CTA_Q * 128, T>(sf, q_desc, k_at(cur.index()));
+            Gemms::qk(sf, q_desc, k_at(cur.index()));
             wgmma_commit();
             if (!v_ready) mbarrier_wait(bars.v_full(prev.index()), prev.phase());
-            wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(prev.index()));
+            Gemms::pv(of, pa, v_at(prev.index()));
             wgmma_commit();
             mask_bits.load(p, variant, rows, w.kv_start + t * CTA_KV + quad * 2, b, kv_head);  // in flight with S_t
             wgmma_wait<1>();  // S_t (the older group) is done, and the row sums of P_{t-1}
             wgmma_keep(sf);
             wgmma_keep(dsum);
             release_kv(bars.k_empty(cur.index()), bars);
-            if (t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
-            const bool raised =
-                prefill_softmax_step<Variant, !kTcSums, kRunScale>(p, variant, st, rows, s2,
-                                                                   w.kv_start + t * CTA_KV + quad * 2, w.kv_end, b,
-                                                                   kv_head, masked(t), causal_shift, scale, &mask_bits,
-                                                                   run.sm_scale);
+            if (!FP8_MMA && t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
+            const bool raised = prefill_softmax_step<Variant, !kTcSums, kRunScale, kPExp2>(
+                p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2, w.kv_end, b, kv_head, masked(t),
+                causal_shift, scale, &mask_bits, item_sm_scale);
             if constexpr (kTcSums) {
               if (raised) {  // rows g and g + 8 (dsum[1] and [3] are unused copies)
                 dsum[0] *= scale[0][0];
@@ -266,7 +363,7 @@ struct Sm90Consumer {
             }
             // With the wait inside the branch, ptxas keeps the registers the
             // P V wgmma reads untouched until here (SASS: no early wait).
-            pack_p<CTA_KV, T>(pa, s);
+            Gemms::pack(pa, s);
             // V's release comes last: ptxas hoists a wait together with a
             // shared-memory arrive that follows it, and an early release here
             // dragged the wait above the softmax.
@@ -274,7 +371,7 @@ struct Sm90Consumer {
           }
           const VPos last{cur.count};
           mbarrier_wait(bars.v_full(last.index()), last.phase());
-          wgmma_pv<CTA_KV, HEAD_DIM, T>(of, pa, v_at(last.index()));
+          Gemms::pv(of, pa, v_at(last.index()));
           if constexpr (kTcSums) wgmma_row_sums<CTA_KV, T>(dsum, pa, ones_desc);  // P_{n-1}'s
           wgmma_commit();
           wgmma_wait<0>();
@@ -283,7 +380,7 @@ struct Sm90Consumer {
           wgmma_keep(pa);
           release_kv(bars.v_empty(last.index()), bars);
           cur = cur.next();
-        } else {
+        } else if (!FP8_MMA) {
           mbarrier_arrive(bars.q_empty(qb));
         }
         for (int t = n_comp; t < n_tiles; ++t, cur = cur.next()) {  // skipped tiles: landed, then released
@@ -303,8 +400,13 @@ struct Sm90Consumer {
       } else {
         prefill_sum_quads(st);
       }
+      constexpr float kPUnscale = 1.f / static_cast<float>(1 << kPExp2);  // O and d held P x 2^kPExp2
+      if constexpr (kPExp2 != 0) {
+        st.d[0][0] *= kPUnscale;
+        st.d[0][1] *= kPUnscale;
+      }
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
-                                                                warp_row0, run.o_scale, half);
+                                                                warp_row0, run.o_scale * kPUnscale, half);
       if (w.partial_slot >= 0)
         prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
             p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,

@@ -10,7 +10,10 @@
 // fp8 K / V (DKV e4m3 / e5m2): the copies land in a ring of STAGING staging
 // tiles and each thread widens the chunks it copied into the 16-bit stage
 // (q's type) STAGING - 1 tiles later, so later tiles' copies are in flight
-// while it widens; the thread then signals the stage itself.
+// while it widens; the thread then signals the stage itself. With fp8
+// tensor cores (FP8_MMA) K's copies land straight in its fp8 stage (the
+// wgmma reads the cache's rows), and only V is staged: each thread
+// transposes its share into the fp8 V^T stage (transpose_v).
 // Paged KV: while the warpgroup issues a tile, each thread resolves one row
 // of the next tile (page-table load, page / head / slot arithmetic) into a
 // ring of shared tables of element offsets; a copy then costs one
@@ -38,9 +41,9 @@ struct IsKey {
 };
 
 // T: the 16-bit type of the shared tiles (the MMA's); DKV: the cache's
-// element type (T, or fp8 widened to T).
+// element type (T, or fp8 widened to T, or with FP8_MMA kept as fp8).
 template <typename Variant, typename T, typename DKV, int HEAD_DIM, int CTA_Q, int CTA_KV, typename Rings, int CLUSTER,
-          int STAGING, typename Params>
+          int STAGING, bool FP8_MMA, typename Params>
 struct Sm90Producer {
   // Thread t copies 16-byte chunks t % LPR (+ 16, + 32, ...: CPT of them) of
   // rows t / LPR + i * RPP. At most 16 threads share a row, so a thread's
@@ -60,7 +63,10 @@ struct Sm90Producer {
   static_assert(sizeof(T) == 2 && (sizeof(DKV) == 2 || kFp8), "16-bit tiles of a 16-bit or fp8 cache");
   static_assert(!kFp8 || KV_CH == KV_LPR, "fp8: one chunk per row and pass");
   static_assert(kFp8 ? STAGING >= 2 && STAGING <= 4 : STAGING == 0, "fp8: a ring of 2 to 4 staging tiles");
+  static_assert(!FP8_MMA || (kFp8 && HEAD_DIM == 128 && CTA_KV == 128 && CLUSTER == 1),
+                "fp8 tensor cores: an fp8 cache, head dim 128, 128-key tiles, single CTAs");
   static constexpr int kStageBytes = CTA_KV * HEAD_DIM;  // an fp8 staging tile
+  static constexpr u32 kKvTileBytes = CTA_KV * HEAD_DIM * (FP8_MMA ? 1 : 2);  // a K or V stage
   using Traits = VariantTraits<Variant, Params>;
   using QLayout = Swizzle128<HEAD_DIM, CTA_Q>;
   using KVLayout = Swizzle128<HEAD_DIM, CTA_KV>;
@@ -114,12 +120,15 @@ struct Sm90Producer {
   // producer from competing with the consumers for issue slots (a generic
   // address computation per row took ~35 and starved them).
   // dst: the tile's shared address. fp8: the same copies into a row-major
-  // staging tile, kv_ch * 16 bytes into each row.
+  // staging tile, kv_ch * 16 bytes into each row, or with SWIZZLED into an
+  // fp8 wgmma stage (rows of HEAD_DIM = 128 bytes, 128-byte swizzle).
+  template <bool SWIZZLED = false>
   __device__ __forceinline__ void copy_tile(u32 dst, const DKV* base, const i64* offs, i64 affine_base, int start,
                                             int end) const {
     const device::PagedKV& kv = p.kv;
     constexpr int kChunkElems = 16 / sizeof(DKV);
-    u32 dst_addr = dst + (kFp8 ? kv_row0 * HEAD_DIM + kv_ch * 16 : KVLayout::at(kv_row0, kv_ch) * 2);
+    u32 dst_addr = dst + (SWIZZLED ? kv_row0 * 128 + ((kv_ch ^ (kv_row0 & 7)) << 4)
+                                   : kFp8 ? kv_row0 * HEAD_DIM + kv_ch * 16 : KVLayout::at(kv_row0, kv_ch) * 2);
     constexpr u32 kDstStep = kFp8 ? KV_RPP * HEAD_DIM : KV_RPP * 64 * sizeof(T);
     const int valid = end - start - kv_row0;  // rows i * KV_RPP < valid are in range
     if (kv.indices == nullptr) {
@@ -177,6 +186,46 @@ struct Sm90Producer {
         fp8x4_to_16x2<S, T>(x.w, b.z, b.w);
         st_shared_16(first + i * KV_RPP * 128, a);
         st_shared_16(second + i * KV_RPP * 128, b);
+      }
+    }
+  }
+
+  // FP8_MMA: V's landed staging tile (rows of 128 keys x 128 fp8 features)
+  // as the V^T stage the P V wgmma reads: row f holds feature f of the 128
+  // keys, 16-byte chunk c (keys 16c .. 16c + 15) at chunk c ^ (f % 8), its
+  // keys in P's packing order (pack_p_fp8): byte 4i + e of a chunk holds key
+  // 2i + (e & 1) + 8 (e >> 1). Lane l takes features 4l .. 4l + 3 (its
+  // 4-byte loads of one key row hit 32 distinct banks), warp w the chunks
+  // 2w and 2w + 1; four keys x four features are transposed by eight byte
+  // permutes. Rows past the chunk's end were zero-filled and stay zeros.
+  // A thread reads rows other threads copied: the caller waits for the
+  // warpgroup's copies first, and no copy refills the staging tile before
+  // every thread is done with it (a warpgroup barrier per KV tile).
+  __device__ __forceinline__ void transpose_v(u32 stage, u32 tile) const {
+    if constexpr (FP8_MMA) {
+      const int lane = tid % 32, warp = tid / 32;
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int c = 2 * warp + cc;
+        u32 out[4][4];  // [feature 4l + i][word]
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd) {
+          const u32 key0 = 16 * c + 2 * wd;  // keys key0, key0 + 1, key0 + 8, key0 + 9
+          const u32 at = stage + key0 * HEAD_DIM + 4 * lane;
+          const u32 r0 = ld_shared_u32(at), r1 = ld_shared_u32(at + HEAD_DIM);
+          const u32 r2 = ld_shared_u32(at + 8 * HEAD_DIM), r3 = ld_shared_u32(at + 9 * HEAD_DIM);
+          const u32 t0 = byte_perm(r0, r1, 0x5140), t1 = byte_perm(r0, r1, 0x7362);
+          const u32 t2 = byte_perm(r2, r3, 0x5140), t3 = byte_perm(r2, r3, 0x7362);
+          out[0][wd] = byte_perm(t0, t2, 0x5410);
+          out[1][wd] = byte_perm(t0, t2, 0x7632);
+          out[2][wd] = byte_perm(t1, t3, 0x5410);
+          out[3][wd] = byte_perm(t1, t3, 0x7632);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int f = 4 * lane + i;
+          st_shared_16(tile + f * 128 + ((c ^ (f & 7)) << 4), make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]));
+        }
       }
     }
   }
@@ -324,7 +373,9 @@ struct Sm90Producer {
       // step (after P V), so issuing K_t behind V_t made every K tile wait
       // for that release and land barely in time (ncu: consumers spinning on
       // K's full barrier ~26 times per tile, the producer parked on V's empty
-      // one). K now runs a tile ahead.
+      // one). K now runs a tile ahead. FP8_MMA: K_t, then V_t into a staging
+      // tile, whose copies land while V_{t-1} is transposed into its stage
+      // (so V_{t-1} is ready right behind K_t, as the consumers need it).
       // Paged KV: tile c's row offsets sit in table c % 4, written by the
       // whole warpgroup (one row each) during the previous step; the barrier
       // at the top of each step publishes them and tells every thread that
@@ -356,9 +407,14 @@ struct Sm90Producer {
       // Call after cp_async_wait for d's copies.
       auto widen = [&](const Pending d) {
         const int stage = d.stage();
-        const u32 tile = smem_addr((d.key() ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM));
+        const u32 tile = smem_addr(d.key() ? k_smem : v_smem) + stage * kKvTileBytes;
         mbarrier_wait(d.key() ? bars.k_empty(stage) : bars.v_empty(stage), d.phase() ^ 1);
-        widen_tile(staging + d.slot() * kStageBytes, tile);
+        if constexpr (FP8_MMA) {  // V only
+          named_barrier_sync(kSm90ProducerBar, THREADS);  // every thread's copies of it landed
+          transpose_v(staging + d.slot() * kStageBytes, tile);
+        } else {
+          widen_tile(staging + d.slot() * kStageBytes, tile);
+        }
         if (d.key() ? Traits::key_transform : Traits::value_transform) {
           named_barrier_sync(kSm90ProducerBar, THREADS);  // the whole tile is widened
           T* t16 = (d.key() ? k_smem : v_smem) + stage * (CTA_KV * HEAD_DIM);
@@ -377,7 +433,11 @@ struct Sm90Producer {
         const int start = w.kv_start + t * CTA_KV, stage = pos.index();
         const i64 affine_base = paged ? 0 : device::kv_token_offset(p.kv, page_base, start, kv_head, p.page_shift);
         const i64* offs = row_offs + (pos.count & 3) * CTA_KV;
-        if constexpr (kFp8) {
+        if constexpr (FP8_MMA && K) {  // fp8 tensor cores read the cache's K rows as they are
+          mbarrier_wait(bars.k_empty(stage), pos.phase() ^ 1);
+          copy_tile<true>(smem_addr(k_smem) + stage * kKvTileBytes, k_base, offs, affine_base, start, w.kv_end);
+          cp_async_arrive_noinc(bars.k_full(stage));
+        } else if constexpr (kFp8) {
           copy_tile(staging + slot * kStageBytes, K ? k_base : v_base, offs, affine_base, start, w.kv_end);
           cp_async_commit();
           if (pending[0].valid()) {
@@ -402,16 +462,18 @@ struct Sm90Producer {
       using VPos = RingPos<Rings::V_STAGES>;
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
         i64 next_off = 0;
+        if (FP8_MMA && !paged) named_barrier_sync(kSm90ProducerBar, THREADS);  // staging tiles transposed
         if (paged) {
           named_barrier_sync(kSm90ProducerBar, THREADS);
           if (t + 1 < n_tiles)
             next_off = row_offset(page_base, w.kv_start + (t + 1) * CTA_KV, w.kv_end, kv_head, p.page_shift);
         }
         issue(IsKey<true>{}, kv_pos, t);
-        if (t > 0) issue(IsKey<false>{}, VPos{kv_pos.count - 1}, t - 1);
+        if constexpr (FP8_MMA) issue(IsKey<false>{}, VPos{kv_pos.count}, t);
+        else if (t > 0) issue(IsKey<false>{}, VPos{kv_pos.count - 1}, t - 1);
         if (paged && t + 1 < n_tiles && tid < CTA_KV) row_offs[((kv_pos.count + 1) & 3) * CTA_KV + table_slot(tid)] = next_off;
       }
-      issue(IsKey<false>{}, VPos{kv_pos.count - 1}, n_tiles - 1);
+      if constexpr (!FP8_MMA) issue(IsKey<false>{}, VPos{kv_pos.count - 1}, n_tiles - 1);
       if constexpr (kFp8) {  // the item's last tiles
         cp_async_wait<0>();
 #pragma unroll

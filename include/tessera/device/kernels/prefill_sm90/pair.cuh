@@ -50,9 +50,9 @@ __device__ __forceinline__ void batch_prefill_sm90_pair(const typename First::Pa
     if (second) Producer2(p2, pipe2, buf2.q, buf2.k, buf2.v, buf2.staging, row_offs).run(tma2, kv_tma2, q_tma2);
   } else {
     setmaxnreg_inc<First::Regs::CONSUMER>();
-    if (first) Consumer(p, pipe, buf.q, buf.k, buf.v).run();
+    if (first) Consumer(p, pipe, buf.q, buf.k, buf.v, buf.q8).run();
     named_barrier_sync(kSm90PairBar, First::THREADS);
-    if (second) Consumer2(p2, pipe2, buf2.q, buf2.k, buf2.v).run();
+    if (second) Consumer2(p2, pipe2, buf2.q, buf2.k, buf2.v, buf2.q8).run();
   }
 }
 
