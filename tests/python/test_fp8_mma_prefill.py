@@ -16,7 +16,7 @@ import pytest
 import tessera
 from conftest import rel_error, to_np
 from prefill_reference import HKV, gather_pages, indptr_of, make_table, uniform, workspace
-from test_fp8_prefill import KS, LENS, VS, fp8_pages, fp8_values, reference
+from test_fp8_prefill import KS, LENS, VS, fp8_pages, fp8_values, graph_replays_new_scale_tensors, reference
 
 # max |o - ref| / max |ref| of the fp8 tensor-core path, and the LSE's absolute error (base 2), against
 # the dequantized float64 reference: P's rounding to e4m3 (q keeps about 7 significant bits).
@@ -110,37 +110,9 @@ def test_fp8_mma_ragged_long_rows(torch_cuda, rng, poison, kv_dtype):
 
 
 def test_fp8_mma_cuda_graph_replays_new_scale_tensors(torch_cuda, rng):
-    torch = torch_cuda
-    hopper(torch)
-    head_dim, hq, batch, pool = 128, 8, 4, 200
-    q_lens, kv_lens = [30, 1, 64, 7], [500, 1, 900, 77]
-    table = make_table(rng, kv_lens, 16, spare=pool - sum((n + 15) // 16 for n in kv_lens))
-    cache, k, v = fp8_pages(torch, rng, "NHD", pool, 16, head_dim, "float8_e4m3fn", False)
-    qo = indptr_of(q_lens)
-    q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), torch.bfloat16, -2.0, 2.0)
-    i32 = dict(dtype=torch.int32, device="cuda")
-    w = paged(torch, True, use_cuda_graph=True, qo_indptr_buf=torch.empty(batch + 1, **i32),
-              paged_kv_indptr_buf=torch.empty(batch + 1, **i32), paged_kv_indices_buf=torch.empty(pool, **i32),
-              paged_kv_last_page_len_buf=torch.empty(batch, **i32))
-    w.plan(qo, *table[:3], hq, HKV, head_dim, 16, causal=True, q_data_type=torch.bfloat16,
-           kv_data_type=torch.float8_e4m3fn)
-    kt, vt = torch.ones(1, device="cuda"), torch.ones(1, device="cuda")
-    out = torch.empty_like(q)
-    w.run(q, cache, k_scale=kt, v_scale=vt, out=out)  # JIT outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q, cache, k_scale=kt, v_scale=vt, out=out)
-    kn, vn = to_np(k), to_np(v)
-    for ks, vs in ((KS, VS), (0.05, 0.002), (0.003, 0.02)):
-        kt.fill_(ks)
-        vt.fill_(vs)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_o, _ = reference(q, qo, lambda i: gather_pages(kn, vn, "NHD", table, 16, i), True, head_dim,
-                             np.float32(ks), np.float32(vs))
-        check_mma(out, None, ref_o, None)
+    hopper(torch_cuda)
+    graph_replays_new_scale_tensors(torch_cuda, rng, lambda out, ref_o: check_mma(out, None, ref_o, None),
+                                    fp8_mma=True)
 
 
 def test_fp8_mma_refused_on_fa2_gpu(torch_cuda, rng):

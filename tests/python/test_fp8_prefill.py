@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tessera
-from conftest import TOL, to_np
+from conftest import to_np
 from prefill_reference import (HKV, check, gather_pages, indptr_of, make_table, ref_batch, ref_request, uniform,
                                workspace)
 from test_pos_encoding import rope_request
@@ -194,8 +194,9 @@ def test_fp8_prefill_scale_tensors_uint8_views_and_determinism(torch_cuda, rng, 
     check(c, None, ref_o, None, "float16")
 
 
-def test_fp8_prefill_cuda_graph_replays_new_scale_tensors(torch_cuda, rng):
-    torch = torch_cuda
+def graph_replays_new_scale_tensors(torch, rng, check_out, fp8_mma=False):
+    """A paged bf16 / e4m3 prefill captured in a CUDA graph with 1-element scale tensors, replayed with new
+    values; check_out(out, ref_o) judges each replay (fp8_mma: the wrapper's fp8 tensor-core option)."""
     head_dim, hq, batch, pool = 128, 8, 4, 200
     q_lens, kv_lens = [30, 1, 64, 7], [500, 1, 900, 77]
     table = make_table(rng, kv_lens, 16, spare=pool - sum((n + 15) // 16 for n in kv_lens))
@@ -206,6 +207,7 @@ def test_fp8_prefill_cuda_graph_replays_new_scale_tensors(torch_cuda, rng):
     w = paged_wrapper(torch, use_cuda_graph=True, qo_indptr_buf=torch.empty(batch + 1, **i32),
                       paged_kv_indptr_buf=torch.empty(batch + 1, **i32), paged_kv_indices_buf=torch.empty(pool, **i32),
                       paged_kv_last_page_len_buf=torch.empty(batch, **i32))
+    w._fp8_mma = fp8_mma
     w.plan(qo, *table[:3], hq, HKV, head_dim, 16, causal=True, q_data_type=torch.bfloat16,
            kv_data_type=torch.float8_e4m3fn)
     kt, vt = torch.ones(1, device="cuda"), torch.ones(1, device="cuda")
@@ -224,7 +226,11 @@ def test_fp8_prefill_cuda_graph_replays_new_scale_tensors(torch_cuda, rng):
         torch.cuda.synchronize()
         ref_o, _ = reference(q, qo, lambda i: gather_pages(kn, vn, "NHD", table, 16, i), True, head_dim,
                              np.float32(ks), np.float32(vs))
-        check(out, None, ref_o, None, "bfloat16")
+        check_out(out, ref_o)
+
+
+def test_fp8_prefill_cuda_graph_replays_new_scale_tensors(torch_cuda, rng):
+    graph_replays_new_scale_tensors(torch_cuda, rng, lambda out, ref_o: check(out, None, ref_o, None, "bfloat16"))
 
 
 @pytest.mark.parametrize("kv_dtype", FP8)

@@ -20,7 +20,6 @@ def ref_mla(q_nope, q_pe, ckv, kpe, qo_indptr, kv_indptr, kv_indices, kv_lens, c
     """float64 (o [T, H, 512], lse [T, H] base 2)."""
     q_nope, q_pe, ckv, kpe = (to_np(x) for x in (q_nope, q_pe, ckv, kpe))
     T_, H = q_nope.shape[:2]
-    page = ckv.shape[1]
     o = np.zeros((T_, H, DC))
     lse = np.full((T_, H), -np.inf)
     for b in range(len(kv_lens)):

@@ -11,7 +11,6 @@ than the minimum is refused."""
 
 import re
 
-import numpy as np
 import pytest
 
 import tessera
