@@ -26,7 +26,6 @@ BatchPrefill::BatchPrefill(AttentionSpec spec, TaskInfo task, Workspace& workspa
     throw InvalidArgument("cluster: expected 0 (auto), 1 (off) or 2 (CTA pairs), got " + str(opt_.cluster));
   if (opt_.cta_q) config_ = catalog::prefill_config(spec_, opt_.cta_q);  // validates cta_q
   else (void)catalog::prefill_config(spec_, 64);                          // validates dtypes
-  if (opt_.fp8_mma) catalog::check_fp8_mma(spec_, opt_.backend != PrefillBackend::kFA2);  // the GPU's arch: at plan
   detail::each_candidate(spec_, opt_, [](const PrefillConfig&) {});      // validates the tile override
   if (variants::is_causal(spec_.variant)) opt_.causal_schedule = true;
   // Custom masks keep the full schedule: a masked-out tile only costs time,

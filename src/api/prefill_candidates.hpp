@@ -10,9 +10,10 @@ namespace tessera::detail {
 // Calls fn(config) for every configuration a first plan may choose under
 // opt: each query tile (only opt.cta_q if set) on each backend, with
 // opt.tile applied where opt.backend allows that backend. Also how the tile
-// is validated before any plan.
+// and fp8_mma are validated before any plan (the GPU's arch: at the first).
 template <typename Fn>
 void each_candidate(const AttentionSpec& spec, const PrefillOptions& opt, Fn fn) {
+  if (opt.fp8_mma) catalog::check_fp8_mma(spec, opt.backend != PrefillBackend::kFA2);
   for (int q : {16, 32, 64, 128}) {
     if (opt.cta_q && q != opt.cta_q) continue;
     for (bool hopper : {false, true}) {

@@ -120,7 +120,6 @@ BatchPrefill::SizeSet BatchPrefill::sizes(const AttentionSpec& spec, const TaskI
   if (task.max_batch < 1 || task.max_total_q < 1 || task.max_pages < 1)
     throw InvalidArgument("task: expected max_batch, max_total_q and max_pages >= 1 to size the workspace");
   if (opt.cta_q) (void)catalog::prefill_config(spec, opt.cta_q);  // rejects an invalid cta_q
-  if (opt.fp8_mma) catalog::check_fp8_mma(spec, opt.backend != PrefillBackend::kFA2);
   SizeSet r;
   detail::each_candidate(spec, opt, [&](const PrefillConfig& c) {  // whichever the first plan picks
     const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
