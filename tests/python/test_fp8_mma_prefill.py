@@ -6,7 +6,8 @@ the option's own bound (FP8_MMA_TOL: rounding q and P is the option's error, doc
 the default path on the same inputs; outputs poisoned first, pages shuffled, NaN fails; bitwise re-runs;
 a CUDA graph replayed with new scale tensors.
 
-GPU (sm_90, "skipped" elsewhere): dtypes x page sizes x layouts x causal, ragged KV, long rows. CPU: the
+GPU (sm_90, "skipped" elsewhere): dtypes x page sizes x layouts x causal, ragged KV, long rows, the built-in
+variants that leave K / V as they are (window, soft cap, ALiBi, custom mask). CPU: the
 refusals that need no GPU.
 """
 
@@ -16,7 +17,8 @@ import pytest
 import tessera
 from conftest import rel_error, to_np
 from prefill_reference import HKV, gather_pages, indptr_of, make_table, uniform, workspace
-from test_fp8_prefill import KS, LENS, VS, fp8_pages, fp8_values, graph_replays_new_scale_tensors, reference
+from test_fp8_prefill import (KS, LENS, VS, fp8_pages, fp8_values, graph_replays_new_scale_tensors, reference,
+                              run_variant)
 
 # max |o - ref| / max |ref| of the fp8 tensor-core path, and the LSE's absolute error (base 2), against
 # the dequantized float64 reference: P's rounding to e4m3 (q keeps about 7 significant bits).
@@ -107,6 +109,15 @@ def test_fp8_mma_ragged_long_rows(torch_cuda, rng, poison, kv_dtype):
     err, lerr = check_mma(o, lse, ref_o, ref_lse)
     print(f"fp8_mma ragged {kv_dtype}: o {err:.2e}, lse {lerr:.2e}")
     assert torch.equal(o, w.run(q, k, v, k_scale=KS, v_scale=VS))  # deterministic
+
+
+@pytest.mark.parametrize("variant", ["window", "soft_cap", "alibi", "custom_mask"])
+def test_fp8_mma_prefill_variants(torch_cuda, rng, poison, variant):
+    """The built-in variants that leave K / V rows as they are, on fp8 tensor cores: their functors see the
+    logits with q's scale folded in."""
+    hopper(torch_cuda)
+    run_variant(torch_cuda, rng, variant, lambda o, lse, ref_o, ref_lse: check_mma(o, lse, ref_o, ref_lse),
+                fp8_mma=True)
 
 
 def test_fp8_mma_cuda_graph_replays_new_scale_tensors(torch_cuda, rng):

@@ -129,11 +129,9 @@ def test_fp8_ragged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim
     check(o, lse, ref_o, ref_lse, q_dtype)
 
 
-@pytest.mark.parametrize("variant", ["window", "soft_cap", "alibi", "custom_mask", "rope"])
-def test_fp8_prefill_variants(torch_cuda, rng, poison, variant):
-    """The built-in variants on an fp8 cache: the same functors, K / V widened first (RoPE: the keys are
-    rotated after widening, in the Hopper kernel's producer)."""
-    torch = torch_cuda
+def run_variant(torch, rng, variant, check_out, fp8_mma=False):
+    """A built-in variant over a paged e4m3 cache against the float64 reference on the dequantized cache;
+    check_out(o, lse, ref_o, ref_lse) judges it (fp8_mma: the wrapper's fp8 tensor-core option)."""
     head_dim, hq, page_size = 128, 8, 16
     q_lens, kv_lens = [37, 100, 1], [37, 190, 300]
     table = make_table(rng, kv_lens, page_size)
@@ -155,6 +153,7 @@ def test_fp8_prefill_variants(torch_cuda, rng, poison, variant):
         causal = False
         plan = dict(custom_mask=torch.from_numpy(np.concatenate([m.ravel() for m in masks])).cuda())
     w = paged_wrapper(torch)
+    w._fp8_mma = fp8_mma
     w.plan(qo, *table[:3], hq, HKV, head_dim, page_size, causal=causal, q_data_type=torch.float16,
            kv_data_type=torch.float8_e4m3fn, **plan)
     o, lse = w.run(q, cache, k_scale=KS, v_scale=VS, return_lse=True)
@@ -169,7 +168,14 @@ def test_fp8_prefill_variants(torch_cuda, rng, poison, variant):
         a, b = ref_request(qi, ki, vi, causal, KS / np.sqrt(head_dim), visible=vis, **ref_opts)
         o_ref.append(a * VS)
         lse_ref.append(b)
-    check(o, lse, np.concatenate(o_ref), np.concatenate(lse_ref), "float16")
+    check_out(o, lse, np.concatenate(o_ref), np.concatenate(lse_ref))
+
+
+@pytest.mark.parametrize("variant", ["window", "soft_cap", "alibi", "custom_mask", "rope"])
+def test_fp8_prefill_variants(torch_cuda, rng, poison, variant):
+    """The built-in variants on an fp8 cache: the same functors, K / V widened first (RoPE: the keys are
+    rotated after widening, in the Hopper kernel's producer)."""
+    run_variant(torch_cuda, rng, variant, lambda o, lse, ref_o, ref_lse: check(o, lse, ref_o, ref_lse, "float16"))
 
 
 def test_fp8_prefill_scale_tensors_uint8_views_and_determinism(torch_cuda, rng, poison):
