@@ -76,4 +76,28 @@ inline double tolerance(DType t) { return t == DType::kFloat32 ? 1e-5 : (t == DT
 
 inline bool bitwise_equal(const HostTensor& a, const HostTensor& b) { return a.storage == b.storage; }
 
+// The launches fn() makes on `stream`, captured and instantiated as a CUDA
+// graph, destroyed with the object (also when an ASSERT leaves the test).
+class CapturedGraph {
+ public:
+  template <typename Fn>
+  CapturedGraph(cudaStream_t stream, Fn fn) {
+    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    fn();
+    TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_ != nullptr) EXPECT_EQ(cudaGraphExecDestroy(exec_), cudaSuccess);
+    if (graph_ != nullptr) EXPECT_EQ(cudaGraphDestroy(graph_), cudaSuccess);
+  }
+  void launch(cudaStream_t stream) const { TESSERA_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace tessera::test

@@ -214,18 +214,13 @@ TEST(CascadeGraph, ReplayAfterReplanMatchesReference) {
   // Captured with tensors of the bound's rows: every step plans fewer.
   cascade.run(dq.view, kv, d_o.view, dlse.view, stream);  // loads the kernels outside the capture
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
-  TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream, [&] { cascade.run(dq.view, kv, d_o.view, dlse.view, stream); });
   for (const CascadeProblem* p : {&p1, &p2, &p1}) {
     const auto in = p->plan_input();
     cascade.plan(in, stream);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     load(*p);
-    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    graph.launch(stream);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     const int64_t rows = p->qo.back();
     HostTensor got_o = to_host(d_o, o), got_lse = to_host(dlse, lse);
@@ -239,8 +234,6 @@ TEST(CascadeGraph, ReplayAfterReplanMatchesReference) {
     EXPECT_CLOSE(compare(go, ref.o), dt);
     EXPECT_CLOSE(compare(gl, ref.lse), DType::kFloat16);
   }
-  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
@@ -367,16 +360,13 @@ TEST(CascadeDevicePlan, OneGraphBitwiseTheHostPlan) {
   cascade.plan_on_device(levels, stream);  // loads the kernels outside the capture
   cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  cascade.plan_on_device(levels, stream);
-  cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
-  TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream, [&] {
+    cascade.plan_on_device(levels, stream);
+    cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
+  });
   for (const CascadeProblem* p : {&p1, &p2, &p1}) {
     load(*p);
-    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    graph.launch(stream);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     const int64_t rows = p->qo.back();
     const HostTensor got_o = to_host(d_o, o), got_lse = to_host(dlse, lse);
@@ -401,7 +391,7 @@ TEST(CascadeDevicePlan, OneGraphBitwiseTheHostPlan) {
   std::vector<int32_t> qo1 = p1.levels[1].qo;
   qo1.back() -= 1;
   put(bufs[1].qo, qo1);
-  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  graph.launch(stream);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   try {
     cascade.run(dq.view, kv, d_o.view, dlse.view, stream);
@@ -411,8 +401,6 @@ TEST(CascadeDevicePlan, OneGraphBitwiseTheHostPlan) {
     EXPECT_NE(std::string(e.what()).find("level 0"), std::string::npos) << e.what();
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
   // No qo_indptr on a level: refused before any GPU work.
   levels[2].qo_indptr = TensorView();

@@ -155,12 +155,7 @@ TEST(SharedPrefixDecodeGraph, ReplayAfterReplansMatchesReference) {
   dec.plan(first.kv, first.indices, first.last, stream);
   dec.run(dq.view, kv, d_o.view, dlse.view, stream);  // loads the kernels outside the capture
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  dec.run(dq.view, kv, d_o.view, dlse.view, stream);
-  TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream, [&] { dec.run(dq.view, kv, d_o.view, dlse.view, stream); });
   const int32_t groups[] = {1, 0, 2};
   for (int i : {0, 1, 2, 0}) {
     const CascadeProblem& p = probs[i];
@@ -173,12 +168,10 @@ TEST(SharedPrefixDecodeGraph, ReplayAfterReplansMatchesReference) {
     dq.buf.upload(p.q.storage.data(), p.q.storage.size());
     d_o.buf.fill(0xFF);
     dlse.buf.fill(0xFF);
-    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    graph.launch(stream);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     expect_matches(Out{to_host(d_o, o), to_host(dlse, lse)}, p.reference(false), dt);
   }
-  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

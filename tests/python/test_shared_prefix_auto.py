@@ -411,6 +411,17 @@ def test_decode_without_sharing_is_the_normal_path(torch_cuda, rng, tables):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+def captured(torch, run):
+    """A CUDA graph of run(), captured after two warm-up calls (the JIT loads outside the capture)."""
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph
+
+
 def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
     """use_cuda_graph=True: one graph captured on a step without sharing replays later plans with adjacent
     groups (merged into the output by the shared level's kernel), groups the batch does not keep together,
@@ -448,12 +459,7 @@ def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
                                                      saved_pages=0, replanned=True)
     w.plan(*table, HQ, HKV, D, PAGE, shared_prefix="auto")
     assert not w.shared_prefix_stats["replanned"]  # the same (empty) shared level keeps its plan
-    for _ in range(2):  # warm up (JIT) before the capture
-        w.run(q_buf, (k, v), out=out, lse=lse)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q_buf, (k, v), out=out, lse=lse)
+    graph = captured(torch, lambda: w.run(q_buf, (k, v), out=out, lse=lse))
     prompt_a, prompt_b = list(range(0, pages_a)), list(range(40, 40 + pages_a - 1))
     n_a, n_b = len(prompt_a), len(prompt_b)
     adjacent = [(prompt_a + own(r, 1), n_a * PAGE + 1 + r) for r in range(5)] + \
@@ -578,12 +584,7 @@ def test_prefill_auto_in_cuda_graphs(torch_cuda, rng):
     alone = [(own(r, 2), 2 * PAGE - r) for r in range(B)]
     w.plan(qo, *table_of(alone), HQ, HKV, D, PAGE, causal=True, shared_prefix="auto")
     assert w.shared_prefix_stats["groups"] == 0
-    for _ in range(2):  # warm up (JIT) before the capture
-        w.run(q, (k, v), out=out, lse=lse)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q, (k, v), out=out, lse=lse)
+    graph = captured(torch, lambda: w.run(q, (k, v), out=out, lse=lse))
     pages = -(-_auto_prefix.GRAPH_MIN_SHARED_TOKENS // PAGE) + 1  # one page more: request 3's 5 queries cut one
     grouped = [(list(range(pages)) + own(r, 1), pages * PAGE + 1 + r) for r in range(4)] + alone[4:]
     for reqs, groups in ((grouped, 1), (alone, 0)):
