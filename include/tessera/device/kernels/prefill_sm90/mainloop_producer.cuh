@@ -23,6 +23,7 @@
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/cluster.cuh"
+#include "tessera/device/arch/ldmatrix.cuh"
 #include "tessera/device/arch/tma.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/common/work_queue.cuh"
@@ -190,42 +191,39 @@ struct Sm90Producer {
     }
   }
 
-  // FP8_MMA: V's landed staging tile (rows of 128 keys x 128 fp8 features)
-  // as the V^T stage the P V wgmma reads: row f holds feature f of the 128
-  // keys, 16-byte chunk c (keys 16c .. 16c + 15) at chunk c ^ (f % 8), its
-  // keys in P's packing order (pack_p_fp8): byte 4i + e of a chunk holds key
-  // 2i + (e & 1) + 8 (e >> 1). Lane l takes features 4l .. 4l + 3 (its
-  // 4-byte loads of one key row hit 32 distinct banks), warp w the chunks
-  // 2w and 2w + 1; four keys x four features are transposed by eight byte
-  // permutes. Rows past the chunk's end were zero-filled and stay zeros.
-  // A thread reads rows other threads copied: the caller waits for the
-  // warpgroup's copies first, and no copy refills the staging tile before
-  // every thread is done with it (a warpgroup barrier per KV tile).
+  // FP8_MMA: V's landed staging tile (128 keys x 128 fp8 features, staged
+  // like K: 128-byte rows, chunk c at c ^ (key % 8)) as the V^T stage the
+  // P V wgmma reads: row f holds feature f of the 128 keys, 16-byte chunk c
+  // (keys 16c .. 16c + 15) at chunk c ^ (f % 8), its keys in P's packing
+  // order (pack_p_fp8): byte 4i + e of a chunk holds key 2i + (e & 1) + 8 (e
+  // >> 1). One step of a warp moves 16 keys x 32 features: ldmatrix.trans
+  // gives lane (g, i) keys 2i, 2i + 1 (and 8 + 2i, 9 + 2i) of features 2g,
+  // 2g + 1 of each 16-feature block as 16-bit pairs; two byte permutes make
+  // them the words of features 2g and 2g + 1, and stmatrix writes them as
+  // rows of V^T (even and odd features, one matrix each). Rows past the
+  // chunk's end were zero-filled and stay zeros. A thread reads rows other
+  // threads copied: the caller waits for the warpgroup's copies first, and
+  // no copy refills the staging tile before every thread is done with it
+  // (a warpgroup barrier per KV tile).
   __device__ __forceinline__ void transpose_v(u32 stage, u32 tile) const {
     if constexpr (FP8_MMA) {
       const int lane = tid % 32, warp = tid / 32;
+      const int m = lane / 8, r = lane % 8;  // the matrix and row this lane addresses
+      // ldmatrix: matrix m = keys 8 (m & 1) .. + 7 of the group, feature block (m >> 1) of the pair.
+      // stmatrix: matrix m = features of block (m >> 1), even (m & 1 = 0) or odd, row r.
 #pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int c = 2 * warp + cc;
-        u32 out[4][4];  // [feature 4l + i][word]
-#pragma unroll
-        for (int wd = 0; wd < 4; ++wd) {
-          const u32 key0 = 16 * c + 2 * wd;  // keys key0, key0 + 1, key0 + 8, key0 + 9
-          const u32 at = stage + key0 * HEAD_DIM + 4 * lane;
-          const u32 r0 = ld_shared_u32(at), r1 = ld_shared_u32(at + HEAD_DIM);
-          const u32 r2 = ld_shared_u32(at + 8 * HEAD_DIM), r3 = ld_shared_u32(at + 9 * HEAD_DIM);
-          const u32 t0 = byte_perm(r0, r1, 0x5140), t1 = byte_perm(r0, r1, 0x7362);
-          const u32 t2 = byte_perm(r2, r3, 0x5140), t3 = byte_perm(r2, r3, 0x7362);
-          out[0][wd] = byte_perm(t0, t2, 0x5410);
-          out[1][wd] = byte_perm(t0, t2, 0x7632);
-          out[2][wd] = byte_perm(t1, t3, 0x5410);
-          out[3][wd] = byte_perm(t1, t3, 0x7632);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int f = 4 * lane + i;
-          st_shared_16(tile + f * 128 + ((c ^ (f & 7)) << 4), make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]));
-        }
+      for (int s = 0; s < 8; ++s) {
+        const int unit = warp * 8 + s;  // 32 units: 8 key groups x 4 pairs of feature blocks
+        const int c = unit % 8, fb = 2 * (unit / 8) + (m >> 1);
+        const int key = 16 * c + 8 * (m & 1) + r;
+        u32 in[4], out[4];
+        ldmatrix_x4_trans(in, stage + key * 128 + ((fb ^ (key & 7)) << 4));
+        out[0] = byte_perm(in[0], in[1], 0x6420);  // block 2p, even features
+        out[1] = byte_perm(in[0], in[1], 0x7531);  // block 2p, odd
+        out[2] = byte_perm(in[2], in[3], 0x6420);  // block 2p + 1, even
+        out[3] = byte_perm(in[2], in[3], 0x7531);
+        const int f = 16 * (2 * (unit / 8) + (m >> 1)) + 2 * r + (m & 1);
+        stmatrix_x4(tile + f * 128 + ((c ^ (f & 7)) << 4), out);
       }
     }
   }
@@ -438,7 +436,7 @@ struct Sm90Producer {
           copy_tile<true>(smem_addr(k_smem) + stage * kKvTileBytes, k_base, offs, affine_base, start, w.kv_end);
           cp_async_arrive_noinc(bars.k_full(stage));
         } else if constexpr (kFp8) {
-          copy_tile(staging + slot * kStageBytes, K ? k_base : v_base, offs, affine_base, start, w.kv_end);
+          copy_tile<FP8_MMA>(staging + slot * kStageBytes, K ? k_base : v_base, offs, affine_base, start, w.kv_end);
           cp_async_commit();
           if (pending[0].valid()) {
             cp_async_wait<kPending>();  // all but the copies of the tiles after it
