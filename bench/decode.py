@@ -23,7 +23,8 @@ Modes:
   --fp8          an fp8 (e4m3) KV cache against fp16 on the same shapes
                  (FP8_WORKLOADS or --workloads): fp16 and fp8 each on the
                  CUDA-core kernel, and as the wrapper picks; fp8 also on
-                 64-row tensor-core tiles (sm_90: the Hopper kernel); timed in interleaved
+                 64-row tensor-core tiles (sm_90: the Hopper kernel) and on
+                 16-row ones (the FA2 template); timed in interleaved
                  rounds from CUDA graphs over rotating cache copies; fp8 /
                  fp16 time ratios (paired by round) and TB/s counting the
                  fp8 bytes read, as a fraction of the HBM read ceiling;
@@ -388,9 +389,10 @@ def fp8_rows(args, workloads):
         q = torch.randn(b, hq, D, dtype=DTYPE, device="cuda")
         # name: (kv dtype, kernel: "cc" CUDA cores, "tc" tensor cores, "pick" the wrapper's default)
         # "tc64": the tensor cores on 64-row query tiles (on sm_90 the Hopper kernel; fp8 caches default to
-        # 16-row tiles of the FA2 template there).
+        # the FA2 template there: 8-row tiles with the keys as the mma's rows for groups of up to 8 heads);
+        # "tc16": the FA2 template's 16-row tiles.
         configs = {"fp16-cc": (DTYPE, "cc"), "fp16": (DTYPE, "pick"), "fp8-cc": (e4m3, "cc"), "fp8-tc64": (e4m3, "tc64"),
-                   "fp8": (e4m3, "pick")}
+                   "fp8-tc16": (e4m3, "tc16"), "fp8": (e4m3, "pick")}
         caches = {}
         for kv_dtype in (DTYPE, e4m3):
             n = common.rotation_copies(needed_bytes(lens, hq, hkv, 2 if kv_dtype == DTYPE else 1))
@@ -399,9 +401,9 @@ def fp8_rows(args, workloads):
         fns, errs, nbytes, keep = {}, {}, {}, []
         for name, (kv_dtype, kernel) in configs.items():
             w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), "NHD",
-                                                           use_tensor_cores=kernel == "tc64")
+                                                           use_tensor_cores=kernel in ("tc64", "tc16"))
             w._cuda_cores = kernel == "cc"
-            w._tc_cta_q = 64 if kernel == "tc64" else 0
+            w._tc_cta_q = {"tc64": 64, "tc16": 16}.get(kernel, 0)
             w.plan(indptr, indices, last, hq, hkv, D, 16, q_data_type=DTYPE, kv_data_type=kv_dtype)
             out = torch.full_like(q, float("nan"))
             kv0 = caches[kv_dtype][0]
@@ -426,7 +428,8 @@ def fp8_rows(args, workloads):
                          rounds_ms=times))
         cells = " | ".join(f"{n} {us[n]:7.1f} ({tbps[n]:4.2f}, {tbps[n] / ceiling:4.0%})" for n in configs)
         print(f"{hq:>3}/{hkv:<2} {dist:>11} {b:>4} | {cells} | fp8-cc/fp16-cc {ratio['fp8-cc/fp16-cc']:.3f}, "
-              f"fp8-tc64/fp16 {ratio['fp8-tc64/fp16']:.3f}, fp8/fp16 {ratio['fp8/fp16']:.3f}", flush=True)
+              f"fp8-tc64/fp16 {ratio['fp8-tc64/fp16']:.3f}, fp8-tc16/fp16 {ratio['fp8-tc16/fp16']:.3f}, "
+              f"fp8/fp16 {ratio['fp8/fp16']:.3f}", flush=True)
         del keep, caches, fns, k, v
         torch.cuda.empty_cache()
     return common.save_results(args.save_as or "decode-fp8", dict(read_ceiling_tbps=ceiling, copy_tbps=copy_tbps,

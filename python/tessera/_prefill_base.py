@@ -151,7 +151,8 @@ class PrefillWrapper(W.PlannedWrapper):
                         split, fixed, options["head_dim_vo"], prefix, bool(self._fp8_mma))
         if fixed:  # the workspace holds every (query tile, chunk) piece of the step
             same = self._native is not None and self._native_key[0] == key
-            cta = (self._native.cta_q if same else 0) or 16  # before the first plan: the smallest tile
+            # before the first plan: the smallest tile the options allow
+            cta = (self._native.cta_q if same else 0) or self._cta_q or 16
             counts = counts + (_fixed_chunk_pieces(*lens(), config[4] // config[5], cta, fixed),)
             bounds = bounds + (W.Bound("max_fixed_chunks", "fixed_split_size", "fixed-chunk pieces per KV head"),)
 

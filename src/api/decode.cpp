@@ -22,8 +22,8 @@ void check_tc_cta_q(const DecodeOptions& opt) {
   const int q = opt.tc_cta_q;
   if (q != 0 && !opt.use_tensor_cores)
     throw InvalidArgument("tc_cta_q: tunes the tensor-core path; expected 0 without use_tensor_cores, got " + str(q));
-  if (q != 0 && q != 16 && q != 32 && q != 64 && q != 128)
-    throw InvalidArgument("tc_cta_q: expected 0 (heuristic), 16, 32, 64 or 128, got " + str(q));
+  if (q != 0 && q != 8 && q != 16 && q != 32 && q != 64 && q != 128)
+    throw InvalidArgument("tc_cta_q: expected 0 (heuristic), 8 (fp8 caches), 16, 32, 64 or 128, got " + str(q));
 }
 
 // use_tensor_cores: decode as a prefill whose requests each have one query,
@@ -81,7 +81,7 @@ void check_kernel_choice(const AttentionSpec& spec, const TaskInfo& task, const 
     (void)catalog::decode_config(spec, task.num_qo_heads / task.num_kv_heads, opt.tile, opt.stages, opt.heads_per_thread);
 }
 
-PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOptions& opt) {
+PrefillOptions tensor_core_options(const AttentionSpec& spec, const TaskInfo& task, const DecodeOptions& opt) {
   // fp8 caches run there too (the FA2 template widens K / V to q's type).
   if (!is_fp8(spec.kv_dtype) && spec.q_dtype != spec.kv_dtype)
     throw TypeMismatch(std::string("q_dtype: use_tensor_cores runs decode on the tensor-core prefill kernel, which "
@@ -92,16 +92,23 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const DecodeOption
     if (v != 0)
       throw InvalidArgument(std::string(name) + ": tunes the CUDA-core decode kernel; expected 0 with use_tensor_cores, got " +
                             str(v));
+  if (opt.tc_cta_q == 8 && !catalog::keys_as_rows_supported(spec))
+    throw InvalidArgument("tc_cta_q: 8-row tiles take fp8 caches whose variant leaves K / V rows as stored, got kv_dtype " +
+                          std::string(dtype_name(spec.kv_dtype)) + ", variant " + spec.variant.name +
+                          "; expected 0, 16, 32, 64 or 128");
   PrefillOptions p;
   p.planner = opt.planner;
   p.max_sms = opt.max_sms;
   p.group_heads = false;  // plan() runs every step: one plan for every head keeps it short
   p.cta_q = opt.tc_cta_q;  // 0: the prefill heuristic's (64 rows on sm_90, which runs the Hopper kernel)
-  // fp8 caches: 16-row tiles, whose FA2 template widens K / V in registers;
-  // the Hopper kernel's producer widens them through a 16-bit copy in shared
-  // memory (H100, GQA 32/8 128 x 4096: 418 vs 481 us).
+  // fp8 caches: the FA2 template, which widens K / V in registers (the
+  // Hopper kernel's producer widens them through a 16-bit copy in shared
+  // memory: H100, GQA 32/8 128 x 4096, 418 vs 481 us); a group of at most 8
+  // heads on 8-row tiles, with the keys as the mma's rows (half the mma's
+  // of a 16-row tile), else 16-row tiles.
   const bool fp8_rows16 = p.cta_q == 0 && is_fp8(spec.kv_dtype);
-  if (fp8_rows16) p.cta_q = 16;
+  if (fp8_rows16)
+    p.cta_q = task.num_qo_heads / task.num_kv_heads <= 8 && catalog::keys_as_rows_supported(spec) ? 8 : 16;
   // Short decode steps stay unsplit (PlannerOptions::unsplit_max_kv; measured
   // on the Hopper kernel: the CUDA-core kernel gained from splitting at every
   // batch-16 length, bench/results/decode-short-steps-*). fp8's 16-row tiles
@@ -180,7 +187,7 @@ BatchDecode::Sizes BatchDecode::sizes(const AttentionSpec& spec, const TaskInfo&
   }
   if (opt.use_tensor_cores || needs_tensor_cores(spec)) {
     const TaskInfo t = tensor_core_task(task);
-    const PrefillOptions p = tensor_core_options(spec, opt);
+    const PrefillOptions p = tensor_core_options(spec, task, opt);
     return minimum ? BatchPrefill::min_workspace_size(spec, t, num_sms, p)
                    : BatchPrefill::workspace_size(spec, t, num_sms, p);
   }
@@ -225,7 +232,7 @@ BatchDecode::BatchDecode(AttentionSpec spec, TaskInfo task, Workspace& workspace
   if (runs_on_tensor_cores(spec_, opt_, ws_->device())) {  // the prefill wrapper owns kernel, schedule, sections
     DecodeOptions tc = opt_;
     tc.use_tensor_cores = true;
-    tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), *ws_, tensor_core_options(spec_, tc));
+    tc_ = std::make_unique<BatchPrefill>(spec_, tensor_core_task(task_), *ws_, tensor_core_options(spec_, task_, tc));
     return;
   }
   const int group = task_.num_qo_heads / task_.num_kv_heads;

@@ -14,8 +14,8 @@ namespace tessera::detail {
 template <typename Fn>
 void each_candidate(const AttentionSpec& spec, const PrefillOptions& opt, Fn fn) {
   if (opt.fp8_mma) catalog::check_fp8_mma(spec, opt.backend != PrefillBackend::kFA2);
-  for (int q : {16, 32, 64, 128}) {
-    if (opt.cta_q && q != opt.cta_q) continue;
+  for (int q : {8, 16, 32, 64, 128}) {
+    if (opt.cta_q ? q != opt.cta_q : q == 8) continue;  // 8-row tiles only when asked for
     for (bool hopper : {false, true}) {
       if (hopper && !catalog::hopper_supported(spec, q)) continue;
       const bool allowed = opt.backend == PrefillBackend::kAuto || hopper == (opt.backend == PrefillBackend::kFA3);

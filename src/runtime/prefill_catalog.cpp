@@ -43,6 +43,11 @@ static bool has_element_functors(const VariantSpec& v) { return variant_mentions
 // tiles widened in registers.
 static bool transforms_kv(const VariantSpec& v) { return variant_mentions(v, {"KeyTransform", "ValueTransform"}); }
 
+bool keys_as_rows_supported(const AttentionSpec& spec) {
+  return is_fp8(spec.kv_dtype) && spec.dims_equal() && spec.head_dim <= 256 && !transforms_kv(spec.variant) &&
+         !variant_mentions(spec.variant, {"LogitsMaskBits"});
+}
+
 // The fields of `tile` that are set (0 keeps the heuristic's choice), each
 // range-checked; the caller checks that the result fits the kernel.
 static void apply_tile(PrefillConfig& c, const PrefillTile& tile) {
@@ -67,14 +72,15 @@ static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
                           std::to_string(c.warps_kv) + ", " + std::to_string(c.stages) + " stages)");
   };
   const int qk = c.head_dim_qk, vo = c.head_dim_vo;
-  if (c.cta_q % (16 * c.warps_q))
-    fail("tile.warps_q", "each warp takes whole 16-row m-tiles: expected cta_q a multiple of 16 x warps_q; set cta_q to pin the query tile");
+  if (c.cta_q == 8 ? c.warps_q != 1 : c.cta_q % (16 * c.warps_q) != 0)
+    fail("tile.warps_q", "each warp takes whole 16-row m-tiles (one warp along an 8-row tile): expected cta_q a "
+                         "multiple of 16 x warps_q; set cta_q to pin the query tile");
   if (c.cta_kv % (16 * c.warps_kv)) fail("tile.warps_kv", "expected cta_kv a multiple of 16 x warps_kv");
   if (c.warps_q * c.warps_kv > 32) fail("tile.warps_q", "expected warps_q x warps_kv <= 32 (1024 threads)");
   // 16-byte chunks per row: the loaders copy whole rows per pass (an fp8
   // row has half the chunks of a 16-bit one).
   const int chunks = qk / 8, kv_chunks = fp8 ? qk / 16 : chunks;
-  if (c.cta_kv * kv_chunks % c.threads || c.cta_q * chunks % c.threads)
+  if (c.cta_kv * kv_chunks % c.threads || (c.cta_q * chunks >= c.threads && c.cta_q * chunks % c.threads))
     fail("tile.cta_kv", "each tile must split into whole rows per pass of the " + std::to_string(c.threads) + " threads");
   // Unequal dims: 8 threads a row, each thread's rows threads / 8 apart, a
   // multiple of 8 (common/tiles.cuh, KVTileLoader's SPLIT copies).
@@ -86,6 +92,8 @@ static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
     fail("tile.warps_kv", "the KV-warp merge scratch does not fit the tile buffers");
   if (c.kv_tiles == Fa2KvTiles::kFp8 && c.threads / 32 * 16 * 36 * 4 > c.smem_bytes)
     fail("tile", "the fp8 output reorder scratch (2304 bytes a warp) does not fit the tile buffers");
+  if (c.cta_q == 8 && c.warps_kv * 8 * (vo + 4) * 4 > c.smem_bytes)
+    fail("tile.warps_kv", "the 8-row tile's state scratch does not fit the tile buffers");
   if (c.smem_bytes > 227 * 1024)
     fail("tile", "needs " + std::to_string(c.smem_bytes) + " bytes of shared memory (at most 232448)");
 }
@@ -220,11 +228,18 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   // need 256 accumulator registers. (Registers follow VO: Q and K fragments
   // are read from shared memory one 16-feature k-step at a time.)
   switch (cta_q) {
+    case 8:  // keys as the mma's rows (prefill_sm80/mainloop_fp8_keys.cuh)
+      if (!keys_as_rows_supported(spec))
+        throw InvalidArgument("cta_q: 8-row query tiles take fp8 caches (equal head dims) with variants that leave K / V "
+                              "rows as stored and define no LogitsMaskBits; got kv_dtype " +
+                              std::string(dtype_name(spec.kv_dtype)) + ", variant " + spec.variant.name +
+                              "; expected cta_q 16, 32, 64 or 128");
+      c.warps_q = 1; c.warps_kv = 4; break;
     case 16: c.warps_q = 1; c.warps_kv = 4; break;
     case 32: c.warps_q = 2; c.warps_kv = 2; break;
     case 64: c.warps_q = 4; c.warps_kv = 1; break;
     case 128: c.warps_q = vo == 256 ? 8 : 4; c.warps_kv = 1; break;
-    default: throw InvalidArgument("cta_q: expected 16, 32, 64 or 128, got " + std::to_string(cta_q));
+    default: throw InvalidArgument("cta_q: expected 8 (fp8 caches), 16, 32, 64 or 128, got " + std::to_string(cta_q));
   }
   // Keep S small where O is large: a VO-256 row of O takes 128 accumulator
   // registers, and 32 rows x 128 features per warp as many. At the latter,
@@ -257,6 +272,8 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   if (c.kv_tiles == Fa2KvTiles::kFp8 && c.cta_q == 16 && c.cta_kv == 64 && c.warps_kv == 4 && c.stages == 2 &&
       vo <= 128)
     c.min_blocks = 4;
+  // 8-row tiles: 128 registers keep four CTAs an SM without spills.
+  if (c.cta_q == 8 && vo <= 128) c.min_blocks = 4;
   // The kernel's own size (abi/shared_memory.cuh, PrefillShape::SMEM_BYTES).
   c.smem_bytes = fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, c.kv_tiles);
   check_fa2_tile(c, fp8);

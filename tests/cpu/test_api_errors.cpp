@@ -193,7 +193,7 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
 // else one of the prefill tiles), refused on the CUDA-core path.
 TEST(ApiErrors, DecodeTensorCoreQueryTile) {
   FakeWorkspace f;
-  for (int bad : {-1, 8, 48, 256}) {
+  for (int bad : {-1, 8, 12, 48, 256}) {  // 8: fp8 caches only
     DecodeOptions opt = tensor_cores();
     opt.tc_cta_q = bad;
     EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, opt), InvalidArgument, "tc_cta_q");

@@ -502,3 +502,58 @@ TEST(Fp8Prefill, Fp8TensorCoreKernels) {
   cache.precompile(kernels, a, 2);
   for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry;
 }
+
+// 8-row query tiles (keys as the mma's rows, prefill_sm80/mainloop_fp8_keys.cuh):
+// fp8 caches whose variant leaves K / V as stored; decode's default tile
+// there for groups of up to 8 heads; refused by name elsewhere; the kernels
+// compile for sm_90a and sm_80.
+TEST(Fp8Prefill, EightRowTiles) {
+  for (int d : {64, 128, 256}) {
+    const AttentionSpec spec = fp8_spec(DType::kFloat16, kE4M3, d);
+    EXPECT_TRUE(catalog::keys_as_rows_supported(spec));
+    const PrefillConfig c = catalog::prefill_config(spec, 8);
+    EXPECT_FALSE(c.hopper);
+    EXPECT_EQ(c.cta_q, 8);
+    EXPECT_EQ(c.warps_q, 1);
+    EXPECT_EQ(c.warps_kv, 4);
+    EXPECT_EQ(c.kv_tiles, Fa2KvTiles::kFp8);
+    EXPECT_EQ(c.smem_bytes, 2 * 8 * d + c.stages * c.cta_kv * 2 * d) << d;
+    EXPECT_GE(c.smem_bytes, c.warps_kv * 8 * (d + 4) * 4) << d;  // the state scratch fits
+    EXPECT_NE(catalog::batch_prefill(spec, 8).entry.find("_q8_"), std::string::npos);
+  }
+  auto refused = [](auto fn, const std::string& words) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error, expected one naming " << words;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  const AttentionSpec f16 = fp8_spec(DType::kFloat16, DType::kFloat16, 128);
+  EXPECT_FALSE(catalog::keys_as_rows_supported(f16));
+  refused([&] { catalog::prefill_config(f16, 8); }, "cta_q: 8-row query tiles take fp8 caches");
+  const AttentionSpec rope{variants::rope(), DType::kFloat16, kE4M3, DType::kFloat16, 128};
+  EXPECT_FALSE(catalog::keys_as_rows_supported(rope));
+  refused([&] { catalog::prefill_config(rope, 8); }, "cta_q: 8-row query tiles");
+  refused([&] { catalog::prefill_config(fp8_spec(), 8, true); }, "backend");
+  refused([&] { catalog::prefill_config(fp8_spec(), 8, false, PrefillTile{0, 2, 0, 0}); }, "tile.warps_q");
+  DecodeOptions tc;
+  tc.use_tensor_cores = true;
+  tc.tc_cta_q = 8;
+  EXPECT_GT(BatchDecode::workspace_size(fp8_spec(), task(), 132, tc).device_bytes, 0u);
+  tc.tc_cta_q = 12;
+  EXPECT_THROW_MSG(BatchDecode::workspace_size(fp8_spec(), task(), 132, tc), InvalidArgument, "tc_cta_q");
+
+  std::vector<jit::KernelSource> kernels;
+  AttentionSpec causal = fp8_spec(DType::kBFloat16, kE5M2, 128);
+  causal.variant = variants::causal();
+  kernels.push_back(catalog::batch_prefill(fp8_spec(DType::kFloat16, kE4M3, 128), 8));
+  kernels.push_back(catalog::batch_prefill(causal, 8));
+  kernels.push_back(catalog::batch_prefill(fp8_spec(DType::kFloat16, kE4M3, 256), 8));
+  jit::KernelCache cache;
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    const jit::Arch a = jit::Arch::parse(arch);
+    cache.precompile(kernels, a, 2);
+    for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry << " " << arch;
+  }
+}

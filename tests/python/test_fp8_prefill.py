@@ -129,9 +129,10 @@ def test_fp8_ragged_prefill(torch_cuda, rng, poison, q_dtype, kv_dtype, head_dim
     check(o, lse, ref_o, ref_lse, q_dtype)
 
 
-def run_variant(torch, rng, variant, check_out, fp8_mma=False):
+def run_variant(torch, rng, variant, check_out, fp8_mma=False, cta_q=0):
     """A built-in variant over a paged e4m3 cache against the float64 reference on the dequantized cache;
-    check_out(o, lse, ref_o, ref_lse) judges it (fp8_mma: the wrapper's fp8 tensor-core option)."""
+    check_out(o, lse, ref_o, ref_lse) judges it (fp8_mma: the wrapper's fp8 tensor-core option; cta_q: a
+    query tile to pin)."""
     head_dim, hq, page_size = 128, 8, 16
     q_lens, kv_lens = [37, 100, 1], [37, 190, 300]
     table = make_table(rng, kv_lens, page_size)
@@ -153,7 +154,7 @@ def run_variant(torch, rng, variant, check_out, fp8_mma=False):
         causal = False
         plan = dict(custom_mask=torch.from_numpy(np.concatenate([m.ravel() for m in masks])).cuda())
     w = paged_wrapper(torch)
-    w._fp8_mma = fp8_mma
+    w._fp8_mma, w._cta_q = fp8_mma, cta_q
     w.plan(qo, *table[:3], hq, HKV, head_dim, page_size, causal=causal, q_data_type=torch.float16,
            kv_data_type=torch.float8_e4m3fn, **plan)
     o, lse = w.run(q, cache, k_scale=KS, v_scale=VS, return_lse=True)
@@ -247,6 +248,62 @@ def test_fp8_single_prefill(torch_cuda, rng, poison, kv_dtype, causal):
     k, v = (fp8_values(torch, rng, (333, HKV, 128), kv_dtype) for _ in range(2))
     o, lse = tessera.single_prefill_with_kv_cache(q, k, v, causal=causal, k_scale=KS, v_scale=VS, return_lse=True)
     ref_o, ref_lse = reference(q, [0, 70], lambda i: (to_np(k), to_np(v)), causal, 128)
+    check(o, lse, ref_o, ref_lse, "float16")
+
+
+@pytest.mark.parametrize("head_dim, group, page_size, tile", [
+    (128, 4, 16, None), (128, 8, 1, None), (128, 1, 16, None), (64, 4, 16, None), (256, 2, 16, None),
+    (128, 4, 16, (128, 0, 0, 2)), (128, 4, 1, (64, 0, 0, 3)), (64, 8, 16, (32, 0, 2, 2))])
+@pytest.mark.parametrize("kv_dtype, q_dtype", [("float8_e4m3fn", "float16"), ("float8_e5m2", "bfloat16")])
+def test_fp8_eight_row_tiles(torch_cuda, rng, poison, head_dim, group, page_size, tile, kv_dtype, q_dtype):
+    """8-row query tiles (the keys as the mma's rows) through the prefill wrapper: several queries per
+    request (a tile holds 8 / group of them, the rest in the next tiles), causal, split KV, pipeline depths."""
+    torch = torch_cuda
+    hq = HKV * group
+    q_lens, kv_lens = zip(*LENS)
+    table = make_table(rng, kv_lens, page_size)
+    cache, k, v = fp8_pages(torch, rng, "NHD", table[3], page_size, head_dim, kv_dtype, False)
+    qo = indptr_of(q_lens)
+    q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), getattr(torch, q_dtype), -2.0, 2.0)
+    w = paged_wrapper(torch, backend="auto")
+    w._cta_q = 8
+    if tile is not None:
+        w._tile = tile
+    w.plan(qo, *table[:3], hq, HKV, head_dim, page_size, causal=True, q_data_type=getattr(torch, q_dtype),
+           kv_data_type=getattr(torch, kv_dtype))
+    o, lse = w.run(q, cache, k_scale=KS, v_scale=VS, return_lse=True)
+    assert w._native.cta_q == 8
+    kn, vn = to_np(k), to_np(v)
+    ref_o, ref_lse = reference(q, qo, lambda i: gather_pages(kn, vn, "NHD", table, page_size, i), True, head_dim)
+    check(o, lse, ref_o, ref_lse, q_dtype)
+    o2, lse2 = w.run(q, cache, k_scale=KS, v_scale=VS, return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)  # bitwise: no atomics in the reductions
+
+
+@pytest.mark.parametrize("variant", ["window", "soft_cap", "alibi"])
+def test_fp8_eight_row_tile_variants(torch_cuda, rng, poison, variant):
+    """The built-in variants on 8-row tiles: masks and logits transforms over the transposed S."""
+    run_variant(torch_cuda, rng, variant, lambda o, lse, ref_o, ref_lse: check(o, lse, ref_o, ref_lse, "float16"),
+                cta_q=8)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_tensor_core_decode_groups(torch_cuda, rng, poison, group, head_dim):
+    """Decode's default tile on an fp8 cache per group size: 8 rows (keys as the mma's rows) up to 8 heads,
+    16 rows beyond; one query per request, lengths 0 .. 2900."""
+    torch = torch_cuda
+    hq, page_size = HKV * group, 16
+    kv_lens = [0, 1, 7, 300, 2900, 33, 129, 16]
+    table = make_table(rng, kv_lens, page_size)
+    cache, k, v = fp8_pages(torch, rng, "HND", table[3], page_size, head_dim, "float8_e4m3fn", False)
+    q = uniform(torch, rng, (len(kv_lens), hq, head_dim), torch.float16, -2.0, 2.0)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "HND", use_tensor_cores=True)
+    w.plan(*table[:3], hq, HKV, head_dim, page_size, q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
+    o, lse = w.run(q, cache, k_scale=KS, v_scale=VS, return_lse=True)
+    kn, vn = to_np(k), to_np(v)
+    ref_o, ref_lse = reference(q, np.arange(len(kv_lens) + 1),
+                               lambda i: gather_pages(kn, vn, "HND", table, page_size, i), False, head_dim)
     check(o, lse, ref_o, ref_lse, "float16")
 
 

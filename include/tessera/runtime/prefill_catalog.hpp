@@ -8,7 +8,7 @@
 namespace tessera {
 
 struct PrefillConfig {
-  int cta_q = 64;    // fused query rows per CTA: 16, 32, 64 or 128
+  int cta_q = 64;    // fused query rows per CTA: 16, 32, 64 or 128 (8: fp8 caches, keys as the mma's rows)
   int cta_kv = 64;   // KV tokens per tile
   int warps_q = 4;   // warps along the query tile (16 rows each)
   int warps_kv = 1;  // warps along the KV tile
@@ -57,6 +57,10 @@ int choose_cta_q(double avg_fused_q_len);
 // fp8_mma: the Hopper kernel's fp8 tensor-core form (check_fp8_mma).
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false, const PrefillTile& tile = {},
                              bool fp8_mma = false);
+// Whether the FA2 template's 8-row query tiles (keys as the mma's rows) take
+// this spec: an fp8 cache, equal head dims up to 256, a variant that leaves
+// K / V rows as stored and defines no LogitsMaskBits.
+bool keys_as_rows_supported(const AttentionSpec& spec);
 // What PrefillOptions::fp8_mma needs (InvalidArgument naming fp8_mma): an
 // fp8 cache, head dim 128, a variant that leaves K / V rows as they are,
 // and the Hopper kernel.

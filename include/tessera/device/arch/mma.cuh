@@ -32,6 +32,16 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], cons
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The transpose of an 8x8 matrix of 16-bit values held one pair a lane in
+// the C layout above (lane holds row g, columns 2q, 2q + 1): lane gets row
+// g, columns 2q, 2q + 1 of the transpose (sm_75+). It turns a C fragment of
+// keys x rows into the B fragment of the next product over those keys.
+__device__ __forceinline__ u32 movmatrix_trans(u32 x) {
+  u32 d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(x));
+  return d;
+}
+
 #endif
 
 }  // namespace tessera

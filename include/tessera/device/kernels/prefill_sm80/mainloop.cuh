@@ -29,8 +29,11 @@ template <int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q, int CTA_KV, int WARPS_Q, 
 struct PrefillShape {
   static constexpr int Q_ROWS = CTA_Q, KV_ROWS = CTA_KV;
   static constexpr int THREADS = 32 * WARPS_Q * WARPS_KV;
-  static constexpr int MT = CTA_Q / (16 * WARPS_Q);  // 16-row m-tiles per warp
-  static constexpr int WARP_ROWS = 16 * MT;
+  // 8-row tiles (fp8 caches) put the keys on the mma's rows
+  // (mainloop_fp8_keys.cuh); their epilogue takes one 16-row m-tile's layout.
+  static constexpr bool KEYS_AS_ROWS = CTA_Q == 8;
+  static constexpr int MT = KEYS_AS_ROWS ? 1 : CTA_Q / (16 * WARPS_Q);  // 16-row m-tiles per warp
+  static constexpr int WARP_ROWS = KEYS_AS_ROWS ? 8 : 16 * MT;
   static constexpr int KV_PER_WARP = CTA_KV / WARPS_KV;
   static constexpr int NT_S = KV_PER_WARP / 8;   // S n-tiles per warp
   static constexpr int NT_O = HEAD_DIM_VO / 8;   // O n-tiles per warp
@@ -46,6 +49,8 @@ struct PrefillShape {
   static constexpr int SMEM_BYTES = fa2_smem_bytes(HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, STAGES, KV);
   static_assert(SMEM_BYTES == STAGING_OFFSET + STAGES * STAGING_STAGE_BYTES, "layout and size agree");
   static_assert(MT >= 1 && CTA_Q == WARP_ROWS * WARPS_Q, "whole 16-row m-tiles per warp");
+  static_assert(!KEYS_AS_ROWS || (KV == Fa2KvTiles::kFp8 && HEAD_DIM_QK == HEAD_DIM_VO),
+                "8-row tiles: fp8 caches widened in registers, equal head dims");
   static_assert(KV_PER_WARP % 16 == 0, "each warp needs whole 16-column k-steps for P*V");
   static_assert(HEAD_DIM_QK % 64 == 0 && HEAD_DIM_VO % 64 == 0,
                 "head dims must be multiples of 64 (64, 128, 256, 512 / 256, 192 / 128)");
