@@ -32,7 +32,7 @@ Modes:
 --save-as NAME writes bench/results/NAME.json instead (the grid's --quick run: decode-quick).
 
 Usage: python bench/decode.py [--quick] [--no-flex] [--plan-only]
-       python bench/decode.py --fp8 [--rounds 5] [--workloads 32/8:const:4096:64,...]
+       python bench/decode.py --fp8 [--rounds 5] [--layout HND] [--workloads 32/8:const:4096:64,...]
        python bench/decode.py --ab base: --ab nosplit:split=0 [--timing graph] [--workloads W,...] [--rounds 5]
        python bench/decode.py --step-timing [--workloads 32/8:uniform:512-1024:16]
 """
@@ -380,7 +380,8 @@ def fp8_rows(args, workloads):
     read_tbps, copy_tbps = common.hbm_ceilings()
     ceiling = max(read_tbps, common.read_probe_best())
     e4m3 = torch.float8_e4m3fn
-    print(f"# {common.device_name()}: HBM read ceiling {ceiling:.2f} TB/s; page 16, d {D}, fp16 q / o; us (TB/s of the "
+    print(f"# {common.device_name()}: HBM read ceiling {ceiling:.2f} TB/s; {args.layout}, page 16, d {D}, fp16 q / o; "
+          f"us (TB/s of the "
           f"bytes each step reads, fp8 counted as 1 byte); ratios: median over rounds of fp8 / fp16 time")
     rows = []
     for (hq, hkv), dist, b in workloads:
@@ -394,13 +395,16 @@ def fp8_rows(args, workloads):
         configs = {"fp16-cc": (DTYPE, "cc"), "fp16": (DTYPE, "pick"), "fp8-cc": (e4m3, "cc"), "fp8-tc64": (e4m3, "tc64"),
                    "fp8-tc16": (e4m3, "tc16"), "fp8": (e4m3, "pick")}
         caches = {}
+        as_layout = (lambda x: x.transpose(1, 2).contiguous()) if args.layout == "HND" else (lambda x: x)
+        as_nhd = (lambda x: x.transpose(1, 2)) if args.layout == "HND" else (lambda x: x)  # spot_check's order
         for kv_dtype in (DTYPE, e4m3):
             n = common.rotation_copies(needed_bytes(lens, hq, hkv, 2 if kv_dtype == DTYPE else 1))
-            caches[kv_dtype] = [(k.to(kv_dtype), v.to(kv_dtype))] + [
-                (torch.randn_like(k).to(kv_dtype), torch.randn_like(v).to(kv_dtype)) for _ in range(n - 1)]
+            caches[kv_dtype] = [(as_layout(k.to(kv_dtype)), as_layout(v.to(kv_dtype)))] + [
+                (as_layout(torch.randn_like(k).to(kv_dtype)), as_layout(torch.randn_like(v).to(kv_dtype)))
+                for _ in range(n - 1)]
         fns, errs, nbytes, keep = {}, {}, {}, []
         for name, (kv_dtype, kernel) in configs.items():
-            w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), "NHD",
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), args.layout,
                                                            use_tensor_cores=kernel in ("tc64", "tc16"))
             w._cuda_cores = kernel == "cc"
             w._tc_cta_q = {"tc64": 64, "tc16": 16}.get(kernel, 0)
@@ -410,7 +414,8 @@ def fp8_rows(args, workloads):
             w.run(q, kv0, out=out)
             torch.cuda.synchronize()
             fp8 = kv_dtype == e4m3
-            errs[name] = spot_check(lens, q, out, *(x.view(torch.uint8) if fp8 else x for x in kv0), indptr, indices,
+            errs[name] = spot_check(lens, q, out, *(as_nhd(x.view(torch.uint8) if fp8 else x) for x in kv0), indptr,
+                                    indices,
                                     hq, hkv, e4m3 if fp8 else None)
             if not errs[name] < 1e-3:
                 raise SystemExit(f"{name}: error {errs[name]:.2e} on {hq}/{hkv} {dist} x {b}")
@@ -433,7 +438,8 @@ def fp8_rows(args, workloads):
         del keep, caches, fns, k, v
         torch.cuda.empty_cache()
     return common.save_results(args.save_as or "decode-fp8", dict(read_ceiling_tbps=ceiling, copy_tbps=copy_tbps,
-                                                                head_dim=D, page_size=16, kv_dtype="float8_e4m3fn",
+                                                                head_dim=D, page_size=16, layout=args.layout,
+                                                                kv_dtype="float8_e4m3fn",
                                                                 rows=rows))
 
 
@@ -454,6 +460,7 @@ def main():
                     help="--ab: flush = do_bench (L2 zeroed between calls); graph = rotating cache copies (>= 2x L2) "
                          "replayed back to back from a CUDA graph")
     ap.add_argument("--rounds", type=int, default=5, help="--ab / --fp8: interleaved rounds")
+    ap.add_argument("--layout", choices=("NHD", "HND"), default="NHD", help="--fp8: the caches' layout")
     ap.add_argument("--save-as", metavar="NAME", help="results file bench/results/NAME.json")
     args = ap.parse_args()
     workloads = [common.parse_workload(w) for w in args.workloads.split(",")] if args.workloads else None
