@@ -370,9 +370,10 @@ NB_MODULE(_C, m) {
            "cuda_cores"_a = false, "fixed_chunk"_a = 0, "heads_per_thread"_a = 0, "shared_prefix"_a = PrefixArg{},
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "rope: pos_encoding_mode ROPE_LLAMA (run() takes rope_scale / rope_theta). use_tensor_cores runs "
-           "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype); tc_cta_q its query tile "
-           "(0 heuristic, 16, 32, 64 or 128). Neither flag: the wrapper picks (DecodeOptions); cuda_cores: "
-           "the CUDA-core kernel. fixed_chunk > 0: batch-invariant KV chunks of that many keys. heads_per_thread "
+           "decode on the tensor-core prefill kernel (needs q_dtype == kv_dtype or an fp8 cache); tc_cta_q its "
+           "query tile (0 heuristic, 8 for fp8 caches, 16, 32, 64 or 128). Neither flag: the wrapper picks "
+           "(DecodeOptions); cuda_cores: the CUDA-core kernel. fixed_chunk > 0: batch-invariant KV chunks of "
+           "that many keys. heads_per_thread "
            "(1..4, 0 heuristic): the CUDA-core kernel's query heads per thread (tuning). shared_prefix "
            "(min_shared_tokens, min_members, min_saved_tokens): the first > 0 turns on automatic shared prefixes "
            "(DecodeOptions::shared_prefix; a negative other keeps its default); needs the bounds and host page ids.")

@@ -455,6 +455,17 @@ TEST(Fp8Prefill, HopperKernelsCompile) {
   for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry;
 }
 
+// fn() throws InvalidArgument whose message contains `words`.
+template <typename Fn>
+void expect_refused(Fn fn, const std::string& words) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error, expected one naming " << words;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
 // fp8 tensor cores (PrefillOptions::fp8_mma): 128-key tiles, one CTA per SM,
 // fp8 K / V stages and the quantized Q tile in the layout the kernel uses;
 // refused by name where it does not apply; compiles for sm_90a.
@@ -469,26 +480,18 @@ TEST(Fp8Prefill, Fp8TensorCoreKernels) {
                                 .dynamic_bytes);
     EXPECT_LE(c.smem_bytes + kSm90StaticSmemBound, 227 * 1024);
   }
-  auto refused = [](auto fn, const std::string& words) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error, expected one naming " << words;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
-  refused([] { catalog::prefill_config(fp8_spec(DType::kFloat16, DType::kFloat16, 128), 128, true, {}, true); },
+  expect_refused([] { catalog::prefill_config(fp8_spec(DType::kFloat16, DType::kFloat16, 128), 128, true, {}, true); },
           "fp8_mma: fp8 tensor cores need an fp8 kv_dtype");
-  refused([] { catalog::prefill_config(fp8_spec(DType::kFloat16, kE4M3, 64), 128, true, {}, true); },
+  expect_refused([] { catalog::prefill_config(fp8_spec(DType::kFloat16, kE4M3, 64), 128, true, {}, true); },
           "fp8_mma: fp8 tensor cores take head_dim 128");
-  refused([&] { catalog::prefill_config(spec, 64, false, {}, true); }, "fp8_mma: fp8 tensor cores run on the Hopper");
-  refused([&] { catalog::prefill_config(spec, 128, true, PrefillTile{64, 0, 0, 0}, true); }, "tile.cta_kv");
-  refused([&] { catalog::batch_prefill(spec, 128, true, 2, {}, true); }, "cluster");
+  expect_refused([&] { catalog::prefill_config(spec, 64, false, {}, true); }, "fp8_mma: fp8 tensor cores run on the Hopper");
+  expect_refused([&] { catalog::prefill_config(spec, 128, true, PrefillTile{64, 0, 0, 0}, true); }, "tile.cta_kv");
+  expect_refused([&] { catalog::batch_prefill(spec, 128, true, 2, {}, true); }, "cluster");
   AttentionSpec rope = spec;
   rope.variant = variants::from_plan_options(false, -1, 0.f, variants::PosEncoding::kRopeLlama);
-  refused([&] { catalog::check_fp8_mma(rope, true); }, "KeyTransform");
+  expect_refused([&] { catalog::check_fp8_mma(rope, true); }, "KeyTransform");
   const PrefillConfig c = catalog::prefill_config(spec, 128, true, {}, true);
-  refused([&] { catalog::batch_prefill_pair(spec, c, spec, c); }, "fp8_mma");
+  expect_refused([&] { catalog::batch_prefill_pair(spec, c, spec, c); }, "fp8_mma");
 
   std::vector<jit::KernelSource> kernels;
   AttentionSpec causal = spec;
@@ -521,22 +524,14 @@ TEST(Fp8Prefill, EightRowTiles) {
     EXPECT_GE(c.smem_bytes, c.warps_kv * 8 * (d + 4) * 4) << d;  // the state scratch fits
     EXPECT_NE(catalog::batch_prefill(spec, 8).entry.find("_q8_"), std::string::npos);
   }
-  auto refused = [](auto fn, const std::string& words) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error, expected one naming " << words;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
   const AttentionSpec f16 = fp8_spec(DType::kFloat16, DType::kFloat16, 128);
   EXPECT_FALSE(catalog::keys_as_rows_supported(f16));
-  refused([&] { catalog::prefill_config(f16, 8); }, "cta_q: 8-row query tiles take fp8 caches");
+  expect_refused([&] { catalog::prefill_config(f16, 8); }, "cta_q: 8-row query tiles take fp8 caches");
   const AttentionSpec rope{variants::rope(), DType::kFloat16, kE4M3, DType::kFloat16, 128};
   EXPECT_FALSE(catalog::keys_as_rows_supported(rope));
-  refused([&] { catalog::prefill_config(rope, 8); }, "cta_q: 8-row query tiles");
-  refused([&] { catalog::prefill_config(fp8_spec(), 8, true); }, "backend");
-  refused([&] { catalog::prefill_config(fp8_spec(), 8, false, PrefillTile{0, 2, 0, 0}); }, "tile.warps_q");
+  expect_refused([&] { catalog::prefill_config(rope, 8); }, "cta_q: 8-row query tiles");
+  expect_refused([&] { catalog::prefill_config(fp8_spec(), 8, true); }, "backend");
+  expect_refused([&] { catalog::prefill_config(fp8_spec(), 8, false, PrefillTile{0, 2, 0, 0}); }, "tile.warps_q");
   DecodeOptions tc;
   tc.use_tensor_cores = true;
   tc.tc_cta_q = 8;
