@@ -107,15 +107,15 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const TaskInfo& ta
   // memory: H100, GQA 32/8 128 x 4096, 418 vs 481 us); a group of at most 8
   // heads on 8-row tiles, with the keys as the mma's rows (half the mma's
   // of a 16-row tile), else 16-row tiles.
-  const bool fp8_rows16 = p.cta_q == 0 && is_fp8(spec.kv_dtype);
-  if (fp8_rows16)
+  const bool fp8_fa2 = p.cta_q == 0 && is_fp8(spec.kv_dtype);
+  if (fp8_fa2)
     p.cta_q = task.num_qo_heads / task.num_kv_heads <= 8 && catalog::keys_as_rows_supported(spec) ? 8 : 16;
   // Short decode steps stay unsplit (PlannerOptions::unsplit_max_kv; measured
   // on the Hopper kernel: the CUDA-core kernel gained from splitting at every
-  // batch-16 length, bench/results/decode-short-steps-*). fp8's 16-row tiles
-  // split them: four CTAs an SM each streaming one 1024-key tile alone took
-  // 46 us at GQA 16 x 1024, split 26 us.
-  if (p.planner.unsplit_max_kv < 0) p.planner.unsplit_max_kv = fp8_rows16 ? 0 : 1024;
+  // batch-16 length, bench/results/decode-short-steps-*). fp8's FA2 tiles
+  // split them: on 16-row tiles four CTAs an SM each streaming one 1024-key
+  // tile alone took 46 us at GQA 16 x 1024, split 26 us.
+  if (p.planner.unsplit_max_kv < 0) p.planner.unsplit_max_kv = fp8_fa2 ? 0 : 1024;
   return p;
 }
 
