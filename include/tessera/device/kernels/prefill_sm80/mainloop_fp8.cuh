@@ -29,6 +29,29 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
+// V's bytes for one 16-key step of the O = P V / O^T = V^T P^T fragments:
+// features 32 T32 + 4g .. + 3 of this thread's keys 2c, 2c + 1, 2c + 8, 2c + 9
+// (stage rows row0, row0 + 1, row0 + 8, row0 + 9), paired per feature by two
+// byte permutes a pair of words. Word 0 (lo01) holds features + 0, + 1 of
+// keys (2c, 2c + 1) as bytes f0k0, f0k1, f1k0, f1k1; word 1 (lo23) features
+// + 2, + 3; words 2, 3 (hi01, hi23) the same of keys (2c + 8, 2c + 9).
+template <int HEAD_DIM>
+__device__ __forceinline__ void load_v_key_pairs(u32 v_stage, int row0, int T32, u32 (&w)[4]) {
+  using Sw = Fp8RowSwizzle<HEAD_DIM>;
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int chunk = 2 * T32 + (g >> 2);
+  u32 r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = row0 + (i & 1) + 8 * (i >> 1);
+    r[i] = ld_shared_u32(v_stage + row * HEAD_DIM + ((chunk ^ Sw::x(2 * c + (i & 1), chunk)) << 4) + 4 * (g & 3));
+  }
+  w[0] = byte_perm(r[0], r[1], 0x5140);
+  w[1] = byte_perm(r[0], r[1], 0x7362);
+  w[2] = byte_perm(r[2], r[3], 0x5140);
+  w[3] = byte_perm(r[2], r[3], 0x7362);
+}
+
 // One KV tile of an fp8 cache (DKV) with q of 16-bit type T: S = Q K^T,
 // variant logits / mask, online softmax (the run-time scale sm_scale, into
 // which k_scale is folded), O += P V. q_smem: the 16-bit RowSwizzle Q tile;
@@ -86,21 +109,13 @@ __device__ __forceinline__ void prefill_compute_tile_fp8(const Params& p, const 
     pack_p<T>(s, j, a);
 #pragma unroll
     for (int T32 = 0; T32 < HEAD_DIM / 32; ++T32) {
-      const int chunk = 2 * T32 + (g >> 2);
-      u32 r[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9: features 32 T32 + 4g .. + 3
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = v_row0 + 16 * j + (i & 1) + 8 * (i >> 1);
-        r[i] = ld_shared_u32(v_stage + row * HEAD_DIM + ((chunk ^ Sw::x(2 * c + (i & 1), chunk)) << 4) + 4 * (g & 3));
-      }
-      // Per word: keys (2c, 2c + 1) or (2c + 8, 2c + 9) of two features.
-      const u32 lo01 = byte_perm(r[0], r[1], 0x5140), lo23 = byte_perm(r[0], r[1], 0x7362);
-      const u32 hi01 = byte_perm(r[2], r[3], 0x5140), hi23 = byte_perm(r[2], r[3], 0x7362);
+      u32 wv[4];  // lo01, lo23, hi01, hi23 (load_v_key_pairs)
+      load_v_key_pairs<HEAD_DIM>(v_stage, v_row0 + 16 * j, T32, wv);
       u32 bv[4][2];  // n-tile 4 T32 + u: feature 32 T32 + 4g + u
-      fp8x4_to_16x2<DKV, T>(lo01, bv[0][0], bv[1][0]);
-      fp8x4_to_16x2<DKV, T>(lo23, bv[2][0], bv[3][0]);
-      fp8x4_to_16x2<DKV, T>(hi01, bv[0][1], bv[1][1]);
-      fp8x4_to_16x2<DKV, T>(hi23, bv[2][1], bv[3][1]);
+      fp8x4_to_16x2<DKV, T>(wv[0], bv[0][0], bv[1][0]);
+      fp8x4_to_16x2<DKV, T>(wv[1], bv[2][0], bv[3][0]);
+      fp8x4_to_16x2<DKV, T>(wv[2], bv[0][1], bv[1][1]);
+      fp8x4_to_16x2<DKV, T>(wv[3], bv[2][1], bv[3][1]);
 #pragma unroll
       for (int u = 0; u < 4; ++u)
 #pragma unroll

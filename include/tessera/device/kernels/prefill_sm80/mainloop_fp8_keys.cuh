@@ -191,21 +191,13 @@ __device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Var
                        movmatrix_trans(pack2(s[mk][2], s[mk][3], T{}))};  // keys 2c + 8, 2c + 9
 #pragma unroll
     for (int T32 = 0; T32 < HEAD_DIM / 32; ++T32) {
-      const int chunk = 2 * T32 + (g >> 2);
-      u32 r[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9: features 32 T32 + 4g .. + 3
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = v_row0 + 16 * mk + (i & 1) + 8 * (i >> 1);
-        r[i] = ld_shared_u32(v_stage + row * HEAD_DIM + ((chunk ^ Sw::x(2 * c + (i & 1), chunk)) << 4) + 4 * (g & 3));
-      }
-      // Per word: keys (2c, 2c + 1) or (2c + 8, 2c + 9) of two features.
-      const u32 lo01 = byte_perm(r[0], r[1], 0x5140), lo23 = byte_perm(r[0], r[1], 0x7362);
-      const u32 hi01 = byte_perm(r[2], r[3], 0x5140), hi23 = byte_perm(r[2], r[3], 0x7362);
+      u32 wv[4];  // lo01, lo23, hi01, hi23: features 32 T32 + 4g .. + 3 paired per key pair
+      load_v_key_pairs<HEAD_DIM>(v_stage, v_row0 + 16 * mk, T32, wv);
       u32 a0[4], a1[4];  // m-tiles 2 T32 (features + 0, + 1) and 2 T32 + 1 (+ 2, + 3)
-      fp8x4_to_16x2<DKV, T>(lo01, a0[0], a0[1]);
-      fp8x4_to_16x2<DKV, T>(hi01, a0[2], a0[3]);
-      fp8x4_to_16x2<DKV, T>(lo23, a1[0], a1[1]);
-      fp8x4_to_16x2<DKV, T>(hi23, a1[2], a1[3]);
+      fp8x4_to_16x2<DKV, T>(wv[0], a0[0], a0[1]);
+      fp8x4_to_16x2<DKV, T>(wv[2], a0[2], a0[3]);
+      fp8x4_to_16x2<DKV, T>(wv[1], a1[0], a1[1]);
+      fp8x4_to_16x2<DKV, T>(wv[3], a1[2], a1[3]);
       mma_16816(st.o[2 * T32], a0, pb, T{});
       mma_16816(st.o[2 * T32 + 1], a1, pb, T{});
     }
