@@ -27,7 +27,7 @@
 // 8, the latter past the tile), and the epilogue is theirs.
 #pragma once
 #include "tessera/device/arch/fp8.cuh"
-#include "tessera/device/kernels/prefill_sm80/mainloop.cuh"
+#include "tessera/device/kernels/prefill_sm80/mainloop_fp8.cuh"
 
 namespace tessera {
 
