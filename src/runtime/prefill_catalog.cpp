@@ -76,7 +76,18 @@ static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
     fail("tile.warps_q", "each warp takes whole 16-row m-tiles (one warp along an 8-row tile): expected cta_q a "
                          "multiple of 16 x warps_q; set cta_q to pin the query tile");
   if (c.cta_kv % (16 * c.warps_kv)) fail("tile.warps_kv", "expected cta_kv a multiple of 16 x warps_kv");
-  if (c.warps_q * c.warps_kv > 32) fail("tile.warps_q", "expected warps_q x warps_kv <= 32 (1024 threads)");
+  if (c.threads > 1024)
+    fail(c.cta_q == 8 ? "tile.warps_kv" : "tile.warps_q",
+         c.cta_q == 8 ? "expected warps_kv <= 28 (a producer warpgroup joins them; 1024 threads)"
+                      : "expected warps_q x warps_kv <= 32 (1024 threads)");
+  if (c.cta_q == 8) {
+    // The producer copies whole rows per pass of its 128 threads and its
+    // table pair holds the rows of two tiles (static shared memory).
+    if (c.cta_kv % 32) fail("tile.cta_kv", "8-row tiles: expected a multiple of 32");
+    if (c.smem_bytes > 227 * 1024)
+      fail("tile", "needs " + std::to_string(c.smem_bytes) + " bytes of shared memory (at most 232448)");
+    return;
+  }
   // 16-byte chunks per row: the loaders copy whole rows per pass (an fp8
   // row has half the chunks of a 16-bit one).
   const int chunks = qk / 8, kv_chunks = fp8 ? qk / 16 : chunks;
@@ -92,8 +103,6 @@ static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
     fail("tile.warps_kv", "the KV-warp merge scratch does not fit the tile buffers");
   if (c.kv_tiles == Fa2KvTiles::kFp8 && c.threads / 32 * 16 * 36 * 4 > c.smem_bytes)
     fail("tile", "the fp8 output reorder scratch (2304 bytes a warp) does not fit the tile buffers");
-  if (c.cta_q == 8 && c.warps_kv * 8 * (vo + 4) * 4 > c.smem_bytes)
-    fail("tile.warps_kv", "the 8-row tile's state scratch does not fit the tile buffers");
   if (c.smem_bytes > 227 * 1024)
     fail("tile", "needs " + std::to_string(c.smem_bytes) + " bytes of shared memory (at most 232448)");
 }
@@ -262,9 +271,13 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   // need 128 KB, one CTA).
   if (qk == 512) c.cta_kv = cta_q == 16 ? 64 : cta_q == 128 ? 16 : 32;
   if (qk == 192 && cta_q == 128) c.cta_kv = 32;
-  c.stages = 2;
+  // 8-row tiles: a producer warpgroup streams a ring of three 128-key stages
+  // (prefill_sm80/kernel_keys.cuh), which kept the HBM busier than six of 64
+  // keys or two of 128 or 192; two 64-key ones at head dim 256 (32 KB each).
+  if (cta_q == 8 && qk <= 128) c.cta_kv = 128;
+  c.stages = cta_q == 8 && qk <= 128 ? 3 : 2;
   apply_tile(c, tile);
-  c.threads = 32 * c.warps_q * c.warps_kv;
+  c.threads = 32 * c.warps_q * c.warps_kv + (cta_q == 8 ? kFa2KeysProducerThreads : 0);
   if (fp8) c.kv_tiles = transforms_kv(spec.variant) ? Fa2KvTiles::kFp8Widened : Fa2KvTiles::kFp8;
   // fp8 on 16-row tiles (decode): up to 128 registers, so four CTAs share
   // an SM (a few bytes of spills at head dim 128): more warps hide the
@@ -272,10 +285,12 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   if (c.kv_tiles == Fa2KvTiles::kFp8 && c.cta_q == 16 && c.cta_kv == 64 && c.warps_kv == 4 && c.stages == 2 &&
       vo <= 128)
     c.min_blocks = 4;
-  // 8-row tiles: 128 registers keep four CTAs an SM without spills.
-  if (c.cta_q == 8 && vo <= 128) c.min_blocks = 4;
   // The kernel's own size (abi/shared_memory.cuh, PrefillShape::SMEM_BYTES).
-  c.smem_bytes = fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, c.kv_tiles);
+  c.smem_bytes = c.cta_q == 8 ? fa2_keys_smem_bytes(qk, c.cta_kv, c.warps_kv, c.stages)
+                              : fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, c.kv_tiles);
+  // 8-row tiles: two CTAs an SM of 256 threads leave the math its ~128
+  // registers (a cap of 96 spilled).
+  if (c.cta_q == 8 && vo <= 128) c.min_blocks = std::max(1, std::min(2, (227 * 1024) / (c.smem_bytes + 2048)));
   check_fa2_tile(c, fp8);
   c.ctas_per_sm = std::max(1, std::min((227 * 1024) / (c.smem_bytes + 1024), 2048 / c.threads));
   return c;

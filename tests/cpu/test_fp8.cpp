@@ -5,6 +5,7 @@
 // K / V with scales, and the quantizing CPU append.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -520,8 +521,13 @@ TEST(Fp8Prefill, EightRowTiles) {
     EXPECT_EQ(c.warps_q, 1);
     EXPECT_EQ(c.warps_kv, 4);
     EXPECT_EQ(c.kv_tiles, Fa2KvTiles::kFp8);
-    EXPECT_EQ(c.smem_bytes, 2 * 8 * d + c.stages * c.cta_kv * 2 * d) << d;
-    EXPECT_GE(c.smem_bytes, c.warps_kv * 8 * (d + 4) * 4) << d;  // the state scratch fits
+    EXPECT_EQ(c.threads, 32 * 4 + kFa2KeysProducerThreads);  // the math warps and the producer warpgroup
+    EXPECT_EQ(c.cta_kv, d <= 128 ? 128 : 64) << d;
+    EXPECT_EQ(c.stages, d <= 128 ? 3 : 2) << d;
+    // The scratch (Q tile, KV-warp merge of 3 warps' O^T, m and d, the state move), then the fp8 stages.
+    const int scratch = std::max({2 * 8 * d, 3 * 32 * (d / 4 + 4) * 4, 8 * (d + 4) * 4});
+    EXPECT_EQ(c.smem_bytes, scratch + c.stages * c.cta_kv * 2 * d) << d;
+    EXPECT_LE(2 * (c.smem_bytes + 2 * 1024), 228 * 1024) << d;  // two CTAs an SM
     EXPECT_NE(catalog::batch_prefill(spec, 8).entry.find("_q8_"), std::string::npos);
   }
   const AttentionSpec f16 = fp8_spec(DType::kFloat16, DType::kFloat16, 128);
@@ -532,6 +538,12 @@ TEST(Fp8Prefill, EightRowTiles) {
   expect_refused([&] { catalog::prefill_config(rope, 8); }, "cta_q: 8-row query tiles");
   expect_refused([&] { catalog::prefill_config(fp8_spec(), 8, true); }, "backend");
   expect_refused([&] { catalog::prefill_config(fp8_spec(), 8, false, PrefillTile{0, 2, 0, 0}); }, "tile.warps_q");
+  // The producer resolves whole rows per thread; 28 math warps and the producer fill 1024 threads.
+  expect_refused([&] { catalog::prefill_config(fp8_spec(), 8, false, PrefillTile{48, 0, 1, 0}); },
+                 "tile.cta_kv: 8-row tiles: expected a multiple of 32");
+  expect_refused([&] { catalog::prefill_config(fp8_spec(), 8, false, PrefillTile{928, 0, 29, 2}); },
+                 "tile.warps_kv: expected warps_kv <= 28");
+  EXPECT_EQ(catalog::prefill_config(fp8_spec(), 8, false, PrefillTile{64, 0, 2, 2}).threads, 64 + 128);
   DecodeOptions tc;
   tc.use_tensor_cores = true;
   tc.tc_cta_q = 8;

@@ -53,6 +53,25 @@ enum class Fa2KvTiles { k16Bit, kFp8, kFp8Widened };
 // 16-bit K / V stages (k16Bit, kFp8Widened), then the fp8 stages (kFp8,
 // kFp8Widened; one per pipeline stage, as loads run STAGES - 1 tiles ahead
 // of the mainloop).
+// 8-row FA2 tiles (fp8 caches): the threads of their producer warpgroup,
+// beside the math warps (prefill_sm80/kernel_keys.cuh). Fewer threads keep
+// too few copies in flight to stream the cache at the HBM rate.
+constexpr int kFa2KeysProducerThreads = 128;
+
+// Their dynamic shared memory: a scratch for the item's Q tile (16-bit), then
+// for the KV-warp merge (each math warp but the first: its 32 lanes' O^T,
+// m and d) and the state's move to the row layout (8 rows of head_dim + 4
+// floats); then the fp8 stages, which the producer fills for the next item
+// while the math warps end this one.
+constexpr int fa2_keys_scratch_bytes(int head_dim, int warps_kv) {
+  const int q = 2 * 8 * head_dim, merge = (warps_kv - 1) * 32 * (head_dim / 4 + 4) * 4, move = 8 * (head_dim + 4) * 4;
+  const int most = q > merge ? q : merge;
+  return most > move ? most : move;
+}
+constexpr int fa2_keys_smem_bytes(int head_dim, int cta_kv, int warps_kv, int stages) {
+  return fa2_keys_scratch_bytes(head_dim, warps_kv) + stages * cta_kv * 2 * head_dim;
+}
+
 constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int cta_kv, int stages, Fa2KvTiles kv) {
   const int stage_elems = cta_kv * (head_dim_qk + head_dim_vo);
   return 2 * cta_q * head_dim_qk + (kv == Fa2KvTiles::kFp8 ? 0 : 2 * stages * stage_elems) +

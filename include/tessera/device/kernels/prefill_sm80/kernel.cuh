@@ -7,9 +7,9 @@
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/prefill_sm80/kernel_keys.cuh"
 #include "tessera/device/kernels/prefill_sm80/mainloop.cuh"
 #include "tessera/device/kernels/prefill_sm80/mainloop_fp8.cuh"
-#include "tessera/device/kernels/prefill_sm80/mainloop_fp8_keys.cuh"
 
 namespace tessera {
 
@@ -25,14 +25,13 @@ namespace tessera {
 // FP8_WIDEN (variants that transform K or V tiles in shared memory), each
 // thread instead widens its own copied rows into 16-bit tiles right after
 // its wait, before the pipeline's barrier, and the mainloop is the 16-bit
-// one. 8-row query tiles (CTA_Q 8, fp8 caches) run with the keys as the
-// mma's rows (mainloop_fp8_keys.cuh). The scales come from read_run_scales
+// one. The scales come from read_run_scales
 // (k_scale / v_scale tensors, else the parameters, into which the host
 // folded float scales). Compile-time
 // branches: 16-bit caches generate the code they always did.
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
           int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, bool FP8_WIDEN = false, typename Params>
-__device__ __forceinline__ void batch_prefill(const Params& p) {
+__device__ __forceinline__ void batch_prefill_rows(const Params& p) {
   constexpr bool kFp8 = is_fp8<DKV>;
   constexpr bool kFp8Registers = kFp8 && !FP8_WIDEN;  // fp8 fragments widened in registers
   constexpr Fa2KvTiles kKvTiles = !kFp8 ? Fa2KvTiles::k16Bit : FP8_WIDEN ? Fa2KvTiles::kFp8Widened : Fa2KvTiles::kFp8;
@@ -52,9 +51,6 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
                 "the KV-warp merge scratch must fit in the tile buffers");
   static_assert(!kFp8Registers || WARPS_Q * WARPS_KV * kFp8OrderScratchFloats * 4 <= Shape::SMEM_BYTES,
                 "the fp8 output reorder scratch must fit in the tile buffers");
-  constexpr bool kKeysAsRows = Shape::KEYS_AS_ROWS;
-  static_assert(!kKeysAsRows || WARPS_KV * 8 * kKeysScratchLd<HEAD_DIM_VO> * 4 <= Shape::SMEM_BYTES,
-                "the keys-as-rows state scratch must fit in the tile buffers");
   constexpr int MT = Shape::MT, NT_O = Shape::NT_O;
   extern __shared__ uint4 smem_raw[];
   T16* q_smem = reinterpret_cast<T16*>(smem_raw);  // q is stored as T16: the mma needs one operand type
@@ -125,8 +121,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
         const int f = row0 + wq * Shape::WARP_ROWS + t * 16 + g + 8 * r;
         rows.qo_idx[t][r] = f / p.group;
         rows.head[t][r] = kv_head * p.group + f % p.group;
-        // 8-row tiles: row g + 8 is the next tile's.
-        rows.valid[t][r] = rows.qo_idx[t][r] < qo_len && (!kKeysAsRows || r == 0);
+        rows.valid[t][r] = rows.qo_idx[t][r] < qo_len;
       }
     if constexpr (Traits::query_transform) {
       cp_async_wait<STAGES - 1>();  // the Q group is complete
@@ -143,17 +138,11 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
 
     PrefillState<MT, NT_O> st;
     st.init();
-    // 8-row tiles: their own state until the item's end; interior tiles skip
-    // the mask even past the valid rows (zero-filled Q rows: finite logits,
-    // never stored).
-    KeysAsRowsState<kKeysAsRows ? HEAD_DIM_QK : 16> keys;
-    if constexpr (kKeysAsRows) keys.init();
-    const RowInfo<1> key_rows = keys_as_rows_rows(row0, p.group, kv_head, qo_len);
     const int warp_max_qo = (warp_row0 + Shape::WARP_ROWS - 1) / p.group;
     auto masked_tile = [&](int t) {
       const int first = w.kv_start + t * CTA_KV;
       return tile_needs_mask<Variant, Params, MaskBits<Variant, Params, MT, Shape::NT_S>::kUsed>(
-          first, first + CTA_KV - 1, w.kv_end, kKeysAsRows || warp_rows_valid, warp_min_qo, warp_max_qo, causal_shift);
+          first, first + CTA_KV - 1, w.kv_end, warp_rows_valid, warp_min_qo, warp_max_qo, causal_shift);
     };
     for (int t = 0; t < n_tiles; ++t) {
       cp_async_wait<STAGES - 2>();  // tile t's copies (and the page ids load(t) brought) are done
@@ -178,14 +167,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
         __syncthreads();
       }
       const bool masked = masked_tile(t);
-      if constexpr (kKeysAsRows) {
-        if (t == 0) keys.load_q(q_addr);  // the Q tile landed with tile 0 (and any query transform ran)
-        const u32 k_addr = stage_addr + (t % STAGES) * Shape::STAGE_ELEMS;
-        keys_as_rows_tile_fp8<Variant, Shape, T16, DKV, HEAD_DIM_QK>(p, variant, keys, key_rows, k_addr,
-                                                                     k_addr + Shape::K_ELEMS, tile_start, w.kv_end,
-                                                                     b, kv_head, wk, masked, causal_shift,
-                                                                     run_sm_scale);
-      } else if constexpr (kFp8Registers) {
+      if constexpr (kFp8Registers) {
         const u32 k_addr = stage_addr + (t % STAGES) * Shape::STAGE_ELEMS;
         prefill_compute_tile_fp8<Variant, Shape, T16, DKV, HEAD_DIM_QK>(
             p, variant, st, rows, q_addr, k_addr, k_addr + Shape::K_ELEMS, tile_start, w.kv_end, b, kv_head, wq, wk,
@@ -199,10 +181,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline drained: shared memory is free
-    if constexpr (kKeysAsRows) {
-      keys_to_row_state(keys, st, reinterpret_cast<float*>(smem_raw) + warp * 8 * kKeysScratchLd<HEAD_DIM_VO>);
-      __syncthreads();  // the KV-warp merge below reuses the scratch
-    } else if constexpr (kFp8Registers) {
+    if constexpr (kFp8Registers) {
       fp8_o_to_mma_order(st, reinterpret_cast<float*>(smem_raw) + warp * kFp8OrderScratchFloats);
       __syncthreads();  // the KV-warp merge below reuses the scratch
     }
@@ -216,7 +195,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
 #pragma unroll
       for (int t = 0; t < MT; ++t)
 #pragma unroll
-        for (int r = 0; r < (kKeysAsRows ? 1 : 2); ++r) {  // 8-row tiles: row g only
+        for (int r = 0; r < 2; ++r) {
           float* dst = at(wk, wq * Shape::WARP_ROWS + t * 16 + g + 8 * r);
 #pragma unroll
           for (int n = 0; n < NT_O; ++n) {
@@ -230,7 +209,7 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
 #pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll
-          for (int r = 0; r < (kKeysAsRows ? 1 : 2); ++r) {
+          for (int r = 0; r < 2; ++r) {
             OnlineSoftmax acc;
             acc.m = st.m[t][r];
             acc.d = st.d[t][r];
@@ -267,6 +246,22 @@ __device__ __forceinline__ void batch_prefill(const Params& p) {
     __syncthreads();  // shared memory is reused by the next item
   }
   grid_dependency_launch_dependents();
+}
+
+// The kernel's entry: 8-row query tiles (CTA_Q 8, fp8 caches, the keys as
+// the mma's rows) run the warp-specialized form of prefill_sm80/kernel_keys.cuh
+// on WARPS_KV math warps and a producer warpgroup.
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
+          int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, bool FP8_WIDEN = false, typename Params>
+__device__ __forceinline__ void batch_prefill(const Params& p) {
+  if constexpr (CTA_Q == 8) {
+    static_assert(HEAD_DIM_QK == HEAD_DIM_VO && WARPS_Q == 1 && !FP8_WIDEN, "8-row tiles: equal head dims, one warp "
+                                                                            "along the rows, fp8 rows as stored");
+    batch_prefill_keys<Variant, DQ, DKV, DO, HEAD_DIM_QK, CTA_KV, WARPS_KV, STAGES>(p);
+  } else {
+    batch_prefill_rows<Variant, DQ, DKV, DO, HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES,
+                       FP8_WIDEN>(p);
+  }
 }
 
 #endif

@@ -1,0 +1,257 @@
+// Prefill (FA2 template), 8-row query tiles of an fp8 cache (decode: a
+// request's group of at most 8 query heads), warp-specialized: a producer
+// warpgroup streams the raw fp8 K / V tiles into a ring of STAGES stages and
+// WARPS_KV math warps run the keys-as-rows tile (mainloop_fp8_keys.cuh),
+// each on its KV_PER_WARP keys of a tile.
+//
+// Why a producer: with every warp copying its share of a tile and a CTA
+// barrier per tile, the load pipeline alone (the math removed) read the
+// cache at 86-88% of the HBM rate, the math alone taking a third of the
+// step. Threads that wait only for free stages keep the copies flowing
+// while the math warps compute; they need to be a warpgroup, as fewer keep
+// too few copies in flight (abi/shared_memory.cuh).
+//
+// Pipeline: a stage's "full" mbarrier counts the producer's threads (each
+// one's cp.async.mbarrier.arrive fires when its copies landed), "empty" the
+// math threads (each arrives after its last read of the stage). Ring
+// positions run on across work items. Paged rows: while its copies of tile
+// t fly, producer thread r resolves row r of tile t + 1 (page id, page /
+// head / slot arithmetic) into a shared table the next tile's copies read.
+// The math warps load the item's Q tile themselves; the item's end (state
+// move, KV-warp merge, epilogue) takes every thread, as in the FA2 kernel.
+#pragma once
+#include "tessera/device/arch/grid_dependency.cuh"
+#include "tessera/device/arch/mbarrier.cuh"
+#include "tessera/device/arch/warpgroup.cuh"
+#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/prefill_sm80/mainloop_fp8_keys.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+// Named barriers of the math warps and of the producer (0 is __syncthreads).
+constexpr int kKeysMathBar = 1, kKeysProducerBar = 2;
+constexpr int kKeysProducerThreads = kFa2KeysProducerThreads;  // abi/shared_memory.cuh
+
+// The producer's copies of one fp8 KV tile (NT threads). Thread l copies
+// 16-byte chunk l % CH of rows l / CH + i * RPP (Fp8RowSwizzle stages).
+template <int HEAD_DIM, int CTA_KV, typename DKV, int NT>
+struct Fp8TileProducer {
+  static constexpr int CH = HEAD_DIM / 16, RPP = NT / CH, PASSES = CTA_KV / RPP;
+  static_assert(NT % CH == 0 && CTA_KV % RPP == 0, "whole rows per pass");
+  const device::PagedKV& kv;
+  i64* offs;  // [2][CTA_KV] element offsets of a tile's rows (-1: zero-fill), by tile parity
+  int page_base, kv_start, kv_end, head, shift, tid;  // tid: the thread's index in the producer
+
+  // The rows of tile `tile` this thread resolves into the table.
+  __device__ __forceinline__ void resolve(int tile) {
+#pragma unroll
+    for (int r = tid; r < CTA_KV; r += NT) {
+      const int pos = kv_start + tile * CTA_KV + r;
+      offs[(tile & 1) * CTA_KV + r] = pos < kv_end ? device::kv_token_offset(kv, page_base, pos, head, shift) : -1;
+    }
+  }
+  // Tile `tile`'s copies into stage (k_dst, v_dst: shared addresses); its
+  // rows resolved and published to the producer (its named barrier) before.
+  __device__ __forceinline__ void copy(int tile, u32 k_dst, u32 v_dst) const {
+    const int ch = tid % CH, row0 = tid / CH;
+    const i64* mine = offs + (tile & 1) * CTA_KV;
+    const char* k_chunk = static_cast<const char*>(kv.k) + ch * 16;
+    const char* v_chunk = static_cast<const char*>(kv.v) + ch * 16;
+#pragma unroll
+    for (int i = 0; i < PASSES; ++i) {
+      const int row = row0 + i * RPP;
+      const i64 off = mine[row];
+      const u32 dst = static_cast<u32>(Fp8RowSwizzle<HEAD_DIM>::at(row, ch));
+      cp_async_16_or_zeros(k_dst + dst, k_chunk + off, off >= 0);  // fp8: an element is a byte
+      cp_async_16_or_zeros(v_dst + dst, v_chunk + off, off >= 0);
+    }
+  }
+};
+
+// Merges the math warps' states (keys-as-rows layout, the same in every
+// warp: lane by lane) into warp 0's, in warp order, through `scratch`
+// (element-major slots, one per warp after the first: conflict-free). A
+// row's m is its maximum over the warp's keys, d the lane's share of its sum.
+template <typename Variant, int HEAD_DIM, int WARPS_KV>
+__device__ __forceinline__ void merge_keys_warps(KeysAsRowsState<HEAD_DIM>& ks, float* scratch, int warp,
+                                                 int math_threads) {
+  constexpr int FT = KeysAsRowsState<HEAD_DIM>::FT, N = FT * 4 + 4;  // floats a lane
+  const int lane = threadIdx.x % 32;
+  if (warp > 0) {
+    float* slot = scratch + (warp - 1) * 32 * N + lane;
+#pragma unroll
+    for (int f = 0; f < FT; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) slot[(4 * f + e) * 32] = ks.o[f][e];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      slot[(4 * FT + r) * 32] = ks.m[r];
+      slot[(4 * FT + 2 + r) * 32] = ks.d[r];
+    }
+  }
+  named_barrier_sync(kKeysMathBar, math_threads);
+  if (warp != 0) return;
+  for (int k = 1; k < WARPS_KV; ++k) {
+    const float* slot = scratch + (k - 1) * 32 * N + lane;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // row 2c + r: o[f][r] and o[f][r + 2]
+      float f0 = 1.f, f1 = 1.f;
+      if (Variant::use_softmax) {
+        OnlineSoftmax acc;
+        acc.m = ks.m[r];
+        acc.d = ks.d[r];
+        const float2 f = acc.merge(slot[(4 * FT + r) * 32], slot[(4 * FT + 2 + r) * 32]);
+        ks.m[r] = acc.m;
+        ks.d[r] = acc.d;
+        f0 = f.x, f1 = f.y;
+      }
+#pragma unroll
+      for (int f = 0; f < FT; ++f) {
+        ks.o[f][r] = ks.o[f][r] * f0 + slot[(4 * f + r) * 32] * f1;
+        ks.o[f][r + 2] = ks.o[f][r + 2] * f0 + slot[(4 * f + r + 2) * 32] * f1;
+      }
+    }
+  }
+  __syncwarp();  // the slots are read before keys_to_row_state reuses the scratch
+}
+
+template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_KV, int WARPS_KV,
+          int STAGES, typename Params>
+__device__ __forceinline__ void batch_prefill_keys(const Params& p) {
+  constexpr int CTA_Q = 8;
+  using Shape = PrefillShape<HEAD_DIM, HEAD_DIM, CTA_Q, CTA_KV, 1, WARPS_KV, STAGES, Fa2KvTiles::kFp8>;
+  using Producer = Fp8TileProducer<HEAD_DIM, CTA_KV, DKV, kKeysProducerThreads>;
+  using Traits = VariantTraits<Variant, Params>;
+  using T16 = typename Fp8Operand<DQ, DKV>::type;
+  constexpr int MATH_THREADS = Shape::THREADS;
+  constexpr int SCRATCH = fa2_keys_scratch_bytes(HEAD_DIM, WARPS_KV), STAGE_BYTES = Shape::STAGE_ELEMS;
+  static_assert(is_fp8<DKV> && sizeof(DQ) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
+                "8-row tiles: 16-bit q, an fp8 cache, 16- or 32-bit o");
+  static_assert(!(Traits::key_transform || Traits::value_transform), "8-row tiles read K / V rows as stored");
+  static_assert(STAGES >= 2 && SCRATCH % 16 == 0, "a ring of at least two stages; 16-byte aligned stages");
+  // [scratch: the Q tile, then the KV-warp merge and the state move][STAGES fp8 stages]
+  extern __shared__ uint4 smem_raw[];
+  T16* q_smem = reinterpret_cast<T16*>(smem_raw);
+  float* scratch = reinterpret_cast<float*>(smem_raw);
+  const u32 q_addr = smem_addr(q_smem), stage_addr = smem_addr(smem_raw) + SCRATCH;
+  __shared__ int s_is_last;
+  __shared__ __align__(16) i64 s_row_offs[2 * CTA_KV];
+  __shared__ __align__(8) u64 s_bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
+  const u32 bars = smem_addr(s_bars);
+  auto full = [&](int s) { return bars + 8 * s; };
+  auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0)
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier_init(full(s), kKeysProducerThreads);
+      mbarrier_init(empty(s), MATH_THREADS);
+    }
+  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, blockIdx.x);
+  // The plan's workspace is complete; q, K, V, the scale tensors and the
+  // outputs may still be the previous kernel's (programmatic dependent launch).
+  grid_dependency_wait();
+  __syncthreads();  // barriers initialized
+  // Both roles walk the queue; ring counts the tiles streamed so far (stage
+  // ring % STAGES, phase (ring / STAGES) & 1) and runs on across items, so
+  // the producer fills the next item's stages while the math warps end this
+  // one.
+  unsigned ring = 0;
+  if (warp >= WARPS_KV) {
+    for (int wi = queue.begin; wi < queue.end; ++wi) {
+      const PrefillWorkItem w = queue.take(wi);
+      const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
+      Producer prod{p.kv, s_row_offs, w.kv_begin, w.kv_start, w.kv_end, item_kv_head(p, w), p.page_shift,
+                    static_cast<int>(threadIdx.x) - MATH_THREADS};
+      // The table's rows of tile 0 may be read by the previous item's last
+      // copies until the barrier that ended them.
+      if (n_tiles > 0) prod.resolve(0);
+      named_barrier_sync(kKeysProducerBar, kKeysProducerThreads);
+      for (int t = 0; t < n_tiles; ++t, ++ring) {
+        const int s = static_cast<int>(ring % STAGES);
+        mbarrier_wait(empty(s), ((ring / STAGES) & 1) ^ 1);  // a fresh barrier grants the first round
+        const u32 k_dst = stage_addr + s * STAGE_BYTES;
+        prod.copy(t, k_dst, k_dst + Shape::K_ELEMS);
+        cp_async_arrive_noinc(full(s));
+        if (t + 1 < n_tiles) prod.resolve(t + 1);  // the page-table loads hide behind the copies
+        named_barrier_sync(kKeysProducerBar, kKeysProducerThreads);
+      }
+    }
+  } else {
+    const device::RunScales run = device::read_run_scales(p);
+    for (int wi = queue.begin; wi < queue.end; ++wi) {
+      const PrefillWorkItem w = queue.take(wi);
+      const int b = item_request(p, w), kv_head = item_kv_head(p, w);
+      const int qo_len = w.qo_len, kv_len = w.kv_len, row0 = w.q_tile * CTA_Q;
+      const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
+      Variant variant(p, b, qo_len, kv_len);
+      // Q tile: fused row f -> (query f / group, head kv_head * group + f % group).
+      load_tile<HEAD_DIM, CTA_Q, MATH_THREADS, RowSwizzle>(q_smem, static_cast<const T16*>(p.q), [&](int r) -> i64 {
+        const int f = row0 + r, qo = f / p.group;
+        if (qo >= qo_len) return -1;
+        return (w.qo_begin + qo) * p.q_stride_n + (kv_head * p.group + f % p.group) * p.q_stride_h;
+      });
+      cp_async_commit();
+      cp_async_wait<0>();
+      named_barrier_sync(kKeysMathBar, MATH_THREADS);
+      if constexpr (Traits::query_transform) {
+        transform_q_tile<Variant, HEAD_DIM, CTA_Q, RowSwizzle>(variant, p, q_smem, threadIdx.x, MATH_THREADS, 0, CTA_Q,
+                                                             b, row0, p.group, kv_head, qo_len);
+        named_barrier_sync(kKeysMathBar, MATH_THREADS);
+      }
+      KeysAsRowsState<HEAD_DIM> keys;
+      keys.init();
+      keys.load_q(q_addr);
+      // The Q tile shares the scratch, which the merge below overwrites:
+      // every warp has its fragments first.
+      named_barrier_sync(kKeysMathBar, MATH_THREADS);
+      // The math's rows: 2c, 2c + 1 of the tile. Interior tiles skip the
+      // mask even past the valid rows (zero-filled Q rows: finite logits,
+      // never stored).
+      const RowInfo<1> key_rows = keys_as_rows_rows(row0, p.group, kv_head, qo_len);
+      const int causal_shift = kv_len - qo_len, min_qo = row0 / p.group, max_qo = (row0 + CTA_Q - 1) / p.group;
+      for (int t = 0; t < n_tiles; ++t, ++ring) {
+        const int s = static_cast<int>(ring % STAGES);
+        const int tile_start = w.kv_start + t * CTA_KV;
+        const bool masked = tile_needs_mask<Variant, Params>(tile_start, tile_start + CTA_KV - 1, w.kv_end, true,
+                                                             min_qo, max_qo, causal_shift);
+        mbarrier_wait(full(s), (ring / STAGES) & 1);
+        const u32 k_addr = stage_addr + s * STAGE_BYTES;
+        keys_as_rows_tile_fp8<Variant, Shape, T16, DKV, HEAD_DIM>(p, variant, keys, key_rows, k_addr,
+                                                                  k_addr + Shape::K_ELEMS, tile_start, w.kv_end, b,
+                                                                  kv_head, warp, masked, causal_shift, run.sm_scale);
+        mbarrier_arrive(empty(s));
+      }
+      if constexpr (WARPS_KV > 1) merge_keys_warps<Variant, HEAD_DIM, WARPS_KV>(keys, scratch, warp, MATH_THREADS);
+      if (warp == 0) {
+        // The epilogue's rows: g (g + 8 lies past the tile), in the 16-row
+        // kernels' layout.
+        RowInfo<1> rows;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int f = row0 + lane / 4 + 8 * r;
+          rows.qo_idx[0][r] = f / p.group;
+          rows.head[0][r] = kv_head * p.group + f % p.group;
+          rows.valid[0][r] = r == 0 && rows.qo_idx[0][r] < qo_len;
+        }
+        PrefillState<1, Shape::NT_O> st;
+        keys_to_row_state(keys, st, scratch);
+        prefill_sum_quads(st);
+        prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, st, rows, w, w.qo_begin, b, kv_head, 0,
+                                                         run.o_scale);
+      }
+      if (w.partial_slot >= 0)
+        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, w, w.qo_begin, qo_len, row0, b, kv_head,
+                                                          threadIdx.x, MATH_THREADS, &s_is_last,
+                                                          [] { named_barrier_sync(kKeysMathBar, MATH_THREADS); });
+      named_barrier_sync(kKeysMathBar, MATH_THREADS);  // the scratch (next: the Q tile) is free again
+    }
+  }
+  grid_dependency_launch_dependents();
+}
+
+#endif
+
+}  // namespace tessera
