@@ -93,8 +93,8 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const TaskInfo& ta
       throw InvalidArgument(std::string(name) + ": tunes the CUDA-core decode kernel; expected 0 with use_tensor_cores, got " +
                             str(v));
   if (opt.tc_cta_q == 8 && !catalog::keys_as_rows_supported(spec))
-    throw InvalidArgument("tc_cta_q: 8-row tiles take fp8 caches whose variant leaves K / V rows as stored, got "
-                          "kv_dtype " +
+    throw InvalidArgument("tc_cta_q: 8-row tiles take fp8 or 16-bit caches whose variant leaves K / V rows as "
+                          "stored, got kv_dtype " +
                           std::string(dtype_name(spec.kv_dtype)) + ", variant " + spec.variant.name +
                           "; expected 0, 16, 32, 64 or 128");
   PrefillOptions p;

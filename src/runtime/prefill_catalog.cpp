@@ -44,7 +44,8 @@ static bool has_element_functors(const VariantSpec& v) { return variant_mentions
 static bool transforms_kv(const VariantSpec& v) { return variant_mentions(v, {"KeyTransform", "ValueTransform"}); }
 
 bool keys_as_rows_supported(const AttentionSpec& spec) {
-  return is_fp8(spec.kv_dtype) && spec.dims_equal() && spec.head_dim <= 256 && !transforms_kv(spec.variant) &&
+  const bool cache = is_fp8(spec.kv_dtype) || spec.kv_dtype == spec.q_dtype;  // fp8, or 16-bit as q
+  return cache && spec.dims_equal() && spec.head_dim <= 256 && !transforms_kv(spec.variant) &&
          !variant_mentions(spec.variant, {"LogitsMaskBits"});
 }
 
@@ -237,10 +238,10 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   // need 256 accumulator registers. (Registers follow VO: Q and K fragments
   // are read from shared memory one 16-feature k-step at a time.)
   switch (cta_q) {
-    case 8:  // keys as the mma's rows (prefill_sm80/mainloop_fp8_keys.cuh)
+    case 8:  // keys as the mma's rows (prefill_sm80/mainloop_keys.cuh)
       if (!keys_as_rows_supported(spec))
-        throw InvalidArgument("cta_q: 8-row query tiles take fp8 caches (equal head dims) with variants that leave K / V "
-                              "rows as stored and define no LogitsMaskBits; got kv_dtype " +
+        throw InvalidArgument("cta_q: 8-row query tiles take fp8 caches or 16-bit ones of q's dtype (equal head dims) "
+                              "with variants that leave K / V rows as stored and define no LogitsMaskBits; got kv_dtype " +
                               std::string(dtype_name(spec.kv_dtype)) + ", variant " + spec.variant.name +
                               "; expected cta_q 16, 32, 64 or 128");
       c.warps_q = 1; c.warps_kv = 4; break;
@@ -271,10 +272,11 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   // need 128 KB, one CTA).
   if (qk == 512) c.cta_kv = cta_q == 16 ? 64 : cta_q == 128 ? 16 : 32;
   if (qk == 192 && cta_q == 128) c.cta_kv = 32;
-  // 8-row tiles: a producer warpgroup streams a ring of three 128-key stages
-  // (prefill_sm80/kernel_keys.cuh), which kept the HBM busier than six of 64
-  // keys or two of 128 or 192; two 64-key ones at head dim 256 (32 KB each).
-  if (cta_q == 8 && qk <= 128) c.cta_kv = 128;
+  // 8-row tiles: a producer warpgroup streams a ring of three stages
+  // (prefill_sm80/kernel_keys.cuh): of 128 keys for fp8 caches, which kept
+  // the HBM busier than six of 64 keys or two of 128 or 192; of 64 for
+  // 16-bit ones (the same bytes). Head dim 256: two 64-key stages.
+  if (cta_q == 8 && qk <= 128) c.cta_kv = fp8 ? 128 : 64;
   c.stages = cta_q == 8 && qk <= 128 ? 3 : 2;
   apply_tile(c, tile);
   c.threads = 32 * c.warps_q * c.warps_kv + (cta_q == 8 ? kFa2KeysProducerThreads : 0);
@@ -286,7 +288,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
       vo <= 128)
     c.min_blocks = 4;
   // The kernel's own size (abi/shared_memory.cuh, PrefillShape::SMEM_BYTES).
-  c.smem_bytes = c.cta_q == 8 ? fa2_keys_smem_bytes(qk, c.cta_kv, c.warps_kv, c.stages)
+  c.smem_bytes = c.cta_q == 8 ? fa2_keys_smem_bytes(qk, c.cta_kv, c.warps_kv, c.stages, fp8 ? 1 : 2)
                               : fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, c.kv_tiles);
   // 8-row tiles: two CTAs an SM of 256 threads leave the math its ~128
   // registers (a cap of 96 spilled).

@@ -193,7 +193,7 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
 // else one of the prefill tiles), refused on the CUDA-core path.
 TEST(ApiErrors, DecodeTensorCoreQueryTile) {
   FakeWorkspace f;
-  for (int bad : {-1, 8, 12, 48, 256}) {  // 8: fp8 caches only
+  for (int bad : {-1, 12, 48, 256}) {
     DecodeOptions opt = tensor_cores();
     opt.tc_cta_q = bad;
     EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, opt), InvalidArgument, "tc_cta_q");
@@ -202,7 +202,7 @@ TEST(ApiErrors, DecodeTensorCoreQueryTile) {
   DecodeOptions cuda_cores;
   cuda_cores.tc_cta_q = 64;
   EXPECT_THROW_MSG(BatchDecode({}, task(), f.ws, cuda_cores), InvalidArgument, "tc_cta_q");
-  for (int q : {16, 32, 64, 128}) {
+  for (int q : {8, 16, 32, 64, 128}) {
     DecodeOptions opt = tensor_cores();
     opt.tc_cta_q = q;
     BatchDecode dec({}, task(), f.ws, opt);

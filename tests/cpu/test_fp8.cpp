@@ -507,7 +507,7 @@ TEST(Fp8Prefill, Fp8TensorCoreKernels) {
   for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry;
 }
 
-// 8-row query tiles (keys as the mma's rows, prefill_sm80/mainloop_fp8_keys.cuh):
+// 8-row query tiles (keys as the mma's rows, prefill_sm80/mainloop_keys.cuh):
 // fp8 caches whose variant leaves K / V as stored; decode's default tile
 // there for groups of up to 8 heads; refused by name elsewhere; the kernels
 // compile for sm_90a and sm_80.
@@ -530,9 +530,14 @@ TEST(Fp8Prefill, EightRowTiles) {
     EXPECT_LE(2 * (c.smem_bytes + 2 * 1024), 228 * 1024) << d;  // two CTAs an SM
     EXPECT_NE(catalog::batch_prefill(spec, 8).entry.find("_q8_"), std::string::npos);
   }
+  // 16-bit caches of q's dtype take them too (64-key stages, the same bytes), others not.
   const AttentionSpec f16 = fp8_spec(DType::kFloat16, DType::kFloat16, 128);
-  EXPECT_FALSE(catalog::keys_as_rows_supported(f16));
-  expect_refused([&] { catalog::prefill_config(f16, 8); }, "cta_q: 8-row query tiles take fp8 caches");
+  EXPECT_TRUE(catalog::keys_as_rows_supported(f16));
+  const PrefillConfig c16 = catalog::prefill_config(f16, 8);
+  EXPECT_EQ(c16.kv_tiles, Fa2KvTiles::k16Bit);
+  EXPECT_EQ(c16.cta_kv, 64);
+  EXPECT_EQ(c16.smem_bytes, std::max({2 * 8 * 128, 3 * 32 * (128 / 4 + 4) * 4, 8 * 132 * 4}) + 3 * 64 * 2 * 128 * 2);
+  EXPECT_FALSE(catalog::keys_as_rows_supported(fp8_spec(DType::kFloat16, DType::kBFloat16, 128)));
   const AttentionSpec rope{variants::rope(), DType::kFloat16, kE4M3, DType::kFloat16, 128};
   EXPECT_FALSE(catalog::keys_as_rows_supported(rope));
   expect_refused([&] { catalog::prefill_config(rope, 8); }, "cta_q: 8-row query tiles");

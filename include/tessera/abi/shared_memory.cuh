@@ -61,15 +61,15 @@ constexpr int kFa2KeysProducerThreads = 128;
 // Their dynamic shared memory: a scratch for the item's Q tile (16-bit), then
 // for the KV-warp merge (each math warp but the first: its 32 lanes' O^T,
 // m and d) and the state's move to the row layout (8 rows of head_dim + 4
-// floats); then the fp8 stages, which the producer fills for the next item
-// while the math warps end this one.
+// floats); then the K / V stages (kv_bytes a cache element), which the
+// producer fills for the next item while the math warps end this one.
 constexpr int fa2_keys_scratch_bytes(int head_dim, int warps_kv) {
   const int q = 2 * 8 * head_dim, merge = (warps_kv - 1) * 32 * (head_dim / 4 + 4) * 4, move = 8 * (head_dim + 4) * 4;
   const int most = q > merge ? q : merge;
   return most > move ? most : move;
 }
-constexpr int fa2_keys_smem_bytes(int head_dim, int cta_kv, int warps_kv, int stages) {
-  return fa2_keys_scratch_bytes(head_dim, warps_kv) + stages * cta_kv * 2 * head_dim;
+constexpr int fa2_keys_smem_bytes(int head_dim, int cta_kv, int warps_kv, int stages, int kv_bytes) {
+  return fa2_keys_scratch_bytes(head_dim, warps_kv) + stages * cta_kv * 2 * head_dim * kv_bytes;
 }
 
 constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int cta_kv, int stages, Fa2KvTiles kv) {

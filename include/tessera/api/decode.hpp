@@ -71,8 +71,9 @@ struct DecodeOptions {
   bool cuda_cores = false;
   // On the tensor cores: the prefill kernel's query tile (0: its heuristic;
   // for fp8 caches 8 rows, the keys as the mma's rows, where the group has
-  // at most 8 heads, else 16; else 8 (fp8 caches), 16, 32, 64 or 128 fused
-  // rows, 64 / 128 run the Hopper kernel on sm_90).
+  // at most 8 heads, else 16; else 8 (fp8 caches, or 16-bit ones of q's
+  // dtype), 16, 32, 64 or 128 fused rows, 64 / 128 run the Hopper kernel on
+  // sm_90).
   int tc_cta_q = 0;
   // Automatic shared prefixes (api/shared_prefix.hpp): plan() from host page
   // ids splits every step into a unique level on this wrapper's kernel and a

@@ -59,7 +59,9 @@ struct PrefillOptions {
   PrefillBackend backend = PrefillBackend::kAuto;
   PlannerOptions planner;
   int max_sms = 0;   // use at most this many SMs (0: all)
-  int cta_q = 0;     // 0: chosen by the heuristic at the first plan; else 16, 32, 64, 128, or 8 (fp8 caches)
+  // 0: chosen by the heuristic at the first plan; else 16, 32, 64, 128, or 8
+  // (fp8 caches, or 16-bit ones of q's dtype: the keys as the mma's rows).
+  int cta_q = 0;
   // Let the planner skip KV beyond what a query tile can see. Defaults to on
   // for the built-in causal variant; a custom variant whose mask is causal
   // (or stricter) may set it too.

@@ -62,20 +62,24 @@ __device__ __forceinline__ i64 kv_offset(const PagedKV& kv, int b, int pos, int 
 // offset of token `pos` (of the request whose pages start at
 // indices[page_base], or whose rows start at page_base for ragged KV) for KV
 // head h; -1 for a page id that failed its check.
-__device__ __forceinline__ i64 kv_token_offset(const device::PagedKV& kv, int page_base, int pos, int h, int shift) {
+// In two steps for kernels that load page ids ahead of their use: the
+// table entry of token pos, unchecked (0 for ragged or single KV), then the
+// offset from it.
+__device__ __forceinline__ int kv_table_entry(const device::PagedKV& kv, int page_base, int pos, int shift) {
+  if (kv.indptr == nullptr || kv.indices == nullptr) return 0;
+  return kv.indices[page_base + (shift >= 0 ? pos >> shift : pos / kv.page_size)];
+}
+__device__ __forceinline__ i64 kv_token_offset_from(const device::PagedKV& kv, int page_base, int pos, int h, int shift,
+                                                    int entry) {
   if (kv.indptr == nullptr) return pos * kv.token_stride + h * kv.head_stride;
   if (kv.indices == nullptr) return static_cast<i64>(page_base + pos) * kv.token_stride + h * kv.head_stride;
-  int page_idx, slot;
-  if (shift >= 0) {
-    page_idx = pos >> shift;
-    slot = pos & ((1 << shift) - 1);
-  } else {
-    page_idx = pos / kv.page_size;
-    slot = pos - page_idx * kv.page_size;
-  }
-  const int page = page_id(kv, page_base + page_idx);
+  const int slot = shift >= 0 ? pos & ((1 << shift) - 1) : pos % kv.page_size;
+  const int page = check_page(kv, entry);
   if (page < 0) return -1;
   return static_cast<i64>(page) * kv.page_stride + h * kv.head_stride + slot * kv.token_stride;
+}
+__device__ __forceinline__ i64 kv_token_offset(const device::PagedKV& kv, int page_base, int pos, int h, int shift) {
+  return kv_token_offset_from(kv, page_base, pos, h, shift, kv_table_entry(kv, page_base, pos, shift));
 }
 
 #endif

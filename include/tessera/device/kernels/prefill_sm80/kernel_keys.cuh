@@ -1,8 +1,8 @@
-// Prefill (FA2 template), 8-row query tiles of an fp8 cache (decode: a
-// request's group of at most 8 query heads), warp-specialized: a producer
-// warpgroup streams the raw fp8 K / V tiles into a ring of STAGES stages and
-// WARPS_KV math warps run the keys-as-rows tile (mainloop_fp8_keys.cuh),
-// each on its KV_PER_WARP keys of a tile.
+// Prefill (FA2 template), 8-row query tiles (decode: a request's group of
+// at most 8 query heads) with the keys as the mma's rows, warp-specialized:
+// a producer warpgroup streams the K / V tiles as stored (fp8 or 16-bit)
+// into a ring of STAGES stages and WARPS_KV math warps run the keys-as-rows
+// tile (mainloop_keys.cuh), each on its KV_PER_WARP keys of a tile.
 //
 // Why a producer: with every warp copying its share of a tile and a CTA
 // barrier per tile, the load pipeline alone (the math removed) read the
@@ -15,16 +15,18 @@
 // one's cp.async.mbarrier.arrive fires when its copies landed), "empty" the
 // math threads (each arrives after its last read of the stage). Ring
 // positions run on across work items. Paged rows: while its copies of tile
-// t fly, producer thread r resolves row r of tile t + 1 (page id, page /
-// head / slot arithmetic) into a shared table the next tile's copies read.
-// The math warps load the item's Q tile themselves; the item's end (state
-// move, KV-warp merge, epilogue) takes every thread, as in the FA2 kernel.
+// t fly, producer thread r resolves row r of tile t + 1 (page / head / slot
+// arithmetic on the page id it loaded a tile before) into a shared table
+// the next tile's copies read.
+// The producer walks the work queue on its own, so the next item's tiles
+// land while the math warps end this one (KV-warp merge, state move,
+// epilogue) in a scratch of their own; they load each item's Q tile there.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/mbarrier.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/common/epilogue.cuh"
-#include "tessera/device/kernels/prefill_sm80/mainloop_fp8_keys.cuh"
+#include "tessera/device/kernels/prefill_sm80/mainloop_keys.cuh"
 
 namespace tessera {
 
@@ -34,22 +36,36 @@ namespace tessera {
 constexpr int kKeysMathBar = 1, kKeysProducerBar = 2;
 constexpr int kKeysProducerThreads = kFa2KeysProducerThreads;  // abi/shared_memory.cuh
 
-// The producer's copies of one fp8 KV tile (NT threads). Thread l copies
-// 16-byte chunk l % CH of rows l / CH + i * RPP (Fp8RowSwizzle stages).
+// The producer's copies of one KV tile (NT threads). Thread l copies
+// 16-byte chunk l % CH of rows l / CH + i * RPP: fp8 rows into
+// Fp8RowSwizzle stages, 16-bit ones into RowSwizzle stages (the layouts the
+// two keys-as-rows tiles read).
 template <int HEAD_DIM, int CTA_KV, typename DKV, int NT>
-struct Fp8TileProducer {
-  static constexpr int CH = HEAD_DIM / 16, RPP = NT / CH, PASSES = CTA_KV / RPP;
+struct KeysTileProducer {
+  static constexpr int CH = HEAD_DIM * static_cast<int>(sizeof(DKV)) / 16, RPP = NT / CH, PASSES = CTA_KV / RPP;
   static_assert(NT % CH == 0 && CTA_KV % RPP == 0, "whole rows per pass");
   const device::PagedKV& kv;
   i64* offs;  // [2][CTA_KV] element offsets of a tile's rows (-1: zero-fill), by tile parity
   int page_base, kv_start, kv_end, head, shift, tid;  // tid: the thread's index in the producer
 
-  // The rows of tile `tile` this thread resolves into the table.
-  __device__ __forceinline__ void resolve(int tile) {
+  // A thread resolves rows tid + k * NT of a tile, in two steps: fetch
+  // loads their page-table entries a tile ahead, publish turns them into
+  // the table's offsets, so no copy waits on a page-table load.
+  static constexpr int ROWS = (CTA_KV + NT - 1) / NT;
+  __device__ __forceinline__ void fetch(int tile, int (&entries)[ROWS]) const {
 #pragma unroll
-    for (int r = tid; r < CTA_KV; r += NT) {
-      const int pos = kv_start + tile * CTA_KV + r;
-      offs[(tile & 1) * CTA_KV + r] = pos < kv_end ? device::kv_token_offset(kv, page_base, pos, head, shift) : -1;
+    for (int k = 0; k < ROWS; ++k) {
+      const int r = tid + k * NT, pos = kv_start + tile * CTA_KV + r;
+      entries[k] = r < CTA_KV && pos < kv_end ? device::kv_table_entry(kv, page_base, pos, shift) : 0;
+    }
+  }
+  __device__ __forceinline__ void publish(int tile, const int (&entries)[ROWS]) {
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) {
+      const int r = tid + k * NT, pos = kv_start + tile * CTA_KV + r;
+      if (r < CTA_KV)
+        offs[(tile & 1) * CTA_KV + r] =
+            pos < kv_end ? device::kv_token_offset_from(kv, page_base, pos, head, shift, entries[k]) : -1;
     }
   }
   // Tile `tile`'s copies into stage (k_dst, v_dst: shared addresses); its
@@ -63,9 +79,14 @@ struct Fp8TileProducer {
     for (int i = 0; i < PASSES; ++i) {
       const int row = row0 + i * RPP;
       const i64 off = mine[row];
-      const u32 dst = static_cast<u32>(Fp8RowSwizzle<HEAD_DIM>::at(row, ch));
-      cp_async_16_or_zeros(k_dst + dst, k_chunk + off, off >= 0);  // fp8: an element is a byte
-      cp_async_16_or_zeros(v_dst + dst, v_chunk + off, off >= 0);
+      const i64 bytes = off * static_cast<i64>(sizeof(DKV));
+      u32 dst;
+      if constexpr (is_fp8<DKV>)
+        dst = static_cast<u32>(Fp8RowSwizzle<HEAD_DIM>::at(row, ch));
+      else
+        dst = static_cast<u32>(RowSwizzle<HEAD_DIM, CTA_KV>::at(row, ch)) * 2u;
+      cp_async_16_or_zeros(k_dst + dst, k_chunk + bytes, off >= 0);
+      cp_async_16_or_zeros(v_dst + dst, v_chunk + bytes, off >= 0);
     }
   }
 };
@@ -121,14 +142,17 @@ template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM
           int STAGES, typename Params>
 __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
   constexpr int CTA_Q = 8;
-  using Shape = PrefillShape<HEAD_DIM, HEAD_DIM, CTA_Q, CTA_KV, 1, WARPS_KV, STAGES, Fa2KvTiles::kFp8>;
-  using Producer = Fp8TileProducer<HEAD_DIM, CTA_KV, DKV, kKeysProducerThreads>;
+  constexpr bool kFp8 = is_fp8<DKV>;
+  using Shape =
+      PrefillShape<HEAD_DIM, HEAD_DIM, CTA_Q, CTA_KV, 1, WARPS_KV, STAGES, kFp8 ? Fa2KvTiles::kFp8 : Fa2KvTiles::k16Bit>;
+  using Producer = KeysTileProducer<HEAD_DIM, CTA_KV, DKV, kKeysProducerThreads>;
   using Traits = VariantTraits<Variant, Params>;
   using T16 = typename Fp8Operand<DQ, DKV>::type;
   constexpr int MATH_THREADS = Shape::THREADS;
-  constexpr int SCRATCH = fa2_keys_scratch_bytes(HEAD_DIM, WARPS_KV), STAGE_BYTES = Shape::STAGE_ELEMS;
-  static_assert(is_fp8<DKV> && sizeof(DQ) == 2 && (sizeof(DO) == 2 || sizeof(DO) == 4),
-                "8-row tiles: 16-bit q, an fp8 cache, 16- or 32-bit o");
+  constexpr int SCRATCH = fa2_keys_scratch_bytes(HEAD_DIM, WARPS_KV);
+  constexpr int KV_BYTES = static_cast<int>(sizeof(DKV)), STAGE_BYTES = Shape::STAGE_ELEMS * KV_BYTES;
+  static_assert(sizeof(DQ) == 2 && (kFp8 || sizeof(DKV) == 2) && (sizeof(DO) == 2 || sizeof(DO) == 4),
+                "8-row tiles: 16-bit q, an fp8 or 16-bit cache, 16- or 32-bit o");
   static_assert(!(Traits::key_transform || Traits::value_transform), "8-row tiles read K / V rows as stored");
   static_assert(STAGES >= 2 && SCRATCH % 16 == 0, "a ring of at least two stages; 16-byte aligned stages");
   // [scratch: the Q tile, then the KV-warp merge and the state move][STAGES fp8 stages]
@@ -167,20 +191,28 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
                     static_cast<int>(threadIdx.x) - MATH_THREADS};
       // The table's rows of tile 0 may be read by the previous item's last
       // copies until the barrier that ended them.
-      if (n_tiles > 0) prod.resolve(0);
+      int entries[Producer::ROWS];
+      prod.fetch(0, entries);
+      if (n_tiles > 0) prod.publish(0, entries);
+      prod.fetch(1, entries);
       named_barrier_sync(kKeysProducerBar, kKeysProducerThreads);
       for (int t = 0; t < n_tiles; ++t, ++ring) {
         const int s = static_cast<int>(ring % STAGES);
         mbarrier_wait(empty(s), ((ring / STAGES) & 1) ^ 1);  // a fresh barrier grants the first round
         const u32 k_dst = stage_addr + s * STAGE_BYTES;
-        prod.copy(t, k_dst, k_dst + Shape::K_ELEMS);
+        prod.copy(t, k_dst, k_dst + Shape::K_ELEMS * KV_BYTES);
         cp_async_arrive_noinc(full(s));
-        if (t + 1 < n_tiles) prod.resolve(t + 1);  // the page-table loads hide behind the copies
+        // Tile t + 1's entries were loaded a tile ago; tile t + 2's load
+        // now, in flight behind the copies and the next stage's wait.
+        if (t + 1 < n_tiles) prod.publish(t + 1, entries);
+        prod.fetch(t + 2, entries);
         named_barrier_sync(kKeysProducerBar, kKeysProducerThreads);
       }
     }
   } else {
-    const device::RunScales run = device::read_run_scales(p);
+    // fp8: the scale tensors fold into the softmax and output scales (16-bit
+    // caches take the parameters, as the FA2 kernel does).
+    const device::RunScales run = kFp8 ? device::read_run_scales(p) : device::RunScales{p.sm_scale, p.o_scale};
     for (int wi = queue.begin; wi < queue.end; ++wi) {
       const PrefillWorkItem w = queue.take(wi);
       const int b = item_request(p, w), kv_head = item_kv_head(p, w);
@@ -203,7 +235,10 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
       }
       KeysAsRowsState<HEAD_DIM> keys;
       keys.init();
-      keys.load_q(q_addr);
+      if constexpr (kFp8)
+        keys.load_q(q_addr);
+      else
+        keys.load_q_16(q_addr);
       // The Q tile shares the scratch, which the merge below overwrites:
       // every warp has its fragments first.
       named_barrier_sync(kKeysMathBar, MATH_THREADS);
@@ -219,9 +254,14 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
                                                              min_qo, max_qo, causal_shift);
         mbarrier_wait(full(s), (ring / STAGES) & 1);
         const u32 k_addr = stage_addr + s * STAGE_BYTES;
-        keys_as_rows_tile_fp8<Variant, Shape, T16, DKV, HEAD_DIM>(p, variant, keys, key_rows, k_addr,
-                                                                  k_addr + Shape::K_ELEMS, tile_start, w.kv_end, b,
-                                                                  kv_head, warp, masked, causal_shift, run.sm_scale);
+        if constexpr (kFp8)
+          keys_as_rows_tile_fp8<Variant, Shape, T16, DKV, HEAD_DIM>(p, variant, keys, key_rows, k_addr,
+                                                                    k_addr + Shape::K_ELEMS, tile_start, w.kv_end, b,
+                                                                    kv_head, warp, masked, causal_shift, run.sm_scale);
+        else
+          keys_as_rows_tile_16<Variant, Shape, T16, HEAD_DIM>(p, variant, keys, key_rows, k_addr,
+                                                              k_addr + Shape::K_ELEMS * 2, tile_start, w.kv_end, b,
+                                                              kv_head, warp, masked, causal_shift, run.sm_scale);
         mbarrier_arrive(empty(s));
       }
       if constexpr (WARPS_KV > 1) merge_keys_warps<Variant, HEAD_DIM, WARPS_KV>(keys, scratch, warp, MATH_THREADS);
@@ -237,7 +277,7 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
           rows.valid[0][r] = r == 0 && rows.qo_idx[0][r] < qo_len;
         }
         PrefillState<1, Shape::NT_O> st;
-        keys_to_row_state(keys, st, scratch);
+        keys_to_row_state<kFp8>(keys, st, scratch);
         prefill_sum_quads(st);
         prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, st, rows, w, w.qo_begin, b, kv_head, 0,
                                                          run.o_scale);

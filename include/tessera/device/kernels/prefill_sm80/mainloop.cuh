@@ -30,7 +30,7 @@ struct PrefillShape {
   static constexpr int Q_ROWS = CTA_Q, KV_ROWS = CTA_KV, Q_WARPS = WARPS_Q, KV_WARPS = WARPS_KV;
   static constexpr int THREADS = 32 * WARPS_Q * WARPS_KV;  // the math warps (8-row tiles add a producer warpgroup)
   // 8-row tiles (fp8 caches) put the keys on the mma's rows
-  // (mainloop_fp8_keys.cuh); their epilogue takes one 16-row m-tile's layout.
+  // (mainloop_keys.cuh); their epilogue takes one 16-row m-tile's layout.
   static constexpr bool KEYS_AS_ROWS = CTA_Q == 8;
   static constexpr int MT = KEYS_AS_ROWS ? 1 : CTA_Q / (16 * WARPS_Q);  // 16-row m-tiles per warp
   static constexpr int WARP_ROWS = KEYS_AS_ROWS ? 8 : 16 * MT;
@@ -49,8 +49,8 @@ struct PrefillShape {
   static constexpr int SMEM_BYTES = fa2_smem_bytes(HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, STAGES, KV);
   static_assert(SMEM_BYTES == STAGING_OFFSET + STAGES * STAGING_STAGE_BYTES, "layout and size agree");
   static_assert(MT >= 1 && CTA_Q == WARP_ROWS * WARPS_Q, "whole 16-row m-tiles per warp");
-  static_assert(!KEYS_AS_ROWS || (KV == Fa2KvTiles::kFp8 && HEAD_DIM_QK == HEAD_DIM_VO),
-                "8-row tiles: fp8 caches widened in registers, equal head dims");
+  static_assert(!KEYS_AS_ROWS || (KV != Fa2KvTiles::kFp8Widened && HEAD_DIM_QK == HEAD_DIM_VO),
+                "8-row tiles: K / V rows as stored (16-bit, or fp8 widened in registers), equal head dims");
   static_assert(KV_PER_WARP % 16 == 0, "each warp needs whole 16-column k-steps for P*V");
   static_assert(HEAD_DIM_QK % 64 == 0 && HEAD_DIM_VO % 64 == 0,
                 "head dims must be multiples of 64 (64, 128, 256, 512 / 256, 192 / 128)");

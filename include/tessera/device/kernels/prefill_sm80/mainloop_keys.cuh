@@ -1,5 +1,7 @@
-// Prefill (FA2 template), fp8 caches, 8-row query tiles (decode: a request's
-// group of at most 8 query heads): the keys are the mma's rows.
+// Prefill (FA2 template), 8-row query tiles (decode: a request's group of
+// at most 8 query heads) of fp8 or 16-bit caches: the keys are the mma's
+// rows. The orders below are the fp8 tile's; keys_as_rows_tile_16 takes
+// the 16-bit mainloop's (ldmatrix) orders.
 //
 // A 16-row tile of a 4-head group wastes 3/4 of every mma. Transposed, the
 // keys fill the 16 rows (M) and the tile's 8 query rows the columns (N):
@@ -48,7 +50,21 @@ struct KeysAsRowsState {
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[f][e] = 0.f;
   }
-  // Q^T's fragments from the 16-bit RowSwizzle Q tile (8 rows): row g,
+  // Q^T's B fragments for 16-bit K (the mma's own k order): per k-step kk,
+  // features 16 kk + 2c, + 1 and 16 kk + 8 + 2c, + 1 of row g, by ldmatrix
+  // (two k-steps a load) from the 16-bit RowSwizzle Q tile (8 rows).
+  __device__ __forceinline__ void load_q_16(u32 q_smem) {
+    static_assert(HEAD_DIM % 32 == 0, "two k-steps a load");
+    const int lane = threadIdx.x % 32, m = lane / 8;
+    const u32 row = q_smem + (lane % 8) * HEAD_DIM * 2;
+#pragma unroll
+    for (int k2 = 0; k2 < HEAD_DIM / 32; ++k2) {
+      u32 r[4];  // matrix m: features 8 (4 k2 + m) .. + 7 of the 8 rows
+      ldmatrix_x4(r, row + (((4 * k2 + m) ^ (lane % 8)) << 4));
+      q[2 * k2][0] = r[0], q[2 * k2][1] = r[1], q[2 * k2 + 1][0] = r[2], q[2 * k2 + 1][1] = r[3];
+    }
+  }
+  // Q^T's fragments for fp8 K from the 16-bit RowSwizzle Q tile (8 rows): row g,
   // features 16 kk + 4c .. + 3 (chunk 2 kk + c / 2, XORed with g).
   __device__ __forceinline__ void load_q(u32 q_smem) {
     const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -78,44 +94,18 @@ __device__ __forceinline__ RowInfo<1> keys_as_rows_rows(int row0, int group, int
   return rows;
 }
 
-// One KV tile: S^T = K Q^T, variant logits / mask, online softmax (run-time
-// scale sm_scale, k_scale folded in), O^T += V^T P^T. k_stage / v_stage:
-// this tile's fp8 stages; warp wk takes keys wk * KV_PER_WARP ...
-template <typename Variant, typename Shape, typename T, typename DKV, int HEAD_DIM, typename Params>
-__device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Variant& variant,
-                                                      KeysAsRowsState<HEAD_DIM>& st, const RowInfo<1>& rows,
-                                                      u32 k_stage, u32 v_stage, int tile_start, int kv_end, int b,
-                                                      int kv_head, int wk, bool masked, int causal_shift,
-                                                      float sm_scale) {
-  constexpr int MK = Shape::KV_PER_WARP / 16;  // 16-key m-tiles of S^T per warp
-  using Sw = Fp8RowSwizzle<HEAD_DIM>;
+// Variant logits, mask and the online-softmax update of one tile's S^T: MK
+// 16-key m-tiles of C fragments, element (mk, e) key key0 + 16 mk + g + 8 (e
+// / 2) of row 2c + e % 2. Leaves P^T in s and O^T rescaled.
+template <typename Variant, int MK, int HEAD_DIM, typename Params>
+__device__ __forceinline__ void keys_softmax(const Params& p, const Variant& variant, KeysAsRowsState<HEAD_DIM>& st,
+                                             const RowInfo<1>& rows, float (&s)[MK][4], int key0, int kv_end, int b,
+                                             int kv_head, bool masked, int causal_shift, float sm_scale) {
   using Traits = VariantTraits<Variant, Params>;
-  static_assert(!Traits::logits_mask_bits, "keys as rows: no LogitsMaskBits (the host picks 16-row tiles)");
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  // K rows wk * KV_PER_WARP + 16 mk + g (+ 8): their swizzle depends on row % 8 == g only.
-  const u32 k_row = k_stage + (wk * Shape::KV_PER_WARP + g) * HEAD_DIM + 4 * c;
-  float s[MK][4];
-#pragma unroll
-  for (int mk = 0; mk < MK; ++mk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[mk][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-    const u32 k_chunk = static_cast<u32>((kk ^ Sw::x(g, kk)) << 4);
-#pragma unroll
-    for (int mk = 0; mk < MK; ++mk) {
-      u32 a[4];
-      fp8x4_to_16x2<DKV, T>(ld_shared_u32(k_row + 16 * mk * HEAD_DIM + k_chunk), a[0], a[2]);
-      fp8x4_to_16x2<DKV, T>(ld_shared_u32(k_row + (16 * mk + 8) * HEAD_DIM + k_chunk), a[1], a[3]);
-      mma_16816(s[mk], a, st.q[kk], T{});
-    }
-  }
-
-  // Softmax over C columns: element (mk, e) is key col0 + 16 mk + g + 8 (e
-  // / 2) of row 2c + e % 2.
+  const int g = (threadIdx.x % 32) / 4;
   constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
   const float scale_log2 = sm_scale * kLog2e;
-  const int col0 = tile_start + wk * Shape::KV_PER_WARP + g;
+  const int col0 = key0 + g;
   if constexpr (!kPlain) {
 #pragma unroll
     for (int mk = 0; mk < MK; ++mk)
@@ -183,6 +173,40 @@ __device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Var
     }
   }
 
+}
+
+// One KV tile: S^T = K Q^T, variant logits / mask, online softmax (run-time
+// scale sm_scale, k_scale folded in), O^T += V^T P^T. k_stage / v_stage:
+// this tile's fp8 stages; warp wk takes keys wk * KV_PER_WARP ...
+template <typename Variant, typename Shape, typename T, typename DKV, int HEAD_DIM, typename Params>
+__device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Variant& variant,
+                                                      KeysAsRowsState<HEAD_DIM>& st, const RowInfo<1>& rows,
+                                                      u32 k_stage, u32 v_stage, int tile_start, int kv_end, int b,
+                                                      int kv_head, int wk, bool masked, int causal_shift,
+                                                      float sm_scale) {
+  constexpr int MK = Shape::KV_PER_WARP / 16;  // 16-key m-tiles of S^T per warp
+  using Sw = Fp8RowSwizzle<HEAD_DIM>;
+  using Traits = VariantTraits<Variant, Params>;
+  static_assert(!Traits::logits_mask_bits, "keys as rows: no LogitsMaskBits (the host picks 16-row tiles)");
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  // K rows wk * KV_PER_WARP + 16 mk + g (+ 8): their swizzle depends on row % 8 == g only.
+  const u32 k_row = k_stage + (wk * Shape::KV_PER_WARP + g) * HEAD_DIM + 4 * c;
+  float s[MK][4] = {};  // S^T's C fragments
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+    const u32 k_chunk = static_cast<u32>((kk ^ Sw::x(g, kk)) << 4);
+#pragma unroll
+    for (int mk = 0; mk < MK; ++mk) {
+      u32 a[4];
+      fp8x4_to_16x2<DKV, T>(ld_shared_u32(k_row + 16 * mk * HEAD_DIM + k_chunk), a[0], a[2]);
+      fp8x4_to_16x2<DKV, T>(ld_shared_u32(k_row + (16 * mk + 8) * HEAD_DIM + k_chunk), a[1], a[3]);
+      mma_16816(s[mk], a, st.q[kk], T{});
+    }
+  }
+
+  keys_softmax<Variant, MK>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP, kv_end, b, kv_head, masked,
+                            causal_shift, sm_scale);
+
   // O^T += V^T P^T, one 16-key k-step per S^T m-tile.
   const int v_row0 = wk * Shape::KV_PER_WARP + 2 * c;  // keys 2c, 2c + 1, 2c + 8, 2c + 9 of each 16
 #pragma unroll
@@ -204,6 +228,54 @@ __device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Var
   }
 }
 
+// The same tile over 16-bit K / V stages (RowSwizzle rows, the 16-bit
+// mainloop's layout): K's A fragments by ldmatrix (16 keys x 16 features),
+// Q^T's B fragments held from load_q_16, V^T's A fragments by
+// ldmatrix.trans (16 features x 16 keys). O^T's m-tile ft holds features
+// 16 ft + g (row g of the fragment) and 16 ft + 8 + g (row g + 8).
+template <typename Variant, typename Shape, typename T, int HEAD_DIM, typename Params>
+__device__ __forceinline__ void keys_as_rows_tile_16(const Params& p, const Variant& variant,
+                                                     KeysAsRowsState<HEAD_DIM>& st, const RowInfo<1>& rows,
+                                                     u32 k_stage, u32 v_stage, int tile_start, int kv_end, int b,
+                                                     int kv_head, int wk, bool masked, int causal_shift,
+                                                     float sm_scale) {
+  constexpr int MK = Shape::KV_PER_WARP / 16;
+  constexpr u32 ROW_BYTES = HEAD_DIM * 2;
+  using Traits = VariantTraits<Variant, Params>;
+  static_assert(!Traits::logits_mask_bits, "keys as rows: no LogitsMaskBits (the host picks 16-row tiles)");
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  // ldmatrix lanes: matrix m, row lane % 8 (every row's swizzle is lane % 8).
+  // K (A): keys 8 (m % 2) + lane % 8, chunk 2 kk + m / 2. V (.trans A):
+  // keys 8 (m / 2) + lane % 8, chunk 2 ft + m % 2.
+  const u32 xk = (m / 2) ^ (lane % 8), xv = (m % 2) ^ (lane % 8);
+  const u32 k_row = k_stage + (wk * Shape::KV_PER_WARP + (m % 2) * 8 + lane % 8) * ROW_BYTES;
+  const u32 v_row = v_stage + (wk * Shape::KV_PER_WARP + (m / 2) * 8 + lane % 8) * ROW_BYTES;
+  float s[MK][4] = {};  // S^T's C fragments
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+#pragma unroll
+    for (int mk = 0; mk < MK; ++mk) {
+      u32 a[4];
+      ldmatrix_x4(a, k_row + 16 * mk * ROW_BYTES + (((2 * kk) ^ xk) << 4));
+      mma_16816(s[mk], a, st.q[kk], T{});
+    }
+
+  keys_softmax<Variant, MK>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP, kv_end, b, kv_head, masked,
+                            causal_shift, sm_scale);
+
+#pragma unroll
+  for (int mk = 0; mk < MK; ++mk) {
+    const u32 pb[2] = {movmatrix_trans(pack2(s[mk][0], s[mk][1], T{})),   // keys 2c, 2c + 1 of row g
+                       movmatrix_trans(pack2(s[mk][2], s[mk][3], T{}))};  // keys 2c + 8, 2c + 9
+#pragma unroll
+    for (int ft = 0; ft < HEAD_DIM / 16; ++ft) {
+      u32 a[4];
+      ldmatrix_x4_trans(a, v_row + 16 * mk * ROW_BYTES + (((2 * ft) ^ xv) << 4));
+      mma_16816(st.o[ft], a, pb, T{});
+    }
+  }
+}
+
 // Floats of the per-warp scratch keys_to_row_state uses: 8 rows of HEAD_DIM
 // features, m and d, padded to whole float4s.
 template <int HEAD_DIM>
@@ -214,7 +286,7 @@ constexpr int kKeysScratchLd = HEAD_DIM + 4;
 // row's keys in lane c = 0 only, as prefill_sum_quads expects), the second
 // row (g + 8, past the 8-row tile) empty. scratch: this warp's
 // 8 * kKeysScratchLd<HEAD_DIM> floats, 16-byte aligned.
-template <int HEAD_DIM, int NT_O>
+template <bool FP8_ORDER, int HEAD_DIM, int NT_O>
 __device__ __forceinline__ void keys_to_row_state(KeysAsRowsState<HEAD_DIM>& ks, PrefillState<1, NT_O>& st,
                                                   float* scratch) {
   static_assert(NT_O * 8 == HEAD_DIM, "one head dim");
@@ -226,10 +298,18 @@ __device__ __forceinline__ void keys_to_row_state(KeysAsRowsState<HEAD_DIM>& ks,
     ks.d[r] += __shfl_xor_sync(0xffffffffu, ks.d[r], 8);
     ks.d[r] += __shfl_xor_sync(0xffffffffu, ks.d[r], 16);
     float* row = scratch + (2 * c + r) * LD;
+    if constexpr (FP8_ORDER) {  // m-tile 2 T32 + u: features 32 T32 + 4g + 2u (+ 1)
 #pragma unroll
-    for (int T32 = 0; T32 < HEAD_DIM / 32; ++T32)
-      *reinterpret_cast<float4*>(row + 32 * T32 + 4 * g) =
-          make_float4(ks.o[2 * T32][r], ks.o[2 * T32][r + 2], ks.o[2 * T32 + 1][r], ks.o[2 * T32 + 1][r + 2]);
+      for (int T32 = 0; T32 < HEAD_DIM / 32; ++T32)
+        *reinterpret_cast<float4*>(row + 32 * T32 + 4 * g) =
+            make_float4(ks.o[2 * T32][r], ks.o[2 * T32][r + 2], ks.o[2 * T32 + 1][r], ks.o[2 * T32 + 1][r + 2]);
+    } else {  // m-tile ft: features 16 ft + g and 16 ft + 8 + g
+#pragma unroll
+      for (int ft = 0; ft < HEAD_DIM / 16; ++ft) {
+        row[16 * ft + g] = ks.o[ft][r];
+        row[16 * ft + 8 + g] = ks.o[ft][r + 2];
+      }
+    }
     if (g == 0) {
       row[HEAD_DIM] = ks.m[r];
       row[HEAD_DIM + 1] = ks.d[r];
