@@ -175,6 +175,15 @@ __device__ __forceinline__ void keys_softmax(const Params& p, const Variant& var
 
 }
 
+// P^T's B fragments for O^T += V^T P^T, from one S^T m-tile's C fragment
+// (P after keys_softmax): keys 2c, 2c + 1 and 2c + 8, 2c + 9 of row g.
+struct PTransposed {
+  u32 b[2];
+  template <typename T>
+  __device__ __forceinline__ PTransposed(const float (&c)[4], T t)
+      : b{movmatrix_trans(pack2(c[0], c[1], t)), movmatrix_trans(pack2(c[2], c[3], t))} {}
+};
+
 // One KV tile: S^T = K Q^T, variant logits / mask, online softmax (run-time
 // scale sm_scale, k_scale folded in), O^T += V^T P^T. k_stage / v_stage:
 // this tile's fp8 stages; warp wk takes keys wk * KV_PER_WARP ...
@@ -211,8 +220,7 @@ __device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Var
   const int v_row0 = wk * Shape::KV_PER_WARP + 2 * c;  // keys 2c, 2c + 1, 2c + 8, 2c + 9 of each 16
 #pragma unroll
   for (int mk = 0; mk < MK; ++mk) {
-    const u32 pb[2] = {movmatrix_trans(pack2(s[mk][0], s[mk][1], T{})),   // keys 2c, 2c + 1 of row g
-                       movmatrix_trans(pack2(s[mk][2], s[mk][3], T{}))};  // keys 2c + 8, 2c + 9
+    const PTransposed pb(s[mk], T{});
 #pragma unroll
     for (int T32 = 0; T32 < HEAD_DIM / 32; ++T32) {
       u32 wv[4];  // lo01, lo23, hi01, hi23: features 32 T32 + 4g .. + 3 paired per key pair
@@ -222,8 +230,8 @@ __device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Var
       fp8x4_to_16x2<DKV, T>(wv[2], a0[2], a0[3]);
       fp8x4_to_16x2<DKV, T>(wv[1], a1[0], a1[1]);
       fp8x4_to_16x2<DKV, T>(wv[3], a1[2], a1[3]);
-      mma_16816(st.o[2 * T32], a0, pb, T{});
-      mma_16816(st.o[2 * T32 + 1], a1, pb, T{});
+      mma_16816(st.o[2 * T32], a0, pb.b, T{});
+      mma_16816(st.o[2 * T32 + 1], a1, pb.b, T{});
     }
   }
 }
@@ -265,13 +273,12 @@ __device__ __forceinline__ void keys_as_rows_tile_16(const Params& p, const Vari
 
 #pragma unroll
   for (int mk = 0; mk < MK; ++mk) {
-    const u32 pb[2] = {movmatrix_trans(pack2(s[mk][0], s[mk][1], T{})),   // keys 2c, 2c + 1 of row g
-                       movmatrix_trans(pack2(s[mk][2], s[mk][3], T{}))};  // keys 2c + 8, 2c + 9
+    const PTransposed pb(s[mk], T{});
 #pragma unroll
     for (int ft = 0; ft < HEAD_DIM / 16; ++ft) {
       u32 a[4];
       ldmatrix_x4_trans(a, v_row + 16 * mk * ROW_BYTES + (((2 * ft) ^ xv) << 4));
-      mma_16816(st.o[ft], a, pb, T{});
+      mma_16816(st.o[ft], a, pb.b, T{});
     }
   }
 }
