@@ -508,8 +508,9 @@ TEST(Fp8Prefill, Fp8TensorCoreKernels) {
 }
 
 // 8-row query tiles (keys as the mma's rows, prefill_sm80/mainloop_keys.cuh):
-// fp8 caches whose variant leaves K / V as stored; decode's default tile
-// there for groups of up to 8 heads; refused by name elsewhere; the kernels
+// fp8 caches, or 16-bit ones of q's dtype, whose variant leaves K / V as
+// stored; decode's default tile for fp8 caches and groups of up to 8 heads;
+// refused by name elsewhere; the kernels
 // compile for sm_90a and sm_80.
 TEST(Fp8Prefill, EightRowTiles) {
   for (int d : {64, 128, 256}) {
