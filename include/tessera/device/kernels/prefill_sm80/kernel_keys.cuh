@@ -155,7 +155,9 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
                 "8-row tiles: 16-bit q, an fp8 or 16-bit cache, 16- or 32-bit o");
   static_assert(!(Traits::key_transform || Traits::value_transform), "8-row tiles read K / V rows as stored");
   static_assert(STAGES >= 2 && SCRATCH % 16 == 0, "a ring of at least two stages; 16-byte aligned stages");
-  // [scratch: the Q tile, then the KV-warp merge and the state move][STAGES fp8 stages]
+  static_assert(SCRATCH + STAGES * STAGE_BYTES == fa2_keys_smem_bytes(HEAD_DIM, CTA_KV, WARPS_KV, STAGES, KV_BYTES),
+                "the host sizes the launch with the same function");
+  // [scratch: the Q tile, then the KV-warp merge and the state move][STAGES K / V stages]
   extern __shared__ uint4 smem_raw[];
   T16* q_smem = reinterpret_cast<T16*>(smem_raw);
   float* scratch = reinterpret_cast<float*>(smem_raw);
