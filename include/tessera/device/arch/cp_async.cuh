@@ -59,6 +59,17 @@ __device__ __forceinline__ void cp_async_16_or_zeros(u32 smem, const void* gmem,
       "l"(gmem), "r"(static_cast<u32>(pred)));
 }
 
+// The same, with the L2 asked to fetch the whole aligned 256-byte block
+// around the chunk from DRAM (cp.async's L2::256B prefetch size): for
+// copies whose neighbours in that block the same CTA reads too. Twice the
+// bytes where another CTA reads the other half (it comes too late to find
+// it in L2).
+__device__ __forceinline__ void cp_async_16_or_zeros_l2_256(u32 smem, const void* gmem, bool pred) {
+  asm volatile(
+      "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global.L2::256B [%0], [%1], 16, skip;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"(static_cast<u32>(pred)));
+}
+
 // 4 bytes global -> shared through L1 (small tables such as page ids).
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool pred) {
   const int src_bytes = pred ? 4 : 0;

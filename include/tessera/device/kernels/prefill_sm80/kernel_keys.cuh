@@ -70,8 +70,15 @@ struct KeysTileProducer {
   }
   // Tile `tile`'s copies into stage (k_dst, v_dst: shared addresses); its
   // rows resolved and published to the producer (its named barrier) before.
+  // The L2 fetches whole 256-byte blocks when they hold only this head's
+  // rows (a row of 256 bytes or more, or a head's tokens contiguous: HND
+  // pages of two or more tokens): fewer, larger DRAM requests for the same
+  // bytes. Shorter rows between other heads' (NHD) fetch only their own
+  // lines: another head's CTA reads the rest of such a block too late to
+  // find it in L2, so the block would be read twice.
   __device__ __forceinline__ void copy(int tile, u32 k_dst, u32 v_dst) const {
     const int ch = tid % CH, row0 = tid / CH;
+    const bool whole_blocks = CH >= 16 || (kv.token_stride == HEAD_DIM && (kv.indices == nullptr || kv.page_size > 1));
     const i64* mine = offs + (tile & 1) * CTA_KV;
     const char* k_chunk = static_cast<const char*>(kv.k) + ch * 16;
     const char* v_chunk = static_cast<const char*>(kv.v) + ch * 16;
@@ -85,8 +92,13 @@ struct KeysTileProducer {
         dst = static_cast<u32>(Fp8RowSwizzle<HEAD_DIM>::at(row, ch));
       else
         dst = static_cast<u32>(RowSwizzle<HEAD_DIM, CTA_KV>::at(row, ch)) * 2u;
-      cp_async_16_or_zeros(k_dst + dst, k_chunk + bytes, off >= 0);
-      cp_async_16_or_zeros(v_dst + dst, v_chunk + bytes, off >= 0);
+      if (whole_blocks) {
+        cp_async_16_or_zeros_l2_256(k_dst + dst, k_chunk + bytes, off >= 0);
+        cp_async_16_or_zeros_l2_256(v_dst + dst, v_chunk + bytes, off >= 0);
+      } else {
+        cp_async_16_or_zeros(k_dst + dst, k_chunk + bytes, off >= 0);
+        cp_async_16_or_zeros(v_dst + dst, v_chunk + bytes, off >= 0);
+      }
     }
   }
 };
