@@ -14,7 +14,8 @@ Modes:
                  issue-3 workloads (or --workloads), SDPA-cuDNN beside them;
                  CFG = NAME:KEY=VALUE,... with KEY tc (1: tensor cores, the
                  default here; 0: CUDA cores), split (0: the planner without KV
-                 splitting), pdl (1: run(enable_pdl=True)). --timing graph
+                 splitting), pdl (1: run(enable_pdl=True)), tile (the
+                 tensor-core query tile: 8, 16 or 64). --timing graph
                  times every kernel over rotating cache copies replayed from a
                  CUDA graph (common.bench_graph_ms); results: decode-ab.json
   --step-timing  one step per workload timed four ways: after do_bench's
@@ -105,9 +106,10 @@ def spot_check(lens, q, out, k, v, indptr, indices, hq, hkv, kv_dtype=None):
 
 
 def decode_wrapper(lib, lens, page_size, hq, hkv, seed, tensor_cores=False, split=True, shuffle=True,
-                   device_ids=False, ws=None, cuda_cores=False, fixed_split_size=None):
+                   device_ids=False, ws=None, cuda_cores=False, fixed_split_size=None, tc_cta_q=0):
     """A planned paged decode wrapper of `lib` (tessera or flashinfer) and its cache; cuda_cores forces
-    Tessera's CUDA-core kernel (use_tensor_cores=False alone lets the wrapper pick)."""
+    Tessera's CUDA-core kernel (use_tensor_cores=False alone lets the wrapper pick); tc_cta_q pins Tessera's
+    tensor-core query tile."""
     k, v, indptr, indices, last = paged_cache(lens, page_size, hkv, seed=seed, shuffle=shuffle)
     if device_ids:  # the page table stays on the GPU, as serving engines keep it (plan() never reads it)
         indices = indices.cuda()
@@ -117,6 +119,8 @@ def decode_wrapper(lib, lens, page_size, hq, hkv, seed, tensor_cores=False, spli
         w._cuda_cores = True  # Tessera-only: the CUDA-core kernel whatever the wrapper would pick
     if not split:
         w._split_kv = False  # Tessera-only switch for the ablation (planner without KV splitting)
+    if tc_cta_q:
+        w._tc_cta_q = tc_cta_q
     extra = {} if fixed_split_size is None else dict(fixed_split_size=fixed_split_size)
     w.plan(indptr, indices, last, hq, hkv, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE, **extra)
     return dict(w=w, ws=ws, k=k, v=v, indptr=indptr, indices=indices, last=last)
@@ -278,7 +282,7 @@ def grid(args):
 
 def ab(args, workloads):
     """Wrapper settings in interleaved rounds, SDPA-cuDNN once per workload."""
-    configs = [common.parse_config(c, ("tc", "split", "pdl")) for c in args.ab]
+    configs = [common.parse_config(c, ("tc", "split", "pdl", "tile")) for c in args.ab]
     ceiling = common.read_probe_best()
     print(f"# read ceiling {ceiling:.2f} TB/s; page 16, fp16, d 128; us (TB/s of needed KV); timing: {args.timing}")
     print(f"{'heads':>6} {'lengths':>16} {'B':>4} | " + " | ".join(f"{n:>16}" for n, _ in configs) + " |  sdpa-cudnn")
@@ -293,7 +297,7 @@ def ab(args, workloads):
         for name, opt in configs:
             tc = opt.get("tc", "1") == "1"  # tc=0: the CUDA-core kernel itself
             st = decode_wrapper(tessera, lens, 16, hq, hkv, seed=b + 16, tensor_cores=tc, cuda_cores=not tc,
-                                split=opt.get("split", "1") == "1")
+                                split=opt.get("split", "1") == "1", tc_cta_q=int(opt.get("tile", "0")))
             pdl = opt.get("pdl", "0") == "1"
             out.fill_(float("nan"))
             st["w"].run(q, (st["k"], st["v"]), out=out)
