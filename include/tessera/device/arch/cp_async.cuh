@@ -52,22 +52,22 @@ __device__ __forceinline__ void cp_async_16(u32 smem, const void* gmem, bool pre
 
 // The same, but a false predicate ignores the source (cp.async's
 // ignore-src: zeros, nothing read), so its address need not be valid and
-// the caller selects none.
+// the caller selects none. WHOLE_BLOCK asks the L2 to fetch the whole
+// aligned 256-byte block around the chunk from DRAM (cp.async's L2::256B
+// prefetch size): for copies whose neighbours in that block the same CTA
+// reads too; twice the bytes where another CTA reads the other half (it
+// comes too late to find it in L2).
+template <bool WHOLE_BLOCK = false>
 __device__ __forceinline__ void cp_async_16_or_zeros(u32 smem, const void* gmem, bool pred) {
-  asm volatile(
-      "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, skip;\n}\n" ::"r"(smem),
-      "l"(gmem), "r"(static_cast<u32>(pred)));
-}
-
-// The same, with the L2 asked to fetch the whole aligned 256-byte block
-// around the chunk from DRAM (cp.async's L2::256B prefetch size): for
-// copies whose neighbours in that block the same CTA reads too. Twice the
-// bytes where another CTA reads the other half (it comes too late to find
-// it in L2).
-__device__ __forceinline__ void cp_async_16_or_zeros_l2_256(u32 smem, const void* gmem, bool pred) {
-  asm volatile(
-      "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global.L2::256B [%0], [%1], 16, skip;\n}\n" ::"r"(smem),
-      "l"(gmem), "r"(static_cast<u32>(pred)));
+  if constexpr (WHOLE_BLOCK)
+    asm volatile(
+        "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global.L2::256B [%0], [%1], 16, skip;\n}\n" ::"r"(
+            smem),
+        "l"(gmem), "r"(static_cast<u32>(pred)));
+  else
+    asm volatile(
+        "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, skip;\n}\n" ::"r"(smem),
+        "l"(gmem), "r"(static_cast<u32>(pred)));
 }
 
 // 4 bytes global -> shared through L1 (small tables such as page ids).

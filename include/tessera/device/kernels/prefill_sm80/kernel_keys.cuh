@@ -93,8 +93,8 @@ struct KeysTileProducer {
       else
         dst = static_cast<u32>(RowSwizzle<HEAD_DIM, CTA_KV>::at(row, ch)) * 2u;
       if (whole_blocks) {
-        cp_async_16_or_zeros_l2_256(k_dst + dst, k_chunk + bytes, off >= 0);
-        cp_async_16_or_zeros_l2_256(v_dst + dst, v_chunk + bytes, off >= 0);
+        cp_async_16_or_zeros<true>(k_dst + dst, k_chunk + bytes, off >= 0);
+        cp_async_16_or_zeros<true>(v_dst + dst, v_chunk + bytes, off >= 0);
       } else {
         cp_async_16_or_zeros(k_dst + dst, k_chunk + bytes, off >= 0);
         cp_async_16_or_zeros(v_dst + dst, v_chunk + bytes, off >= 0);
