@@ -263,6 +263,7 @@ class PyBatchPrefill {
   nb::object shared_prefix_stats() const { return shared_prefix_stats_dict(pre_.shared_prefix_stats()); }
   // The query tile is only fixed by the first plan (ctas_per_head is 0 before).
   int cta_q() const { return pre_.ctas_per_group() ? pre_.config().cta_q : 0; }
+  int kv_heads_per_cta() const { return pre_.ctas_per_group() ? pre_.config().kv_heads : 0; }
   int ctas_per_head() const { return pre_.ctas_per_group(); }
   int cluster() const { return pre_.ctas_per_group() ? pre_.cluster() : 0; }
   bool hopper() const { return pre_.ctas_per_group() && pre_.config().hopper; }
@@ -378,6 +379,8 @@ void bind_prefill(nb::module_& m) {
       .def_prop_ro("shared_prefix_stats", &PyBatchPrefill::shared_prefix_stats,
                    "With shared_prefix: what the last plan found (a dict, as BatchDecode's), else None.")
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
+      .def_prop_ro("kv_heads_per_cta", &PyBatchPrefill::kv_heads_per_cta,
+                   "Adjacent KV heads each CTA reads together (8-row fp8 tiles: 1 or 2; 0 before the first plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")
       .def_prop_ro("hopper", &PyBatchPrefill::hopper,
                    "Whether the first plan chose the Hopper (wgmma) template (False before plan).")

@@ -212,14 +212,18 @@ void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t
   // bound, and its producer streams KV faster (H100, bench/decode_one.py:
   // decode on tensor cores 2.76 -> 3.00 TB/s for MHA, 2.00 -> 2.28 for GQA).
   if (!opt_.cta_q && opt_.backend == PrefillBackend::kAuto && cta_q < 64 && use_hopper(64)) cta_q = 64;
-  config_ = catalog::prefill_config(spec_, cta_q, use_hopper(cta_q), opt_.tile, opt_.fp8_mma);
+  const bool hopper = use_hopper(cta_q);
+  config_ = catalog::prefill_config(spec_, cta_q, hopper, opt_.tile, opt_.fp8_mma,
+                                    catalog::keys_kv_heads(spec_, cta_q, hopper, task_.num_qo_heads, task_.num_kv_heads));
   config_.cluster = choose_cluster(src);
+  const int kernel_heads = task_.num_kv_heads / config_.kv_heads;
   for (;;) {  // once, or twice if the CTA pairs do not fit
-    source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile, opt_.fp8_mma);
+    source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile, opt_.fp8_mma,
+                                     config_.kv_heads);
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
-                                            config_.ctas_per_sm, task_.num_kv_heads, opt_.max_sms, "BatchPrefill::plan");
+                                            config_.ctas_per_sm, kernel_heads, opt_.max_sms, "BatchPrefill::plan");
     kernel_ = pk.kernel;
-    const auto g = detail::head_groups(task_.num_kv_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
+    const auto g = detail::head_groups(kernel_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
                                        pk.ctas_per_sm, opt_.max_sms);
     ctas_per_group_ = g.ctas_per_group;
     head_groups_ = g.groups;
@@ -236,7 +240,8 @@ void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t
   if (task_.max_total_q == 0) task_.max_total_q = std::max<int64_t>(total_q, 1);
   if (task_.max_pages == 0) task_.max_pages = std::max<int64_t>(n_indices, 1);
   // The partial states get the rows the workspace (or shared scratch) holds.
-  layout_ = layout_for(spec_, task_, ctas_per_group_, head_groups_, config_.cta_q, opt_.planner.fixed_chunk,
+  layout_ = layout_for(spec_, kernel_task(task_, config_.kv_heads), ctas_per_group_, head_groups_, config_.cta_q,
+                       opt_.planner.fixed_chunk,
                        ws_->device_bytes(), shared_scratch_ ? &shared_scratch_bytes_ : nullptr);
   detail::check_workspace_size(*ws_, shared_scratch_ ? layout_.scratch : layout_.total, layout_.staged);
   if (custom_mask_ && opt_.trim_masked_tiles) {  // loaded here: run() allocates nothing
@@ -286,7 +291,6 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   if (static_cast<int64_t>(kv_lens.size()) != batch)
     throw InvalidArgument("kv_indptr: expected " + str(batch + 1) + " elements (like qo_indptr), got " + str(kv_lens.size() + 1));
   const int64_t total_q = qo_indptr.back();
-  const int group = task_.num_qo_heads / task_.num_kv_heads;
   qo_lens_.resize(batch);
   for (int64_t i = 0; i < batch; ++i) qo_lens_[i] = qo_indptr[i + 1] - qo_indptr[i];
   if (custom_mask_) validate_mask_indptr(mask_indptr, qo_lens_, kv_lens);  // before any GPU work
@@ -302,7 +306,9 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     throw InvalidArgument("kv_indices: " + str(kv_indices.count) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages));
 
-  const int heads_per_group = task_.num_kv_heads / head_groups_;
+  // The kernel's heads (config_.kv_heads adjacent KV heads a CTA) and group.
+  const int kernel_heads = task_.num_kv_heads / config_.kv_heads, group = task_.num_qo_heads / kernel_heads;
+  const int heads_per_group = kernel_heads / head_groups_;
   int plan_cta_q = 0, plan_ctas = 0;
   int64_t slot_cap = 0, split_cap = 0;
   const PlannerOptions popt = planner_options(plan_cta_q, plan_ctas, slot_cap, split_cap);
@@ -508,8 +514,8 @@ void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const Tens
   p.partial_lse = reinterpret_cast<float*>(scratch_base() + layout_.partial_lse);
   p.counters = reinterpret_cast<int*>(scratch_base() + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
-  p.group = task_.num_qo_heads / task_.num_kv_heads;
-  p.heads_per_group = task_.num_kv_heads / head_groups_;
+  p.group = task_.num_qo_heads / (task_.num_kv_heads / config_.kv_heads);
+  p.heads_per_group = task_.num_kv_heads / config_.kv_heads / head_groups_;
   p.page_shift = detail::page_shift(kv.page_size);
   const detail::KernelScales scales =
       detail::resolve_run_scales(opt, spec_.head_dim, q.device,
@@ -598,8 +604,8 @@ void BatchPrefill::trim_items(const TensorView& mask, cudaStream_t stream, bool 
   t.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
   t.queues = ctas_per_group_ / config_.cluster;
   t.tile_rows = config_.cta_q * config_.cluster;
-  t.group = task_.num_qo_heads / task_.num_kv_heads;
-  t.heads_per_group = task_.num_kv_heads / head_groups_;
+  t.group = task_.num_qo_heads / (task_.num_kv_heads / config_.kv_heads);
+  t.heads_per_group = task_.num_kv_heads / config_.kv_heads / head_groups_;
   t.cta_kv = config_.cta_kv;
   t.custom_mask = static_cast<const u8*>(mask.data);
   t.mask_indptr = reinterpret_cast<const int*>(dev + layout_.mask_indptr);

@@ -99,6 +99,12 @@ BatchPrefill::Sizes BatchPrefill::workspace_size_shared(const AttentionSpec& spe
   return sizes(spec, task, num_sms, opt).shared;
 }
 
+TaskInfo BatchPrefill::kernel_task(const TaskInfo& task, int kv_heads) {
+  TaskInfo t = task;
+  t.num_kv_heads = task.num_kv_heads / kv_heads;
+  return t;
+}
+
 size_t BatchPrefill::scratch_size(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt) {
   return sizes(spec, task, num_sms, opt).scratch;
 }
@@ -122,8 +128,10 @@ BatchPrefill::SizeSet BatchPrefill::sizes(const AttentionSpec& spec, const TaskI
   if (opt.cta_q) (void)catalog::prefill_config(spec, opt.cta_q);  // rejects an invalid cta_q
   SizeSet r;
   detail::each_candidate(spec, opt, [&](const PrefillConfig& c) {  // whichever the first plan picks
-    const auto g = detail::head_groups(task.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
-    const Layout l = layout_for(spec, task, g.ctas_per_group, g.groups, c.cta_q, opt.planner.fixed_chunk);
+    const TaskInfo kt =
+        kernel_task(task, catalog::keys_kv_heads(spec, c.cta_q, c.hopper, task.num_qo_heads, task.num_kv_heads));
+    const auto g = detail::head_groups(kt.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
+    const Layout l = layout_for(spec, kt, g.ctas_per_group, g.groups, c.cta_q, opt.planner.fixed_chunk);
     r.shared.device_bytes = std::max(r.shared.device_bytes, l.scratch);
     r.shared.host_bytes = std::max(r.shared.host_bytes, l.staged);
     r.scratch = std::max(r.scratch, l.ideal_scratch_bytes);

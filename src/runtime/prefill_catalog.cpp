@@ -85,6 +85,9 @@ static void check_fa2_tile(const PrefillConfig& c, bool fp8) {
     // The producer copies whole rows per pass of its 128 threads and its
     // table pair holds the rows of two tiles (static shared memory).
     if (c.cta_kv % 32) fail("tile.cta_kv", "8-row tiles: expected a multiple of 32");
+    if (c.warps_kv % c.kv_heads || c.cta_kv % (16 * c.warps_kv / c.kv_heads))
+      fail("tile.warps_kv", "8-row tiles of " + std::to_string(c.kv_heads) + " KV heads: expected warps_kv a multiple "
+                            "of the heads and cta_kv a multiple of 16 x the warps of a head");
     if (c.smem_bytes > 227 * 1024)
       fail("tile", "needs " + std::to_string(c.smem_bytes) + " bytes of shared memory (at most 232448)");
     return;
@@ -135,9 +138,18 @@ void check_fp8_mma(const AttentionSpec& spec, bool hopper) {
                           "query tiles of 64 or 128 rows), not on the FA2 template");
 }
 
+int keys_kv_heads(const AttentionSpec& spec, int cta_q, bool hopper, int num_qo_heads, int num_kv_heads) {
+  const bool pairs = cta_q == 8 && !hopper && is_fp8(spec.kv_dtype) && spec.head_dim == 128 && spec.dims_equal() &&
+                     num_kv_heads % 2 == 0 && 2 * (num_qo_heads / num_kv_heads) <= 8;
+  return pairs ? 2 : 1;
+}
+
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile,
-                             bool fp8_mma) {
+                             bool fp8_mma, int kv_heads) {
   validate_spec(spec);
+  if (kv_heads != 1 && (kv_heads != 2 || cta_q != 8 || hopper || !is_fp8(spec.kv_dtype) || spec.head_dim != 128))
+    throw InvalidArgument("kv_heads: expected 1, or 2 for 8-row tiles of an fp8 cache at head dim 128, got " +
+                          std::to_string(kv_heads));
   if (fp8_mma) check_fp8_mma(spec, hopper);
   // fp8 caches (e4m3 / e5m2, 16-bit q): both templates stage the fp8 rows
   // and widen them to q's type in shared memory before the MMAs.
@@ -276,8 +288,10 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
   // (prefill_sm80/kernel_keys.cuh): of 128 keys for fp8 caches, which kept
   // the HBM busier than six of 64 keys or two of 128 or 192; of 64 for
   // 16-bit ones (the same bytes). Head dim 256: two 64-key stages.
-  if (cta_q == 8 && qk <= 128) c.cta_kv = fp8 ? 128 : 64;
+  // Two KV heads a CTA: stages of 64 keys (the same bytes), two math warps a head.
+  if (cta_q == 8 && qk <= 128) c.cta_kv = fp8 ? 128 / kv_heads : 64;
   c.stages = cta_q == 8 && qk <= 128 ? 3 : 2;
+  c.kv_heads = kv_heads;
   apply_tile(c, tile);
   c.threads = 32 * c.warps_q * c.warps_kv + (cta_q == 8 ? kFa2KeysProducerThreads : 0);
   if (fp8) c.kv_tiles = transforms_kv(spec.variant) ? Fa2KvTiles::kFp8Widened : Fa2KvTiles::kFp8;
@@ -288,7 +302,7 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, 
       vo <= 128)
     c.min_blocks = 4;
   // The kernel's own size (abi/shared_memory.cuh, PrefillShape::SMEM_BYTES).
-  c.smem_bytes = c.cta_q == 8 ? fa2_keys_smem_bytes(qk, c.cta_kv, c.warps_kv, c.stages, fp8 ? 1 : 2)
+  c.smem_bytes = c.cta_q == 8 ? fa2_keys_smem_bytes(qk, c.cta_kv, c.warps_kv, c.stages, fp8 ? 1 : 2, c.kv_heads)
                               : fa2_smem_bytes(qk, vo, c.cta_q, c.cta_kv, c.stages, c.kv_tiles);
   // 8-row tiles: two CTAs an SM of 256 threads leave the math its ~128
   // registers (a cap of 96 spilled).
@@ -312,6 +326,7 @@ static std::string prefill_name(const AttentionSpec& spec, const PrefillConfig& 
   if (!c.hopper) entry << "_w" << c.warps_q << "x" << c.warps_kv << "_s" << c.stages;
   if (c.kv_tiles == Fa2KvTiles::kFp8Widened) entry << "_wide";
   if (!c.hopper && c.min_blocks) entry << "_c" << c.min_blocks;
+  if (c.kv_heads > 1) entry << "_h" << c.kv_heads;
   if (c.fp8_mma) entry << "_f8mma";
   return entry.str();
 }
@@ -323,7 +338,8 @@ static std::string fa2_tail(const PrefillConfig& c) {
   std::ostringstream tail;
   tail << c.head_dim_vo << ", " << c.cta_q << ", " << c.cta_kv << ", " << c.warps_q << ", " << c.warps_kv << ", "
        << c.stages
-       << (c.kv_tiles == Fa2KvTiles::kFp8Widened ? ", true" : "");
+       << (c.kv_tiles == Fa2KvTiles::kFp8Widened ? ", true" : c.kv_heads > 1 ? ", false" : "");
+  if (c.kv_heads > 1) tail << ", " << c.kv_heads;
   return tail.str();
 }
 static AttentionSpec fa2_kernel_spec(const AttentionSpec& spec, const PrefillConfig& c) {
@@ -333,8 +349,8 @@ static AttentionSpec fa2_kernel_spec(const AttentionSpec& spec, const PrefillCon
 }
 
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper, int cluster, const PrefillTile& tile,
-                                bool fp8_mma) {
-  const PrefillConfig c = prefill_config(spec, cta_q, hopper, tile, fp8_mma);
+                                bool fp8_mma, int kv_heads) {
+  const PrefillConfig c = prefill_config(spec, cta_q, hopper, tile, fp8_mma, kv_heads);
   if (cluster != 1 && (!hopper || cluster != 2))
     throw InvalidArgument("cluster: expected 1, or 2 with the Hopper kernel, got " + std::to_string(cluster));
   if (cluster != 1 && fp8_mma)

@@ -563,10 +563,48 @@ TEST(Fp8Prefill, EightRowTiles) {
   kernels.push_back(catalog::batch_prefill(fp8_spec(DType::kFloat16, kE4M3, 128), 8));
   kernels.push_back(catalog::batch_prefill(causal, 8));
   kernels.push_back(catalog::batch_prefill(fp8_spec(DType::kFloat16, kE4M3, 256), 8));
+  kernels.push_back(catalog::batch_prefill(fp8_spec(DType::kFloat16, kE4M3, 128), 8, false, 1, {}, false, 2));
+  kernels.push_back(catalog::batch_prefill(causal, 8, false, 1, {}, false, 2));
   jit::KernelCache cache;
   for (const char* arch : {"sm_90a", "sm_80"}) {
     const jit::Arch a = jit::Arch::parse(arch);
     cache.precompile(kernels, a, 2);
     for (const auto& k : kernels) EXPECT_TRUE(is_elf(cache.cubin(k, a)->image)) << k.entry << " " << arch;
   }
+}
+
+// Two adjacent KV heads a CTA on 8-row tiles: fp8 caches at head dim 128
+// whose group fills half a tile or less and whose head count is even; the
+// same bytes a stage (64 keys of both heads), two math warps a head; the
+// workspace sized for the plan's halved head count covers the plan.
+TEST(Fp8Prefill, EightRowTilesOfTwoKvHeads) {
+  const AttentionSpec spec = fp8_spec(DType::kFloat16, kE4M3, 128);
+  EXPECT_EQ(catalog::keys_kv_heads(spec, 8, false, 32, 8), 2);   // group 4
+  EXPECT_EQ(catalog::keys_kv_heads(spec, 8, false, 32, 32), 2);  // MHA
+  EXPECT_EQ(catalog::keys_kv_heads(spec, 8, false, 12, 6), 2);
+  EXPECT_EQ(catalog::keys_kv_heads(spec, 8, false, 64, 8), 1);   // group 8 fills the tile alone
+  EXPECT_EQ(catalog::keys_kv_heads(spec, 8, false, 6, 3), 1);    // an odd head count
+  EXPECT_EQ(catalog::keys_kv_heads(spec, 16, false, 32, 8), 1);
+  EXPECT_EQ(catalog::keys_kv_heads(spec, 8, true, 32, 8), 1);
+  EXPECT_EQ(catalog::keys_kv_heads(fp8_spec(DType::kFloat16, kE4M3, 64), 8, false, 32, 8), 1);
+  EXPECT_EQ(catalog::keys_kv_heads(fp8_spec(DType::kFloat16, DType::kFloat16, 128), 8, false, 32, 8), 1);
+  const PrefillConfig one = catalog::prefill_config(spec, 8);
+  const PrefillConfig two = catalog::prefill_config(spec, 8, false, {}, false, 2);
+  EXPECT_EQ(two.kv_heads, 2);
+  EXPECT_EQ(two.cta_kv, 64);
+  EXPECT_EQ(two.smem_bytes, one.smem_bytes);  // the same bytes a stage
+  EXPECT_EQ(two.threads, one.threads);
+  const std::string entry = catalog::batch_prefill(spec, 8, false, 1, {}, false, 2).entry;
+  EXPECT_NE(entry.find("_kv64_"), std::string::npos) << entry;
+  EXPECT_NE(entry.find("_h2"), std::string::npos) << entry;
+  expect_refused([&] { catalog::prefill_config(fp8_spec(DType::kFloat16, DType::kFloat16, 128), 8, false, {}, false, 2); },
+                 "kv_heads");
+  expect_refused([&] { catalog::prefill_config(spec, 16, false, {}, false, 2); }, "kv_heads");
+  expect_refused([&] { catalog::prefill_config(spec, 8, false, PrefillTile{64, 0, 1, 0}, false, 2); }, "tile.warps_kv");
+  // Decode sizes its workspace for the tiles plan() picks (GQA 8 / 2: two heads a CTA).
+  DecodeOptions tc;
+  tc.use_tensor_cores = true;
+  const TaskInfo t{8, 2, 16, KVLayout::kNHD, 4, 64, 64};
+  const size_t paired = BatchDecode::workspace_size(spec, t, 132, tc).device_bytes;
+  EXPECT_GT(paired, 0u);
 }

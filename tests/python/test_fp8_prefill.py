@@ -307,6 +307,41 @@ def test_fp8_tensor_core_decode_groups(torch_cuda, rng, poison, group, head_dim)
     check(o, lse, ref_o, ref_lse, "float16")
 
 
+@pytest.mark.parametrize("kv_dtype", FP8)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("hkv, group, kv_heads", [(2, 4, 2), (6, 2, 2), (4, 1, 2), (3, 2, 1), (2, 8, 1)])
+def test_fp8_kv_head_pairs(torch_cuda, rng, poison, kv_dtype, layout, hkv, group, kv_heads):
+    """8-row tiles read two adjacent KV heads a CTA where both heads' query rows fill the tile (fp8, head dim
+    128, group <= 4, an even head count), else one: causal prefill (several queries a tile, so the heads' rows
+    and the query positions interleave along the tile) and decode over the same shuffled pages."""
+    torch = torch_cuda
+    head_dim, page_size, hq, dt = 128, 16, hkv * group, getattr(torch_cuda, kv_dtype)
+    q_lens, kv_lens = zip(*LENS)
+    table = make_table(rng, kv_lens, page_size)
+    page = (page_size, hkv) if layout == "NHD" else (hkv, page_size)
+    k, v = (fp8_values(torch, rng, (table[3],) + page + (head_dim,), kv_dtype) for _ in range(2))
+    kn, vn = to_np(k), to_np(v)
+    qo = indptr_of(q_lens)
+    q = uniform(torch, rng, (int(qo[-1]), hq, head_dim), torch.float16, -2.0, 2.0)
+    w = paged_wrapper(torch, layout, backend="fa2")
+    w._cta_q = 8
+    w.plan(qo, *table[:3], hq, hkv, head_dim, page_size, causal=True, q_data_type=torch.float16, kv_data_type=dt)
+    o, lse = w.run(q, (k, v), k_scale=KS, v_scale=VS, return_lse=True)
+    assert w._native.kv_heads_per_cta == kv_heads
+    ref_o, ref_lse = reference(q, qo, lambda i: gather_pages(kn, vn, layout, table, page_size, i), True, head_dim)
+    check(o, lse, ref_o, ref_lse, "float16")
+    o2, lse2 = w.run(q, (k, v), k_scale=KS, v_scale=VS, return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+    qd = uniform(torch, rng, (len(kv_lens), hq, head_dim), torch.float16, -2.0, 2.0)
+    d = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, use_tensor_cores=True)
+    d.plan(*table[:3], hq, hkv, head_dim, page_size, q_data_type=torch.float16, kv_data_type=dt)
+    od, lsed = d.run(qd, (k, v), k_scale=KS, v_scale=VS, return_lse=True)
+    ref_o, ref_lse = reference(qd, np.arange(len(kv_lens) + 1),
+                               lambda i: gather_pages(kn, vn, layout, table, page_size, i), False, head_dim)
+    check(od, lsed, ref_o, ref_lse, "float16")
+
+
 @pytest.mark.parametrize("q_dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kv_dtype", FP8)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])

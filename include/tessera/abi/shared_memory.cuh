@@ -68,8 +68,10 @@ constexpr int fa2_keys_scratch_bytes(int head_dim, int warps_kv) {
   const int most = q > merge ? q : merge;
   return most > move ? most : move;
 }
-constexpr int fa2_keys_smem_bytes(int head_dim, int cta_kv, int warps_kv, int stages, int kv_bytes) {
-  return fa2_keys_scratch_bytes(head_dim, warps_kv) + stages * cta_kv * 2 * head_dim * kv_bytes;
+// kv_heads: adjacent KV heads a CTA reads side by side (each stage holds
+// every head's K rows, then every head's V rows).
+constexpr int fa2_keys_smem_bytes(int head_dim, int cta_kv, int warps_kv, int stages, int kv_bytes, int kv_heads = 1) {
+  return fa2_keys_scratch_bytes(head_dim, warps_kv) + stages * kv_heads * cta_kv * 2 * head_dim * kv_bytes;
 }
 
 constexpr int fa2_smem_bytes(int head_dim_qk, int head_dim_vo, int cta_q, int cta_kv, int stages, Fa2KvTiles kv) {

@@ -248,6 +248,10 @@ class BatchPrefill {
     size_t scratch = 0, min_scratch = 0;
   };
   static SizeSet sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt);
+  // The task as the plan and the kernel see it: num_kv_heads / kv_heads KV
+  // heads (PrefillConfig::kv_heads: adjacent heads a CTA), each with
+  // kv_heads x group query heads.
+  static TaskInfo kernel_task(const TaskInfo& task, int kv_heads);
   char* scratch_base() const;
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,

@@ -31,6 +31,10 @@ struct PrefillConfig {
   Fa2KvTiles kv_tiles = Fa2KvTiles::k16Bit;
   int min_blocks = 0;  // FA2: __launch_bounds__'s CTAs per SM (a register cap; 0: none)
   bool fp8_mma = false;  // Hopper, fp8 caches: both GEMMs on fp8 tensor cores (PrefillOptions::fp8_mma)
+  // 8-row tiles: adjacent KV heads per CTA (keys_kv_heads), their rows side
+  // by side in each stage; the plan and the kernel's group see
+  // num_kv_heads / kv_heads heads of kv_heads x group query rows.
+  int kv_heads = 1;
 };
 
 // Tile override for experts (PrefillOptions::tile): each field 0 keeps the
@@ -55,8 +59,15 @@ int choose_cta_q(double avg_fused_q_len);
 // hopper: the sm_90a wgmma mainloop (warpgroups of 64 query rows); needs
 // hopper_supported(). tile: the caller's override (see PrefillTile).
 // fp8_mma: the Hopper kernel's fp8 tensor-core form (check_fp8_mma).
+// kv_heads: see PrefillConfig::kv_heads (from keys_kv_heads).
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper = false, const PrefillTile& tile = {},
-                             bool fp8_mma = false);
+                             bool fp8_mma = false, int kv_heads = 1);
+// KV heads per CTA for the 8-row tiles: 2 for fp8 caches at head dim 128
+// when two heads' query rows fill a tile (group <= 4, an even head count),
+// so a CTA reads 256 bytes of each token row where its head's rows are 128
+// bytes between the other heads' (NHD): the L2 then fetches whole 256-byte
+// blocks; else 1.
+int keys_kv_heads(const AttentionSpec& spec, int cta_q, bool hopper, int num_qo_heads, int num_kv_heads);
 // Whether the FA2 template's 8-row query tiles (keys as the mma's rows) take
 // this spec: an fp8 cache, equal head dims up to 256, a variant that leaves
 // K / V rows as stored and defines no LogitsMaskBits.
@@ -74,7 +85,7 @@ bool hopper_supported(const AttentionSpec& spec, int cta_q);
 int prefill_launch_vo(const AttentionSpec& spec);
 // cluster 2 (Hopper only): the CTA-pair kernel (prefill_sm90/kernel.cuh, CLUSTER).
 jit::KernelSource batch_prefill(const AttentionSpec& spec, int cta_q, bool hopper = false, int cluster = 1,
-                                const PrefillTile& tile = {}, bool fp8_mma = false);
+                                const PrefillTile& tile = {}, bool fp8_mma = false, int kv_heads = 1);
 // Two prefill kernels in one persistent launch (attention_pair_source): CTAs
 // walk the first plan's queue, then the second's. Configurations from
 // prefill_config on one template (both FA2, or both Hopper with as many

@@ -251,15 +251,17 @@ __device__ __forceinline__ void batch_prefill_rows(const Params& p) {
 // The kernel's entry: 8-row query tiles (CTA_Q 8, fp8 or 16-bit caches,
 // the keys as the mma's rows) run the warp-specialized form of
 // prefill_sm80/kernel_keys.cuh on WARPS_KV math warps and a producer
-// warpgroup.
+// warpgroup, for KV_HEADS adjacent KV heads a CTA.
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
-          int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, bool FP8_WIDEN = false, typename Params>
+          int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, bool FP8_WIDEN = false, int KV_HEADS = 1,
+          typename Params>
 __device__ __forceinline__ void batch_prefill(const Params& p) {
   if constexpr (CTA_Q == 8) {
     static_assert(HEAD_DIM_QK == HEAD_DIM_VO && WARPS_Q == 1 && !FP8_WIDEN, "8-row tiles: equal head dims, one warp "
                                                                             "along the rows, K / V rows as stored");
-    batch_prefill_keys<Variant, DQ, DKV, DO, HEAD_DIM_QK, CTA_KV, WARPS_KV, STAGES>(p);
+    batch_prefill_keys<Variant, DQ, DKV, DO, HEAD_DIM_QK, CTA_KV, WARPS_KV, STAGES, KV_HEADS>(p);
   } else {
+    static_assert(KV_HEADS == 1, "one KV head a CTA on 16-row and larger tiles");
     batch_prefill_rows<Variant, DQ, DKV, DO, HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES,
                        FP8_WIDEN>(p);
   }

@@ -18,6 +18,12 @@
 // t fly, producer thread r resolves row r of tile t + 1 (page / head / slot
 // arithmetic on the page id it loaded a tile before) into a shared table
 // the next tile's copies read.
+// KV_HEADS > 1: a CTA reads that many adjacent KV heads (the plan's head j
+// is heads KV_HEADS j ..), whose query rows side by side fill the 8-row
+// tile; each stage holds every head's K rows, then every head's V rows, and
+// each math warp takes one head (its keys of a tile; the other heads'
+// columns of S^T masked), so the producer copies a token's heads as one
+// row: with NHD pages, 256 contiguous bytes of fp8 at head dim 128.
 // The producer walks the work queue on its own, so the next item's tiles
 // land while the math warps end this one (KV-warp merge, state move,
 // epilogue) in a scratch of their own; they load each item's Q tile there.
@@ -40,13 +46,16 @@ constexpr int kKeysProducerThreads = kFa2KeysProducerThreads;  // abi/shared_mem
 // 16-byte chunk l % CH of rows l / CH + i * RPP: fp8 rows into
 // Fp8RowSwizzle stages, 16-bit ones into RowSwizzle stages (the layouts the
 // two keys-as-rows tiles read).
-template <int HEAD_DIM, int CTA_KV, typename DKV, int NT>
+template <int HEAD_DIM, int CTA_KV, typename DKV, int NT, int KV_HEADS>
 struct KeysTileProducer {
-  static constexpr int CH = HEAD_DIM * static_cast<int>(sizeof(DKV)) / 16, RPP = NT / CH, PASSES = CTA_KV / RPP;
+  // A copy row: one token's KV_HEADS head rows, CH1 chunks each.
+  static constexpr int CH1 = HEAD_DIM * static_cast<int>(sizeof(DKV)) / 16, CH = KV_HEADS * CH1;
+  static constexpr int RPP = NT / CH, PASSES = CTA_KV / RPP;
+  static constexpr u32 HEAD_TILE_BYTES = CTA_KV * HEAD_DIM * sizeof(DKV);  // one head's K (or V) rows of a stage
   static_assert(NT % CH == 0 && CTA_KV % RPP == 0, "whole rows per pass");
   const device::PagedKV& kv;
   i64* offs;  // [2][CTA_KV] element offsets of a tile's rows (-1: zero-fill), by tile parity
-  int page_base, kv_start, kv_end, head, shift, tid;  // tid: the thread's index in the producer
+  int page_base, kv_start, kv_end, head, shift, tid;  // head: the first of the CTA's; tid: the thread's index
 
   // A thread resolves rows tid + k * NT of a tile, in two steps: fetch
   // loads their page-table entries a tile ahead, publish turns them into
@@ -77,11 +86,15 @@ struct KeysTileProducer {
   // lines: another head's CTA reads the rest of such a block too late to
   // find it in L2, so the block would be read twice.
   __device__ __forceinline__ void copy(int tile, u32 k_dst, u32 v_dst) const {
-    const int ch = tid % CH, row0 = tid / CH;
-    const bool whole_blocks = CH >= 16 || (kv.token_stride == HEAD_DIM && (kv.indices == nullptr || kv.page_size > 1));
+    const int ch = tid % CH, sub = ch / CH1, c1 = ch % CH1, row0 = tid / CH;
+    const int run = (KV_HEADS > 1 && kv.head_stride == HEAD_DIM ? KV_HEADS : 1) * CH1;  // contiguous chunks a token
+    const bool whole_blocks = run >= 16 || (kv.token_stride == HEAD_DIM && (kv.indices == nullptr || kv.page_size > 1));
     const i64* mine = offs + (tile & 1) * CTA_KV;
-    const char* k_chunk = static_cast<const char*>(kv.k) + ch * 16;
-    const char* v_chunk = static_cast<const char*>(kv.v) + ch * 16;
+    const i64 sub_bytes = sub * kv.head_stride * static_cast<i64>(sizeof(DKV)) + c1 * 16;
+    const char* k_chunk = static_cast<const char*>(kv.k) + sub_bytes;
+    const char* v_chunk = static_cast<const char*>(kv.v) + sub_bytes;
+    k_dst += sub * HEAD_TILE_BYTES;
+    v_dst += sub * HEAD_TILE_BYTES;
 #pragma unroll
     for (int i = 0; i < PASSES; ++i) {
       const int row = row0 + i * RPP;
@@ -89,9 +102,9 @@ struct KeysTileProducer {
       const i64 bytes = off * static_cast<i64>(sizeof(DKV));
       u32 dst;
       if constexpr (is_fp8<DKV>)
-        dst = static_cast<u32>(Fp8RowSwizzle<HEAD_DIM>::at(row, ch));
+        dst = static_cast<u32>(Fp8RowSwizzle<HEAD_DIM>::at(row, c1));
       else
-        dst = static_cast<u32>(RowSwizzle<HEAD_DIM, CTA_KV>::at(row, ch)) * 2u;
+        dst = static_cast<u32>(RowSwizzle<HEAD_DIM, CTA_KV>::at(row, c1)) * 2u;
       if (whole_blocks) {
         cp_async_16_or_zeros<true>(k_dst + dst, k_chunk + bytes, off >= 0);
         cp_async_16_or_zeros<true>(v_dst + dst, v_chunk + bytes, off >= 0);
@@ -151,23 +164,29 @@ __device__ __forceinline__ void merge_keys_warps(KeysAsRowsState<HEAD_DIM>& ks, 
 }
 
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_KV, int WARPS_KV,
-          int STAGES, typename Params>
+          int STAGES, int KV_HEADS, typename Params>
 __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
   constexpr int CTA_Q = 8;
   constexpr bool kFp8 = is_fp8<DKV>;
-  using Shape =
-      PrefillShape<HEAD_DIM, HEAD_DIM, CTA_Q, CTA_KV, 1, WARPS_KV, STAGES, kFp8 ? Fa2KvTiles::kFp8 : Fa2KvTiles::k16Bit>;
-  using Producer = KeysTileProducer<HEAD_DIM, CTA_KV, DKV, kKeysProducerThreads>;
+  constexpr Fa2KvTiles kTiles = kFp8 ? Fa2KvTiles::kFp8 : Fa2KvTiles::k16Bit;
+  // Shape: the CTA's math warps; HeadShape: the warps of one head (their keys a warp).
+  using Shape = PrefillShape<HEAD_DIM, HEAD_DIM, CTA_Q, CTA_KV, 1, WARPS_KV, STAGES, kTiles>;
+  constexpr int HEAD_WARPS = WARPS_KV / KV_HEADS;
+  static_assert(WARPS_KV % KV_HEADS == 0 && (KV_HEADS == 1 || kFp8), "whole warps a head; two heads: fp8 caches");
+  using HeadShape = PrefillShape<HEAD_DIM, HEAD_DIM, CTA_Q, CTA_KV, 1, HEAD_WARPS, STAGES, kTiles>;
+  using Producer = KeysTileProducer<HEAD_DIM, CTA_KV, DKV, kKeysProducerThreads, KV_HEADS>;
   using Traits = VariantTraits<Variant, Params>;
   using T16 = typename Fp8Operand<DQ, DKV>::type;
   constexpr int MATH_THREADS = Shape::THREADS;
   constexpr int SCRATCH = fa2_keys_scratch_bytes(HEAD_DIM, WARPS_KV);
-  constexpr int KV_BYTES = static_cast<int>(sizeof(DKV)), STAGE_BYTES = Shape::STAGE_ELEMS * KV_BYTES;
+  constexpr int KV_BYTES = static_cast<int>(sizeof(DKV)), STAGE_BYTES = KV_HEADS * Shape::STAGE_ELEMS * KV_BYTES;
+  constexpr int K_BYTES = KV_HEADS * Shape::K_ELEMS * KV_BYTES;  // a stage's K rows (V's follow)
   static_assert(sizeof(DQ) == 2 && (kFp8 || sizeof(DKV) == 2) && (sizeof(DO) == 2 || sizeof(DO) == 4),
                 "8-row tiles: 16-bit q, an fp8 or 16-bit cache, 16- or 32-bit o");
   static_assert(!(Traits::key_transform || Traits::value_transform), "8-row tiles read K / V rows as stored");
   static_assert(STAGES >= 2 && SCRATCH % 16 == 0, "a ring of at least two stages; 16-byte aligned stages");
-  static_assert(SCRATCH + STAGES * STAGE_BYTES == fa2_keys_smem_bytes(HEAD_DIM, CTA_KV, WARPS_KV, STAGES, KV_BYTES),
+  static_assert(SCRATCH + STAGES * STAGE_BYTES ==
+                    fa2_keys_smem_bytes(HEAD_DIM, CTA_KV, WARPS_KV, STAGES, KV_BYTES, KV_HEADS),
                 "the host sizes the launch with the same function");
   // [scratch: the Q tile, then the KV-warp merge and the state move][STAGES K / V stages]
   extern __shared__ uint4 smem_raw[];
@@ -201,7 +220,7 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
     for (int wi = queue.begin; wi < queue.end; ++wi) {
       const PrefillWorkItem w = queue.take(wi);
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
-      Producer prod{p.kv, s_row_offs, w.kv_begin, w.kv_start, w.kv_end, item_kv_head(p, w), p.page_shift,
+      Producer prod{p.kv, s_row_offs, w.kv_begin, w.kv_start, w.kv_end, item_kv_head(p, w) * KV_HEADS, p.page_shift,
                     static_cast<int>(threadIdx.x) - MATH_THREADS};
       // The table's rows of tile 0 may be read by the previous item's last
       // copies until the barrier that ended them.
@@ -214,7 +233,7 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
         const int s = static_cast<int>(ring % STAGES);
         mbarrier_wait(empty(s), ((ring / STAGES) & 1) ^ 1);  // a fresh barrier grants the first round
         const u32 k_dst = stage_addr + s * STAGE_BYTES;
-        prod.copy(t, k_dst, k_dst + Shape::K_ELEMS * KV_BYTES);
+        prod.copy(t, k_dst, k_dst + K_BYTES);
         cp_async_arrive_noinc(full(s));
         // Tile t + 1's entries were loaded a tile ago; tile t + 2's load
         // now, in flight behind the copies and the next stage's wait.
@@ -260,6 +279,18 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
       // mask even past the valid rows (zero-filled Q rows: finite logits,
       // never stored).
       const RowInfo<1> key_rows = keys_as_rows_rows(row0, p.group, kv_head, qo_len);
+      // This warp's head of the CTA's and its keys of a tile; `own`: which
+      // of its columns 2c, 2c + 1 (fused rows) are that head's query rows.
+      const int head_sub = warp / HEAD_WARPS, wk = warp % HEAD_WARPS, warp_kv_head = kv_head * KV_HEADS + head_sub;
+      unsigned own = 3u;
+      if constexpr (KV_HEADS > 1) {
+        const int head_group = p.group / KV_HEADS;
+        own = 0u;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          if ((row0 + 2 * (lane % 4) + r) % p.group / head_group == head_sub) own |= 1u << r;
+      }
+      const u32 head_tile = head_sub * (Shape::K_ELEMS * KV_BYTES);
       const int causal_shift = kv_len - qo_len, min_qo = row0 / p.group, max_qo = (row0 + CTA_Q - 1) / p.group;
       for (int t = 0; t < n_tiles; ++t, ++ring) {
         const int s = static_cast<int>(ring % STAGES);
@@ -267,15 +298,15 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
         const bool masked = tile_needs_mask<Variant, Params>(tile_start, tile_start + CTA_KV - 1, w.kv_end, true,
                                                              min_qo, max_qo, causal_shift);
         mbarrier_wait(full(s), (ring / STAGES) & 1);
-        const u32 k_addr = stage_addr + s * STAGE_BYTES;
+        const u32 k_addr = stage_addr + s * STAGE_BYTES + head_tile, v_addr = k_addr + K_BYTES;
         if constexpr (kFp8)
-          keys_as_rows_tile_fp8<Variant, Shape, T16, DKV, HEAD_DIM>(p, variant, keys, key_rows, k_addr,
-                                                                    k_addr + Shape::K_ELEMS, tile_start, w.kv_end, b,
-                                                                    kv_head, warp, masked, causal_shift, run.sm_scale);
+          keys_as_rows_tile_fp8<Variant, HeadShape, T16, DKV, HEAD_DIM>(p, variant, keys, key_rows, k_addr, v_addr,
+                                                                        tile_start, w.kv_end, b, warp_kv_head, wk,
+                                                                        masked, causal_shift, run.sm_scale, own);
         else
-          keys_as_rows_tile_16<Variant, Shape, T16, HEAD_DIM>(p, variant, keys, key_rows, k_addr,
-                                                              k_addr + Shape::K_ELEMS * 2, tile_start, w.kv_end, b,
-                                                              kv_head, warp, masked, causal_shift, run.sm_scale);
+          keys_as_rows_tile_16<Variant, HeadShape, T16, HEAD_DIM>(p, variant, keys, key_rows, k_addr, v_addr,
+                                                                  tile_start, w.kv_end, b, warp_kv_head, wk, masked,
+                                                                  causal_shift, run.sm_scale);
         mbarrier_arrive(empty(s));
       }
       if constexpr (WARPS_KV > 1) merge_keys_warps<Variant, HEAD_DIM, WARPS_KV>(keys, scratch, warp, MATH_THREADS);

@@ -96,11 +96,14 @@ __device__ __forceinline__ RowInfo<1> keys_as_rows_rows(int row0, int group, int
 
 // Variant logits, mask and the online-softmax update of one tile's S^T: MK
 // 16-key m-tiles of C fragments, element (mk, e) key key0 + 16 mk + g + 8 (e
-// / 2) of row 2c + e % 2. Leaves P^T in s and O^T rescaled.
+// / 2) of row 2c + e % 2. Leaves P^T in s and O^T rescaled. own: bit r set
+// where row 2c + r belongs to kv_head (a CTA of several KV heads gives each
+// warp one head's K: the other rows get no weight).
 template <typename Variant, int MK, int HEAD_DIM, typename Params>
 __device__ __forceinline__ void keys_softmax(const Params& p, const Variant& variant, KeysAsRowsState<HEAD_DIM>& st,
                                              const RowInfo<1>& rows, float (&s)[MK][4], int key0, int kv_end, int b,
-                                             int kv_head, bool masked, int causal_shift, float sm_scale) {
+                                             int kv_head, bool masked, int causal_shift, float sm_scale,
+                                             unsigned own = 3u) {
   using Traits = VariantTraits<Variant, Params>;
   const int g = (threadIdx.x % 32) / 4;
   constexpr bool kPlain = Variant::use_softmax && !Traits::logits_transform;
@@ -131,6 +134,13 @@ __device__ __forceinline__ void keys_softmax(const Params& p, const Variant& var
           keep = keep && variant.LogitsMask(p, b, rows.qo_idx[0][r], pos, rows.head[0][r], kv_head);
         if (!keep) s[mk][e] = Variant::use_softmax ? neg_inf() : 0.f;
       }
+  }
+  if (own != 3u) {
+#pragma unroll
+    for (int mk = 0; mk < MK; ++mk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!((own >> (e & 1)) & 1u)) s[mk][e] = Variant::use_softmax ? neg_inf() : 0.f;
   }
   if constexpr (Variant::use_softmax) {
     float scale[2];
@@ -186,13 +196,14 @@ struct PTransposed {
 
 // One KV tile: S^T = K Q^T, variant logits / mask, online softmax (run-time
 // scale sm_scale, k_scale folded in), O^T += V^T P^T. k_stage / v_stage:
-// this tile's fp8 stages; warp wk takes keys wk * KV_PER_WARP ...
+// this tile's fp8 stages (kv_head's rows); warp wk takes keys wk *
+// KV_PER_WARP ...; own as keys_softmax's.
 template <typename Variant, typename Shape, typename T, typename DKV, int HEAD_DIM, typename Params>
 __device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Variant& variant,
                                                       KeysAsRowsState<HEAD_DIM>& st, const RowInfo<1>& rows,
                                                       u32 k_stage, u32 v_stage, int tile_start, int kv_end, int b,
                                                       int kv_head, int wk, bool masked, int causal_shift,
-                                                      float sm_scale) {
+                                                      float sm_scale, unsigned own = 3u) {
   constexpr int MK = Shape::KV_PER_WARP / 16;  // 16-key m-tiles of S^T per warp
   using Sw = Fp8RowSwizzle<HEAD_DIM>;
   using Traits = VariantTraits<Variant, Params>;
@@ -214,7 +225,7 @@ __device__ __forceinline__ void keys_as_rows_tile_fp8(const Params& p, const Var
   }
 
   keys_softmax<Variant, MK>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP, kv_end, b, kv_head, masked,
-                            causal_shift, sm_scale);
+                            causal_shift, sm_scale, own);
 
   // O^T += V^T P^T, one 16-key k-step per S^T m-tile.
   const int v_row0 = wk * Shape::KV_PER_WARP + 2 * c;  // keys 2c, 2c + 1, 2c + 8, 2c + 9 of each 16
