@@ -29,7 +29,9 @@ Modes:
                  rounds from CUDA graphs over rotating cache copies; fp8 /
                  fp16 time ratios (paired by round) and TB/s counting the
                  fp8 bytes read, as a fraction of the HBM read ceiling;
-                 results: decode-fp8.json
+                 with FlashInfer installed, its fp16 default and its fp8
+                 paths (CUDA cores, tensor cores) beside them, every call
+                 with programmatic dependent launch; results: decode-fp8.json
 --save-as NAME writes bench/results/NAME.json instead (the grid's --quick run: decode-quick).
 
 Usage: python bench/decode.py [--quick] [--no-flex] [--plan-only]
@@ -384,6 +386,7 @@ def fp8_rows(args, workloads):
     read_tbps, copy_tbps = common.hbm_ceilings()
     ceiling = max(read_tbps, common.read_probe_best())
     e4m3 = torch.float8_e4m3fn
+    fi = common.flashinfer()
     print(f"# {common.device_name()}: HBM read ceiling {ceiling:.2f} TB/s; {args.layout}, page 16, d {D}, fp16 q / o; "
           f"us (TB/s of the "
           f"bytes each step reads, fp8 counted as 1 byte); ratios: median over rounds of fp8 / fp16 time")
@@ -398,6 +401,8 @@ def fp8_rows(args, workloads):
         # "tc16": the FA2 template's 16-row tiles.
         configs = {"fp16-cc": (DTYPE, "cc"), "fp16": (DTYPE, "pick"), "fp8-cc": (e4m3, "cc"), "fp8-tc64": (e4m3, "tc64"),
                    "fp8-tc16": (e4m3, "tc16"), "fp8": (e4m3, "pick")}
+        if fi is not None:  # FlashInfer's fp16 default and its fp8 paths (CUDA cores, tensor cores)
+            configs.update({"fi-fp16": (DTYPE, "fi"), "fi-fp8": (e4m3, "fi"), "fi-fp8-tc": (e4m3, "fi-tc")})
         caches = {}
         as_layout = (lambda x: x.transpose(1, 2).contiguous()) if args.layout == "HND" else (lambda x: x)
         as_nhd = (lambda x: x.transpose(1, 2)) if args.layout == "HND" else (lambda x: x)  # spot_check's order
@@ -408,14 +413,16 @@ def fp8_rows(args, workloads):
                 for _ in range(n - 1)]
         fns, errs, nbytes, keep = {}, {}, {}, []
         for name, (kv_dtype, kernel) in configs.items():
-            w = tessera.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), args.layout,
-                                                           use_tensor_cores=kernel in ("tc64", "tc16"))
-            w._cuda_cores = kernel == "cc"
-            w._tc_cta_q = {"tc64": 64, "tc16": 16}.get(kernel, 0)
+            lib = fi if kernel.startswith("fi") else tessera
+            w = lib.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(256 << 20), args.layout,
+                                                       use_tensor_cores=kernel in ("tc64", "tc16", "fi-tc"))
+            if lib is tessera:
+                w._cuda_cores = kernel == "cc"
+                w._tc_cta_q = {"tc64": 64, "tc16": 16}.get(kernel, 0)
             w.plan(indptr, indices, last, hq, hkv, D, 16, q_data_type=DTYPE, kv_data_type=kv_dtype)
             out = torch.full_like(q, float("nan"))
             kv0 = caches[kv_dtype][0]
-            w.run(q, kv0, out=out)
+            w.run(q, kv0, out=out, enable_pdl=True)
             torch.cuda.synchronize()
             fp8 = kv_dtype == e4m3
             errs[name] = spot_check(lens, q, out, *(as_nhd(x.view(torch.uint8) if fp8 else x) for x in kv0), indptr,
@@ -424,7 +431,7 @@ def fp8_rows(args, workloads):
             if not errs[name] < 1e-3:
                 raise SystemExit(f"{name}: error {errs[name]:.2e} on {hq}/{hkv} {dist} x {b}")
             nbytes[name] = needed_bytes(lens, hq, hkv, 1 if fp8 else 2)
-            calls = [lambda kv=kv, w=w, o=out: w.run(q, kv, out=o) for kv in caches[kv_dtype]]
+            calls = [lambda kv=kv, w=w, o=out: w.run(q, kv, out=o, enable_pdl=True) for kv in caches[kv_dtype]]
             fns[name] = lambda calls=calls: common.bench_graph_ms(calls)
             keep.append(w)
         times = common.interleaved(fns, args.rounds, timer=lambda f: f())
@@ -432,13 +439,17 @@ def fp8_rows(args, workloads):
         tbps = {n: nbytes[n] / (us[n] * 1e-6) / 1e12 for n in us}
         ratio = {f"{n}/{base}": common.paired_ratio(times, n, base) for n in configs if n.startswith("fp8")
                  for base in ("fp16-cc", "fp16")}
+        if fi is not None:  # FlashInfer's time over ours (> 1: Tessera faster)
+            ratio.update({f"{n}/{mine}": common.paired_ratio(times, n, mine)
+                          for n, mine in (("fi-fp16", "fp16"), ("fi-fp8", "fp8"), ("fi-fp8-tc", "fp8"))})
         rows.append(dict(hq=hq, hkv=hkv, lengths=dist, batch=b, us=us, tbps=tbps,
                          frac_ceiling={n: t / ceiling for n, t in tbps.items()}, ratios=ratio, check_err=errs,
                          rounds_ms=times))
         cells = " | ".join(f"{n} {us[n]:7.1f} ({tbps[n]:4.2f}, {tbps[n] / ceiling:4.0%})" for n in configs)
         print(f"{hq:>3}/{hkv:<2} {dist:>11} {b:>4} | {cells} | fp8-cc/fp16-cc {ratio['fp8-cc/fp16-cc']:.3f}, "
               f"fp8-tc64/fp16 {ratio['fp8-tc64/fp16']:.3f}, fp8-tc16/fp16 {ratio['fp8-tc16/fp16']:.3f}, "
-              f"fp8/fp16 {ratio['fp8/fp16']:.3f}", flush=True)
+              f"fp8/fp16 {ratio['fp8/fp16']:.3f}" + ("".join(f", {n} {ratio[n]:.3f}" for n in ratio if n.startswith("fi-"))),
+              flush=True)
         del keep, caches, fns, k, v
         torch.cuda.empty_cache()
     return common.save_results(args.save_as or "decode-fp8", dict(read_ceiling_tbps=ceiling, copy_tbps=copy_tbps,

@@ -101,15 +101,22 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const TaskInfo& ta
   p.planner = opt.planner;
   p.max_sms = opt.max_sms;
   p.group_heads = false;  // plan() runs every step: one plan for every head keeps it short
-  p.cta_q = opt.tc_cta_q;  // 0: the prefill heuristic's (64 rows on sm_90, which runs the Hopper kernel)
-  // fp8 caches: the FA2 template, which widens K / V in registers (the
-  // Hopper kernel's producer widens them through a 16-bit copy in shared
-  // memory: H100, GQA 32/8 128 x 4096, 418 vs 481 us); a group of at most 8
-  // heads on 8-row tiles, with the keys as the mma's rows (half the mma's
-  // of a 16-row tile), else 16-row tiles.
+  p.cta_q = opt.tc_cta_q;
+  // A group of at most 8 heads runs on 8-row tiles with the keys as the
+  // mma's rows (the FA2 template's warp-specialized form): a quarter of the
+  // Hopper kernel's 64-row padding for a 4-head group, so pages the
+  // requests share, read from L2, cost less math (H100, 64 requests sharing
+  // 8,192 tokens: 313 vs 377 us), and unshared pages stream as fast (decode
+  // grid 0.996-1.09x the Hopper tile). fp8 caches take the FA2 template at
+  // any group (it widens K / V in registers; the Hopper kernel's producer
+  // widens them through a 16-bit copy in shared memory: GQA 32/8 128 x 4096,
+  // 418 vs 481 us), on 16-row tiles past 8 heads. Otherwise 0: the prefill
+  // heuristic's (64 rows on sm_90, the Hopper kernel).
   const bool fp8_fa2 = p.cta_q == 0 && is_fp8(spec.kv_dtype);
-  if (fp8_fa2)
-    p.cta_q = task.num_qo_heads / task.num_kv_heads <= 8 && catalog::keys_as_rows_supported(spec) ? 8 : 16;
+  if (p.cta_q == 0 && task.num_qo_heads / task.num_kv_heads <= 8 && catalog::keys_as_rows_supported(spec))
+    p.cta_q = 8;
+  else if (fp8_fa2)
+    p.cta_q = 16;
   // Short decode steps stay unsplit (PlannerOptions::unsplit_max_kv; measured
   // on the Hopper kernel: the CUDA-core kernel gained from splitting at every
   // batch-16 length, bench/results/decode-short-steps-*). fp8's FA2 tiles

@@ -128,17 +128,18 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
     EXPECT_THROW_MSG(BatchPrefill({}, task(), f.ws, pairs), InvalidArgument, "cluster");
   }
 
-  // The prefill wrapper's sections with one query per request, one plan per
-  // KV head (decode's plan() runs every step: no head groups).
+  // The prefill wrapper's sections with one query per request on decode's
+  // 8-row tiles (a group of 4 heads), one plan per KV head (decode's plan()
+  // runs every step: no head groups).
   const AttentionSpec spec{variants::standard(), DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, 128};
   TaskInfo t{32, 8, 16, KVLayout::kHND, 64, 4096};
   TaskInfo as_prefill = t;
   as_prefill.max_total_q = 64;
   const auto tc = BatchDecode::workspace_size(spec, t, 132, tensor_cores());
-  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132);
+  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.cta_q = 8});
   // Grouped heads (8 heads, 132 SMs: 4 groups of 2) plan twice the requests.
-  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.group_heads = true}).host_bytes,
-            pre.host_bytes);
+  const PrefillOptions grouped{.cta_q = 8, .group_heads = true};
+  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132, grouped).host_bytes, pre.host_bytes);
   EXPECT_EQ(tc.device_bytes, pre.device_bytes);
   EXPECT_EQ(tc.host_bytes, pre.host_bytes);
   EXPECT_GT(tc.device_bytes, 0u);

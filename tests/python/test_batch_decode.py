@@ -468,13 +468,13 @@ def test_workspace_size_query():
 
 
 def test_workspace_size_query_tensor_cores():
-    """use_tensor_cores sizes the prefill wrapper's sections: max_total_q = max_batch."""
+    """use_tensor_cores sizes the prefill wrapper's sections: max_total_q = max_batch, 8-row tiles (4-head groups)."""
     def size(batch, pages, **kw):
         return _C.BatchDecode.workspace_size("bfloat16", "bfloat16", "bfloat16", 128, 32, 8, 16, "HND", batch, pages,
                                              num_sms=132, use_tensor_cores=True, **kw)
 
     prefill = _C.BatchPrefill.workspace_size("bfloat16", "bfloat16", "bfloat16", 128, 32, 8, 16, "HND", False, 64, 64,
-                                             4096, num_sms=132)
+                                             4096, num_sms=132, cta_q=8)
     assert size(64, 4096) == prefill
     assert size(256, 4096)[0] > size(64, 4096)[0]
     assert size(64, 4096, max_sms=16)[0] < size(64, 4096)[0]

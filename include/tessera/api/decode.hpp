@@ -23,12 +23,15 @@
 // where they were faster at every measured batch, length and group size; the
 // CUDA cores otherwise), true asks for the tensor cores. cuda_cores, or any
 // CUDA-core tuning option, asks for the CUDA-core kernel. The contract
-// (bounds, graph capture, errors) is the same on both paths. An fp8 KV cache
-// (kv_dtype float8_e4m3fn / float8_e5m2) runs on the tensor cores on sm_90
-// and with use_tensor_cores (16-row tiles of the FA2 template, which widen K
-// / V fragments in registers; tc_cta_q 64 runs the Hopper kernel), else on
-// the CUDA-core kernel, which widens it in registers too; scale tensors
-// (RunOptions) work on either.
+// (bounds, graph capture, errors) is the same on both paths. On the tensor
+// cores a group of at most 8 heads runs on 8-row tiles of the FA2 template
+// (the keys as the mma's rows) where the variant leaves K / V rows as
+// stored, else on the Hopper kernel (sm_90) or the FA2 template's 16-row
+// tiles. An fp8 KV cache (kv_dtype float8_e4m3fn / float8_e5m2) runs on the
+// tensor cores on sm_90 and with use_tensor_cores (the FA2 template, which
+// widens K / V fragments in registers; tc_cta_q 64 runs the Hopper kernel),
+// else on the CUDA-core kernel, which widens it in registers too; scale
+// tensors (RunOptions) work on either.
 // Head dim 512 (and unequal head dims) runs on the tensor-core path whatever
 // use_tensor_cores says: a warp of the CUDA-core kernel holds a row of at
 // most 256 16-bit features. What only the CUDA-core kernel does (fp8 caches,
@@ -69,11 +72,12 @@ struct DecodeOptions {
   // non-zero ctas_per_sm, tile, stages or heads_per_thread; excludes
   // use_tensor_cores).
   bool cuda_cores = false;
-  // On the tensor cores: the prefill kernel's query tile (0: its heuristic;
-  // for fp8 caches 8 rows, the keys as the mma's rows, where the group has
-  // at most 8 heads, else 16; else 8 (fp8 caches, or 16-bit ones of q's
-  // dtype), 16, 32, 64 or 128 fused rows, 64 / 128 run the Hopper kernel on
-  // sm_90).
+  // On the tensor cores: the prefill kernel's query tile (0: 8 rows, the
+  // keys as the mma's rows, where the group has at most 8 heads and the
+  // variant leaves K / V rows as stored; else 16 for fp8 caches and the
+  // prefill heuristic's for 16-bit ones: 64 on sm_90; else 8 (fp8 caches,
+  // or 16-bit ones of q's dtype), 16, 32, 64 or 128 fused rows, 64 / 128
+  // run the Hopper kernel on sm_90).
   int tc_cta_q = 0;
   // Automatic shared prefixes (api/shared_prefix.hpp): plan() from host page
   // ids splits every step into a unique level on this wrapper's kernel and a

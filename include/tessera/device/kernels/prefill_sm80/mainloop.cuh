@@ -27,7 +27,6 @@ namespace tessera {
 template <int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q, int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES,
           Fa2KvTiles KV = Fa2KvTiles::k16Bit>
 struct PrefillShape {
-  static constexpr int Q_ROWS = CTA_Q, KV_ROWS = CTA_KV, Q_WARPS = WARPS_Q, KV_WARPS = WARPS_KV;
   static constexpr int THREADS = 32 * WARPS_Q * WARPS_KV;  // the math warps (8-row tiles add a producer warpgroup)
   // 8-row tiles (fp8 or 16-bit caches) put the keys on the mma's rows
   // (mainloop_keys.cuh); their epilogue takes one 16-row m-tile's layout.
