@@ -103,11 +103,11 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const TaskInfo& ta
   p.group_heads = false;  // plan() runs every step: one plan for every head keeps it short
   p.cta_q = opt.tc_cta_q;
   // A group of at most 8 heads runs on 8-row tiles with the keys as the
-  // mma's rows (the FA2 template's warp-specialized form): a quarter of the
-  // Hopper kernel's 64-row padding for a 4-head group, so pages the
-  // requests share, read from L2, cost less math (H100, 64 requests sharing
-  // 8,192 tokens: 313 vs 377 us), and unshared pages stream as fast (decode
-  // grid 0.996-1.09x the Hopper tile). fp8 caches take the FA2 template at
+  // mma's rows (the FA2 template's warp-specialized form): 2x padding of a
+  // 4-head group where the Hopper kernel's 64-row tile has 16x, and as fast
+  // on long steps (H100 decode grid: 0.99-1.07x the Hopper tile's speed,
+  // short and uneven steps gaining most), with an eighth of its partial
+  // states in the workspace. fp8 caches take the FA2 template at
   // any group (it widens K / V in registers; the Hopper kernel's producer
   // widens them through a 16-bit copy in shared memory: GQA 32/8 128 x 4096,
   // 418 vs 481 us), on 16-row tiles past 8 heads. Otherwise 0: the prefill

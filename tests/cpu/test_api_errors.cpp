@@ -136,12 +136,13 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   TaskInfo as_prefill = t;
   as_prefill.max_total_q = 64;
   const auto tc = BatchDecode::workspace_size(spec, t, 132, tensor_cores());
-  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.cta_q = 8});
+  const auto rows8 = BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.cta_q = 8});
+  EXPECT_EQ(tc.device_bytes, rows8.device_bytes);
+  EXPECT_EQ(tc.host_bytes, rows8.host_bytes);
+  const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132);
   // Grouped heads (8 heads, 132 SMs: 4 groups of 2) plan twice the requests.
-  const PrefillOptions grouped{.cta_q = 8, .group_heads = true};
-  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132, grouped).host_bytes, pre.host_bytes);
-  EXPECT_EQ(tc.device_bytes, pre.device_bytes);
-  EXPECT_EQ(tc.host_bytes, pre.host_bytes);
+  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.group_heads = true}).host_bytes,
+            pre.host_bytes);
   EXPECT_GT(tc.device_bytes, 0u);
   // Fixed chunks: TaskInfo::max_fixed_chunks, when given, sizes the pieces
   // (work items and partial states) instead of the one-tile-per-request bound.
