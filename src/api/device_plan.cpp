@@ -96,13 +96,12 @@ void BatchPrefill::plan_on_device(Source src, const DeviceBatch& b, int64_t max_
   detail::take_device_batch(device_, b, task_.max_batch, task_.max_pages, !one_query, paged, ws_->device());
   cuda::DeviceGuard guard(ws_->device());
   if (!kernel_) configure(src, task_.max_batch, max_q, paged ? task_.max_pages : 1, stream);
-  const int kernel_heads = task_.num_kv_heads / config_.kv_heads;  // adjacent KV heads a CTA (config_.kv_heads)
-  if (head_groups_ != kernel_heads)
+  if (head_groups_ != kernel_heads())
     throw InvalidArgument("group_heads: planning on the GPU plans every KV head alike; expected group_heads false");
   int plan_cta_q = 0, plan_ctas = 0;
   int64_t slot_cap = 0, split_cap = 0;
   const PlannerOptions popt = planner_options(plan_cta_q, plan_ctas, slot_cap, split_cap);
-  const int group = task_.num_qo_heads / kernel_heads;
+  const int group = kernel_group();
   DevicePlanParams p = device_plan_config(popt, plan_ctas, static_cast<double>(plan_cta_q));
   p.max_batch = static_cast<int>(task_.max_batch);
   p.max_pages = static_cast<int>(paged ? std::min<int64_t>(task_.max_pages, INT32_MAX) : max_kv_tokens);

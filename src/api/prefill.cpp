@@ -216,14 +216,13 @@ void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t
   config_ = catalog::prefill_config(spec_, cta_q, hopper, opt_.tile, opt_.fp8_mma,
                                     catalog::keys_kv_heads(spec_, cta_q, hopper, task_.num_qo_heads, task_.num_kv_heads));
   config_.cluster = choose_cluster(src);
-  const int kernel_heads = task_.num_kv_heads / config_.kv_heads;
   for (;;) {  // once, or twice if the CTA pairs do not fit
     source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile, opt_.fp8_mma,
                                      config_.kv_heads);
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
-                                            config_.ctas_per_sm, kernel_heads, opt_.max_sms, "BatchPrefill::plan");
+                                            config_.ctas_per_sm, kernel_heads(), opt_.max_sms, "BatchPrefill::plan");
     kernel_ = pk.kernel;
-    const auto g = detail::head_groups(kernel_heads, opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
+    const auto g = detail::head_groups(kernel_heads(), opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
                                        pk.ctas_per_sm, opt_.max_sms);
     ctas_per_group_ = g.ctas_per_group;
     head_groups_ = g.groups;
@@ -306,9 +305,7 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
     throw InvalidArgument("kv_indices: " + str(kv_indices.count) + " pages exceed the workspace bound max_pages=" +
                           str(task_.max_pages));
 
-  // The kernel's heads (config_.kv_heads adjacent KV heads a CTA) and group.
-  const int kernel_heads = task_.num_kv_heads / config_.kv_heads, group = task_.num_qo_heads / kernel_heads;
-  const int heads_per_group = kernel_heads / head_groups_;
+  const int group = kernel_group(), heads_per_group = kernel_heads() / head_groups_;
   int plan_cta_q = 0, plan_ctas = 0;
   int64_t slot_cap = 0, split_cap = 0;
   const PlannerOptions popt = planner_options(plan_cta_q, plan_ctas, slot_cap, split_cap);
@@ -514,8 +511,8 @@ void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const Tens
   p.partial_lse = reinterpret_cast<float*>(scratch_base() + layout_.partial_lse);
   p.counters = reinterpret_cast<int*>(scratch_base() + layout_.counters);
   p.num_qo_heads = task_.num_qo_heads;
-  p.group = task_.num_qo_heads / (task_.num_kv_heads / config_.kv_heads);
-  p.heads_per_group = task_.num_kv_heads / config_.kv_heads / head_groups_;
+  p.group = kernel_group();
+  p.heads_per_group = kernel_heads() / head_groups_;
   p.page_shift = detail::page_shift(kv.page_size);
   const detail::KernelScales scales =
       detail::resolve_run_scales(opt, spec_.head_dim, q.device,
@@ -604,8 +601,8 @@ void BatchPrefill::trim_items(const TensorView& mask, cudaStream_t stream, bool 
   t.work_indptr = reinterpret_cast<const int*>(dev + layout_.work_indptr);
   t.queues = ctas_per_group_ / config_.cluster;
   t.tile_rows = config_.cta_q * config_.cluster;
-  t.group = task_.num_qo_heads / (task_.num_kv_heads / config_.kv_heads);
-  t.heads_per_group = task_.num_kv_heads / config_.kv_heads / head_groups_;
+  t.group = kernel_group();
+  t.heads_per_group = kernel_heads() / head_groups_;
   t.cta_kv = config_.cta_kv;
   t.custom_mask = static_cast<const u8*>(mask.data);
   t.mask_indptr = reinterpret_cast<const int*>(dev + layout_.mask_indptr);

@@ -252,6 +252,10 @@ class BatchPrefill {
   // heads (PrefillConfig::kv_heads: adjacent heads a CTA), each with
   // kv_heads x group query heads.
   static TaskInfo kernel_task(const TaskInfo& task, int kv_heads);
+  // The configured kernel's KV heads and query heads per KV head (after
+  // configure()).
+  int kernel_heads() const { return task_.num_kv_heads / config_.kv_heads; }
+  int kernel_group() const { return task_.num_qo_heads / kernel_heads(); }
   char* scratch_base() const;
   void plan_common(Source src, std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
                    const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
