@@ -69,8 +69,9 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper =
 // blocks; else 1.
 int keys_kv_heads(const AttentionSpec& spec, int cta_q, bool hopper, int num_qo_heads, int num_kv_heads);
 // Whether the FA2 template's 8-row query tiles (keys as the mma's rows) take
-// this spec: an fp8 cache, equal head dims up to 256, a variant that leaves
-// K / V rows as stored and defines no LogitsMaskBits.
+// this spec: an fp8 cache or a 16-bit one of q's dtype, equal head dims up
+// to 256, a variant that leaves K / V rows as stored and defines no
+// LogitsMaskBits.
 bool keys_as_rows_supported(const AttentionSpec& spec);
 // What PrefillOptions::fp8_mma needs (InvalidArgument naming fp8_mma): an
 // fp8 cache, head dim 128, a variant that leaves K / V rows as they are,
