@@ -64,9 +64,9 @@ PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper =
                              bool fp8_mma = false, int kv_heads = 1);
 // KV heads per CTA for the 8-row tiles: 2 for fp8 caches at head dim 128
 // when two heads' query rows fill a tile (group <= 4, an even head count),
-// so a CTA reads 256 bytes of each token row where its head's rows are 128
-// bytes between the other heads' (NHD): the L2 then fetches whole 256-byte
-// blocks; else 1.
+// so a CTA reads 256 contiguous bytes of each token row where its head's
+// rows are 128 bytes between the other heads' (NHD), which the DRAM serves
+// at a higher rate (docs/performance.md, "Decode on tensor cores"); else 1.
 int keys_kv_heads(const AttentionSpec& spec, int cta_q, bool hopper, int num_qo_heads, int num_kv_heads);
 // Whether the FA2 template's 8-row query tiles (keys as the mma's rows) take
 // this spec: an fp8 cache or a 16-bit one of q's dtype, equal head dims up

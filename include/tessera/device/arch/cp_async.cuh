@@ -52,16 +52,14 @@ __device__ __forceinline__ void cp_async_16(u32 smem, const void* gmem, bool pre
 
 // The same, but a false predicate ignores the source (cp.async's
 // ignore-src: zeros, nothing read), so its address need not be valid and
-// the caller selects none. WHOLE_BLOCK asks the L2 to fetch the whole
-// aligned 256-byte block around the chunk from DRAM (cp.async's L2::256B
-// prefetch size): for copies whose neighbours in that block the same CTA
-// reads too; twice the bytes where another CTA reads the other half (it
-// comes too late to find it in L2).
-template <bool WHOLE_BLOCK = false>
+// the caller selects none. WHOLE_LINE asks the L2 to fetch the chunk's whole
+// 128-byte line from DRAM at once (cp.async's L2::128B prefetch size), for
+// copies whose line the CTA reads all of.
+template <bool WHOLE_LINE = false>
 __device__ __forceinline__ void cp_async_16_or_zeros(u32 smem, const void* gmem, bool pred) {
-  if constexpr (WHOLE_BLOCK)
+  if constexpr (WHOLE_LINE)
     asm volatile(
-        "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global.L2::256B [%0], [%1], 16, skip;\n}\n" ::"r"(
+        "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n cp.async.cg.shared.global.L2::128B [%0], [%1], 16, skip;\n}\n" ::"r"(
             smem),
         "l"(gmem), "r"(static_cast<u32>(pred)));
   else
