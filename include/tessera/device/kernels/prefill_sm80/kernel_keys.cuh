@@ -80,10 +80,10 @@ struct KeysTileProducer {
   // Tile `tile`'s copies into stage (k_dst, v_dst: shared addresses); its
   // rows resolved and published to the producer (its named barrier) before.
   // Each copy asks the L2 for its whole 128-byte line (cp.async's L2::128B
-  // prefetch size), as every line of a row is read: unhinted copies left the
-  // DRAM at sector granularity (16-bit GQA decode 1.22x slower on an H200),
-  // and 256-byte blocks cost L2 throughput where the pages hit in L2 (shared
-  // prefixes: 1.20x slower).
+  // prefetch size), as every line of a row is read: unhinted copies leave
+  // the DRAM to serve sectors as the requests come, and 256-byte blocks cost
+  // L2 throughput where shared pages hit in L2 (docs/performance.md,
+  // "Decode on tensor cores").
   __device__ __forceinline__ void copy(int tile, u32 k_dst, u32 v_dst) const {
     const int ch = tid % CH, sub = ch / CH1, c1 = ch % CH1, row0 = tid / CH;
     const i64* mine = offs + (tile & 1) * CTA_KV;
