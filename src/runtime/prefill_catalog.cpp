@@ -138,16 +138,22 @@ void check_fp8_mma(const AttentionSpec& spec, bool hopper) {
                           "query tiles of 64 or 128 rows), not on the FA2 template");
 }
 
+// The tiles that take two KV heads a CTA: 8-row FA2 tiles of an fp8 cache at
+// head dim 128 (the head counts decide the rest, keys_kv_heads).
+static bool takes_kv_head_pairs(const AttentionSpec& spec, int cta_q, bool hopper) {
+  return cta_q == 8 && !hopper && is_fp8(spec.kv_dtype) && spec.head_dim == 128 && spec.dims_equal();
+}
+
 int keys_kv_heads(const AttentionSpec& spec, int cta_q, bool hopper, int num_qo_heads, int num_kv_heads) {
-  const bool pairs = cta_q == 8 && !hopper && is_fp8(spec.kv_dtype) && spec.head_dim == 128 && spec.dims_equal() &&
-                     num_kv_heads % 2 == 0 && 2 * (num_qo_heads / num_kv_heads) <= 8;
+  const bool pairs = takes_kv_head_pairs(spec, cta_q, hopper) && num_kv_heads % 2 == 0 &&
+                     2 * (num_qo_heads / num_kv_heads) <= 8;
   return pairs ? 2 : 1;
 }
 
 PrefillConfig prefill_config(const AttentionSpec& spec, int cta_q, bool hopper, const PrefillTile& tile,
                              bool fp8_mma, int kv_heads) {
   validate_spec(spec);
-  if (kv_heads != 1 && (kv_heads != 2 || cta_q != 8 || hopper || !is_fp8(spec.kv_dtype) || spec.head_dim != 128))
+  if (kv_heads != 1 && (kv_heads != 2 || !takes_kv_head_pairs(spec, cta_q, hopper)))
     throw InvalidArgument("kv_heads: expected 1, or 2 for 8-row tiles of an fp8 cache at head dim 128, got " +
                           std::to_string(kv_heads));
   if (fp8_mma) check_fp8_mma(spec, hopper);
