@@ -17,7 +17,8 @@ over FlashInfer (paired by round). Results: bench/results/mla.json.
 Tessera's kernels: --backends auto (default; the Hopper kernel on sm_90),
 or several of auto / fa2 / fa3 / 16bit (auto over caches of q's dtype, the
 baseline of an fp8 run) timed in the same rounds (the first is the row's
-headline, the others are reported as its speedup over them).
+headline, the others are reported as its speedup over them). A backend may
+pin the query tile: fa3:16 (the Hopper kernel's 16-row form), fa3:64, fa2:32.
 
 --kv-dtype float8_e4m3fn (or float8_e5m2) times fp8 latent caches (unit
 scales; the Hopper kernel), FlashInfer's fp8 path beside them (e4m3 only).
@@ -68,7 +69,12 @@ def make_calls(lib, h, q, b, kv, dtype, ws, backend=None, kv_dtype=None):
     kv_indptr = torch.arange(0, (b + 1) * pages_per, pages_per, dtype=torch.int32)
     kv_indices = torch.randperm(pool, dtype=torch.int32, device="cuda")
     kv_lens = torch.full((b,), kv, dtype=torch.int32)
-    w = lib.BatchMLAPagedAttentionWrapper(ws) if backend is None else lib.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    if backend is None:
+        w = lib.BatchMLAPagedAttentionWrapper(ws)
+    else:
+        name, _, tile = backend.partition(":")
+        w = lib.BatchMLAPagedAttentionWrapper(ws, backend=name)
+        w._cta_q = int(tile or 0)  # Tessera-only: pins the query tile
     w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, h, DC, DR, PAGE, q > 1, 1 / math.sqrt(192), dtype, kv_dtype)
     q_nope = torch.randn(b * q, h, DC, dtype=dtype, device="cuda")
     q_pe = torch.randn(b * q, h, DR, dtype=dtype, device="cuda")

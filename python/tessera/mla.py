@@ -38,6 +38,7 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
             raise not_supported("backend", backend, "Tessera's MLA kernels: 'auto' (the Hopper kernel on sm_90, "
                                 "else fa2), 'fa2' (mma.sync, sm_80+) or 'fa3' (Hopper)")
         self._backend = backend
+        self._cta_q = 0  # Tessera-only: pins the query tile (fa2: 16, 32, 64; the Hopper kernel: 16 or 64)
         if not isinstance(use_cuda_graph, bool):
             raise TypeError(f"use_cuda_graph: expected a bool, got {type(use_cuda_graph).__name__}")
         self._float_workspace_buffer = float_workspace_buffer
@@ -134,18 +135,20 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         ids = W.page_ids(kv_indices, count, "kv_indices", self._float_workspace_buffer)
         batch, total_q = qo.size - 1, int(qo[-1])
         W.check_workspace_buffer_once(self)
-        config = (q_dtype, kv_dtype, num_heads, page_size, bool(causal))
+        config = (q_dtype, kv_dtype, num_heads, page_size, bool(causal), self._cta_q)
 
         def size(want, dev):
             i_dev, i_host = _C.BatchMLA.workspace_size(q_dtype, kv_dtype, num_heads, _DIM_CKV, _DIM_KPE, page_size,
-                                                       bool(causal), *want, device=dev, backend=self._backend)
+                                                       bool(causal), *want, device=dev, cta_q=self._cta_q,
+                                                       backend=self._backend)
             m_dev, _ = _C.BatchMLA.min_workspace_size(q_dtype, kv_dtype, num_heads, _DIM_CKV, _DIM_KPE, page_size,
-                                                      bool(causal), *want, device=dev, backend=self._backend)
+                                                      bool(causal), *want, device=dev, cta_q=self._cta_q,
+                                                      backend=self._backend)
             return i_dev, m_dev, i_host
 
         def make(want, ws_ptr, ws_bytes, host_ptr, host_bytes, dev):
             return _C.BatchMLA(q_dtype, kv_dtype, num_heads, _DIM_CKV, _DIM_KPE, page_size, bool(causal), *want,
-                               ws_ptr, ws_bytes, host_ptr, host_bytes, dev, backend=self._backend)
+                               ws_ptr, ws_bytes, host_ptr, host_bytes, dev, cta_q=self._cta_q, backend=self._backend)
 
         ensure_native(self, config, (max(batch, 1), max(total_q, 1), max(count, 1)), self._bounds(), size, make)
         stream = T.stream_of(self._float_workspace_buffer)

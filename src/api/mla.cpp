@@ -34,8 +34,9 @@ static void validate_options(const MLAOptions& opt) {
   if (opt.cta_q) (void)catalog::mla_config(opt.cta_q);
   if (opt.backend != MlaBackend::kAuto && opt.backend != MlaBackend::kFA2 && opt.backend != MlaBackend::kFA3)
     throw InvalidArgument("backend: expected kAuto, kFA2 or kFA3, got " + str(static_cast<int>(opt.backend)));
-  if (opt.backend == MlaBackend::kFA3 && opt.cta_q != 0 && opt.cta_q != kMlaSm90Rows)
-    throw InvalidArgument("cta_q: the Hopper MLA kernel (backend fa3) takes 64-row query tiles, got " + str(opt.cta_q));
+  if (opt.backend == MlaBackend::kFA3 && opt.cta_q != 0 && opt.cta_q != kMlaSm90Rows && opt.cta_q != kMlaSm90NarrowRows)
+    throw InvalidArgument("cta_q: the Hopper MLA kernel (backend fa3) takes 16- or 64-row query tiles, got " +
+                          str(opt.cta_q));
   if (opt.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0 (0: all), got " + str(opt.max_sms));
   if (opt.planner.fixed_chunk != 0)
     throw InvalidArgument("planner.fixed_chunk: the MLA wrapper plans load-balanced chunks only; expected 0, got " +
@@ -187,11 +188,18 @@ void BatchMLA::plan_common(std::span<const int32_t> qo_indptr, std::span<const i
     if (is_fp8(task_.kv_dtype) && !hopper)
       throw TypeMismatch(std::string("kv_data_type: ") + dtype_name(task_.kv_dtype) +
                          " latent caches need the Hopper kernel, an sm_90 GPU");
+    const double avg_rows = batch ? double(total_q) * H / batch : 1.0;
     if (hopper) {
-      config_ = catalog::mla_sm90_config();
-      source_ = catalog::batch_mla_sm90(task_.q_dtype, task_.kv_dtype, task_.causal);
+      // 16-row tiles (one consumer, the transposed GEMMs) where a request's
+      // rows fit one: no padded rows multiplied. Longer requests take more
+      // tiles, which stays correct for later plans.
+      const bool narrow = !is_fp8(task_.kv_dtype) &&
+                          (opt_.cta_q == kMlaSm90NarrowRows || (opt_.cta_q == 0 && avg_rows <= kMlaSm90NarrowRows));
+      const int q = narrow ? kMlaSm90NarrowRows : kMlaSm90Rows;
+      config_ = catalog::mla_sm90_config(q);
+      source_ = catalog::batch_mla_sm90(task_.q_dtype, task_.kv_dtype, task_.causal, q);
     } else {
-      const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_mla_cta_q(batch ? double(total_q) * H / batch : 1.0);
+      const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_mla_cta_q(avg_rows);
       config_ = catalog::mla_config(cta_q);
       source_ = catalog::batch_mla(task_.q_dtype, cta_q, task_.causal);
     }

@@ -43,10 +43,10 @@ TEST(MlaCatalog, ConfigsFitAnSmAndNameTheirTile) {
   const auto k = catalog::batch_mla(DType::kBFloat16, 64, true);
   EXPECT_EQ(k.entry, "tessera_mla_bf16_q64_kv32_causal");
   EXPECT_NE(k.source.find("batch_mla<tessera::bf16_t, tessera::bf16_t, 64, true>"), std::string::npos);
-  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 20u);
+  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 24u);
   int in_builtins = 0;
   for (const auto& b : catalog::builtin_kernels()) in_builtins += b.entry.rfind("tessera_mla_", 0) == 0;
-  EXPECT_EQ(in_builtins, 20);  // `tessera compile` and scripts/test.sh compile them
+  EXPECT_EQ(in_builtins, 24);  // `tessera compile` and scripts/test.sh compile them
 }
 
 TEST(MlaCatalog, HopperKernelFitsAnSm) {
@@ -68,6 +68,25 @@ TEST(MlaCatalog, HopperKernelFitsAnSm) {
   EXPECT_NE(f8.entry, catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, false).entry);
   EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat8E4M3, DType::kFloat8E4M3, false), TypeMismatch, "q_dtype");
   EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kBFloat16, false), TypeMismatch, "kv_dtype");
+}
+
+// The 16-row form: one consumer warpgroup, a 16-row Q tile (18 KB) beside
+// the same two KV stages; 16-bit caches of q's dtype only.
+TEST(MlaCatalog, HopperSixteenRowTiles) {
+  const MlaKernelConfig c = catalog::mla_sm90_config(16);
+  EXPECT_TRUE(c.hopper);
+  EXPECT_EQ(c.cta_q, 16);
+  EXPECT_EQ(c.cta_kv, 64);
+  EXPECT_EQ(c.threads, 256);
+  EXPECT_EQ(c.smem_bytes, 9 * 2048 + 2 * 9 * 8192 + 2048 + 1024);
+  EXPECT_LE(c.smem_bytes + 1024, 232448);
+  const auto k = catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, true, 16);
+  EXPECT_EQ(k.entry, "tessera_mla_sm90_q16_bf16_causal");
+  EXPECT_NE(k.source.find("batch_mla_sm90_narrow<tessera::bf16_t, tessera::bf16_t, true>"), std::string::npos);
+  EXPECT_NE(k.entry, catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, true).entry);
+  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat8E4M3, false, 16), TypeMismatch, "kv_dtype");
+  EXPECT_THROW_MSG(catalog::mla_sm90_config(32), InvalidArgument, "cta_q");
+  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat16, false, 128), InvalidArgument, "cta_q");
 }
 
 MLATask small_task() {
@@ -114,8 +133,15 @@ TEST(MlaValidation, TaskFieldsAreNamed) {
   EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "fixed_chunk");
   opt = {};
   opt.backend = MlaBackend::kFA3;
-  opt.cta_q = 16;
+  opt.cta_q = 32;  // the Hopper kernel takes 16- or 64-row tiles
   EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "cta_q");
+  opt.cta_q = 16;
+  BatchMLA fa3_16(small_task(), fw.ws, opt);
+  {
+    MLATask t = small_task();
+    t.kv_dtype = DType::kFloat8E4M3;  // fp8 caches take the 64-row tiles
+    EXPECT_THROW_MSG(BatchMLA(t, fw.ws, opt), TypeMismatch, "kv_data_type");
+  }
   opt = {};
   opt.backend = static_cast<MlaBackend>(7);
   EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "backend");
@@ -262,14 +288,15 @@ TEST(MlaReference, ArgumentsAreNamed) {
 // The wrapper's plans (group = H, the tile's rows, causal clipping, chunks
 // aligned to the KV tile) satisfy the planner's contract on random decode /
 // MTP batches, for every tile configuration (the mma.sync kernel's and, every
-// other batch, the Hopper kernel's 64-row tiles of 64 keys).
+// other batch, the Hopper kernel's 64- or 16-row tiles of 64 keys).
 TEST(MlaPlan, RandomBatchesMeetThePlannerContract) {
   std::mt19937 rng(30);
   Planner planner;
   PrefillPlan plan;
   for (int iter = 0; iter < 200 && !::testing::Test::HasFailure(); ++iter) {
     const int H = std::vector<int>{16, 32, 64, 128}[rng() % 4];
-    const MlaKernelConfig cfg = iter % 2 ? catalog::mla_sm90_config() : catalog::mla_config(catalog::choose_mla_cta_q(H));
+    const MlaKernelConfig cfg = iter % 2 ? catalog::mla_sm90_config(iter % 4 == 1 ? 16 : 64)
+                                         : catalog::mla_config(catalog::choose_mla_cta_q(H));
     const int cta_q = cfg.cta_q;
     const int batch = 1 + static_cast<int>(rng() % 64), q_len = 1 + static_cast<int>(rng() % 8);
     const bool causal = rng() % 2;

@@ -206,12 +206,22 @@ TEST_P(MlaGpuBackend, LongContextsSplitKvAndMerge) {
   MLAOptions no_split = options();
   no_split.planner.split_kv = false;
   run_case({16, 64, DType::kFloat16, true, {3}, {9001}}, 303, no_split);
-  // Each query tile pinned (the Hopper kernel takes 64 only).
+  // Each query tile pinned (the Hopper kernel takes 16 and 64: at 16 rows a
+  // request of 32 heads spans 2-8 tiles).
   for (int q : {16, 32, 64}) {
-    if (GetParam() == MlaBackend::kFA3 && q != 64) continue;
+    if (GetParam() == MlaBackend::kFA3 && q == 32) continue;
     MLAOptions o = options();
     o.cta_q = q;
     run_case({32, 16, DType::kBFloat16, true, {2, 1, 4}, {5000, 17, 777}}, 310 + q, o);
+  }
+  if (GetParam() == MlaBackend::kFA3) {
+    // H = 16 decode on the 64-row tiles (auto takes 16 there), and 8 heads x
+    // 2 causal queries in one 16-row tile.
+    MLAOptions o = options();
+    o.cta_q = 64;
+    run_case({16, 64, DType::kFloat16, false, {1, 1, 1}, {0, 97, 20011}}, 380, o);
+    o.cta_q = 16;
+    run_case({8, 16, DType::kBFloat16, true, {2, 2, 1}, {2, 600, 8191}}, 381, o);
   }
 }
 

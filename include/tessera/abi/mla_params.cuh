@@ -141,4 +141,19 @@ static_assert(sizeof(MlaSm90Storage<true>) == sizeof(MlaSm90Storage<false>), "on
 // it to 1024 bytes.
 constexpr int kMlaSm90SmemBytes = static_cast<int>(sizeof(MlaSm90Storage<false>)) + 1024;
 
+// The Hopper kernel's 16-row form (device/kernels/mla_sm90/consumer_narrow.cuh):
+// at most 16 fused rows a query tile (H x q_len <= 16, tensor-parallel
+// decode), one consumer warpgroup computing S^T = K Q^T and O^T = V^T P^T
+// with the rows as the wgmmas' N = 16, so no padded rows are multiplied.
+// Q takes 16 rows (nine [16][64] blocks), P^T one [16][64] block; the KV
+// stages are the 64-row kernel's; 16-bit caches.
+constexpr int kMlaSm90NarrowRows = 16;
+constexpr int kMlaSm90NarrowThreads = 256;  // a producer warpgroup and one consumer
+struct MlaSm90NarrowStorage {
+  u16 q[kMlaSm90Blocks][kMlaSm90NarrowRows * 64];
+  u16 kv[kMlaSm90Stages][kMlaSm90Blocks][kMlaSm90Keys * 64];
+  u16 p[kMlaSm90NarrowRows * kMlaSm90Keys];
+};
+constexpr int kMlaSm90NarrowSmemBytes = static_cast<int>(sizeof(MlaSm90NarrowStorage)) + 1024;
+
 }  // namespace tessera

@@ -195,6 +195,23 @@ __device__ __forceinline__ void wgmma_ss_tb(float (&d)[128], u64 desc_a, u64 des
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// MLA on 16-row query tiles (mla_sm90/consumer_narrow.cuh), the transposed
+// GEMMs with the tile's rows as N: S^T = K Q^T (both K-major) and O^T = V^T
+// P^T (ta: A MN-major, V read as stored).
+#define TESSERA_WGMMA_N16(NAME, TYPE, TAG, TNSP_A)                                                                   \
+  __device__ __forceinline__ void NAME(float (&d)[8], u64 desc_a, u64 desc_b, int scale_d, TAG, WgmmaN<16>) {       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                                       \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE                                         \
+                 " {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, " TNSP_A ", 0;\n}\n"                                   \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])    \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                          \
+  }
+TESSERA_WGMMA_N16(wgmma_ss, "f16", half_t, "0")
+TESSERA_WGMMA_N16(wgmma_ss, "bf16", bf16_t, "0")
+TESSERA_WGMMA_N16(wgmma_ss_ta, "f16", half_t, "1")
+TESSERA_WGMMA_N16(wgmma_ss_ta, "bf16", bf16_t, "1")
+#undef TESSERA_WGMMA_N16
+
 // 64 x 8 outputs, A in registers, B K-major: the Hopper prefill's row sums
 // (P times a tile of ones, see prefill_sm90/mma.cuh; fp16 only, as they are).
 __device__ __forceinline__ void wgmma_rs(float (&d)[4], const u32 (&a)[4], u64 desc_b, int scale_d, half_t, WgmmaN<8>) {

@@ -38,7 +38,7 @@ __device__ __forceinline__ void batch_mla_sm90(const MlaParams& p) {
   __shared__ MlaSm90Exchange ex;
   auto& sm = *reinterpret_cast<MlaSm90Storage<kFp8>*>(
       (reinterpret_cast<size_t>(smem_raw) + 1023) & ~static_cast<size_t>(1023));  // wgmma's swizzle atoms
-  if (threadIdx.x == 0) pipe.init();
+  if (threadIdx.x == 0) pipe.init(kMlaSm90Threads - 128);
   __syncthreads();
   if (threadIdx.x < 128) {
     setmaxnreg_dec<MlaSm90Registers::PRODUCER>();

@@ -26,12 +26,12 @@ namespace tessera {
 struct MlaSm90Pipeline {
   u64 q_full, q_empty;
   u64 kv_full[kMlaSm90Stages], kv_empty[kMlaSm90Stages];
-  __device__ __forceinline__ void init() {
+  __device__ __forceinline__ void init(int consumer_threads) {
     mbarrier_init(smem_addr(&q_full), 128);
-    mbarrier_init(smem_addr(&q_empty), kMlaSm90Threads - 128);
+    mbarrier_init(smem_addr(&q_empty), consumer_threads);
     for (int s = 0; s < kMlaSm90Stages; ++s) {
       mbarrier_init(smem_addr(&kv_full[s]), 128);
-      mbarrier_init(smem_addr(&kv_empty[s]), kMlaSm90Threads - 128);
+      mbarrier_init(smem_addr(&kv_empty[s]), consumer_threads);
     }
   }
 };
@@ -45,26 +45,26 @@ struct MlaSm90Pipeline {
 struct MlaSm90Rows {
   MlaRowOffset at[kMlaSm90Rows / 16];
 };
-template <typename Offsets>
+template <int ROWS = kMlaSm90Rows, typename Offsets>
 __device__ __forceinline__ MlaSm90Rows mla_sm90_rows(int tid, Offsets offs) {
   MlaSm90Rows r;
 #pragma unroll
-  for (int i = 0; i < kMlaSm90Rows / 16; ++i) r.at[i] = offs(tid / 8 + 16 * i);
+  for (int i = 0; i < ROWS / 16; ++i) r.at[i] = offs(tid / 8 + 16 * i);
   return r;
 }
 
-// Copies 64 rows into a swizzled tile of nine [64][64] blocks at shared
-// address dst: row r's features 0..511 from nope + rows(r).nope (blocks
-// 0..7), 512..575 from pe + rows(r).pe (block 8); a row with nope < 0 is
-// zero-filled. Thread t of the warpgroup copies 16-byte chunk t % 8 of its
-// rows; chunk c of row r sits at chunk c ^ (r % 8) of the row's 128 bytes
-// in each block.
-template <typename T>
+// Copies ROWS rows (64, or a 16-row Q tile) into a swizzled tile of nine
+// [ROWS][64] blocks at shared address dst: row r's features 0..511 from
+// nope + rows(r).nope (blocks 0..7), 512..575 from pe + rows(r).pe (block
+// 8); a row with nope < 0 is zero-filled. Thread t of the warpgroup copies
+// 16-byte chunk t % 8 of its rows; chunk c of row r sits at chunk c ^ (r %
+// 8) of the row's 128 bytes in each block.
+template <int ROWS = kMlaSm90Rows, typename T>
 __device__ __forceinline__ void mla_sm90_load_tile(u32 dst, const T* nope, const T* pe, int tid, const MlaSm90Rows& rows) {
-  constexpr u32 BLOCK = kMlaSm90Rows * 128;
+  constexpr u32 BLOCK = ROWS * 128;
   const int cc = tid % 8;
 #pragma unroll
-  for (int i = 0; i < kMlaSm90Rows / 16; ++i) {
+  for (int i = 0; i < ROWS / 16; ++i) {
     const int row = tid / 8 + 16 * i;
     const MlaRowOffset off = rows.at[i];
     const bool ok = off.nope >= 0;
@@ -79,6 +79,7 @@ __device__ __forceinline__ void mla_sm90_load_tile(u32 dst, const T* nope, const
 // or the raw fp8 rows.
 __device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<false>& s) { return smem_addr(&s.kv[0][0][0]); }
 __device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<true>& s) { return smem_addr(&s.raw[0][0]); }
+__device__ __forceinline__ u32 mla_sm90_stages(MlaSm90NarrowStorage& s) { return smem_addr(&s.kv[0][0][0]); }
 
 // A KV position's slot in its page (shifts for power-of-two pages).
 __device__ __forceinline__ int mla_sm90_slot(const MlaParams& p, int pos) {
@@ -120,12 +121,14 @@ __device__ __forceinline__ void mla_sm90_load_raw(u32 dst, const MlaParams& p, c
   }
 }
 
-template <typename T, typename DKV>
+// Storage: MlaSm90Storage<kFp8> with 64-row Q tiles, or MlaSm90NarrowStorage
+// with Q_ROWS = 16 (16-bit caches).
+template <typename T, typename DKV, typename Storage = MlaSm90Storage<is_fp8<DKV>>, int Q_ROWS = kMlaSm90Rows>
 struct MlaSm90Producer {
   static constexpr bool kFp8 = is_fp8<DKV>;
   const MlaParams& p;
   MlaSm90Pipeline& pipe;
-  MlaSm90Storage<kFp8>& sm;
+  Storage& sm;
 
   __device__ __forceinline__ void run() {
     const int tid = threadIdx.x;  // 0..127
@@ -144,8 +147,8 @@ struct MlaSm90Producer {
       const PrefillWorkItem w = queue.take(wi);
       const int n_tiles = (w.kv_end - w.kv_start + kMlaSm90Keys - 1) / kMlaSm90Keys;
       if (n_tiles <= 0) continue;  // the consumers write the empty rows without Q
-      const int row0 = w.q_tile * kMlaSm90Rows, qo_start = w.qo_begin, qo_len = w.qo_len;
-      const MlaSm90Rows q_rows = mla_sm90_rows(tid, [&](int r) -> MlaRowOffset {
+      const int row0 = w.q_tile * Q_ROWS, qo_start = w.qo_begin, qo_len = w.qo_len;
+      const MlaSm90Rows q_rows = mla_sm90_rows<Q_ROWS>(tid, [&](int r) -> MlaRowOffset {
         const int f = row0 + r, qo = f / H, h = f - qo * H;
         if (qo >= qo_len) return {-1, -1};  // zeros: never stored
         return {(qo_start + qo) * p.q_nope_stride_n + h * p.q_nope_stride_h,
@@ -178,7 +181,7 @@ struct MlaSm90Producer {
       };
       auto rows = ahead(0);
       mbarrier_wait(smem_addr(&pipe.q_empty), q_pos.phase() ^ 1);
-      mla_sm90_load_tile(q_addr, q_nope, q_pe, tid, q_rows);
+      mla_sm90_load_tile<Q_ROWS>(q_addr, q_nope, q_pe, tid, q_rows);
       cp_async_arrive_noinc(smem_addr(&pipe.q_full));
       q_pos = q_pos.next();
       for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {

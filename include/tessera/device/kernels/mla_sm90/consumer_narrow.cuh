@@ -1,0 +1,285 @@
+// MLA kernel family on Hopper (sm_90a), the consumer warpgroup of the 16-row
+// form (query tiles of at most 16 fused rows: H x q_len <= 16, the decode
+// step of tensor-parallel serving). With the rows as the wgmmas' N, no
+// padded row is multiplied (the 64-row form multiplies four times the work
+// at H = 16, about as long as the tile's load):
+//
+//   S^T = K Q^T         wgmma m64n16k16 x 36, K (the stage) and Q both K-major
+//   column maxima of the 64 keys: shuffles over a warp's 16, then the four
+//   warps' through shared memory (double-buffered by tile parity);
+//   P^T = exp2(S^T * scale - m) into the P tile, [16 rows][64 keys] K-major;
+//   O^T += V^T P^T      wgmma m64n16k16 x 32, V^T the stage read MN-major
+//                       (as stored), eight 64-feature blocks of O^T
+//
+// so O^T (512 x 16 fp32) is 64 registers a thread and one warpgroup holds
+// it. Each stage goes back as soon as its P V is done. A thread's S^T values
+// are keys 16w + g (+ 8) of columns 8j + 2q (+ 1) (warp w, lane 4g + q); its
+// O^T values features 16w + g (+ 8) of each block, same columns.
+#pragma once
+#include "tessera/device/arch/warpgroup.cuh"
+#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/mla/kernel.cuh"
+#include "tessera/device/kernels/mla_sm90/producer.cuh"
+#include "tessera/device/kernels/prefill_sm90/mma.cuh"
+
+namespace tessera {
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+constexpr int kMlaNarrowMaxBar = 1;    // a tile's column maxima (then the sums at the end)
+constexpr int kMlaNarrowPBar = 2;      // the P tile complete
+constexpr int kMlaNarrowMergeBar = 3;  // split-KV merge
+
+// Scratch of the consumer beside the pipeline (static shared memory).
+struct MlaSm90NarrowExchange {
+  float max[2][4][kMlaSm90NarrowRows];  // by tile parity, per warp: column maxima over its 16 keys
+  float sum[4][kMlaSm90NarrowRows];     // per warp: the item's column sums over its keys
+  int is_last;
+};
+
+template <typename T, typename DO, bool CAUSAL>
+struct MlaSm90NarrowConsumer {
+  static constexpr int ROWS = kMlaSm90NarrowRows;
+  static constexpr int BLOCKS_O = kMlaDimCkv / 64;                 // O^T's 64-feature blocks
+  static constexpr u32 KV_BLOCK = kMlaSm90Keys * 128;              // a stage's [64 keys][64 features] block
+  static constexpr u32 Q_BLOCK = ROWS * 128;                       // Q's [16 rows][64 features] block
+  static constexpr u32 STAGE_BYTES = kMlaSm90Blocks * KV_BLOCK;
+
+  const MlaParams& p;
+  MlaSm90Pipeline& pipe;
+  MlaSm90NarrowStorage& sm;
+  MlaSm90NarrowExchange& ex;
+
+#if TESSERA_HAS_WGMMA
+  // S^T = K Q^T over the stage at k_desc.
+  __device__ __forceinline__ static void issue_s(float (&s)[8], u64 k_desc, u64 q_desc) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMlaDimQK / 16; ++kk)
+      wgmma_ss(s, desc_at(k_desc, (kk / 4) * KV_BLOCK + (kk % 4) * 32), desc_at(q_desc, (kk / 4) * Q_BLOCK + (kk % 4) * 32),
+               kk > 0, T{}, WgmmaN<16>{});
+    wgmma_commit();
+  }
+  // O^T += V^T P^T over the tile's 64 keys; v_desc: the stage, MN-major.
+  __device__ __forceinline__ static void issue_pv(float (&o)[BLOCKS_O][8], u64 v_desc, u64 p_desc) {
+    wgmma_fence();
+#pragma unroll
+    for (int blk = 0; blk < BLOCKS_O; ++blk)
+#pragma unroll
+      for (int kk = 0; kk < kMlaSm90Keys / 16; ++kk)
+        wgmma_ss_ta(o[blk], desc_at(v_desc, blk * KV_BLOCK + kk * 16 * 128), desc_at(p_desc, kk * 32), 1, T{},
+                    WgmmaN<16>{});
+    wgmma_commit();
+  }
+#endif
+
+  __device__ __forceinline__ void run() {
+#if TESSERA_HAS_WGMMA
+    const int tid = threadIdx.x - 128, warp = tid / 32, lane = tid % 32, g = lane / 4, quad = lane % 4;
+    const int H = p.group;
+    const u64 q_desc = wgmma_desc(smem_addr(&sm.q[0][0]), 16, 1024);
+    const u64 k_desc0 = wgmma_desc(smem_addr(&sm.kv[0][0][0]), 16, 1024);
+    const u64 v_desc0 = wgmma_desc(smem_addr(&sm.kv[0][0][0]), KV_BLOCK, 1024);
+    const u64 p_desc = wgmma_desc(smem_addr(sm.p), 16, 1024);
+    T* const p_tile = reinterpret_cast<T*>(sm.p);
+    RingPos<1> q_pos;
+    RingPos<kMlaSm90Stages> kv_pos;
+    WorkQueue<PrefillWorkItem, QueueLoad::kAhead, MlaParams> queue(p, blockIdx.x);
+    grid_dependency_wait();  // before any write of o, lse or partial states
+    grid_dependency_launch_dependents();
+    const float scale_log2 = p.sm_scale * kLog2e;
+    int parity = 0;  // of the column-maxima buffer, over every tile of the CTA
+    for (int wi = queue.begin; wi < queue.end; ++wi) {
+      PrefillWorkItem w = queue.take(wi);
+      w.kv_start = warp_uniform(w.kv_start);
+      w.kv_end = warp_uniform(w.kv_end);
+      const int qo_len = w.qo_len, row0 = w.q_tile * ROWS;
+      const int n_tiles = (w.kv_end - w.kv_start + kMlaSm90Keys - 1) / kMlaSm90Keys;
+      const int causal_shift = w.kv_len - qo_len;
+      // The thread's four columns: c = 2j + e, column 8j + 2 quad + e.
+      int col[4], qo[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        col[c] = 8 * (c / 2) + 2 * quad + c % 2;
+        qo[c] = (row0 + col[c]) / H;
+      }
+
+      float o[BLOCKS_O][8];
+#pragma unroll
+      for (int b = 0; b < BLOCKS_O; ++b)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[b][i] = 0.f;
+      float m[4], d[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) m[c] = neg_inf(), d[c] = 0.f;
+      if (n_tiles > 0) {
+        mbarrier_wait(smem_addr(&pipe.q_full), q_pos.phase());
+        for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next(), parity ^= 1) {
+          const int stage = kv_pos.index();
+          mbarrier_wait(smem_addr(&pipe.kv_full[stage]), kv_pos.phase());
+          float s[8];
+          issue_s(s, desc_at(k_desc0, stage * STAGE_BYTES), q_desc);
+          wgmma_wait<0>();
+          wgmma_keep(s);
+          if (t == n_tiles - 1) mbarrier_arrive(smem_addr(&pipe.q_empty));
+
+          // Mask: keys past the chunk, and (causal) past a column's diagonal.
+          const int tile0 = w.kv_start + t * kMlaSm90Keys, key0 = tile0 + 16 * warp + g;
+          if (tile0 + kMlaSm90Keys > w.kv_end || (CAUSAL && tile0 + kMlaSm90Keys - 1 > row0 / H + causal_shift)) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const int c = 2 * (i / 4) + i % 2, pos = key0 + 8 * ((i / 2) % 2);
+              bool keep = pos < w.kv_end;
+              if constexpr (CAUSAL) keep = keep && pos <= qo[c] + causal_shift;
+              if (!keep) s[i] = neg_inf();
+            }
+          }
+          // Column maxima: the thread's two keys, the warp's 16 (lanes of one
+          // quad position), then the four warps'.
+          float mx[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int i = 4 * (c / 2) + c % 2;
+            float x = fmaxf(s[i], s[i + 2]);
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+            mx[c] = x;
+            if (g == 0) ex.max[parity][warp][col[c]] = x;
+          }
+          named_barrier_sync(kMlaNarrowMaxBar, 128);
+          float factor[4], m_safe[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            float x = mx[c];
+#pragma unroll
+            for (int v = 0; v < 4; ++v) x = fmaxf(x, ex.max[parity][v][col[c]]);
+            const float m_new = fmaxf(m[c], x * scale_log2);  // sm_scale > 0: the maximum commutes with it
+            m_safe[c] = m_new == neg_inf() ? 0.f : m_new;     // all masked so far: weights 0, not NaN
+            factor[c] = fast_exp2(m[c] - m_safe[c]);
+            m[c] = m_new;
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int c = 2 * (i / 4) + i % 2;
+            s[i] = fast_exp2(fmaf(s[i], scale_log2, -m_safe[c]));
+          }
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int i = 4 * (c / 2) + c % 2;
+            d[c] = d[c] * factor[c] + s[i] + s[i + 2];
+          }
+#pragma unroll
+          for (int b = 0; b < BLOCKS_O; ++b)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[b][i] *= factor[2 * (i / 4) + i % 2];
+          // P^T into the P tile: element (column n, key k) at n * 128 + chunk
+          // (k / 8) ^ (n % 8), the K-major swizzle. The last tile's P V is
+          // done (waited below), so the tile is free.
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int n = col[2 * (i / 4) + i % 2], k = 16 * warp + g + 8 * ((i / 2) % 2);
+            p_tile[n * 64 + (((k / 8) ^ (n % 8)) * 8) + k % 8] = from_float<T>(s[i]);
+          }
+          fence_proxy_async();  // generic stores -> the wgmmas' async proxy
+          named_barrier_sync(kMlaNarrowPBar, 128);
+          issue_pv(o, desc_at(v_desc0, stage * STAGE_BYTES), p_desc);
+          wgmma_wait<0>();
+          wgmma_keep(o);
+          mbarrier_arrive(smem_addr(&pipe.kv_empty[stage]));
+        }
+        q_pos = q_pos.next();
+      }
+      epilogue(w, row0, qo, col, o, m, d, tid, warp, g);
+    }
+#else
+    __trap();  // Hopper kernels are only built for sm_90a
+#endif
+  }
+
+  // Column sums over the four warps, then the rows (o, lse) or a partial
+  // state and, for a split tile, the merge by its last writer.
+  __device__ __forceinline__ void epilogue(const PrefillWorkItem& w, int row0, const int (&qo)[4], const int (&col)[4],
+                                           const float (&o)[BLOCKS_O][8], const float (&m)[4], float (&d)[4], int tid,
+                                           int warp, int g) {
+    const int H = p.group, qo_start = w.qo_begin, qo_len = w.qo_len;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      d[c] += __shfl_xor_sync(0xffffffffu, d[c], 4);
+      d[c] += __shfl_xor_sync(0xffffffffu, d[c], 8);
+      d[c] += __shfl_xor_sync(0xffffffffu, d[c], 16);
+    }
+    named_barrier_sync(kMlaNarrowMaxBar, 128);  // every thread done reading the previous item's sums
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if (g == 0) ex.sum[warp][col[c]] = d[c];
+    named_barrier_sync(kMlaNarrowMaxBar, 128);
+    float inv[4], lse[4];
+    int head[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float dc = ex.sum[0][col[c]] + ex.sum[1][col[c]] + ex.sum[2][col[c]] + ex.sum[3][col[c]];
+      const bool empty = dc == 0.f;
+      inv[c] = (empty ? 0.f : row_inverse(dc)) * p.o_scale;
+      lse[c] = empty ? neg_inf() : m[c] + row_log2(dc);
+      head[c] = row0 + col[c] - qo[c] * H;
+    }
+    // Features 64 blk + 16 warp + g (+ 8) of the thread's columns.
+    const int feat0 = 16 * warp + g;
+    if (w.partial_slot < 0) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int c = 2 * (i / 4) + i % 2;
+        if (qo[c] >= qo_len) continue;
+        DO* dst = static_cast<DO*>(p.o) + (qo_start + qo[c]) * p.o_stride_n + head[c] * p.o_stride_h + feat0 +
+                  8 * ((i / 2) % 2);
+#pragma unroll
+        for (int b = 0; b < BLOCKS_O; ++b) dst[64 * b] = from_float<DO>(o[b][i] * inv[c]);
+      }
+      if (warp == 0 && g == 0 && p.lse != nullptr) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (qo[c] < qo_len) p.lse[static_cast<i64>(qo_start + qo[c]) * p.num_qo_heads + head[c]] = lse[c];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int c = 2 * (i / 4) + i % 2;
+        const i64 base = static_cast<i64>(w.partial_slot) * ROWS + col[c];
+        float* dst = p.partial_o + base * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
+#pragma unroll
+        for (int b = 0; b < BLOCKS_O; ++b) dst[64 * b] = o[b][i] * inv[c];
+      }
+      if (warp == 0 && g == 0) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) p.partial_lse[static_cast<i64>(w.partial_slot) * ROWS + col[c]] = lse[c];
+      }
+      MlaVariant variant(p, w.request, qo_len, w.kv_len);
+      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, ROWS>(p, variant, w, qo_start, qo_len, row0, w.request, 0, tid,
+                                                            128, &ex.is_last,
+                                                            [] { named_barrier_sync(kMlaNarrowMergeBar, 128); });
+    }
+  }
+};
+
+// The 16-row kernel: a producer warpgroup (producer.cuh, 16-row Q tiles)
+// and one consumer warpgroup; 16-bit caches of q's type.
+template <typename T, typename DO, bool CAUSAL>
+__device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
+  static_assert(sizeof(T) == 2 && sizeof(DO) == 2, "16-bit q, caches and o");
+  extern __shared__ uint4 smem_raw[];
+  __shared__ MlaSm90Pipeline pipe;
+  __shared__ MlaSm90NarrowExchange ex;
+  auto& sm = *reinterpret_cast<MlaSm90NarrowStorage*>(
+      (reinterpret_cast<size_t>(smem_raw) + 1023) & ~static_cast<size_t>(1023));  // wgmma's swizzle atoms
+  if (threadIdx.x == 0) pipe.init(kMlaSm90NarrowThreads - 128);
+  __syncthreads();
+  if (threadIdx.x < 128)
+    MlaSm90Producer<T, T, MlaSm90NarrowStorage, kMlaSm90NarrowRows>{p, pipe, sm}.run();
+  else
+    MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
+}
+
+#endif
+
+}  // namespace tessera
