@@ -93,7 +93,7 @@ fi
 
 t0=$(date +%s)
 if [ "$pyexpr" != "-" ]; then
-  PYTHONPATH="$root/python" "$TESSERA_PYTHON" -m pytest -q -rs -x tests/python ${pyexpr:+-k "$pyexpr"} 2>&1 | \
+  PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$TESSERA_PYTHON" -m pytest -q -rs -x tests/python ${pyexpr:+-k "$pyexpr"} 2>&1 | \
     tee "$logs/pytest.log" | tail -15
   [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
   note "Python tests: $(grep -E '[0-9]+ (passed|failed)' "$logs/pytest.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
@@ -109,7 +109,7 @@ fi
 for b in "${benches[@]}"; do
   echo "### $b"
   # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 OUT="$out" PYTHONPATH="$root/python" "$TESSERA_PYTHON" $b 2>&1 | tee -a "$logs/bench.log" | \
+  PYTHONUNBUFFERED=1 OUT="$out" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$TESSERA_PYTHON" $b 2>&1 | tee -a "$logs/bench.log" | \
     grep -vE "^(W|I)[0-9]{4} " || failed=1
 done
 
