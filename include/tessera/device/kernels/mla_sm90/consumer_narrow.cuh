@@ -255,9 +255,12 @@ struct MlaSm90NarrowConsumer {
         for (int c = 0; c < 4; ++c) p.partial_lse[static_cast<i64>(w.partial_slot) * ROWS + col[c]] = lse[c];
       }
       MlaVariant variant(p, w.request, qo_len, w.kv_len);
-      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, ROWS>(p, variant, w, qo_start, qo_len, row0, w.request, 0, tid,
-                                                            128, &ex.is_last,
-                                                            [] { named_barrier_sync(kMlaNarrowMergeBar, 128); });
+      // One warpgroup merges (half the 64-row form's threads), so each thread
+      // takes 16 features: twice the loads in flight per chunk, which is what
+      // bounds a merge of many chunks (a long context cut across the SMs).
+      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, ROWS, 1, 16>(p, variant, w, qo_start, qo_len, row0, w.request, 0,
+                                                                   tid, 128, &ex.is_last,
+                                                                   [] { named_barrier_sync(kMlaNarrowMergeBar, 128); });
     }
   }
 };
