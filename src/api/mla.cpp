@@ -184,7 +184,8 @@ void BatchMLA::plan_common(std::span<const int32_t> qo_indptr, std::span<const i
     if (opt_.backend == MlaBackend::kFA3 && !sm90)
       throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
     const bool hopper = opt_.backend == MlaBackend::kFA3 ||
-                        (opt_.backend == MlaBackend::kAuto && sm90 && (opt_.cta_q == 0 || opt_.cta_q == kMlaSm90Rows));
+                        (opt_.backend == MlaBackend::kAuto && sm90 &&
+                         (opt_.cta_q == 0 || opt_.cta_q == kMlaSm90Rows || opt_.cta_q == kMlaSm90NarrowRows));
     if (is_fp8(task_.kv_dtype) && !hopper)
       throw TypeMismatch(std::string("kv_data_type: ") + dtype_name(task_.kv_dtype) +
                          " latent caches need the Hopper kernel, an sm_90 GPU");

@@ -57,13 +57,15 @@ void validate_mla_task(const MLATask& task);
 
 // Kernel template: kFA2 the mma.sync kernel (sm_80 and up; query tiles of
 // 16, 32 or 64 rows), kFA3 the Hopper kernel (sm_90a: wgmma, warp-
-// specialized, 64-row tiles), kAuto the Hopper kernel on sm_90, else FA2.
+// specialized, 64-row tiles and, for 16-bit caches, 16-row ones), kAuto
+// the Hopper kernel on sm_90 (the mma.sync kernel for a pinned 32-row
+// tile), else FA2.
 enum class MlaBackend { kAuto, kFA2, kFA3 };
 
 struct MLAOptions {
   PlannerOptions planner;  // fixed_chunk is not taken (InvalidArgument)
   int max_sms = 0;         // use at most this many SMs (0: all)
-  int cta_q = 0;           // query tile 16, 32 or 64 (0: chosen at the first plan; the Hopper kernel takes 64)
+  int cta_q = 0;           // query tile 16, 32 or 64 (0: chosen at the first plan; the Hopper kernel takes 16 or 64)
   MlaBackend backend = MlaBackend::kAuto;
 };
 
