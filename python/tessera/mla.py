@@ -17,7 +17,10 @@ be captured in a CUDA graph and replayed after later plans
 (``use_cuda_graph=True`` fixes the workspace bounds at the first plan()).
 """
 
+import dataclasses
 import numbers
+
+import numpy as np
 
 from . import _tensors as T
 from . import _wrapper_util as W
@@ -26,11 +29,119 @@ from ._native import _C
 from ._workspace import Bound, ensure_native
 
 _DIM_CKV, _DIM_KPE = 512, 64
+_CSR_FIELDS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr")
+_DENSE_FIELDS = ("cum_seq_lens_q", "block_tables", "seq_lens", "max_q_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAPlanMetadata:
+    """FlashInfer's ``flashinfer.mla.MLAPlanMetadata``: a step's page table for
+    plan(metadata=...), as CSR (``qo_indptr``, ``kv_indptr``, ``kv_indices``,
+    ``kv_len_arr``), dense (``cum_seq_lens_q``, ``block_tables`` [batch, width]
+    with each request's pages first in its row, ``seq_lens``, ``max_q_len``) or
+    both (``dual``; plan() then runs from the CSR form)."""
+    qo_indptr: object = None
+    kv_indptr: object = None
+    kv_indices: object = None
+    kv_len_arr: object = None
+    cum_seq_lens_q: object = None
+    block_tables: object = None
+    seq_lens: object = None
+    max_q_len: object = None
+
+    @classmethod
+    def csr(cls, qo_indptr, kv_indptr, kv_indices, kv_len_arr):
+        return cls(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_len_arr)
+
+    @classmethod
+    def dense(cls, cum_seq_lens_q, block_tables, seq_lens, max_q_len=None):
+        return cls(cum_seq_lens_q=cum_seq_lens_q, block_tables=block_tables, seq_lens=seq_lens, max_q_len=max_q_len)
+
+    @classmethod
+    def dual(cls, qo_indptr, kv_indptr, kv_indices, kv_len_arr, *, cum_seq_lens_q, block_tables, seq_lens,
+             max_q_len=None):
+        return cls(qo_indptr, kv_indptr, kv_indices, kv_len_arr, cum_seq_lens_q, block_tables, seq_lens, max_q_len)
+
+
+def _plan_tables(metadata, flat, page_size):
+    """(qo_indptr, kv_indptr, kv_indices, kv_len_arr) from plan()'s metadata
+    (ours or FlashInfer's object) or its flat arguments of one form (a dict
+    of the eight fields)."""
+    if metadata is not None:
+        if any(v is not None for v in flat.values()):
+            raise ValueError("metadata: give either metadata= or the flat page-table arguments, not both")
+        if not all(hasattr(metadata, f) for f in _CSR_FIELDS + _DENSE_FIELDS):
+            raise TypeError(f"metadata: expected an MLAPlanMetadata, got {type(metadata).__name__}")
+        fields = {f: getattr(metadata, f) for f in _CSR_FIELDS + _DENSE_FIELDS}
+    else:
+        fields = flat
+        if any(fields[f] is not None for f in _CSR_FIELDS) and any(fields[f] is not None for f in _DENSE_FIELDS):
+            raise ValueError("cum_seq_lens_q: the flat CSR (qo_indptr, kv_indptr, kv_indices, kv_len_arr) and dense "
+                             "(cum_seq_lens_q, block_tables, seq_lens, max_q_len) forms cannot be mixed")
+    if any(fields[f] is not None for f in _CSR_FIELDS) or all(fields[f] is None for f in _DENSE_FIELDS):
+        for f in _CSR_FIELDS:
+            if fields[f] is None:
+                raise TypeError(f"plan() missing required argument: '{f}'")
+        return tuple(fields[f] for f in _CSR_FIELDS)
+    return _csr_from_dense(*(fields[f] for f in _DENSE_FIELDS), page_size)
+
+
+def _csr_from_dense(cum_seq_lens_q, block_tables, seq_lens, max_q_len, page_size):
+    """The CSR page table of a dense one: request b's first ceil(seq_lens[b] /
+    page_size) entries of block_tables row b. A CUDA table is gathered on its
+    device (the kernels check the ids), anything else on the host."""
+    for name, value in (("cum_seq_lens_q", cum_seq_lens_q), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if value is None:
+            raise TypeError(f"plan() missing required argument: '{name}' (the dense page table)")
+    qo = W.host_ints(cum_seq_lens_q, "cum_seq_lens_q")
+    lens = W.host_ints(seq_lens, "seq_lens")
+    if qo.size < 1:
+        raise ValueError("cum_seq_lens_q: expected batch + 1 entries, got 0")
+    batch = qo.size - 1
+    if lens.size != batch:
+        raise ValueError(f"seq_lens: expected {batch} entries (one per request), got {lens.size}")
+    if batch and int(lens.min()) < 0:
+        raise ValueError(f"seq_lens: expected lengths >= 0, got {int(lens.min())}")
+    on_gpu = T.is_torch(block_tables) and block_tables.is_cuda
+    if not on_gpu:
+        block_tables = block_tables.numpy() if T.is_torch(block_tables) else np.asarray(block_tables)
+        if block_tables.size == 0:  # an empty list has no integer dtype to infer
+            block_tables = block_tables.astype(np.int32)
+    if (T.is_torch(block_tables) and (block_tables.is_floating_point() or str(block_tables.dtype) == "torch.bool")) \
+            or (not T.is_torch(block_tables) and block_tables.dtype.kind not in "iu"):
+        raise TypeError(f"block_tables: expected an integer table, got {str(block_tables.dtype).replace('torch.', '')}")
+    shape = tuple(block_tables.shape)
+    if len(shape) != 2 or shape[0] != batch:
+        raise ValueError(f"block_tables: expected shape [{batch}, max pages] (a row per request), got {shape}")
+    pages = (lens.astype(np.int64) + page_size - 1) // page_size
+    if batch and int(pages.max()) > shape[1]:
+        raise ValueError(f"block_tables: {shape[1]} columns, but seq_lens needs {int(pages.max())} pages of "
+                         f"{page_size} tokens")
+    if max_q_len is not None:
+        if not isinstance(max_q_len, numbers.Integral) or isinstance(max_q_len, bool):
+            raise TypeError(f"max_q_len: expected an int or None, got {type(max_q_len).__name__}")
+        longest = int(np.diff(qo).max()) if batch else 0
+        if max_q_len < longest:
+            raise ValueError(f"max_q_len: expected at least the longest query length {longest}, got {max_q_len}")
+    kv_indptr = np.zeros(batch + 1, np.int64)
+    np.cumsum(pages, out=kv_indptr[1:])
+    if kv_indptr[-1] > W.INT32_MAX:
+        raise ValueError(f"seq_lens: {int(kv_indptr[-1])} pages in all, more than int32 holds")
+    rows = np.repeat(np.arange(batch), pages)
+    cols = np.arange(int(kv_indptr[-1])) - np.repeat(kv_indptr[:-1], pages)
+    if on_gpu:
+        import torch
+        kv_indices = block_tables[torch.from_numpy(rows).to(block_tables.device),
+                                  torch.from_numpy(cols).to(block_tables.device)]
+    else:
+        kv_indices = block_tables[rows, cols]
+    return qo, kv_indptr.astype(np.int32), kv_indices, lens
 
 
 class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
-    """FlashInfer 0.7.2's BatchMLAPagedAttentionWrapper (the CSR plan and the
-    split q_nope / q_pe, ckv / kpe form)."""
+    """FlashInfer 0.7.2's BatchMLAPagedAttentionWrapper: plans from CSR or
+    dense page tables (flat or MLAPlanMetadata), runs split (q_nope / q_pe,
+    ckv / kpe) or packed (query=, kv_cache=) inputs."""
 
     def __init__(self, float_workspace_buffer, use_cuda_graph=False, qo_indptr=None, kv_indptr=None,
                  kv_indices=None, kv_len_arr=None, backend="auto"):
@@ -68,6 +179,11 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
              use_sinks=False):
         """Plans one step (every layer's run() reuses it).
 
+        The page table comes flat (the CSR arguments, or the dense ones:
+        cum_seq_lens_q, block_tables, seq_lens, max_q_len) or as
+        ``metadata=MLAPlanMetadata.csr(...)`` / ``.dense(...)``; a dense table
+        is turned into the CSR one here.
+
         Args:
             qo_indptr: int [batch + 1], queries of each request.
             kv_indptr: int [batch + 1], pages of each request in kv_indices.
@@ -82,28 +198,28 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
                 dtype (float8_e4m3fn, float8_e5m2; the Hopper kernel), whose
                 run() takes ckv_scale and kpe_scale.
         """
-        for name, value, default in (("metadata", metadata, None), ("cum_seq_lens_q", cum_seq_lens_q, None),
-                                     ("block_tables", block_tables, None), ("seq_lens", seq_lens, None),
-                                     ("max_q_len", max_q_len, None), ("output_dtype", output_dtype, None),
-                                     ("output_scale", output_scale, "none"),
+        for name, value, default in (("output_dtype", output_dtype, None), ("output_scale", output_scale, "none"),
                                      ("skip_softmax", skip_softmax, False), ("use_sinks", use_sinks, False),
                                      ("use_profiler", use_profiler, False)):
             if value is not default and value != default:
-                raise not_supported(name, value, "Tessera's MLA wrapper takes the CSR plan arguments")
-        if query_layout not in (None, "split") or kv_cache_layout not in (None, "split"):
-            raise not_supported("query_layout" if query_layout not in (None, "split") else "kv_cache_layout",
-                                query_layout if query_layout not in (None, "split") else kv_cache_layout,
-                                "q_nope / q_pe and ckv / kpe come as separate tensors ('split')")
+                raise not_supported(name, value, "Tessera's MLA wrapper takes the default")
+        # run() takes either form of each (q_nope / q_pe or query=, ckv / kpe
+        # or kv_cache=), so the declared layouts are only checked.
+        for name, value in (("query_layout", query_layout), ("kv_cache_layout", kv_cache_layout)):
+            if value not in (None, "packed", "split"):
+                raise ValueError(f"{name}: expected 'packed' or 'split', got {value!r}")
         if lse_mode not in ("none", "base2", "basee"):
             raise ValueError(f"lse_mode: expected 'none', 'base2' or 'basee', got {lse_mode!r}")
-        for name, value in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices),
-                            ("kv_len_arr", kv_len_arr), ("num_heads", num_heads), ("head_dim_ckv", head_dim_ckv),
+        for name, value in (("num_heads", num_heads), ("head_dim_ckv", head_dim_ckv),
                             ("head_dim_kpe", head_dim_kpe), ("page_size", page_size), ("causal", causal),
                             ("sm_scale", sm_scale), ("q_data_type", q_data_type), ("kv_data_type", kv_data_type)):
             if value is None:
                 raise TypeError(f"plan() missing required argument: '{name}'")
         num_heads = W.positive_int(num_heads, "num_heads")
         page_size = W.positive_int(page_size, "page_size")
+        flat = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_len_arr,
+                    cum_seq_lens_q=cum_seq_lens_q, block_tables=block_tables, seq_lens=seq_lens, max_q_len=max_q_len)
+        qo_indptr, kv_indptr, kv_indices, kv_len_arr = _plan_tables(metadata, flat, page_size)
         if W.positive_int(head_dim_ckv, "head_dim_ckv") != _DIM_CKV:
             raise ValueError(f"head_dim_ckv: expected 512 (DeepSeek's kv_lora_rank), got {head_dim_ckv}")
         if W.positive_int(head_dim_kpe, "head_dim_kpe") != _DIM_KPE:

@@ -84,13 +84,80 @@ def test_unsupported_options_are_named():
     with pytest.raises(ValueError, match="skip_softmax"):
         w.plan(**plan_args(), skip_softmax=True)
     with pytest.raises(ValueError, match="query_layout"):
-        w.plan(**plan_args(), query_layout="packed")
+        w.plan(**plan_args(), query_layout="interleaved")
+    with pytest.raises(ValueError, match="kv_cache_layout"):
+        w.plan(**plan_args(), kv_cache_layout="paged")
     with pytest.raises(ValueError, match="use_profiler"):
         w.plan(**plan_args(use_profiler=True))
     with pytest.raises(ValueError, match="run"):
         w.run(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
     with pytest.raises(ValueError, match="sinks"):
         w.run(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1), sinks=np.zeros(1))
+
+
+def dense_of(qo_indptr, kv_indptr, kv_indices, kv_len_arr, width, fill=-7):
+    """A dense page table [batch, width] of the CSR one, padded with fill."""
+    table = np.full((len(kv_len_arr), width), fill, np.int32)
+    for b in range(len(kv_len_arr)):
+        row = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
+        table[b, :len(row)] = row
+    return table
+
+
+@pytest.mark.parametrize("page", [1, 16, 64])
+def test_dense_page_tables_become_the_csr_ones(page):
+    rng = np.random.default_rng(page)
+    for batch in (0, 1, 7):
+        kv_lens = rng.integers(0, 300, batch).astype(np.int32)
+        if batch:
+            kv_lens[0] = 0  # an empty request: no pages
+        qo_indptr = np.concatenate([[0], np.cumsum(rng.integers(1, 4, batch))]).astype(np.int32)
+        kv_indptr = np.concatenate([[0], np.cumsum((kv_lens + page - 1) // page)]).astype(np.int32)
+        kv_indices = rng.permutation(int(kv_indptr[-1]) + 5)[:kv_indptr[-1]].astype(np.int32)
+        width = int(np.diff(kv_indptr).max(initial=0)) + 3
+        table = dense_of(qo_indptr, kv_indptr, kv_indices, kv_lens, width)
+        for meta in (tessera.mla.MLAPlanMetadata.dense(qo_indptr, table, kv_lens),
+                     tessera.mla.MLAPlanMetadata.dense(list(qo_indptr), table.tolist() if batch else table,
+                                                       kv_lens.astype(np.int64),
+                                                       max_q_len=int(np.diff(qo_indptr).max(initial=0)))):
+            qo, ip, ids, lens = tessera.mla._plan_tables(meta, {}, page)
+            assert (qo == qo_indptr).all() and (ip == kv_indptr).all() and (lens == kv_lens).all()
+            assert ip.dtype == np.int32 and (np.asarray(ids) == kv_indices).all()
+        # CSR and dual metadata and the flat forms give the same tables.
+        csr = (qo_indptr, kv_indptr, kv_indices, kv_lens)
+        for meta in (tessera.mla.MLAPlanMetadata.csr(*csr),
+                     tessera.mla.MLAPlanMetadata.dual(*csr, cum_seq_lens_q=qo_indptr, block_tables=table[:, :0],
+                                                      seq_lens=kv_lens)):
+            assert tessera.mla._plan_tables(meta, {}, page) == csr
+        flat = dict(zip(tessera.mla._CSR_FIELDS + tessera.mla._DENSE_FIELDS, (None,) * 8))
+        dense = tessera.mla._plan_tables(None, dict(flat, cum_seq_lens_q=qo_indptr, block_tables=table,
+                                                    seq_lens=kv_lens), page)
+        assert (dense[1] == kv_indptr).all() and (np.asarray(dense[2]) == kv_indices).all()
+
+
+def test_plan_metadata_errors_are_named():
+    w = tessera.BatchMLAPagedAttentionWrapper(np.zeros(16, np.uint8))
+    a = plan_args()
+    csr = {k: a.pop(k) for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr")}
+    table = dense_of(csr["qo_indptr"], csr["kv_indptr"], csr["kv_indices"], csr["kv_len_arr"], 2)
+    M = tessera.mla.MLAPlanMetadata
+    for kw, exc, name in [
+        (dict(metadata=M.csr(**csr), qo_indptr=csr["qo_indptr"]), ValueError, "metadata"),
+        (dict(metadata=dict(csr)), TypeError, "metadata"),
+        (dict(csr, block_tables=table), ValueError, "cum_seq_lens_q"),
+        (dict(metadata=M.dense(csr["qo_indptr"], table[:, :1], csr["kv_len_arr"])), ValueError, "block_tables"),
+        (dict(metadata=M.dense(csr["qo_indptr"], table[:1], csr["kv_len_arr"])), ValueError, "block_tables"),
+        (dict(metadata=M.dense(csr["qo_indptr"], table.astype(np.float32), csr["kv_len_arr"])), TypeError,
+         "block_tables"),
+        (dict(metadata=M.dense(csr["qo_indptr"], table, csr["kv_len_arr"][:1])), ValueError, "seq_lens"),
+        (dict(metadata=M.dense(csr["qo_indptr"], table, -csr["kv_len_arr"])), ValueError, "seq_lens"),
+        (dict(metadata=M.dense(csr["qo_indptr"], table, csr["kv_len_arr"], max_q_len=0)), ValueError, "max_q_len"),
+        (dict(metadata=M.dense(csr["qo_indptr"], table, csr["kv_len_arr"], max_q_len=1.5)), TypeError, "max_q_len"),
+        (dict(metadata=M(cum_seq_lens_q=csr["qo_indptr"], seq_lens=csr["kv_len_arr"])), TypeError, "block_tables"),
+        (dict(metadata=M(qo_indptr=csr["qo_indptr"])), TypeError, "kv_indptr"),
+    ]:
+        with pytest.raises(exc, match=name):
+            w.plan(**a, **kw)
 
 
 def test_workspace_size_on_the_host():
@@ -164,6 +231,35 @@ def test_matches_reference(torch_cuda, poison, H, page, q_len, causal, dtype_nam
     out2 = torch.full_like(out, float("nan"))
     w.run(query=(s["q_nope"], s["q_pe"]), kv_cache=torch.cat([s["ckv"], s["kpe"]], -1), out=out2)
     torch.cuda.synchronize()
+    assert torch.equal(out, out2)
+
+
+@pytest.mark.parametrize("table_on_gpu", [False, True])
+def test_dense_metadata_runs_like_the_csr_plan(torch_cuda, poison, table_on_gpu):
+    """plan(metadata=MLAPlanMetadata.dense(...)) with a padded block table,
+    packed inputs: the same bits as the CSR plan."""
+    torch = torch_cuda
+    rng = np.random.default_rng(11)
+    H, page, dtype = 16, 16, torch.bfloat16
+    s = make_step(torch, [1, 2, 1], [40, 700, 0], page, H, dtype, rng)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    scale = 1 / math.sqrt(192)
+    common = dict(num_heads=H, head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=True, sm_scale=scale,
+                  q_data_type=dtype, kv_data_type=dtype)
+    w = tessera.BatchMLAPagedAttentionWrapper(ws)
+    w.plan(metadata=tessera.mla.MLAPlanMetadata.csr(s["qo_indptr"], s["kv_indptr"], s["kv_indices"], s["kv_lens"]),
+           **common)
+    out = w.run(s["q_nope"], s["q_pe"], s["ckv"], s["kpe"])
+    table = torch.from_numpy(dense_of(s["qo_indptr"], s["kv_indptr"], s["kv_indices"], s["kv_lens"], 64))
+    table = table.cuda() if table_on_gpu else table
+    w2 = tessera.BatchMLAPagedAttentionWrapper(torch.empty_like(ws))
+    w2.plan(metadata=tessera.mla.MLAPlanMetadata.dense(torch.from_numpy(s["qo_indptr"]), table,
+                                                       torch.from_numpy(s["kv_lens"]), max_q_len=2),
+            query_layout="packed", kv_cache_layout="packed", **common)
+    out2 = torch.full_like(out, float("nan"))
+    w2.run(query=torch.cat([s["q_nope"], s["q_pe"]], -1), kv_cache=torch.cat([s["ckv"], s["kpe"]], -1), out=out2)
+    torch.cuda.synchronize()
+    check(torch, s, out, w.run(s["q_nope"], s["q_pe"], s["ckv"], s["kpe"], return_lse=True)[1], True, scale, dtype)
     assert torch.equal(out, out2)
 
 
