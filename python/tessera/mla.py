@@ -198,7 +198,7 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
                 dtype (float8_e4m3fn, float8_e5m2; the Hopper kernel), whose
                 run() takes ckv_scale and kpe_scale.
         """
-        for name, value, default in (("output_dtype", output_dtype, None), ("output_scale", output_scale, "none"),
+        for name, value, default in (("output_scale", output_scale, "none"),
                                      ("skip_softmax", skip_softmax, False), ("use_sinks", use_sinks, False),
                                      ("use_profiler", use_profiler, False)):
             if value is not default and value != default:
@@ -229,6 +229,8 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         sm_scale = W.sm_scale_arg(sm_scale)
         q_dtype = W.dtype_arg(q_data_type, "q_data_type")
         kv_dtype = W.dtype_arg(kv_data_type, "kv_data_type", fp8=True)
+        if output_dtype is not None and W.dtype_arg(output_dtype, "output_dtype", fp8=True) != q_dtype:
+            raise not_supported("output_dtype", output_dtype, f"outputs of q_data_type's {q_dtype}")
         fp8 = kv_dtype in ("float8_e4m3fn", "float8_e5m2")
         if kv_dtype != q_dtype and not fp8:
             raise TypeError(f"kv_data_type: expected q_data_type's {q_dtype} or an fp8 dtype (float8_e4m3fn, "

@@ -87,6 +87,8 @@ def test_unsupported_options_are_named():
         w.plan(**plan_args(), query_layout="interleaved")
     with pytest.raises(ValueError, match="kv_cache_layout"):
         w.plan(**plan_args(), kv_cache_layout="paged")
+    with pytest.raises(ValueError, match="output_dtype"):
+        w.plan(**plan_args(), output_dtype="float16")  # q is bfloat16
     with pytest.raises(ValueError, match="use_profiler"):
         w.plan(**plan_args(use_profiler=True))
     with pytest.raises(ValueError, match="run"):
@@ -255,7 +257,7 @@ def test_dense_metadata_runs_like_the_csr_plan(torch_cuda, poison, table_on_gpu)
     w2 = tessera.BatchMLAPagedAttentionWrapper(torch.empty_like(ws))
     w2.plan(metadata=tessera.mla.MLAPlanMetadata.dense(torch.from_numpy(s["qo_indptr"]), table,
                                                        torch.from_numpy(s["kv_lens"]), max_q_len=2),
-            query_layout="packed", kv_cache_layout="packed", **common)
+            query_layout="packed", kv_cache_layout="packed", output_dtype=dtype, **common)
     out2 = torch.full_like(out, float("nan"))
     w2.run(query=torch.cat([s["q_nope"], s["q_pe"]], -1), kv_cache=torch.cat([s["ckv"], s["kpe"]], -1), out=out2)
     torch.cuda.synchronize()
