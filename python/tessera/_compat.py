@@ -9,8 +9,8 @@ FlashInfer's, and none of them is needed.
 Arguments whose feature Tessera does not have yet
 -------------------------------------------------
 Such arguments (attention sinks, FP8 scale tensors, fixed KV split sizes,
-several queries per decode request, multi-item scoring, block tables, a
-right window bound, cuDNN / TensorRT-LLM backend switches, ...) are accepted
+several queries per decode request, multi-item scoring, a right window
+bound, cuDNN / TensorRT-LLM backend switches, ...) are accepted
 in the signature. Their default means "off" and runs; any other value raises
 ``NotSupportedError`` before any work is done, with a message that starts
 with the argument's name and says "not supported yet". It is never ignored
@@ -21,8 +21,9 @@ before), so either ``except`` clause catches it.
 
 Metadata that FlashInfer lets some backends take in two forms (seq_lens next
 to the page table, seq_lens_q next to qo_indptr, v_indptr / o_indptr next to
-kv_indptr / qo_indptr) is accepted when it says the same as the form Tessera
-reads; values that differ need the feature and raise NotSupportedError.
+kv_indptr / qo_indptr, a dense block_tables next to indptr / indices) is
+accepted when it says the same as the form Tessera reads; values that differ
+need the feature and raise NotSupportedError.
 
 Bad values of supported features stay ValueError (a value) or TypeError (a
 type, dtype or device), naming the argument.
@@ -96,6 +97,43 @@ def same_lengths(value, expected, name, derived_from):
         i = int(np.argmax(got != expected))
         raise not_supported(name, value, f"request {i} has length {int(got[i])} where {derived_from} gives "
                             f"{int(expected[i])}; lengths other than those are not supported")
+
+
+def same_page_table(block_tables, indptr, indices, name="block_tables"):
+    """Checks a dense page table given beside the CSR one (FlashInfer's block_tables, [batch, width], which its
+    cuDNN and TensorRT-LLM backends read): row b must start with indices[indptr[b]:indptr[b + 1]]. Both are read
+    on the host (a CUDA tensor is copied, as FlashInfer's plan() copies its seq_lens)."""
+    if block_tables is None:
+        return
+    if T.is_torch(block_tables):
+        if block_tables.is_floating_point() or block_tables.is_complex() or str(block_tables.dtype) == "torch.bool":
+            raise TypeError(f"{name}: expected an integer table, got {str(block_tables.dtype).replace('torch.', '')}")
+        table = block_tables.cpu().numpy()
+    else:
+        table = np.asarray(block_tables)
+        if table.dtype.kind not in "iu":
+            raise TypeError(f"{name}: expected an integer table, got {table.dtype.name}")
+    pages = np.diff(np.asarray(indptr, np.int64))
+    if pages.size and int(pages.min()) < 0:
+        return  # plan() names the decreasing indptr
+    if table.ndim != 2 or table.shape[0] != pages.size:
+        raise ValueError(f"{name}: expected shape [{pages.size}, max pages] (a row per request), got "
+                         f"{tuple(table.shape)}")
+    if pages.size and int(pages.max()) > table.shape[1]:
+        b = int(np.argmax(pages))
+        raise ValueError(f"{name}: {table.shape[1]} columns, but request {b} has {int(pages[b])} pages")
+    count = int(pages.sum())
+    ids = indices.tensor[:count] if isinstance(indices, W.DeviceIds) else indices
+    ids = W.host_ints(ids[:count], "indices")
+    if ids.size < count:
+        return  # plan() names the short indices
+    rows = np.repeat(np.arange(pages.size), pages)
+    cols = np.arange(count) - np.repeat(np.asarray(indptr, np.int64)[:-1], pages)
+    differ = table[rows, cols] != ids
+    if differ.any():
+        b = int(rows[np.argmax(differ)])
+        raise not_supported(name, block_tables, f"request {b}'s row differs from its pages in the indices; Tessera "
+                            "reads indptr / indices, and a second, different page table is not supported")
 
 
 def same_indptr(value, expected, name, like):

@@ -259,7 +259,9 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 is_causal is False. Runs on the prefill kernels.
             is_causal: None or True (causal among a request's queries), or
                 False (each sees all keys).
-            block_tables: only its default (None) so far.
+            block_tables: None, or the same page table dense ([batch, width],
+                row b starting with request b's pages), as FlashInfer's
+                cuDNN / TensorRT-LLM backends read it; checked on the host.
             shared_prefix: Tessera's (after FlashInfer's options): None (off)
                 or "auto": when requests' tables start with the same full pages
                 and that saves >= 16 MiB of K / V reads per layer, plan a
@@ -298,8 +300,6 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, data_type, sm_scale,
                 rope_scale, rope_theta, o_data_type, num_qo_heads, num_kv_heads, head_dim, page_size)
             self._checked_scalars, self._checked = scalars, (q_dt, kv_dt, o_dt, shape, scale, options, rope)
-        C.refuse_given("a dense block table is what TensorRT-LLM backends read; Tessera reads indptr / indices",
-                       block_tables=block_tables)
         n = C.int_arg(q_len_per_req, "q_len_per_req")
         auto = AP.shared_prefix_arg(shared_prefix)
         split = self._split_kv and not disable_split_kv
@@ -308,7 +308,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
         if W.on_device_arg(on_device, batch_size):
             W.refuse_on_device("finding shared prefixes reads the page table on the host",
                                shared_prefix=shared_prefix)
-            W.refuse_on_device("it is checked against the page table on the host", seq_lens=seq_lens)
+            W.refuse_on_device("it is checked against the page table on the host", seq_lens=seq_lens,
+                               block_tables=block_tables)
             if n != 1:
                 raise ValueError(f"q_len_per_req: expected 1 with on_device=True (several queries per request run "
                                  f"on the prefill wrapper: plan BatchPrefillWithPagedKVCacheWrapper with "
@@ -323,6 +324,8 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                              fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, q_len_per_req=n)
         elif self._auto_prefix is not None:
             self._auto_prefix.stats = None
+        if block_tables is not None:
+            C.same_page_table(block_tables, _host_ints(indptr, "indptr"), indices)
         if n > 1:
             self._plan_multi_token(n, is_causal, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
                                    page_size, pos_encoding_mode=pos_encoding_mode, window_left=window_left,

@@ -205,8 +205,11 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
             uniform_q_len: a CUDA-graph scheduling hint; accepted, and the
                 planner sizes tiles from the actual lengths.
             prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
-            max_item_len_ptr (multi-item scoring), block_tables: only their
-                defaults so far.
+            max_item_len_ptr (multi-item scoring): only their defaults so
+                far.
+            block_tables: None, or the same page table dense ([batch, width],
+                row b starting with request b's pages), as FlashInfer's cuDNN /
+                TensorRT-LLM backends read it; checked on the host.
             fixed_split_size: None / -1, or a batch-invariant mode: every
                 request's KV split into chunks of this many pages, so its
                 output is bitwise the same whatever else is in the batch.
@@ -250,8 +253,6 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         """
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
-        C.refuse_given("a dense block table is what cuDNN / TensorRT-LLM backends read; Tessera reads the page "
-                       "table", block_tables=block_tables)
         masked = custom_mask is not None or packed_custom_mask is not None
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
                                               self._kv_layout, causal, sm_scale, q_data_type, kv_data_type,
@@ -261,7 +262,8 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                                shared_prefix=shared_prefix)
             B.refuse_on_device_extras(custom_mask, packed_custom_mask, fixed_split_size, prefix_len_ptr,
                                       token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
-                                      disable_split_kv, uniform_q_len, seq_lens=seq_lens, seq_lens_q=seq_lens_q,
+                                      disable_split_kv, uniform_q_len, block_tables=block_tables,
+                                      seq_lens=seq_lens, seq_lens_q=seq_lens_q,
                                       max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv)
             if self._auto_prefix is not None:
                 self._auto_prefix.stats = None
@@ -281,6 +283,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                                            prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                                            max_item_len_ptr, seq_lens, seq_lens_q, max_token_per_sequence,
                                            max_sequence_kv, fixed_split_size, disable_split_kv, uniform_q_len)
+        C.same_page_table(block_tables, kv, paged_kv_indices)
         # A CUDA tensor of ids stays on the GPU (see W.page_ids), except with
         # a custom mask, whose plan takes host ids.
         indices = W.page_ids(paged_kv_indices, int(kv[-1]), "paged_kv_indices", self._float_workspace_buffer,
