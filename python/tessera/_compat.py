@@ -105,14 +105,7 @@ def same_page_table(block_tables, indptr, indices, name="block_tables"):
     on the host (a CUDA tensor is copied, as FlashInfer's plan() copies its seq_lens)."""
     if block_tables is None:
         return
-    if T.is_torch(block_tables):
-        if block_tables.is_floating_point() or block_tables.is_complex() or str(block_tables.dtype) == "torch.bool":
-            raise TypeError(f"{name}: expected an integer table, got {str(block_tables.dtype).replace('torch.', '')}")
-        table = block_tables.cpu().numpy()
-    else:
-        table = np.asarray(block_tables)
-        if table.dtype.kind not in "iu":
-            raise TypeError(f"{name}: expected an integer table, got {table.dtype.name}")
+    table = W.int_table(block_tables, name)
     pages = np.diff(np.asarray(indptr, np.int64))
     if pages.size and int(pages.min()) < 0:
         return  # plan() names the decreasing indptr
@@ -127,8 +120,7 @@ def same_page_table(block_tables, indptr, indices, name="block_tables"):
     ids = W.host_ints(ids[:count], "indices")
     if ids.size < count:
         return  # plan() names the short indices
-    rows = np.repeat(np.arange(pages.size), pages)
-    cols = np.arange(count) - np.repeat(np.asarray(indptr, np.int64)[:-1], pages)
+    rows, cols = W.csr_cells(indptr)
     differ = table[rows, cols] != ids
     if differ.any():
         b = int(rows[np.argmax(differ)])

@@ -220,6 +220,29 @@ def host_ints(x, name):
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def int_table(x, name, keep_cuda=False):
+    """A 2-D integer table (a dense block_tables) as numpy, or with keep_cuda a CUDA tensor as it is; TypeError
+    naming it when its values are not integers. Rank and shape are the caller's to check."""
+    if T.is_torch(x):
+        if x.is_floating_point() or x.is_complex() or str(x.dtype) == "torch.bool":
+            raise TypeError(f"{name}: expected an integer table, got {str(x.dtype).replace('torch.', '')}")
+        return x if x.is_cuda and keep_cuda else x.cpu().numpy()
+    arr = np.asarray(x)
+    if arr.size == 0:  # an empty list has no integer dtype to infer
+        arr = arr.astype(np.int32)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer table, got {arr.dtype.name}")
+    return arr
+
+
+def csr_cells(indptr):
+    """(row, column) of every entry of a CSR table whose indptr (from 0, non-decreasing) is given: row b holds
+    entries indptr[b] .. indptr[b + 1] - 1, at columns 0, 1, ..."""
+    indptr = np.asarray(indptr, np.int64)
+    counts = np.diff(indptr)
+    return np.repeat(np.arange(counts.size), counts), np.arange(int(indptr[-1])) - np.repeat(indptr[:-1], counts)
+
+
 class DeviceIds(NamedTuple):
     """Page ids on the GPU as the bindings take them: the address of `count`
     contiguous int32 entries on CUDA device `device` (`tensor` keeps them

@@ -102,14 +102,7 @@ def _csr_from_dense(cum_seq_lens_q, block_tables, seq_lens, max_q_len, page_size
         raise ValueError(f"seq_lens: expected {batch} entries (one per request), got {lens.size}")
     if batch and int(lens.min()) < 0:
         raise ValueError(f"seq_lens: expected lengths >= 0, got {int(lens.min())}")
-    on_gpu = T.is_torch(block_tables) and block_tables.is_cuda
-    if not on_gpu:
-        block_tables = block_tables.numpy() if T.is_torch(block_tables) else np.asarray(block_tables)
-        if block_tables.size == 0:  # an empty list has no integer dtype to infer
-            block_tables = block_tables.astype(np.int32)
-    if (T.is_torch(block_tables) and (block_tables.is_floating_point() or str(block_tables.dtype) == "torch.bool")) \
-            or (not T.is_torch(block_tables) and block_tables.dtype.kind not in "iu"):
-        raise TypeError(f"block_tables: expected an integer table, got {str(block_tables.dtype).replace('torch.', '')}")
+    block_tables = W.int_table(block_tables, "block_tables", keep_cuda=True)
     shape = tuple(block_tables.shape)
     if len(shape) != 2 or shape[0] != batch:
         raise ValueError(f"block_tables: expected shape [{batch}, max pages] (a row per request), got {shape}")
@@ -127,9 +120,8 @@ def _csr_from_dense(cum_seq_lens_q, block_tables, seq_lens, max_q_len, page_size
     np.cumsum(pages, out=kv_indptr[1:])
     if kv_indptr[-1] > W.INT32_MAX:
         raise ValueError(f"seq_lens: {int(kv_indptr[-1])} pages in all, more than int32 holds")
-    rows = np.repeat(np.arange(batch), pages)
-    cols = np.arange(int(kv_indptr[-1])) - np.repeat(kv_indptr[:-1], pages)
-    if on_gpu:
+    rows, cols = W.csr_cells(kv_indptr)
+    if T.is_torch(block_tables):  # on the GPU (int_table keeps only those)
         import torch
         kv_indices = block_tables[torch.from_numpy(rows).to(block_tables.device),
                                   torch.from_numpy(cols).to(block_tables.device)]
