@@ -265,6 +265,51 @@ def test_dense_metadata_runs_like_the_csr_plan(torch_cuda, poison, table_on_gpu)
     assert torch.equal(out, out2)
 
 
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_decode_batch_split_in_few_chunks_is_exact_and_bitwise_stable(torch_cuda, backend):
+    """A decode batch whose requests the plan cuts in one to a few chunks (the
+    16-row Hopper tile merges a request cut in two from the last chunk's
+    registers): reference-exact, the same bits on every run, lengths 0 / 1
+    among them."""
+    torch = torch_cuda
+    if backend == "fa3" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("skipped: the Hopper MLA kernel needs sm_90")
+    rng = np.random.default_rng(23)
+    H, page, dtype, batch = 16, 64, torch.bfloat16, 64
+    kv_lens = rng.integers(1500, 2600, batch).astype(np.int32)
+    kv_lens[[5, 17]] = [0, 1]
+    npages = (kv_lens + page - 1) // page
+    kv_indptr = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
+    pool = int(kv_indptr[-1]) + 5
+    kv_indices = rng.permutation(pool)[:kv_indptr[-1]].astype(np.int32)
+    ckv = torch.randn(pool, page, DC, dtype=dtype, device="cuda")
+    kpe = torch.randn(pool, page, DR, dtype=dtype, device="cuda")
+    used = torch.zeros(pool, page, dtype=torch.bool)
+    for b in range(batch):  # NaN in every slot no request owns
+        for t0 in range(0, int(kv_lens[b]), page):
+            used[int(kv_indices[kv_indptr[b] + t0 // page]), :min(page, int(kv_lens[b]) - t0)] = True
+    ckv[~used.cuda()] = float("nan")
+    kpe[~used.cuda()] = float("nan")
+    s = dict(qo_indptr=np.arange(batch + 1, dtype=np.int32), kv_indptr=kv_indptr, kv_indices=kv_indices,
+             kv_lens=kv_lens, q_nope=torch.randn(batch, H, DC, dtype=dtype, device="cuda"),
+             q_pe=torch.randn(batch, H, DR, dtype=dtype, device="cuda"), ckv=ckv, kpe=kpe)
+    w = tessera.BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
+                                              backend=backend)
+    scale = 1 / math.sqrt(192)
+    w.plan(torch.from_numpy(s["qo_indptr"]), torch.from_numpy(kv_indptr), torch.from_numpy(kv_indices).cuda(),
+           torch.from_numpy(kv_lens), H, DC, DR, page, False, scale, dtype, dtype)
+    outs = []
+    for _ in range(3):
+        out = torch.full((batch, H, DC), float("nan"), dtype=dtype, device="cuda")
+        lse = torch.full((batch, H), float("nan"), dtype=torch.float32, device="cuda")
+        w.run(s["q_nope"], s["q_pe"], ckv, kpe, out=out, lse=lse)
+        outs.append((out, lse))
+    torch.cuda.synchronize()
+    check(torch, s, outs[0][0], outs[0][1], False, scale, dtype)
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+
+
 @pytest.mark.parametrize("kv_name", ["float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("H, q_len, causal", [(16, 1, False), (128, 1, False), (128, 2, True)])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])

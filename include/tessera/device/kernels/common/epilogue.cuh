@@ -160,24 +160,29 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
 }
 
 // After every thread of the group (tid in [0, nthreads)) stored its partial
-// rows of a split tile: count this chunk in, and if it was the tile's last,
-// merge all chunks in chunk order, VEC features per thread. sync() is a
+// rows of a split tile: counts this chunk in and says whether it was the
+// tile's last, which then merges (and resets the counter). sync() is a
 // barrier over the group; is_last a shared int.
+template <typename Sync>
+__device__ __forceinline__ bool split_chunk_is_last(int* counter, int num_chunks, int tid, int* is_last, Sync sync) {
+  __threadfence();
+  sync();
+  if (tid == 0) *is_last = atomicAdd(counter, 1) == num_chunks - 1;
+  sync();
+  if (!*is_last) return false;
+  __threadfence();
+  return true;
+}
+
+// Counts a split tile's chunk in (split_chunk_is_last) and, in its last,
+// merges all chunks in chunk order, VEC features per thread.
 template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, int VEC = 8, typename Params,
           typename Sync>
 __device__ __forceinline__ void prefill_merge_split(const Params& p, const Variant& variant, const PrefillWorkItem& w,
                                                     int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
                                                     int nthreads, int* is_last, Sync sync, int rank = 0) {
   int* const counter = p.counters + (w.counter * gridDim.y + blockIdx.y) * CLUSTER + rank;
-  __threadfence();
-  sync();
-  if (tid == 0) {
-    const int done = atomicAdd(counter, 1);
-    *is_last = done == w.num_chunks - 1;
-  }
-  sync();
-  if (!*is_last) return;
-  __threadfence();
+  if (!split_chunk_is_last(counter, w.num_chunks, tid, is_last, sync)) return;
   // One CTA merges the whole tile, so what bounds it is how many loads are in
   // flight: VEC / 4 float4 per chunk and thread, 8 chunks a block. 8
   // features kept twice as many as 4 did (a 64-row tile cut 33 ways took

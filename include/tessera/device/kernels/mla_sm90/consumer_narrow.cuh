@@ -227,41 +227,101 @@ struct MlaSm90NarrowConsumer {
     // Features 64 blk + 16 warp + g (+ 8) of the thread's columns.
     const int feat0 = 16 * warp + g;
     if (w.partial_slot < 0) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int c = 2 * (i / 4) + i % 2;
-        if (qo[c] >= qo_len) continue;
-        DO* dst = static_cast<DO*>(p.o) + (qo_start + qo[c]) * p.o_stride_n + head[c] * p.o_stride_h + feat0 +
-                  8 * ((i / 2) % 2);
-#pragma unroll
-        for (int b = 0; b < BLOCKS_O; ++b) dst[64 * b] = from_float<DO>(o[b][i] * inv[c]);
-      }
-      if (warp == 0 && g == 0 && p.lse != nullptr) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (qo[c] < qo_len) p.lse[static_cast<i64>(qo_start + qo[c]) * p.num_qo_heads + head[c]] = lse[c];
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int c = 2 * (i / 4) + i % 2;
-        const i64 base = static_cast<i64>(w.partial_slot) * ROWS + col[c];
-        float* dst = p.partial_o + base * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
-#pragma unroll
-        for (int b = 0; b < BLOCKS_O; ++b) dst[64 * b] = o[b][i] * inv[c];
-      }
-      if (warp == 0 && g == 0) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) p.partial_lse[static_cast<i64>(w.partial_slot) * ROWS + col[c]] = lse[c];
-      }
-      MlaVariant variant(p, w.request, qo_len, w.kv_len);
-      // One warpgroup merges (half the 64-row form's threads), so each thread
-      // takes 16 features: twice the loads in flight per chunk, which is what
-      // bounds a merge of many chunks (a long context cut across the SMs).
-      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, ROWS, 1, 16>(p, variant, w, qo_start, qo_len, row0, w.request, 0,
-                                                                   tid, 128, &ex.is_last,
-                                                                   [] { named_barrier_sync(kMlaNarrowMergeBar, 128); });
+      store_rows(w, qo, head, o, inv, lse, feat0, warp == 0 && g == 0);
+      return;
     }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int c = 2 * (i / 4) + i % 2;
+      const i64 base = static_cast<i64>(w.partial_slot) * ROWS + col[c];
+      float* dst = p.partial_o + base * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
+#pragma unroll
+      for (int b = 0; b < BLOCKS_O; ++b) dst[64 * b] = o[b][i] * inv[c];
+    }
+    if (warp == 0 && g == 0) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) p.partial_lse[static_cast<i64>(w.partial_slot) * ROWS + col[c]] = lse[c];
+    }
+    auto sync = [] { named_barrier_sync(kMlaNarrowMergeBar, 128); };
+    if (w.num_chunks != 2) {
+      MlaVariant variant(p, w.request, qo_len, w.kv_len);
+      // One warpgroup merges (half the 64-row form's threads), so each
+      // thread takes 16 features: twice the loads in flight per chunk, which
+      // is what bounds a merge of many chunks (a long context cut across the
+      // SMs).
+      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, ROWS, 1, 16>(p, variant, w, qo_start, qo_len, row0, w.request, 0,
+                                                                   tid, 128, &ex.is_last, sync);
+      return;
+    }
+    int* const counter = p.counters + w.counter * gridDim.y + blockIdx.y;
+    if (!split_chunk_is_last(counter, w.num_chunks, tid, &ex.is_last, sync)) return;
+    merge_pair_in_registers(w, qo, col, head, o, inv, lse, feat0, warp == 0 && g == 0);
+    if (tid == 0) *counter = 0;
+  }
+
+  // o / lse of the thread's values: v[b][i] * scale[c], features 64 b +
+  // feat0 (+ 8) of its columns.
+  __device__ __forceinline__ void store_rows(const PrefillWorkItem& w, const int (&qo)[4], const int (&head)[4],
+                                             const float (&v)[BLOCKS_O][8], const float (&scale)[4],
+                                             const float (&lse)[4], int feat0, bool lse_writer) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int c = 2 * (i / 4) + i % 2;
+      if (qo[c] >= w.qo_len) continue;
+      DO* dst = static_cast<DO*>(p.o) + (w.qo_begin + qo[c]) * p.o_stride_n + head[c] * p.o_stride_h + feat0 +
+                8 * ((i / 2) % 2);
+#pragma unroll
+      for (int b = 0; b < BLOCKS_O; ++b) dst[64 * b] = from_float<DO>(v[b][i] * scale[c]);
+    }
+    if (lse_writer && p.lse != nullptr) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (qo[c] < w.qo_len) p.lse[static_cast<i64>(w.qo_begin + qo[c]) * p.num_qo_heads + head[c]] = lse[c];
+    }
+  }
+
+  // The merge of a tile cut in two, by the chunk that came last: its own
+  // state is still in registers, so it reads only the other chunk's partial,
+  // in one round trip (a thread's 64 values in flight together), where the
+  // row-by-row merge re-reads both chunks a row group per round trip. The
+  // sum is chunk 0's term plus chunk 1's with this chunk's values exactly as
+  // it stored them, so the bits do not depend on which chunk came last.
+  __device__ __forceinline__ void merge_pair_in_registers(const PrefillWorkItem& w, const int (&qo)[4],
+                                                          const int (&col)[4], const int (&head)[4],
+                                                          const float (&o)[BLOCKS_O][8], const float (&inv)[4],
+                                                          const float (&lse)[4], int feat0, bool lse_writer) const {
+    const bool mine_first = w.partial_slot == w.first_slot;
+    const i64 other = mine_first ? w.first_slot + 1 : w.first_slot;
+    float v[BLOCKS_O][8], lse_other[4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float* src = p.partial_o + (other * ROWS + col[2 * (i / 4) + i % 2]) * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
+#pragma unroll
+      for (int b = 0; b < BLOCKS_O; ++b) v[b][i] = __ldcg(src + 64 * b);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) lse_other[c] = __ldcg(p.partial_lse + other * ROWS + col[c]);
+    float w0[4], w1[4], scale[4], out_lse[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float l0 = mine_first ? lse[c] : lse_other[c], l1 = mine_first ? lse_other[c] : lse[c];
+      const float m = fmaxf(l0, l1), m_safe = m == neg_inf() ? 0.f : m;
+      w0[c] = fast_exp2(l0 - m_safe);  // 0 for an empty chunk
+      w1[c] = fast_exp2(l1 - m_safe);
+      const float denom = w0[c] + w1[c];
+      scale[c] = denom > 0.f ? 1.f / denom : 0.f;
+      out_lse[c] = denom > 0.f ? m + log2f(denom) : neg_inf();
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int c = 2 * (i / 4) + i % 2;
+#pragma unroll
+      for (int b = 0; b < BLOCKS_O; ++b) {
+        const float mine = o[b][i] * inv[c];
+        v[b][i] = mine_first ? fmaf(w1[c], v[b][i], w0[c] * mine) : fmaf(w1[c], mine, w0[c] * v[b][i]);
+      }
+    }
+    store_rows(w, qo, head, v, scale, out_lse, feat0, lse_writer);
   }
 };
 
