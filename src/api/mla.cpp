@@ -73,6 +73,7 @@ BatchMLA::Layout BatchMLA::layout_for(const MLATask& task, int ctas, int cta_q, 
     WorkspaceLayout s;
     l.max_slot_rows = rows;
     l.counters = l.scratch + s.add(sizeof(int32_t) * l.max_split_tiles);
+    l.merge_words = l.scratch + s.add(sizeof(uint64_t) * l.max_split_tiles);
     l.partial_lse = l.scratch + s.add(sizeof(float) * rows);
     l.partial_o = l.scratch + s.add(sizeof(float) * rows * kMlaDimCkv);
     return l.total = l.scratch + s.total();
@@ -219,8 +220,10 @@ void BatchMLA::plan_common(std::span<const int32_t> qo_indptr, std::span<const i
     detail::check_workspace_size(*ws_, layout_.total, layout_.staged);
     (void)page_errors_.device_ptr();  // allocated here, not in run()
     char* dev = static_cast<char*>(ws_->device_ptr());
-    // Merge counters start at zero; runs leave them at zero.
+    // Merge counters and words start at zero; runs leave them at zero.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(dev + layout_.counters, 0, sizeof(int32_t) * layout_.max_split_tiles, stream));
+    TESSERA_CUDA_CHECK(
+        cudaMemsetAsync(dev + layout_.merge_words, 0, sizeof(uint64_t) * layout_.max_split_tiles, stream));
   }
 
   PlannerOptions popt = opt_.planner;
@@ -331,6 +334,7 @@ void BatchMLA::run(const TensorView& q_nope, const TensorView& q_pe, const Tenso
   p.partial_o = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_o);
   p.partial_lse = reinterpret_cast<float*>(const_cast<char*>(dev) + layout_.partial_lse);
   p.counters = reinterpret_cast<int*>(const_cast<char*>(dev) + layout_.counters);
+  p.merge_words = reinterpret_cast<u64*>(const_cast<char*>(dev) + layout_.merge_words);
   p.num_qo_heads = task_.num_heads;
   p.group = task_.num_heads;
   p.heads_per_group = 1;

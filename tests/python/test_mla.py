@@ -310,6 +310,60 @@ def test_decode_batch_split_in_few_chunks_is_exact_and_bitwise_stable(torch_cuda
         assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
 
 
+@pytest.mark.parametrize("H", [16, 128])
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_few_long_requests_cut_in_many_chunks(torch_cuda, H, backend):
+    """One or three long requests cut over every SM (merged on the Hopper
+    kernel by all the chunks' CTAs, slice by slice): reference-exact, the
+    same bits on every run and after runs of another plan (the merge state
+    is back at zero after each run)."""
+    torch = torch_cuda
+    if backend == "fa3" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("skipped: the Hopper MLA kernel needs sm_90")
+    rng = np.random.default_rng(29 + H)
+    page, dtype, pool = 64, torch.bfloat16, 1024
+    ckv = torch.randn(pool, page, DC, dtype=dtype, device="cuda")
+    kpe = torch.randn(pool, page, DR, dtype=dtype, device="cuda")
+    q_nope = torch.randn(3, H, DC, dtype=dtype, device="cuda")
+    q_pe = torch.randn(3, H, DR, dtype=dtype, device="cuda")
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    w = tessera.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    scale = 1 / math.sqrt(192)
+
+    def step(kv_lens, kv_indices=None):
+        kv_lens = np.asarray(kv_lens, np.int32)
+        npages = (kv_lens + page - 1) // page
+        kv_indptr = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
+        if kv_indices is None:
+            kv_indices = rng.permutation(pool)[:kv_indptr[-1]].astype(np.int32)
+        n = len(kv_lens)
+        w.plan(np.arange(n + 1, dtype=np.int32), kv_indptr, torch.from_numpy(kv_indices).cuda(), kv_lens, H, DC, DR,
+               page, False, scale, dtype, dtype)
+        s = dict(qo_indptr=np.arange(n + 1, dtype=np.int32), kv_indptr=kv_indptr, kv_indices=kv_indices,
+                 kv_lens=kv_lens, q_nope=q_nope[:n], q_pe=q_pe[:n], ckv=ckv, kpe=kpe)
+
+        def run():
+            out = torch.full((n, H, DC), float("nan"), dtype=dtype, device="cuda")
+            lse = torch.full((n, H), float("nan"), dtype=torch.float32, device="cuda")
+            w.run(s["q_nope"], s["q_pe"], ckv, kpe, out=out, lse=lse)
+            torch.cuda.synchronize()
+            return out, lse
+        return s, run
+
+    s_mixed, run_mixed = step([12000, 7, 5000])  # the first plan sets the task's bounds: the larger batch
+    mixed = run_mixed()
+    check(torch, s_mixed, mixed[0], mixed[1], False, scale, dtype)
+    s_long, run_long = step([30000])
+    first = run_long()
+    check(torch, s_long, first[0], first[1], False, scale, dtype)
+    for _ in range(2):
+        again = run_long()
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    _, run_mixed = step([12000, 7, 5000], s_mixed["kv_indices"])  # the first plan again
+    again = run_mixed()
+    assert torch.equal(again[0], mixed[0]) and torch.equal(again[1], mixed[1])
+
+
 @pytest.mark.parametrize("kv_name", ["float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("H, q_len, causal", [(16, 1, False), (128, 1, False), (128, 2, True)])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])

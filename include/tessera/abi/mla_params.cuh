@@ -47,6 +47,7 @@ struct MlaParams {
   float* partial_o;    // [slots, CTA_Q, 512]
   float* partial_lse;  // [slots, CTA_Q]
   int* counters;       // [split tiles], zero between runs
+  u64* merge_words;    // [split tiles], zero between runs (cooperative merges, common/cooperative_merge.cuh)
   int num_qo_heads;    // H
   int group;           // = H: fused rows per query position (one KV head)
   int heads_per_group; // 1 (the work queue's request field is the request)

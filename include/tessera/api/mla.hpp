@@ -115,7 +115,7 @@ class BatchMLA {
   // query tiles that fit; InvalidArgument naming the workspace below the minimum.
   struct Layout {
     size_t work_indptr = 0, items = 0, first_items = 0, indices = 0, staged = 0;
-    size_t scratch = 0, counters = 0, partial_lse = 0, partial_o = 0, total = 0;
+    size_t scratch = 0, counters = 0, merge_words = 0, partial_lse = 0, partial_o = 0, total = 0;
     size_t ideal_total = 0, min_total = 0;
     int64_t max_items = 0, max_split_tiles = 0, max_slot_rows = 0;
   };

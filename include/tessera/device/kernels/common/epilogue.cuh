@@ -174,22 +174,19 @@ __device__ __forceinline__ bool split_chunk_is_last(int* counter, int num_chunks
   return true;
 }
 
-// Counts a split tile's chunk in (split_chunk_is_last) and, in its last,
-// merges all chunks in chunk order, VEC features per thread.
-template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, int VEC = 8, typename Params,
-          typename Sync>
-__device__ __forceinline__ void prefill_merge_split(const Params& p, const Variant& variant, const PrefillWorkItem& w,
-                                                    int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
-                                                    int nthreads, int* is_last, Sync sync, int rank = 0) {
-  int* const counter = p.counters + (w.counter * gridDim.y + blockIdx.y) * CLUSTER + rank;
-  if (!split_chunk_is_last(counter, w.num_chunks, tid, is_last, sync)) return;
-  // One CTA merges the whole tile, so what bounds it is how many loads are in
-  // flight: VEC / 4 float4 per chunk and thread, 8 chunks a block. 8
-  // features kept twice as many as 4 did (a 64-row tile cut 33 ways took
-  // ~60 us to merge at 4, bench/cascade.py --profile); 16 measured slower.
+// Merges rows [row_begin, row_end) of a split tile whose chunks are all
+// stored: each row's chunks in chunk order, VEC features per thread.
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, int VEC = 8, typename Params>
+__device__ __forceinline__ void merge_split_rows(const Params& p, const Variant& variant, const PrefillWorkItem& w,
+                                                 int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
+                                                 int nthreads, int rank, int row_begin, int row_end) {
+  // What bounds a merge on one CTA is how many loads are in flight: VEC / 4
+  // float4 per chunk and thread, 8 chunks a block. 8 features kept twice as
+  // many as 4 did (a 64-row tile cut 33 ways took ~60 us to merge at 4,
+  // bench/cascade.py --profile); 16 measured slower.
   static_assert(HEAD_DIM % VEC == 0 && VEC % 8 == 0, "whole float4 loads and 16-byte stores per thread");
-  for (int idx = tid; idx < CTA_Q * (HEAD_DIM / VEC); idx += nthreads) {
-    const int tile_row = idx / (HEAD_DIM / VEC), col = (idx % (HEAD_DIM / VEC)) * VEC;
+  for (int idx = tid; idx < (row_end - row_begin) * (HEAD_DIM / VEC); idx += nthreads) {
+    const int tile_row = row_begin + idx / (HEAD_DIM / VEC), col = (idx % (HEAD_DIM / VEC)) * VEC;
     const int f = row0 + tile_row, qo = f / p.group, head = kv_head * p.group + f % p.group;
     if (qo >= qo_len) continue;
     auto slot_base = [&](int c) {
@@ -225,6 +222,19 @@ __device__ __forceinline__ void prefill_merge_split(const Params& p, const Varia
       store_vec<kPer16>(dst + i, part);
     }
   }
+}
+
+// Counts a split tile's chunk in (split_chunk_is_last) and, in its last,
+// merges all of the tile's rows.
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, int VEC = 8, typename Params,
+          typename Sync>
+__device__ __forceinline__ void prefill_merge_split(const Params& p, const Variant& variant, const PrefillWorkItem& w,
+                                                    int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
+                                                    int nthreads, int* is_last, Sync sync, int rank = 0) {
+  int* const counter = p.counters + (w.counter * gridDim.y + blockIdx.y) * CLUSTER + rank;
+  if (!split_chunk_is_last(counter, w.num_chunks, tid, is_last, sync)) return;
+  merge_split_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER, VEC>(p, variant, w, qo_start, qo_len, row0, b, kv_head, tid,
+                                                               nthreads, rank, 0, CTA_Q);
   if (tid == 0) *counter = 0;
 }
 

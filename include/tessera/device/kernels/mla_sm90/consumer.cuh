@@ -27,7 +27,7 @@
 #pragma once
 #include "tessera/device/arch/fp8.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
-#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/mla/kernel.cuh"
 #include "tessera/device/kernels/mla_sm90/producer.cuh"
 #include "tessera/device/kernels/prefill_sm90/mma.cuh"
@@ -259,7 +259,7 @@ struct MlaSm90Consumer {
         }
         q_pos = q_pos.next();
       }
-      epilogue(w, b, qo_start, qo_len, row0, qo, o, m, d, wg, tid, warp_row0, g, quad);
+      epilogue(w, b, qo_start, qo_len, row0, qo, o, m, d, wg, tid, warp_row0, g, quad, wi + 1 == queue.end);
     }
 #else
     __trap();  // Hopper kernels are only built for sm_90a
@@ -267,10 +267,11 @@ struct MlaSm90Consumer {
   }
 
   // Row sums of both warpgroups, then the rows (o, lse) or a partial state
-  // and, for a split tile, the merge by its last writer.
+  // and, for a split tile, its merge (merge_split_tile).
   __device__ __forceinline__ void epilogue(const PrefillWorkItem& w, int b, int qo_start, int qo_len, int row0,
                                            const int (&qo)[2], const float (&o)[O_REGS], const float (&m)[2],
-                                           float (&d)[2], int wg, int tid, int warp_row0, int g, int quad) {
+                                           float (&d)[2], int wg, int tid, int warp_row0, int g, int quad,
+                                           bool queue_ends_here) {
     const int H = p.group;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -310,9 +311,9 @@ struct MlaSm90Consumer {
     }
     if (w.partial_slot >= 0) {
       MlaVariant variant(p, b, qo_len, w.kv_len);
-      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, kMlaSm90Rows>(
-          p, variant, w, qo_start, qo_len, row0, b, 0, tid, 256, &ex.is_last,
-          [] { named_barrier_sync(kMlaMergeBar, 256); });
+      auto sync = [] { named_barrier_sync(kMlaMergeBar, 256); };
+      merge_split_tile<MlaVariant, DO, kMlaDimCkv, kMlaSm90Rows, 256, 8>(p, variant, w, qo_start, qo_len, row0, b, tid,
+                                                                         &ex.is_last, sync, queue_ends_here);
     }
   }
 };

@@ -17,7 +17,7 @@
 // O^T values features 16w + g (+ 8) of each block, same columns.
 #pragma once
 #include "tessera/device/arch/warpgroup.cuh"
-#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/mla/kernel.cuh"
 #include "tessera/device/kernels/mla_sm90/producer.cuh"
 #include "tessera/device/kernels/prefill_sm90/mma.cuh"
@@ -190,7 +190,7 @@ struct MlaSm90NarrowConsumer {
         }
         q_pos = q_pos.next();
       }
-      epilogue(w, row0, qo, col, o, m, d, tid, warp, g);
+      epilogue(w, row0, qo, col, o, m, d, tid, warp, g, wi + 1 == queue.end);
     }
 #else
     __trap();  // Hopper kernels are only built for sm_90a
@@ -198,10 +198,11 @@ struct MlaSm90NarrowConsumer {
   }
 
   // Column sums over the four warps, then the rows (o, lse) or a partial
-  // state and, for a split tile, the merge by its last writer.
+  // state and, for a split tile, its merge: from registers for a tile cut in
+  // two, else merge_split_tile.
   __device__ __forceinline__ void epilogue(const PrefillWorkItem& w, int row0, const int (&qo)[4], const int (&col)[4],
                                            const float (&o)[BLOCKS_O][8], const float (&m)[4], float (&d)[4], int tid,
-                                           int warp, int g) {
+                                           int warp, int g, bool queue_ends_here) {
     const int H = p.group, qo_start = w.qo_begin, qo_len = w.qo_len;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -243,14 +244,13 @@ struct MlaSm90NarrowConsumer {
       for (int c = 0; c < 4; ++c) p.partial_lse[static_cast<i64>(w.partial_slot) * ROWS + col[c]] = lse[c];
     }
     auto sync = [] { named_barrier_sync(kMlaNarrowMergeBar, 128); };
+    // One warpgroup merges (half the 64-row form's threads), so each thread
+    // takes 16 features: twice the loads in flight per chunk, which is what
+    // bounds a merge of many chunks (a long context cut across the SMs).
     if (w.num_chunks != 2) {
       MlaVariant variant(p, w.request, qo_len, w.kv_len);
-      // One warpgroup merges (half the 64-row form's threads), so each
-      // thread takes 16 features: twice the loads in flight per chunk, which
-      // is what bounds a merge of many chunks (a long context cut across the
-      // SMs).
-      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, ROWS, 1, 16>(p, variant, w, qo_start, qo_len, row0, w.request, 0,
-                                                                   tid, 128, &ex.is_last, sync);
+      merge_split_tile<MlaVariant, DO, kMlaDimCkv, ROWS, 128, 16>(p, variant, w, qo_start, qo_len, row0, w.request,
+                                                                 tid, &ex.is_last, sync, queue_ends_here);
       return;
     }
     int* const counter = p.counters + w.counter * gridDim.y + blockIdx.y;

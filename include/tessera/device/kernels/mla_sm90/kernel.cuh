@@ -8,8 +8,9 @@
 //   * two consumer warpgroups (consumer.cuh) share each tile: S by halves of
 //     the keys, O by halves of the latent columns, P exchanged through
 //     shared memory, so the 64 x 512 fp32 output fits their registers;
-//   * the epilogue writes o / lse or a partial state whose last writer
-//     merges the tile's chunks (common/epilogue.cuh), deterministically.
+//   * the epilogue writes o / lse or a partial state, and a split tile's
+//     chunks are merged by its last writer or, for many chunks, by all of
+//     its CTAs (common/cooperative_merge.cuh), deterministically.
 // setmaxnreg moves registers from the producer to the consumers, whose O
 // alone takes 128 a thread.
 #pragma once
