@@ -295,7 +295,8 @@ struct MlaSm90NarrowConsumer {
     float v[BLOCKS_O][8], lse_other[4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float* src = p.partial_o + (other * ROWS + col[2 * (i / 4) + i % 2]) * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
+      const float* src =
+          p.partial_o + (other * ROWS + col[2 * (i / 4) + i % 2]) * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
 #pragma unroll
       for (int b = 0; b < BLOCKS_O; ++b) v[b][i] = __ldcg(src + 64 * b);
     }
