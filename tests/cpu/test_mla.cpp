@@ -180,6 +180,14 @@ TEST(MlaWorkspace, SizesCoverEveryTileAndRefuseTooSmall) {
     EXPECT_EQ(l.max_slot_rows, max_split_slots(132) * q);  // every partial state fits
     EXPECT_LT(l.indices, l.staged);
     EXPECT_LE(l.staged, l.scratch);
+    // Split-KV scratch: counters, the cooperative merge's 64-bit words, partial
+    // states, in that order and apart.
+    EXPECT_LE(l.scratch, l.counters);
+    EXPECT_LE(l.counters + sizeof(int32_t) * l.max_split_tiles, l.merge_words);
+    EXPECT_EQ(l.merge_words % sizeof(uint64_t), 0u);
+    EXPECT_LE(l.merge_words + sizeof(uint64_t) * l.max_split_tiles, l.partial_lse);
+    EXPECT_LE(l.partial_lse + sizeof(float) * l.max_slot_rows, l.partial_o);
+    EXPECT_LE(l.partial_o + sizeof(float) * l.max_slot_rows * 512, l.total);
     const auto half = BatchMLA::layout_for(t, 132, q, (l.min_total + l.ideal_total) / 2);
     EXPECT_GT(half.max_slot_rows, 0);
     EXPECT_LT(half.max_slot_rows, l.max_slot_rows);
