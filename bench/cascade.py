@@ -12,7 +12,10 @@ same paged cache (page 16, NHD, fp16, head dim 128) is attended four ways:
             cores (the best of the two is the baseline);
   sdpa:     PyTorch SDPA (cuDNN and flash backends) on padded dense KV, each
             sample's prefix copied in (what a serving engine without
-            prefix sharing runs).
+            prefix sharing runs);
+  flashinfer: FlashInfer's MultiLevelCascadeAttentionWrapper on the same
+            levels and cache, when it is installed (its run() allocates its
+            output; checked against the flat decode too).
 Reports us, the KV bytes each form must read (cascade: every prefix once;
 flat: once per sample), TB/s of the bytes the cascade needs, and speedups of
 the cascade over each. The cascade is checked against the flat decode.
@@ -112,6 +115,17 @@ def run_case(prompts, n, prefix, hq, hkv, rng, show=False):
     cas.run(q, (k, v), out=out)
     row["max_rel_err_vs_flat"] = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
     row["flat_us"] = min(row["flat_cc_us"], row["flat_tc_us"])
+    fi = common.flashinfer()
+    if fi is not None:
+        try:
+            fcas = fi.MultiLevelCascadeAttentionWrapper(2, common.new_workspace(256 << 20), "NHD")
+            fcas.plan(*[[torch.from_numpy(a).cuda() for a in level] for level in levels], hq, hkv, D, PS,
+                      q_data_type=DT)
+            row["flashinfer_us"] = common.bench_ms(lambda: fcas.run(q, (k, v))) * 1e3
+            o_fi = fcas.run(q, (k, v)).float()
+            row["flashinfer_max_rel_err_vs_flat"] = ((o_fi - ref.float()).abs().max() / ref.float().abs().max()).item()
+        except Exception as e:  # a module FlashInfer cannot build here: the row says why
+            row["flashinfer_note"] = f"{type(e).__name__}: {str(e)[:120]}"
     for backend in ("cudnn", "flash"):  # bench/decode.py's peers: padded dense KV of the same lengths
         ms, why = decode.run_sdpa(lens, hq, hkv, backend)
         row[f"sdpa-{backend}_us"] = ms * 1e3 if ms else None
@@ -158,7 +172,7 @@ def main():
     if args.quick:
         cases, heads = [(1, 16, 8192), (8, 8, 4096)], [(32, 8)]
     print(f"{'Hq/Hkv':>6} {'P x n':>7} {'prefix':>6} | {'cascade us':>10} {'TB/s':>5} | {'flat cc':>8} {'flat tc':>8} "
-          f"{'cudnn':>8} {'flash':>8} | {'x flat':>6} {'x cudnn':>7} {'x flash':>7} | err")
+          f"{'cudnn':>8} {'flash':>8} {'FI casc':>8} | {'x flat':>6} {'x cudnn':>7} {'x flash':>7} {'x FI':>7} | err")
     rows = []
     for hq, hkv in heads:
         for prompts, n, prefix in cases:
@@ -169,11 +183,17 @@ def main():
             ratio = lambda x: f"{x / r['cascade_us']:6.2f}x" if x else f"{'-':>7}"  # noqa: E731
             us = lambda x: f"{x:8.1f}" if x else f"{'-':>8}"  # noqa: E731
             print(f"{hq:>3}/{hkv:<2} {prompts:>3}x{n:<3} {prefix:>6} | {r['cascade_us']:10.1f} {r['cascade_tbps']:5.2f} | "
-                  f"{us(r['flat_cc_us'])} {us(r['flat_tc_us'])} {us(r['sdpa-cudnn_us'])} {us(r['sdpa-flash_us'])} | "
-                  f"{ratio(r['flat_us'])} {ratio(r['sdpa-cudnn_us'])} {ratio(r['sdpa-flash_us'])} | "
-                  f"{r['max_rel_err_vs_flat']:.1e}", flush=True)
+                  f"{us(r['flat_cc_us'])} {us(r['flat_tc_us'])} {us(r['sdpa-cudnn_us'])} {us(r['sdpa-flash_us'])} "
+                  f"{us(r.get('flashinfer_us'))} | {ratio(r['flat_us'])} {ratio(r['sdpa-cudnn_us'])} "
+                  f"{ratio(r['sdpa-flash_us'])} {ratio(r.get('flashinfer_us'))} | {r['max_rel_err_vs_flat']:.1e}",
+                  flush=True)
+            if "flashinfer_note" in r:
+                print(f"    flashinfer: {r['flashinfer_note']}", flush=True)
             if r["max_rel_err_vs_flat"] > 2e-3:
                 raise SystemExit(f"cascade differs from the flat decode: {r['max_rel_err_vs_flat']:.2e}")
+            if r.get("flashinfer_max_rel_err_vs_flat", 0.0) > 2e-3:
+                raise SystemExit(f"FlashInfer's cascade differs from the flat decode: "
+                                 f"{r['flashinfer_max_rel_err_vs_flat']:.2e}")
     path = common.save_results("cascade", dict(read_ceiling_tbps=read, page_size=PS, head_dim=D, dtype="float16",
                                                rows=rows))
     print(f"# results: {path}")
