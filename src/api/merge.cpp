@@ -65,6 +65,7 @@ void launch(const jit::KernelSource& src, const TensorView& like, Params& p, int
   if (rows == 0) return;
   if (rows > std::numeric_limits<int32_t>::max())
     throw InvalidArgument(std::string(what) + ": expected fewer than 2^31 (row, head) pairs, got " + str(rows));
+  p.heads = fast_divisor(p.num_heads);  // rows > 0, so num_heads >= 1
   detail::require_gpu(what);
   cuda::DeviceGuard guard(like.device.index);
   const auto& k = jit::KernelCache::global().kernel(src, like.device.index);
@@ -108,7 +109,7 @@ void launch_pair(const TensorView& v_a, const TensorView& s_a, const TensorView&
                  const char* what) {
   MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out),
                     wants(mask) ? static_cast<const unsigned char*>(mask.data) : nullptr,
-                    static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2))};
+                    static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2)), {}};
   const int per_lane = merge_per_lane(merge_vectors(v_a.size(2), v_a.dtype));
   launch(catalog::merge_pair(v_a.dtype, v_out.dtype, per_lane), v_a, p, merge_pair_steps(per_lane), stream, what);
 }
@@ -187,7 +188,7 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
     in.s_stride_state = s.stride(0);
   }
   MergeManyParams p{in, state_out(v_out, s_out), nullptr, static_cast<int>(S),
-                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(d)};
+                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(d), {}};
   launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream, "merge_states");
 }
 
@@ -217,7 +218,7 @@ void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorV
   validate_indptr("indptr", host, total);
   if (!v.device.is_cuda()) return cpu::merge_states_ragged(v, s, indptr, v_out, s_out);
   MergeManyParams p{state_set(v, s, 0), state_out(v_out, s_out), static_cast<const int*>(indptr.data), 0,
-                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(d)};
+                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(d), {}};
   launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream,
          "merge_states_ragged");
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "tessera/abi/merge_params.cuh"
 #include "tessera/reference/attention.hpp"
 #include "tessera/cpu/merge.hpp"
 #include "test_util.hpp"
@@ -217,6 +218,28 @@ TEST(MergeCpu, MergeStatesRagged) {
   for (int64_t h = 0; h < H; ++h) {
     EXPECT_EQ(test::load(so.view, {1, h}), kNegInfF);
     for (int64_t d = 0; d < D; ++d) EXPECT_EQ(test::load(vo.view, {1, h, d}), 0.0f);
+  }
+}
+
+// The merge kernels find a row's token as fast_divide(row, heads): it must be
+// floor division for every row below 2^31, for every head count.
+TEST(MergeCpu, FastDivideIsFloorDivision) {
+  std::mt19937_64 rng(7);
+  std::vector<int> divisors;
+  for (int d = 1; d <= 1100; ++d) divisors.push_back(d);
+  for (int e = 11; e <= 30; ++e)
+    for (int delta : {-1, 0, 1}) divisors.push_back((1 << e) + delta);
+  divisors.push_back(std::numeric_limits<int32_t>::max());
+  const int top = std::numeric_limits<int32_t>::max();
+  for (int d : divisors) {
+    const FastDivisor f = fast_divisor(d);
+    std::vector<int> xs = {0, 1, d - 1, d, top, top - 1, top - (top % d), top - (top % d) - 1};
+    if (d < top / 3) for (int m : {2, 3}) xs.insert(xs.end(), {m * d - 1, m * d, m * d + 1});
+    for (int i = 0; i < 200; ++i) xs.push_back(static_cast<int>(rng() % (static_cast<uint64_t>(top) + 1)));
+    for (int x : xs) {
+      if (x < 0) continue;
+      ASSERT_EQ(fast_divide(x, f), x / d) << "x " << x << ", d " << d;
+    }
   }
 }
 

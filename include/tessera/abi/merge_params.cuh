@@ -14,6 +14,31 @@ struct StateSet {
   i64 s_stride_state, s_stride_head;
 };
 
+// Division by a divisor fixed at launch (the heads per token), as a multiply
+// and a shift: a merge thread's first loads wait on its row's (token, head),
+// and an integer division would put ~20 dependent instructions before them.
+// Exact for 0 <= x < 2^31 and 1 <= d < 2^31: with l = ceil(log2 d) and
+// mul = ceil(2^(31+l) / d) < 2^32, mul * d - 2^(31+l) < d <= 2^l, so
+// floor(x * mul / 2^(31+l)) = floor(x / d) for every x < 2^31.
+struct FastDivisor {
+  u32 mul;
+  int shift;
+};
+
+inline FastDivisor fast_divisor(int d) {
+  int l = 0;
+  while ((1ll << l) < d) ++l;
+  const u64 shift = 31 + static_cast<u64>(l);
+  return {static_cast<u32>(((1ull << shift) + static_cast<u64>(d) - 1) / static_cast<u64>(d)), static_cast<int>(shift)};
+}
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__host__ __device__
+#endif
+inline int fast_divide(int x, FastDivisor f) {
+  return static_cast<int>((static_cast<u64>(static_cast<u32>(x)) * f.mul) >> f.shift);
+}
+
 struct StateOut {
   void* v;
   float* s;  // may be null (LSE not wanted)
@@ -29,6 +54,7 @@ struct MergePairParams {
   StateOut out;
   const unsigned char* mask;
   int num_rows, num_heads, head_dim;
+  FastDivisor heads;  // fast_divisor(num_heads)
 };
 
 // out[row] = (+) over the states of row: states indptr[row] .. indptr[row+1]
@@ -39,6 +65,7 @@ struct MergeManyParams {
   const int* indptr;
   int states_per_row;
   int num_rows, num_heads, head_dim;
+  FastDivisor heads;  // fast_divisor(num_heads)
 };
 
 // Thread layout of the merge kernels, shared by the host (grid size) and the

@@ -32,17 +32,19 @@ struct MergeLane {
   bool leader;
 };
 
-// lanes: lanes per row (a power of two <= 32); steps: rows per thread.
+// lanes: lanes per row (a power of two <= 32, so shifts and masks stand in
+// for divisions on the way to the first load); steps: rows per thread.
 template <int N>
 __device__ __forceinline__ MergeLane merge_lane(int lanes, int steps) {
   MergeLane l;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(blockIdx.x) * (kMergeThreads / 32) + static_cast<int>(threadIdx.x) / 32;
-  l.rows_per_warp = 32 / lanes;
-  l.row = warp * l.rows_per_warp * steps + lane / lanes;
-  l.feat = (lane % lanes) * N;
+  const int log2_lanes = __ffs(lanes) - 1;
+  l.rows_per_warp = 32 >> log2_lanes;
+  l.row = warp * l.rows_per_warp * steps + (lane >> log2_lanes);
+  l.feat = (lane & (lanes - 1)) * N;
   l.stride = lanes * N;
-  l.leader = lane % lanes == 0;
+  l.leader = (lane & (lanes - 1)) == 0;
   return l;
 }
 
@@ -65,7 +67,7 @@ __device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int la
   for (int s = 0; s < STEPS; ++s) {
     const int r = l.row + s * l.rows_per_warp;
     live[s] = r < rows;
-    tok[s] = live[s] ? r / p.num_heads : 0;
+    tok[s] = live[s] ? fast_divide(r, p.heads) : 0;
     head[s] = r - tok[s] * p.num_heads;
     // A masked-out row is neither read nor written (the only load a value
     // waits for; without a mask nothing does).
@@ -122,7 +124,7 @@ __device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int la
 // registers of its own layout.
 template <typename T, typename TO = T, int C = 1>
 __device__ __forceinline__ void merge_pair(const MergePairParams& p) {
-  merge_pair_rows<T, TO, C, 1>(p, p.head_dim / MergeVec<T>::N / C);  // merge_pair_steps
+  merge_pair_rows<T, TO, C, 1>(p, static_cast<unsigned>(p.head_dim) / (MergeVec<T>::N * C));  // merge_pair_steps
 }
 
 // States merged per block of loads in merge_many: B * C vectors in flight per lane.
@@ -136,7 +138,7 @@ __device__ __forceinline__ void merge_many_rows(const MergeManyParams& p, int la
   constexpr int N = MergeVec<T>::N, B = kMergeBlock;
   const MergeLane l = merge_lane<N>(lanes, 1);
   if (l.row >= p.num_rows * p.num_heads) return;  // no warp-wide step follows
-  const int tok = l.row / p.num_heads, head = l.row - tok * p.num_heads;
+  const int tok = fast_divide(l.row, p.heads), head = l.row - tok * p.num_heads;
   const int first = p.indptr ? p.indptr[tok] : tok * p.states_per_row;
   const int count = p.indptr ? p.indptr[tok + 1] - first : p.states_per_row;
   const T* v = static_cast<const T*>(p.in.v) + head * p.in.v_stride_head + l.feat;
@@ -197,7 +199,7 @@ __device__ __forceinline__ void merge_many_rows(const MergeManyParams& p, int la
 
 template <typename T, int C = 1>
 __device__ __forceinline__ void merge_many(const MergeManyParams& p) {
-  merge_many_rows<T, C>(p, p.head_dim / MergeVec<T>::N / C);
+  merge_many_rows<T, C>(p, static_cast<unsigned>(p.head_dim) / (MergeVec<T>::N * C));
 }
 
 #endif
