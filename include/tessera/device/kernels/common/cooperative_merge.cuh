@@ -27,9 +27,11 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-// Fewest chunks of a tile merged cooperatively: below one block of the
-// merge's chunks (merge_chunk_states) a pass is one round trip anyway.
-constexpr int kCooperativeMergeMinChunks = 8;
+// Fewest chunks of a tile merged cooperatively. A tile cut in two stays with
+// its last writer (the 16-row form merges it from registers); from three on,
+// even when a pass is one round trip, the passes split over the chunks' CTAs
+// end sooner than one CTA running them all.
+constexpr int kCooperativeMergeMinChunks = 3;
 
 struct MergeWord {
   static constexpr u64 kChunk = 1ull, kTaken = 1ull << 16, kDone = 1ull << 32;
