@@ -100,7 +100,7 @@ PrefillOptions tensor_core_options(const AttentionSpec& spec, const TaskInfo& ta
   PrefillOptions p;
   p.planner = opt.planner;
   p.max_sms = opt.max_sms;
-  p.group_heads = false;  // plan() runs every step: one plan for every head keeps it short
+  p.group_heads = HeadGrouping::kOff;  // plan() runs every step: one plan for every head keeps it short
   p.cta_q = opt.tc_cta_q;
   // A group of at most 8 heads runs on 8-row tiles with the keys as the
   // mma's rows (the FA2 template's warp-specialized form): 2x padding of a

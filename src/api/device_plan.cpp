@@ -95,9 +95,12 @@ void BatchPrefill::plan_on_device(Source src, const DeviceBatch& b, int64_t max_
     throw InvalidArgument("task: one query per request needs max_total_q >= max_batch, got " + str(task_.max_total_q));
   detail::take_device_batch(device_, b, task_.max_batch, task_.max_pages, !one_query, paged, ws_->device());
   cuda::DeviceGuard guard(ws_->device());
-  if (!kernel_) configure(src, task_.max_batch, max_q, paged ? task_.max_pages : 1, stream);
+  if (!kernel_) configure(src, task_.max_batch, max_q, 0, paged ? task_.max_pages : 1, stream);
   if (head_groups_ != kernel_heads())
-    throw InvalidArgument("group_heads: planning on the GPU plans every KV head alike; expected group_heads false");
+    throw InvalidArgument("group_heads: planning on the GPU plans every KV head alike, but this wrapper groups them (" +
+                          std::string(opt_.group_heads == HeadGrouping::kOn ? "HeadGrouping::kOn"
+                                                                            : "chosen by its first plan, of long prompts") +
+                          "); expected PrefillOptions::group_heads HeadGrouping::kOff, or the first plan on the GPU");
   int plan_cta_q = 0, plan_ctas = 0;
   int64_t slot_cap = 0, split_cap = 0;
   const PlannerOptions popt = planner_options(plan_cta_q, plan_ctas, slot_cap, split_cap);

@@ -204,7 +204,8 @@ bool BatchPrefill::use_hopper(int cta_q) const {
 // The first plan: choose the tile, load the kernel, fix the grid and the
 // workspace sections (batch and total_q: the first plan's, for the tile
 // heuristic and for bounds the task leaves open).
-void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t n_indices, cudaStream_t stream) {
+void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t total_kv, int64_t n_indices,
+                             cudaStream_t stream) {
   const int group = task_.num_qo_heads / task_.num_kv_heads;
   int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_cta_q(batch ? double(total_q) * group / batch : 1.0);
   // On sm_90 the Hopper kernel's 64-row tiles beat the FA2 template's 16- and
@@ -216,13 +217,15 @@ void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t
   config_ = catalog::prefill_config(spec_, cta_q, hopper, opt_.tile, opt_.fp8_mma,
                                     catalog::keys_kv_heads(spec_, cta_q, hopper, task_.num_qo_heads, task_.num_kv_heads));
   config_.cluster = choose_cluster(src);
+  const bool group_heads = opt_.group_heads == HeadGrouping::kOn ||
+                           (may_group_heads(opt_, config_) && batch > 0 && total_kv >= kGroupHeadsMinKv * batch);
   for (;;) {  // once, or twice if the CTA pairs do not fit
     source_ = catalog::batch_prefill(spec_, config_.cta_q, config_.hopper, config_.cluster, opt_.tile, opt_.fp8_mma,
                                      config_.kv_heads);
     const auto pk = detail::load_persistent(source_, ws_->device(), config_.threads, config_.smem_bytes,
                                             config_.ctas_per_sm, kernel_heads(), opt_.max_sms, "BatchPrefill::plan");
     kernel_ = pk.kernel;
-    const auto g = detail::head_groups(kernel_heads(), opt_.group_heads, cuda::device_info(ws_->device()).sm_count,
+    const auto g = detail::head_groups(kernel_heads(), group_heads, cuda::device_info(ws_->device()).sm_count,
                                        pk.ctas_per_sm, opt_.max_sms);
     ctas_per_group_ = g.ctas_per_group;
     head_groups_ = g.groups;
@@ -258,6 +261,10 @@ PlannerOptions BatchPrefill::planner_options(int& plan_cta_q, int& plan_ctas, in
                                              int64_t& split_cap) const {
   PlannerOptions popt = opt_.planner;
   popt.chunk_align = std::max(popt.chunk_align, config_.cta_kv);  // chunks end on KV tile boundaries
+  // Charged per row, the paper's alpha made a 128-row tile's fixed cost 4096
+  // keys: the greedy then balanced tile counts rather than keys, and some
+  // CTAs got a fifth more keys than others (PlannerOptions::alpha).
+  if (config_.hopper && config_.cta_q >= 128) popt.alpha /= kComputeBoundAlphaScale;
   popt.window_left = spec_.variant.window_left;
   popt.serpentine = popt.serpentine || (custom_mask_ && opt_.trim_masked_tiles);  // trimmed costs vary by tile
   // Short steps unsplit only where the caller asks (decode on tensor cores):
@@ -295,7 +302,11 @@ void BatchPrefill::plan_common(Source src, std::span<const int32_t> qo_indptr, s
   if (custom_mask_) validate_mask_indptr(mask_indptr, qo_lens_, kv_lens);  // before any GPU work
 
   cuda::DeviceGuard guard(ws_->device());  // the upload and its event belong to the workspace's device
-  if (!kernel_) configure(src, batch, total_q, kv_indices.count, stream);
+  if (!kernel_) {
+    int64_t total_kv = 0;
+    for (const int32_t l : kv_lens) total_kv += l;
+    configure(src, batch, total_q, total_kv, kv_indices.count, stream);
+  }
   if (batch > task_.max_batch)
     throw InvalidArgument("qo_indptr: batch size " + str(batch) + " exceeds the workspace bound max_batch=" + str(task_.max_batch));
   if (total_q > task_.max_total_q)

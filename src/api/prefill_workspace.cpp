@@ -118,6 +118,11 @@ size_t BatchPrefill::min_scratch_size(const AttentionSpec& spec, const TaskInfo&
 // pick. The scratch is the layout's last section, so the workspace without
 // it plus the largest scratch (ideal or minimal) is at least every layout's
 // total.
+bool BatchPrefill::may_group_heads(const PrefillOptions& opt, const PrefillConfig& c) {
+  return opt.group_heads == HeadGrouping::kOn ||
+         (opt.group_heads == HeadGrouping::kAuto && c.hopper && c.cta_q >= 128);
+}
+
 BatchPrefill::SizeSet BatchPrefill::sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                           const PrefillOptions& opt) {
   validate_task(task, spec);
@@ -130,12 +135,15 @@ BatchPrefill::SizeSet BatchPrefill::sizes(const AttentionSpec& spec, const TaskI
   detail::each_candidate(spec, opt, [&](const PrefillConfig& c) {  // whichever the first plan picks
     const TaskInfo kt =
         kernel_task(task, catalog::keys_kv_heads(spec, c.cta_q, c.hopper, task.num_qo_heads, task.num_kv_heads));
-    const auto g = detail::head_groups(kt.num_kv_heads, opt.group_heads, num_sms, c.ctas_per_sm, opt.max_sms);
-    const Layout l = layout_for(spec, kt, g.ctas_per_group, g.groups, c.cta_q, opt.planner.fixed_chunk);
-    r.shared.device_bytes = std::max(r.shared.device_bytes, l.scratch);
-    r.shared.host_bytes = std::max(r.shared.host_bytes, l.staged);
-    r.scratch = std::max(r.scratch, l.ideal_scratch_bytes);
-    r.min_scratch = std::max(r.min_scratch, l.min_scratch_bytes);
+    for (const bool grouped : {false, true}) {  // kAuto: either, chosen by the first plan
+      if (grouped ? !may_group_heads(opt, c) : !may_plan_per_head(opt)) continue;
+      const auto g = detail::head_groups(kt.num_kv_heads, grouped, num_sms, c.ctas_per_sm, opt.max_sms);
+      const Layout l = layout_for(spec, kt, g.ctas_per_group, g.groups, c.cta_q, opt.planner.fixed_chunk);
+      r.shared.device_bytes = std::max(r.shared.device_bytes, l.scratch);
+      r.shared.host_bytes = std::max(r.shared.host_bytes, l.staged);
+      r.scratch = std::max(r.scratch, l.ideal_scratch_bytes);
+      r.min_scratch = std::max(r.min_scratch, l.min_scratch_bytes);
+    }
   });
   r.whole = {r.shared.device_bytes + r.scratch, r.shared.host_bytes};
   r.min_whole = {r.shared.device_bytes + r.min_scratch, r.shared.host_bytes};

@@ -141,8 +141,24 @@ TEST(ApiErrors, DecodeTensorCoreOptions) {
   EXPECT_EQ(tc.host_bytes, rows8.host_bytes);
   const auto pre = BatchPrefill::workspace_size(spec, as_prefill, 132);
   // Grouped heads (8 heads, 132 SMs: 4 groups of 2) plan twice the requests.
-  EXPECT_GT(BatchPrefill::workspace_size(spec, as_prefill, 132, PrefillOptions{.group_heads = true}).host_bytes,
-            pre.host_bytes);
+  const auto per_head = BatchPrefill::workspace_size(spec, as_prefill, 132, {.group_heads = HeadGrouping::kOff});
+  const auto grouped = BatchPrefill::workspace_size(spec, as_prefill, 132, {.group_heads = HeadGrouping::kOn});
+  EXPECT_GT(grouped.host_bytes, per_head.host_bytes);
+  // The default (kAuto) may group at a first plan of long prompts on 128-row
+  // Hopper tiles (not on FA2 ones, which kOn groups too): its workspace holds
+  // every per-head layout and that one (which may not be the largest).
+  TaskInfo prompts = as_prefill;
+  prompts.max_total_q = 8192;
+  const auto auto_long = BatchPrefill::workspace_size(spec, prompts, 132);
+  const auto off_long = BatchPrefill::workspace_size(spec, prompts, 132, {.group_heads = HeadGrouping::kOff});
+  const auto on_long = BatchPrefill::workspace_size(spec, prompts, 132, {.group_heads = HeadGrouping::kOn});
+  EXPECT_GT(on_long.host_bytes, off_long.host_bytes);
+  EXPECT_GE(auto_long.host_bytes, off_long.host_bytes);
+  EXPECT_LE(auto_long.host_bytes, on_long.host_bytes);
+  EXPECT_GE(auto_long.device_bytes, off_long.device_bytes);
+  // Below 128-row tiles nothing is grouped unless asked.
+  EXPECT_EQ(rows8.host_bytes,
+            BatchPrefill::workspace_size(spec, as_prefill, 132, {.cta_q = 8, .group_heads = HeadGrouping::kOff}).host_bytes);
   EXPECT_GT(tc.device_bytes, 0u);
   // Fixed chunks: TaskInfo::max_fixed_chunks, when given, sizes the pieces
   // (work items and partial states) instead of the one-tile-per-request bound.

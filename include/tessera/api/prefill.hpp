@@ -55,6 +55,13 @@ namespace tessera {
 // sm_90 where it supports the head dim and query tile, else FA2 (mma.sync).
 enum class PrefillBackend { kAuto, kFA2, kFA3 };
 
+enum class HeadGrouping { kAuto, kOff, kOn };
+
+// HeadGrouping::kAuto groups KV heads from this mean KV length a request of
+// the first plan: below it, the coarser balance of many heads' tiles over
+// more CTAs costs more than the idle SMs (docs/performance.md, head groups).
+constexpr int64_t kGroupHeadsMinKv = 4096;
+
 struct PrefillOptions {
   PrefillBackend backend = PrefillBackend::kAuto;
   PlannerOptions planner;
@@ -67,12 +74,13 @@ struct PrefillOptions {
   // (or stricter) may set it too.
   bool causal_schedule = false;
   // Plan the KV heads together in groups (see head_groups()) so the grid
-  // fills every SM (8, 16 or 32 heads leave 4 of an H100's 132 idle with one
-  // plan per head). Off by default: measured on the H100 Table-1 setting it
-  // was 10% slower at 1k-4k tokens, 5% faster at 8k, even at 16k
-  // (bench/results/prefill-ab-head-groups-*.json); the cause is not known
-  // yet.
-  bool group_heads = false;
+  // fills every SM: one plan per head leaves 4 of an H100's or H200's 132
+  // idle with 8, 16 or 32 heads. Auto groups them where the first plan is
+  // long prompts on the Hopper kernel's 128-row tiles (a mean KV length of at
+  // least kGroupHeadsMinKv) and the plan runs on the host; per head
+  // otherwise, where the finer split of one head's tiles over fewer CTAs
+  // balances better. Fixed at the first plan, like the tile.
+  HeadGrouping group_heads = HeadGrouping::kAuto;
   // Hopper kernel on contiguous (ragged) KV: CTA pairs (a cluster of 2) take
   // 256-row query tiles, 128 rows each, and receive every K / V tile in one
   // TMA multicast, so L2 serves each tile once per pair (less energy per FLOP
@@ -248,6 +256,10 @@ class BatchPrefill {
     size_t scratch = 0, min_scratch = 0;
   };
   static SizeSet sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms, const PrefillOptions& opt);
+  // Whether a first plan on configuration c may group the KV heads (kOn, or
+  // kAuto on the Hopper kernel's 128-row tiles), and whether it may not.
+  static bool may_group_heads(const PrefillOptions& opt, const PrefillConfig& c);
+  static bool may_plan_per_head(const PrefillOptions& opt) { return opt.group_heads != HeadGrouping::kOn; }
   // The task as the plan and the kernel see it: num_kv_heads / kv_heads KV
   // heads (PrefillConfig::kv_heads: adjacent heads a CTA), each with
   // kv_heads x group query heads.
@@ -261,7 +273,10 @@ class BatchPrefill {
                    const PageIds& kv_indices, std::span<const int32_t> kv_last_page_len,
                    std::span<const int32_t> kv_lens, std::span<const int32_t> mask_indptr, cudaStream_t stream);
   bool use_hopper(int cta_q) const;
-  void configure(Source src, int64_t batch, int64_t total_q, int64_t n_indices, cudaStream_t stream);
+  // total_kv: the first plan's KV tokens over all requests (0: unknown, as
+  // when planning on the GPU), for HeadGrouping::kAuto.
+  void configure(Source src, int64_t batch, int64_t total_q, int64_t total_kv, int64_t n_indices,
+                 cudaStream_t stream);
   // rows: a cascade level's row mask or row check (device_batch.hpp).
   void plan_on_device(Source src, const DeviceBatch& batch, int64_t max_kv_tokens, cudaStream_t stream,
                       const detail::LevelRows& rows = {});
