@@ -5,8 +5,9 @@ n requests (default 64) share `--shared` tokens (8192) and own `--own` (256)
 each; GQA 32/8, fp16, head dim 128, pages of 16 shuffled over one cache, so
 the shared pages stay in L2 and the step is bound by math and L2 reads.
 Tessera on tensor cores with its default query tile (8 rows for a 4-head
-group) and the Hopper kernel's 64-row tile; FlashInfer on tensor cores and
-on CUDA cores. Timed in interleaved rounds replayed from CUDA graphs
+group), the Hopper kernel's 64-row tile, and with shared_prefix="auto" (plan()
+finds the shared pages and attends them once, as a cascade level); FlashInfer
+on tensor cores and on CUDA cores. Timed in interleaved rounds replayed from CUDA graphs
 (common.bench_graph_ms), PDL on for every call; outputs must agree with
 FlashInfer's tensor-core path (else with Tessera's default) within 2e-3.
 
@@ -45,17 +46,18 @@ def main():
     indptr = torch.arange(n + 1, dtype=torch.int32) * (sp + op)
     last = torch.full((n,), PS, dtype=torch.int32)
     q = torch.randn(n, HQ, D, dtype=torch.float16, device="cuda")
-    callers = {"tessera": (tessera, 0), "tessera-64": (tessera, 64)}
+    callers = {"tessera": (tessera, 0), "tessera-64": (tessera, 64), "tessera-auto": (tessera, "auto")}
     if fi is not None:
         callers.update({"fi-tc": (fi, True), "fi": (fi, False)})
     fns, outs, keep = {}, {}, []
     for name, (lib, arg) in callers.items():
         tc = arg if lib is fi else True
         w = lib.BatchDecodeWithPagedKVCacheWrapper(common.new_workspace(512 << 20), "NHD", use_tensor_cores=tc)
-        if lib is tessera and arg:
+        if lib is tessera and isinstance(arg, int) and arg:
             w._tc_cta_q = arg  # Tessera-only: pins the tensor-core query tile
         table = (indptr.cuda(), indices.cuda(), last.cuda()) if lib is fi else (indptr, indices, last)
-        w.plan(*table, HQ, HKV, D, PS, q_data_type=torch.float16, kv_data_type=torch.float16)
+        extra = {"shared_prefix": "auto"} if arg == "auto" else {}
+        w.plan(*table, HQ, HKV, D, PS, q_data_type=torch.float16, kv_data_type=torch.float16, **extra)
         out = torch.full_like(q, float("nan"))
         w.run(q, (k, v), out=out, enable_pdl=True)
         torch.cuda.synchronize()
@@ -69,6 +71,8 @@ def main():
     times = common.interleaved(fns, args.rounds, timer=lambda f: f())
     us = {name: common.median(t) * 1e3 for name, t in times.items()}
     ratios = {f"{peer}/tessera": common.paired_ratio(times, peer, "tessera") for peer in us if peer != "tessera"}
+    ratios.update({f"{peer}/tessera-auto": common.paired_ratio(times, peer, "tessera-auto")
+                   for peer in ("fi-tc", "fi") if peer in us})
     print(f"# {n} requests x ({args.shared} shared + {args.own} own) tokens, GQA {HQ}/{HKV}, page {PS}; us, "
           f"ratios: peer time / Tessera's (> 1: Tessera faster)")
     print(" | ".join(f"{name} {u:.1f}" for name, u in us.items()) + " | " +
