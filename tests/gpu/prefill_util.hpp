@@ -1,8 +1,12 @@
 // Helpers shared by the prefill GPU tests: workspace sizing and a run whose
 // outputs are poisoned first and fetched back to the host.
 #pragma once
+#include <random>
+#include <vector>
+
 #include "gpu_util.hpp"
 #include "tessera/api/prefill.hpp"
+#include "tessera/reference/attention.hpp"
 
 namespace tessera::test {
 
@@ -25,6 +29,26 @@ Out run_and_fetch(RunFn run, DType dt, int64_t rows, int64_t hq, int64_t d) {
   out.o = to_host(d_o, out.o);
   out.lse = to_host(dlse, out.lse);
   return out;
+}
+
+// A causal ragged batch (qo / kv indptrs) with random q in [-2, 2], k and v
+// of head dims d and dv, and its float64 reference.
+struct CausalRaggedCase {
+  HostTensor q, k, v;
+  reference::Result ref;
+};
+inline CausalRaggedCase causal_ragged_case(DType dt, const std::vector<int32_t>& qo, const std::vector<int32_t>& kv,
+                                           int64_t hq, int64_t hkv, int64_t d, int64_t dv, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  CausalRaggedCase c{make_host(dt, {qo.back(), hq, d}), make_host(dt, {kv.back(), hkv, d}),
+                     make_host(dt, {kv.back(), hkv, dv}), {}};
+  fill_random(c.q, rng(), -2.f, 2.f);
+  fill_random(c.k, rng());
+  fill_random(c.v, rng());
+  reference::Options ro;
+  ro.causal = true;
+  c.ref = reference::attention_ragged(c.q.view, RaggedIndex(qo), c.k.view, c.v.view, RaggedIndex(kv), ro);
+  return c;
 }
 
 }  // namespace tessera::test

@@ -111,16 +111,8 @@ TEST(HeadDimsPrefillTilesGpu, EveryQueryTile) {
       SCOPED_TRACE(std::to_string(qk) + "/" + std::to_string(vo) + " cta_q " + std::to_string(cta_q));
       const DType dt = DType::kFloat16;
       const int64_t DV = vo ? vo : qk, Hkv = 2, Hq = 8;
-      std::mt19937_64 rng(cta_q);
       const std::vector<int32_t> qo{0, 50, 51, 180}, kv{0, 700, 1700, 1830};
-      HostTensor q = make_host(dt, {qo.back(), Hq, qk}), k = make_host(dt, {kv.back(), Hkv, qk}),
-                 v = make_host(dt, {kv.back(), Hkv, DV});
-      fill_random(q, rng(), -2.f, 2.f);
-      fill_random(k, rng());
-      fill_random(v, rng());
-      reference::Options ro;
-      ro.causal = true;
-      const auto ref = reference::attention_ragged(q.view, RaggedIndex(qo), k.view, v.view, RaggedIndex(kv), ro);
+      const auto [q, k, v, ref] = causal_ragged_case(dt, qo, kv, Hq, Hkv, qk, DV, cta_q);
       const AttentionSpec spec{variants::causal(), dt, dt, dt, qk, vo};
       TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), 1, KVLayout::kNHD, 4, kv.back()};
       task.max_total_q = qo.back();

@@ -166,14 +166,7 @@ TEST(PrefillHeadGroups, AutoGroupsLongPromptsOnHopperTiles) {
     pre.plan_ragged(qo, kv);
     EXPECT_EQ(pre.head_groups() < Hkv, grouped);
     if (!grouped) continue;
-    std::mt19937_64 rng(len);
-    HostTensor q = make_host(dt, {2 * Q, Hkv, D}), k = make_host(dt, {2 * int64_t(len), Hkv, D}), v = k;
-    fill_random(q, rng(), -2.f, 2.f);
-    fill_random(k, rng());
-    fill_random(v, rng());
-    reference::Options ro;
-    ro.causal = true;
-    const auto ref = reference::attention_ragged(q.view, RaggedIndex(qo), k.view, v.view, RaggedIndex(kv), ro);
+    const auto [q, k, v, ref] = causal_ragged_case(dt, qo, kv, Hkv, Hkv, D, D, len);
     auto dq = to_device(q), dk = to_device(k), dv = to_device(v);
     auto ragged = [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); };
     const Out r = run_and_fetch(ragged, dt, 2 * Q, Hkv, D);
