@@ -114,15 +114,15 @@ size_t BatchPrefill::min_scratch_size(const AttentionSpec& spec, const TaskInfo&
   return sizes(spec, task, num_sms, opt).min_scratch;
 }
 
-// Each size is the largest over the tiles and backends a first plan may
-// pick. The scratch is the layout's last section, so the workspace without
-// it plus the largest scratch (ideal or minimal) is at least every layout's
-// total.
 bool BatchPrefill::may_group_heads(const PrefillOptions& opt, const PrefillConfig& c) {
   return opt.group_heads == HeadGrouping::kOn ||
          (opt.group_heads == HeadGrouping::kAuto && c.hopper && c.cta_q >= 128);
 }
 
+// Each size is the largest over the tiles and backends a first plan may
+// pick. The scratch is the layout's last section, so the workspace without
+// it plus the largest scratch (ideal or minimal) is at least every layout's
+// total.
 BatchPrefill::SizeSet BatchPrefill::sizes(const AttentionSpec& spec, const TaskInfo& task, int num_sms,
                                           const PrefillOptions& opt) {
   validate_task(task, spec);
