@@ -218,8 +218,12 @@ inline AutoSharedPrefix auto_shared_prefix(const PrefixArg& a) {
 
 inline PrefillOptions prefill_options(int cta_q, int max_sms, int backend, const TileArg& tile = {}, int cluster = 0,
                                       bool split_kv = true, int fixed_chunk = 0, const PrefixArg& shared_prefix = {},
-                                      bool fp8_mma = false) {
+                                      bool fp8_mma = false, int group_heads = 0) {
   PrefillOptions opt;
+  if (group_heads < 0 || group_heads > 2)
+    throw InvalidArgument("group_heads: expected 0 (auto), 1 (off: one plan per KV head) or 2 (on), got " +
+                          std::to_string(group_heads));
+  opt.group_heads = static_cast<HeadGrouping>(group_heads);
   opt.fp8_mma = fp8_mma;
   opt.shared_prefix = auto_shared_prefix(shared_prefix);
   opt.planner.split_kv = split_kv;

@@ -80,13 +80,14 @@ class PyBatchPrefill {
                  uintptr_t host_ptr, size_t host_bytes, int device, int cta_q, int max_sms, int backend,
                  bool custom_mask, int window_left, double logits_soft_cap, int pos_encoding, const TileArg& tile,
                  int cluster, bool split_kv, int fixed_chunk, int64_t max_fixed_chunks, int head_dim_vo,
-                 const PrefixArg& shared_prefix, bool fp8_mma)
+                 const PrefixArg& shared_prefix, bool fp8_mma, int group_heads)
       : ws_(reinterpret_cast<void*>(ws_ptr), ws_bytes, reinterpret_cast<void*>(host_ptr), host_bytes, device),
         pre_(spec(q_dtype, kv_dtype, o_dtype, head_dim, causal, custom_mask, window_left, logits_soft_cap,
                   pos_encoding, head_dim_vo),
              task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks),
              ws_,
-             prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk, shared_prefix, fp8_mma)),
+             prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk, shared_prefix, fp8_mma,
+                             group_heads)),
         layout_(parse_kv_layout(layout.c_str())), pos_encoding_(pos_encoding),
         kv_dtype_(parse_dtype("kv_dtype", kv_dtype)) {}
 
@@ -121,7 +122,7 @@ class PyBatchPrefill {
                                                    double logits_soft_cap, int pos_encoding, const TileArg& tile,
                                                    int cluster, bool split_kv, int fixed_chunk,
                                                    int64_t max_fixed_chunks, int head_dim_vo,
-                                                   const PrefixArg& shared_prefix, bool fp8_mma) {
+                                                   const PrefixArg& shared_prefix, bool fp8_mma, int group_heads) {
     const TaskInfo t =
         task(num_qo_heads, num_kv_heads, page_size, layout, max_batch, max_total_q, max_pages, max_fixed_chunks);
     if (num_sms <= 0) {
@@ -135,7 +136,8 @@ class PyBatchPrefill {
     if (cta_q) (void)catalog::prefill_config(sp, cta_q);
     const auto s = (Min ? BatchPrefill::min_workspace_size : BatchPrefill::workspace_size)(
         sp, t, num_sms,
-        prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk, shared_prefix, fp8_mma));
+        prefill_options(cta_q, max_sms, backend, tile, cluster, split_kv, fixed_chunk, shared_prefix, fp8_mma,
+                        group_heads));
     return {s.device_bytes, s.host_bytes};
   }
 
@@ -265,6 +267,7 @@ class PyBatchPrefill {
   int cta_q() const { return pre_.ctas_per_group() ? pre_.config().cta_q : 0; }
   int kv_heads_per_cta() const { return pre_.ctas_per_group() ? pre_.config().kv_heads : 0; }
   int ctas_per_head() const { return pre_.ctas_per_group(); }
+  int head_groups() const { return pre_.ctas_per_group() ? pre_.head_groups() : 0; }
   int cluster() const { return pre_.ctas_per_group() ? pre_.cluster() : 0; }
   bool hopper() const { return pre_.ctas_per_group() && pre_.config().hopper; }
 
@@ -306,16 +309,17 @@ void bind_prefill(nb::module_& m) {
                       "cta_q"_a = 0, "max_sms"_a = 0, "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1,
                       "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0,
                       "split_kv"_a = true, "fixed_chunk"_a = 0, "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0,
-                      "shared_prefix"_a = PrefixArg{}, "fp8_mma"_a = false);
+                      "shared_prefix"_a = PrefixArg{}, "fp8_mma"_a = false, "group_heads"_a = 0);
   prefill.def(nb::init<const std::string&, const std::string&, const std::string&, int, int, int, int, const std::string&,
                     bool, int64_t, int64_t, int64_t, uintptr_t, size_t, uintptr_t, size_t, int, int, int, int, bool, int,
-                    double, int, const TileArg&, int, bool, int, int64_t, int, const PrefixArg&, bool>(),
+                    double, int, const TileArg&, int, bool, int, int64_t, int, const PrefixArg&, bool, int>(),
            "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "num_qo_heads"_a, "num_kv_heads"_a, "page_size"_a,
            "layout"_a, "causal"_a, "max_batch"_a, "max_total_q"_a, "max_pages"_a, "workspace_ptr"_a,
            "workspace_bytes"_a, "host_ptr"_a, "host_bytes"_a, "device"_a, "cta_q"_a = 0, "max_sms"_a = 0,
            "backend"_a = 0, "custom_mask"_a = false, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
            "pos_encoding"_a = 0, "tile"_a = TileArg{}, "cluster"_a = 0, "split_kv"_a = true, "fixed_chunk"_a = 0,
            "max_fixed_chunks"_a = 0, "head_dim_vo"_a = 0, "shared_prefix"_a = PrefixArg{}, "fp8_mma"_a = false,
+           "group_heads"_a = 0,
            "Borrows a device workspace (256-byte aligned) and a pinned host buffer; the caller keeps both alive. "
            "causal selects the bottom-right causal variant; cta_q 0 lets the first plan choose the query tile; "
            "tile (cta_kv, warps_q, warps_kv, stages) overrides the heuristic's tile fields that are not 0; "
@@ -327,7 +331,9 @@ void bind_prefill(nb::module_& m) {
            "(0: head_dim; 128 with head_dim 192); shared_prefix: (min_shared_tokens, min_members, "
            "min_saved_tokens), the first > 0 turns on automatic shared prefixes (PrefillOptions::shared_prefix; a "
            "negative other keeps its default; host page ids, plan_paged only); fp8_mma: an fp8 cache's GEMMs on fp8 "
-           "tensor cores (PrefillOptions::fp8_mma: q as two e4m3 terms, P as e4m3; head_dim 128, Hopper).")
+           "tensor cores (PrefillOptions::fp8_mma: q as two e4m3 terms, P as e4m3; head_dim 128, Hopper); "
+           "group_heads: 0 auto (KV heads planned in groups that fill every SM for a first plan of long prompts on "
+           "the Hopper kernel's 128-row tiles), 1 off (one plan per KV head), 2 on (PrefillOptions::group_heads).")
       .def("plan_paged_device", &PyBatchPrefill::plan_paged_device, "qo_indptr"_a, "kv_indptr"_a, "ids_ptr"_a,
            "count"_a, "device"_a, "kv_last_page_len"_a, "stream"_a = 0,
            "Plans a paged step whose page ids stay on the GPU (as BatchDecode.plan_device).")
@@ -381,6 +387,8 @@ void bind_prefill(nb::module_& m) {
       .def_prop_ro("cta_q", &PyBatchPrefill::cta_q, "Query rows per CTA tile (0 before the first plan).")
       .def_prop_ro("kv_heads_per_cta", &PyBatchPrefill::kv_heads_per_cta,
                    "Adjacent KV heads each CTA reads together (8-row fp8 tiles: 1 or 2; 0 before the first plan).")
+      .def_prop_ro("head_groups", &PyBatchPrefill::head_groups,
+                   "KV head groups of the persistent grid (the KV heads when each is its own group; 0 before plan).")
       .def_prop_ro("ctas_per_head", &PyBatchPrefill::ctas_per_head, "Persistent CTAs per head group (per KV head when each head is its own group; 0 before plan).")
       .def_prop_ro("hopper", &PyBatchPrefill::hopper,
                    "Whether the first plan chose the Hopper (wgmma) template (False before plan).")

@@ -64,13 +64,16 @@ class PrefillWrapper(W.PlannedWrapper):
         # Tessera-only knobs (not in FlashInfer's signature): the query tile
         # (0 = chosen by the heuristic at the first plan), an SM cap, the
         # tile override (cta_kv, warps_q, warps_kv, stages; 0 = heuristic)
-        # and the Hopper kernel's CTA pairs (2 = on; 0 = auto, off); for fp8
+        # and the Hopper kernel's CTA pairs (2 = on; 0 = auto, off), KV head
+        # groups (PrefillOptions::group_heads: 0 = auto, 1 = one plan per
+        # head, 2 = grouped; fixed at the first plan); for fp8
         # caches on the Hopper kernel, fp8 tensor cores (PrefillOptions::fp8_mma:
         # q as two e4m3 terms and P as e4m3; faster, less exact).
         self._cta_q = 0
         self._max_sms = 0
         self._tile = (0, 0, 0, 0)
         self._cluster = 0
+        self._group_heads = 0  # 0: auto (long prompts on 128-row Hopper tiles), 1: one plan per KV head, 2: grouped
         self._fp8_mma = False
         self._mask_buf = None  # custom_mask_buf: where CUDA-graph mode copies the packed mask
         self._config_key = self._config_checked = None  # _config()'s last checked arguments and result
@@ -146,7 +149,7 @@ class PrefillWrapper(W.PlannedWrapper):
         split, fixed, lens = planner
         knobs = dict(options, cta_q=self._cta_q, max_sms=self._max_sms, backend=self._backend, tile=self._tile,
                      cluster=self._cluster, custom_mask=mask is not None, split_kv=split, fixed_chunk=fixed,
-                     shared_prefix=prefix, fp8_mma=bool(self._fp8_mma))
+                     shared_prefix=prefix, fp8_mma=bool(self._fp8_mma), group_heads=self._group_heads)
         key = config + (mask is not None, options["window_left"], options["logits_soft_cap"], options["pos_encoding"],
                         split, fixed, options["head_dim_vo"], prefix, bool(self._fp8_mma))
         if fixed:  # the workspace holds every (query tile, chunk) piece of the step

@@ -145,6 +145,11 @@ def test_workspace_size_query():
     assert size(64, 8192, 4096, cta_q=16)[0] <= dev  # one tile size instead of the largest of all
     expect(ValueError, "max_total_q", lambda: size(1, 0, 1))
     expect(ValueError, "cta_q", lambda: size(1, 1, 1, cta_q=48))
+    # Head groups (8 KV heads on 132 SMs: 4 groups of 2) plan twice the requests; auto (0) may group a first
+    # plan of long prompts on the Hopper kernel's 128-row tiles, so it holds that layout too.
+    off, on, auto = (size(64, 8192, 4096, cta_q=128, backend=2, group_heads=g)[1] for g in (1, 2, 0))
+    assert on > off and auto == on
+    expect(ValueError, "group_heads", lambda: size(1, 1, 1, group_heads=3))
 
 
 def test_tile_and_tensor_core_query_tile_options():
