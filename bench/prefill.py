@@ -22,8 +22,10 @@ Other modes:
                 interleaved rounds on the Table-1 shape (--seqs, --window N for
                 a causal sliding window), each checked against SDPA first;
                 CFG = NAME:KEY=VALUE,... with KEY cta_q (16, 32, 64, 128: the
-                query tile; 0 = heuristic); --peers flash,cudnn adds SDPA to
-                the rounds with per-round ratios; results: prefill-ab.json
+                query tile; 0 = heuristic) or group_heads (0 auto, 1 a plan
+                per KV head, 2 heads grouped); --peers flash,cudnn,flashinfer
+                adds SDPA / FlashInfer to the rounds with per-round ratios;
+                results: prefill-ab.json
   --fp8         the Table-1 shape (--seqs) with an fp8 (e4m3) KV cache beside
                 fp16 (the default pick and fa2), in interleaved rounds; speed
                 ratios paired by round; results: prefill-fp8.json
@@ -66,11 +68,13 @@ def tflops(fl, ms):
 
 
 def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0, ws=None, window=-1, kv_dtype=None,
-                      fp8_mma=False):
+                      fp8_mma=False, group_heads=0):
     """A planned ragged prefill as a callable (one run per call). Callables
     that live side by side need their own workspace `ws`. kv_dtype: the KV
     dtype (None: fp16 like q; torch.float8_e4m3fn: an fp8 cache); fp8_mma:
-    an fp8 cache's GEMMs on fp8 tensor cores (PrefillOptions::fp8_mma)."""
+    an fp8 cache's GEMMs on fp8 tensor cores (PrefillOptions::fp8_mma);
+    group_heads: PrefillOptions::group_heads (0 auto, 1 one plan per KV head,
+    2 heads grouped)."""
     qo = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     kvp = torch.tensor([0] + kv_lens).cumsum(0).to(torch.int32)
     kv_dtype = kv_dtype or DT
@@ -80,6 +84,7 @@ def tessera_ragged_fn(q_lens, kv_lens, hq, hkv, causal, backend="auto", cta_q=0,
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace() if ws is None else ws, "NHD", backend=backend)
     w._cta_q = cta_q  # Tessera-only knob: 0 = the heuristic's query tile
     w._fp8_mma = fp8_mma
+    w._group_heads = group_heads
     w.plan(qo, kvp, hq, hkv, D, causal=causal, window_left=window, q_data_type=DT, kv_data_type=kv_dtype)
     out = torch.empty_like(q)
     fn = lambda: w.run(q, k, v, out=out)  # noqa: E731
@@ -256,21 +261,22 @@ def ab_check(fn, L, b, h, window):
 
 def ab(args):
     """Settings of one template in interleaved rounds (each its own workspace), SDPA peers in the same rounds."""
-    configs = [common.parse_config(c, ("cta_q",)) for c in args.ab]
+    configs = [common.parse_config(c, ("cta_q", "group_heads")) for c in args.ab]
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]
-    if any(x not in ("flash", "cudnn") for x in peers):
-        raise SystemExit(f"--peers: expected flash and/or cudnn, got {args.peers!r}")
+    if any(x not in ("flash", "cudnn", "flashinfer") for x in peers):
+        raise SystemExit(f"--peers: expected flash, cudnn and/or flashinfer, got {args.peers!r}")
     if peers and args.window >= 0:
-        raise SystemExit("--peers: SDPA peers time the causal mask only (no --window)")
+        raise SystemExit("--peers: the peers time the causal mask only (no --window)")
     seqs = [int(s) for s in args.seqs.split(",")]
     b, h = args.batch, args.heads
     wss = {n: common.new_workspace() for n, _ in configs}
     errors, rows = {}, []
-    names = [n for n, _ in configs] + ["sdpa-" + x for x in peers]
+    col = {x: x if x == "flashinfer" else "sdpa-" + x for x in peers}  # the peers' columns
+    names = [n for n, _ in configs] + list(col.values())
     print("TFLOP/s (median of rounds)\nseq      " + "".join(f"{n:>12s}" for n in names))
     for L in seqs:
         fns = {n: tessera_ragged_fn([L] * b, [L] * b, h, h, True, args.backend, int(o.get("cta_q", 0)), wss[n],
-                                    args.window) for n, o in configs}
+                                    args.window, group_heads=int(o.get("group_heads", 0))) for n, o in configs}
         for n, fn in fns.items():
             if L == seqs[0]:
                 errors[n] = ab_check(fn, L, b, h, args.window)
@@ -278,15 +284,17 @@ def ab(args):
                 if not errors[n] < 1e-3:
                     raise SystemExit(f"FAILED: {n} at seq {L}: max error / reference norm = {errors[n]}")
         for x in peers:
-            fns["sdpa-" + x] = sdpa_fn(b, h, h, L, L, True, x)
+            fns[col[x]] = (flashinfer_fn([L] * b, [L] * b, h, h, True) if x == "flashinfer"
+                           else sdpa_fn(b, h, h, L, L, True, x))
         times = common.interleaved({n: f for n, f in fns.items() if f is not None}, args.rounds)
         fl = ab_flops(L, b, h, args.window)
         tf = {n: tflops(fl, common.median(times[n])) if n in times else float("nan") for n in names}
         row = dict(seq=L, tflops=tf, ms_rounds=times)
         line = f"{L:<9d}" + "".join(f"{tf[n]:12.1f}" for n in names)
-        if "sdpa-flash" in times:
-            row["vs_sdpa_flash"] = {n: common.paired_ratio(times, "sdpa-flash", n) for n, _ in configs}
-            line += "   vs flash (paired): " + " ".join(f"{n} {r:.3f}" for n, r in row["vs_sdpa_flash"].items())
+        for x in peers:  # speed over the peer's, paired by round
+            if col[x] in times:
+                row["vs_" + x] = {n: common.paired_ratio(times, col[x], n) for n, _ in configs}
+                line += f"   vs {x}: " + " ".join(f"{n} {r:.3f}" for n, r in row["vs_" + x].items())
         rows.append(row)
         print(line, flush=True)
         del fns

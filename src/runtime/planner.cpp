@@ -67,7 +67,9 @@ int64_t Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOpti
   // request at the same time and read its KV from L2 instead of each query
   // tile re-reading it from HBM (all requests' tiles at once made a 4k causal
   // batch read every KV row from HBM ~16 times: 1.45 TB/s of DRAM traffic in a
-  // compute-bound kernel). Within a request the order is still line 5's.
+  // compute-bound kernel). Within a request the order is still line 5's, and
+  // the last plan::kTailRuns * ctas chunks are in line 5's order whatever
+  // their request.
   // The order is one sort of packed integer keys: (length descending, chunk
   // id) in 64 bits, behind (request rank, request) for prefill. plan() runs
   // every generation step, and an indirect comparator over ~500 chunks cost
@@ -91,6 +93,9 @@ int64_t Planner::assign(int64_t L, int ctas, double tile_rows, const PlannerOpti
     }
     std::sort(keys_.begin(), keys_.end());
     for (size_t i = 0; i < n; ++i) minor_[i] = keys_[i].second;
+    // The tail longest first across requests (plan::kTailRuns).
+    const size_t tail = std::min(n, static_cast<size_t>(plan::kTailRuns) * static_cast<size_t>(ctas));
+    std::sort(minor_.end() - static_cast<std::ptrdiff_t>(tail), minor_.end());
   } else {
     // decode: one 64-bit key per chunk; the ids are ascending, so a stable
     // sort by length gives std::sort's order in a few linear passes (the

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/device/kernels/plan/schedule.cuh"
 #include "tessera/runtime/planner.hpp"
 
 namespace tessera::test {
@@ -130,8 +131,9 @@ inline uint64_t cost16(const PlannerOptions& opt, double tile_rows, int64_t keys
 
 // Lines 5-13 of Algorithm 1 on the given chunks: the assignment order
 // (longest first, ties by request, q tile, position; prefill first orders
-// requests by their longest chunk; serpentine reverses every other run of
-// `ctas`), then each chunk to the cheapest CTA, ties to the lowest index.
+// requests by their longest chunk, but for its last plan::kTailRuns * ctas
+// chunks; serpentine reverses every other run of `ctas`), then each chunk to
+// the cheapest CTA, ties to the lowest index.
 // Returns the chunk indices in assignment order and sets cta[i] per chunk and
 // each CTA's final cost.
 inline std::vector<size_t> list_schedule(const std::vector<PlanItem>& chunks, int ctas, const PlannerOptions& opt,
@@ -150,6 +152,15 @@ inline std::vector<size_t> list_schedule(const std::vector<PlanItem>& chunks, in
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   const size_t m = static_cast<size_t>(ctas);
+  if (by_request) {  // the last kTailRuns * ctas chunks: longest first whatever the request
+    auto plain = [&](size_t i) {
+      const PlanItem& c = chunks[i];
+      return std::make_tuple(-(c.kv_end - c.kv_start), c.request, c.q_tile, c.kv_start);
+    };
+    const size_t tail = std::min(order.size(), static_cast<size_t>(plan::kTailRuns) * m);
+    std::sort(order.end() - static_cast<std::ptrdiff_t>(tail), order.end(),
+              [&](size_t a, size_t b) { return plain(a) < plain(b); });
+  }
   if (opt.serpentine)
     for (size_t b = m; b < order.size(); b += 2 * m)
       std::reverse(order.begin() + b, order.begin() + std::min(order.size(), b + m));

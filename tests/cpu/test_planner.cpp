@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "planner_check.hpp"
@@ -310,7 +311,8 @@ TEST(Planner, MergeCostBoundsTheChunksOfLargeTiles) {
 
 // Line 5's order: each CTA's queue runs in assignment order, which is longest
 // chunk first, ties by request then position (decode); prefill first groups
-// requests by their longest chunk (descending, ties by request). Lengths are
+// requests by their longest chunk (descending, ties by request), all but its
+// last plan::kTailRuns * ctas chunks. Lengths are
 // drawn from few values so ties are common and the tie-breaks are exercised.
 TEST(Planner, QueuesFollowLongestFirstOrder) {
   std::mt19937_64 rng(21);
@@ -335,8 +337,20 @@ TEST(Planner, QueuesFollowLongestFirstOrder) {
     planner.plan_prefill(q, lens, 1, 64, /*causal=*/true, ctas, popt, pp);
     std::vector<int32_t> longest(lens.size(), 0);
     for (const PrefillWorkItem& w : pp.items) longest[w.request] = std::max(longest[w.request], w.kv_end - w.kv_start);
-    auto key = [&](const PrefillWorkItem& w) {
+    // Requests in turn, but the last kTailRuns * ctas chunks longest first.
+    auto by_request = [&](const PrefillWorkItem& w) {
       return std::make_tuple(-longest[w.request], w.request, -(w.kv_end - w.kv_start), w.q_tile, w.kv_start);
+    };
+    std::vector<PrefillWorkItem> sorted = pp.items;
+    std::sort(sorted.begin(), sorted.end(), [&](auto& a, auto& b) { return by_request(a) < by_request(b); });
+    const size_t tail = std::min(sorted.size(), static_cast<size_t>(plan::kTailRuns * ctas));
+    std::set<std::tuple<int32_t, int32_t, int32_t>> in_tail;
+    for (size_t i = sorted.size() - tail; i < sorted.size(); ++i)
+      in_tail.insert({sorted[i].request, sorted[i].q_tile, sorted[i].kv_start});
+    auto key = [&](const PrefillWorkItem& w) {
+      const bool t = in_tail.count({w.request, w.q_tile, w.kv_start}) > 0;
+      return std::make_tuple(t, t ? 0 : -longest[w.request], t ? 0 : w.request, -(w.kv_end - w.kv_start), w.request,
+                             w.q_tile, w.kv_start);
     };
     for (int c = 0; c < ctas; ++c)
       for (int i = pp.work_indptr[c] + 1; i < pp.work_indptr[c + 1]; ++i)

@@ -8,7 +8,8 @@
 // first, and each goes to the currently cheapest CTA (a priority queue on
 // cost = alpha * T_q + beta * l_kv). Prefill keeps each request's chunks
 // together in that order (requests with the longest chunks first) so the CTAs
-// share a request's KV through L2. The result is a work queue per CTA plus
+// share a request's KV through L2, but for its last chunks (plan::kTailRuns),
+// which go longest first across requests. The result is a work queue per CTA plus
 // the partial-state slots and merge counters of split tiles. Identical
 // lengths always give an identical plan (every tie is broken by index), so the
 // merge order, and the output bits, are reproducible.

@@ -1,6 +1,7 @@
 // The host planner's assignment (Algorithm 1 lines 5-13, runtime/planner.cpp)
 // in one block: chunks sorted longest first (prefill: requests by their
-// longest chunk first, each request's chunks longest first; serpentine runs
+// longest chunk first, each request's chunks longest first, the last
+// kTailRuns * ctas chunks longest first across requests; serpentine runs
 // reversed), then each chunk to the cheapest CTA, ties to the lowest index.
 // A CTA's entry packs (cost << 20 | CTA) as the host heap's entries do, so
 // the warp-wide minimum below is the heap's minimum and the queues are the
@@ -95,6 +96,26 @@ __device__ void sort_chunks(const Tables& t, int chunks) {
     }
 #pragma unroll 1
   for (int i = threadIdx.x; i < chunks; i += blockDim.x) t.order[i] = t.minor[i];
+  __syncthreads();
+}
+
+// Prefill: the last kTailRuns * ctas chunks of the order by their minor
+// keys alone (length descending, chunk id: unique), as the host planner
+// re-sorts them; by rank, through major[], free once sort_chunks is done.
+__device__ void sort_tail(const DevicePlanParams& p, const Tables& t, int chunks) {
+  if (p.decode) return;  // decode's order is line 5's already
+  const int lo = chunks - static_cast<int>(imin(chunks, static_cast<i64>(kTailRuns) * p.ctas));
+#pragma unroll 1
+  for (int i = lo + threadIdx.x; i < chunks; i += blockDim.x) t.major[i] = t.order[i];
+  __syncthreads();
+#pragma unroll 1
+  for (int i = lo + threadIdx.x; i < chunks; i += blockDim.x) {
+    const u64 a = t.major[i];
+    int r = 0;
+#pragma unroll 4
+    for (int j = lo; j < chunks; ++j) r += t.major[j] < a;
+    t.order[lo + r] = a;
+  }
   __syncthreads();
 }
 

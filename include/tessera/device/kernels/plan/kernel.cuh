@@ -150,6 +150,7 @@ struct BlockEvaluator {
     const int chunks = static_cast<int>(imin(e.chunks, p.max_items));  // past the bound plan_step reports it
     chunk_sort_keys(p, t, batch, n, chunks);
     sort_chunks(t, chunks);
+    sort_tail(p, t, chunks);
     e.makespan = assign_chunks(p, t, chunks);
     return e;
   }

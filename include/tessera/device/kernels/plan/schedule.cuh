@@ -17,6 +17,12 @@
 namespace tessera::plan {
 
 constexpr int kNoSplit = 0x7fffffff;  // L when nothing splits
+// Prefill's assignment order keeps each request's chunks together (L2
+// sharing), but its last kTailRuns * ctas chunks go longest first across
+// requests: in request order the batch's last chunks are one or two
+// requests', too few and too alike to even out what the chunks before them
+// left, and the few requests the tail reads stay in L2 in either order.
+constexpr int kTailRuns = 2;
 
 TESSERA_PLAN_FN i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 TESSERA_PLAN_FN i64 imax(i64 a, i64 b) { return a > b ? a : b; }
