@@ -26,7 +26,7 @@ namespace tessera {
 
 // How much less a query row's fixed cost weighs on compute-bound tiles
 // (PlannerOptions::alpha).
-constexpr double kComputeBoundAlphaScale = 64.0;
+constexpr double kComputeBoundAlphaScale = 32.0;
 
 struct PlannerOptions {
   bool split_kv = true;  // false: one chunk per tile (the ablation "no load balancing")
@@ -35,7 +35,8 @@ struct PlannerOptions {
   // costs the same whatever the tile's rows. On the Hopper prefill kernel's
   // 128-row tiles, compute-bound, a KV token costs every row's math, so
   // BatchPrefill charges alpha / kComputeBoundAlphaScale per row there (the
-  // default: 64 tokens, half a KV tile, a tile's Q load and epilogue).
+  // default: 128 tokens, one KV tile, for a tile's Q load and epilogue: at
+  // half that, short prompts' plans gave some CTAs twice the items of others).
   double alpha = 32.0;
   double beta = 1.0;     // cost per KV token
   int min_chunk = 64;    // floor of L_kv (a tile's chunks are near-equal pieces of at most L_kv, each > L_kv / 2 but its last)
