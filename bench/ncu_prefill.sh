@@ -6,7 +6,8 @@
 # has built the extension:
 #   bench/ncu_prefill.sh OUTDIR [bench/prefill.py --single args: --seq L --kv paged:16 ...]
 # NCU_KERNEL picks the kernel (default regex:tessera_prefill), e.g.
-# NCU_KERNEL=regex:flash with --sdpa flash profiles the peer.
+# NCU_KERNEL=regex:flash with --sdpa flash profiles the peer, and
+# NCU_KERNEL=regex:PrefillWithKVCache with --sdpa flashinfer FlashInfer's kernel.
 # NCU_KEEP=1 keeps the per-instruction table (sass.csv) and details.csv.
 set -euo pipefail
 out="$1"; shift

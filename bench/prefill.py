@@ -30,7 +30,8 @@ Other modes:
                 fp16 (the default pick and fa2), in interleaved rounds; speed
                 ratios paired by round; results: prefill-fp8.json
   --single      one configuration run a few times (--seq, --kv, --sdpa): the
-                target for a profiler (bench/ncu_prefill.sh) or a quick timing
+                target for a profiler (bench/ncu_prefill.sh) or a quick timing;
+                --sdpa flash / cudnn / flashinfer times that peer instead
 
 Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd] [--head-dim 128] [--rounds 3]
        python bench/prefill.py --ab base: --ab q64:cta_q=64 [--seqs 1024,4096] [--window 1024] [--peers flash]
@@ -347,7 +348,13 @@ def single(args):
     L, b, h = args.seq, args.batch, args.heads
     causal, hkv = not args.non_causal, args.kv_heads or args.heads
     backend, kv = args.backend, args.kv
-    if args.sdpa:
+    if args.sdpa == "flashinfer":
+        fn = flashinfer_fn([L] * b, [L] * b, h, hkv, causal)
+        if fn is None:
+            raise SystemExit("--sdpa flashinfer: FlashInfer is not importable or refused the shape")
+        ms = common.bench_ms(fn)
+        backend, kv = "flashinfer", "ragged"
+    elif args.sdpa:
         ms = sdpa(b, h, hkv, L, L, causal, args.sdpa)
         backend, kv = "sdpa-" + args.sdpa, "dense"
     elif kv.startswith("paged:"):
@@ -385,7 +392,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=0, help="--single: KV heads (0: as --heads)")
     ap.add_argument("--non-causal", action="store_true", help="--single")
     ap.add_argument("--kv", default="ragged", help="--single: ragged, paged:PAGE_SIZE or bsr (Br 16, Bc 1; non-causal)")
-    ap.add_argument("--sdpa", choices=["flash", "cudnn"], help="--single: time PyTorch SDPA's backend instead")
+    ap.add_argument("--sdpa", choices=["flash", "cudnn", "flashinfer"],
+                    help="--single: time a peer instead (an SDPA backend, or FlashInfer's ragged prefill)")
     args = ap.parse_args()
     D = args.head_dim
     common.require()
