@@ -7,14 +7,15 @@
 #   bench/ncu_prefill.sh OUTDIR [bench/prefill.py --single args: --seq L --kv paged:16 ...]
 # NCU_KERNEL picks the kernel (default regex:tessera_prefill), e.g.
 # NCU_KERNEL=regex:flash with --sdpa flash profiles the peer, and
-# NCU_KERNEL=regex:PrefillWithKVCache with --sdpa flashinfer FlashInfer's kernel.
+# NCU_KERNEL=regex:PrefillWithKVCache with --sdpa flashinfer FlashInfer's fa3 kernel
+# (regex:BatchPrefillWithRagged with --sdpa flashinfer --backend fa2: its fa2 kernel).
 # NCU_KEEP=1 keeps the per-instruction table (sass.csv) and details.csv.
 set -euo pipefail
 out="$1"; shift
 root="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$out"
 rep="$out/prefill"
-PYTHONPATH="$root/python" ncu -f -o "$rep" -k "${NCU_KERNEL:-regex:tessera_prefill}" --launch-skip 5 --launch-count 1 \
+PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" ncu -f -o "$rep" -k "${NCU_KERNEL:-regex:tessera_prefill}" --launch-skip 5 --launch-count 1 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section WarpStateStats --section SchedulerStats --section InstructionStats --section SourceCounters \
   --import-source no python3 "$root/bench/prefill.py" --single "$@" >"$out/ncu_run.log" 2>&1 || { tail -20 "$out/ncu_run.log"; exit 1; }

@@ -24,7 +24,8 @@ Other modes:
                 CFG = NAME:KEY=VALUE,... with KEY cta_q (16, 32, 64, 128: the
                 query tile; 0 = heuristic) or group_heads (0 auto, 1 a plan
                 per KV head, 2 heads grouped); --peers flash,cudnn,flashinfer
-                adds SDPA / FlashInfer to the rounds with per-round ratios;
+                adds SDPA / FlashInfer (on the same template: --backend fa2
+                times its fa2 kernel) to the rounds with per-round ratios;
                 results: prefill-ab.json
   --fp8         the Table-1 shape (--seqs) with an fp8 (e4m3) KV cache beside
                 fp16 (the default pick and fa2), in interleaved rounds; speed
@@ -32,6 +33,7 @@ Other modes:
   --single      one configuration run a few times (--seq, --kv, --sdpa): the
                 target for a profiler (bench/ncu_prefill.sh) or a quick timing;
                 --sdpa flash / cudnn / flashinfer times that peer instead
+                (FlashInfer on the --backend template)
 
 Usage: python bench/prefill.py [--quick] [--no-flex] [--backends fa2,fa3] [--parts abcd] [--head-dim 128] [--rounds 3]
        python bench/prefill.py --ab base: --ab q64:cta_q=64 [--seqs 1024,4096] [--window 1024] [--peers flash]
@@ -144,13 +146,14 @@ def flex_fn(b, hq, hkv, lq, lkv, causal):
     return common.flex_fn(b, hq, hkv, lq, lkv, mask, d=D, dtype=DT)
 
 
-def flashinfer_fn(q_lens, kv_lens, hq, hkv, causal):
+def flashinfer_fn(q_lens, kv_lens, hq, hkv, causal, backend=None):
+    """FlashInfer's ragged prefill (its default template, or backend "fa2" / "fa3")."""
     fi = common.flashinfer()
     if fi is None:
         return None
     try:
-        return common.ragged_prefill_fn(fi, q_lens, kv_lens, hq, hkv, causal, D, ws=common.new_workspace(256 << 20),
-                                        dtype=DT)
+        return common.ragged_prefill_fn(fi, q_lens, kv_lens, hq, hkv, causal, D, backend=backend,
+                                        ws=common.new_workspace(256 << 20), dtype=DT)
     except Exception as e:  # a peer that refuses a shape is reported, not fatal
         print(f"# flashinfer: {type(e).__name__}: {str(e)[:80]}", flush=True)
         return None
@@ -273,6 +276,7 @@ def ab(args):
     wss = {n: common.new_workspace() for n, _ in configs}
     errors, rows = {}, []
     col = {x: x if x == "flashinfer" else "sdpa-" + x for x in peers}  # the peers' columns
+    fi_backend = args.backend if args.backend in ("fa2", "fa3") else None  # FlashInfer runs the same template
     names = [n for n, _ in configs] + list(col.values())
     print("TFLOP/s (median of rounds)\nseq      " + "".join(f"{n:>12s}" for n in names))
     for L in seqs:
@@ -285,7 +289,7 @@ def ab(args):
                 if not errors[n] < 1e-3:
                     raise SystemExit(f"FAILED: {n} at seq {L}: max error / reference norm = {errors[n]}")
         for x in peers:
-            fns[col[x]] = (flashinfer_fn([L] * b, [L] * b, h, h, True) if x == "flashinfer"
+            fns[col[x]] = (flashinfer_fn([L] * b, [L] * b, h, h, True, fi_backend) if x == "flashinfer"
                            else sdpa_fn(b, h, h, L, L, True, x))
         times = common.interleaved({n: f for n, f in fns.items() if f is not None}, args.rounds)
         fl = ab_flops(L, b, h, args.window)
@@ -349,11 +353,11 @@ def single(args):
     causal, hkv = not args.non_causal, args.kv_heads or args.heads
     backend, kv = args.backend, args.kv
     if args.sdpa == "flashinfer":
-        fn = flashinfer_fn([L] * b, [L] * b, h, hkv, causal)
+        fn = flashinfer_fn([L] * b, [L] * b, h, hkv, causal, backend if backend in ("fa2", "fa3") else None)
         if fn is None:
             raise SystemExit("--sdpa flashinfer: FlashInfer is not importable or refused the shape")
         ms = common.bench_ms(fn)
-        backend, kv = "flashinfer", "ragged"
+        backend, kv = f"flashinfer {backend}", "ragged"
     elif args.sdpa:
         ms = sdpa(b, h, hkv, L, L, causal, args.sdpa)
         backend, kv = "sdpa-" + args.sdpa, "dense"
