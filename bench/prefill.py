@@ -147,7 +147,8 @@ def flex_fn(b, hq, hkv, lq, lkv, causal):
 
 
 def flashinfer_fn(q_lens, kv_lens, hq, hkv, causal, backend=None):
-    """FlashInfer's ragged prefill (its default template, or backend "fa2" / "fa3")."""
+    """FlashInfer's ragged prefill on template backend ("fa2" / "fa3"; anything else: its default)."""
+    backend = backend if backend in ("fa2", "fa3") else None
     fi = common.flashinfer()
     if fi is None:
         return None
@@ -276,7 +277,6 @@ def ab(args):
     wss = {n: common.new_workspace() for n, _ in configs}
     errors, rows = {}, []
     col = {x: x if x == "flashinfer" else "sdpa-" + x for x in peers}  # the peers' columns
-    fi_backend = args.backend if args.backend in ("fa2", "fa3") else None  # FlashInfer runs the same template
     names = [n for n, _ in configs] + list(col.values())
     print("TFLOP/s (median of rounds)\nseq      " + "".join(f"{n:>12s}" for n in names))
     for L in seqs:
@@ -289,7 +289,7 @@ def ab(args):
                 if not errors[n] < 1e-3:
                     raise SystemExit(f"FAILED: {n} at seq {L}: max error / reference norm = {errors[n]}")
         for x in peers:
-            fns[col[x]] = (flashinfer_fn([L] * b, [L] * b, h, h, True, fi_backend) if x == "flashinfer"
+            fns[col[x]] = (flashinfer_fn([L] * b, [L] * b, h, h, True, args.backend) if x == "flashinfer"
                            else sdpa_fn(b, h, h, L, L, True, x))
         times = common.interleaved({n: f for n, f in fns.items() if f is not None}, args.rounds)
         fl = ab_flops(L, b, h, args.window)
@@ -353,7 +353,7 @@ def single(args):
     causal, hkv = not args.non_causal, args.kv_heads or args.heads
     backend, kv = args.backend, args.kv
     if args.sdpa == "flashinfer":
-        fn = flashinfer_fn([L] * b, [L] * b, h, hkv, causal, backend if backend in ("fa2", "fa3") else None)
+        fn = flashinfer_fn([L] * b, [L] * b, h, hkv, causal, backend)
         if fn is None:
             raise SystemExit("--sdpa flashinfer: FlashInfer is not importable or refused the shape")
         ms = common.bench_ms(fn)
