@@ -200,7 +200,7 @@ class PrefillWrapper(W.PlannedWrapper):
             scale, vs, kt, vt = W.run_scales_with_tensors(self._planned["sm_scale"], self._planned["head_dim"],
                                                           q_scale, k_scale, v_scale, like)
         W.check_run_window(window_left, self._planned["window_left"])
-        return dict(self._planned, pdl=bool(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs,
+        return dict(self._planned, pdl=W.pdl_arg(enable_pdl), sm_scale=scale, v_scale=1.0 if vs is None else vs,
                     k_scale_tensor=T.arg(kt), v_scale_tensor=T.arg(vt))
 
     def _outputs(self, q, out, lse, return_lse):

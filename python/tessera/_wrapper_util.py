@@ -367,6 +367,14 @@ def positive_int(value, name):
     return int(value)
 
 
+def pdl_arg(enable_pdl):
+    """enable_pdl as the bindings take it. None is on, FlashInfer's default
+    for its decode and prefill wrappers (``device_support_pdl``): the
+    launches ignore it before sm_90, and the kernels wait for the kernel
+    before them before reading q, K, V or writing outputs."""
+    return True if enable_pdl is None else bool(enable_pdl)
+
+
 def sm_scale_arg(sm_scale):
     """The softmax scale as the bindings take it: -1.0 (None: 1/sqrt(head_dim)) or a positive finite float."""
     if sm_scale is None:

@@ -483,10 +483,11 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
                 allocated when None and return_lse.
             return_lse: also return the LSE, in **base 2** (FlashInfer's
                 convention, ready for tessera.merge_state).
-            enable_pdl: programmatic dependent launch (sm_90+; ignored
-                before): the kernel may start while the previous kernel on
-                the stream (e.g. the append of this step's K / V) finishes,
-                and waits for it before reading q, K, V or writing outputs.
+            enable_pdl: programmatic dependent launch (None: on, as
+                FlashInfer on sm_90+; ignored before sm_90): the kernel
+                may start while the previous kernel on the stream (e.g.
+                the append of this step's K / V) finishes, and waits for
+                it before reading q, K, V or writing outputs.
             window_left: None or the value given to plan().
             q_len_per_req: None or 1 (FlashInfer moved it to plan()).
             sinks: None, or float32 [num_qo_heads] CUDA attention-sink logits
@@ -554,7 +555,7 @@ class BatchDecodeWithPagedKVCacheWrapper(W.PlannedWrapper):
             lse = T.empty(q, q.shape[:2], "float32")
         with T.on_device_of(q):
             self._native.run(T.arg(q), T.arg(k), T.arg(v), out, lse, scale, T.stream_of(q),
-                             pdl=bool(enable_pdl), v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt),
+                             pdl=W.pdl_arg(enable_pdl), v_scale=1.0 if vs is None else vs, k_scale_tensor=T.arg(kt),
                              v_scale_tensor=T.arg(vt), **W.run_pos_encoding_args(plan["rope"], plan["alibi_slopes"]))
             if sinks is not None:
                 W.apply_sinks(out, lse, sinks)

@@ -189,6 +189,10 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
             q_data_type: float16 or bfloat16; kv_data_type: the same, or an fp8
                 dtype (float8_e4m3fn, float8_e5m2; the Hopper kernel), whose
                 run() takes ckv_scale and kpe_scale.
+            enable_pdl: programmatic dependent launch of every run() of the
+                plan (None: on; ignored before sm_90): the kernel may start
+                while the kernel before it on the stream finishes, and waits
+                for it before reading q or the caches.
         """
         for name, value, default in (("output_scale", output_scale, "none"),
                                      ("skip_softmax", skip_softmax, False), ("use_sinks", use_sinks, False),
@@ -267,7 +271,7 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
         else:
             self._native.plan(qo, ip, ids, lens, stream)
         self._planned = dict(num_heads=num_heads, total_q=total_q, sm_scale=sm_scale, dtype=q_dtype,
-                             lse_base_e=lse_mode == "basee", pdl=bool(enable_pdl), fp8=fp8)
+                             lse_base_e=lse_mode == "basee", pdl=W.pdl_arg(enable_pdl), fp8=fp8)
 
     def run(self, q_nope=None, q_pe=None, ckv_cache=None, kpe_cache=None, out=None, lse=None, return_lse=False,
             profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False, o_scale=None, *,

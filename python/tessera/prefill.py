@@ -377,8 +377,8 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
             lse_base: "log2" (the kernels' base, FlashInfer's default) or
                 "ln" (natural log, rescaled after the kernel).
             lse_layout: "NH" ([rows, heads]) only so far.
-            enable_pdl: programmatic dependent launch (sm_90+; ignored
-                before), as for BatchDecodeWithPagedKVCacheWrapper.run.
+            enable_pdl: programmatic dependent launch (None: on; ignored
+                before sm_90), as for BatchDecodeWithPagedKVCacheWrapper.run.
             window_left: None or the value given to plan().
             sinks: None, or float32 [num_qo_heads] attention-sink logits,
                 as for BatchDecodeWithPagedKVCacheWrapper.run.

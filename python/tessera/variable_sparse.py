@@ -196,7 +196,7 @@ class VariableBlockSparseAttentionWrapper:
                 group], likewise; filled when given. Where the two shapes
                 coincide (M == group), the head-major layout is meant.
             return_lse: also return the LSE (base 2).
-            enable_pdl: programmatic dependent launch (sm_90+).
+            enable_pdl: programmatic dependent launch (None: on; ignored before sm_90).
 
         Returns:
             out [num_qo_heads, M, head_dim], or (out, lse [num_qo_heads, M]).

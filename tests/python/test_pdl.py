@@ -1,8 +1,9 @@
-"""enable_pdl=True (programmatic dependent launch, sm_90): a run launched
-right behind the kernel that writes its inputs (tessera.append_paged_kv_cache
-of each request's newest token, as in serving) sees them, bit for bit the
-run without PDL over the full cache; decode on both paths and paged / ragged
-prefill. Before sm_90 the option is accepted and ignored."""
+"""Programmatic dependent launch (sm_90): a run launched right behind the
+kernel that writes its inputs (tessera.append_paged_kv_cache of each
+request's newest token, as in serving) sees them, bit for bit the run
+without PDL over the full cache, whether asked for (enable_pdl=True) or by
+default (None: on, as FlashInfer's wrappers); decode on both paths, paged /
+ragged prefill and MLA. Before sm_90 the option is accepted and ignored."""
 
 import numpy as np
 import pytest
@@ -46,16 +47,16 @@ def test_enable_pdl_sees_the_append_before_it(torch_cuda, rng, kind):
         q = torch.randn(int(qo[-1]), HQ, HEAD_DIM, device="cuda", dtype=torch.float16)
         w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), backend="fa2" if kind == "prefill-fa2" else "auto")
         w.plan(qo, indptr, indices, last, HQ, HKV, HEAD_DIM, 16, causal=True)
-    want = w.run(q, (k, v))
+    want = w.run(q, (k, v), enable_pdl=False)
     assert torch.equal(w.run(q, (k, v), enable_pdl=True), want)
     k2, v2 = k.clone(), v.clone()
     args = zero_last_tokens(torch, k2, v2, indptr, indices, last, 16)
     kz, vz = k2.clone(), v2.clone()
-    for _ in range(3):
+    for pdl in (True, None, True):
         k2.copy_(kz)
         v2.copy_(vz)
         tessera.append_paged_kv_cache(*args)
-        got = w.run(q, (k2, v2), enable_pdl=True)
+        got = w.run(q, (k2, v2), enable_pdl=pdl)
         torch.cuda.synchronize()
         assert torch.equal(got, want)
 
@@ -69,5 +70,41 @@ def test_enable_pdl_ragged_prefill(torch_cuda):
     v = torch.randn_like(k)
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
     w.plan(qo, kv, HQ, HKV, HEAD_DIM, causal=True, q_data_type=torch.bfloat16)
-    want = w.run(q, k, v)
+    want = w.run(q, k, v, enable_pdl=False)
     assert torch.equal(w.run(q, k * 1, v, enable_pdl=True), want)  # k * 1: written by the kernel just before
+    assert torch.equal(w.run(q, k * 1, v), want)
+
+
+@pytest.mark.parametrize("pdl", [True, None])
+def test_enable_pdl_mla(torch_cuda, pdl):
+    torch = torch_cuda
+    page, lens = 16, [1, 300, 75]
+    pages = [(n + page - 1) // page for n in lens]
+    kv_indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    kv_indices = np.random.default_rng(3).permutation(int(kv_indptr[-1])).astype(np.int32)
+    ckv = torch.randn(int(kv_indptr[-1]), page, 512, device="cuda", dtype=torch.bfloat16)
+    kpe = torch.randn(int(kv_indptr[-1]), page, 64, device="cuda", dtype=torch.bfloat16)
+    q_nope = torch.randn(len(lens), 16, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(len(lens), 16, 64, device="cuda", dtype=torch.bfloat16)
+    qo = np.arange(len(lens) + 1, dtype=np.int32)
+    lens = np.array(lens, dtype=np.int32)
+
+    def planned(enable_pdl):
+        w = tessera.mla.BatchMLAPagedAttentionWrapper(workspace(torch))
+        w.plan(qo_indptr=qo, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=lens, num_heads=16,
+               head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=False, sm_scale=0.07,
+               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, enable_pdl=enable_pdl)
+        return w
+
+    want = planned(False).run(q_nope, q_pe, ckv, kpe)
+    w = planned(pdl)
+    for _ in range(3):
+        got = w.run(q_nope, q_pe, ckv * 1, kpe * 1)  # the caches written by the kernels just before
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+
+
+def test_enable_pdl_defaults_on_as_flashinfer():
+    from tessera import _wrapper_util as W
+    assert W.pdl_arg(None) is True
+    assert W.pdl_arg(False) is False and W.pdl_arg(True) is True
