@@ -199,6 +199,18 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
       mbarrier_init(empty(s), MATH_THREADS);
     }
   WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, blockIdx.x);
+  // The first item's first page-table entries load before the wait below,
+  // so its first copies can go right after it: the page ids are the plan's
+  // (a device plan's first run never starts early). The item comes from the
+  // parameters, not queue.first(): a reference to the queue's copy here
+  // moved the whole parameter block to local memory.
+  int first_entries[Producer::ROWS];
+  if (warp >= WARPS_KV && queue.begin < queue.end) {
+    const PrefillWorkItem w = p.first_items[blockIdx.x];
+    Producer{p.kv, s_row_offs, w.kv_begin, w.kv_start, w.kv_end, item_kv_head(p, w) * KV_HEADS, p.page_shift,
+             static_cast<int>(threadIdx.x) - MATH_THREADS}
+        .fetch(0, first_entries);
+  }
   // The plan's workspace is complete; q, K, V, the scale tensors and the
   // outputs may still be the previous kernel's (programmatic dependent launch).
   grid_dependency_wait();
@@ -217,7 +229,12 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
       // The table's rows of tile 0 may be read by the previous item's last
       // copies until the barrier that ended them.
       int entries[Producer::ROWS];
-      prod.fetch(0, entries);
+      if (wi == queue.begin) {
+#pragma unroll
+        for (int k = 0; k < Producer::ROWS; ++k) entries[k] = first_entries[k];
+      } else {
+        prod.fetch(0, entries);
+      }
       if (n_tiles > 0) prod.publish(0, entries);
       prod.fetch(1, entries);
       named_barrier_sync(kKeysProducerBar, kKeysProducerThreads);
