@@ -21,8 +21,9 @@ ragged plan() and of single_prefill, as FlashInfer): request i's boolean mask
 over requests, ``packed_custom_mask`` the same bits packed per request with
 ``tessera.packbits(m.reshape(-1), bitorder="little")`` (bytes concatenated;
 ``segment_packbits`` packs a whole batch). plan() derives the byte offsets from
-the lengths and checks the sizes; with a mask, causal must be False (put the
-causal part into the mask). Rows that see no key get o = 0 and lse = -inf.
+the lengths and checks the sizes; with a mask, causal is ignored (the mask
+decides, as in FlashInfer: put the causal part into it). Rows that see no key
+get o = 0 and lse = -inf.
 """
 
 import functools
@@ -169,7 +170,8 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 run on the FA2 template (backend "auto" picks it; "fa3"
                 raises).
             page_size: tokens per page.
-            causal: bottom-right aligned causal mask (see the module doc).
+            causal: bottom-right aligned causal mask (see the module doc);
+                ignored with a custom mask.
             custom_mask: bool [sum(qo_len * kv_len)], each request's
                 row-major [qo_len, kv_len] mask in turn (any device; packed
                 here), or packed_custom_mask: those bits packed per request
@@ -251,6 +253,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 qo_indptr None (one query per request: max_batch rows) and
                 without on_device.
         """
+        causal = M.plan_causal(causal, custom_mask, packed_custom_mask)
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
         masked = custom_mask is not None or packed_custom_mask is not None

@@ -145,7 +145,8 @@ def paged_args(**kwargs):
 
 
 MASK_PLAN_ERRORS = [  # plan() overrides, error, what the message names
-    (dict(custom_mask=np.ones(64, bool), causal=True), ValueError, "^causal"),
+    # causal is ignored with a mask (FlashInfer's custom mask mode): the workspace is what is wrong.
+    (dict(custom_mask=np.ones(64, bool), causal=True), TypeError, "float_workspace_buffer"),
     (dict(custom_mask=np.ones(64, bool), packed_custom_mask=np.ones(9, np.uint8)), ValueError, "both"),
     (dict(custom_mask=np.ones(63, bool)), ValueError, "^custom_mask: expected sum.* = 64"),
     (dict(custom_mask=np.ones(64, np.float32)), TypeError, "^custom_mask:"),
@@ -171,14 +172,21 @@ def test_ragged_and_single_mask_validation_without_gpu():
     plan = lambda **kw: ragged.plan([0, 2, 5], [0, 4, 7], 8, HKV, 128, **kw)  # noqa: E731  2x4 + 3x3 = 17 bits
     expect(ValueError, "= 17", lambda: plan(custom_mask=np.ones(16, bool)))
     expect(ValueError, "at least .* 3 bytes", lambda: plan(packed_custom_mask=np.ones(2, np.uint8)))
-    expect(ValueError, "^causal", lambda: plan(custom_mask=np.ones(17, bool), causal=True))
+    expect(TypeError, "float_workspace_buffer", lambda: plan(custom_mask=np.ones(17, bool), causal=True))
     expect(ValueError, "^kv_indptr:", lambda: ragged.plan([0, 2, 5], [0, 4, 3], 8, HKV, 128,
                                                            custom_mask=np.ones(17, bool)))
     expect(TypeError, "float_workspace_buffer", lambda: plan(custom_mask=np.ones(17, bool)))
     q, k = np.zeros((3, 8, 64), np.float32), np.zeros((5, 2, 64), np.float32)
     single = tessera.single_prefill_with_kv_cache
     expect(ValueError, "= 15", lambda: single(q, k, k, custom_mask=np.ones((3, 4), bool)))
-    expect(ValueError, "^causal", lambda: single(q, k, k, custom_mask=np.ones((3, 5), bool), causal=True))
+    # causal is ignored with a mask, as FlashInfer's custom mask mode (SGLang's tree verify passes both).
+    rng = np.random.default_rng(5)
+    qr, kr, vr = (rng.standard_normal(x.shape).astype(np.float32) for x in (q, k, k))
+    m = rng.random((3, 5)) < 0.6
+    m[:, 0] = True
+    want = single(qr, kr, vr, custom_mask=m)
+    got = single(qr, kr, vr, custom_mask=m, causal=True)
+    assert np.array_equal(got, want) and not np.array_equal(got, single(qr, kr, vr, causal=True))
     expect(ValueError, "at least .* 2 bytes", lambda: single(q, k, k, packed_custom_mask=np.ones(1, np.uint8)))
     # The block-sparse wrapper's mask is per block: [indptr[-1], R, C].
     bsr = tessera.BlockSparseAttentionWrapper(np.zeros(16, np.uint8))
