@@ -41,12 +41,12 @@ def paged_kv_lengths(kv_indptr, last, page_size):
     return np.where(pages > 0, (pages - 1) * page_size + last, 0)
 
 
-def plan_causal(causal, custom_mask, packed_custom_mask):
+def plan_causal(causal, masked):
     """The causal flag a prefill plan() goes on with: a custom mask decides
     what each query sees, so with one causal is dropped, as FlashInfer's
     mask mode is then custom whatever causal says (SGLang's speculative
     verify plans its tree mask with causal=True)."""
-    return False if custom_mask is not None or packed_custom_mask is not None else causal
+    return False if masked else causal
 
 
 class MaskPlan:

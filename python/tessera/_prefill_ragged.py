@@ -71,7 +71,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         bound on kv_indptr[batch] (k and v in run() hold at least as many
         rows).
         """
-        causal = M.plan_causal(causal, custom_mask, packed_custom_mask)
+        causal = M.plan_causal(causal, custom_mask is not None or packed_custom_mask is not None)
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
         # Ragged KV has no pages: the C++ object sees page size 1 and NHD rows

@@ -119,7 +119,7 @@ def _single_prefill(q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, pa
     rope = B.reject_prefill_options((), (), None, None, pos_encoding_mode, rope_scale, rope_theta)
     window, cap = W.plan_options(window_left, logits_soft_cap)
     masked = custom_mask is not None or packed_custom_mask is not None
-    causal = M.plan_causal(causal, custom_mask, packed_custom_mask)
+    causal = M.plan_causal(causal, masked)
     T.common_framework(q=q, k=k, v=v)
     if len(q.shape) != 3:
         raise ValueError(f"q: expected a 3-D tensor [qo_len, num_qo_heads, head_dim], got shape {tuple(q.shape)}")

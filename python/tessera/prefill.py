@@ -253,10 +253,10 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
                 qo_indptr None (one query per request: max_batch rows) and
                 without on_device.
         """
-        causal = M.plan_causal(causal, custom_mask, packed_custom_mask)
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
         masked = custom_mask is not None or packed_custom_mask is not None
+        causal = M.plan_causal(causal, masked)
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", page_size,
                                               self._kv_layout, causal, sm_scale, q_data_type, kv_data_type,
                                               o_data_type, window_left, logits_soft_cap, masked, rope, head_dim_vo)
