@@ -436,7 +436,7 @@ def test_decode_auto_in_cuda_graphs(torch_cuda, rng):
                                                    paged_kv_indptr_buffer=torch.zeros(B + 1, **i32),
                                                    paged_kv_indices_buffer=torch.zeros(P, **i32),
                                                    paged_kv_last_page_len_buffer=torch.zeros(B, **i32))
-    w._shared_prefix_limits = (_auto_prefix.GRAPH_MIN_SHARED_TOKENS, -1, 0)  # groups whatever they save
+    w._shared_prefix_limits = (_auto_prefix.GRAPH_MIN_SHARED_TOKENS, 2, 0)  # groups whatever they save
     k, v = gpu_cache(torch, rng, 200, torch.float16)
     q_buf = torch.empty(B, HQ, D, dtype=torch.float16, device="cuda")
     out = torch.full((B, HQ, D), float("nan"), dtype=torch.float16, device="cuda")
@@ -573,7 +573,7 @@ def test_prefill_auto_in_cuda_graphs(torch_cuda, rng):
                                                     paged_kv_indptr_buf=torch.empty(B + 1, **i32),
                                                     paged_kv_indices_buf=torch.empty(bound, **i32),
                                                     paged_kv_last_page_len_buf=torch.empty(B, **i32))
-    w._shared_prefix_limits = (_auto_prefix.GRAPH_MIN_SHARED_TOKENS, -1, 0)  # groups whatever they save
+    w._shared_prefix_limits = (_auto_prefix.GRAPH_MIN_SHARED_TOKENS, 2, 0)  # groups whatever they save
     k, v = gpu_cache(torch, rng, 200, torch.float16)
     q = torch.empty(int(qo[-1]), HQ, D, dtype=torch.float16, device="cuda")
     out = torch.full((int(qo[-1]), HQ, D), float("nan"), dtype=torch.float16, device="cuda")

@@ -51,15 +51,18 @@ struct AutoSharedPrefix {
   // reads per layer the step's groups must save (shared tokens x (members -
   // 1), summed; >= 0) for the shared level to hold them; a step below either
   // runs every request on the unique level (the shared level's launch over
-  // no pages stays). The defaults keep every group, as measured in
-  // docs/performance.md. The flat kernel runs a small group's members side by
+  // no pages stays). The flat kernel runs a small group's members side by
   // side and reads their shared pages mostly from L2, while the shared level
-  // adds its own latency after the unique one: in the serving loop
-  // (bench/serve, Study 2, H100) groups of 2 over ~1500-token prompts ran
-  // 0.95-1.0x and one group of 16 over 640 tokens (9,600 tokens saved) cost
-  // 15 us a layer more than it saved, so batches of such groups may raise them.
-  int32_t min_members = 2;
-  int64_t min_saved_tokens = 0;
+  // adds its own latency after the unique one. In the serving loop
+  // (bench/serve, Study 2, H200) with every group kept, groups of 2 over
+  // ~1500-token prompts ran 0.95x and one group of 16 over 640 tokens (9,600
+  // tokens saved) added 0.57 ms to a 8.1 ms step (0.93x); with 4 members and
+  // 32,768 tokens those steps stay flat (decode step within 0.04 ms of the
+  // flat one at every n) and groups of 4-64 over ~1500-token prompts keep
+  // 1.03-1.23x. Attention alone, 512-token prompts in groups of 16 or 64
+  // (about 61,000 tokens saved at batch 128) ran 1.18-1.49x, hence not more.
+  int32_t min_members = 4;
+  int64_t min_saved_tokens = 32768;
 };
 
 // What the last plan() found.
