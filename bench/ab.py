@@ -18,7 +18,11 @@ Cases (both builds get the same inputs: same seeds):
   prefill  paper Table-1: batch 16, 16 heads, head dim 128, causal, fp16,
            512 .. 16k, per kernel template (fa3 on sm_90, fa2); timed with
            do_bench; the last 256 query rows of request 0 checked against
-           float32 attention first.
+           float32 attention first;
+  mla      latent attention (bench/mla.py's inputs: page 64, fp16), H x q_len
+           x batch x KV per --mla workload, the wrapper's kernel choice;
+           timed over rotating caches from a CUDA graph; request 0's rows
+           checked against float32 attention over its latent rows first.
 
 Two builds side by side, e.g. the merge base against this checkout:
   git worktree add /tmp/tessera-old OLD_COMMIT
@@ -28,9 +32,10 @@ Two builds side by side, e.g. the merge base against this checkout:
 Both share the JIT disk cache; its keys hash the kernel sources, so each
 build compiles and loads its own kernels.
 
-Usage: python bench/ab.py --old OLD_DIR --new NEW_DIR [--rounds 5] [--only decode|prefill]
+Usage: python bench/ab.py --old OLD_DIR --new NEW_DIR [--rounds 5] [--only decode|prefill|mla]
            [--batches 16,64,128] [--heads 32/8,32/32] [--lengths const:1024,const:4096] [--paths tc,cc,hint]
-           [--seqs 512,1024,2048,4096,8192,16384] [--backends fa3,fa2] [--threshold 0.98]
+           [--seqs 512,1024,2048,4096,8192,16384] [--backends fa3,fa2] [--mla 128:1:64:4096,...]
+           [--threshold 0.98]
 Results: bench/results/ab.json (and $OUT/ab.json).
 """
 import argparse
@@ -131,6 +136,29 @@ def serve(pydir):
         err = ((out[L - rows:L].float() - ref).abs().max() / ref.norm(dim=-1).max()).item()
         return (lambda: common.bench_ms(fn)), err, (fn,)
 
+    def setup_mla(c):
+        import mla as ml
+        h, ql, b, kv = c["h"], c["q"], c["batch"], c["kv"]
+        torch.manual_seed(h * 1000 + b)
+        made = ml.make_calls(tessera, h, ql, b, kv, torch.float16, common.new_workspace(256 << 20))
+        if made is None:
+            raise RuntimeError(f"mla {h}:{ql}:{b}:{kv}: the rotated caches exceed bench/mla.py's memory limit")
+        calls, st = made
+        st["out"].fill_(float("nan"))
+        calls[0]()
+        # Request 0 against float32 attention over its latent rows (K = ckv | kpe, V = ckv; causal among its
+        # q_len new tokens, bottom-right aligned).
+        pages = st["kv_indices"][: st["pages_per"]].long()
+        ckv, kpe = (x[pages].reshape(-1, x.shape[-1])[:kv].float() for x in st["caches"][0])
+        qn, qp = st["q_nope"][:ql].float(), st["q_pe"][:ql].float()  # [q_len, H, 512 / 64]
+        s = (torch.einsum("qhd,kd->qhk", qn, ckv) + torch.einsum("qhd,kd->qhk", qp, kpe)) * ml.SM_SCALE
+        keys = torch.arange(kv, device="cuda")
+        visible = keys[None, :] <= (kv - ql + torch.arange(ql, device="cuda"))[:, None]
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+        ref = torch.einsum("qhk,kd->qhd", torch.softmax(s, dim=-1), ckv)
+        err = ((st["out"][:ql].float() - ref).abs().max() / ref.abs().max()).item()
+        return (lambda: common.bench_graph_ms(calls)), err, (st,)
+
     for line in sys.stdin:
         msg = json.loads(line)
         try:
@@ -139,7 +167,8 @@ def serve(pydir):
                 reply(device=common.device_name(), tessera=getattr(tessera, "__file__", ""), torch=torch.__version__)
             elif op == "setup":
                 c = msg["case"]
-                timer, err, keep = (setup_decode if c["kind"] == "decode" else setup_prefill)(c)
+                setup = {"decode": setup_decode, "prefill": setup_prefill, "mla": setup_mla}[c["kind"]]
+                timer, err, keep = setup(c)
                 state.clear()
                 state.update(timer=timer, keep=keep)
                 reply(err=err)
@@ -170,12 +199,18 @@ def cases(args):
         for be in args.backends.split(","):
             for L in (int(x) for x in args.seqs.split(",")):
                 out.append(dict(kind="prefill", backend=be, seq=L))
+    if args.only in ("", "mla"):
+        for wl in filter(None, args.mla.split(",")):
+            h, q, b, kv = (int(x) for x in wl.split(":"))
+            out.append(dict(kind="mla", h=h, q=q, batch=b, kv=kv))
     return out
 
 
 def label(c):
     if c["kind"] == "decode":
         return f"decode {c['path']} {c['hq']}/{c['hkv']} {c['lengths']} x {c['batch']}"
+    if c["kind"] == "mla":
+        return f"mla H {c['h']} q {c['q']} {c['batch']} x {c['kv']}"
     return f"prefill {c['backend']} Table-1 {c['seq']}"
 
 
@@ -184,7 +219,7 @@ def main():
     ap.add_argument("--old", help="the old build: its python/ folder (or a checkout holding one)")
     ap.add_argument("--new", help="the new build: its python/ folder (or a checkout holding one)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
-    ap.add_argument("--only", default="", choices=["", "decode", "prefill"])
+    ap.add_argument("--only", default="", choices=["", "decode", "prefill", "mla"])
     ap.add_argument("--batches", default="16,64,128", help="decode batches")
     ap.add_argument("--heads", default="32/8,32/32", help="decode heads, HQ/HKV,... (GQA and MHA)")
     ap.add_argument("--lengths", default="const:1024,const:4096", help="decode KV lengths (common.kv_lengths)")
@@ -192,6 +227,8 @@ def main():
                     "CUDA-core kernel, forced where a build picks), hint (use_tensor_cores=False: the build's pick)")
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384", help="prefill sequence lengths")
     ap.add_argument("--backends", default="fa3,fa2", help="prefill kernel templates (fa3 needs sm_90)")
+    ap.add_argument("--mla", default="16:1:64:4096,128:1:64:4096,16:2:64:4096,16:1:1:32768",
+                    help="MLA workloads, H:q_len:batch:KV,... (sm_90 picks the Hopper kernel)")
     ap.add_argument("--threshold", type=float, default=0.98, help="lowest acceptable old/new time ratio")
     ap.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -36,6 +36,7 @@ import common  # noqa: E402
 from common import torch, tessera  # noqa: E402
 
 DC, DR, PAGE = 512, 64, 64
+SM_SCALE = 1 / math.sqrt(192)  # DeepSeek-V3: q / k head dim 192 before absorption
 GRID = [(h, q, b, kv) for h in (16, 128) for q in (1, 2) for b in (1, 16, 64, 128, 256)
         for kv in (1024, 4096, 32768)]
 QUICK = [(16, 1, 64, 4096), (128, 1, 64, 4096), (128, 2, 64, 4096), (16, 1, 1, 32768), (128, 1, 256, 1024)]
@@ -57,7 +58,8 @@ def flops(h, q, b, kv):
 
 
 def make_calls(lib, h, q, b, kv, dtype, ws, backend=None, kv_dtype=None):
-    """One run() closure per rotating cache copy, all on one plan."""
+    """One run() closure per rotating cache copy, all on one plan, and what they read and write (the
+    wrapper, the caches, q_nope / q_pe / out, the page ids: kv_indices[i * pages_per:] are request i's)."""
     pages_per = (kv + PAGE - 1) // PAGE
     pool = b * pages_per
     kv_dtype = kv_dtype or dtype
@@ -75,7 +77,7 @@ def make_calls(lib, h, q, b, kv, dtype, ws, backend=None, kv_dtype=None):
         name, _, tile = backend.partition(":")
         w = lib.BatchMLAPagedAttentionWrapper(ws, backend=name)
         w._cta_q = int(tile or 0)  # Tessera-only: pins the query tile
-    w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, h, DC, DR, PAGE, q > 1, 1 / math.sqrt(192), dtype, kv_dtype)
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, h, DC, DR, PAGE, q > 1, SM_SCALE, dtype, kv_dtype)
     q_nope = torch.randn(b * q, h, DC, dtype=dtype, device="cuda")
     q_pe = torch.randn(b * q, h, DR, dtype=dtype, device="cuda")
     out = torch.empty(b * q, h, DC, dtype=dtype, device="cuda")
@@ -83,7 +85,8 @@ def make_calls(lib, h, q, b, kv, dtype, ws, backend=None, kv_dtype=None):
                torch.randn(pool, PAGE, DR, dtype=dtype, device="cuda").to(kv_dtype)) for _ in range(copies)]
     scales = dict(ckv_scale=1.0, kpe_scale=1.0) if kv_dtype != dtype else {}
     calls = [lambda c=c: w.run(q_nope, q_pe, c[0], c[1], out=out, **scales) for c in caches]
-    return calls, (w, caches)
+    return calls, dict(w=w, caches=caches, q_nope=q_nope, q_pe=q_pe, out=out, kv_indices=kv_indices,
+                       pages_per=pages_per)
 
 
 def main():
