@@ -284,13 +284,15 @@ def main(argv=None):
         studies.release()
 
     def check_shared_prefix():
-        """Study 2's arm: plan(..., shared_prefix="auto") with the split forced on (threshold 0, a Tessera-only
-        attribute its tests lower too; graph-mode decode takes the cascade on every step), so the forked
-        request runs through the cascade."""
+        """Study 2's arm: plan(..., shared_prefix="auto") with the split forced on, so the forked request runs
+        through the cascade: the eager path's threshold at 0 (a Tessera-only attribute its tests lower too), and
+        in graph-mode decode groups of any size sharing one full page (the defaults leave a check's short
+        prompts and three samples on the unique level)."""
         pool = PagePool(check_pages, 16)
         cache = BK.KVCache(cfg, check_pages, 16, dev, dtype)
         be = BK.WrapperBackend("tessera", libs["tessera"], cfg, cache, dev, dtype, max_pages=check_pages + 64,
-                               use_tensor_cores=bool(args.decode_tc), pdl=bool(args.pdl), shared_prefix="auto")
+                               use_tensor_cores=bool(args.decode_tc), pdl=bool(args.pdl), shared_prefix="auto",
+                               shared_prefix_limits=(cache.page_size, 2, 0))
         be.prefill._shared_prefix_min_bytes = be.decode._shared_prefix_min_bytes = 0
         name = "tessera+shared_prefix"
         doc["check"][name] = CK.check_one(model, name, pool, be, graphs=not args.no_graphs, refs=check_refs, log=log)
