@@ -23,8 +23,14 @@ pin the query tile: fa3:16 (the Hopper kernel's 16-row form), fa3:64, fa2:32.
 --kv-dtype float8_e4m3fn (or float8_e5m2) times fp8 latent caches (unit
 scales; the Hopper kernel), FlashInfer's fp8 path beside them (e4m3 only).
 
+--single H:q_len:batch:kv runs that one workload eight times, untimed, on the
+first backend (or FlashInfer's wrapper with --peer flashinfer), for a
+profiler: bench/ncu_prefill.sh with NCU_BENCH="bench/mla.py --single ..." and
+NCU_KERNEL=regex:tessera_mla (FlashInfer's: regex:BatchMLA).
+
 Usage: python bench/mla.py [--quick] [--rounds 3] [--dtype bfloat16|float16] [--kv-dtype DTYPE]
                            [--backends auto,fa2] [--workloads H:q_len:batch:kv,...] [--save-as NAME]
+       python bench/mla.py --single H:q_len:batch:kv [--backends fa3:64] [--peer flashinfer]
 """
 import argparse
 import math
@@ -98,10 +104,26 @@ def main():
     ap.add_argument("--backends", default="auto")
     ap.add_argument("--kv-dtype", default="", choices=("", "float8_e4m3fn", "float8_e5m2"))
     ap.add_argument("--save-as", default="")
+    ap.add_argument("--single", default="", help="H:q_len:batch:kv, run eight times untimed (for ncu)")
+    ap.add_argument("--peer", default="", choices=("", "flashinfer"), help="--single: FlashInfer's wrapper")
     args = ap.parse_args()
     common.require()
     dtype = getattr(torch, args.dtype)
     kv_dtype = getattr(torch, args.kv_dtype) if args.kv_dtype else dtype
+    if args.single:
+        h, q, b, kv = parse(args.single)
+        lib = common.flashinfer() if args.peer else tessera
+        if lib is None:
+            raise SystemExit("--peer flashinfer: flashinfer is not installed")
+        backend = None if args.peer else args.backends.split(",")[0]
+        made = make_calls(lib, h, q, b, kv, dtype, common.new_workspace(256 << 20), backend, kv_dtype)
+        if made is None:
+            raise SystemExit(f"--single {args.single}: the rotated caches exceed the memory limit")
+        for i in range(8):
+            made[0][i % len(made[0])]()
+        torch.cuda.synchronize()
+        print(f"--single {args.single}: 8 runs of {'flashinfer' if args.peer else backend}")
+        return
     elem, kv_elem = 2, torch.finfo(kv_dtype).bits // 8
     workloads = [parse(w) for w in args.workloads.split(",") if w] or (QUICK if args.quick else GRID)
     read_tbps, _ = common.hbm_ceilings()

@@ -10,15 +10,20 @@
 # NCU_KERNEL=regex:PrefillWithKVCache with --sdpa flashinfer FlashInfer's fa3 kernel
 # (regex:BatchPrefillWithRagged with --sdpa flashinfer --backend fa2: its fa2 kernel).
 # NCU_KEEP=1 keeps the per-instruction table (sass.csv) and details.csv.
+# NCU_BENCH replaces the profiled command "bench/prefill.py --single" (the
+# arguments after OUTDIR follow it), e.g. NCU_BENCH="bench/mla.py --single
+# 128:1:64:4096" NCU_KERNEL=regex:tessera_mla for the MLA kernel.
 set -euo pipefail
 out="$1"; shift
 root="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+cd "$root"  # NCU_BENCH's paths are the repository's
 rep="$out/prefill"
 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" ncu -f -o "$rep" -k "${NCU_KERNEL:-regex:tessera_prefill}" --launch-skip 5 --launch-count 1 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section WarpStateStats --section SchedulerStats --section InstructionStats --section SourceCounters \
-  --import-source no python3 "$root/bench/prefill.py" --single "$@" >"$out/ncu_run.log" 2>&1 || { tail -20 "$out/ncu_run.log"; exit 1; }
+  --import-source no python3 ${NCU_BENCH:-bench/prefill.py --single} "$@" >"$out/ncu_run.log" 2>&1 || { tail -20 "$out/ncu_run.log"; exit 1; }
 grep -E "TFLOP/s" "$out/ncu_run.log" || true
 ncu -i "$rep.ncu-rep" --page details --csv >"$out/details.csv"
 # The metrics that matter, one per line.
