@@ -71,12 +71,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         bound on kv_indptr[batch] (k and v in run() hold at least as many
         rows).
         """
-        causal = M.plan_causal(causal, custom_mask is not None or packed_custom_mask is not None)
+        masked = custom_mask is not None or packed_custom_mask is not None
+        causal = M.plan_causal(causal, masked)
         self._planned = None  # a failed plan() leaves nothing to run
         rope = B.reject_prefill_options((), (), head_dim_qk, head_dim_vo, pos_encoding_mode, rope_scale, rope_theta)
         # Ragged KV has no pages: the C++ object sees page size 1 and NHD rows
         # (run() hands HND over as a strided NHD view).
-        masked = custom_mask is not None or packed_custom_mask is not None
         config, scale, options = self._config(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk", 1, "NHD", causal,
                                               sm_scale, q_data_type, kv_data_type, o_data_type, window_left,
                                               logits_soft_cap, masked, rope, head_dim_vo)
@@ -106,7 +106,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(B.PrefillWrapper):
         C.same_indptr(o_indptr, qo, "o_indptr", "qo_indptr")
         batch, total_q = qo.size - 1, int(qo[-1])
         mask = None
-        if custom_mask is not None or packed_custom_mask is not None:
+        if masked:
             mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, M.indptr_lengths(qo, "qo_indptr"),
                               M.indptr_lengths(kv, "kv_indptr"))
         bounds = (W.Bound("max_batch", "qo_indptr", "batch size", self._fixed_batch, "qo_indptr_buf / kv_indptr_buf"),

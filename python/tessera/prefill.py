@@ -306,7 +306,7 @@ class BatchPrefillWithPagedKVCacheWrapper(B.PrefillWrapper):
         elif self._auto_prefix is not None:
             self._auto_prefix.stats = None
         mask = None
-        if custom_mask is not None or packed_custom_mask is not None:
+        if masked:
             mask = M.MaskPlan(custom_mask, packed_custom_mask, causal, M.indptr_lengths(qo, "qo_indptr"),
                               M.paged_kv_lengths(kv, last, config[6]))
         bounds = (W.Bound("max_batch", "qo_indptr", "batch size", self._fixed_batch,
