@@ -26,6 +26,7 @@
 // the producer's loads run two fp8 tiles ahead of the math.
 #pragma once
 #include "tessera/device/arch/fp8.cuh"
+#include "tessera/device/arch/ldmatrix.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/mla/kernel.cuh"
@@ -127,7 +128,8 @@ struct MlaSm90Consumer {
 
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
-    const int wg = threadIdx.x / 128 - 1, tid = threadIdx.x - 128;
+    // warp_uniform: the descriptors derived from wg then live in uniform registers.
+    const int wg = warp_uniform(threadIdx.x / 128 - 1), tid = threadIdx.x - 128;
     const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
     const int warp_row0 = (threadIdx.x / 32 % 4) * 16;
     const int H = p.group;
@@ -236,16 +238,14 @@ struct MlaSm90Consumer {
           }
           pack_p<32, T>(pa, reinterpret_cast<const float(&)[NT_S][4]>(s));
           // This warpgroup's P into its half of the P tile (swizzled as an
-          // A operand: 16-byte chunk c of row r at chunk c ^ (r % 8)).
+          // A operand: 16-byte chunk c of row r at chunk c ^ (r % 8)). pa[j]
+          // holds four 8 x 8 fragments, (keys 16 j, rows 0..7), (16 j, 8..15),
+          // (16 j + 8, 0..7), (16 j + 8, 8..15): one stmatrix each.
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = warp_row0 + g + 8 * r;
-#pragma unroll
-            for (int n = 0; n < NT_S; ++n) {
-              const u32 chunk = static_cast<u32>(wg * 4 + n) ^ static_cast<u32>(row & 7);
-              const u32 v = pa[n / 2][(n % 2) * 2 + r];
-              asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(p_addr + row * 128 + (chunk << 4) + quad * 4), "r"(v));
-            }
+          for (int j = 0; j < NT_S / 2; ++j) {
+            const int m = lane / 8, row = warp_row0 + (m % 2) * 8 + lane % 8;
+            const u32 chunk = static_cast<u32>(wg * 4 + 2 * j + m / 2) ^ static_cast<u32>(row & 7);
+            stmatrix_x4(p_addr + row * 128 + (chunk << 4), pa[j]);
           }
           fence_proxy_async();  // generic stores -> the wgmmas' async proxy
           named_barrier_sync(kMlaPBar, 256);

@@ -68,10 +68,14 @@ __device__ __forceinline__ void mla_sm90_load_tile(u32 dst, const T* nope, const
     const int row = tid / 8 + 16 * i;
     const MlaRowOffset off = rows.at[i];
     const bool ok = off.nope >= 0;
+    // One address a row, its chunks at immediate offsets from it (a select
+    // per chunk took more instructions than the copies themselves).
+    const T* src_nope = nope + (ok ? off.nope : 0) + cc * 8;
+    const T* src_pe = pe + (ok ? off.pe : 0) + cc * 8;
     const u32 base = dst + static_cast<u32>(row) * 128 + static_cast<u32>((cc ^ (row & 7)) << 4);
 #pragma unroll
-    for (int b = 0; b < kMlaDimCkv / 64; ++b) cp_async_16(base + b * BLOCK, ok ? nope + off.nope + b * 64 + cc * 8 : nope, ok);
-    cp_async_16(base + (kMlaDimCkv / 64) * BLOCK, ok ? pe + off.pe + cc * 8 : pe, ok);
+    for (int b = 0; b < kMlaDimCkv / 64; ++b) cp_async_16_or_zeros(base + b * BLOCK, src_nope + b * 64, ok);
+    cp_async_16_or_zeros(base + (kMlaDimCkv / 64) * BLOCK, src_pe, ok);
   }
 }
 
