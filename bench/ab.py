@@ -19,8 +19,9 @@ Cases (both builds get the same inputs: same seeds):
            512 .. 16k, per kernel template (fa3 on sm_90, fa2); timed with
            do_bench; the last 256 query rows of request 0 checked against
            float32 attention first;
-  mla      latent attention (bench/mla.py's inputs: page 64, fp16), H x q_len
-           x batch x KV per --mla workload, the wrapper's kernel choice;
+  mla      latent attention (bench/mla.py's inputs: page 64, fp16 q), H x q_len
+           x batch x KV per --mla workload and cache type per --mla-cache
+           (fp16, or fp8 with unit scales), the wrapper's kernel choice;
            timed over rotating caches from a CUDA graph; request 0's rows
            checked against float32 attention over its latent rows first.
 
@@ -35,6 +36,7 @@ build compiles and loads its own kernels.
 Usage: python bench/ab.py --old OLD_DIR --new NEW_DIR [--rounds 5] [--only decode|prefill|mla]
            [--batches 16,64,128] [--heads 32/8,32/32] [--lengths const:1024,const:4096] [--paths tc,cc,hint]
            [--seqs 512,1024,2048,4096,8192,16384] [--backends fa3,fa2] [--mla 128:1:64:4096,...]
+           [--mla-cache float16,float8_e4m3fn]
            [--threshold 0.98]
 Results: bench/results/ab.json (and $OUT/ab.json).
 """
@@ -140,7 +142,8 @@ def serve(pydir):
         import mla as ml
         h, ql, b, kv = c["h"], c["q"], c["batch"], c["kv"]
         torch.manual_seed(h * 1000 + b)
-        made = ml.make_calls(tessera, h, ql, b, kv, torch.float16, common.new_workspace(256 << 20))
+        made = ml.make_calls(tessera, h, ql, b, kv, torch.float16, common.new_workspace(256 << 20),
+                             kv_dtype=getattr(torch, c["cache"]))
         if made is None:
             raise RuntimeError(f"mla {h}:{ql}:{b}:{kv}: the rotated caches exceed bench/mla.py's memory limit")
         calls, st = made
@@ -149,7 +152,12 @@ def serve(pydir):
         # Request 0 against float32 attention over its latent rows (K = ckv | kpe, V = ckv; causal among its
         # q_len new tokens, bottom-right aligned).
         pages = st["kv_indices"][: st["pages_per"]].long()
-        ckv, kpe = (x[pages].reshape(-1, x.shape[-1])[:kv].float() for x in st["caches"][0])
+        # fp8 caches run at unit scales, so their float values are the dequantized rows; their pages are
+        # gathered as bytes (advanced indexing of float8 tensors is not in every torch).
+        def rows(x):
+            gathered = x.view(torch.uint8)[pages].view(x.dtype) if x.element_size() == 1 else x[pages]
+            return gathered.reshape(-1, x.shape[-1])[:kv].float()
+        ckv, kpe = (rows(x) for x in st["caches"][0])
         qn, qp = st["q_nope"][:ql].float(), st["q_pe"][:ql].float()  # [q_len, H, 512 / 64]
         s = (torch.einsum("qhd,kd->qhk", qn, ckv) + torch.einsum("qhd,kd->qhk", qp, kpe)) * ml.SM_SCALE
         keys = torch.arange(kv, device="cuda")
@@ -200,9 +208,10 @@ def cases(args):
             for L in (int(x) for x in args.seqs.split(",")):
                 out.append(dict(kind="prefill", backend=be, seq=L))
     if args.only in ("", "mla"):
-        for wl in filter(None, args.mla.split(",")):
-            h, q, b, kv = (int(x) for x in wl.split(":"))
-            out.append(dict(kind="mla", h=h, q=q, batch=b, kv=kv))
+        for cache in args.mla_cache.split(","):
+            for wl in filter(None, args.mla.split(",")):
+                h, q, b, kv = (int(x) for x in wl.split(":"))
+                out.append(dict(kind="mla", h=h, q=q, batch=b, kv=kv, cache=cache))
     return out
 
 
@@ -210,8 +219,18 @@ def label(c):
     if c["kind"] == "decode":
         return f"decode {c['path']} {c['hq']}/{c['hkv']} {c['lengths']} x {c['batch']}"
     if c["kind"] == "mla":
-        return f"mla H {c['h']} q {c['q']} {c['batch']} x {c['kv']}"
+        cache = "" if c["cache"] == "float16" else f" {c['cache'].replace('float8_', '')}"
+        return f"mla H {c['h']} q {c['q']} {c['batch']} x {c['kv']}{cache}"
     return f"prefill {c['backend']} Table-1 {c['seq']}"
+
+
+def mla_caches(text):
+    """--mla-cache: a comma list of the latent cache types bench/mla.py takes."""
+    allowed = ("float16", "float8_e4m3fn", "float8_e5m2")
+    bad = [x for x in text.split(",") if x not in allowed]
+    if bad or not text:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(allowed)}, got {text!r}")
+    return text
 
 
 def main():
@@ -229,6 +248,9 @@ def main():
     ap.add_argument("--backends", default="fa3,fa2", help="prefill kernel templates (fa3 needs sm_90)")
     ap.add_argument("--mla", default="16:1:64:4096,128:1:64:4096,16:2:64:4096,16:1:1:32768",
                     help="MLA workloads, H:q_len:batch:KV,... (sm_90 picks the Hopper kernel)")
+    ap.add_argument("--mla-cache", default="float16", type=mla_caches,
+                    help="MLA latent cache types, each over every --mla workload: float16, float8_e4m3fn, "
+                    "float8_e5m2 (fp8 on sm_90)")
     ap.add_argument("--threshold", type=float, default=0.98, help="lowest acceptable old/new time ratio")
     ap.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
