@@ -54,6 +54,20 @@ StateOut state_out(const TensorView& v, const TensorView& s) {
   return o;
 }
 
+// A state set is flat when its row stride is heads times its head stride, for
+// values and LSEs alike, and the head strides fit 31 bits
+// (abi/merge_params.cuh): the flat merge kernel addresses it by row index.
+bool flat_strides(i64 stride_state, i64 stride_head, i64 heads) {
+  return stride_head >= 0 && stride_head <= std::numeric_limits<int32_t>::max() && stride_state == heads * stride_head;
+}
+bool flat(const StateSet& x, i64 heads) {
+  return flat_strides(x.v_stride_state, x.v_stride_head, heads) && flat_strides(x.s_stride_state, x.s_stride_head, heads);
+}
+bool flat(const StateOut& x, i64 heads) {
+  return flat_strides(x.v_stride_state, x.v_stride_head, heads) &&
+         (x.s == nullptr || flat_strides(x.s_stride_state, x.s_stride_head, heads));
+}
+
 // 16-byte vectors per row of head_dim values of type t.
 int merge_vectors(int64_t head_dim, DType t) { return static_cast<int>(head_dim * dtype_size(t) / 16); }
 
@@ -111,7 +125,9 @@ void launch_pair(const TensorView& v_a, const TensorView& s_a, const TensorView&
                     wants(mask) ? static_cast<const unsigned char*>(mask.data) : nullptr,
                     static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2)), {}};
   const int per_lane = merge_per_lane(merge_vectors(v_a.size(2), v_a.dtype));
-  launch(catalog::merge_pair(v_a.dtype, v_out.dtype, per_lane), v_a, p, merge_pair_steps(per_lane), stream, what);
+  const bool flat_sets = flat(p.a, p.num_heads) && flat(p.b, p.num_heads) && flat(p.out, p.num_heads);
+  launch(catalog::merge_pair(v_a.dtype, v_out.dtype, per_lane, flat_sets), v_a, p, merge_pair_steps(per_lane), stream,
+         what);
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ __global__ void rowwise(const P p) { tessera::attention_rowwise<V, T, T, T, D, 4
 template <typename T>
 __global__ void merge_pair_k(const tessera::MergePairParams p) { tessera::merge_pair<T>(p); }
 template <typename T>
+__global__ void merge_pair_flat_k(const tessera::MergePairParams p) { tessera::merge_pair<T, T, 1, true>(p); }
+template <typename T>
 __global__ void merge_many_k(const tessera::MergeManyParams p) { tessera::merge_many<T>(p); }
 
 template __global__ void rowwise<StandardAttention, tessera::half_t, 64>(const P);
@@ -54,6 +56,7 @@ template __global__ void rowwise_fp8<StandardAttention, tessera::half_t, tessera
 template __global__ void merge_pair_k<tessera::half_t>(const tessera::MergePairParams);
 template __global__ void merge_pair_k<tessera::bf16_t>(const tessera::MergePairParams);
 template __global__ void merge_pair_k<float>(const tessera::MergePairParams);
+template __global__ void merge_pair_flat_k<tessera::half_t>(const tessera::MergePairParams);
 template __global__ void merge_many_k<tessera::half_t>(const tessera::MergeManyParams);
 template __global__ void merge_many_k<tessera::bf16_t>(const tessera::MergeManyParams);
 template __global__ void merge_many_k<float>(const tessera::MergeManyParams);

@@ -122,13 +122,20 @@ INSTANTIATE_TEST_SUITE_P(All, MergeGpu,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32),
                                             ::testing::Values(64, 128, 256)));
 
-// [N, H, D] values (and [N, H] scales) with padding between heads and rows
-// when `strided`: head stride 2D, row stride (2H + 1) D; scales likewise.
-HostTensor values(DType dt, int64_t N, int64_t H, int64_t D, bool strided) {
-  return strided ? make_host_strided(dt, {N, H, D}, {(2 * H + 1) * D, 2 * D, 1}) : make_host(dt, {N, H, D});
+// [N, H, D] values (and [N, H] scales): contiguous; padded between heads
+// (head stride 2D, row stride 2HD, still flat: the row stride is H head
+// strides, abi/merge_params.cuh); or padded between heads and rows (head
+// stride 2D, row stride (2H + 1) D, not flat). Scales likewise.
+enum class Layout { kContiguous, kPaddedFlat, kStrided };
+HostTensor values(DType dt, int64_t N, int64_t H, int64_t D, Layout layout) {
+  if (layout == Layout::kPaddedFlat) return make_host_strided(dt, {N, H, D}, {2 * H * D, 2 * D, 1});
+  if (layout == Layout::kStrided) return make_host_strided(dt, {N, H, D}, {(2 * H + 1) * D, 2 * D, 1});
+  return make_host(dt, {N, H, D});
 }
-HostTensor scales(int64_t N, int64_t H, bool strided) {
-  return strided ? make_host_strided(DType::kFloat32, {N, H}, {2 * H + 3, 2}) : make_host(DType::kFloat32, {N, H});
+HostTensor scales(int64_t N, int64_t H, Layout layout) {
+  if (layout == Layout::kPaddedFlat) return make_host_strided(DType::kFloat32, {N, H}, {2 * H, 2});
+  if (layout == Layout::kStrided) return make_host_strided(DType::kFloat32, {N, H}, {2 * H + 3, 2});
+  return make_host(DType::kFloat32, {N, H});
 }
 
 // Random scales through the view (any strides) with the empty-state corners
@@ -153,31 +160,34 @@ void fill_pair(HostTensor& va, HostTensor& sa, HostTensor& vb, HostTensor& sb, u
     }
 }
 
-class MergeGpuLayout : public ::testing::TestWithParam<std::tuple<DType, int, int64_t, bool>> {};
+class MergeGpuLayout : public ::testing::TestWithParam<std::tuple<DType, int, int64_t, Layout>> {};
 
 // merge_state, then merge_state_in_place with a mask, on N rows of 3 heads.
+// The second merge_state writes to another layout than its inputs', so flat
+// and non-flat sets meet in one call (the non-flat kernel's case).
 TEST_P(MergeGpuLayout, PairAndInPlace) {
   SKIP_WITHOUT_GPU();
-  const auto [dt, D, N, strided] = GetParam();
+  const auto [dt, D, N, layout] = GetParam();
   const int64_t H = 3;
-  HostTensor va = values(dt, N, H, D, strided), vb = values(dt, N, H, D, strided);
-  HostTensor sa = scales(N, H, strided), sb = scales(N, H, strided);
+  HostTensor va = values(dt, N, H, D, layout), vb = values(dt, N, H, D, layout);
+  HostTensor sa = scales(N, H, layout), sb = scales(N, H, layout);
   fill_pair(va, sa, vb, sb, 40 + N);
   HostTensor ref_v = make_host(dt, {N, H, D}), ref_s = make_host(DType::kFloat32, {N, H});
   cpu::merge_state(va.view, sa.view, vb.view, sb.view, ref_v.view, ref_s.view);
 
   auto dva = to_device(va), dsa = to_device(sa), dvb = to_device(vb), dsb = to_device(sb);
-  HostTensor out_v = values(dt, N, H, D, strided), out_s = scales(N, H, strided);
+  HostTensor out_v = values(dt, N, H, D, layout), out_s = scales(N, H, layout);
   auto dvo = poisoned_like(out_v), dso = poisoned_like(out_s);
   merge_state(dva.view, dsa.view, dvb.view, dsb.view, dvo.view, dso.view);
-  // Without the LSE output: the values alone.
-  auto dvo2 = poisoned_like(out_v);
+  // Without the LSE output: the values alone, into the other layout.
+  HostTensor out_v2 = values(dt, N, H, D, layout == Layout::kStrided ? Layout::kContiguous : Layout::kStrided);
+  auto dvo2 = poisoned_like(out_v2);
   merge_state(dva.view, dsa.view, dvb.view, dsb.view, dvo2.view, TensorView());
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   const auto ref_vd = to_doubles(ref_v.view), ref_sd = to_doubles(ref_s.view);
   EXPECT_CLOSE(compare(to_doubles(to_host(dvo, out_v).view), ref_vd), dt);
   EXPECT_CLOSE(compare(to_doubles(to_host(dso, out_s).view), ref_sd), DType::kFloat32);
-  EXPECT_CLOSE(compare(to_doubles(to_host(dvo2, out_v).view), ref_vd), dt);
+  EXPECT_CLOSE(compare(to_doubles(to_host(dvo2, out_v2).view), ref_vd), dt);
   if (N > 2) {  // both empty: zeros and -inf
     HostTensor got = to_host(dvo, out_v), got_s = to_host(dso, out_s);
     for (int64_t h = 0; h < H; ++h) {
@@ -219,8 +229,8 @@ TEST_P(MergeGpuLayout, PairAndInPlace) {
 // several), odd row counts, empty states and all-empty rows.
 TEST_P(MergeGpuLayout, ManyStates) {
   SKIP_WITHOUT_GPU();
-  const auto [dt, D, N, strided] = GetParam();
-  if (strided) GTEST_SKIP() << "merge_states: dims 0 and 1 must be contiguous with each other";
+  const auto [dt, D, N, layout] = GetParam();
+  if (layout != Layout::kContiguous) GTEST_SKIP() << "merge_states: makes its own contiguous states, so one layout runs";
   const int64_t H = 3;
   for (int64_t S : {1, 2, 4, 5, 9}) {
     HostTensor v = make_host(dt, {N, S, H, D});
@@ -245,7 +255,8 @@ TEST_P(MergeGpuLayout, ManyStates) {
 INSTANTIATE_TEST_SUITE_P(Layout, MergeGpuLayout,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32),
                                             ::testing::Values(64, 128, 256), ::testing::Values<int64_t>(1, 3, 1001),
-                                            ::testing::Bool()));
+                                            ::testing::Values(Layout::kContiguous, Layout::kPaddedFlat,
+                                                              Layout::kStrided)));
 
 // The cascade's merge: fp32 states into a 16-bit output (1 and 2 vectors per
 // lane), in place on the LSE.

@@ -48,7 +48,10 @@ struct StateOut {
 
 // out = a (+) b, per (row, head). out may alias a (in place). When mask is
 // non-null, rows with mask[row] == 0 are left as a (FlashInfer's
-// merge_state_in_place mask).
+// merge_state_in_place mask). The host runs the flat kernel
+// (merge_pair<..., FLAT = true>) when every set is flat: its row stride is
+// num_heads times its head stride (values and LSEs alike), and each head
+// stride lies in [0, 2^31), as for contiguous [rows, heads, head_dim] states.
 struct MergePairParams {
   StateSet a, b;
   StateOut out;

@@ -215,8 +215,10 @@ jit::KernelSource attention_rowwise(const AttentionSpec& spec);
 // State merges; dtype of the values (fp16, bf16, fp32). per_lane: 16-byte
 // vectors of a row per lane, merge_per_lane(head_dim * elem / 16) (1, 2 or 4;
 // abi/merge_params.cuh): one kernel per layout keeps each one's registers low.
+// flat: merge_pair's kernel for flat state sets (abi/merge_params.cuh).
 jit::KernelSource merge_pair(DType v_dtype);
-jit::KernelSource merge_pair(DType v_dtype, DType out_dtype, int per_lane = 1);  // out: fp32 states into 16 bits
+jit::KernelSource merge_pair(DType v_dtype, DType out_dtype, int per_lane = 1,
+                             bool flat = false);  // out: fp32 states into 16 bits
 jit::KernelSource merge_many(DType v_dtype, int per_lane = 1);
 // Paged-KV append of rows of the cache's dtype (a raw copy; fp16, bf16, fp8).
 jit::KernelSource append_paged_kv(DType kv_dtype);

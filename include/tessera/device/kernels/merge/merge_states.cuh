@@ -53,41 +53,54 @@ __device__ __forceinline__ i64 value_offset(i64 state, int head, i64 stride_stat
   return state * stride_state + head * stride_head;
 }
 
-// Rows of merge_pair, C vectors per lane, STEPS rows per thread.
-template <typename T, typename TO, int C, int STEPS>
+// Element offset of row r = token * heads + head in a set whose token stride
+// is heads times its head stride: no (token, head) needed. The host admits
+// such flat sets only with head strides in [0, 2^31), so one unsigned
+// 32 x 32 -> 64-bit multiply forms it.
+__device__ __forceinline__ i64 flat_offset(int r, i64 stride_head) {
+  return static_cast<i64>(static_cast<u64>(static_cast<u32>(r)) * static_cast<u32>(stride_head));
+}
+
+// Rows of merge_pair, C vectors per lane, STEPS rows per thread. FLAT
+// (flat state sets, abi/merge_params.cuh): every address is its row index times a stride, so
+// a thread's loads wait on no division (only a mask needs the token).
+template <typename T, typename TO, int C, int STEPS, bool FLAT>
 __device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int lanes) {
   constexpr int N = MergeVec<T>::N;
   const MergeLane l = merge_lane<N>(lanes, STEPS);
   const int rows = p.num_rows * p.num_heads;
   const T* va_base = static_cast<const T*>(p.a.v) + l.feat;
   const T* vb_base = static_cast<const T*>(p.b.v) + l.feat;
-  int tok[STEPS], head[STEPS];
+  int row[STEPS], tok[STEPS], head[STEPS];
   bool live[STEPS];
 #pragma unroll
   for (int s = 0; s < STEPS; ++s) {
-    const int r = l.row + s * l.rows_per_warp;
-    live[s] = r < rows;
-    tok[s] = live[s] ? fast_divide(r, p.heads) : 0;
-    head[s] = r - tok[s] * p.num_heads;
+    row[s] = l.row + s * l.rows_per_warp;
+    live[s] = row[s] < rows;
+    tok[s] = live[s] && (!FLAT || p.mask != nullptr) ? fast_divide(row[s], p.heads) : 0;
+    head[s] = row[s] - tok[s] * p.num_heads;
     // A masked-out row is neither read nor written (the only load a value
     // waits for; without a mask nothing does).
     if (p.mask != nullptr && live[s]) live[s] = p.mask[tok[s]] != 0;
   }
+  const auto at = [&](int s, i64 stride_state, i64 stride_head) {
+    return FLAT ? flat_offset(row[s], stride_head) : value_offset(tok[s], head[s], stride_state, stride_head);
+  };
   // Every load first, raw.
   uint4 ra[STEPS][C], rb[STEPS][C];
   float sa[STEPS], sb[STEPS];
 #pragma unroll
   for (int s = 0; s < STEPS; ++s) {
     if (!live[s]) continue;
-    const T* pa = va_base + value_offset(tok[s], head[s], p.a.v_stride_state, p.a.v_stride_head);
-    const T* pb = vb_base + value_offset(tok[s], head[s], p.b.v_stride_state, p.b.v_stride_head);
+    const T* pa = va_base + at(s, p.a.v_stride_state, p.a.v_stride_head);
+    const T* pb = vb_base + at(s, p.b.v_stride_state, p.b.v_stride_head);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       ra[s][c] = load16(pa + c * l.stride);
       rb[s][c] = load16(pb + c * l.stride);
     }
-    sa[s] = p.a.s[value_offset(tok[s], head[s], p.a.s_stride_state, p.a.s_stride_head)];
-    sb[s] = p.b.s[value_offset(tok[s], head[s], p.b.s_stride_state, p.b.s_stride_head)];
+    sa[s] = p.a.s[at(s, p.a.s_stride_state, p.a.s_stride_head)];
+    sb[s] = p.b.s[at(s, p.b.s_stride_state, p.b.s_stride_head)];
   }
   float out[STEPS][C][N], lse[STEPS];
 #pragma unroll
@@ -110,21 +123,21 @@ __device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int la
 #pragma unroll
   for (int s = 0; s < STEPS; ++s) {
     if (!live[s]) continue;
-    TO* po = vo_base + value_offset(tok[s], head[s], p.out.v_stride_state, p.out.v_stride_head);
+    TO* po = vo_base + at(s, p.out.v_stride_state, p.out.v_stride_head);
 #pragma unroll
     for (int c = 0; c < C; ++c) store_vec<N>(po + c * l.stride, out[s][c]);
     if (p.out.s != nullptr && l.leader)
-      p.out.s[value_offset(tok[s], head[s], p.out.s_stride_state, p.out.s_stride_head)] = lse[s];
+      p.out.s[at(s, p.out.s_stride_state, p.out.s_stride_head)] = lse[s];
   }
 }
 
 // TO: the output's element type (T's, or a 16-bit type for fp32 states: a
 // cascade's last merge writes the caller's output). C: vectors per lane
 // (merge_per_lane), a template argument so that each kernel holds only the
-// registers of its own layout.
-template <typename T, typename TO = T, int C = 1>
+// registers of its own layout. FLAT: flat state sets only (abi/merge_params.cuh), checked by the host.
+template <typename T, typename TO = T, int C = 1, bool FLAT = false>
 __device__ __forceinline__ void merge_pair(const MergePairParams& p) {
-  merge_pair_rows<T, TO, C, 1>(p, static_cast<unsigned>(p.head_dim) / (MergeVec<T>::N * C));  // merge_pair_steps
+  merge_pair_rows<T, TO, C, 1, FLAT>(p, static_cast<unsigned>(p.head_dim) / (MergeVec<T>::N * C));  // merge_pair_steps
 }
 
 // States merged per block of loads in merge_many: B * C vectors in flight per lane.
