@@ -61,9 +61,10 @@ __device__ __forceinline__ i64 flat_offset(int r, i64 stride_head) {
   return static_cast<i64>(static_cast<u64>(static_cast<u32>(r)) * static_cast<u32>(stride_head));
 }
 
-// Rows of merge_pair, C vectors per lane, STEPS rows per thread. FLAT
-// (flat state sets, abi/merge_params.cuh): every address is its row index times a stride, so
-// a thread's loads wait on no division (only a mask needs the token).
+// Rows of merge_pair, C vectors per lane, STEPS rows per thread. FLAT (flat
+// state sets, abi/merge_params.cuh): every address is its row index times a
+// stride, so a thread's loads wait on no division (only a mask needs the
+// token).
 template <typename T, typename TO, int C, int STEPS, bool FLAT>
 __device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int lanes) {
   constexpr int N = MergeVec<T>::N;
@@ -134,7 +135,8 @@ __device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int la
 // TO: the output's element type (T's, or a 16-bit type for fp32 states: a
 // cascade's last merge writes the caller's output). C: vectors per lane
 // (merge_per_lane), a template argument so that each kernel holds only the
-// registers of its own layout. FLAT: flat state sets only (abi/merge_params.cuh), checked by the host.
+// registers of its own layout. FLAT: flat state sets only
+// (abi/merge_params.cuh), checked by the host.
 template <typename T, typename TO = T, int C = 1, bool FLAT = false>
 __device__ __forceinline__ void merge_pair(const MergePairParams& p) {
   merge_pair_rows<T, TO, C, 1, FLAT>(p, static_cast<unsigned>(p.head_dim) / (MergeVec<T>::N * C));  // merge_pair_steps
