@@ -63,6 +63,20 @@ struct WorkQueue {
   }
 };
 
+// The queue CTA (blockIdx.x, blockIdx.y) walks in a grid of several CTAs an
+// SM whose columns are the plan's queues and whose rows run that one plan
+// for different KV heads (or head groups). When a step has fewer chunks than
+// CTAs, the busy queues are the first columns of every row, and the hardware
+// places the same columns of different rows on the same SMs, so a short
+// decode step ran on far fewer SMs than it had busy CTAs. Row y's queues
+// therefore start at column y X / Y, which spreads the rows' busy CTAs over
+// the grid (docs/performance.md, "Decode on tensor cores"). Results do not
+// depend on it: a queue's items and their order are the plan's.
+__device__ __forceinline__ int queue_of_cta() {
+  return static_cast<int>((blockIdx.x + static_cast<unsigned long long>(blockIdx.y) * gridDim.x / gridDim.y) %
+                          gridDim.x);
+}
+
 // The request and KV head a work item of CTA group blockIdx.y covers.
 template <typename Params>
 __device__ __forceinline__ int item_request(const Params& p, const PrefillWorkItem& w) {

@@ -71,7 +71,7 @@ __device__ __forceinline__ void batch_prefill_rows(const Params& p) {
   const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
   const int g = lane / 4, quad = lane % 4;
 
-  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, blockIdx.x);
+  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, queue_of_cta());
   if constexpr (!kFp8)
     if (threadIdx.x == 0) s_o_scale = p.o_scale;  // read after the first item's barriers
   // The plan's workspace is complete; q, K, V and the outputs may still be

@@ -198,7 +198,8 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
       mbarrier_init(full(s), kKeysProducerThreads);
       mbarrier_init(empty(s), MATH_THREADS);
     }
-  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, blockIdx.x);
+  const int column = queue_of_cta();
+  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, column);
   // The first item's first page-table entries load before the wait below,
   // so its first copies can go right after it: the page ids are the plan's
   // (a device plan's first run never starts early). The item comes from the
@@ -206,7 +207,7 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
   // moved the whole parameter block to local memory.
   int first_entries[Producer::ROWS];
   if (warp >= WARPS_KV && queue.begin < queue.end) {
-    const PrefillWorkItem w = p.first_items[blockIdx.x];
+    const PrefillWorkItem w = p.first_items[column];
     Producer{p.kv, s_row_offs, w.kv_begin, w.kv_start, w.kv_end, item_kv_head(p, w) * KV_HEADS, p.page_shift,
              static_cast<int>(threadIdx.x) - MATH_THREADS}
         .fetch(0, first_entries);
