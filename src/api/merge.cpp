@@ -60,10 +60,9 @@ StateOut state_out(const TensorView& v, const TensorView& s) {
 bool flat_strides(i64 stride_state, i64 stride_head, i64 heads) {
   return stride_head >= 0 && stride_head <= std::numeric_limits<int32_t>::max() && stride_state == heads * stride_head;
 }
-bool flat(const StateSet& x, i64 heads) {
-  return flat_strides(x.v_stride_state, x.v_stride_head, heads) && flat_strides(x.s_stride_state, x.s_stride_head, heads);
-}
-bool flat(const StateOut& x, i64 heads) {
+// Set: StateSet or StateOut (an output may leave its LSEs out).
+template <typename Set>
+bool flat(const Set& x, i64 heads) {
   return flat_strides(x.v_stride_state, x.v_stride_head, heads) &&
          (x.s == nullptr || flat_strides(x.s_stride_state, x.s_stride_head, heads));
 }
