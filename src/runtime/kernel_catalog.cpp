@@ -242,9 +242,9 @@ jit::KernelSource attention_pair_source(const AttentionSpec& first, const std::s
   if (kernel_struct == nullptr) {  // one kernel function per plan
     src << "int ctas_first, int ctas_second) {\n"
         << "  if (blockIdx.x < ctas_first) tessera::" << fn << "<tessera_spec_first, "
-        << kernel_arguments(first, first_tail) << ">(p);\n"
+        << kernel_arguments(first, first_tail) << ">(p, ctas_first);\n"
         << "  if (blockIdx.x < ctas_second) tessera::" << fn << "<tessera_spec_second, "
-        << kernel_arguments(second, second_tail) << ">(p2);\n";
+        << kernel_arguments(second, second_tail) << ">(p2, ctas_second);\n";
   } else {  // one function over both plans' kernel structs (and their tensor maps)
     auto kernel = [&](const char* spec, const AttentionSpec& s, const std::string& tail, const char* ns) {
       return std::string("tessera::") + kernel_struct + "<" + spec + ", " + kernel_arguments(s, tail) + ", tessera::" +

@@ -71,10 +71,11 @@ struct WorkQueue {
 // decode step ran on far fewer SMs than it had busy CTAs. Row y's queues
 // therefore start at column y X / Y, which spreads the rows' busy CTAs over
 // the grid (docs/performance.md, "Decode on tensor cores"). Results do not
-// depend on it: a queue's items and their order are the plan's.
-__device__ __forceinline__ int queue_of_cta() {
-  return static_cast<int>((blockIdx.x + static_cast<unsigned long long>(blockIdx.y) * gridDim.x / gridDim.y) %
-                          gridDim.x);
+// depend on it: a queue's items and their order are the plan's. queues:
+// the plan's columns, which the CTAs x < queues serve; the grid is wider in
+// a launch of two plans (prefill_sm90/pair.cuh, api/prefill_pair.hpp).
+__device__ __forceinline__ int queue_of_cta(int queues) {
+  return static_cast<int>((blockIdx.x + static_cast<unsigned long long>(blockIdx.y) * queues / gridDim.y) % queues);
 }
 
 // The request and KV head a work item of CTA group blockIdx.y covers.

@@ -31,7 +31,7 @@ namespace tessera {
 // branches: 16-bit caches generate the code they always did.
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
           int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, bool FP8_WIDEN = false, typename Params>
-__device__ __forceinline__ void batch_prefill_rows(const Params& p) {
+__device__ __forceinline__ void batch_prefill_rows(const Params& p, int queues) {
   constexpr bool kFp8 = is_fp8<DKV>;
   constexpr bool kFp8Registers = kFp8 && !FP8_WIDEN;  // fp8 fragments widened in registers
   constexpr Fa2KvTiles kKvTiles = !kFp8 ? Fa2KvTiles::k16Bit : FP8_WIDEN ? Fa2KvTiles::kFp8Widened : Fa2KvTiles::kFp8;
@@ -71,7 +71,7 @@ __device__ __forceinline__ void batch_prefill_rows(const Params& p) {
   const int wq = warp % WARPS_Q, wk = warp / WARPS_Q;
   const int g = lane / 4, quad = lane % 4;
 
-  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, queue_of_cta());
+  WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, queue_of_cta(queues));
   if constexpr (!kFp8)
     if (threadIdx.x == 0) s_o_scale = p.o_scale;  // read after the first item's barriers
   // The plan's workspace is complete; q, K, V and the outputs may still be
@@ -251,19 +251,22 @@ __device__ __forceinline__ void batch_prefill_rows(const Params& p) {
 // The kernel's entry: 8-row query tiles (CTA_Q 8, fp8 or 16-bit caches,
 // the keys as the mma's rows) run the warp-specialized form of
 // prefill_sm80/kernel_keys.cuh on WARPS_KV math warps and a producer
-// warpgroup, for KV_HEADS adjacent KV heads a CTA.
+// warpgroup, for KV_HEADS adjacent KV heads a CTA. queues: the plan's
+// queues (columns); a launch of two plans passes each its own, its grid being
+// as wide as the wider plan's.
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM_QK, int HEAD_DIM_VO, int CTA_Q,
           int CTA_KV, int WARPS_Q, int WARPS_KV, int STAGES, bool FP8_WIDEN = false, int KV_HEADS = 1,
           typename Params>
-__device__ __forceinline__ void batch_prefill(const Params& p) {
+__device__ __forceinline__ void batch_prefill(const Params& p, int queues = -1) {
+  if (queues < 0) queues = static_cast<int>(gridDim.x);
   if constexpr (CTA_Q == 8) {
     static_assert(HEAD_DIM_QK == HEAD_DIM_VO && WARPS_Q == 1 && !FP8_WIDEN, "8-row tiles: equal head dims, one warp "
                                                                             "along the rows, K / V rows as stored");
-    batch_prefill_keys<Variant, DQ, DKV, DO, HEAD_DIM_QK, CTA_KV, WARPS_KV, STAGES, KV_HEADS>(p);
+    batch_prefill_keys<Variant, DQ, DKV, DO, HEAD_DIM_QK, CTA_KV, WARPS_KV, STAGES, KV_HEADS>(p, queues);
   } else {
     static_assert(KV_HEADS == 1, "one KV head a CTA on 16-row and larger tiles");
     batch_prefill_rows<Variant, DQ, DKV, DO, HEAD_DIM_QK, HEAD_DIM_VO, CTA_Q, CTA_KV, WARPS_Q, WARPS_KV, STAGES,
-                       FP8_WIDEN>(p);
+                       FP8_WIDEN>(p, queues);
   }
 }
 

@@ -157,7 +157,7 @@ __device__ __forceinline__ void merge_keys_warps(KeysAsRowsState<HEAD_DIM>& ks, 
 
 template <typename Variant, typename DQ, typename DKV, typename DO, int HEAD_DIM, int CTA_KV, int WARPS_KV,
           int STAGES, int KV_HEADS, typename Params>
-__device__ __forceinline__ void batch_prefill_keys(const Params& p) {
+__device__ __forceinline__ void batch_prefill_keys(const Params& p, int queues) {
   constexpr int CTA_Q = 8;
   constexpr bool kFp8 = is_fp8<DKV>;
   constexpr Fa2KvTiles kTiles = kFp8 ? Fa2KvTiles::kFp8 : Fa2KvTiles::k16Bit;
@@ -198,7 +198,7 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p) {
       mbarrier_init(full(s), kKeysProducerThreads);
       mbarrier_init(empty(s), MATH_THREADS);
     }
-  const int column = queue_of_cta();
+  const int column = queue_of_cta(queues);
   WorkQueue<PrefillWorkItem, QueueLoad::kFirst, Params> queue(p, column);
   // The first item's first page-table entries load before the wait below,
   // so its first copies can go right after it: the page ids are the plan's
