@@ -19,7 +19,12 @@ pool (distinct memory per layer, as a model's layers are), replayed back to
 back: GPU time per step (median of replays). Host time: plan() per step
 (median), which a synchronous engine adds to every step. Each arm's first
 layer is checked against an eager flat decode (fp16 relative error).
+--kernels: each arm's GPU time per kernel (median over the graph's launches,
+torch.profiler), e.g. the unique and shared levels apart; with --no-pdl the
+launches run without programmatic dependent launch, so each kernel's span
+is its own (with it, a kernel's span includes its wait for the one before).
 Usage: python bench/shared_prefix_graph.py [--quick] [--layers N] [--capture-first] [--arms none,auto,...]
+                                           [--kernels] [--no-pdl] [--prefixes 256,512,1536] [--ns 1,4,16,64]
 """
 import argparse
 import os
@@ -57,7 +62,7 @@ def dummy_table(batch):
     return (np.arange(batch + 1, dtype=np.int32), np.zeros(batch, np.int32), np.ones(batch, np.int32))
 
 
-def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False):
+def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False, pdl=True):
     i32 = dict(dtype=torch.int32, device="cuda")
     w = tessera.BatchDecodeWithPagedKVCacheWrapper(
         common.new_workspace(256 << 20), "NHD", use_cuda_graph=True, use_tensor_cores=True,
@@ -74,7 +79,7 @@ def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False):
 
     def step():
         for i in range(layers):
-            w.run(q, caches[i % len(caches)], out=outs[i], enable_pdl=True)
+            w.run(q, caches[i % len(caches)], out=outs[i], enable_pdl=pdl)
     step()
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
@@ -98,6 +103,22 @@ def arm(auto, table, caches, q, layers, batch, max_pages, capture_first=False):
     return g, outs, float(np.median(host)), w.shared_prefix_stats if auto else None, w
 
 
+def kernel_times(graph, replays=3):
+    """{kernel name: (median GPU us per launch, launches per replay)} of a captured graph."""
+    from torch.profiler import ProfilerActivity, profile
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    spans = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            spans.setdefault(e.name, []).append(e.device_time)
+    return {k: (float(np.median(v)), len(v) // replays) for k, v in spans.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -106,14 +127,21 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--capture-first", action="store_true", help="capture after a plan of dummy rows, as engines do")
     ap.add_argument("--arms", default="none,auto,auto-any", help="of none, auto, auto-any (none first)")
+    ap.add_argument("--kernels", action="store_true", help="also each arm's GPU time per kernel (torch.profiler)")
+    ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launch")
+    ap.add_argument("--prefixes", default=None, help="shared prompt lengths (default 256,512,1536; --quick 1536)")
+    ap.add_argument("--ns", default=None, help="samples per prompt (default 1,4,16,64; --quick 1,16)")
     args = ap.parse_args(argv)
     names = args.arms.split(",")
     if names[0] != "none" or not set(names) <= {"none", "auto", "auto-any"} or "auto" not in names:
         raise SystemExit(f"--arms: expected none first, auto, and any of auto-any / auto-64, got {args.arms}")
     common.require()
     rng = np.random.default_rng(0)
-    ns = [1, 16] if args.quick else [1, 4, 16, 64]
-    prefixes = [1536] if args.quick else [256, 512, 1536]
+    ns = [int(x) for x in args.ns.split(",")] if args.ns else [1, 16] if args.quick else [1, 4, 16, 64]
+    prefixes = ([int(x) for x in args.prefixes.split(",")] if args.prefixes else
+                [1536] if args.quick else [256, 512, 1536])
+    if any(p % PS or p < PS for p in prefixes) or any(n < 1 or args.batch % n for n in ns):
+        raise SystemExit(f"--prefixes: positive multiples of {PS}; --ns: divisors of --batch {args.batch}")
     rows = []
     for prefix in prefixes:
         for n in ns:
@@ -127,7 +155,7 @@ def main(argv=None):
                        torch.randn(pages, PS, HKV, D, dtype=torch.float16, device="cuda")) for _ in range(pools)]
             q = torch.randn(args.batch, HQ, D, dtype=torch.float16, device="cuda")
             arms = {name: arm({"none": False, "auto": True, "auto-any": "any"}[name], table[:3], caches, q,
-                              args.layers, args.batch, len(table[1]), args.capture_first)
+                              args.layers, args.batch, len(table[1]), args.capture_first, not args.no_pdl)
                     for name in names}
             times = {name: [] for name in arms}
             for r in range(args.rounds):
@@ -144,16 +172,21 @@ def main(argv=None):
             row = dict(prefix=prefix, n=n, prompts=prompts, batch=args.batch, layers=args.layers,
                        gpu_us=gpu, host_plan_us=host, rel_err=errs, stats=arms["auto"][3],
                        step_ratio=(gpu["none"] + host["none"]) / (gpu["auto"] + host["auto"]))
+            if args.kernels:
+                row["kernel_us"] = {name: kernel_times(a[0]) for name, a in arms.items()}
             rows.append(row)
             others = "; ".join(f"{k} {gpu[k]:8.1f}" for k in names if k not in ("none", "auto"))
             print(f"L {prefix:5d} n {n:3d}: GPU {gpu['none']:8.1f} -> {gpu['auto']:8.1f} us "
                   f"({gpu['none'] / gpu['auto']:.3f}x; {others}), plan "
                   f"{host['none']:6.1f} -> {host['auto']:6.1f} us, step none / auto {row['step_ratio']:.3f}, "
                   f"err {' / '.join(f'{e:.1e}' for e in errs.values())}, groups {arms['auto'][3]['groups']}", flush=True)
+            for name, ks in row.get("kernel_us", {}).items():
+                print(f"    {name:8s} per launch: " + "; ".join(f"{us:.1f} us x {n} {k}" for k, (us, n) in ks.items()))
             assert err < 2e-3, f"an arm differs from the eager flat decode: {errs}"
             del arms, caches
             torch.cuda.empty_cache()
-    common.save_results("shared-prefix-graph", dict(rows=rows, capture_first=args.capture_first, arms=names))
+    common.save_results("shared-prefix-graph", dict(rows=rows, capture_first=args.capture_first, arms=names,
+                                                    pdl=not args.no_pdl))
 
 
 if __name__ == "__main__":

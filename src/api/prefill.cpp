@@ -407,6 +407,7 @@ void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const Tens
   p.partial_o = reinterpret_cast<float*>(scratch_base() + layout_.partial_o);
   p.partial_lse = reinterpret_cast<float*>(scratch_base() + layout_.partial_lse);
   p.counters = reinterpret_cast<int*>(scratch_base() + layout_.counters);
+  p.merge_words = reinterpret_cast<u64*>(scratch_base() + layout_.merge_words);
   p.num_qo_heads = task_.num_qo_heads;
   p.group = kernel_group();
   p.heads_per_group = kernel_heads() / head_groups_;

@@ -87,7 +87,7 @@ void BatchPrefill::configure(Source src, int64_t batch, int64_t total_q, int64_t
     trim_kernel_ = &jit::KernelCache::global().kernel(catalog::trim_masked_items(), ws_->device());
     trim_blocks_ = 4 * cuda::device_info(ws_->device()).sm_count;
   }
-  // Merge counters start at zero; runs leave them at zero.
+  // Merge counters and words start at zero; runs leave them at zero.
   TESSERA_CUDA_CHECK(cudaMemsetAsync(scratch_base() + layout_.counters, 0, layout_.partial_lse - layout_.counters, stream));
 }
 

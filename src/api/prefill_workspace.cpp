@@ -57,6 +57,7 @@ BatchPrefill::Layout BatchPrefill::layout_for(const AttentionSpec& spec, const T
     WorkspaceLayout s;
     l.max_slot_rows = slot_rows;
     l.counters = s.add(sizeof(int32_t) * l.max_split_tiles * groups);
+    l.merge_words = s.add(sizeof(uint64_t) * l.max_split_tiles * groups);  // zeroed with the counters
     const int64_t rows = slot_rows * groups;
     l.partial_lse = s.add(sizeof(float) * rows);
     l.partial_o = s.add(sizeof(float) * rows * catalog::prefill_launch_vo(spec));  // one launch's V / O features

@@ -66,6 +66,7 @@ struct PrefillParams {
   float* partial_o;    // [slots, head groups, CTA_Q, head_dim]
   float* partial_lse;  // [slots, head groups, CTA_Q]
   int* counters;       // [split tiles * head groups], zero between runs
+  u64* merge_words;    // [split tiles * head groups], zero between runs (common/cooperative_merge.cuh)
   int num_qo_heads;
   int group;  // num_qo_heads / num_kv_heads
   // KV heads per CTA group (grid.y): a work item's request field is

@@ -162,7 +162,7 @@ class BatchPrefill {
     size_t qo_indptr = 0, kv_indptr = 0, indices = 0, last = 0, mask_indptr = 0, work_indptr = 0, items = 0;
     size_t first_items = 0, staged = 0;
     size_t trimmed_items = 0, trimmed_first = 0;  // custom masks: the items trim_masked_items() narrowed
-    size_t counters = 0, partial_lse = 0, partial_o = 0;  // relative to the scratch base
+    size_t counters = 0, merge_words = 0, partial_lse = 0, partial_o = 0;  // relative to the scratch base
     size_t scratch = 0, scratch_bytes = 0, total = 0;      // the scratch's offset in the workspace, its size
     size_t ideal_scratch_bytes = 0, min_scratch_bytes = 0;  // with every partial row, with none
     int64_t max_items = 0, max_split_tiles = 0, max_slot_rows = 0;  // what the sections hold (per head group)

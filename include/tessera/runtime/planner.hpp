@@ -42,11 +42,14 @@ struct PlannerOptions {
   int min_chunk = 64;    // floor of L_kv (a tile's chunks are near-equal pieces of at most L_kv, each > L_kv / 2 but its last)
   int chunk_align = 16;  // L_kv is rounded up to a multiple of this
   // Cost of merging one row of one chunk's partial state, in KV-token units
-  // (not in the paper's model). The last CTA to finish a split tile merges
-  // its k chunks alone, so a tile of R rows cut k ways costs that CTA
-  // merge_cost * R * k more; L_kv grows (doubling) while that lowers the
-  // estimated makespan. 0: off. 0.5 from the H100: a 64-row tile of a shared
-  // prefix cut 33 ways merged for ~4x its chunks' own time.
+  // (not in the paper's model). The model charges a split tile's merge to
+  // one CTA, as its last writer merges it: a tile of R rows cut k ways costs
+  // that CTA merge_cost * R * k more; L_kv grows (doubling) while that
+  // lowers the estimated makespan. 0: off. 0.5 from the H100: a 64-row tile
+  // of a shared prefix cut 33 ways merged for ~4x its chunks' own time,
+  // merged by its last writer. The kernels merge a tile of 3 or more chunks
+  // in slices on its CTAs (common/cooperative_merge.cuh), so the model
+  // overcharges those tiles' splits; re-fitting it is open.
   double merge_cost = 0.5;
   // Sliding window (the variant's declared window_left, >= 0; -1 = none):
   // keys left of every row's window are not visited at all (tiles start at the

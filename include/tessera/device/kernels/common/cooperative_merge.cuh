@@ -1,17 +1,21 @@
-// Split tiles of many chunks, merged by the CTAs that computed them.
+// Split tiles of many chunks, merged by the CTAs that computed them; the
+// one merge of every persistent kernel that splits query tiles over keys
+// (FA2 and Hopper prefill, MLA).
 //
-// A tile cut in n chunks (a few long requests spread over every SM) has n
-// CTAs that finish together. Left to its last writer, the merge reads n
-// partial rows for each of the tile's rows on one SM, a pass of CTA threads
-// x VEC features at a time, each pass n / 8 dependent round trips: longer
-// than the attention itself for one request of 32k keys. Here the tile's
-// rows are cut into slices of one pass, and every chunk's CTA whose queue
-// ends with the tile takes slices once all n chunks are in. A slice is
-// merged by merge_split_rows, exactly as the last writer merges, so the
-// bits do not depend on which CTA merged it.
+// A tile cut in n chunks has n CTAs that finish at about the same time when
+// the plan spreads a few tiles over every SM (a long request, a cascade's
+// shared level). Left to its last writer, the merge reads n partial rows for
+// each of the tile's rows on one SM, a pass of CTA threads x VEC features at
+// a time, each pass a dependent round trip or more: for a 64-row tile of 4
+// chunks eight passes after the chunk itself, longer than its attention.
+// Here the tile's rows are cut into slices of one pass, and every chunk's
+// CTA whose queue ends with the tile takes slices once all n chunks are in.
+// A slice is merged by merge_split_rows, exactly as the last writer merges,
+// so the bits do not depend on which CTA merged it.
 //
 // State: one 64-bit word per split tile (Params::merge_words, zero between
-// runs): chunks in (bits 0-15), slices taken (16-31), slices done (32-47).
+// runs; indexed as the tile's counter): chunks in (bits 0-15), slices taken
+// (16-31), slices done (32-47).
 // A slice is taken by compare-and-swap only while every chunk is in and
 // slices remain; the CTA that finishes the last slice zeroes the word, and
 // from then on nothing in the launch changes it (it reads as no chunk in),
@@ -57,24 +61,39 @@ __device__ __forceinline__ int take_merge_slice(u64* word, int num_chunks, int s
 // far beyond the skew of chunks that start together, short of a hang.
 constexpr int kMergeWaitPolls = 4096;
 
+// Rows a slice holds: the largest divisor of CTA_Q up to R, the rows one
+// pass of the group's threads covers (clamped to 1..CTA_Q).
+template <int CTA_Q, int R>
+struct MergeSliceRows {
+  static constexpr int value = CTA_Q % R == 0 ? R : MergeSliceRows<CTA_Q, R - 1>::value;
+};
+template <int CTA_Q>
+struct MergeSliceRows<CTA_Q, 1> {
+  static constexpr int value = 1;
+};
+
 // After every thread of the group (tid in [0, NTHREADS)) stored its partial
 // rows of a split tile: counts the chunk in and merges. A tile of at least
-// kCooperativeMergeMinChunks chunks is merged in slices by whichever of its
-// CTAs take them (waiting for the tile first when queue_ends_here); a
-// smaller one by its last writer, all rows (prefill_merge_split's
-// contract). One call of merge_split_rows serves both, so the kernel holds
-// one copy of the merge's registers. sync() is a barrier over the group;
-// slot a shared int.
-template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int NTHREADS, int VEC, typename Params,
-          typename Sync>
+// kCooperativeMergeMinChunks chunks and more than one slice is merged in
+// slices by whichever of its CTAs take them (waiting for the tile first when
+// queue_ends_here); another by its last writer, all rows. One call of
+// merge_split_rows serves both, so the kernel holds one copy of the merge's
+// registers. The tile's counter and word are those of its head group
+// (blockIdx.y) and, in a CTA pair (CLUSTER = 2), of its rank's rows. sync()
+// is a barrier over the group; slot a shared int.
+template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int NTHREADS, int VEC = 8, int CLUSTER = 1,
+          typename Params, typename Sync>
 __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant& variant, const PrefillWorkItem& w,
-                                                 int qo_start, int qo_len, int row0, int b, int tid, int* slot,
-                                                 Sync sync, bool queue_ends_here) {
-  constexpr int SLICE_ROWS = NTHREADS * VEC / HEAD_DIM, SLICES = CTA_Q / SLICE_ROWS;
-  static_assert(SLICE_ROWS >= 1 && CTA_Q % SLICE_ROWS == 0, "whole passes of whole rows");
-  const bool cooperative = w.num_chunks >= kCooperativeMergeMinChunks;
-  u64* const word = p.merge_words + w.counter;  // one head group, no clusters (MLA's launch)
-  int* const counter = p.counters + w.counter;
+                                                 int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
+                                                 int* slot, Sync sync, bool queue_ends_here, int rank = 0) {
+  constexpr int PASS_ROWS = NTHREADS * VEC / HEAD_DIM;
+  constexpr int SLICE_ROWS =
+      MergeSliceRows<CTA_Q, PASS_ROWS < 1 ? 1 : (PASS_ROWS > CTA_Q ? CTA_Q : PASS_ROWS)>::value;
+  constexpr int SLICES = CTA_Q / SLICE_ROWS;
+  const bool cooperative = SLICES > 1 && w.num_chunks >= kCooperativeMergeMinChunks;
+  const i64 index = (static_cast<i64>(w.counter) * gridDim.y + blockIdx.y) * CLUSTER + rank;
+  u64* const word = p.merge_words + index;
+  int* const counter = p.counters + index;
   if (!cooperative) {
     if (!split_chunk_is_last(counter, w.num_chunks, tid, slot, sync)) return;
   } else {
@@ -101,8 +120,8 @@ __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant&
       row_begin = s * SLICE_ROWS;
       row_end = row_begin + SLICE_ROWS;
     }
-    merge_split_rows<Variant, DO, HEAD_DIM, CTA_Q, 1, VEC>(p, variant, w, qo_start, qo_len, row0, b, 0, tid, NTHREADS,
-                                                           0, row_begin, row_end);
+    merge_split_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER, VEC>(p, variant, w, qo_start, qo_len, row0, b, kv_head,
+                                                                 tid, NTHREADS, rank, row_begin, row_end);
     if (!cooperative) {
       if (tid == 0) *counter = 0;
       return;

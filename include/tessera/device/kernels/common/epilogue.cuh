@@ -1,8 +1,8 @@
 // Prefill epilogue, shared by the FA2 and Hopper templates: a finished query
 // tile's rows go to the output (unsplit tile) or to the workspace as a
-// partial state, and the last CTA to finish a split tile merges its partials
-// in chunk order (same contract as batch decode: deterministic, no atomics on
-// values; one counter per split tile says who is last). Split tiles' slots
+// partial state, and a split tile's partials are merged in chunk order, by
+// rows (merge_split_rows; who merges which rows: common/cooperative_merge.cuh;
+// deterministic, no atomics on values). Split tiles' slots
 // and counters come from the plan of the CTA's head group, which every group
 // (blockIdx.y) shares: they are indexed slot * groups + group. A CTA pair
 // (CLUSTER = 2, prefill_sm90/kernel.cuh) shares slots of 2 * CTA_Q rows, rank r
@@ -44,15 +44,21 @@ struct RowMerge {
   float w_new, w_old, lse;
 };
 
+// The same with the prior LSE already loaded (merging: whether there is one).
 template <bool SOFTMAX>
-__device__ __forceinline__ RowMerge row_merge(const float* merge_lse, i64 idx, float lse) {
-  if (merge_lse == nullptr) return {1.f, 0.f, lse};
+__device__ __forceinline__ RowMerge row_merge_with(bool merging, float prior_lse, float lse) {
+  if (!merging) return {1.f, 0.f, lse};
   if constexpr (!SOFTMAX) {
     return {1.f, 1.f, lse};
   } else {
-    const MergeWeights m = merge_weights(lse, merge_lse[idx]);
+    const MergeWeights m = merge_weights(lse, prior_lse);
     return {m.wa, m.wb, m.lse};
   }
+}
+
+template <bool SOFTMAX>
+__device__ __forceinline__ RowMerge row_merge(const float* merge_lse, i64 idx, float lse) {
+  return row_merge_with<SOFTMAX>(merge_lse != nullptr, merge_lse != nullptr ? merge_lse[idx] : 0.f, lse);
 }
 
 // Merges a finished row's values (this lane's pairs: vals[2n + c] is column
@@ -192,6 +198,17 @@ __device__ __forceinline__ void merge_split_rows(const Params& p, const Variant&
     auto slot_base = [&](int c) {
       return ((static_cast<i64>(w.first_slot + c) * gridDim.y + blockIdx.y) * CLUSTER + rank) * CTA_Q + tile_row;
     };
+    DO* const dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col;
+    const i64 lse_idx = static_cast<i64>(qo_start + qo) * p.num_qo_heads + head;
+    // Merging into o (merge_lse): the prior state's LSE and values load
+    // beside the chunks', so a pass costs one round trip, not two.
+    constexpr int kPer16 = 16 / static_cast<int>(sizeof(DO));
+    const float* const merge_lse = MergeLseOf<Params>::get(p);
+    float prior_lse = 0.f, old[VEC];
+    if (merge_lse != nullptr) {
+      prior_lse = merge_lse[lse_idx];
+      load_vec<VEC>(dst, old);
+    }
     float out[VEC];
     const float lse = merge_chunk_states<VEC, Variant::use_softmax>(
         w.num_chunks, [&](int c) { return __ldcg(p.partial_lse + slot_base(c)); },
@@ -201,20 +218,15 @@ __device__ __forceinline__ void merge_split_rows(const Params& p, const Variant&
         out);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = variant.OutputTransform(p, out[i], b, qo, head, col + i);
-    DO* const dst = static_cast<DO*>(p.o) + (qo_start + qo) * p.o_stride_n + head * p.o_stride_h + col;
-    const i64 lse_idx = static_cast<i64>(qo_start + qo) * p.num_qo_heads + head;
-    const RowMerge mg = row_merge<Variant::use_softmax>(MergeLseOf<Params>::get(p), lse_idx, lse);
+    const RowMerge mg = row_merge_with<Variant::use_softmax>(merge_lse != nullptr, prior_lse, lse);
     if (col == 0 && p.lse != nullptr) p.lse[lse_idx] = mg.lse;
     if (mg.w_new == 0.f) continue;  // no key here: o keeps the prior state
-    constexpr int kPer16 = 16 / static_cast<int>(sizeof(DO));
 #pragma unroll
     for (int i = 0; i < VEC; i += kPer16) {  // 16-byte stores
       float part[kPer16];
       if (mg.w_old > 0.f) {
-        float old[kPer16];
-        load_vec<kPer16>(dst + i, old);
 #pragma unroll
-        for (int j = 0; j < kPer16; ++j) part[j] = merge_value(out[i + j], mg.w_new, old[j], mg.w_old);
+        for (int j = 0; j < kPer16; ++j) part[j] = merge_value(out[i + j], mg.w_new, old[i + j], mg.w_old);
       } else {
 #pragma unroll
         for (int j = 0; j < kPer16; ++j) part[j] = out[i + j];
@@ -222,20 +234,6 @@ __device__ __forceinline__ void merge_split_rows(const Params& p, const Variant&
       store_vec<kPer16>(dst + i, part);
     }
   }
-}
-
-// Counts a split tile's chunk in (split_chunk_is_last) and, in its last,
-// merges all of the tile's rows.
-template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int CLUSTER = 1, int VEC = 8, typename Params,
-          typename Sync>
-__device__ __forceinline__ void prefill_merge_split(const Params& p, const Variant& variant, const PrefillWorkItem& w,
-                                                    int qo_start, int qo_len, int row0, int b, int kv_head, int tid,
-                                                    int nthreads, int* is_last, Sync sync, int rank = 0) {
-  int* const counter = p.counters + (w.counter * gridDim.y + blockIdx.y) * CLUSTER + rank;
-  if (!split_chunk_is_last(counter, w.num_chunks, tid, is_last, sync)) return;
-  merge_split_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER, VEC>(p, variant, w, qo_start, qo_len, row0, b, kv_head, tid,
-                                                               nthreads, rank, 0, CTA_Q);
-  if (tid == 0) *counter = 0;
 }
 
 #endif

@@ -9,13 +9,12 @@
 // KV tiles (ckv | kpe rows, gathered through the page table) pipelined with
 // cp.async, each tile one mla_compute_tile (mla/mainloop.cuh) for every
 // warp, then the row groups' sums combined and the rows written: normalized
-// into o / lse for an unsplit tile, else as a partial state whose last
-// writer merges the tile's chunks in chunk order (common/epilogue.cuh's
-// prefill_merge_split: deterministic, a counter per split tile, no atomics
-// on values).
+// into o / lse for an unsplit tile, else as a partial state merged in chunk
+// order by the tile's CTAs (common/cooperative_merge.cuh: deterministic, no
+// atomics on values).
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
-#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/mla/mainloop.cuh"
 
 namespace tessera {
@@ -158,8 +157,9 @@ __device__ __forceinline__ void batch_mla(const MlaParams& p) {
       }
     }
     if (w.partial_slot >= 0)
-      prefill_merge_split<MlaVariant, DO, kMlaDimCkv, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, 0, threadIdx.x,
-                                                             THREADS, &s_is_last, [] { __syncthreads(); });
+      merge_split_tile<MlaVariant, DO, kMlaDimCkv, CTA_Q, THREADS>(p, variant, w, qo_start, qo_len, row0, b, 0,
+                                                                   threadIdx.x, &s_is_last, [] { __syncthreads(); },
+                                                                   wi == queue.end - 1);
     __syncthreads();  // shared memory is reused by the next item
   }
   grid_dependency_launch_dependents();

@@ -312,8 +312,8 @@ struct MlaSm90Consumer {
     if (w.partial_slot >= 0) {
       MlaVariant variant(p, b, qo_len, w.kv_len);
       auto sync = [] { named_barrier_sync(kMlaMergeBar, 256); };
-      merge_split_tile<MlaVariant, DO, kMlaDimCkv, kMlaSm90Rows, 256, 8>(p, variant, w, qo_start, qo_len, row0, b, tid,
-                                                                         &ex.is_last, sync, queue_ends_here);
+      merge_split_tile<MlaVariant, DO, kMlaDimCkv, kMlaSm90Rows, 256, 8>(p, variant, w, qo_start, qo_len, row0, b, 0,
+                                                                         tid, &ex.is_last, sync, queue_ends_here);
     }
   }
 };

@@ -250,7 +250,7 @@ struct MlaSm90NarrowConsumer {
     if (w.num_chunks != 2) {
       MlaVariant variant(p, w.request, qo_len, w.kv_len);
       merge_split_tile<MlaVariant, DO, kMlaDimCkv, ROWS, 128, 16>(p, variant, w, qo_start, qo_len, row0, w.request,
-                                                                 tid, &ex.is_last, sync, queue_ends_here);
+                                                                 0, tid, &ex.is_last, sync, queue_ends_here);
       return;
     }
     int* const counter = p.counters + w.counter * gridDim.y + blockIdx.y;

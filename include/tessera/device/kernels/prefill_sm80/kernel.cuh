@@ -2,11 +2,12 @@
 // of work items (query tile x KV chunk, from the planner); per item it loads
 // the fused query tile, pipelines KV tiles through shared memory, merges the
 // KV-split warps, and writes the output (unsplit tile) or a partial state,
-// the last finisher of a split tile merging its partials in chunk order
-// (common/epilogue.cuh). The Hopper template is prefill_sm90/kernel.cuh.
+// a split tile's partials merged in chunk order by its CTAs or its last
+// finisher (common/cooperative_merge.cuh). The Hopper template is
+// prefill_sm90/kernel.cuh.
 #pragma once
 #include "tessera/device/arch/grid_dependency.cuh"
-#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/prefill_sm80/kernel_keys.cuh"
 #include "tessera/device/kernels/prefill_sm80/mainloop.cuh"
 #include "tessera/device/kernels/prefill_sm80/mainloop_fp8.cuh"
@@ -240,9 +241,9 @@ __device__ __forceinline__ void batch_prefill_rows(const Params& p, int queues) 
       prefill_store_rows<Variant, DO, HEAD_DIM_VO, CTA_Q>(p, variant, st, rows, w, qo_start, b, kv_head,
                                                           wq * Shape::WARP_ROWS, s_o_scale);
     if (w.partial_slot >= 0)
-      prefill_merge_split<Variant, DO, HEAD_DIM_VO, CTA_Q>(p, variant, w, qo_start, qo_len, row0, b, kv_head,
-                                                           threadIdx.x, Shape::THREADS, &s_is_last,
-                                                           [] { __syncthreads(); });
+      merge_split_tile<Variant, DO, HEAD_DIM_VO, CTA_Q, Shape::THREADS>(p, variant, w, qo_start, qo_len, row0, b,
+                                                                        kv_head, threadIdx.x, &s_is_last,
+                                                                        [] { __syncthreads(); }, wi == queue.end - 1);
     __syncthreads();  // shared memory is reused by the next item
   }
   grid_dependency_launch_dependents();

@@ -31,7 +31,7 @@
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/mbarrier.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
-#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/prefill_sm80/mainloop_keys.cuh"
 
 namespace tessera {
@@ -338,9 +338,9 @@ __device__ __forceinline__ void batch_prefill_keys(const Params& p, int queues) 
                                                          run.o_scale);
       }
       if (w.partial_slot >= 0)
-        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q>(p, variant, w, w.qo_begin, qo_len, row0, b, kv_head,
-                                                          threadIdx.x, MATH_THREADS, &s_is_last,
-                                                          [] { named_barrier_sync(kKeysMathBar, MATH_THREADS); });
+        merge_split_tile<Variant, DO, HEAD_DIM, CTA_Q, MATH_THREADS>(
+            p, variant, w, w.qo_begin, qo_len, row0, b, kv_head, threadIdx.x, &s_is_last,
+            [] { named_barrier_sync(kKeysMathBar, MATH_THREADS); }, wi == queue.end - 1);
       named_barrier_sync(kKeysMathBar, MATH_THREADS);  // the scratch (next: the Q tile) is free again
     }
   }

@@ -28,7 +28,7 @@
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/arch/warpgroup.cuh"
 #include "tessera/device/arch/cluster.cuh"
-#include "tessera/device/kernels/common/epilogue.cuh"
+#include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/prefill_sm90/mma.cuh"
 #include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
 #include "tessera/device/kernels/common/tiles.cuh"
@@ -408,9 +408,9 @@ struct Sm90Consumer {
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
                                                                 warp_row0, run.o_scale * kPUnscale, half);
       if (w.partial_slot >= 0)
-        prefill_merge_split<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(
-            p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, THREADS, &s_is_last,
-            [] { named_barrier_sync(kSm90ConsumersBar, THREADS); }, half);
+        merge_split_tile<Variant, DO, HEAD_DIM, CTA_Q, THREADS, 8, CLUSTER>(
+            p, variant, w, qo_start, qo_len, row0, b, kv_head, tid, &s_is_last,
+            [] { named_barrier_sync(kSm90ConsumersBar, THREADS); }, wi == wi_end - 1, half);
     }
 #else
     __trap();  // Hopper kernels are only built for sm_90a
