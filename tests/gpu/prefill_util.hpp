@@ -19,6 +19,28 @@ struct Out {
   HostTensor o, lse;
 };
 
+// Random q ([qo.back(), Hq, D]), k and v (a pool of `pool` NHD pages of
+// page_size tokens) and the reference result of the queries qo over the page
+// table (kv_indptr, indices, last).
+struct PagedInputs {
+  HostTensor k, v, q;
+  reference::Result ref;
+  PagedInputs(DType dt, int64_t Hkv, int64_t Hq, int64_t D, int64_t page_size, int64_t pool,
+              const std::vector<int32_t>& qo, const std::vector<int32_t>& kv_indptr,
+              const std::vector<int32_t>& indices, const std::vector<int32_t>& last, bool causal,
+              std::mt19937_64& rng)
+      : k(make_host(dt, {pool, page_size, Hkv, D})), v(k), q(make_host(dt, {qo.back(), Hq, D})) {
+    fill_random(k, rng());
+    fill_random(v, rng());
+    fill_random(q, rng(), -2.f, 2.f);
+    reference::Options ro;
+    ro.causal = causal;
+    PagedKVCache cache(PagedKVStorage(k.view, v.view, KVLayout::kNHD),
+                       PageTable(kv_indptr, indices, last, static_cast<int>(page_size), pool));
+    ref = reference::attention_paged(q.view, RaggedIndex(qo), cache, ro);
+  }
+};
+
 // run(o, lse) on NaN-poisoned outputs of [rows, hq, d] and [rows, hq].
 template <typename RunFn>
 Out run_and_fetch(RunFn run, DType dt, int64_t rows, int64_t hq, int64_t d) {

@@ -48,6 +48,11 @@ Batch make_batch(int page_size, std::mt19937_64& rng, std::vector<int32_t> q_len
   return b;
 }
 
+PagedInputs paged_inputs(const Batch& b, DType dt, int64_t Hkv, int64_t Hq, int D, int page_size, bool causal,
+                         std::mt19937_64& rng) {
+  return PagedInputs(dt, Hkv, Hq, D, page_size, b.pool, b.qo, b.kv_pages, b.indices, b.last, causal, rng);
+}
+
 // backend: kAuto picks the Hopper (wgmma) template on sm_90 for head_dim
 // 64/128/256 and query tiles of 64/128 rows; kFA2 keeps the FA2 template tested there.
 class PrefillPaged : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool, int, PrefillBackend>> {};
@@ -60,14 +65,9 @@ void check_paged_case(DType dt, int D, int group, int page_size, bool causal, in
   std::mt19937_64 rng(D + group * 10 + page_size * 100 + cta_q + tile.stages * 1000);
   Batch b = make_batch(page_size, rng);
   const int64_t rows = b.qo.back();
-  HostTensor k = make_host(dt, {b.pool, page_size, Hkv, D}), v = k, q = make_host(dt, {rows, Hq, D});
-  fill_random(k, rng());
-  fill_random(v, rng());
-  fill_random(q, rng(), -2.f, 2.f);
-  reference::Options ro;
-  ro.causal = causal;
-  PagedKVCache cache(PagedKVStorage(k.view, v.view, KVLayout::kNHD), PageTable(b.kv_pages, b.indices, b.last, page_size, b.pool));
-  auto ref = reference::attention_paged(q.view, RaggedIndex(b.qo), cache, ro);
+  const PagedInputs in = paged_inputs(b, dt, Hkv, Hq, D, page_size, causal, rng);
+  const HostTensor &k = in.k, &v = in.v, &q = in.q;
+  const reference::Result& ref = in.ref;
 
   const AttentionSpec spec{causal ? variants::causal() : variants::standard(), dt, dt, dt, D};
   TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), page_size, KVLayout::kNHD, 16, 4 * b.pool};
@@ -114,14 +114,9 @@ TEST_P(PrefillSplitTiles, ManyChunksMatchReferenceAndRepeat) {
   const int page_size = 16;
   std::mt19937_64 rng(D + cta_q + causal * 7);
   const Batch b = make_batch(page_size, rng, {3, 70, 1, 0}, {5003, 3001, 1, 40});
-  HostTensor k = make_host(dt, {b.pool, page_size, Hkv, D}), v = k, q = make_host(dt, {b.qo.back(), Hq, D});
-  fill_random(k, rng());
-  fill_random(v, rng());
-  fill_random(q, rng(), -2.f, 2.f);
-  reference::Options ro;
-  ro.causal = causal;
-  PagedKVCache cache(PagedKVStorage(k.view, v.view, KVLayout::kNHD), PageTable(b.kv_pages, b.indices, b.last, page_size, b.pool));
-  auto ref = reference::attention_paged(q.view, RaggedIndex(b.qo), cache, ro);
+  const PagedInputs in = paged_inputs(b, dt, Hkv, Hq, D, page_size, causal, rng);
+  const HostTensor &k = in.k, &v = in.v, &q = in.q;
+  const reference::Result& ref = in.ref;
 
   const AttentionSpec spec{causal ? variants::causal() : variants::standard(), dt, dt, dt, D};
   TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), page_size, KVLayout::kNHD, 8, b.pool};

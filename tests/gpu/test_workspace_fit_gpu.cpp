@@ -113,15 +113,10 @@ TEST_P(PrefillWorkspaceFitGpu, SmallWorkspacesSplitLessAndMatchTheReference) {
   std::vector<int32_t> qo = {0};
   for (int32_t n : q_lens) qo.push_back(qo.back() + n);
   const int64_t rows = qo.back();
-  HostTensor k = make_host(dt, {table.num_pages, page_size, Hkv, D}), v = k, q = make_host(dt, {rows, Hq, D});
-  fill_random(k, rng());
-  fill_random(v, rng());
-  fill_random(q, rng(), -2.f, 2.f);
-  reference::Options ro;
-  ro.causal = causal;
-  PagedKVCache cache(PagedKVStorage(k.view, v.view, KVLayout::kNHD),
-                     PageTable(table.indptr, table.indices, table.last, page_size, table.num_pages));
-  const auto ref = reference::attention_paged(q.view, RaggedIndex(qo), cache, ro);
+  const PagedInputs in(dt, Hkv, Hq, D, page_size, table.num_pages, qo, table.indptr, table.indices, table.last, causal,
+                       rng);
+  const HostTensor &k = in.k, &v = in.v, &q = in.q;
+  const reference::Result& ref = in.ref;
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
   const PagedKVStorage kv(dk.view, dv.view, KVLayout::kNHD);
 
