@@ -19,14 +19,7 @@
 
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e = (x);                                                                 \
-    if (e != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "cuda_check.cuh"
 
 typedef unsigned u32;
 constexpr int kThreads = 256, kRows = 64, kStages = 3, kCtas = 264;

@@ -24,14 +24,7 @@
 #include <cuda_runtime.h>
 #include <nvrtc.h>
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "cuda_check.cuh"
 
 template <int BYTES>
 struct Block {
