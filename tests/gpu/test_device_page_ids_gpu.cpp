@@ -151,15 +151,9 @@ TEST(DevicePageIdsPrefill, SameBitsAsHostIdsAndBadIdRaised) {
       const int64_t pool = pages_needed(kv_len, page_size) + 3;
       Table t = make_table(kv_len, page_size, pool, rng);
       const int64_t rows = qo.back();
-      HostTensor k = make_host(dt, {pool, page_size, Hkv, D}), v = k, q = make_host(dt, {rows, Hq, D});
-      fill_random(k, rng());
-      fill_random(v, rng());
-      fill_random(q, rng(), -2.f, 2.f);
-      reference::Options ro;
-      ro.causal = true;
-      PagedKVCache cache(PagedKVStorage(k.view, v.view, KVLayout::kNHD),
-                         PageTable(t.indptr, t.indices, t.last, page_size, pool));
-      auto ref = reference::attention_paged(q.view, RaggedIndex(qo), cache, ro);
+      const PagedInputs in(dt, Hkv, Hq, D, page_size, pool, qo, t.indptr, t.indices, t.last, true, rng);
+      const HostTensor &k = in.k, &v = in.v, &q = in.q;
+      const reference::Result& ref = in.ref;
       const AttentionSpec spec{variants::causal(), dt, dt, dt, D};
       TaskInfo task{static_cast<int>(Hq), static_cast<int>(Hkv), page_size, KVLayout::kNHD, 8, 2 * pool};
       task.max_total_q = 256;
