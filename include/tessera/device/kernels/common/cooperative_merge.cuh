@@ -17,7 +17,9 @@
 // runs; indexed as the tile's counter): chunks in (bits 0-15), slices taken
 // (16-31), slices done (32-47).
 // A slice is taken by compare-and-swap only while every chunk is in and
-// slices remain; the CTA that finishes the last slice zeroes the word, and
+// slices remain (the swap that takes a CTA's next slice also records the
+// one it finished, so a slice costs one atomic round trip); the CTA that
+// finishes the last slice zeroes the word, and
 // from then on nothing in the launch changes it (it reads as no chunk in),
 // so the next run starts from zero. The last chunk to count in never waits:
 // it takes slices until none is left. Another CTA waits for the tile only
@@ -25,6 +27,7 @@
 // leaves the slices to the others: a grid that is not all resident at once
 // cannot hang on it.
 #pragma once
+#include "tessera/device/arch/memory_order.cuh"
 #include "tessera/device/kernels/common/epilogue.cuh"
 
 namespace tessera {
@@ -45,21 +48,49 @@ struct MergeWord {
   __device__ __forceinline__ static u64 load(const u64* word) { return *reinterpret_cast<const volatile u64*>(word); }
 };
 
-// The next slice of a tile whose chunks are all in, or -1 (not all in, none
-// left, or the tile already merged).
-__device__ __forceinline__ int take_merge_slice(u64* word, int num_chunks, int slices) {
-  u64 cur = MergeWord::load(word);
-  for (;;) {
-    if (MergeWord::chunks(cur) != num_chunks || MergeWord::taken(cur) >= slices) return -1;
-    const u64 prev = atomicCAS(word, cur, cur + MergeWord::kTaken);
-    if (prev == cur) return MergeWord::taken(cur);
-    cur = prev;
-  }
-}
+// Polls of a CTA waiting for its last tile's other chunks (each an L2 round
+// trip, ~0.5 us): far beyond the skew of chunks that start together, short
+// of a hang.
+constexpr int kMergeWaitPollsBound = 4096;
 
-// Polls of a CTA waiting for its last tile's other chunks (~0.5 us each):
-// far beyond the skew of chunks that start together, short of a hang.
-constexpr int kMergeWaitPolls = 4096;
+// Thread 0's side of a tile's word: `cur` is the word as it last saw it, so
+// each step is one atomic when no other CTA changed it in between (a stale
+// value costs a retry with the one the compare-and-swap returns).
+struct MergeTaker {
+  u64* word;
+  u64 cur;
+  int num_chunks, slices;
+  // Counts this chunk in.
+  __device__ __forceinline__ void count_in() { cur = atomicAdd(word, MergeWord::kChunk) + MergeWord::kChunk; }
+  // Polls (a CTA whose queue ends with the tile) until every chunk is in, or
+  // the tile was merged and its word zeroed, or the polls run out.
+  __device__ __forceinline__ void wait_all_in() {
+    for (int i = 0; i < kMergeWaitPollsBound; ++i) {
+      const int in = MergeWord::chunks(cur);
+      if (in == num_chunks || in == 0) return;
+      cur = MergeWord::load(word);
+    }
+  }
+  // The next slice of a tile whose chunks are all in, or -1 (not all in, none
+  // left, or the tile already merged). done: this CTA finished a slice, which
+  // the same atomic records; the CTA that records the last one zeroes the word.
+  __device__ __forceinline__ int take(bool done) {
+    const u64 d = done ? MergeWord::kDone : 0ull;
+    for (;;) {
+      // Holding an unfinished slice, the word is never zero and every chunk
+      // is in, so this gives up only when no slice is left to take.
+      if (MergeWord::chunks(cur) != num_chunks || MergeWord::taken(cur) >= slices) break;
+      const u64 prev = atomicCAS(word, cur, cur + d + MergeWord::kTaken);
+      if (prev == cur) {
+        cur += d + MergeWord::kTaken;
+        return MergeWord::taken(prev);
+      }
+      cur = prev;
+    }
+    if (done && MergeWord::done(atomicAdd(word, d)) == slices - 1) atomicExch(word, 0ull);
+    return -1;
+  }
+};
 
 // Rows a slice holds: the largest divisor of CTA_Q up to R, the rows one
 // pass of the group's threads covers (clamped to 1..CTA_Q).
@@ -94,29 +125,33 @@ __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant&
   const i64 index = (static_cast<i64>(w.counter) * gridDim.y + blockIdx.y) * CLUSTER + rank;
   u64* const word = p.merge_words + index;
   int* const counter = p.counters + index;
+  // Thread 0 fences alone (arch/memory_order.cuh): after the barrier that
+  // follows the group's stores, before the chunk counts in; after its first
+  // slice, before the barrier behind which the group reads the other
+  // chunks' rows.
+  MergeTaker taker{word, 0ull, w.num_chunks, SLICES};
   if (!cooperative) {
     if (!split_chunk_is_last(counter, w.num_chunks, tid, slot, sync)) return;
   } else {
-    __threadfence();  // this chunk's partial rows, before it counts in
     sync();
     if (tid == 0) {
-      atomicAdd(word, MergeWord::kChunk);
-      for (int i = 0; queue_ends_here && i < kMergeWaitPolls; ++i) {
-        const int in = MergeWord::chunks(MergeWord::load(word));
-        if (in == w.num_chunks || in == 0) break;  // all in, or already merged and zeroed
-        __nanosleep(256);
-      }
+      fence_acq_rel_gpu();
+      taker.count_in();
+      if (queue_ends_here) taker.wait_all_in();
     }
   }
-  for (;;) {
+  for (bool done = false;; done = true) {
     int row_begin = 0, row_end = CTA_Q;
     if (cooperative) {
-      if (tid == 0) *slot = take_merge_slice(word, w.num_chunks, SLICES);
+      if (tid == 0) {
+        const int s = taker.take(done);
+        if (s >= 0 && !done) fence_acq_rel_gpu();
+        *slot = s;
+      }
       sync();
       const int s = *slot;
       sync();  // every thread has read it before the next take
       if (s < 0) return;
-      __threadfence();  // the other chunks' partial rows
       row_begin = s * SLICE_ROWS;
       row_end = row_begin + SLICE_ROWS;
     }
@@ -126,7 +161,6 @@ __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant&
       if (tid == 0) *counter = 0;
       return;
     }
-    if (tid == 0 && MergeWord::done(atomicAdd(word, MergeWord::kDone)) == SLICES - 1) atomicExch(word, 0ull);
   }
 }
 

@@ -10,6 +10,7 @@
 // index * CLUSTER + rank). With PrefillParams::merge_lse both paths merge the
 // finished rows into the state o already holds instead of overwriting it.
 #pragma once
+#include "tessera/device/arch/memory_order.cuh"
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/arch/warp.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
@@ -168,16 +169,21 @@ __device__ __forceinline__ void prefill_store_rows(const Params& p, const Varian
 // After every thread of the group (tid in [0, nthreads)) stored its partial
 // rows of a split tile: counts this chunk in and says whether it was the
 // tile's last, which then merges (and resets the counter). sync() is a
-// barrier over the group; is_last a shared int.
+// barrier over the group; is_last a shared int. Thread 0 alone fences
+// (arch/memory_order.cuh): after the barrier, so the group's rows are out
+// before the count, and, in the last chunk, before the barrier, so the other
+// chunks' rows are in before any thread reads them.
 template <typename Sync>
 __device__ __forceinline__ bool split_chunk_is_last(int* counter, int num_chunks, int tid, int* is_last, Sync sync) {
-  __threadfence();
   sync();
-  if (tid == 0) *is_last = atomicAdd(counter, 1) == num_chunks - 1;
+  if (tid == 0) {
+    fence_acq_rel_gpu();
+    const bool last = atomicAdd(counter, 1) == num_chunks - 1;
+    if (last) fence_acq_rel_gpu();
+    *is_last = last;
+  }
   sync();
-  if (!*is_last) return false;
-  __threadfence();
-  return true;
+  return *is_last != 0;
 }
 
 // Merges rows [row_begin, row_end) of a split tile whose chunks are all
