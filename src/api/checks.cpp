@@ -128,6 +128,9 @@ KernelScales resolve_run_scales(const RunOptions& opt, int head_dim, const Devic
   if (has(opt.merge_lse) && !merges)
     throw InvalidArgument("merge_lse: expected undefined: only the tensor-core kernels (BatchPrefill, BatchDecode "
                           "with tensor cores) merge into o");
+  if (opt.pdl_defer_wait && !(merges && opt.pdl && has(opt.merge_lse)))
+    throw InvalidArgument("pdl_defer_wait: expected pdl and merge_lse with it, on a tensor-core kernel (it defers the "
+                          "wait for the kernel before, a level whose state this run merges into o)");
   if (!(opt.k_scale > 0) || !std::isfinite(opt.k_scale))
     throw InvalidArgument("k_scale: expected a positive finite value, got " + std::to_string(opt.k_scale));
   KernelScales s;

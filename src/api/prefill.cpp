@@ -395,6 +395,7 @@ void BatchPrefill::pack_run(const TensorView& q, const TensorView& o, const Tens
   p.o = o.data;
   p.lse = detail::has(lse) ? static_cast<float*>(lse.data) : nullptr;
   p.merge_lse = detail::merge_lse_arg(opt, o, lse);
+  p.defer_grid_wait = opt.pdl_defer_wait ? 1 : 0;
   p.q_stride_n = q.stride(0);
   p.q_stride_h = q.stride(1);
   p.o_stride_n = o.stride(0);

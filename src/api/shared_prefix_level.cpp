@@ -222,6 +222,9 @@ void SharedPrefixLevel::merge(const TensorView& q, const PagedKVStorage& kv, con
                               const TensorView& lse, cudaStream_t stream, const RunOptions& opt) const {
   RunOptions merged = opt;
   merged.merge_lse = unique_lse(q.shape.empty() ? 0 : q.shape[0]);
+  // Right behind the unique level's launch, which reads q, K and V and
+  // writes only o and this LSE.
+  merged.pdl_defer_wait = opt.pdl;
   level_->run(q, kv, o, lse, stream, merged);
 }
 

@@ -155,6 +155,59 @@ TEST_P(MergeIntoOutput, SharedLevelMergesIntoTheUniqueOne) {
   Out b = run_and_fetch(run, dt, rows, Hq, D);
   EXPECT_TRUE(bitwise_equal(a.o, b.o));
   EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+  // pdl_defer_wait: both levels back to back with programmatic dependent
+  // launch, the shared one reading q, K and V and computing before it waits
+  // for the unique one (the Hopper kernel; FA2 waits at its start): the same
+  // bits, with o and the unique LSE poisoned before every step, from the
+  // stream and from a captured graph.
+  if (cuda::device_info(cuda::current_device()).major >= 9) {
+    cudaStream_t stream;
+    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto o = poisoned_like(a.o), lse = poisoned_like(a.lse);
+    RunOptions first, second;
+    first.pdl = second.pdl = second.pdl_defer_wait = true;
+    second.merge_lse = own_lse.view;
+    for (int trial = 0; trial < 3; ++trial) {
+      SCOPED_TRACE("back to back " + std::to_string(trial));
+      o.buf.fill(0xFF);
+      lse.buf.fill(0xFF);
+      own_lse.buf.fill(0xFF);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      unique.run(dq.view, kv, o.view, own_lse.view, stream, first);
+      shared.run(dq.view, kv, o.view, lse.view, stream, second);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      EXPECT_TRUE(bitwise_equal(to_host(o, a.o), a.o));
+      EXPECT_TRUE(bitwise_equal(to_host(lse, a.lse), a.lse));
+    }
+    // The same pair captured in a CUDA graph (programmatic edges), replayed.
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    unique.run(dq.view, kv, o.view, own_lse.view, stream, first);
+    shared.run(dq.view, kv, o.view, lse.view, stream, second);
+    TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      SCOPED_TRACE("graph replay " + std::to_string(replay));
+      o.buf.fill(0xFF);
+      lse.buf.fill(0xFF);
+      own_lse.buf.fill(0xFF);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      EXPECT_TRUE(bitwise_equal(to_host(o, a.o), a.o));
+      EXPECT_TRUE(bitwise_equal(to_host(lse, a.lse), a.lse));
+    }
+    TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+    TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+    RunOptions alone = second;  // it defers a wait only behind another launch with pdl
+    alone.pdl = false;
+    EXPECT_THROW_MSG(shared.run(dq.view, kv, o.view, lse.view, nullptr, alone), InvalidArgument, "pdl_defer_wait");
+    alone = second;
+    alone.merge_lse = TensorView();
+    EXPECT_THROW_MSG(shared.run(dq.view, kv, o.view, lse.view, nullptr, alone), InvalidArgument, "pdl_defer_wait");
+  }
   // merge_lse must not be lse's memory (it is read while lse is written), and must be [rows, Hq] float32.
   auto o = poisoned_like(a.o);
   RunOptions same;

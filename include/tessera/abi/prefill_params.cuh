@@ -74,6 +74,12 @@ struct PrefillParams {
   // heads_per_group + h (see item_request / item_kv_head).
   int heads_per_group;
   int page_shift;
+  // Programmatic dependent launch behind another level of the same
+  // attention (RunOptions::pdl_defer_wait): the kernel before writes only
+  // o and merge_lse, so the Hopper kernel streams and computes before its
+  // grid-dependency wait and waits only before its epilogues. Other
+  // kernels wait at their start either way.
+  int defer_grid_wait;
   float sm_scale;
   // Output scale (FlashInfer's v_scale: V's dequantization scale): O is
   // multiplied by it where the epilogue normalizes rows, before the

@@ -80,6 +80,14 @@ struct RunOptions {
   // waits for that kernel before reading q, K, V or writing outputs. Batch
   // decode and prefill wrappers take it; graph capture keeps it.
   bool pdl = false;
+  // With pdl: the kernel before this run on the stream is another level of
+  // the same attention (it writes o and merge_lse and nothing this run
+  // reads but those), so the Hopper prefill kernel reads q, K and V and
+  // computes before waiting for it and waits only before writing its rows;
+  // the shared-prefix cascade runs its shared level this way behind the
+  // unique one. Other kernels wait at their start as with pdl alone. Needs
+  // pdl and merge_lse (InvalidArgument naming pdl_defer_wait).
+  bool pdl_defer_wait = false;
   // Merge into o instead of overwriting it (the tensor-core kernels only:
   // BatchPrefill, BatchDecode with tensor cores): o already holds an
   // attention state of the same rows whose base-2 LSE is merge_lse, float32

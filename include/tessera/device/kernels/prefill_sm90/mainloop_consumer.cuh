@@ -201,7 +201,9 @@ struct Sm90Consumer {
     // A cluster's CTAs share one work queue.
     WorkQueue<PrefillWorkItem, QueueLoad::kAhead, Params> queue(p, static_cast<int>(blockIdx.x / CLUSTER));
     const int wi0 = queue.begin, wi_end = queue.end;
-    grid_dependency_wait();  // before any read of the variant's tensors or write of o, lse, partial states
+    // Before any read of the variant's tensors or write of o, lse, partial
+    // states; behind another level of this attention, before each epilogue.
+    if (!p.defer_grid_wait) grid_dependency_wait();
     const device::RunScales run =
         kRunScale ? device::read_run_scales(p) : device::RunScales{p.sm_scale, p.o_scale};
     // Every thread signals (some runtimes want all of a CTA's threads); the
@@ -405,6 +407,7 @@ struct Sm90Consumer {
         st.d[0][0] *= kPUnscale;
         st.d[0][1] *= kPUnscale;
       }
+      if (p.defer_grid_wait) grid_dependency_wait();  // returns at once after the first
       prefill_store_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER>(p, variant, st, rows, w, qo_start, b, kv_head,
                                                                 warp_row0, run.o_scale * kPUnscale, half);
       if (w.partial_slot >= 0)

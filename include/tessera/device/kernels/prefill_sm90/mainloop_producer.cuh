@@ -326,8 +326,9 @@ struct Sm90Producer {
                                            p.page_shift)
                               : 0;
     // The plan's workspace was complete before the previous kernel started;
-    // q, K and V may be that kernel's output (programmatic dependent launch).
-    grid_dependency_wait();
+    // q, K and V may be that kernel's output (programmatic dependent launch),
+    // unless it is another level of this attention (defer_grid_wait).
+    if (!p.defer_grid_wait) grid_dependency_wait();
     for (int wi = wi0; wi < wi_end; ++wi) {
       const PrefillWorkItem w = queue.take(wi);
       const int n_tiles = (w.kv_end - w.kv_start + CTA_KV - 1) / CTA_KV;
