@@ -16,16 +16,19 @@
 // State: one 64-bit word per split tile (Params::merge_words, zero between
 // runs; indexed as the tile's counter): chunks in (bits 0-15), slices taken
 // (16-31), slices done (32-47).
-// A slice is taken by compare-and-swap only while every chunk is in and
-// slices remain (the swap that takes a CTA's next slice also records the
-// one it finished, so a slice costs one atomic round trip); the CTA that
-// finishes the last slice zeroes the word, and
-// from then on nothing in the launch changes it (it reads as no chunk in),
-// so the next run starts from zero. The last chunk to count in never waits:
-// it takes slices until none is left. Another CTA waits for the tile only
-// when its queue ends with it, and only for a bounded time, after which it
-// leaves the slices to the others: a grid that is not all resident at once
-// cannot hang on it.
+// Slices are taken by fetch-and-add, a run of them at a time (a CTA's share
+// of the tile, so each chunk's CTA usually takes once), and the add that
+// takes a CTA's next run also records the slices it finished: one atomic
+// round trip a run, whatever the other CTAs do at the same moment (a
+// compare-and-swap lost to a neighbour's costs another round trip, and the
+// tile's CTAs all reach it together). A take that finds no slice left
+// changed only the taken bits; the CTA whose add completes the last slice
+// zeroes the word, and a take that lands after that (it finds no chunk in)
+// subtracts its own add again, so the next run starts from zero. The last
+// chunk to count in never waits: it takes slices until none is left.
+// Another CTA waits for the tile only when its queue ends with it, and only
+// for a bounded time, after which it leaves the slices to the others: a
+// grid that is not all resident at once cannot hang on it.
 #pragma once
 #include "tessera/device/arch/memory_order.cuh"
 #include "tessera/device/kernels/common/epilogue.cuh"
@@ -53,13 +56,11 @@ struct MergeWord {
 // of a hang.
 constexpr int kMergeWaitPollsBound = 4096;
 
-// Thread 0's side of a tile's word: `cur` is the word as it last saw it, so
-// each step is one atomic when no other CTA changed it in between (a stale
-// value costs a retry with the one the compare-and-swap returns).
+// Thread 0's side of a tile's word: `cur` is the word as it last saw it.
 struct MergeTaker {
   u64* word;
   u64 cur;
-  int num_chunks, slices;
+  int num_chunks, slices, run;  // run: slices a take asks for
   // Counts this chunk in.
   __device__ __forceinline__ void count_in() { cur = atomicAdd(word, MergeWord::kChunk) + MergeWord::kChunk; }
   // Polls (a CTA whose queue ends with the tile) until every chunk is in, or
@@ -71,24 +72,31 @@ struct MergeTaker {
       cur = MergeWord::load(word);
     }
   }
-  // The next slice of a tile whose chunks are all in, or -1 (not all in, none
-  // left, or the tile already merged). done: this CTA finished a slice, which
-  // the same atomic records; the CTA that records the last one zeroes the word.
-  __device__ __forceinline__ int take(bool done) {
-    const u64 d = done ? MergeWord::kDone : 0ull;
-    for (;;) {
-      // Holding an unfinished slice, the word is never zero and every chunk
-      // is in, so this gives up only when no slice is left to take.
-      if (MergeWord::chunks(cur) != num_chunks || MergeWord::taken(cur) >= slices) break;
-      const u64 prev = atomicCAS(word, cur, cur + d + MergeWord::kTaken);
-      if (prev == cur) {
-        cur += d + MergeWord::kTaken;
-        return MergeWord::taken(prev);
-      }
-      cur = prev;
+  // The first slice of the next run (*count slices, at most `run`) of a tile
+  // whose chunks are all in, or -1 (not all in, none left, or the tile
+  // already merged). done: slices this CTA finished since its last take,
+  // which the same atomic records.
+  __device__ __forceinline__ int take(int done, int* count) {
+    // Whether every chunk was in when this CTA last looked; holding
+    // unfinished slices (done > 0), it still is.
+    if (MergeWord::chunks(cur) != num_chunks) return -1;
+    const bool ask = MergeWord::taken(cur) < slices;
+    const u64 add = static_cast<u64>(done) * MergeWord::kDone + (ask ? static_cast<u64>(run) * MergeWord::kTaken : 0ull);
+    if (add == 0ull) return -1;
+    const u64 prev = atomicAdd(word, add);
+    cur = prev + add;
+    if (MergeWord::chunks(prev) != num_chunks) {  // landed after the tile was merged and zeroed
+      atomicAdd(word, 0ull - add);
+      return -1;
     }
-    if (done && MergeWord::done(atomicAdd(word, d)) == slices - 1) atomicExch(word, 0ull);
-    return -1;
+    if (done > 0 && MergeWord::done(cur) == slices) {  // this add finished the tile
+      atomicExch(word, 0ull);
+      return -1;
+    }
+    const int first = MergeWord::taken(prev);
+    if (!ask || first >= slices) return -1;
+    *count = min(run, slices - first);
+    return first;
   }
 };
 
@@ -111,7 +119,8 @@ struct MergeSliceRows<CTA_Q, 1> {
 // merge_split_rows serves both, so the kernel holds one copy of the merge's
 // registers. The tile's counter and word are those of its head group
 // (blockIdx.y) and, in a CTA pair (CLUSTER = 2), of its rank's rows. sync()
-// is a barrier over the group; slot a shared int.
+// is a barrier over the group; slot a shared int (a take's first slice and
+// count, for the group).
 template <typename Variant, typename DO, int HEAD_DIM, int CTA_Q, int NTHREADS, int VEC = 8, int CLUSTER = 1,
           typename Params, typename Sync>
 __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant& variant, const PrefillWorkItem& w,
@@ -129,7 +138,7 @@ __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant&
   // follows the group's stores, before the chunk counts in; after its first
   // slice, before the barrier behind which the group reads the other
   // chunks' rows.
-  MergeTaker taker{word, 0ull, w.num_chunks, SLICES};
+  MergeTaker taker{word, 0ull, w.num_chunks, SLICES, (SLICES + w.num_chunks - 1) / w.num_chunks};
   if (!cooperative) {
     if (!split_chunk_is_last(counter, w.num_chunks, tid, slot, sync)) return;
   } else {
@@ -140,20 +149,23 @@ __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant&
       if (queue_ends_here) taker.wait_all_in();
     }
   }
-  for (bool done = false;; done = true) {
+  for (int done = 0;;) {
     int row_begin = 0, row_end = CTA_Q;
     if (cooperative) {
       if (tid == 0) {
-        const int s = taker.take(done);
-        if (s >= 0 && !done) fence_acq_rel_gpu();
-        *slot = s;
+        int count = 0;
+        const int first = taker.take(done, &count);
+        if (first >= 0 && done == 0) fence_acq_rel_gpu();
+        *slot = first < 0 ? -1 : first | count << 16;
       }
       sync();
-      const int s = *slot;
+      const int taken = *slot;
       sync();  // every thread has read it before the next take
-      if (s < 0) return;
-      row_begin = s * SLICE_ROWS;
-      row_end = row_begin + SLICE_ROWS;
+      if (taken < 0) return;
+      const int first = taken & 0xffff;
+      done = taken >> 16;
+      row_begin = first * SLICE_ROWS;
+      row_end = row_begin + done * SLICE_ROWS;
     }
     merge_split_rows<Variant, DO, HEAD_DIM, CTA_Q, CLUSTER, VEC>(p, variant, w, qo_start, qo_len, row0, b, kv_head,
                                                                  tid, NTHREADS, rank, row_begin, row_end);
