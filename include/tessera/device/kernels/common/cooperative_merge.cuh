@@ -15,20 +15,26 @@
 //
 // State: one 64-bit word per split tile (Params::merge_words, zero between
 // runs; indexed as the tile's counter): chunks in (bits 0-15), slices taken
-// (16-31), slices done (32-47).
-// Slices are taken by fetch-and-add, a run of them at a time (a CTA's share
-// of the tile, so each chunk's CTA usually takes once), and the add that
-// takes a CTA's next run also records the slices it finished: one atomic
-// round trip a run, whatever the other CTAs do at the same moment (a
-// compare-and-swap lost to a neighbour's costs another round trip, and the
-// tile's CTAs all reach it together). A take that finds no slice left
-// changed only the taken bits; the CTA whose add completes the last slice
-// zeroes the word, and a take that lands after that (it finds no chunk in)
-// subtracts its own add again, so the next run starts from zero. The last
-// chunk to count in never waits: it takes slices until none is left.
-// Another CTA waits for the tile only when its queue ends with it, and only
-// for a bounded time, after which it leaves the slices to the others: a
-// grid that is not all resident at once cannot hang on it.
+// (16-31), slices done (32-47), chunks out (48-63: chunks whose CTA will
+// not merge in arrival order).
+// Each chunk's CTA splits the tile's slices with the others: a share of
+// `run` slices (ceil(slices / chunks)). When every chunk's CTA waits for
+// the tile (its queue ends with it, so it counted in without an out), the
+// k-th to count in merges the k-th share, known from its count-in alone,
+// so from the last chunk's count the merge costs its CTAs no atomic but the
+// one that records the slices done. Otherwise (a chunk's CTA has items
+// after it, or gave up waiting) the shares are taken by fetch-and-add, a
+// share at a time, and the add that takes a CTA's next share also records
+// the slices it finished (a compare-and-swap lost to a neighbour costs a
+// round trip, and the tile's CTAs reach it together); a take that finds no
+// slice left changed only the taken bits. Either way, the CTA whose add
+// completes the last slice zeroes the word, and a take that lands after
+// that (it finds no chunk in) subtracts its own add again, so the next run
+// starts from zero. The last chunk to count in never waits. Another CTA
+// waits for the tile only when its queue ends with it, and only for a
+// bounded time, after which it counts itself out, unless the last chunk
+// came in meanwhile, and leaves its share to the others: a grid that is
+// not all resident at once cannot hang on it.
 #pragma once
 #include "tessera/device/arch/memory_order.cuh"
 #include "tessera/device/kernels/common/epilogue.cuh"
@@ -44,10 +50,11 @@ namespace tessera {
 constexpr int kCooperativeMergeMinChunks = 3;
 
 struct MergeWord {
-  static constexpr u64 kChunk = 1ull, kTaken = 1ull << 16, kDone = 1ull << 32;
+  static constexpr u64 kChunk = 1ull, kTaken = 1ull << 16, kDone = 1ull << 32, kOut = 1ull << 48;
   __device__ __forceinline__ static int chunks(u64 w) { return static_cast<int>(w & 0xffffu); }
   __device__ __forceinline__ static int taken(u64 w) { return static_cast<int>((w >> 16) & 0xffffu); }
   __device__ __forceinline__ static int done(u64 w) { return static_cast<int>((w >> 32) & 0xffffu); }
+  __device__ __forceinline__ static int out(u64 w) { return static_cast<int>(w >> 48); }
   __device__ __forceinline__ static u64 load(const u64* word) { return *reinterpret_cast<const volatile u64*>(word); }
 };
 
@@ -60,26 +67,49 @@ constexpr int kMergeWaitPollsBound = 4096;
 struct MergeTaker {
   u64* word;
   u64 cur;
-  int num_chunks, slices, run;  // run: slices a take asks for
-  // Counts this chunk in.
-  __device__ __forceinline__ void count_in() { cur = atomicAdd(word, MergeWord::kChunk) + MergeWord::kChunk; }
+  int num_chunks, slices, run;  // run: slices a share holds
+  int arrival;                  // chunks in before this one
+  // Counts this chunk in; out: its CTA will not wait for the tile.
+  __device__ __forceinline__ void count_in(bool out) {
+    const u64 add = MergeWord::kChunk + (out ? MergeWord::kOut : 0ull);
+    const u64 prev = atomicAdd(word, add);
+    arrival = MergeWord::chunks(prev);
+    cur = prev + add;
+  }
   // Polls (a CTA whose queue ends with the tile) until every chunk is in, or
-  // the tile was merged and its word zeroed, or the polls run out.
+  // the tile was merged and its word zeroed, or the polls run out; then it
+  // counts itself out while a chunk is still missing.
   __device__ __forceinline__ void wait_all_in() {
-    for (int i = 0; i < kMergeWaitPollsBound; ++i) {
+    for (int i = 0;; ++i) {
       const int in = MergeWord::chunks(cur);
       if (in == num_chunks || in == 0) return;
-      cur = MergeWord::load(word);
+      if (i < kMergeWaitPollsBound) {
+        cur = MergeWord::load(word);
+        continue;
+      }
+      const u64 prev = atomicCAS(word, cur, cur + MergeWord::kOut);
+      if (prev == cur) return;  // out: chunks(cur) stays short of num_chunks here
+      cur = prev;
     }
   }
-  // The first slice of the next run (*count slices, at most `run`) of a tile
-  // whose chunks are all in, or -1 (not all in, none left, or the tile
-  // already merged). done: slices this CTA finished since its last take,
-  // which the same atomic records.
+  // The first slice of this CTA's next share (*count slices), or -1 (not all
+  // in, none left, or the tile already merged). done: slices this CTA
+  // finished since its last take, which the same atomic records.
   __device__ __forceinline__ int take(int done, int* count) {
     // Whether every chunk was in when this CTA last looked; holding
     // unfinished slices (done > 0), it still is.
     if (MergeWord::chunks(cur) != num_chunks) return -1;
+    if (MergeWord::out(cur) == 0) {  // shares in arrival order
+      if (done == 0) {
+        const int first = arrival * run;
+        if (first >= slices) return -1;
+        *count = min(run, slices - first);
+        return first;
+      }
+      if (MergeWord::done(atomicAdd(word, static_cast<u64>(done) * MergeWord::kDone)) + done == slices)
+        atomicExch(word, 0ull);
+      return -1;
+    }
     const bool ask = MergeWord::taken(cur) < slices;
     const u64 add = static_cast<u64>(done) * MergeWord::kDone + (ask ? static_cast<u64>(run) * MergeWord::kTaken : 0ull);
     if (add == 0ull) return -1;
@@ -138,14 +168,14 @@ __device__ __forceinline__ void merge_split_tile(const Params& p, const Variant&
   // follows the group's stores, before the chunk counts in; after its first
   // slice, before the barrier behind which the group reads the other
   // chunks' rows.
-  MergeTaker taker{word, 0ull, w.num_chunks, SLICES, (SLICES + w.num_chunks - 1) / w.num_chunks};
+  MergeTaker taker{word, 0ull, w.num_chunks, SLICES, (SLICES + w.num_chunks - 1) / w.num_chunks, 0};
   if (!cooperative) {
     if (!split_chunk_is_last(counter, w.num_chunks, tid, slot, sync)) return;
   } else {
     sync();
     if (tid == 0) {
       fence_acq_rel_gpu();
-      taker.count_in();
+      taker.count_in(!queue_ends_here);
       if (queue_ends_here) taker.wait_all_in();
     }
   }
