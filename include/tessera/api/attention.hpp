@@ -85,8 +85,11 @@ struct RunOptions {
   // reads but those), so the Hopper prefill kernel reads q, K and V and
   // computes before waiting for it and waits only before writing its rows;
   // the shared-prefix cascade runs its shared level this way behind the
-  // unique one. Other kernels wait at their start as with pdl alone. Needs
-  // pdl and merge_lse (InvalidArgument naming pdl_defer_wait).
+  // unique one. Other kernels wait at their start as with pdl alone. Safe
+  // behind Tessera's kernels: none lets the next one start before what
+  // wrote q, K and V ahead of it has finished (each signals after its own
+  // wait, or after starting behind one that did). Needs pdl and merge_lse
+  // (InvalidArgument naming pdl_defer_wait).
   bool pdl_defer_wait = false;
   // Merge into o instead of overwriting it (the tensor-core kernels only:
   // BatchPrefill, BatchDecode with tensor cores): o already holds an
