@@ -9,7 +9,8 @@
 // a time, each pass a dependent round trip or more: for a 64-row tile of 4
 // chunks eight passes after the chunk itself, longer than its attention.
 // Here the tile's rows are cut into slices of one pass, and every chunk's
-// CTA whose queue ends with the tile takes slices once all n chunks are in.
+// CTA whose queue ends with the tile merges a share of them once all n
+// chunks are in.
 // A slice is merged by merge_split_rows, exactly as the last writer merges,
 // so the bits do not depend on which CTA merged it.
 //
