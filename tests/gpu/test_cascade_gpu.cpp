@@ -167,36 +167,39 @@ TEST_P(MergeIntoOutput, SharedLevelMergesIntoTheUniqueOne) {
     RunOptions first, second;
     first.pdl = second.pdl = second.pdl_defer_wait = true;
     second.merge_lse = own_lse.view;
-    for (int trial = 0; trial < 3; ++trial) {
-      SCOPED_TRACE("back to back " + std::to_string(trial));
+    auto enqueue_pair = [&] {
+      unique.run(dq.view, kv, o.view, own_lse.view, stream, first);
+      shared.run(dq.view, kv, o.view, lse.view, stream, second);
+    };
+    auto poison = [&] {
       o.buf.fill(0xFF);
       lse.buf.fill(0xFF);
       own_lse.buf.fill(0xFF);
       TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-      unique.run(dq.view, kv, o.view, own_lse.view, stream, first);
-      shared.run(dq.view, kv, o.view, lse.view, stream, second);
+    };
+    auto expect_reference_bits = [&] {
       TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
       EXPECT_TRUE(bitwise_equal(to_host(o, a.o), a.o));
       EXPECT_TRUE(bitwise_equal(to_host(lse, a.lse), a.lse));
+    };
+    for (int trial = 0; trial < 3; ++trial) {
+      SCOPED_TRACE("back to back " + std::to_string(trial));
+      poison();
+      enqueue_pair();
+      expect_reference_bits();
     }
     // The same pair captured in a CUDA graph (programmatic edges), replayed.
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    unique.run(dq.view, kv, o.view, own_lse.view, stream, first);
-    shared.run(dq.view, kv, o.view, lse.view, stream, second);
+    enqueue_pair();
     TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int replay = 0; replay < 2; ++replay) {
       SCOPED_TRACE("graph replay " + std::to_string(replay));
-      o.buf.fill(0xFF);
-      lse.buf.fill(0xFF);
-      own_lse.buf.fill(0xFF);
-      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      poison();
       TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-      EXPECT_TRUE(bitwise_equal(to_host(o, a.o), a.o));
-      EXPECT_TRUE(bitwise_equal(to_host(lse, a.lse), a.lse));
+      expect_reference_bits();
     }
     TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
     TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
