@@ -189,20 +189,15 @@ TEST_P(MergeIntoOutput, SharedLevelMergesIntoTheUniqueOne) {
       expect_reference_bits();
     }
     // The same pair captured in a CUDA graph (programmatic edges), replayed.
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    enqueue_pair();
-    TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; ++replay) {
-      SCOPED_TRACE("graph replay " + std::to_string(replay));
-      poison();
-      TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      expect_reference_bits();
+    {
+      const CapturedGraph graph(stream, enqueue_pair);
+      for (int replay = 0; replay < 2; ++replay) {
+        SCOPED_TRACE("graph replay " + std::to_string(replay));
+        poison();
+        graph.launch(stream);
+        expect_reference_bits();
+      }
     }
-    TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
     TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
     RunOptions alone = second;  // it defers a wait only behind another launch with pdl
     alone.pdl = false;
