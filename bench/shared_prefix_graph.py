@@ -2,7 +2,8 @@
 costs with and without it, GPU and host, side by side in one run.
 
 A step of B decode rows (GQA 32/8, head dim 128, page 16, fp16): P prompts
-of L tokens, each forked into n samples (B = P x n) that share the prompt's
+of L tokens (or, for a --prefixes entry L1+L2+..., prompts of those lengths
+in turn, as Study 2's n = 64 step has 528 and 1936), each forked into n samples (B = P x n) that share the prompt's
 full pages, each sample with its own suffix (uniform 32..256 tokens). Two
 decode wrappers in use_cuda_graph mode with CUDA-graph buffers of B rows,
 as an engine holds one per batch bucket:
@@ -24,7 +25,7 @@ torch.profiler), e.g. the unique and shared levels apart; with --no-pdl the
 launches run without programmatic dependent launch, so each kernel's span
 is its own (with it, a kernel's span includes its wait for the one before).
 Usage: python bench/shared_prefix_graph.py [--quick] [--layers N] [--capture-first] [--arms none,auto,...]
-                                           [--kernels] [--no-pdl] [--prefixes 256,512,1536] [--ns 1,4,16,64]
+                                           [--kernels] [--no-pdl] [--prefixes 256,512,528+1936] [--ns 1,4,16,64]
 """
 import argparse
 import os
@@ -40,15 +41,16 @@ from common import torch, tessera  # noqa: E402
 HQ, HKV, D, PS = 32, 8, 128, 16
 
 
-def step_table(prompts, n, prefix, rng):
-    """Flat page table of one step: each sample lists its prompt's pages, then its own."""
-    pre_pages = prefix // PS
+def step_table(prompts, n, lengths, rng):
+    """Flat page table of one step: each sample lists its prompt's pages, then its own.
+    Prompt p is lengths[p % len(lengths)] tokens long."""
+    starts = np.concatenate([[0], np.cumsum([lengths[p % len(lengths)] // PS for p in range(prompts)])])
     suffix = rng.integers(32, 257, size=prompts * n)
-    ids, nxt = [], prompts * pre_pages
+    ids, nxt = [], int(starts[-1])
     for i, s in enumerate(suffix):
         own = -(-int(s) // PS)
         p = i // n
-        ids.append(np.concatenate([np.arange(p * pre_pages, (p + 1) * pre_pages), np.arange(nxt, nxt + own)]))
+        ids.append(np.concatenate([np.arange(starts[p], starts[p + 1]), np.arange(nxt, nxt + own)]))
         nxt += own
     perm = rng.permutation(nxt).astype(np.int32)  # pages anywhere in the pool
     ids = [perm[x] for x in ids]
@@ -129,7 +131,8 @@ def main(argv=None):
     ap.add_argument("--arms", default="none,auto,auto-any", help="of none, auto, auto-any (none first)")
     ap.add_argument("--kernels", action="store_true", help="also each arm's GPU time per kernel (torch.profiler)")
     ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launch")
-    ap.add_argument("--prefixes", default=None, help="shared prompt lengths (default 256,512,1536; --quick 1536)")
+    ap.add_argument("--prefixes", default=None,
+                    help="shared prompt lengths, L or L1+L2+... in turn (default 256,512,1536; --quick 1536)")
     ap.add_argument("--ns", default=None, help="samples per prompt (default 1,4,16,64; --quick 1,16)")
     args = ap.parse_args(argv)
     names = args.arms.split(",")
@@ -138,15 +141,16 @@ def main(argv=None):
     common.require()
     rng = np.random.default_rng(0)
     ns = [int(x) for x in args.ns.split(",")] if args.ns else [1, 16] if args.quick else [1, 4, 16, 64]
-    prefixes = ([int(x) for x in args.prefixes.split(",")] if args.prefixes else
-                [1536] if args.quick else [256, 512, 1536])
-    if any(p % PS or p < PS for p in prefixes) or any(n < 1 or args.batch % n for n in ns):
+    prefixes = ([[int(x) for x in e.split("+")] for e in args.prefixes.split(",")] if args.prefixes else
+                [[1536]] if args.quick else [[256], [512], [1536]])
+    if any(p % PS or p < PS for e in prefixes for p in e) or any(n < 1 or args.batch % n for n in ns):
         raise SystemExit(f"--prefixes: positive multiples of {PS}; --ns: divisors of --batch {args.batch}")
     rows = []
-    for prefix in prefixes:
+    for lengths in prefixes:
+        prefix = "+".join(map(str, lengths))
         for n in ns:
             prompts = args.batch // n
-            table = step_table(prompts, n, prefix, rng)
+            table = step_table(prompts, n, lengths, rng)
             pages = table[3]
             # Distinct K / V per layer up to ~24 GiB, reused round-robin beyond (all far beyond L2).
             per = pages * PS * HKV * D * 2 * 2
@@ -176,7 +180,7 @@ def main(argv=None):
                 row["kernel_us"] = {name: kernel_times(a[0]) for name, a in arms.items()}
             rows.append(row)
             others = "; ".join(f"{k} {gpu[k]:8.1f}" for k in names if k not in ("none", "auto"))
-            print(f"L {prefix:5d} n {n:3d}: GPU {gpu['none']:8.1f} -> {gpu['auto']:8.1f} us "
+            print(f"L {prefix:>5s} n {n:3d}: GPU {gpu['none']:8.1f} -> {gpu['auto']:8.1f} us "
                   f"({gpu['none'] / gpu['auto']:.3f}x; {others}), plan "
                   f"{host['none']:6.1f} -> {host['auto']:6.1f} us, step none / auto {row['step_ratio']:.3f}, "
                   f"err {' / '.join(f'{e:.1e}' for e in errs.values())}, groups {arms['auto'][3]['groups']}", flush=True)

@@ -47,8 +47,8 @@ struct PlannerOptions {
   // that CTA merge_cost * R * k more; L_kv grows (doubling) while that
   // lowers the estimated makespan. 0: off. 0.5 from the H100: a 64-row tile
   // of a shared prefix cut 33 ways merged for ~4x its chunks' own time,
-  // merged by its last writer. The kernels merge a tile of 3 or more chunks
-  // in slices on its CTAs (common/cooperative_merge.cuh), so the model
+  // merged by its last writer. The kernels merge a split tile in slices on
+  // its CTAs (common/cooperative_merge.cuh), so the model
   // overcharges those tiles' splits; re-fitting it is open.
   double merge_cost = 0.5;
   // Sliding window (the variant's declared window_left, >= 0; -1 = none):

@@ -44,11 +44,12 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-// Fewest chunks of a tile merged cooperatively. A tile cut in two stays with
-// its last writer (the 16-row form merges it from registers); from three on,
-// even when a pass is one round trip, the passes split over the chunks' CTAs
-// end sooner than one CTA running them all.
-constexpr int kCooperativeMergeMinChunks = 3;
+// Fewest chunks of a tile merged cooperatively (the 16-row MLA form merges a
+// tile cut in two from registers, before this). Even when a pass is one
+// round trip, the passes split over the chunks' CTAs end sooner than one CTA
+// running them all: a 64-row tile cut in two is eight passes for its last
+// writer, four for each chunk's CTA in arrival order.
+constexpr int kCooperativeMergeMinChunks = 2;
 
 struct MergeWord {
   static constexpr u64 kChunk = 1ull, kTaken = 1ull << 16, kDone = 1ull << 32, kOut = 1ull << 48;
