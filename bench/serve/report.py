@@ -79,7 +79,7 @@ def markdown(doc):
             aa = _f(b['itl_ms']['median'] / again['itl_ms']['median'], 3) if again else ""
             sb, sa = b["steps"], a["steps"]
             out.append(f"| {median} | {n} | {a['prompts']} | {_f(b['itl_ms']['median'])} / "
-                       f"{_f(a['itl_ms']['median'])} | {_f(b['itl_ms']['median'] / a['itl_ms']['median'], 3)} | {aa} | "
+                       f"{_f(a['itl_ms']['median'])} | {_f(a.get('itl_ratio', b['itl_ms']['median'] / a['itl_ms']['median']), 3)} | {aa} | "
                        f"{_f(b['itl_ms']['p99'])} / {_f(a['itl_ms']['p99'])} | {_f(b['ttft_ms']['median'], 1)} / "
                        f"{_f(a['ttft_ms']['median'], 1)} | {_f(sb.get('decode_plan_ms_median'))} + "
                        f"{_f(sb.get('decode_gpu_ms_median'))} / {_f(sa.get('decode_plan_ms_median'))} + "

@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # bench/: `serve` is a package there
 
 MODES = {  # defaults per mode; command-line flags override
     "full": dict(layers=32, rates="12,32,80", window=6.0, run_limit=30.0, output_cap=1024, par_ns="1,2,4,8,16,32,64",
-                 par_samples=128, stream_batches="1,16,64", deadline=540.0, max_running=256),
+                 par_samples=128, par_rounds=3, stream_batches="1,16,64", deadline=540.0, max_running=256),
     "quick": dict(layers=4, rates="16,64", window=3.0, run_limit=20.0, output_cap=512, par_ns="1,8,64",
-                  par_samples=64, stream_batches="16", deadline=230.0, max_running=128),
+                  par_samples=64, par_rounds=1, stream_batches="16", deadline=230.0, max_running=128),
 }
 
 
@@ -68,6 +68,8 @@ def parse(argv):
     ap.add_argument("--par-limits", help="min_shared_tokens,min_members,min_saved_tokens of the auto arm's "
                     "CUDA-graph split (AutoSharedPrefix; -1: its default)")
     ap.add_argument("--par-output-cap", type=int, default=256)
+    ap.add_argument("--par-rounds", type=int, help="Study 2's interleaved rounds of both arms per n (full 3, "
+                    "quick 1); ratios paired by round, medians reported")
     ap.add_argument("--par-prompt-median", default="250,1500",
                     help="Study 2's prompt-length medians, comma-separated (one run of every n per median)")
     ap.add_argument("--stream-batches")

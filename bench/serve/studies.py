@@ -8,7 +8,8 @@ Study 2 (paper section 4.4), parallel generation: P prompts x n samples
 (n = 1 .. 64, P x n about --par-samples), all arriving at once, for each
 prompt-length median of --par-prompt-median (ShareGPT-like 250 tokens and
 long 1500-token prompts by default); each prompt is prefilled once and
-forked, its samples sharing the prompt's full pages.
+forked, its samples sharing the prompt's full pages. --par-rounds
+interleaved rounds of both arms per n, ratios paired by round (medians).
 Tessera with plan(..., shared_prefix="auto") against plan() without it
 (at n = 1 without it twice, before and after, to show the noise band),
 decode steps from CUDA graphs in both arms (with graphs the option runs the
@@ -130,8 +131,18 @@ def serving(model, make_engine, backends, rates, args, log=print, deadline=None)
     return rows
 
 
+def median_run(runs):
+    """Of one arm's rounds, the run with the median ITL median (the lower middle of an even count), with
+    every round's ITL median and decode-step GPU median beside it."""
+    pick = sorted(runs, key=lambda m: m["itl_ms"]["median"])[(len(runs) - 1) // 2]
+    return dict(pick, rounds=len(runs), itl_median_rounds=[m["itl_ms"]["median"] for m in runs],
+                decode_gpu_ms_rounds=[m["steps"]["decode_gpu_ms_median"] for m in runs])
+
+
 def parallel(model, make_engine, ns, args, log=print, deadline=None):
-    """Study 2: rows per (n, arm)."""
+    """Study 2: rows per (n, arm). With args.par_rounds R > 1 each n runs R rounds of both arms (which
+    goes first alternating), each arm's row is its median round (median_run) and the auto row's
+    itl_ratio is the median of the rounds' paired none / auto ITL median ratios."""
     rows = []
     engines = {}
     for arm in ("none", "auto"):
@@ -142,6 +153,7 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
         warm_up(engines[arm][0], model.cfg.vocab, args.prompt_cap)
         warm_up_forks(engines[arm][0], model.cfg.vocab, args.prompt_cap, args.max_running)
     medians = [int(m) for m in str(args.par_prompt_median).split(",")]
+    rounds = int(getattr(args, "par_rounds", 1) or 1)
     for median, n in ((m, n) for m in medians for n in ns):
         if deadline is not None and time.perf_counter() > deadline:
             log(f"# parallel prompts ~{median} n={n}: skipped (the run's deadline)")
@@ -151,23 +163,27 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
         reqs = tr.sharegpt_like(prompts, math.inf, seed=args.seed + 100, vocab=model.cfg.vocab,
                                 prompt_cap=args.prompt_cap, output_cap=args.par_output_cap, n_samples=n,
                                 prompt_median=median)
-        out = {}
-        order = ("none", "auto") if n % 2 else ("auto", "none")  # alternate which arm runs first
-        if n == 1:  # none / auto / none again: the second none run is the noise band of "never worse at n = 1"
-            order = ("none", "auto", "none-again")
-        for arm in order:
-            engine = engines[arm.split("-")[0]][0]
-            engine.backend._sp_stats = []
-            seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
-            m = summarize(seqs, steps, truncated)
-            m.update(n=n, prompts=prompts, prompt_median=median, arm=arm, graphs=engine.graphs_on,
-                     trace=tr.describe(reqs), backend_stats=engine.backend.stats())
-            out[arm] = m
-            rows.append(m)
+        runs = {}
+        for r in range(rounds):
+            order = ("none", "auto") if (n + r) % 2 else ("auto", "none")  # alternate which arm runs first
+            if n == 1 and r == 0:  # none / auto / none again: the second none run is the noise band at n = 1
+                order = ("none", "auto", "none-again")
+            for arm in order:
+                engine = engines[arm.split("-")[0]][0]
+                engine.backend._sp_stats = []
+                seqs, steps, truncated = engine.run(reqs, time_limit=args.run_limit)
+                m = summarize(seqs, steps, truncated)
+                m.update(n=n, prompts=prompts, prompt_median=median, arm=arm, graphs=engine.graphs_on,
+                         trace=tr.describe(reqs), backend_stats=engine.backend.stats())
+                runs.setdefault(arm, []).append(m)
+        out = {arm: median_run(ms) for arm, ms in runs.items()}
+        ratios = [b["itl_ms"]["median"] / a["itl_ms"]["median"] for a, b in zip(runs["auto"], runs["none"])]
+        out["auto"].update(itl_ratio=float(np.median(ratios)), itl_ratio_rounds=ratios)
+        rows += list(out.values())
         a, b = out["auto"], out["none"]
         log(f"# parallel prompts ~{median} n={n:>2} ({prompts} prompts, batch max {a['batch']['max']}): ITL median "
             f"{b['itl_ms']['median']:.2f} -> {a['itl_ms']['median']:.2f} ms (none / auto "
-            f"{b['itl_ms']['median'] / a['itl_ms']['median']:.3f}), TTFT median {b['ttft_ms']['median']:.1f} -> "
+            f"{a['itl_ratio']:.3f}{'' if rounds == 1 else ', median of ' + str(rounds) + ' rounds paired'}), TTFT median {b['ttft_ms']['median']:.1f} -> "
             f"{a['ttft_ms']['median']:.1f} ms; decode step plan + GPU {b['steps']['decode_plan_ms_median']:.2f} + "
             f"{b['steps']['decode_gpu_ms_median']:.2f} -> {a['steps']['decode_plan_ms_median']:.2f} + "
             f"{a['steps']['decode_gpu_ms_median']:.2f} ms; cascade on {a['backend_stats'].get('split_fraction', 0):.0%} of plans, "

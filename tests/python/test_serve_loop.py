@@ -289,6 +289,14 @@ def test_parallel_study_driver(tiny32):
     assert "## Study 2" in md
     n1 = next(line for line in md.splitlines() if line.startswith("| 60 | 1 |"))
     assert n1.count("|") == 12 and n1.split("|")[6].strip() != ""  # the none / none again column
+    # Rounds: one row per arm (its median round), the ratio the median of the rounds' paired ratios.
+    args.par_rounds = 3
+    rows = studies.parallel(tiny32, make_engine, [4], args, log=lines.append)
+    assert sorted(r["arm"] for r in rows) == ["auto", "none"] and all(r["rounds"] == 3 for r in rows)
+    auto = next(r for r in rows if r["arm"] == "auto")
+    assert len(auto["itl_ratio_rounds"]) == 3 and auto["itl_ratio"] == sorted(auto["itl_ratio_rounds"])[1]
+    assert all(r["itl_ms"]["median"] == sorted(r["itl_median_rounds"])[1] for r in rows)
+    assert "median of 3 rounds paired" in lines[-1] and pool.in_use() == 0
 
 
 def test_run_all_cpu_smoke(tmp_path):
