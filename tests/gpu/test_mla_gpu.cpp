@@ -124,7 +124,8 @@ struct Case {
   double ckv_scale = 1.0, kpe_scale = 1.0;
 };
 
-void run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
+// Returns the most chunks the plan cut a query tile into.
+int run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
   std::mt19937 rng(static_cast<unsigned>(seed));
   int64_t need = 0;
   for (int32_t k : c.kv_lens) need += (k + c.page_size - 1) / c.page_size;
@@ -150,12 +151,17 @@ void run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
   ro.ckv_scale = c.ckv_scale;
   ro.kpe_scale = c.kpe_scale;
   mla.run(in.d_q_nope.view, in.d_q_pe.view, in.d_ckv.view, in.d_kpe.view, in.d_o.view, in.d_lse.view, nullptr, ro);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const cudaError_t synced = cudaDeviceSynchronize();
+  EXPECT_EQ(synced, cudaSuccess);
+  if (synced != cudaSuccess) return 0;
   std::string what = "H " + std::to_string(c.H) + " page " + std::to_string(c.page_size) + " " + dtype_name(c.dt) +
                      " caches " + dtype_name(kv_dt) + (c.causal ? " causal" : "") + " tile " +
                      std::to_string(mla.config().cta_q) + (mla.config().hopper ? " hopper" : "") + " split tiles " +
                      std::to_string(mla.last_plan().num_split);
   expect_matches_reference(in, s, c.causal, ro.sm_scale, c.dt, what, c.ckv_scale, c.kpe_scale);
+  int most_chunks = 0;
+  for (const PrefillWorkItem& w : mla.last_plan().items) most_chunks = std::max(most_chunks, w.num_chunks);
+  return most_chunks;
 }
 
 // Every correctness case runs on both kernel templates: the mma.sync kernel
@@ -213,6 +219,16 @@ TEST_P(MlaGpuBackend, LongContextsSplitKvAndMerge) {
     MLAOptions o = options();
     o.cta_q = q;
     run_case({32, 16, DType::kBFloat16, true, {2, 1, 4}, {5000, 17, 777}}, 310 + q, o);
+  }
+  {
+    // Two requests of 128 heads (four 64-row tiles) on 8 SMs: the plan cuts
+    // every tile in two (on the Hopper kernel's one CTA an SM), which the
+    // chunks' CTAs merge cooperatively.
+    MLAOptions o = options();
+    o.cta_q = 64;
+    o.max_sms = 8;
+    const int chunks = run_case({128, 64, DType::kBFloat16, false, {1, 1}, {4099, 3001}}, 390, o);
+    if (GetParam() == MlaBackend::kFA3) EXPECT_EQ(chunks, 2) << "every tile cut in two";
   }
   if (GetParam() == MlaBackend::kFA3) {
     // H = 16 decode on the 64-row tiles (auto takes 16 there), and 8 heads x
