@@ -13,7 +13,9 @@ token's timestamp is when the GPU finished the step that made it. TTFT =
 first token time - arrival; ITL = gaps between a sample's tokens. Each step
 also records the host time of backend.plan() and the GPU time of the
 forward (CUDA events around the replay or the eager forward), which a
-synchronous step adds up with the staging.
+synchronous step adds up with the staging, and the host time of the staging
+and of the launch (the replay or the eager forward's calls), so a step's
+time splits into its parts.
 """
 import dataclasses
 import time
@@ -55,7 +57,7 @@ class Engine:
         self.record = record  # keep logits and tokens of every step (the logits check)
         self.events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        if self.dev.type == "cuda" else None)
-        self.plan_ms = float("nan")
+        self.plan_ms = self.launch_ms = float("nan")
         rows = max(self.buckets[-1], self.max_running)
         tokens = max(self.token_budget, rows)
         i32, i64 = dict(dtype=torch.int32, device=self.dev), dict(dtype=torch.int64, device=self.dev)
@@ -209,7 +211,8 @@ class Engine:
     def step(self, sd, T, n_dec, n_logits):
         t = time.perf_counter()
         self.backend.plan(sd)
-        self.plan_ms = (time.perf_counter() - t) * 1e3
+        t_planned = time.perf_counter()
+        self.plan_ms = (t_planned - t) * 1e3
         if self.events:
             self.events[0].record()
         if sd.graph:
@@ -219,6 +222,7 @@ class Engine:
             out = self._forward(T, n_dec, n_logits)
         if self.events:
             self.events[1].record()
+        self.launch_ms = (time.perf_counter() - t_planned) * 1e3
         return out
 
     def gpu_ms(self):
@@ -261,6 +265,7 @@ class Engine:
                 continue
             t_start = time.perf_counter() - t0
             sd, T, n_dec, n_logits = self.stage(step, sched)
+            stage_ms = (time.perf_counter() - t0 - t_start) * 1e3
             logits = self.step(sd, T, n_dec, n_logits)
             tokens = logits.argmax(-1)[:n_logits].cpu().numpy() if self.record else None
             self.sync()
@@ -274,7 +279,7 @@ class Engine:
                 kid_slots = torch.tensor([k.slot for k in kids], dtype=torch.long, device=self.dev)
                 self.last_token[kid_slots] = self.last_token[parent.slot].clone()
             log.append((sd.kind, len(step), T, sd.bucket, t_start, t_end, len(sched.running), len(sched.waiting),
-                        self.plan_ms, self.gpu_ms()))
+                        self.plan_ms, self.gpu_ms(), stage_ms, self.launch_ms))
             if time_limit is not None and t_end > time_limit:
                 truncated = True
                 break

@@ -43,6 +43,8 @@ def summarize(seqs, log, truncated, duration=None):
     mixed = [(e[5] - e[4]) * 1e3 for e in log if e[0] == "mixed"]
     dec_plan = [e[8] for e in log if e[0] == "decode"]  # host plan() and GPU forward of decode steps (ms)
     dec_gpu = [e[9] for e in log if e[0] == "decode"]
+    dec_stage = [e[10] for e in log if e[0] == "decode"]  # host staging and launch of decode steps (ms)
+    dec_launch = [e[11] for e in log if e[0] == "decode"]
     span = (log[-1][5] - log[0][4]) if log else 0.0
     tokens = sum(len(s.token_times) for s in seqs)
     spans = [(e[5] - e[4], e[1]) for e in log]
@@ -55,7 +57,8 @@ def summarize(seqs, log, truncated, duration=None):
                            time_weighted=float(sum(t * b for t, b in spans) / max(sum(t for t, _ in spans), 1e-9))),
                 steps=dict(total=len(log), decode=len(dec), mixed=len(mixed),
                            decode_ms_median=pct(dec, 50), mixed_ms_median=pct(mixed, 50),
-                           decode_plan_ms_median=pct(dec_plan, 50), decode_gpu_ms_median=pct(dec_gpu, 50)))
+                           decode_plan_ms_median=pct(dec_plan, 50), decode_gpu_ms_median=pct(dec_gpu, 50),
+                           decode_stage_ms_median=pct(dec_stage, 50), decode_launch_ms_median=pct(dec_launch, 50)))
 
 
 def fmt_run(name, rate, m):
