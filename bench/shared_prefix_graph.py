@@ -3,8 +3,9 @@ costs with and without it, GPU and host, side by side in one run.
 
 A step of B decode rows (GQA 32/8, head dim 128, page 16, fp16): P prompts
 of L tokens (or, for a --prefixes entry L1+L2+..., prompts of those lengths
-in turn, as Study 2's n = 64 step has 528 and 1936), each forked into n samples (B = P x n) that share the prompt's
-full pages, each sample with its own suffix (uniform 32..256 tokens). Two
+in turn, as Study 2's n = 64 step has 528 and 1936), each forked into n
+samples (B = P x n) that share the prompt's full pages, each sample with
+its own suffix (uniform 32..256 tokens). Two
 decode wrappers in use_cuda_graph mode with CUDA-graph buffers of B rows,
 as an engine holds one per batch bucket:
   none:  plan() of the flat page table;

@@ -71,7 +71,7 @@ def parse(argv):
     ap.add_argument("--par-rounds", type=int, help="Study 2's interleaved rounds of both arms per n (full 3, "
                     "quick 1); ratios paired by round, medians reported")
     ap.add_argument("--par-prompt-median", default="250,1500",
-                    help="Study 2's prompt-length medians, comma-separated (one run of every n per median)")
+                    help="Study 2's prompt-length medians, comma-separated (every n per median)")
     ap.add_argument("--stream-batches")
     ap.add_argument("--stream-window", type=int, default=2048, help="window tokens (a multiple of 16)")
     ap.add_argument("--stream-steps", type=int, default=64)

@@ -186,7 +186,8 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
         a, b = out["auto"], out["none"]
         log(f"# parallel prompts ~{median} n={n:>2} ({prompts} prompts, batch max {a['batch']['max']}): ITL median "
             f"{b['itl_ms']['median']:.2f} -> {a['itl_ms']['median']:.2f} ms (none / auto "
-            f"{a['itl_ratio']:.3f}{'' if rounds == 1 else ', median of ' + str(rounds) + ' rounds paired'}), TTFT median {b['ttft_ms']['median']:.1f} -> "
+            f"{a['itl_ratio']:.3f}{'' if rounds == 1 else f', median of {rounds} rounds paired'}), "
+            f"TTFT median {b['ttft_ms']['median']:.1f} -> "
             f"{a['ttft_ms']['median']:.1f} ms; decode step plan + GPU {b['steps']['decode_plan_ms_median']:.2f} + "
             f"{b['steps']['decode_gpu_ms_median']:.2f} -> {a['steps']['decode_plan_ms_median']:.2f} + "
             f"{a['steps']['decode_gpu_ms_median']:.2f} ms; cascade on {a['backend_stats'].get('split_fraction', 0):.0%} of plans, "
