@@ -85,6 +85,8 @@ def parse(argv):
             setattr(args, k, v)
     if args.tiny:
         args.kv_gb = min(args.kv_gb, 1 / 32)  # 1024 pages: eager FlexAttention on the CPU scores every slot
+    if args.par_rounds < 1:
+        raise SystemExit(f"--par-rounds: expected >= 1, got {args.par_rounds}")
     args.mode = mode
     return args
 

@@ -156,7 +156,7 @@ def parallel(model, make_engine, ns, args, log=print, deadline=None):
         warm_up(engines[arm][0], model.cfg.vocab, args.prompt_cap)
         warm_up_forks(engines[arm][0], model.cfg.vocab, args.prompt_cap, args.max_running)
     medians = [int(m) for m in str(args.par_prompt_median).split(",")]
-    rounds = int(getattr(args, "par_rounds", 1) or 1)
+    rounds = int(getattr(args, "par_rounds", 1))
     for median, n in ((m, n) for m in medians for n in ns):
         if deadline is not None and time.perf_counter() > deadline:
             log(f"# parallel prompts ~{median} n={n}: skipped (the run's deadline)")

@@ -299,6 +299,14 @@ def test_parallel_study_driver(tiny32):
     assert "median of 3 rounds paired" in lines[-1] and pool.in_use() == 0
 
 
+def test_run_all_par_rounds():
+    """--par-rounds: 3 in the full mode, 1 in the quick one; below 1 refused by name."""
+    from serve import run_all
+    assert run_all.parse([]).par_rounds == 3 and run_all.parse(["--quick"]).par_rounds == 1
+    with pytest.raises(SystemExit, match="--par-rounds"):
+        run_all.parse(["--par-rounds", "0"])
+
+
 def test_run_all_cpu_smoke(tmp_path):
     from serve import run_all
     out = tmp_path / "serve.json"
