@@ -8,8 +8,11 @@ and writes each byte once, so a copy is its ceiling). Every callable runs on
 rotating input copies (>= 2x L2) replayed from one CUDA graph
 (common.bench_graph_ms), in interleaved rounds; the ratio is the paired
 median of FlashInfer's time over Tessera's (> 1: Tessera faster) and
-"% copy" is the copy's time over the merge's. The outputs of the two
-libraries are compared once per case.
+"% copy" is the copy's time over the merge's. Tessera's merges launch with
+programmatic dependent launch (their default, enable_pdl=None), so each call
+starts while the one before it ends; FlashInfer's merges have no such
+option. "no PDL" is Tessera's merge with enable_pdl=False in the same
+rounds. The outputs of the two libraries are compared once per case.
 Usage: python bench/merge.py [--rounds N] [--tokens 512,4096,16384]
                              [--ops pair,in_place,states] [--states K]
 """
@@ -42,12 +45,12 @@ def make_inputs(op, rows, dtype, k):
     return (v(rows, HEADS, DIM), s(rows, HEADS), v(rows, HEADS, DIM), s(rows, HEADS))
 
 
-def call(lib, op, inp):
+def call(lib, op, inp, **kw):
     if op == "pair":
-        return lambda: lib.merge_state(*inp)
+        return lambda: lib.merge_state(*inp, **kw)
     if op == "in_place":
-        return lambda: lib.merge_state_in_place(*inp)
-    return lambda: lib.merge_states(*inp)
+        return lambda: lib.merge_state_in_place(*inp, **kw)
+    return lambda: lib.merge_states(*inp, **kw)
 
 
 def max_diff(op, fi, inp):
@@ -66,7 +69,8 @@ def run_case(op, rows, dtype, k, fi, rounds):
     moved = state_bytes(rows, dtype, k if op == "states" else 2) + state_bytes(rows, dtype)  # read + written
     read = moved - state_bytes(rows, dtype)
     sets = [make_inputs(op, rows, dtype, k) for _ in range(common.rotation_copies(read))]
-    fns = {"tessera": [call(tessera, op, x) for x in sets]}
+    fns = {"tessera": [call(tessera, op, x) for x in sets],
+           "tessera_no_pdl": [call(tessera, op, x, enable_pdl=False) for x in sets]}
     diff = None
     if fi is not None:
         try:
@@ -84,10 +88,12 @@ def run_case(op, rows, dtype, k, fi, rounds):
                states=k if op == "states" else 2, bytes=moved, us=us,
                tessera_TBps=moved / (us["tessera"] * 1e-6) / 1e12, copy_TBps=moved / (us["copy"] * 1e-6) / 1e12,
                frac_copy=common.paired_ratio(times, "copy", "tessera"),
+               no_pdl_ratio=common.paired_ratio(times, "tessera_no_pdl", "tessera"),
                max_abs_diff=diff)
     if "flashinfer" in times:
         row["ratio"] = common.paired_ratio(times, "flashinfer", "tessera")
         row["flashinfer_frac_copy"] = common.paired_ratio(times, "copy", "flashinfer")
+        row["ratio_no_pdl"] = common.paired_ratio(times, "flashinfer", "tessera_no_pdl")
     del sets, bufs
     torch.cuda.empty_cache()
     return row
@@ -113,7 +119,8 @@ def main():
         except Exception as e:  # triton's do_bench missing: the per-case copies still give the ceiling
             print(f"# HBM ceilings skipped: {type(e).__name__}: {e}", flush=True)
     print(f"{'op':9} {'tokens':>6} {'dtype':9} {'tessera us':>10} {'flashinfer us':>13} {'fi/tessera':>10} "
-          f"{'copy us':>8} {'% copy':>7} {'fi % copy':>9} {'TB/s':>6} {'max diff':>9}", flush=True)
+          f"{'no PDL us':>9} {'fi/no PDL':>9} {'copy us':>8} {'% copy':>7} {'fi % copy':>9} {'TB/s':>6} "
+          f"{'max diff':>9}", flush=True)
     rows = []
     for op in args.ops.split(","):
         for n in (int(x) for x in args.tokens.split(",")):
@@ -122,6 +129,7 @@ def main():
                 rows.append(r)
                 print(f"{op:9} {n:6d} {r['dtype']:9} {r['us']['tessera']:10.1f} "
                       f"{common.fmt(r['us'].get('flashinfer'), 1):>13} {common.fmt(r.get('ratio')):>10} "
+                      f"{r['us']['tessera_no_pdl']:9.1f} {common.fmt(r.get('ratio_no_pdl')):>9} "
                       f"{r['us']['copy']:8.1f} {100 * r['frac_copy']:6.1f}% "
                       f"{common.fmt(100 * r['flashinfer_frac_copy'] if 'flashinfer_frac_copy' in r else None, 1):>8}% "
                       f"{r['tessera_TBps']:6.2f} {common.fmt(r['max_abs_diff'], 4):>9}", flush=True)

@@ -73,34 +73,35 @@ void translate(const std::exception_ptr& p, void*) {
 
 // ---------------------------------------------------------------- merges
 void py_merge_state(nb::handle v_a, nb::handle s_a, nb::handle v_b, nb::handle s_b, nb::handle v_out,
-                    nb::handle s_out, uintptr_t stream) {
+                    nb::handle s_out, uintptr_t stream, bool pdl) {
   Arg va = to_arg("v_a", v_a), sa = to_arg("s_a", s_a), vb = to_arg("v_b", v_b), sb = to_arg("s_b", s_b);
   Arg vo = to_arg("v_out", v_out, true), so = to_optional_arg("s_out", s_out, true);
   nb::gil_scoped_release release;
-  merge_state(va.view, sa.view, vb.view, sb.view, vo.view, so.view, to_stream(stream));
+  merge_state(va.view, sa.view, vb.view, sb.view, vo.view, so.view, to_stream(stream), pdl);
 }
 
 void py_merge_state_in_place(nb::handle v, nb::handle s, nb::handle v_other, nb::handle s_other, nb::handle mask,
-                             uintptr_t stream) {
+                             uintptr_t stream, bool pdl) {
   Arg va = to_arg("v", v, true), sa = to_arg("s", s, true);
   Arg vb = to_arg("v_other", v_other), sb = to_arg("s_other", s_other), m = to_optional_arg("mask", mask);
   nb::gil_scoped_release release;
-  merge_state_in_place(va.view, sa.view, vb.view, sb.view, m.view, to_stream(stream));
+  merge_state_in_place(va.view, sa.view, vb.view, sb.view, m.view, to_stream(stream), pdl);
 }
 
-void py_merge_states(nb::handle v, nb::handle s, nb::handle v_out, nb::handle s_out, uintptr_t stream) {
+void py_merge_states(nb::handle v, nb::handle s, nb::handle v_out, nb::handle s_out, uintptr_t stream,
+                     bool pdl) {
   Arg va = to_arg("v", v), sa = to_arg("s", s);
   Arg vo = to_arg("v_out", v_out, true), so = to_optional_arg("s_out", s_out, true);
   nb::gil_scoped_release release;
-  merge_states(va.view, sa.view, vo.view, so.view, to_stream(stream));
+  merge_states(va.view, sa.view, vo.view, so.view, to_stream(stream), pdl);
 }
 
 void py_merge_states_ragged(nb::handle v, nb::handle s, nb::handle indptr, nb::handle v_out, nb::handle s_out,
-                            uintptr_t stream) {
+                            uintptr_t stream, bool pdl) {
   Arg va = to_arg("v", v), sa = to_arg("s", s), ip = to_arg("indptr", indptr);
   Arg vo = to_arg("v_out", v_out, true), so = to_optional_arg("s_out", s_out, true);
   nb::gil_scoped_release release;
-  merge_states_ragged(va.view, sa.view, ip.view, vo.view, so.view, to_stream(stream));
+  merge_states_ragged(va.view, sa.view, ip.view, vo.view, so.view, to_stream(stream), pdl);
 }
 
 // ---------------------------------------------------------------- attention
@@ -326,13 +327,16 @@ NB_MODULE(_C, m) {
   nb::register_exception_translator(translate);
 
   m.def("merge_state", &py_merge_state, "v_a"_a, "s_a"_a, "v_b"_a, "s_b"_a, "v_out"_a, "s_out"_a.none(),
-        "stream"_a = 0, "(v_out, s_out) = (v_a, s_a) (+) (v_b, s_b); base-2 LSE, s_out may be None.");
+        "stream"_a = 0, "pdl"_a = false,
+        "(v_out, s_out) = (v_a, s_a) (+) (v_b, s_b); base-2 LSE, s_out may be None.");
   m.def("merge_state_in_place", &py_merge_state_in_place, "v"_a, "s"_a, "v_other"_a, "s_other"_a,
-        "mask"_a.none(), "stream"_a = 0, "(v, s) <- (v, s) (+) (v_other, s_other) where mask (uint8/bool) is set.");
-  m.def("merge_states", &py_merge_states, "v"_a, "s"_a, "v_out"_a, "s_out"_a.none(), "stream"_a = 0,
+        "mask"_a.none(), "stream"_a = 0, "pdl"_a = false,
+        "(v, s) <- (v, s) (+) (v_other, s_other) where mask (uint8/bool) is set.");
+  m.def("merge_states", &py_merge_states, "v"_a, "s"_a, "v_out"_a, "s_out"_a.none(), "stream"_a = 0, "pdl"_a = false,
         "Merges v [rows, S, H, D], s [rows, S, H] over S into v_out [rows, H, D], s_out [rows, H].");
   m.def("merge_states_ragged", &py_merge_states_ragged, "v"_a, "s"_a, "indptr"_a, "v_out"_a, "s_out"_a.none(),
-        "stream"_a = 0, "Merges states indptr[i]..indptr[i+1] of v [total, H, D] into row i of v_out.");
+        "stream"_a = 0, "pdl"_a = false,
+        "Merges states indptr[i]..indptr[i+1] of v [total, H, D] into row i of v_out.");
   m.def("single_decode", &py_single_decode, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "kv_layout"_a,
         "variant"_a, "q_dtype"_a, "kv_dtype"_a, "o_dtype"_a, "head_dim"_a, "sm_scale"_a = -1.0, "stream"_a = 0,
         "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = 0, "rope_scale"_a = 1.0,

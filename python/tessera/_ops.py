@@ -276,17 +276,17 @@ def single_prefill_call(q, k, v, o_dtype, custom_mask, packed_custom_mask, causa
 
 
 @torch.library.custom_op("tessera::merge_state", mutates_args=(), device_types="cuda")
-def merge_state(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor) -> Tuple[Tensor, Tensor]:
+def merge_state(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, pdl: bool) -> Tuple[Tensor, Tensor]:
     """tessera.merge_state: (v like v_a, s float32 [seq_len, num_heads])."""
     from .cascade import _merge_state
-    return _merge_state(v_a, s_a, v_b, s_b)
+    return _merge_state(v_a, s_a, v_b, s_b, pdl)
 
 
 @merge_state.register_fake
-def _(v_a, s_a, v_b, s_b):
+def _(v_a, s_a, v_b, s_b, pdl):
     return v_a.new_empty(v_a.shape), v_a.new_empty(v_a.shape[:-1], dtype=torch.float32)
 
 
-def merge_state_call(v_a, s_a, v_b, s_b):
+def merge_state_call(v_a, s_a, v_b, s_b, pdl):
     """merge_state under torch.compile (tessera::merge_state)."""
-    return tuple(torch.ops.tessera.merge_state(v_a, s_a, v_b, s_b))
+    return tuple(torch.ops.tessera.merge_state(v_a, s_a, v_b, s_b, pdl))

@@ -17,6 +17,13 @@ Values v are float16, bfloat16 or float32 with head_dim a multiple of 8
 256 all work); scales s are float32. Inputs may be numpy arrays (computed on
 the CPU) or torch tensors (CPU, or CUDA where the work runs on torch's
 current stream); results have the inputs' framework, device and dtype.
+
+The merges take ``enable_pdl`` (Tessera's; FlashInfer's merges have none):
+None (the default) or True launches them with programmatic dependent launch
+on sm_90+, as the attention wrappers' ``run(enable_pdl=None)``: a merge
+starts while the kernel before it ends and waits for it before its first
+load, so behind the attention kernels that produced its states it pays no
+launch gap. False launches it plainly. CPU inputs ignore it.
 """
 
 from . import _compat as C
@@ -25,7 +32,7 @@ from . import _wrapper_util as W
 from ._native import _C
 
 
-def merge_state(v_a, s_a, v_b, s_b):
+def merge_state(v_a, s_a, v_b, s_b, *, enable_pdl=None):
     """Merges two attention states.
 
     Args:
@@ -33,6 +40,7 @@ def merge_state(v_a, s_a, v_b, s_b):
         s_a: base-2 LSE of v_a, float32 [seq_len, num_heads].
         v_b: values like v_a (same shape and dtype).
         s_b: base-2 LSE of v_b, float32 [seq_len, num_heads].
+        enable_pdl: programmatic dependent launch (module docstring).
 
     Returns:
         (v, s): merged values like v_a and their float32 base-2 LSE
@@ -40,21 +48,21 @@ def merge_state(v_a, s_a, v_b, s_b):
     """
     ops = T.torch_ops(v_a)
     if ops is not None:  # torch.compile: one opaque custom op (see _ops.py)
-        return ops.merge_state_call(v_a, s_a, v_b, s_b)
-    return _merge_state(v_a, s_a, v_b, s_b)
+        return ops.merge_state_call(v_a, s_a, v_b, s_b, W.pdl_arg(enable_pdl))
+    return _merge_state(v_a, s_a, v_b, s_b, W.pdl_arg(enable_pdl))
 
 
-def _merge_state(v_a, s_a, v_b, s_b):
+def _merge_state(v_a, s_a, v_b, s_b, pdl):
     """merge_state's work (also the real implementation of tessera::merge_state)."""
     T.common_framework(v_a=v_a, s_a=s_a, v_b=v_b, s_b=s_b)
     v_out = T.empty(v_a, v_a.shape)
     s_out = T.empty(v_a, v_a.shape[:-1], "float32")
     with T.on_device_of(v_a):
-        _C.merge_state(T.arg(v_a), T.arg(s_a), T.arg(v_b), T.arg(s_b), v_out, s_out, T.stream_of(v_a))
+        _C.merge_state(T.arg(v_a), T.arg(s_a), T.arg(v_b), T.arg(s_b), v_out, s_out, T.stream_of(v_a), pdl)
     return v_out, s_out
 
 
-def merge_state_in_place(v, s, v_other, s_other, mask=None):
+def merge_state_in_place(v, s, v_other, s_other, mask=None, *, enable_pdl=None):
     """Merges (v_other, s_other) into (v, s) in place.
 
     Args:
@@ -64,21 +72,24 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None):
         s_other: float32 base-2 LSE like s.
         mask: optional bool/uint8 [seq_len]; rows where it is 0 keep (v, s)
             unchanged. None merges every row.
+        enable_pdl: programmatic dependent launch (module docstring).
 
     Returns:
         None.
     """
     T.common_framework(v=v, s=s, v_other=v_other, s_other=s_other, mask=mask)
     with T.on_device_of(v):
-        _C.merge_state_in_place(T.arg(v), T.arg(s), T.arg(v_other), T.arg(s_other), T.arg(mask), T.stream_of(v))
+        _C.merge_state_in_place(T.arg(v), T.arg(s), T.arg(v_other), T.arg(s_other), T.arg(mask), T.stream_of(v),
+                                W.pdl_arg(enable_pdl))
 
 
-def merge_states(v, s):
+def merge_states(v, s, *, enable_pdl=None):
     """Merges a fixed number of states per row.
 
     Args:
         v: values [seq_len, num_states, num_heads, head_dim].
         s: float32 base-2 LSE [seq_len, num_states, num_heads].
+        enable_pdl: programmatic dependent launch (module docstring).
 
     Returns:
         (v, s): merged values [seq_len, num_heads, head_dim] (dtype of v) and
@@ -91,11 +102,11 @@ def merge_states(v, s):
     v_out = T.empty(v, (n, h, d))
     s_out = T.empty(v, (n, h), "float32")
     with T.on_device_of(v):
-        _C.merge_states(T.arg(v), T.arg(s), v_out, s_out, T.stream_of(v))
+        _C.merge_states(T.arg(v), T.arg(s), v_out, s_out, T.stream_of(v), W.pdl_arg(enable_pdl))
     return v_out, s_out
 
 
-def merge_states_ragged(v, s, indptr):
+def merge_states_ragged(v, s, indptr, *, enable_pdl=None):
     """Merges a variable number of states per row.
 
     Row i of the result merges states indptr[i] .. indptr[i+1]-1; a row with
@@ -107,6 +118,7 @@ def merge_states_ragged(v, s, indptr):
         indptr: int32 [num_rows + 1] on v's device, starting at 0,
             non-decreasing, ending at total_states. A Python list is also
             accepted (converted to an int32 tensor/array on v's device).
+        enable_pdl: programmatic dependent launch (module docstring).
 
     Returns:
         (v, s): merged values [num_rows, num_heads, head_dim] and float32
@@ -123,7 +135,8 @@ def merge_states_ragged(v, s, indptr):
     v_out = T.empty(v, (rows,) + tuple(v.shape[1:]))
     s_out = T.empty(v, (rows, v.shape[1]), "float32")
     with T.on_device_of(v):
-        _C.merge_states_ragged(T.arg(v), T.arg(s), T.arg(indptr), v_out, s_out, T.stream_of(v))
+        _C.merge_states_ragged(T.arg(v), T.arg(s), T.arg(indptr), v_out, s_out, T.stream_of(v),
+                               W.pdl_arg(enable_pdl))
     return v_out, s_out
 
 

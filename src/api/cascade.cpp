@@ -298,7 +298,7 @@ void CascadeAttention::run(const TensorView& q, const PagedKVStorage& kv, const 
   for (size_t i = 1; i < levels_.size(); ++i) {
     run_level(i, tmp_o, tmp_lse);
     detail::merge_state_into(state_o, state_lse, tmp_o, tmp_lse, i + 1 == levels_.size() ? o : state_o, state_lse,
-                             mask, stream);
+                             mask, stream, opt.pdl);
   }
 }
 

@@ -40,7 +40,8 @@ void check_launch(const char* what);
 // mask byte is non-zero (the others untouched); v_out may alias v_a, and may
 // be fp16 / bf16 where the states are fp32 (merge.cpp; CascadeAttention).
 void merge_state_into(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
-                      const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream);
+                      const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream,
+                      bool pdl = false);
 
 // q [rows, num_qo_heads, head_dim] of spec.q_dtype, o like q of spec.o_dtype,
 // lse [rows, num_qo_heads] float32 (or undefined), all CUDA, one device.

@@ -73,7 +73,7 @@ int merge_vectors(int64_t head_dim, DType t) { return static_cast<int>(head_dim 
 // steps: rows per thread (merge_pair_steps for merge_pair, 1 for merge_many).
 template <typename Params>
 void launch(const jit::KernelSource& src, const TensorView& like, Params& p, int steps, cudaStream_t stream,
-            const char* what) {
+            bool pdl, const char* what) {
   const int64_t rows = static_cast<int64_t>(p.num_rows) * p.num_heads;
   if (rows == 0) return;
   if (rows > std::numeric_limits<int32_t>::max())
@@ -83,7 +83,7 @@ void launch(const jit::KernelSource& src, const TensorView& like, Params& p, int
   cuda::DeviceGuard guard(like.device.index);
   const auto& k = jit::KernelCache::global().kernel(src, like.device.index);
   const int64_t per_block = merge_rows_per_block(merge_vectors(p.head_dim, like.dtype), steps);
-  k.launch(dim3(static_cast<unsigned>((rows + per_block - 1) / per_block)), dim3(kMergeThreads), 0, stream, &p);
+  k.launch(dim3(static_cast<unsigned>((rows + per_block - 1) / per_block)), dim3(kMergeThreads), 0, stream, &p, pdl);
   detail::check_launch(what);
 }
 
@@ -119,14 +119,14 @@ void check_mask(const TensorView& mask, const TensorView& v) {
 // (v_out, s_out) = (v_a, s_a) (+) (v_b, s_b) on the GPU, masked rows left alone.
 void launch_pair(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
                  const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream,
-                 const char* what) {
+                 bool pdl, const char* what) {
   MergePairParams p{state_set(v_a, s_a, 0), state_set(v_b, s_b, 0), state_out(v_out, s_out),
                     wants(mask) ? static_cast<const unsigned char*>(mask.data) : nullptr,
                     static_cast<int>(v_a.size(0)), static_cast<int>(v_a.size(1)), static_cast<int>(v_a.size(2)), {}};
   const int per_lane = merge_per_lane(merge_vectors(v_a.size(2), v_a.dtype));
   const bool flat_sets = flat(p.a, p.num_heads) && flat(p.b, p.num_heads) && flat(p.out, p.num_heads);
   launch(catalog::merge_pair(v_a.dtype, v_out.dtype, per_lane, flat_sets), v_a, p, merge_pair_steps(per_lane), stream,
-         what);
+         pdl, what);
 }
 
 }  // namespace
@@ -136,27 +136,28 @@ namespace detail {
 // A cascade's merges (GPU): fp32 states, the last one written straight into
 // the caller's 16-bit output, so the levels' outputs are rounded once.
 void merge_state_into(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
-                      const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream) {
+                      const TensorView& v_out, const TensorView& s_out, const TensorView& mask, cudaStream_t stream,
+                      bool pdl) {
   check_pair(v_a, s_a, v_b, s_b);
   check_out(v_a, v_out, s_out);  // the dtype pair: catalog::merge_pair
   check_mask(mask, v_a);
   require_gpu("merge_state_into");
-  launch_pair(v_a, s_a, v_b, s_b, v_out, s_out, mask, stream, "merge_state_into");
+  launch_pair(v_a, s_a, v_b, s_b, v_out, s_out, mask, stream, pdl, "merge_state_into");
 }
 
 }  // namespace detail
 
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
-                 const TensorView& v_out, const TensorView& s_out, cudaStream_t stream) {
+                 const TensorView& v_out, const TensorView& s_out, cudaStream_t stream, bool pdl) {
   check_pair(v_a, s_a, v_b, s_b);
   check_out(v_a, v_out, s_out);
   check_dtype("v_out", v_out, v_a.dtype);
   if (!v_a.device.is_cuda()) return cpu::merge_state(v_a, s_a, v_b, s_b, v_out, s_out);
-  launch_pair(v_a, s_a, v_b, s_b, v_out, s_out, TensorView(), stream, "merge_state");
+  launch_pair(v_a, s_a, v_b, s_b, v_out, s_out, TensorView(), stream, pdl, "merge_state");
 }
 
 void merge_state_in_place(const TensorView& v, const TensorView& s, const TensorView& v_other,
-                          const TensorView& s_other, const TensorView& mask, cudaStream_t stream) {
+                          const TensorView& s_other, const TensorView& mask, cudaStream_t stream, bool pdl) {
   check_pair(v, s, v_other, s_other);
   check_mask(mask, v);
   if (!v.device.is_cuda()) {
@@ -176,11 +177,11 @@ void merge_state_in_place(const TensorView& v, const TensorView& s, const Tensor
     }
     return;
   }
-  launch_pair(v, s, v_other, s_other, v, s, mask, stream, "merge_state_in_place");
+  launch_pair(v, s, v_other, s_other, v, s, mask, stream, pdl, "merge_state_in_place");
 }
 
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out, const TensorView& s_out,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool pdl) {
   check_values("v", v, 4);
   const int64_t n = v.size(0), S = v.size(1), h = v.size(2), d = v.size(3);
   check_scales("s", s, {n, S, h}, v);
@@ -204,11 +205,11 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   }
   MergeManyParams p{in, state_out(v_out, s_out), nullptr, static_cast<int>(S),
                     static_cast<int>(n), static_cast<int>(h), static_cast<int>(d), {}};
-  launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream, "merge_states");
+  launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream, pdl, "merge_states");
 }
 
 void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorView& indptr, const TensorView& v_out,
-                         const TensorView& s_out, cudaStream_t stream) {
+                         const TensorView& s_out, cudaStream_t stream, bool pdl) {
   check_values("v", v, 3);
   const int64_t total = v.size(0), h = v.size(1), d = v.size(2);
   check_scales("s", s, {total, h}, v);
@@ -234,7 +235,7 @@ void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorV
   if (!v.device.is_cuda()) return cpu::merge_states_ragged(v, s, indptr, v_out, s_out);
   MergeManyParams p{state_set(v, s, 0), state_out(v_out, s_out), static_cast<const int*>(indptr.data), 0,
                     static_cast<int>(n), static_cast<int>(h), static_cast<int>(d), {}};
-  launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream,
+  launch(catalog::merge_many(v.dtype, merge_per_lane(merge_vectors(d, v.dtype))), v, p, 1, stream, pdl,
          "merge_states_ragged");
 }
 

@@ -281,6 +281,54 @@ TEST(MergeGpuCascade, Fp32StatesIntoHalfOutput) {
     }
 }
 
+// Merges launched with programmatic dependent launch, each reading what the
+// one before it wrote (pair, pair, in place, then merge_states over the
+// result): each waits for the kernel before it, so the chain matches the
+// CPU chain and is bitwise the chain launched plainly. Large enough that
+// the next merge's CTAs start while the one before still runs.
+TEST(MergeGpuPdl, ChainedMergesSeeEachOthersResults) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 4096, H = 8, D = 128;
+  const DType dt = DType::kFloat16;
+  HostTensor va = make_host(dt, {N, H, D}), vb = make_host(dt, {N, H, D}), vc = make_host(dt, {N, H, D});
+  fill_random(va, 21);
+  fill_random(vb, 22);
+  fill_random(vc, 23);
+  HostTensor sa = random_scales({N, H}, 24), sb = random_scales({N, H}, 25), sc = random_scales({N, H}, 26);
+  poison_empty(va, sa, D);
+  poison_empty(vb, sb, D);
+  poison_empty(vc, sc, D);
+  // CPU: x = a (+) b; y = x (+) c; y (+)= a; z = merge_states(y as one state a row).
+  HostTensor xv = make_host(dt, {N, H, D}), xs = make_host(DType::kFloat32, {N, H});
+  HostTensor yv = make_host(dt, {N, H, D}), ys = make_host(DType::kFloat32, {N, H});
+  HostTensor zv = make_host(dt, {N, H, D}), zs = make_host(DType::kFloat32, {N, H});
+  cpu::merge_state(va.view, sa.view, vb.view, sb.view, xv.view, xs.view);
+  cpu::merge_state(xv.view, xs.view, vc.view, sc.view, yv.view, ys.view);
+  cpu::merge_state(yv.view, ys.view, va.view, sa.view, yv.view, ys.view);
+  zv = yv;
+  zs = ys;
+  auto dva = to_device(va), dsa = to_device(sa), dvb = to_device(vb), dsb = to_device(sb);
+  auto dvc = to_device(vc), dsc = to_device(sc);
+  auto run = [&](bool pdl) {
+    auto dxv = poisoned_like(xv), dxs = poisoned_like(xs), dyv = poisoned_like(yv), dys = poisoned_like(ys);
+    auto dzv = poisoned_like(zv), dzs = poisoned_like(zs);
+    merge_state(dva.view, dsa.view, dvb.view, dsb.view, dxv.view, dxs.view, nullptr, pdl);
+    merge_state(dxv.view, dxs.view, dvc.view, dsc.view, dyv.view, dys.view, nullptr, pdl);
+    merge_state_in_place(dyv.view, dys.view, dva.view, dsa.view, TensorView(), nullptr, pdl);
+    const TensorView states(dyv.view.data, dt, dyv.view.device, {N, 1, H, D});
+    const TensorView scales(dys.view.data, DType::kFloat32, dys.view.device, {N, 1, H});
+    merge_states(states, scales, dzv.view, dzs.view, nullptr, pdl);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    return std::pair{to_host(dzv, zv), to_host(dzs, zs)};
+  };
+  const auto [plain_v, plain_s] = run(false);
+  const auto [pdl_v, pdl_s] = run(true);
+  EXPECT_CLOSE(compare(to_doubles(pdl_v.view), to_doubles(zv.view)), dt);
+  EXPECT_CLOSE(compare(to_doubles(pdl_s.view), to_doubles(zs.view)), DType::kFloat32);
+  EXPECT_EQ(std::memcmp(pdl_v.view.data, plain_v.view.data, N * H * D * dtype_size(dt)), 0);
+  EXPECT_EQ(std::memcmp(pdl_s.view.data, plain_s.view.data, N * H * sizeof(float)), 0);
+}
+
 TEST(MergeGpuErrors, BadInputs) {
   SKIP_WITHOUT_GPU();
   HostTensor v = make_host(DType::kFloat16, {4, 2, 64}), s = make_host(DType::kFloat32, {4, 2});

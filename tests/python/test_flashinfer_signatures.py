@@ -309,6 +309,9 @@ TESSERA_EXTRAS = {
     "BatchPrefillWithRaggedKVCacheWrapper.plan": ("on_device", "batch_size", "max_total_q", "max_kv_tokens"),
     "MultiLevelCascadeAttentionWrapper.plan": ("on_device", "batch_size", "max_total_q"),
     "PODWithPagedKVCacheWrapper.plan": ("on_device", "batch_size"),
+    "merge_state": ("enable_pdl",),
+    "merge_state_in_place": ("enable_pdl",),
+    "merge_states": ("enable_pdl",),
 }
 
 _EMPTY = inspect.Parameter.empty

@@ -226,6 +226,33 @@ def test_merge_states_deterministic_gpu(torch_cuda, rng):
     assert torch.equal(a_v, b_v) and torch.equal(a_s, b_s)
 
 
+def test_merges_enable_pdl_gpu(torch_cuda, rng):
+    """Each merge reading what the one before wrote, launched with and
+    without programmatic dependent launch: both chains match the float64
+    reference and each other bit for bit."""
+    torch = torch_cuda
+    v, s = make_states(rng, 3, (4096, 8, 128), np.float32)
+    tv, ts = to_gpu(torch, v, "float16"), torch.from_numpy(s).cuda()
+
+    def chain(pdl):
+        x_v, x_s = tessera.merge_state(tv[0], ts[0], tv[1], ts[1], enable_pdl=pdl)
+        tessera.merge_state_in_place(x_v, x_s, tv[2], ts[2], enable_pdl=pdl)
+        y_v, y_s = tessera.merge_states(x_v[:, None], x_s[:, None], enable_pdl=pdl)
+        z_v, z_s = tessera.merge_states_ragged(y_v, y_s, torch.arange(4097, dtype=torch.int32, device="cuda"),
+                                               enable_pdl=pdl)
+        torch.cuda.synchronize()
+        return z_v, z_s
+
+    inputs = to_np(tv)
+    x_v, x_s = ref_merge(inputs[:2], s[:2])  # the chain rounds x to float16 before its next merge
+    ref_v, ref_s = ref_merge(np.stack([x_v.astype(np.float16), inputs[2]]), np.stack([x_s, s[2]]))
+    for pdl in (None, True, False):
+        got_v, got_s = chain(pdl)
+        check(got_v, got_s, ref_v, ref_s, "float16")
+    on, off = chain(True), chain(False)
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
+
+
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("head_dim", GPU_DIMS)
 @pytest.mark.parametrize("seq_len", [1, 3, 1001])

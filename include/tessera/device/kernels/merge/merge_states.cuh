@@ -14,6 +14,7 @@
 // An empty state (LSE -inf) weighs 0 and its values, even NaN, are never used.
 #pragma once
 #include "tessera/abi/merge_params.cuh"
+#include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/vector_io.cuh"
 #include "tessera/device/primitives/attention_state.cuh"
 
@@ -80,6 +81,13 @@ __device__ __forceinline__ void merge_pair_rows(const MergePairParams& p, int la
     live[s] = row[s] < rows;
     tok[s] = live[s] && (!FLAT || p.mask != nullptr) ? fast_divide(row[s], p.heads) : 0;
     head[s] = row[s] - tok[s] * p.num_heads;
+  }
+  // Launched behind the kernel that wrote the states (programmatic dependent
+  // launch): the addresses above while it ends; its results from here on.
+  grid_dependency_wait();
+  grid_dependency_launch_dependents();
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
     // A masked-out row is neither read nor written (the only load a value
     // waits for; without a mask nothing does).
     if (p.mask != nullptr && live[s]) live[s] = p.mask[tok[s]] != 0;
@@ -154,6 +162,8 @@ __device__ __forceinline__ void merge_many_rows(const MergeManyParams& p, int la
   const MergeLane l = merge_lane<N>(lanes, 1);
   if (l.row >= p.num_rows * p.num_heads) return;  // no warp-wide step follows
   const int tok = fast_divide(l.row, p.heads), head = l.row - tok * p.num_heads;
+  grid_dependency_wait();  // as merge_pair_rows
+  grid_dependency_launch_dependents();
   const int first = p.indptr ? p.indptr[tok] : tok * p.states_per_row;
   const int count = p.indptr ? p.indptr[tok + 1] - first : p.states_per_row;
   const T* v = static_cast<const T*>(p.in.v) + head * p.in.v_stride_head + l.feat;
