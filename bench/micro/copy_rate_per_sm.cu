@@ -23,6 +23,13 @@ constexpr long kRowStride = 2048, kTilesPerCta = 64, kRowsPerCta = kTilesPerCta 
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
 
+// Waits until the mbarrier at `bar` completes the phase of parity `parity`.
+__device__ __forceinline__ void wait_parity(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
 // Token row g of the cache: page g / 16 scattered over `pages`, slot g % 16.
 __device__ __forceinline__ long row_offset(long g, long pages) {
   return (((g / 16) * 7919) % pages * 16 + g % 16) * kRowStride;
@@ -57,9 +64,7 @@ __global__ void __launch_bounds__(kThreads) stream(const char* __restrict__ k, c
       const u32 b = smem_u32(&bar[s]);
       if (tile >= STAGES) {  // the stage's previous tile has landed
         const u32 parity = static_cast<u32>((tile / STAGES - 1) & 1);
-        asm volatile(
-            "{\n .reg .pred done;\n wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-            " @!done bra wait_%=;\n}\n" ::"r"(b), "r"(parity) : "memory");
+        wait_parity(b, parity);
       }
       if (t == 0)
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(kStageBytes) : "memory");
@@ -100,9 +105,7 @@ __global__ void __launch_bounds__(kThreads) stream(const char* __restrict__ k, c
     for (long tile = kTilesPerCta - STAGES; tile < kTilesPerCta; ++tile) {
       const u32 b = smem_u32(&bar[tile % STAGES]);
       const u32 parity = static_cast<u32>((tile / STAGES) & 1);
-      asm volatile(
-          "{\n .reg .pred done;\n wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-          " @!done bra wait_%=;\n}\n" ::"r"(b), "r"(parity) : "memory");
+      wait_parity(b, parity);
     }
   } else {
     asm volatile("cp.async.wait_group 0;\n" ::);
