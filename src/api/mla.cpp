@@ -43,11 +43,12 @@ static void validate_options(const MLAOptions& opt) {
                           str(opt.planner.fixed_chunk));
 }
 
-// fp8 caches are read by the Hopper kernel only (its consumers widen them).
+// fp8 caches are read by the Hopper kernel only (it widens them on chip).
 static void check_fp8_backend(const MLATask& t, const MLAOptions& opt) {
-  if (is_fp8(t.kv_dtype) && (opt.backend == MlaBackend::kFA2 || (opt.cta_q != 0 && opt.cta_q != kMlaSm90Rows)))
+  if (is_fp8(t.kv_dtype) && (opt.backend == MlaBackend::kFA2 ||
+                             (opt.cta_q != 0 && opt.cta_q != kMlaSm90Rows && opt.cta_q != kMlaSm90NarrowRows)))
     throw TypeMismatch(std::string("kv_data_type: ") + dtype_name(t.kv_dtype) +
-                       " latent caches need the Hopper kernel (backend fa3 or auto on sm_90, 64-row tiles)");
+                       " latent caches need the Hopper kernel (backend fa3 or auto on sm_90, 16- or 64-row tiles)");
 }
 
 BatchMLA::BatchMLA(MLATask task, Workspace& workspace, MLAOptions opt) : task_(task), ws_(&workspace), opt_(opt) {
@@ -195,10 +196,9 @@ void BatchMLA::plan_common(std::span<const int32_t> qo_indptr, std::span<const i
       // 16-row tiles (one consumer, the transposed GEMMs) where a request's
       // rows fit one: no padded rows multiplied. Longer requests take more
       // tiles, which stays correct for later plans.
-      const bool narrow = !is_fp8(task_.kv_dtype) &&
-                          (opt_.cta_q == kMlaSm90NarrowRows || (opt_.cta_q == 0 && avg_rows <= kMlaSm90NarrowRows));
+      const bool narrow = opt_.cta_q == kMlaSm90NarrowRows || (opt_.cta_q == 0 && avg_rows <= kMlaSm90NarrowRows);
       const int q = narrow ? kMlaSm90NarrowRows : kMlaSm90Rows;
-      config_ = catalog::mla_sm90_config(q);
+      config_ = catalog::mla_sm90_config(q, is_fp8(task_.kv_dtype));
       source_ = catalog::batch_mla_sm90(task_.q_dtype, task_.kv_dtype, task_.causal, q);
     } else {
       const int cta_q = opt_.cta_q ? opt_.cta_q : catalog::choose_mla_cta_q(avg_rows);

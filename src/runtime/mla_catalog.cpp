@@ -44,7 +44,7 @@ static void check_mla_dtype(DType dtype) {
                        dtype_name(dtype));
 }
 
-MlaKernelConfig mla_sm90_config(int cta_q) {
+MlaKernelConfig mla_sm90_config(int cta_q, bool fp8) {
   if (cta_q != kMlaSm90Rows && cta_q != kMlaSm90NarrowRows)
     throw InvalidArgument("cta_q: the Hopper MLA kernel takes query tiles of 16 or 64 rows, got " + std::to_string(cta_q));
   const bool narrow = cta_q == kMlaSm90NarrowRows;
@@ -54,7 +54,7 @@ MlaKernelConfig mla_sm90_config(int cta_q) {
   c.warps_d = 0;
   c.stages = kMlaSm90Stages;
   c.threads = narrow ? kMlaSm90NarrowThreads : kMlaSm90Threads;
-  c.smem_bytes = narrow ? kMlaSm90NarrowSmemBytes : kMlaSm90SmemBytes;
+  c.smem_bytes = !narrow ? kMlaSm90SmemBytes : fp8 ? kMlaSm90NarrowFp8SmemBytes : kMlaSm90NarrowSmemBytes;
   c.hopper = true;
   return c;
 }
@@ -64,11 +64,8 @@ jit::KernelSource batch_mla_sm90(DType dtype, DType kv_dtype, bool causal, int c
   if (kv_dtype != dtype && !is_fp8(kv_dtype))
     throw TypeMismatch(std::string("kv_dtype: the Hopper MLA kernel takes caches of q's dtype (") + dtype_name(dtype) +
                        ") or fp8 (float8_e4m3fn, float8_e5m2), got " + dtype_name(kv_dtype));
-  const MlaKernelConfig c = mla_sm90_config(cta_q);
+  const MlaKernelConfig c = mla_sm90_config(cta_q, is_fp8(kv_dtype));
   const bool narrow = cta_q == kMlaSm90NarrowRows;
-  if (narrow && kv_dtype != dtype)
-    throw TypeMismatch(std::string("kv_dtype: the Hopper MLA kernel's 16-row tiles take caches of q's dtype (") +
-                       dtype_name(dtype) + "), got " + dtype_name(kv_dtype) + "; fp8 caches take 64-row tiles");
   std::string entry = narrow ? "tessera_mla_sm90_q16_" : "tessera_mla_sm90_";
   entry += dtype_tag(dtype);
   if (kv_dtype != dtype) entry += "_" + dtype_tag(kv_dtype);
@@ -80,11 +77,13 @@ jit::KernelSource batch_mla_sm90(DType dtype, DType kv_dtype, bool causal, int c
       << (causal ? ", causal" : "") << "\n";
   if (narrow)
     src << "#include \"tessera/device/kernels/mla_sm90/consumer_narrow.cuh\"\n"
-        << "static_assert(tessera::kMlaSm90NarrowSmemBytes == " << c.smem_bytes
+        << "static_assert(tessera::" << (is_fp8(kv_dtype) ? "kMlaSm90NarrowFp8SmemBytes" : "kMlaSm90NarrowSmemBytes")
+        << " == " << c.smem_bytes
         << ", \"shared storage differs from the host's\");\n"
         << "extern \"C\" __global__ void __launch_bounds__(" << c.threads << ", 1) " << entry
         << "(const tessera::MlaParams p) {\n"
-        << "  tessera::batch_mla_sm90_narrow<" << t << ", " << t << ", " << (causal ? "true" : "false") << ">(p);\n"
+        << "  tessera::batch_mla_sm90_narrow<" << t << ", " << dtype_device_name(kv_dtype) << ", " << t << ", "
+        << (causal ? "true" : "false") << ">(p);\n"
         << "}\n";
   else
     src << "#include \"tessera/device/kernels/mla_sm90/kernel.cuh\"\n"
@@ -125,7 +124,8 @@ std::vector<jit::KernelSource> builtin_mla_kernels() {
     for (DType kv : {t, DType::kFloat8E4M3})
       for (bool causal : {false, true}) out.push_back(batch_mla_sm90(t, kv, causal));
   for (DType t : {DType::kFloat16, DType::kBFloat16})
-    for (bool causal : {false, true}) out.push_back(batch_mla_sm90(t, t, causal, kMlaSm90NarrowRows));
+    for (DType kv : {t, DType::kFloat8E4M3})
+      for (bool causal : {false, true}) out.push_back(batch_mla_sm90(t, kv, causal, kMlaSm90NarrowRows));
   return out;
 }
 

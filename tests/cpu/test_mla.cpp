@@ -43,10 +43,10 @@ TEST(MlaCatalog, ConfigsFitAnSmAndNameTheirTile) {
   const auto k = catalog::batch_mla(DType::kBFloat16, 64, true);
   EXPECT_EQ(k.entry, "tessera_mla_bf16_q64_kv32_causal");
   EXPECT_NE(k.source.find("batch_mla<tessera::bf16_t, tessera::bf16_t, 64, true>"), std::string::npos);
-  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 24u);
+  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 28u);
   int in_builtins = 0;
   for (const auto& b : catalog::builtin_kernels()) in_builtins += b.entry.rfind("tessera_mla_", 0) == 0;
-  EXPECT_EQ(in_builtins, 24);  // `tessera compile` and scripts/test.sh compile them
+  EXPECT_EQ(in_builtins, 28);  // `tessera compile` and scripts/test.sh compile them
 }
 
 TEST(MlaCatalog, HopperKernelFitsAnSm) {
@@ -71,7 +71,7 @@ TEST(MlaCatalog, HopperKernelFitsAnSm) {
 }
 
 // The 16-row form: one consumer warpgroup, a 16-row Q tile (18 KB) beside
-// the same two KV stages; 16-bit caches of q's dtype only.
+// the same two KV stages; caches of q's dtype, or fp8 widened into them.
 TEST(MlaCatalog, HopperSixteenRowTiles) {
   const MlaKernelConfig c = catalog::mla_sm90_config(16);
   EXPECT_TRUE(c.hopper);
@@ -82,9 +82,14 @@ TEST(MlaCatalog, HopperSixteenRowTiles) {
   EXPECT_LE(c.smem_bytes + 1024, 232448);
   const auto k = catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, true, 16);
   EXPECT_EQ(k.entry, "tessera_mla_sm90_q16_bf16_causal");
-  EXPECT_NE(k.source.find("batch_mla_sm90_narrow<tessera::bf16_t, tessera::bf16_t, true>"), std::string::npos);
+  EXPECT_NE(k.source.find("batch_mla_sm90_narrow<tessera::bf16_t, tessera::bf16_t, tessera::bf16_t, true>"),
+            std::string::npos);
   EXPECT_NE(k.entry, catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, true).entry);
-  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat8E4M3, false, 16), TypeMismatch, "kv_dtype");
+  const auto f8 = catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat8E4M3, false, 16);
+  EXPECT_EQ(f8.entry, "tessera_mla_sm90_q16_f16_e4m3");
+  EXPECT_NE(f8.source.find("batch_mla_sm90_narrow<tessera::half_t, tessera::fp8_e4m3_t, tessera::half_t, false>"),
+            std::string::npos);
+  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kBFloat16, false, 16), TypeMismatch, "kv_dtype");
   EXPECT_THROW_MSG(catalog::mla_sm90_config(32), InvalidArgument, "cta_q");
   EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat16, false, 128), InvalidArgument, "cta_q");
 }
@@ -122,6 +127,8 @@ TEST(MlaValidation, TaskFieldsAreNamed) {
     EXPECT_THROW_MSG(BatchMLA(t, fw.ws, fa2), TypeMismatch, "kv_data_type");
     MLAOptions tile16;
     tile16.cta_q = 16;
+    BatchMLA tile16_ok(t, fw.ws, tile16);
+    tile16.cta_q = 32;  // the mma.sync kernel's tile: 16-bit caches only
     EXPECT_THROW_MSG(BatchMLA(t, fw.ws, tile16), TypeMismatch, "kv_data_type");
   }
   EXPECT_THROW_MSG(make([](MLATask& t) { t.max_pages = -1; }), InvalidArgument, "max_pages");
@@ -139,8 +146,8 @@ TEST(MlaValidation, TaskFieldsAreNamed) {
   BatchMLA fa3_16(small_task(), fw.ws, opt);
   {
     MLATask t = small_task();
-    t.kv_dtype = DType::kFloat8E4M3;  // fp8 caches take the 64-row tiles
-    EXPECT_THROW_MSG(BatchMLA(t, fw.ws, opt), TypeMismatch, "kv_data_type");
+    t.kv_dtype = DType::kFloat8E4M3;  // fp8 caches take the 16-row tiles too
+    BatchMLA fa3_16_fp8(t, fw.ws, opt);
   }
   opt = {};
   opt.backend = static_cast<MlaBackend>(7);

@@ -147,7 +147,8 @@ constexpr int kMlaSm90SmemBytes = static_cast<int>(sizeof(MlaSm90Storage<false>)
 // decode), one consumer warpgroup computing S^T = K Q^T and O^T = V^T P^T
 // with the rows as the wgmmas' N = 16, so no padded rows are multiplied.
 // Q takes 16 rows (nine [16][64] blocks), P^T one [16][64] block; the KV
-// stages are the 64-row kernel's; 16-bit caches.
+// stages are the 64-row kernel's 16-bit ones (fp8 caches widened into them
+// by the producer on their way through its registers).
 constexpr int kMlaSm90NarrowRows = 16;
 constexpr int kMlaSm90NarrowThreads = 256;  // a producer warpgroup and one consumer
 struct MlaSm90NarrowStorage {
@@ -156,5 +157,22 @@ struct MlaSm90NarrowStorage {
   u16 p[kMlaSm90NarrowRows * kMlaSm90Keys];
 };
 constexpr int kMlaSm90NarrowSmemBytes = static_cast<int>(sizeof(MlaSm90NarrowStorage)) + 1024;
+// fp8 caches on the 16-row form: the same, and a ring of raw half tiles (32
+// rows of 576 bytes: ckv, then kpe) that the producer copies into and widens
+// out of; three keep a tile and a half of copies in flight.
+constexpr int kMlaSm90NarrowRawSlots = 3;
+constexpr int kMlaSm90NarrowRawRows = kMlaSm90Keys / 2;
+struct MlaSm90NarrowFp8Storage : MlaSm90NarrowStorage {
+  u8 raw[kMlaSm90NarrowRawSlots][kMlaSm90NarrowRawRows * kMlaDimQK];
+};
+constexpr int kMlaSm90NarrowFp8SmemBytes = static_cast<int>(sizeof(MlaSm90NarrowFp8Storage)) + 1024;
+template <bool kFp8>
+struct MlaSm90NarrowStorageFor {
+  using type = MlaSm90NarrowStorage;
+};
+template <>
+struct MlaSm90NarrowStorageFor<true> {
+  using type = MlaSm90NarrowFp8Storage;
+};
 
 }  // namespace tessera

@@ -57,7 +57,7 @@ void validate_mla_task(const MLATask& task);
 
 // Kernel template: kFA2 the mma.sync kernel (sm_80 and up; query tiles of
 // 16, 32 or 64 rows), kFA3 the Hopper kernel (sm_90a: wgmma, warp-
-// specialized, 64-row tiles and, for 16-bit caches, 16-row ones), kAuto
+// specialized, 64- and 16-row tiles, either over fp8 caches too), kAuto
 // the Hopper kernel on sm_90 (the mma.sync kernel for a pinned 32-row
 // tile), else FA2.
 enum class MlaBackend { kAuto, kFA2, kFA3 };

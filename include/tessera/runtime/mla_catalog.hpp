@@ -29,15 +29,16 @@ int choose_mla_cta_q(double avg_fused_rows);
 // TypeMismatch naming q_dtype), o of the same dtype.
 jit::KernelSource batch_mla(DType dtype, int cta_q, bool causal);
 // The Hopper kernel's configuration: 64-row query tiles (two consumer
-// warpgroups), or 16 (one, the transposed GEMMs); 64-key KV tiles. Other
+// warpgroups), or 16 (one, the transposed GEMMs); 64-key KV tiles; fp8:
+// over fp8 caches (the 16-row form then takes more shared memory). Other
 // cta_q: InvalidArgument naming cta_q.
-MlaKernelConfig mla_sm90_config(int cta_q = 64);
+MlaKernelConfig mla_sm90_config(int cta_q = 64, bool fp8 = false);
 // The persistent Hopper (sm_90a) MLA kernel: as batch_mla, query tiles of
 // cta_q rows (64 or 16); caches of kv_dtype: q's dtype, or fp8 e4m3 / e5m2
-// on 64-row tiles (else TypeMismatch naming kv_dtype).
+// (else TypeMismatch naming kv_dtype).
 jit::KernelSource batch_mla_sm90(DType dtype, DType kv_dtype, bool causal, int cta_q = 64);
 // Every built-in MLA kernel: fp16 / bf16 x (query tiles 16 / 32 / 64, the
-// Hopper kernel's 64- and 16-row tiles, the Hopper kernel over e4m3 caches)
+// Hopper kernel's 64- and 16-row tiles, each also over e4m3 caches)
 // x causal or not.
 std::vector<jit::KernelSource> builtin_mla_kernels();
 }  // namespace catalog

@@ -30,9 +30,10 @@ struct MlaRowOffset {
   i64 nope, pe;
 };
 
-// A page id of MlaParams::kv_indices, checked as PagedKV's (-1: bad, recorded).
-__device__ __forceinline__ int mla_page_id(const MlaParams& p, int idx) {
-  const int id = p.kv_indices[idx];
+// A page id read from MlaParams::kv_indices, checked as PagedKV's (-1: bad,
+// recorded). Split from the read so a thread can have several reads in
+// flight before the first check.
+__device__ __forceinline__ int mla_check_page_id(const MlaParams& p, int id) {
   if (p.page_error != nullptr && static_cast<unsigned>(id) >= static_cast<unsigned>(p.num_pages)) {
     volatile int* e = p.page_error;
     e[1] = id;
@@ -43,6 +44,9 @@ __device__ __forceinline__ int mla_page_id(const MlaParams& p, int idx) {
   }
   return id;
 }
+
+// The page id at MlaParams::kv_indices[idx], checked.
+__device__ __forceinline__ int mla_page_id(const MlaParams& p, int idx) { return mla_check_page_id(p, p.kv_indices[idx]); }
 
 // Copies ROWS rows into RowSwizzle shared memory at shared address dst: row
 // r's features 0..511 from nope + offs(r).nope, 512..575 from pe +

@@ -327,19 +327,23 @@ struct MlaSm90NarrowConsumer {
 };
 
 // The 16-row kernel: a producer warpgroup (producer.cuh, 16-row Q tiles)
-// and one consumer warpgroup; 16-bit caches of q's type.
-template <typename T, typename DO, bool CAUSAL>
+// and one consumer warpgroup. DKV: the caches' type, q's (T) or fp8, which
+// the producer widens into T stages, so the consumer is the same; the
+// caches' scales are folded into p.sm_scale, p.o_scale and p.pe_scale.
+template <typename T, typename DKV, typename DO, bool CAUSAL>
 __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
-  static_assert(sizeof(T) == 2 && sizeof(DO) == 2, "16-bit q, caches and o");
+  static_assert(sizeof(T) == 2 && sizeof(DO) == 2, "16-bit q and o");
+  static_assert(is_fp8<DKV> || sizeof(DKV) == 2, "caches of q's type, or fp8");
   extern __shared__ uint4 smem_raw[];
   __shared__ MlaSm90Pipeline pipe;
   __shared__ MlaSm90NarrowExchange ex;
-  auto& sm = *reinterpret_cast<MlaSm90NarrowStorage*>(
+  using Storage = typename MlaSm90NarrowStorageFor<is_fp8<DKV>>::type;
+  auto& sm = *reinterpret_cast<Storage*>(
       (reinterpret_cast<size_t>(smem_raw) + 1023) & ~static_cast<size_t>(1023));  // wgmma's swizzle atoms
   if (threadIdx.x == 0) pipe.init(kMlaSm90NarrowThreads - 128);
   __syncthreads();
   if (threadIdx.x < 128)
-    MlaSm90Producer<T, T, MlaSm90NarrowStorage, kMlaSm90NarrowRows>{p, pipe, sm}.run();
+    MlaSm90Producer<T, DKV, Storage, kMlaSm90NarrowRows>{p, pipe, sm}.run();
   else
     MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
 }

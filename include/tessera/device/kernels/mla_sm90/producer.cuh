@@ -5,13 +5,15 @@
 // when they land (cp.async.mbarrier.arrive.noinc), so the producer never
 // waits for its own copies, only for free buffers. 16-bit tiles land in the
 // 128-byte-swizzled wgmma layout of MlaSm90Storage; fp8 rows land as they
-// are (576 bytes a row) for the consumers to widen. Page ids are read a tile
-// ahead, while the producer waits for a free stage.
+// are (576 bytes a row) for the consumers to widen, except in the 16-row
+// form, whose producer widens them itself (widen_tiles). Page ids are read
+// a tile ahead, while the producer waits for a free stage.
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/fp8.cuh"
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/mbarrier.cuh"
+#include "tessera/device/arch/wgmma.cuh"
 #include "tessera/device/kernels/common/work_queue.cuh"
 #include "tessera/device/kernels/mla/mainloop.cuh"
 #include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
@@ -125,11 +127,76 @@ __device__ __forceinline__ void mla_sm90_load_raw(u32 dst, const MlaParams& p, c
   }
 }
 
-// Storage: MlaSm90Storage<kFp8> with 64-row Q tiles, or MlaSm90NarrowStorage
-// with Q_ROWS = 16 (16-bit caches).
+// The 16-row form over fp8 caches: the producer copies each half tile's raw
+// rows (32 x 576 bytes) into a slot of MlaSm90NarrowFp8Storage::raw, then
+// widens them into the 16-bit stage. Each thread widens exactly the pieces
+// it copied, so its own cp.async wait is the only one needed: rows tid / 8
+// + 16 j of the half (j = 0, 1; at[2 h + j] of the tile's MlaSm90Rows), ckv
+// bytes 16 (tid % 8) + 128 k of each and, for tid % 8 < 4, kpe bytes
+// 16 (tid % 8). A piece widens into two adjacent 16-byte chunks of one
+// [64][64] block of the stage; a quarter warp reads one row's 128 bytes, so
+// neither side has bank conflicts.
+template <typename DKV>
+__device__ __forceinline__ void mla_sm90_copy_raw_half(u32 raw, const DKV* ckv, const DKV* kpe, int tid,
+                                                       const MlaSm90Rows& rows, int half) {
+  const int cc = tid % 8;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int row = tid / 8 + 16 * j;
+    const MlaRowOffset off = rows.at[2 * half + j];
+    const bool ok = off.nope >= 0;  // else zeros: a masked key never meets a stale slot's NaN
+    const DKV* src = ckv + (ok ? off.nope : 0) + cc * 16;
+    const u32 dst = raw + static_cast<u32>(row * kMlaDimQK + cc * 16);
+#pragma unroll
+    for (int k = 0; k < kMlaDimCkv / 128; ++k) cp_async_16_or_zeros(dst + 128 * k, src + 128 * k, ok);
+    if (cc < kMlaDimKpe / 16) cp_async_16_or_zeros(dst + kMlaDimCkv, kpe + (ok ? off.pe : 0) + cc * 16, ok);
+  }
+}
+
+template <typename T, typename DKV>
+__device__ __forceinline__ void mla_sm90_widen_raw_half(u32 stage, u32 raw, int tid, int half, float pe_scale) {
+  constexpr u32 BLOCK = kMlaSm90Keys * 128;
+  const int cc = tid % 8;
+  auto put = [&](u32 row_base, int row, int block, int chunk, uint4 x, bool scale) {
+    u32 w[8];
+    fp8x4_to_16x2<DKV, T>(x.x, w[0], w[1]);
+    fp8x4_to_16x2<DKV, T>(x.y, w[2], w[3]);
+    fp8x4_to_16x2<DKV, T>(x.z, w[4], w[5]);
+    fp8x4_to_16x2<DKV, T>(x.w, w[6], w[7]);
+    if (scale) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float lo, hi;
+        unpack2(w[i], lo, hi, T{});
+        w[i] = pack2(lo * pe_scale, hi * pe_scale, T{});
+      }
+    }
+    const u32 base = row_base + static_cast<u32>(block) * BLOCK;
+    st_shared_16(base + (static_cast<u32>(chunk ^ (row & 7)) << 4), make_uint4(w[0], w[1], w[2], w[3]));
+    st_shared_16(base + (static_cast<u32>((chunk + 1) ^ (row & 7)) << 4), make_uint4(w[4], w[5], w[6], w[7]));
+  };
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int raw_row = tid / 8 + 16 * j, row = kMlaSm90NarrowRawRows * half + raw_row;
+    const u32 src = raw + static_cast<u32>(raw_row * kMlaDimQK + cc * 16);
+    const u32 row_base = stage + static_cast<u32>(row) * 128;
+#pragma unroll
+    for (int k = 0; k < kMlaDimCkv / 128; ++k)
+      put(row_base, row, 2 * k + cc / 4, 2 * (cc % 4), ld_shared_16(src + 128 * k), false);
+    if (cc < kMlaDimKpe / 16)
+      put(row_base, row, kMlaDimCkv / 64, 2 * cc, ld_shared_16(src + kMlaDimCkv), pe_scale != 1.f);
+  }
+}
+
+// Storage: MlaSm90Storage<kFp8> with 64-row Q tiles, or with Q_ROWS = 16
+// MlaSm90NarrowStorage (16-bit caches) or MlaSm90NarrowFp8Storage (fp8
+// caches, widened by this warpgroup).
 template <typename T, typename DKV, typename Storage = MlaSm90Storage<is_fp8<DKV>>, int Q_ROWS = kMlaSm90Rows>
 struct MlaSm90Producer {
   static constexpr bool kFp8 = is_fp8<DKV>;
+  // fp8 rows widened here, through a ring of raw half tiles, into 16-bit stages.
+  static constexpr bool kWiden = kFp8 && Q_ROWS == kMlaSm90NarrowRows;
+  static_assert(!kWiden || sizeof(Storage) == sizeof(MlaSm90NarrowFp8Storage), "the raw ring's storage");
   const MlaParams& p;
   MlaSm90Pipeline& pipe;
   Storage& sm;
@@ -142,7 +209,7 @@ struct MlaSm90Producer {
     const DKV* kpe = static_cast<const DKV*>(p.kpe);
     const int H = p.group;
     const u32 q_addr = smem_addr(&sm.q[0][0]), kv_addr = mla_sm90_stages(sm);
-    constexpr u32 STAGE_BYTES = kFp8 ? kMlaSm90Keys * kMlaDimQK : sizeof(sm.kv[0]);
+    constexpr u32 STAGE_BYTES = kFp8 && !kWiden ? kMlaSm90Keys * kMlaDimQK : sizeof(sm.kv[0]);
     WorkQueue<PrefillWorkItem, QueueLoad::kFirst, MlaParams> queue(p, blockIdx.x);
     RingPos<1> q_pos;
     RingPos<kMlaSm90Stages> kv_pos;
@@ -160,27 +227,39 @@ struct MlaSm90Producer {
       });
       // A tile's rows: their page ids are loaded a tile ahead, while the
       // producer waits for a free stage.
+      auto page_index = [&](int pos) {
+        return w.kv_begin + (p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size);
+      };
       auto page_of_pos = [&](int pos) {
         if (pos >= w.kv_end) return -1;  // zeros past the chunk (masked), never an unused slot's NaN
-        const int page_idx = p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
-        return mla_page_id(p, w.kv_begin + page_idx);
+        return mla_page_id(p, page_index(pos));
       };
+      // The thread's rows tid / 8 + 16 i: all their page ids in flight
+      // together, then checked (one round trip a tile, not one a row).
       auto kv_rows = [&](int t) {
-        const int start = w.kv_start + t * kMlaSm90Keys;
-        return mla_sm90_rows(tid, [&](int r) -> MlaRowOffset {
-          const int pos = start + r, page = page_of_pos(pos);
-          if (page < 0) return {-1, -1};
+        constexpr int N = kMlaSm90Keys / 16;
+        const int start = w.kv_start + t * kMlaSm90Keys + tid / 8;
+        int id[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) id[i] = start + 16 * i < w.kv_end ? p.kv_indices[page_index(start + 16 * i)] : -1;
+        MlaSm90Rows r;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const int pos = start + 16 * i;
+          const int page = pos < w.kv_end ? mla_check_page_id(p, id[i]) : -1;
           const int slot = mla_sm90_slot(p, pos);
-          return {page * p.ckv_page_stride + slot * p.ckv_token_stride,
-                  page * p.kpe_page_stride + slot * p.kpe_token_stride};
-        });
+          r.at[i] = page < 0 ? MlaRowOffset{-1, -1}
+                             : MlaRowOffset{page * p.ckv_page_stride + slot * p.ckv_token_stride,
+                                            page * p.kpe_page_stride + slot * p.kpe_token_stride};
+        }
+        return r;
       };
       auto kv_pages = [&](int t) {
         const int start = w.kv_start + t * kMlaSm90Keys, lane = tid % 32;
         return MlaSm90Pages{{page_of_pos(start + lane), page_of_pos(start + lane + 32)}};
       };
       auto ahead = [&](int t) {
-        if constexpr (kFp8) return kv_pages(t);
+        if constexpr (kFp8 && !kWiden) return kv_pages(t);
         else return kv_rows(t);
       };
       auto rows = ahead(0);
@@ -188,17 +267,62 @@ struct MlaSm90Producer {
       mla_sm90_load_tile<Q_ROWS>(q_addr, q_nope, q_pe, tid, q_rows);
       cp_async_arrive_noinc(smem_addr(&pipe.q_full));
       q_pos = q_pos.next();
-      for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
-        const int s = kv_pos.index();
-        mbarrier_wait(smem_addr(&pipe.kv_empty[s]), kv_pos.phase() ^ 1);
-        if constexpr (kFp8) mla_sm90_load_raw(kv_addr + s * STAGE_BYTES, p, ckv, kpe, tid, rows, w.kv_start + t * kMlaSm90Keys);
-        else mla_sm90_load_tile(kv_addr + s * STAGE_BYTES, ckv, kpe, tid, rows);
-        cp_async_arrive_noinc(smem_addr(&pipe.kv_full[s]));
-        if (t + 1 < n_tiles) rows = ahead(t + 1);
+      if constexpr (kWiden) {
+        widen_tiles(n_tiles, kv_addr, ckv, kpe, tid, rows, kv_rows, kv_pos);
+      } else {
+        for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
+          const int s = kv_pos.index();
+          mbarrier_wait(smem_addr(&pipe.kv_empty[s]), kv_pos.phase() ^ 1);
+          if constexpr (kFp8)
+            mla_sm90_load_raw(kv_addr + s * STAGE_BYTES, p, ckv, kpe, tid, rows, w.kv_start + t * kMlaSm90Keys);
+          else
+            mla_sm90_load_tile(kv_addr + s * STAGE_BYTES, ckv, kpe, tid, rows);
+          cp_async_arrive_noinc(smem_addr(&pipe.kv_full[s]));
+          if (t + 1 < n_tiles) rows = ahead(t + 1);
+        }
       }
     }
     grid_dependency_launch_dependents();
     cp_async_wait_all();  // no thread exits with copies in flight
+  }
+
+  // An item's KV tiles over fp8 caches (the 16-row form): half tiles copied
+  // into the raw ring two halves ahead of the one being widened, so a tile
+  // and a half of copies stay in flight while the producer waits for a free
+  // stage or widens; a stage is handed over by an ordinary arrival after the
+  // fence that shows the generic stores to the wgmmas. Every iteration
+  // commits a group (empty past the end), so cp.async.wait_group 2 always
+  // means "this half has landed". rows: the offsets of tile 0, then of the
+  // tile whose halves are copied next.
+  template <typename Rows>
+  __device__ __forceinline__ void widen_tiles(int n_tiles, u32 kv_addr, const DKV* ckv, const DKV* kpe, int tid,
+                                              MlaSm90Rows rows, Rows& kv_rows, RingPos<kMlaSm90Stages>& kv_pos) {
+    constexpr u32 RAW_BYTES = kMlaSm90NarrowRawRows * kMlaDimQK;
+    constexpr u32 STAGE_BYTES = kMlaSm90Blocks * kMlaSm90Keys * 128;
+    const u32 raw0 = smem_addr(&sm.raw[0][0]);
+    auto raw = [&](int h) { return raw0 + static_cast<u32>(h % kMlaSm90NarrowRawSlots) * RAW_BYTES; };
+    mla_sm90_copy_raw_half(raw(0), ckv, kpe, tid, rows, 0);
+    cp_async_commit();
+    mla_sm90_copy_raw_half(raw(1), ckv, kpe, tid, rows, 1);
+    cp_async_commit();
+    if (n_tiles > 1) rows = kv_rows(1);
+    for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
+      const int s = kv_pos.index();
+      const u32 stage = kv_addr + static_cast<u32>(s) * STAGE_BYTES;
+      // The slot of half 2t + 2 last held half 2t - 1, which this thread has widened.
+      if (t + 1 < n_tiles) mla_sm90_copy_raw_half(raw(2 * t + 2), ckv, kpe, tid, rows, 0);
+      cp_async_commit();
+      cp_async_wait<2>();
+      mbarrier_wait(smem_addr(&pipe.kv_empty[s]), kv_pos.phase() ^ 1);
+      mla_sm90_widen_raw_half<T, DKV>(stage, raw(2 * t), tid, 0, p.pe_scale);
+      if (t + 1 < n_tiles) mla_sm90_copy_raw_half(raw(2 * t + 3), ckv, kpe, tid, rows, 1);
+      cp_async_commit();
+      if (t + 2 < n_tiles) rows = kv_rows(t + 2);  // its page ids load while the copies land
+      cp_async_wait<2>();
+      mla_sm90_widen_raw_half<T, DKV>(stage, raw(2 * t + 1), tid, 1, p.pe_scale);
+      fence_proxy_async();  // generic stores -> the wgmmas' async proxy
+      mbarrier_arrive(smem_addr(&pipe.kv_full[s]));
+    }
   }
 };
 
