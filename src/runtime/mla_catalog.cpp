@@ -122,10 +122,8 @@ std::vector<jit::KernelSource> builtin_mla_kernels() {
       for (bool causal : {false, true}) out.push_back(batch_mla(t, q, causal));
   for (DType t : {DType::kFloat16, DType::kBFloat16})
     for (DType kv : {t, DType::kFloat8E4M3})
-      for (bool causal : {false, true}) out.push_back(batch_mla_sm90(t, kv, causal));
-  for (DType t : {DType::kFloat16, DType::kBFloat16})
-    for (DType kv : {t, DType::kFloat8E4M3})
-      for (bool causal : {false, true}) out.push_back(batch_mla_sm90(t, kv, causal, kMlaSm90NarrowRows));
+      for (int cta_q : {kMlaSm90Rows, kMlaSm90NarrowRows})
+        for (bool causal : {false, true}) out.push_back(batch_mla_sm90(t, kv, causal, cta_q));
   return out;
 }
 

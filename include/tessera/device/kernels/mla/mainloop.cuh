@@ -46,7 +46,9 @@ __device__ __forceinline__ int mla_check_page_id(const MlaParams& p, int id) {
 }
 
 // The page id at MlaParams::kv_indices[idx], checked.
-__device__ __forceinline__ int mla_page_id(const MlaParams& p, int idx) { return mla_check_page_id(p, p.kv_indices[idx]); }
+__device__ __forceinline__ int mla_page_id(const MlaParams& p, int idx) {
+  return mla_check_page_id(p, p.kv_indices[idx]);
+}
 
 // Copies ROWS rows into RowSwizzle shared memory at shared address dst: row
 // r's features 0..511 from nope + offs(r).nope, 512..575 from pe +
