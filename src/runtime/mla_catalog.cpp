@@ -53,7 +53,7 @@ MlaKernelConfig mla_sm90_config(int cta_q, bool fp8) {
   c.cta_kv = kMlaSm90Keys;
   c.warps_d = 0;
   c.stages = kMlaSm90Stages;
-  c.threads = narrow ? kMlaSm90NarrowThreads : kMlaSm90Threads;
+  c.threads = !narrow ? kMlaSm90Threads : fp8 ? kMlaSm90NarrowFp8Threads : kMlaSm90NarrowThreads;
   c.smem_bytes = !narrow ? kMlaSm90SmemBytes : fp8 ? kMlaSm90NarrowFp8SmemBytes : kMlaSm90NarrowSmemBytes;
   c.hopper = true;
   return c;

@@ -297,7 +297,9 @@ __global__ void __launch_bounds__(tessera::kMlaSm90Threads, 1) mla_sm90_k(const 
 template __global__ void mla_sm90_k<tessera::half_t, tessera::half_t, false>(const tessera::MlaParams);
 template __global__ void mla_sm90_k<tessera::bf16_t, tessera::fp8_e4m3_t, true>(const tessera::MlaParams);
 template <typename T, typename DKV, bool C>
-__global__ void __launch_bounds__(tessera::kMlaSm90NarrowThreads, 1) mla_sm90_narrow_k(const tessera::MlaParams p) {
+__global__ void __launch_bounds__(tessera::is_fp8<DKV> ? tessera::kMlaSm90NarrowFp8Threads
+                                                       : tessera::kMlaSm90NarrowThreads,
+                                   1) mla_sm90_narrow_k(const tessera::MlaParams p) {
   tessera::batch_mla_sm90_narrow<T, DKV, T, C>(p);
 }
 template __global__ void mla_sm90_narrow_k<tessera::half_t, tessera::half_t, false>(const tessera::MlaParams);

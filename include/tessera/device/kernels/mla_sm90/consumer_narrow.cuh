@@ -20,6 +20,7 @@
 #include "tessera/device/kernels/common/cooperative_merge.cuh"
 #include "tessera/device/kernels/mla/kernel.cuh"
 #include "tessera/device/kernels/mla_sm90/producer.cuh"
+#include "tessera/device/kernels/mla_sm90/widener.cuh"
 #include "tessera/device/kernels/prefill_sm90/mma.cuh"
 
 namespace tessera {
@@ -326,10 +327,21 @@ struct MlaSm90NarrowConsumer {
   }
 };
 
+// Over fp8 caches the 16-row kernel has three warpgroups, so setmaxnreg
+// gives the consumer (O^T, 64 registers a thread, and its S^T) what the
+// producer does not need; the widener keeps the launch's count.
+struct MlaSm90NarrowFp8Registers {
+  static constexpr int PRODUCER = 56, CONSUMER = 240;
+  static_assert((PRODUCER + CONSUMER + launch_registers(kMlaSm90NarrowFp8Threads, 1)) * 128 <=
+                    launch_registers(kMlaSm90NarrowFp8Threads, 1) * kMlaSm90NarrowFp8Threads,
+                "the split must fit the CTA's launch registers");
+};
+
 // The 16-row kernel: a producer warpgroup (producer.cuh, 16-row Q tiles)
-// and one consumer warpgroup. DKV: the caches' type, q's (T) or fp8, which
-// the producer widens into T stages, so the consumer is the same; the
-// caches' scales are folded into p.sm_scale, p.o_scale and p.pe_scale.
+// and one consumer warpgroup; over fp8 caches (DKV) a third, the widener
+// (widener.cuh), widens the producer's raw rows into the T stages, so the
+// consumer is the same; the caches' scales are folded into p.sm_scale,
+// p.o_scale and p.pe_scale.
 template <typename T, typename DKV, typename DO, bool CAUSAL>
 __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
   static_assert(sizeof(T) == 2 && sizeof(DO) == 2, "16-bit q and o");
@@ -340,12 +352,30 @@ __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
   using Storage = typename MlaSm90NarrowStorageFor<is_fp8<DKV>>::type;
   auto& sm = *reinterpret_cast<Storage*>(
       (reinterpret_cast<size_t>(smem_raw) + 1023) & ~static_cast<size_t>(1023));  // wgmma's swizzle atoms
-  if (threadIdx.x == 0) pipe.init(kMlaSm90NarrowThreads - 128);
-  __syncthreads();
-  if (threadIdx.x < 128)
-    MlaSm90Producer<T, DKV, Storage, kMlaSm90NarrowRows>{p, pipe, sm}.run();
-  else
-    MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
+  if constexpr (is_fp8<DKV>) {
+    __shared__ MlaSm90RawRing ring;
+    if (threadIdx.x == 0) {
+      pipe.init(128);
+      ring.init();
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      setmaxnreg_dec<MlaSm90NarrowFp8Registers::PRODUCER>();
+      MlaSm90Producer<T, DKV, Storage, kMlaSm90NarrowRows>{p, pipe, sm, &ring}.run();
+    } else if (threadIdx.x < 256) {
+      setmaxnreg_inc<MlaSm90NarrowFp8Registers::CONSUMER>();
+      MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
+    } else {
+      MlaSm90Widener<T, DKV>{p, pipe, sm, ring}.run();  // keeps the launch's registers
+    }
+  } else {
+    if (threadIdx.x == 0) pipe.init(kMlaSm90NarrowThreads - 128);
+    __syncthreads();
+    if (threadIdx.x < 128)
+      MlaSm90Producer<T, DKV, Storage, kMlaSm90NarrowRows>{p, pipe, sm}.run();
+    else
+      MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
+  }
 }
 
 #endif

@@ -6,14 +6,14 @@
 // waits for its own copies, only for free buffers. 16-bit tiles land in the
 // 128-byte-swizzled wgmma layout of MlaSm90Storage; fp8 rows land as they
 // are (576 bytes a row) for the consumers to widen, except in the 16-row
-// form, whose producer widens them itself (widen_tiles). Page ids are read
-// a tile ahead, while the producer waits for a free stage.
+// form, whose producer copies them into a ring of raw half tiles for a
+// widener warpgroup (widener.cuh). Page ids are read a tile ahead, while the
+// producer waits for a free stage.
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
 #include "tessera/device/arch/fp8.cuh"
 #include "tessera/device/arch/grid_dependency.cuh"
 #include "tessera/device/arch/mbarrier.cuh"
-#include "tessera/device/arch/wgmma.cuh"
 #include "tessera/device/kernels/common/work_queue.cuh"
 #include "tessera/device/kernels/mla/mainloop.cuh"
 #include "tessera/device/kernels/prefill_sm90/pipeline.cuh"
@@ -34,6 +34,19 @@ struct MlaSm90Pipeline {
     for (int s = 0; s < kMlaSm90Stages; ++s) {
       mbarrier_init(smem_addr(&kv_full[s]), 128);
       mbarrier_init(smem_addr(&kv_empty[s]), consumer_threads);
+    }
+  }
+};
+
+// The 16-row form over fp8 caches: the raw half-tile slots' barriers. full
+// counts the producer's 128 threads (one noinc arrival each, when its copies
+// landed), empty the widener's 128.
+struct MlaSm90RawRing {
+  u64 full[kMlaSm90NarrowRawSlots], empty[kMlaSm90NarrowRawSlots];
+  __device__ __forceinline__ void init() {
+    for (int s = 0; s < kMlaSm90NarrowRawSlots; ++s) {
+      mbarrier_init(smem_addr(&full[s]), 128);
+      mbarrier_init(smem_addr(&empty[s]), 128);
     }
   }
 };
@@ -128,14 +141,13 @@ __device__ __forceinline__ void mla_sm90_load_raw(u32 dst, const MlaParams& p, c
 }
 
 // The 16-row form over fp8 caches: the producer copies each half tile's raw
-// rows (32 x 576 bytes) into a slot of MlaSm90NarrowFp8Storage::raw, then
-// widens them into the 16-bit stage. Each thread widens exactly the pieces
-// it copied, so its own cp.async wait is the only one needed: rows tid / 8
-// + 16 j of the half (j = 0, 1; at[2 h + j] of the tile's MlaSm90Rows), ckv
-// bytes 16 (tid % 8) + 128 k of each and, for tid % 8 < 4, kpe bytes
-// 16 (tid % 8). A piece widens into two adjacent 16-byte chunks of one
-// [64][64] block of the stage; a quarter warp reads one row's 128 bytes, so
-// neither side has bank conflicts.
+// rows (32 x 576 bytes) into a slot of MlaSm90NarrowFp8Storage::raw, and
+// the widener warpgroup widens them into the 16-bit stage. Thread t of
+// either copies / widens rows t / 8 + 16 j of the half (j = 0, 1; at[2 h +
+// j] of the tile's MlaSm90Rows), ckv bytes 16 (t % 8) + 128 k of each and,
+// for t % 8 < 4, kpe bytes 16 (t % 8). A piece widens into two adjacent
+// 16-byte chunks of one [64][64] block of the stage; a quarter warp reads
+// one row's 128 bytes.
 template <typename DKV>
 __device__ __forceinline__ void mla_sm90_copy_raw_half(u32 raw, const DKV* ckv, const DKV* kpe, int tid,
                                                        const MlaSm90Rows& rows, int half) {
@@ -194,12 +206,13 @@ __device__ __forceinline__ void mla_sm90_widen_raw_half(u32 stage, u32 raw, int 
 template <typename T, typename DKV, typename Storage = MlaSm90Storage<is_fp8<DKV>>, int Q_ROWS = kMlaSm90Rows>
 struct MlaSm90Producer {
   static constexpr bool kFp8 = is_fp8<DKV>;
-  // fp8 rows widened here, through a ring of raw half tiles, into 16-bit stages.
+  // fp8 rows copied into a ring of raw half tiles, for the widener warpgroup.
   static constexpr bool kWiden = kFp8 && Q_ROWS == kMlaSm90NarrowRows;
   static_assert(!kWiden || sizeof(Storage) == sizeof(MlaSm90NarrowFp8Storage), "the raw ring's storage");
   const MlaParams& p;
   MlaSm90Pipeline& pipe;
   Storage& sm;
+  MlaSm90RawRing* ring = nullptr;  // kWiden: the raw slots' barriers
 
   __device__ __forceinline__ void run() {
     const int tid = threadIdx.x;  // 0..127
@@ -213,6 +226,7 @@ struct MlaSm90Producer {
     WorkQueue<PrefillWorkItem, QueueLoad::kFirst, MlaParams> queue(p, blockIdx.x);
     RingPos<1> q_pos;
     RingPos<kMlaSm90Stages> kv_pos;
+    RingPos<kMlaSm90NarrowRawSlots> raw_pos;  // kWiden
     grid_dependency_wait();  // q and the caches may be the previous kernel's outputs
     for (int wi = queue.begin; wi < queue.end; ++wi) {
       const PrefillWorkItem w = queue.take(wi);
@@ -268,7 +282,7 @@ struct MlaSm90Producer {
       cp_async_arrive_noinc(smem_addr(&pipe.q_full));
       q_pos = q_pos.next();
       if constexpr (kWiden) {
-        widen_tiles(n_tiles, kv_addr, ckv, kpe, tid, rows, kv_rows, kv_pos);
+        copy_raw_tiles(n_tiles, ckv, kpe, tid, rows, kv_rows, raw_pos);
       } else {
         for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
           const int s = kv_pos.index();
@@ -286,42 +300,24 @@ struct MlaSm90Producer {
     cp_async_wait_all();  // no thread exits with copies in flight
   }
 
-  // An item's KV tiles over fp8 caches (the 16-row form): half tiles copied
-  // into the raw ring two halves ahead of the one being widened, so a tile
-  // and a half of copies stay in flight while the producer waits for a free
-  // stage or widens; a stage is handed over by an ordinary arrival after the
-  // fence that shows the generic stores to the wgmmas. Every iteration
-  // commits a group (empty past the end), so cp.async.wait_group 2 always
-  // means "this half has landed". rows: the offsets of tile 0, then of the
-  // tile whose halves are copied next.
+  // An item's KV tiles over fp8 caches (the 16-row form): each half tile
+  // into the next free raw slot, arriving on its full barrier when the
+  // copies land. The producer never waits for its copies, only for free
+  // slots; the widener takes the proxy fences, so none waits for copies in
+  // flight. rows: the offsets of tile 0.
   template <typename Rows>
-  __device__ __forceinline__ void widen_tiles(int n_tiles, u32 kv_addr, const DKV* ckv, const DKV* kpe, int tid,
-                                              MlaSm90Rows rows, Rows& kv_rows, RingPos<kMlaSm90Stages>& kv_pos) {
-    constexpr u32 RAW_BYTES = kMlaSm90NarrowRawRows * kMlaDimQK;
-    constexpr u32 STAGE_BYTES = kMlaSm90Blocks * kMlaSm90Keys * 128;
-    const u32 raw0 = smem_addr(&sm.raw[0][0]);
-    auto raw = [&](int h) { return raw0 + static_cast<u32>(h % kMlaSm90NarrowRawSlots) * RAW_BYTES; };
-    mla_sm90_copy_raw_half(raw(0), ckv, kpe, tid, rows, 0);
-    cp_async_commit();
-    mla_sm90_copy_raw_half(raw(1), ckv, kpe, tid, rows, 1);
-    cp_async_commit();
-    if (n_tiles > 1) rows = kv_rows(1);
-    for (int t = 0; t < n_tiles; ++t, kv_pos = kv_pos.next()) {
-      const int s = kv_pos.index();
-      const u32 stage = kv_addr + static_cast<u32>(s) * STAGE_BYTES;
-      // The slot of half 2t + 2 last held half 2t - 1, which this thread has widened.
-      if (t + 1 < n_tiles) mla_sm90_copy_raw_half(raw(2 * t + 2), ckv, kpe, tid, rows, 0);
-      cp_async_commit();
-      cp_async_wait<2>();
-      mbarrier_wait(smem_addr(&pipe.kv_empty[s]), kv_pos.phase() ^ 1);
-      mla_sm90_widen_raw_half<T, DKV>(stage, raw(2 * t), tid, 0, p.pe_scale);
-      if (t + 1 < n_tiles) mla_sm90_copy_raw_half(raw(2 * t + 3), ckv, kpe, tid, rows, 1);
-      cp_async_commit();
-      if (t + 2 < n_tiles) rows = kv_rows(t + 2);  // its page ids load while the copies land
-      cp_async_wait<2>();
-      mla_sm90_widen_raw_half<T, DKV>(stage, raw(2 * t + 1), tid, 1, p.pe_scale);
-      fence_proxy_async();  // generic stores -> the wgmmas' async proxy
-      mbarrier_arrive(smem_addr(&pipe.kv_full[s]));
+  __device__ __forceinline__ void copy_raw_tiles(int n_tiles, const DKV* ckv, const DKV* kpe, int tid,
+                                                 MlaSm90Rows rows, Rows& kv_rows,
+                                                 RingPos<kMlaSm90NarrowRawSlots>& raw_pos) {
+    for (int t = 0; t < n_tiles; ++t) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half, raw_pos = raw_pos.next()) {
+        const int slot = raw_pos.index();
+        mbarrier_wait(smem_addr(&ring->empty[slot]), raw_pos.phase() ^ 1);
+        mla_sm90_copy_raw_half(smem_addr(&sm.raw[slot][0]), ckv, kpe, tid, rows, half);
+        cp_async_arrive_noinc(smem_addr(&ring->full[slot]));
+      }
+      if (t + 1 < n_tiles) rows = kv_rows(t + 1);
     }
   }
 };
