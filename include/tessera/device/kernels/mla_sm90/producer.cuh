@@ -183,9 +183,16 @@ __device__ __forceinline__ void mla_sm90_widen_raw_half(u32 stage, u32 raw, int 
         w[i] = pack2(lo * pe_scale, hi * pe_scale, T{});
       }
     }
+    // A quarter warp is one row's eight pieces: threads 0-3 store the
+    // even chunk first and threads 4-7 the odd one (the other block), so
+    // each store instruction's eight chunks are distinct, no bank conflict.
     const u32 base = row_base + static_cast<u32>(block) * BLOCK;
-    st_shared_16(base + (static_cast<u32>(chunk ^ (row & 7)) << 4), make_uint4(w[0], w[1], w[2], w[3]));
-    st_shared_16(base + (static_cast<u32>((chunk + 1) ^ (row & 7)) << 4), make_uint4(w[4], w[5], w[6], w[7]));
+    const u32 even = base + (static_cast<u32>(chunk ^ (row & 7)) << 4);
+    const u32 odd = base + (static_cast<u32>((chunk + 1) ^ (row & 7)) << 4);
+    const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+    const bool odd_first = cc >= 4;
+    st_shared_16(odd_first ? odd : even, odd_first ? hi : lo);
+    st_shared_16(odd_first ? even : odd, odd_first ? lo : hi);
   };
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
