@@ -155,8 +155,14 @@ __device__ __forceinline__ void batch_prefill_rows(const Params& p, int queues) 
       }
       __syncthreads();
       const int nt = t + STAGES - 1, ns = nt % STAGES;
-      if (nt < n_tiles) load_kv(nt, ns);
-      cp_async_commit();
+      // The next tile's copies: here, or (16-bit tiles without K / V
+      // transforms) once this tile's S mma are issued.
+      constexpr bool kCopiesAfterS = !kFp8 && !(Traits::key_transform || Traits::value_transform);
+      auto issue_next = [&] {
+        if (nt < n_tiles) load_kv(nt, ns);
+        cp_async_commit();
+      };
+      if constexpr (!kCopiesAfterS) issue_next();
       const int tile_start = w.kv_start + t * CTA_KV;
       if constexpr (Traits::key_transform || Traits::value_transform) {
         if constexpr (Traits::key_transform)
@@ -175,9 +181,12 @@ __device__ __forceinline__ void batch_prefill_rows(const Params& p, int queues) 
             masked, causal_shift, run_sm_scale);
       } else {
         const u32 k_addr = kv_addr + (t % STAGES) * Shape::STAGE_ELEMS * 2;
+        auto after_s = [&] {
+          if constexpr (kCopiesAfterS) issue_next();
+        };
         prefill_compute_tile<Variant, Shape, T16, HEAD_DIM_QK, HEAD_DIM_VO, kFp8>(
             p, variant, st, rows, q_addr, k_addr, k_addr + Shape::K_ELEMS * 2, tile_start, w.kv_end, b, kv_head, wq,
-            wk, masked, causal_shift, run_sm_scale);
+            wk, masked, causal_shift, run_sm_scale, after_s);
       }
     }
     cp_async_wait<0>();

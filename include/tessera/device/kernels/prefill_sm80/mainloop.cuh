@@ -85,14 +85,19 @@ __device__ __forceinline__ void pack_p(const float (&s)[MT][NT_S][4], int j, u32
 // what limits an mma.sync kernel on Hopper.
 // kRunScale: the softmax scale is `sm_scale` (an fp8 cache's run-time k_scale
 // folded in), not p.sm_scale; the 16-bit kernels keep reading the parameter.
+// after_s: called once S's mma are issued (the next tile's copies go out
+// while they run).
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
 template <typename Variant, typename Shape, typename T, int HEAD_DIM_QK, int HEAD_DIM_VO, bool kRunScale = false,
-          typename Params>
+          typename Params, typename AfterS = NoHook>
 __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Variant& variant,
                                                      PrefillState<Shape::MT, Shape::NT_O>& st,
                                                      const RowInfo<Shape::MT>& rows, u32 q_smem, u32 k_smem,
                                                      u32 v_smem, int tile_start, int kv_end, int b, int kv_head,
                                                      int wq, int wk, bool masked, int causal_shift,
-                                                     float sm_scale = 0.f) {
+                                                     float sm_scale = 0.f, AfterS after_s = {}) {
   constexpr int MT = Shape::MT, NT_S = Shape::NT_S, NT_O = Shape::NT_O;
   constexpr u32 ROW_BYTES = HEAD_DIM_QK * 2, V_ROW_BYTES = HEAD_DIM_VO * 2;  // Q and K rows; V rows
   const int lane = threadIdx.x % 32, m = lane / 8, quad = lane % 4;
@@ -127,6 +132,7 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
     }
   }
 
+  after_s();
   prefill_softmax_tile<Variant, kRunScale>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP + quad * 2,
                                            kv_end, b, kv_head, masked, causal_shift, sm_scale);
 
