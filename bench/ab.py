@@ -19,8 +19,8 @@ Cases (both builds get the same inputs: same seeds):
            512 .. 16k, per kernel template (fa3 on sm_90, fa2); timed with
            do_bench; the last 256 query rows of request 0 checked against
            float32 attention first;
-  mla      latent attention (bench/mla.py's inputs: page 64, fp16 q), H x q_len
-           x batch x KV per --mla workload and cache type per --mla-cache
+  mla      latent attention (bench/mla.py's inputs: page 64, q of --mla-dtype), H x
+           q_len x batch x KV per --mla workload and cache type per --mla-cache
            (fp16, or fp8 with unit scales), the wrapper's kernel choice;
            timed over rotating caches from a CUDA graph; request 0's rows
            checked against float32 attention over its latent rows first.
@@ -36,7 +36,7 @@ build compiles and loads its own kernels.
 Usage: python bench/ab.py --old OLD_DIR --new NEW_DIR [--rounds 5] [--only decode|prefill|mla]
            [--batches 16,64,128] [--heads 32/8,32/32] [--lengths const:1024,const:4096] [--paths tc,cc,hint]
            [--seqs 512,1024,2048,4096,8192,16384] [--backends fa3,fa2] [--mla 128:1:64:4096,...]
-           [--mla-cache float16,float8_e4m3fn]
+           [--mla-cache float16,float8_e4m3fn] [--mla-dtype float16|bfloat16]
            [--threshold 0.98]
 Results: bench/results/ab.json (and $OUT/ab.json).
 """
@@ -142,8 +142,8 @@ def serve(pydir):
         import mla as ml
         h, ql, b, kv = c["h"], c["q"], c["batch"], c["kv"]
         torch.manual_seed(h * 1000 + b)
-        made = ml.make_calls(tessera, h, ql, b, kv, torch.float16, common.new_workspace(256 << 20),
-                             kv_dtype=getattr(torch, c["cache"]))
+        made = ml.make_calls(tessera, h, ql, b, kv, getattr(torch, c["dtype"]), common.new_workspace(256 << 20),
+                             kv_dtype=None if c["cache"] == "float16" else getattr(torch, c["cache"]))
         if made is None:
             raise RuntimeError(f"mla {h}:{ql}:{b}:{kv}: the rotated caches exceed bench/mla.py's memory limit")
         calls, st = made
@@ -211,7 +211,7 @@ def cases(args):
         for cache in args.mla_cache.split(","):
             for wl in filter(None, args.mla.split(",")):
                 h, q, b, kv = (int(x) for x in wl.split(":"))
-                out.append(dict(kind="mla", h=h, q=q, batch=b, kv=kv, cache=cache))
+                out.append(dict(kind="mla", h=h, q=q, batch=b, kv=kv, cache=cache, dtype=args.mla_dtype))
     return out
 
 
@@ -220,7 +220,8 @@ def label(c):
         return f"decode {c['path']} {c['hq']}/{c['hkv']} {c['lengths']} x {c['batch']}"
     if c["kind"] == "mla":
         cache = "" if c["cache"] == "float16" else f" {c['cache'].replace('float8_', '')}"
-        return f"mla H {c['h']} q {c['q']} {c['batch']} x {c['kv']}{cache}"
+        q = "" if c["dtype"] == "float16" else " bf16 q"
+        return f"mla H {c['h']} q {c['q']} {c['batch']} x {c['kv']}{cache}{q}"
     return f"prefill {c['backend']} Table-1 {c['seq']}"
 
 
@@ -251,6 +252,8 @@ def main():
     ap.add_argument("--mla-cache", default="float16", type=mla_caches,
                     help="MLA latent cache types, each over every --mla workload: float16, float8_e4m3fn, "
                     "float8_e5m2 (fp8 on sm_90)")
+    ap.add_argument("--mla-dtype", default="float16", choices=["float16", "bfloat16"],
+                    help="MLA query type (--mla-cache float16 means a 16-bit cache of this type)")
     ap.add_argument("--threshold", type=float, default=0.98, help="lowest acceptable old/new time ratio")
     ap.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -274,7 +277,8 @@ def main():
                 errs = {n: w.call(op="setup", case=c)["err"] for n, w in workers.items()}
             except RuntimeError as e:
                 raise SystemExit(f"ab: {label(c)}: {e}")
-            bad = [n for n, e in errs.items() if not (e is not None and e < 2e-3)]
+            tol = 1e-2 if c.get("dtype") == "bfloat16" else 2e-3  # bf16's 8-bit mantissa
+            bad = [n for n, e in errs.items() if not (e is not None and e < tol)]
             if bad:
                 raise SystemExit(f"{label(c)}: {', '.join(bad)} output off the reference ({errs})")
             times = {"old": [], "new": []}
