@@ -85,8 +85,8 @@ TEST(MlaCatalog, HopperSixteenRowTiles) {
   EXPECT_NE(k.source.find("batch_mla_sm90_narrow<tessera::bf16_t, tessera::bf16_t, tessera::bf16_t, true>"),
             std::string::npos);
   EXPECT_NE(k.entry, catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, true).entry);
-  const MlaKernelConfig c8 = catalog::mla_sm90_config(16, true);  // a widener warpgroup, the raw ring
-  EXPECT_EQ(c8.threads, 384);
+  const MlaKernelConfig c8 = catalog::mla_sm90_config(16, true);  // two widener warpgroups, the raw ring
+  EXPECT_EQ(c8.threads, 512);
   EXPECT_EQ(c8.smem_bytes, c.smem_bytes + 3 * 32 * 576);
   EXPECT_LE(c8.smem_bytes + 1024, 232448);
   const auto f8 = catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat8E4M3, false, 16);

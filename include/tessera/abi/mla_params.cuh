@@ -158,10 +158,10 @@ struct MlaSm90NarrowStorage {
 };
 constexpr int kMlaSm90NarrowSmemBytes = static_cast<int>(sizeof(MlaSm90NarrowStorage)) + 1024;
 // fp8 caches on the 16-row form: the same, and a ring of raw half tiles (32
-// rows of 576 bytes: ckv, then kpe) that the producer copies into and a
-// third warpgroup widens out of; three keep a tile and a half of copies in
+// rows of 576 bytes: ckv, then kpe) that the producer copies into and two
+// widener warpgroups widen out of; three keep a tile and a half of copies in
 // flight.
-constexpr int kMlaSm90NarrowFp8Threads = 384;  // producer, consumer, widener
+constexpr int kMlaSm90NarrowFp8Threads = 512;  // producer, consumer, two wideners
 constexpr int kMlaSm90NarrowRawSlots = 3;
 constexpr int kMlaSm90NarrowRawRows = kMlaSm90Keys / 2;
 struct MlaSm90NarrowFp8Storage : MlaSm90NarrowStorage {

@@ -327,19 +327,19 @@ struct MlaSm90NarrowConsumer {
   }
 };
 
-// Over fp8 caches the 16-row kernel has three warpgroups, so setmaxnreg
+// Over fp8 caches the 16-row kernel has four warpgroups, so setmaxnreg
 // gives the consumer (O^T, 64 registers a thread, and its S^T) what the
-// producer does not need; the widener keeps the launch's count.
+// producer and the wideners do not need.
 struct MlaSm90NarrowFp8Registers {
-  static constexpr int PRODUCER = 56, CONSUMER = 240;
-  static_assert((PRODUCER + CONSUMER + launch_registers(kMlaSm90NarrowFp8Threads, 1)) * 128 <=
+  static constexpr int PRODUCER = 56, CONSUMER = 240, WIDENER = 104;
+  static_assert((PRODUCER + CONSUMER + 2 * WIDENER) * 128 <=
                     launch_registers(kMlaSm90NarrowFp8Threads, 1) * kMlaSm90NarrowFp8Threads,
                 "the split must fit the CTA's launch registers");
 };
 
 // The 16-row kernel: a producer warpgroup (producer.cuh, 16-row Q tiles)
-// and one consumer warpgroup; over fp8 caches (DKV) a third, the widener
-// (widener.cuh), widens the producer's raw rows into the T stages, so the
+// and one consumer warpgroup; over fp8 caches (DKV) two wideners
+// (widener.cuh) widen the producer's raw rows into the T stages, so the
 // consumer is the same; the caches' scales are folded into p.sm_scale,
 // p.o_scale and p.pe_scale.
 template <typename T, typename DKV, typename DO, bool CAUSAL>
@@ -355,7 +355,7 @@ __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
   if constexpr (is_fp8<DKV>) {
     __shared__ MlaSm90RawRing ring;
     if (threadIdx.x == 0) {
-      pipe.init(128);
+      pipe.init(128, 256);
       ring.init();
     }
     __syncthreads();
@@ -366,7 +366,8 @@ __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
       setmaxnreg_inc<MlaSm90NarrowFp8Registers::CONSUMER>();
       MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
     } else {
-      MlaSm90Widener<T, DKV>{p, pipe, sm, ring}.run();  // keeps the launch's registers
+      setmaxnreg_dec<MlaSm90NarrowFp8Registers::WIDENER>();
+      MlaSm90Widener<T, DKV>{p, pipe, sm, ring, static_cast<int>(threadIdx.x / 128) - 2}.run();
     }
   } else {
     if (threadIdx.x == 0) pipe.init(kMlaSm90NarrowThreads - 128);

@@ -28,11 +28,13 @@ namespace tessera {
 struct MlaSm90Pipeline {
   u64 q_full, q_empty;
   u64 kv_full[kMlaSm90Stages], kv_empty[kMlaSm90Stages];
-  __device__ __forceinline__ void init(int consumer_threads) {
+  // fill_threads: the threads that arrive on a full stage (the producer's,
+  // or over fp8 caches on the 16-row form both wideners').
+  __device__ __forceinline__ void init(int consumer_threads, int fill_threads = 128) {
     mbarrier_init(smem_addr(&q_full), 128);
     mbarrier_init(smem_addr(&q_empty), consumer_threads);
     for (int s = 0; s < kMlaSm90Stages; ++s) {
-      mbarrier_init(smem_addr(&kv_full[s]), 128);
+      mbarrier_init(smem_addr(&kv_full[s]), fill_threads);
       mbarrier_init(smem_addr(&kv_empty[s]), consumer_threads);
     }
   }
@@ -40,7 +42,7 @@ struct MlaSm90Pipeline {
 
 // The 16-row form over fp8 caches: the raw half-tile slots' barriers. full
 // counts the producer's 128 threads (one noinc arrival each, when its copies
-// landed), empty the widener's 128.
+// landed), empty the 128 of the widener that takes the slot's half.
 struct MlaSm90RawRing {
   u64 full[kMlaSm90NarrowRawSlots], empty[kMlaSm90NarrowRawSlots];
   __device__ __forceinline__ void init() {
