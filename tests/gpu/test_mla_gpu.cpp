@@ -259,9 +259,9 @@ TEST(MlaGpuFp8, HopperKernelMatchesTheDequantizedReference) {
   for (int q : {2, 8})
     run_case({128, 64, DType::kBFloat16, true, {q, q, q}, {q, 37 + q, 509}, DType::kFloat8E4M3, 0.03, 0.02}, ++seed);
   run_case({16, 64, DType::kFloat16, false, {1, 1}, {32768, 3001}, DType::kFloat8E4M3, 2.0, 0.25}, ++seed);
-  // H x q_len <= 16 takes the 16-row tiles (their producer widens the
-  // rows); the same decode pinned to the 64-row ones, and causal queries of
-  // 8 heads x 2 in one 16-row tile.
+  // H x q_len <= 16 takes the 16-row tiles (their widener warpgroups widen
+  // the rows); the same decode pinned to the 64-row ones, and causal
+  // queries of 8 heads x 2 in one 16-row tile.
   MLAOptions tile64;
   tile64.cta_q = 64;
   run_case({16, 64, DType::kBFloat16, false, {1, 1, 1}, {0, 97, 20011}, DType::kFloat8E4M3, 0.5, 1.75}, ++seed, tile64);

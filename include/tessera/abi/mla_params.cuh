@@ -148,7 +148,7 @@ constexpr int kMlaSm90SmemBytes = static_cast<int>(sizeof(MlaSm90Storage<false>)
 // with the rows as the wgmmas' N = 16, so no padded rows are multiplied.
 // Q takes 16 rows (nine [16][64] blocks), P^T one [16][64] block; the KV
 // stages are the 64-row kernel's 16-bit ones (fp8 caches widened into them
-// by the producer on their way through its registers).
+// by two widener warpgroups).
 constexpr int kMlaSm90NarrowRows = 16;
 constexpr int kMlaSm90NarrowThreads = 256;  // a producer warpgroup and one consumer
 struct MlaSm90NarrowStorage {
