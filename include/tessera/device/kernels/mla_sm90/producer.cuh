@@ -6,8 +6,8 @@
 // waits for its own copies, only for free buffers. 16-bit tiles land in the
 // 128-byte-swizzled wgmma layout of MlaSm90Storage; fp8 rows land as they
 // are (576 bytes a row) for the consumers to widen, except in the 16-row
-// form, whose producer copies them into a ring of raw half tiles for a
-// widener warpgroup (widener.cuh). Page ids are read a tile ahead, while the
+// form, whose producer copies them into a ring of raw half tiles for the
+// widener warpgroups (widener.cuh). Page ids are read a tile ahead, while the
 // producer waits for a free stage.
 #pragma once
 #include "tessera/device/arch/cp_async.cuh"
@@ -144,7 +144,7 @@ __device__ __forceinline__ void mla_sm90_load_raw(u32 dst, const MlaParams& p, c
 
 // The 16-row form over fp8 caches: the producer copies each half tile's raw
 // rows (32 x 576 bytes) into a slot of MlaSm90NarrowFp8Storage::raw, and
-// the widener warpgroup widens them into the 16-bit stage. Thread t of
+// a widener warpgroup widens them into the 16-bit stage. Thread t of
 // either copies / widens rows t / 8 + 16 j of the half (j = 0, 1; at[2 h +
 // j] of the tile's MlaSm90Rows), ckv bytes 16 (t % 8) + 128 k of each and,
 // for t % 8 < 4, kpe bytes 16 (t % 8). A piece widens into two adjacent
@@ -215,7 +215,7 @@ __device__ __forceinline__ void mla_sm90_widen_raw_half(u32 stage, u32 raw, int 
 template <typename T, typename DKV, typename Storage = MlaSm90Storage<is_fp8<DKV>>, int Q_ROWS = kMlaSm90Rows>
 struct MlaSm90Producer {
   static constexpr bool kFp8 = is_fp8<DKV>;
-  // fp8 rows copied into a ring of raw half tiles, for the widener warpgroup.
+  // fp8 rows copied into a ring of raw half tiles, for the widener warpgroups.
   static constexpr bool kWiden = kFp8 && Q_ROWS == kMlaSm90NarrowRows;
   static_assert(!kWiden || sizeof(Storage) == sizeof(MlaSm90NarrowFp8Storage), "the raw ring's storage");
   const MlaParams& p;
@@ -312,7 +312,7 @@ struct MlaSm90Producer {
   // An item's KV tiles over fp8 caches (the 16-row form): each half tile
   // into the next free raw slot, arriving on its full barrier when the
   // copies land. The producer never waits for its copies, only for free
-  // slots; the widener takes the proxy fences, so none waits for copies in
+  // slots; the wideners take the proxy fences, so none waits for copies in
   // flight. rows: the offsets of tile 0.
   template <typename Rows>
   __device__ __forceinline__ void copy_raw_tiles(int n_tiles, const DKV* ckv, const DKV* kpe, int tid,
