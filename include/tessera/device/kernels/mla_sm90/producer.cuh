@@ -211,7 +211,7 @@ __device__ __forceinline__ void mla_sm90_widen_raw_half(u32 stage, u32 raw, int 
 
 // Storage: MlaSm90Storage<kFp8> with 64-row Q tiles, or with Q_ROWS = 16
 // MlaSm90NarrowStorage (16-bit caches) or MlaSm90NarrowFp8Storage (fp8
-// caches, widened by this warpgroup).
+// caches, copied raw for the widener warpgroups).
 template <typename T, typename DKV, typename Storage = MlaSm90Storage<is_fp8<DKV>>, int Q_ROWS = kMlaSm90Rows>
 struct MlaSm90Producer {
   static constexpr bool kFp8 = is_fp8<DKV>;
