@@ -141,7 +141,7 @@ class BatchMLAPagedAttentionWrapper(W.PlannedWrapper):
             raise not_supported("backend", backend, "Tessera's MLA kernels: 'auto' (the Hopper kernel on sm_90, "
                                 "else fa2), 'fa2' (mma.sync, sm_80+) or 'fa3' (Hopper)")
         self._backend = backend
-        self._cta_q = 0  # Tessera-only: pins the query tile (fa2: 16, 32, 64; the Hopper kernel: 16 or 64)
+        self._cta_q = 0  # Tessera-only: pins the query tile (16, 32 or 64; fp8 caches: 16 or 64)
         if not isinstance(use_cuda_graph, bool):
             raise TypeError(f"use_cuda_graph: expected a bool, got {type(use_cuda_graph).__name__}")
         self._float_workspace_buffer = float_workspace_buffer

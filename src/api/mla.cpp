@@ -34,9 +34,6 @@ static void validate_options(const MLAOptions& opt) {
   if (opt.cta_q) (void)catalog::mla_config(opt.cta_q);
   if (opt.backend != MlaBackend::kAuto && opt.backend != MlaBackend::kFA2 && opt.backend != MlaBackend::kFA3)
     throw InvalidArgument("backend: expected kAuto, kFA2 or kFA3, got " + str(static_cast<int>(opt.backend)));
-  if (opt.backend == MlaBackend::kFA3 && opt.cta_q != 0 && opt.cta_q != kMlaSm90Rows && opt.cta_q != kMlaSm90NarrowRows)
-    throw InvalidArgument("cta_q: the Hopper MLA kernel (backend fa3) takes 16- or 64-row query tiles, got " +
-                          str(opt.cta_q));
   if (opt.max_sms < 0) throw InvalidArgument("max_sms: expected >= 0 (0: all), got " + str(opt.max_sms));
   if (opt.planner.fixed_chunk != 0)
     throw InvalidArgument("planner.fixed_chunk: the MLA wrapper plans load-balanced chunks only; expected 0, got " +
@@ -185,19 +182,20 @@ void BatchMLA::plan_common(std::span<const int32_t> qo_indptr, std::span<const i
     const bool sm90 = jit::Arch::of_device(ws_->device()).major == 9;
     if (opt_.backend == MlaBackend::kFA3 && !sm90)
       throw InvalidArgument("backend: fa3 needs an sm_90 GPU (Hopper); use fa2 or auto");
-    const bool hopper = opt_.backend == MlaBackend::kFA3 ||
-                        (opt_.backend == MlaBackend::kAuto && sm90 &&
-                         (opt_.cta_q == 0 || opt_.cta_q == kMlaSm90Rows || opt_.cta_q == kMlaSm90NarrowRows));
+    const bool hopper = opt_.backend == MlaBackend::kFA3 || (opt_.backend == MlaBackend::kAuto && sm90);
     if (is_fp8(task_.kv_dtype) && !hopper)
       throw TypeMismatch(std::string("kv_data_type: ") + dtype_name(task_.kv_dtype) +
                          " latent caches need the Hopper kernel, an sm_90 GPU");
     const double avg_rows = batch ? double(total_q) * H / batch : 1.0;
     if (hopper) {
       // 16-row tiles (one consumer, the transposed GEMMs) where a request's
-      // rows fit one: no padded rows multiplied. Longer requests take more
-      // tiles, which stays correct for later plans.
-      const bool narrow = opt_.cta_q == kMlaSm90NarrowRows || (opt_.cta_q == 0 && avg_rows <= kMlaSm90NarrowRows);
-      const int q = narrow ? kMlaSm90NarrowRows : kMlaSm90Rows;
+      // rows fit one, 32-row ones (two such consumers on every KV tile,
+      // 16-bit caches) where they fit those: no padded rows multiplied.
+      // Longer requests take more tiles, which stays correct for later plans.
+      const int q = opt_.cta_q                                               ? opt_.cta_q
+                    : avg_rows <= kMlaSm90NarrowRows                         ? kMlaSm90NarrowRows
+                    : avg_rows <= kMlaSm90PairRows && !is_fp8(task_.kv_dtype) ? kMlaSm90PairRows
+                                                                              : kMlaSm90Rows;
       config_ = catalog::mla_sm90_config(q, is_fp8(task_.kv_dtype));
       source_ = catalog::batch_mla_sm90(task_.q_dtype, task_.kv_dtype, task_.causal, q);
     } else {

@@ -45,16 +45,22 @@ static void check_mla_dtype(DType dtype) {
 }
 
 MlaKernelConfig mla_sm90_config(int cta_q, bool fp8) {
-  if (cta_q != kMlaSm90Rows && cta_q != kMlaSm90NarrowRows)
-    throw InvalidArgument("cta_q: the Hopper MLA kernel takes query tiles of 16 or 64 rows, got " + std::to_string(cta_q));
-  const bool narrow = cta_q == kMlaSm90NarrowRows;
+  if (cta_q != kMlaSm90Rows && cta_q != kMlaSm90NarrowRows && cta_q != kMlaSm90PairRows)
+    throw InvalidArgument("cta_q: the Hopper MLA kernel takes query tiles of 16, 32 or 64 rows, got " +
+                          std::to_string(cta_q));
+  if (fp8 && cta_q == kMlaSm90PairRows)
+    throw TypeMismatch("kv_data_type: fp8 latent caches take the Hopper kernel's 16- or 64-row tiles, not 32");
+  const bool narrow = cta_q == kMlaSm90NarrowRows, pair = cta_q == kMlaSm90PairRows;
   MlaKernelConfig c;
   c.cta_q = cta_q;
   c.cta_kv = kMlaSm90Keys;
   c.warps_d = 0;
   c.stages = kMlaSm90Stages;
-  c.threads = !narrow ? kMlaSm90Threads : fp8 ? kMlaSm90NarrowFp8Threads : kMlaSm90NarrowThreads;
-  c.smem_bytes = !narrow ? kMlaSm90SmemBytes : fp8 ? kMlaSm90NarrowFp8SmemBytes : kMlaSm90NarrowSmemBytes;
+  c.threads = pair ? kMlaSm90PairThreads : !narrow ? kMlaSm90Threads : fp8 ? kMlaSm90NarrowFp8Threads : kMlaSm90NarrowThreads;
+  c.smem_bytes = pair ? kMlaSm90PairSmemBytes
+                 : !narrow ? kMlaSm90SmemBytes
+                 : fp8   ? kMlaSm90NarrowFp8SmemBytes
+                         : kMlaSm90NarrowSmemBytes;
   c.hopper = true;
   return c;
 }
@@ -65,8 +71,8 @@ jit::KernelSource batch_mla_sm90(DType dtype, DType kv_dtype, bool causal, int c
     throw TypeMismatch(std::string("kv_dtype: the Hopper MLA kernel takes caches of q's dtype (") + dtype_name(dtype) +
                        ") or fp8 (float8_e4m3fn, float8_e5m2), got " + dtype_name(kv_dtype));
   const MlaKernelConfig c = mla_sm90_config(cta_q, is_fp8(kv_dtype));
-  const bool narrow = cta_q == kMlaSm90NarrowRows;
-  std::string entry = narrow ? "tessera_mla_sm90_q16_" : "tessera_mla_sm90_";
+  const bool narrow = cta_q == kMlaSm90NarrowRows || cta_q == kMlaSm90PairRows;
+  std::string entry = cta_q == kMlaSm90Rows ? "tessera_mla_sm90_" : "tessera_mla_sm90_q" + std::to_string(cta_q) + "_";
   entry += dtype_tag(dtype);
   if (kv_dtype != dtype) entry += "_" + dtype_tag(kv_dtype);
   if (causal) entry += "_causal";
@@ -77,13 +83,16 @@ jit::KernelSource batch_mla_sm90(DType dtype, DType kv_dtype, bool causal, int c
       << (causal ? ", causal" : "") << "\n";
   if (narrow)
     src << "#include \"tessera/device/kernels/mla_sm90/consumer_narrow.cuh\"\n"
-        << "static_assert(tessera::" << (is_fp8(kv_dtype) ? "kMlaSm90NarrowFp8SmemBytes" : "kMlaSm90NarrowSmemBytes")
+        << "static_assert(tessera::"
+        << (cta_q == kMlaSm90PairRows ? "kMlaSm90PairSmemBytes"
+            : is_fp8(kv_dtype)        ? "kMlaSm90NarrowFp8SmemBytes"
+                                      : "kMlaSm90NarrowSmemBytes")
         << " == " << c.smem_bytes
         << ", \"shared storage differs from the host's\");\n"
         << "extern \"C\" __global__ void __launch_bounds__(" << c.threads << ", 1) " << entry
         << "(const tessera::MlaParams p) {\n"
         << "  tessera::batch_mla_sm90_narrow<" << t << ", " << dtype_device_name(kv_dtype) << ", " << t << ", "
-        << (causal ? "true" : "false") << ">(p);\n"
+        << (causal ? "true" : "false") << ", " << cta_q / kMlaSm90NarrowRows << ">(p);\n"
         << "}\n";
   else
     src << "#include \"tessera/device/kernels/mla_sm90/kernel.cuh\"\n"
@@ -122,8 +131,9 @@ std::vector<jit::KernelSource> builtin_mla_kernels() {
       for (bool causal : {false, true}) out.push_back(batch_mla(t, q, causal));
   for (DType t : {DType::kFloat16, DType::kBFloat16})
     for (DType kv : {t, DType::kFloat8E4M3})
-      for (int cta_q : {kMlaSm90Rows, kMlaSm90NarrowRows})
-        for (bool causal : {false, true}) out.push_back(batch_mla_sm90(t, kv, causal, cta_q));
+      for (int cta_q : {kMlaSm90Rows, kMlaSm90NarrowRows, kMlaSm90PairRows})
+        for (bool causal : {false, true})
+          if (kv == t || cta_q != kMlaSm90PairRows) out.push_back(batch_mla_sm90(t, kv, causal, cta_q));
   return out;
 }
 

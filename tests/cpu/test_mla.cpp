@@ -43,10 +43,10 @@ TEST(MlaCatalog, ConfigsFitAnSmAndNameTheirTile) {
   const auto k = catalog::batch_mla(DType::kBFloat16, 64, true);
   EXPECT_EQ(k.entry, "tessera_mla_bf16_q64_kv32_causal");
   EXPECT_NE(k.source.find("batch_mla<tessera::bf16_t, tessera::bf16_t, 64, true>"), std::string::npos);
-  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 28u);
+  EXPECT_EQ(catalog::builtin_mla_kernels().size(), 32u);
   int in_builtins = 0;
   for (const auto& b : catalog::builtin_kernels()) in_builtins += b.entry.rfind("tessera_mla_", 0) == 0;
-  EXPECT_EQ(in_builtins, 28);  // `tessera compile` and scripts/test.sh compile them
+  EXPECT_EQ(in_builtins, 32);  // `tessera compile` and scripts/test.sh compile them
 }
 
 TEST(MlaCatalog, HopperKernelFitsAnSm) {
@@ -82,7 +82,7 @@ TEST(MlaCatalog, HopperSixteenRowTiles) {
   EXPECT_LE(c.smem_bytes + 1024, 232448);
   const auto k = catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, true, 16);
   EXPECT_EQ(k.entry, "tessera_mla_sm90_q16_bf16_causal");
-  EXPECT_NE(k.source.find("batch_mla_sm90_narrow<tessera::bf16_t, tessera::bf16_t, tessera::bf16_t, true>"),
+  EXPECT_NE(k.source.find("batch_mla_sm90_narrow<tessera::bf16_t, tessera::bf16_t, tessera::bf16_t, true, 1>"),
             std::string::npos);
   EXPECT_NE(k.entry, catalog::batch_mla_sm90(DType::kBFloat16, DType::kBFloat16, true).entry);
   const MlaKernelConfig c8 = catalog::mla_sm90_config(16, true);  // two widener warpgroups, the raw ring
@@ -91,11 +91,30 @@ TEST(MlaCatalog, HopperSixteenRowTiles) {
   EXPECT_LE(c8.smem_bytes + 1024, 232448);
   const auto f8 = catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat8E4M3, false, 16);
   EXPECT_EQ(f8.entry, "tessera_mla_sm90_q16_f16_e4m3");
-  EXPECT_NE(f8.source.find("batch_mla_sm90_narrow<tessera::half_t, tessera::fp8_e4m3_t, tessera::half_t, false>"),
+  EXPECT_NE(f8.source.find("batch_mla_sm90_narrow<tessera::half_t, tessera::fp8_e4m3_t, tessera::half_t, false, 1>"),
             std::string::npos);
   EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kBFloat16, false, 16), TypeMismatch, "kv_dtype");
-  EXPECT_THROW_MSG(catalog::mla_sm90_config(32), InvalidArgument, "cta_q");
+  EXPECT_THROW_MSG(catalog::mla_sm90_config(48), InvalidArgument, "cta_q");
   EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat16, false, 128), InvalidArgument, "cta_q");
+}
+
+// The pair form: two 16-row consumers on a 32-row Q tile (36 KB), the same
+// two KV stages and a P^T block each; 16-bit caches only.
+TEST(MlaCatalog, HopperPairTiles) {
+  const MlaKernelConfig c = catalog::mla_sm90_config(32);
+  EXPECT_TRUE(c.hopper);
+  EXPECT_EQ(c.cta_q, 32);
+  EXPECT_EQ(c.threads, 384);
+  EXPECT_EQ(c.smem_bytes, 9 * 4096 + 2 * 9 * 8192 + 2 * 2048 + 1024);
+  EXPECT_LE(c.smem_bytes + 1024, 232448);
+  const auto k = catalog::batch_mla_sm90(DType::kFloat16, DType::kFloat16, true, 32);
+  EXPECT_EQ(k.entry, "tessera_mla_sm90_q32_f16_causal");
+  EXPECT_NE(k.source.find("batch_mla_sm90_narrow<tessera::half_t, tessera::half_t, tessera::half_t, true, 2>"),
+            std::string::npos);
+  EXPECT_NE(k.source.find("kMlaSm90PairSmemBytes"), std::string::npos);
+  EXPECT_THROW_MSG(catalog::mla_sm90_config(32, true), TypeMismatch, "kv_data_type");
+  EXPECT_THROW_MSG(catalog::batch_mla_sm90(DType::kBFloat16, DType::kFloat8E4M3, false, 32), TypeMismatch,
+                   "kv_data_type");
 }
 
 MLATask small_task() {
@@ -144,8 +163,13 @@ TEST(MlaValidation, TaskFieldsAreNamed) {
   EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "fixed_chunk");
   opt = {};
   opt.backend = MlaBackend::kFA3;
-  opt.cta_q = 32;  // the Hopper kernel takes 16- or 64-row tiles
-  EXPECT_THROW_MSG(BatchMLA(small_task(), fw.ws, opt), InvalidArgument, "cta_q");
+  opt.cta_q = 32;  // the pair form: 16-bit caches only
+  BatchMLA fa3_32(small_task(), fw.ws, opt);
+  {
+    MLATask t = small_task();
+    t.kv_dtype = DType::kFloat8E4M3;
+    EXPECT_THROW_MSG(BatchMLA(t, fw.ws, opt), TypeMismatch, "kv_data_type");
+  }
   opt.cta_q = 16;
   BatchMLA fa3_16(small_task(), fw.ws, opt);
   {
@@ -314,7 +338,7 @@ TEST(MlaPlan, RandomBatchesMeetThePlannerContract) {
   PrefillPlan plan;
   for (int iter = 0; iter < 200 && !::testing::Test::HasFailure(); ++iter) {
     const int H = std::vector<int>{16, 32, 64, 128}[rng() % 4];
-    const MlaKernelConfig cfg = iter % 2 ? catalog::mla_sm90_config(iter % 4 == 1 ? 16 : 64)
+    const MlaKernelConfig cfg = iter % 2 ? catalog::mla_sm90_config(std::vector<int>{16, 32, 64}[iter / 2 % 3])
                                          : catalog::mla_config(catalog::choose_mla_cta_q(H));
     const int cta_q = cfg.cta_q;
     const int batch = 1 + static_cast<int>(rng() % 64), q_len = 1 + static_cast<int>(rng() % 8);

@@ -287,7 +287,7 @@ template __global__ void mla_k<tessera::half_t, 16, false>(const tessera::MlaPar
 template __global__ void mla_k<tessera::bf16_t, 32, true>(const tessera::MlaParams);
 template __global__ void mla_k<tessera::half_t, 64, true>(const tessera::MlaParams);
 
-// The Hopper MLA kernel: 64-row and 16-row tiles, 16-bit and fp8 caches.
+// The Hopper MLA kernel: 64-row, 16-row and pair tiles, 16-bit and fp8 caches.
 #include "tessera/device/kernels/mla_sm90/consumer_narrow.cuh"
 #include "tessera/device/kernels/mla_sm90/kernel.cuh"
 template <typename T, typename DKV, bool C>
@@ -306,6 +306,11 @@ template __global__ void mla_sm90_narrow_k<tessera::half_t, tessera::half_t, fal
 template __global__ void mla_sm90_narrow_k<tessera::bf16_t, tessera::bf16_t, true>(const tessera::MlaParams);
 template __global__ void mla_sm90_narrow_k<tessera::bf16_t, tessera::fp8_e4m3_t, false>(const tessera::MlaParams);
 template __global__ void mla_sm90_narrow_k<tessera::half_t, tessera::fp8_e5m2_t, true>(const tessera::MlaParams);
+template <typename T, bool C>
+__global__ void __launch_bounds__(tessera::kMlaSm90PairThreads, 1) mla_sm90_pair_k(const tessera::MlaParams p) {
+  tessera::batch_mla_sm90_narrow<T, T, T, C, 2>(p);
+}
+template __global__ void mla_sm90_pair_k<tessera::bf16_t, true>(const tessera::MlaParams);
 
 // The device planner (one block per step).
 #include "tessera/device/kernels/plan/kernel.cuh"

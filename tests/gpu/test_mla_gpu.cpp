@@ -212,10 +212,9 @@ TEST_P(MlaGpuBackend, LongContextsSplitKvAndMerge) {
   MLAOptions no_split = options();
   no_split.planner.split_kv = false;
   run_case({16, 64, DType::kFloat16, true, {3}, {9001}}, 303, no_split);
-  // Each query tile pinned (the Hopper kernel takes 16 and 64: at 16 rows a
-  // request of 32 heads spans 2-8 tiles).
+  // Each query tile pinned (at 16 rows a request of 32 heads spans 2-8
+  // tiles).
   for (int q : {16, 32, 64}) {
-    if (GetParam() == MlaBackend::kFA3 && q == 32) continue;
     MLAOptions o = options();
     o.cta_q = q;
     run_case({32, 16, DType::kBFloat16, true, {2, 1, 4}, {5000, 17, 777}}, 310 + q, o);
@@ -238,6 +237,20 @@ TEST_P(MlaGpuBackend, LongContextsSplitKvAndMerge) {
     run_case({16, 64, DType::kFloat16, false, {1, 1, 1}, {0, 97, 20011}}, 380, o);
     o.cta_q = 16;
     run_case({8, 16, DType::kBFloat16, true, {2, 2, 1}, {2, 600, 8191}}, 381, o);
+    // The pair form (32-row tiles, a consumer per 16 rows): H = 16 x 2
+    // causal queries and H = 32 decode pick it; a long context cut over
+    // every SM (both consumers merge the tile together), four tiles on 8
+    // SMs (each cut in two: the register merge, per consumer), and 8 heads
+    // x 3 queries, whose second consumer holds 8 rows.
+    o = options();
+    run_case({16, 64, DType::kBFloat16, true, {2, 2, 2}, {2, 600, 20011}}, 382, o);
+    EXPECT_EQ(run_case({32, 64, DType::kFloat16, false, {1}, {32768}}, 383, o) > 2, true) << "cut over the SMs";
+    o.max_sms = 8;
+    EXPECT_EQ(run_case({32, 64, DType::kBFloat16, false, {1, 1, 1, 1}, {4099, 4099, 4099, 4099}}, 384, o), 2)
+        << "every tile cut in two";
+    o = options();
+    o.cta_q = 32;
+    run_case({8, 1, DType::kFloat16, true, {3, 1}, {4099, 3}}, 385, o);
   }
 }
 

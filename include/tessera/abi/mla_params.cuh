@@ -148,15 +148,24 @@ constexpr int kMlaSm90SmemBytes = static_cast<int>(sizeof(MlaSm90Storage<false>)
 // with the rows as the wgmmas' N = 16, so no padded rows are multiplied.
 // Q takes 16 rows (nine [16][64] blocks), P^T one [16][64] block; the KV
 // stages are the 64-row kernel's 16-bit ones (fp8 caches widened into them
-// by two widener warpgroups).
+// by two widener warpgroups). Its pair form takes 32-row query tiles (H x
+// q_len <= 32: MTP decode at H = 16, tensor-parallel 4 at H = 32) on two
+// such consumers, rows 16c.. of the tile for consumer c, both on every KV
+// stage, so the cache is read once for 32 rows.
 constexpr int kMlaSm90NarrowRows = 16;
 constexpr int kMlaSm90NarrowThreads = 256;  // a producer warpgroup and one consumer
-struct MlaSm90NarrowStorage {
-  u16 q[kMlaSm90Blocks][kMlaSm90NarrowRows * 64];
+constexpr int kMlaSm90PairRows = 2 * kMlaSm90NarrowRows;
+constexpr int kMlaSm90PairThreads = 384;  // a producer warpgroup and two consumers
+template <int CONSUMERS>
+struct MlaSm90NarrowStorageN {
+  u16 q[kMlaSm90Blocks][CONSUMERS * kMlaSm90NarrowRows * 64];
   u16 kv[kMlaSm90Stages][kMlaSm90Blocks][kMlaSm90Keys * 64];
-  u16 p[kMlaSm90NarrowRows * kMlaSm90Keys];
+  u16 p[CONSUMERS][kMlaSm90NarrowRows * kMlaSm90Keys];
 };
+using MlaSm90NarrowStorage = MlaSm90NarrowStorageN<1>;
+using MlaSm90PairStorage = MlaSm90NarrowStorageN<2>;
 constexpr int kMlaSm90NarrowSmemBytes = static_cast<int>(sizeof(MlaSm90NarrowStorage)) + 1024;
+constexpr int kMlaSm90PairSmemBytes = static_cast<int>(sizeof(MlaSm90PairStorage)) + 1024;
 // fp8 caches on the 16-row form: the same, and a ring of raw half tiles (32
 // rows of 576 bytes: ckv, then kpe) that the producer copies into and two
 // widener warpgroups widen out of; three keep a tile and a half of copies in
@@ -168,12 +177,12 @@ struct MlaSm90NarrowFp8Storage : MlaSm90NarrowStorage {
   u8 raw[kMlaSm90NarrowRawSlots][kMlaSm90NarrowRawRows * kMlaDimQK];
 };
 constexpr int kMlaSm90NarrowFp8SmemBytes = static_cast<int>(sizeof(MlaSm90NarrowFp8Storage)) + 1024;
-template <bool kFp8>
+template <bool kFp8, int CONSUMERS = 1>
 struct MlaSm90NarrowStorageFor {
-  using type = MlaSm90NarrowStorage;
+  using type = MlaSm90NarrowStorageN<CONSUMERS>;
 };
 template <>
-struct MlaSm90NarrowStorageFor<true> {
+struct MlaSm90NarrowStorageFor<true, 1> {
   using type = MlaSm90NarrowFp8Storage;
 };
 

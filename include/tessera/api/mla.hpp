@@ -65,7 +65,7 @@ enum class MlaBackend { kAuto, kFA2, kFA3 };
 struct MLAOptions {
   PlannerOptions planner;  // fixed_chunk is not taken (InvalidArgument)
   int max_sms = 0;         // use at most this many SMs (0: all)
-  int cta_q = 0;           // query tile 16, 32 or 64 (0: chosen at the first plan; the Hopper kernel takes 16 or 64)
+  int cta_q = 0;           // query tile 16, 32 or 64 (0: chosen at the first plan; fp8 caches: 16 or 64)
   MlaBackend backend = MlaBackend::kAuto;
 };
 

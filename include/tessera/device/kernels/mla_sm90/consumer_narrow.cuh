@@ -27,9 +27,11 @@ namespace tessera {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-constexpr int kMlaNarrowMaxBar = 1;    // a tile's column maxima (then the sums at the end)
-constexpr int kMlaNarrowPBar = 2;      // the P tile complete
-constexpr int kMlaNarrowMergeBar = 3;  // split-KV merge
+// Named barriers of consumer c: these + kMlaNarrowBars * c; then the
+// consumers' split-KV merge barrier (MlaSm90NarrowConsumer::MERGE_BAR).
+constexpr int kMlaNarrowMaxBar = 1;  // a tile's column maxima (then the sums at the end)
+constexpr int kMlaNarrowPBar = 2;    // the P tile complete
+constexpr int kMlaNarrowBars = 2;
 
 // Scratch of the consumer beside the pipeline (static shared memory).
 struct MlaSm90NarrowExchange {
@@ -38,18 +40,25 @@ struct MlaSm90NarrowExchange {
   int is_last;
 };
 
-template <typename T, typename DO, bool CAUSAL>
+// CONSUMERS: 1, or 2 for the pair form (32-row query tiles); consumer c
+// computes rows 16c.. of the tile.
+template <typename T, typename DO, bool CAUSAL, int CONSUMERS = 1>
 struct MlaSm90NarrowConsumer {
-  static constexpr int ROWS = kMlaSm90NarrowRows;
+  static constexpr int ROWS = kMlaSm90NarrowRows;                  // this consumer's rows
+  static constexpr int TILE_ROWS = CONSUMERS * ROWS;               // the query tile's
+  static constexpr int THREADS = CONSUMERS * 128;                  // the consumers'
   static constexpr int BLOCKS_O = kMlaDimCkv / 64;                 // O^T's 64-feature blocks
   static constexpr u32 KV_BLOCK = kMlaSm90Keys * 128;              // a stage's [64 keys][64 features] block
-  static constexpr u32 Q_BLOCK = ROWS * 128;                       // Q's [16 rows][64 features] block
+  static constexpr u32 Q_BLOCK = TILE_ROWS * 128;                  // Q's [tile rows][64 features] block
   static constexpr u32 STAGE_BYTES = kMlaSm90Blocks * KV_BLOCK;
+  static constexpr int MERGE_BAR = kMlaNarrowMaxBar + kMlaNarrowBars * CONSUMERS;
 
   const MlaParams& p;
   MlaSm90Pipeline& pipe;
-  MlaSm90NarrowStorage& sm;
-  MlaSm90NarrowExchange& ex;
+  MlaSm90NarrowStorageN<CONSUMERS>& sm;
+  MlaSm90NarrowExchange& ex;  // this consumer's
+  int* is_last;               // the consumers' shared flag of a split tile's merge
+  int cid;                    // which consumer
 
 #if TESSERA_HAS_WGMMA
   // S^T = K Q^T over the stage at k_desc.
@@ -76,13 +85,13 @@ struct MlaSm90NarrowConsumer {
 
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
-    const int tid = threadIdx.x - 128, warp = tid / 32, lane = tid % 32, g = lane / 4, quad = lane % 4;
-    const int H = p.group;
-    const u64 q_desc = wgmma_desc(smem_addr(&sm.q[0][0]), 16, 1024);
+    const int tid = threadIdx.x - 128 - 128 * cid, warp = tid / 32, lane = tid % 32, g = lane / 4, quad = lane % 4;
+    const int H = p.group, max_bar = kMlaNarrowMaxBar + kMlaNarrowBars * cid, p_bar = kMlaNarrowPBar + kMlaNarrowBars * cid;
+    const u64 q_desc = wgmma_desc(smem_addr(&sm.q[0][0]) + static_cast<u32>(cid * ROWS * 128), 16, 1024);
     const u64 k_desc0 = wgmma_desc(smem_addr(&sm.kv[0][0][0]), 16, 1024);
     const u64 v_desc0 = wgmma_desc(smem_addr(&sm.kv[0][0][0]), KV_BLOCK, 1024);
-    const u64 p_desc = wgmma_desc(smem_addr(sm.p), 16, 1024);
-    T* const p_tile = reinterpret_cast<T*>(sm.p);
+    const u64 p_desc = wgmma_desc(smem_addr(&sm.p[cid][0]), 16, 1024);
+    T* const p_tile = reinterpret_cast<T*>(&sm.p[cid][0]);
     RingPos<1> q_pos;
     RingPos<kMlaSm90Stages> kv_pos;
     WorkQueue<PrefillWorkItem, QueueLoad::kAhead, MlaParams> queue(p, blockIdx.x);
@@ -94,7 +103,7 @@ struct MlaSm90NarrowConsumer {
       PrefillWorkItem w = queue.take(wi);
       w.kv_start = warp_uniform(w.kv_start);
       w.kv_end = warp_uniform(w.kv_end);
-      const int qo_len = w.qo_len, row0 = w.q_tile * ROWS;
+      const int qo_len = w.qo_len, row0 = w.q_tile * TILE_ROWS + ROWS * cid;
       const int n_tiles = (w.kv_end - w.kv_start + kMlaSm90Keys - 1) / kMlaSm90Keys;
       const int causal_shift = w.kv_len - qo_len;
       // The thread's four columns: c = 2j + e, column 8j + 2 quad + e.
@@ -148,7 +157,7 @@ struct MlaSm90NarrowConsumer {
             mx[c] = x;
             if (g == 0) ex.max[parity][warp][col[c]] = x;
           }
-          named_barrier_sync(kMlaNarrowMaxBar, 128);
+          named_barrier_sync(max_bar, 128);
           float factor[4], m_safe[4];
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
@@ -183,7 +192,7 @@ struct MlaSm90NarrowConsumer {
             p_tile[n * 64 + (((k / 8) ^ (n % 8)) * 8) + k % 8] = from_float<T>(s[i]);
           }
           fence_proxy_async();  // generic stores -> the wgmmas' async proxy
-          named_barrier_sync(kMlaNarrowPBar, 128);
+          named_barrier_sync(p_bar, 128);
           issue_pv(o, desc_at(v_desc0, stage * STAGE_BYTES), p_desc);
           wgmma_wait<0>();
           wgmma_keep(o);
@@ -191,7 +200,7 @@ struct MlaSm90NarrowConsumer {
         }
         q_pos = q_pos.next();
       }
-      epilogue(w, row0, qo, col, o, m, d, tid, warp, g, wi + 1 == queue.end);
+      epilogue(w, row0, qo, col, o, m, d, tid, warp, g, max_bar, wi + 1 == queue.end);
     }
 #else
     __trap();  // Hopper kernels are only built for sm_90a
@@ -203,7 +212,7 @@ struct MlaSm90NarrowConsumer {
   // two, else merge_split_tile.
   __device__ __forceinline__ void epilogue(const PrefillWorkItem& w, int row0, const int (&qo)[4], const int (&col)[4],
                                            const float (&o)[BLOCKS_O][8], const float (&m)[4], float (&d)[4], int tid,
-                                           int warp, int g, bool queue_ends_here) {
+                                           int warp, int g, int max_bar, bool queue_ends_here) {
     const int H = p.group, qo_start = w.qo_begin, qo_len = w.qo_len;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -211,11 +220,11 @@ struct MlaSm90NarrowConsumer {
       d[c] += __shfl_xor_sync(0xffffffffu, d[c], 8);
       d[c] += __shfl_xor_sync(0xffffffffu, d[c], 16);
     }
-    named_barrier_sync(kMlaNarrowMaxBar, 128);  // every thread done reading the previous item's sums
+    named_barrier_sync(max_bar, 128);  // every thread done reading the previous item's sums
 #pragma unroll
     for (int c = 0; c < 4; ++c)
       if (g == 0) ex.sum[warp][col[c]] = d[c];
-    named_barrier_sync(kMlaNarrowMaxBar, 128);
+    named_barrier_sync(max_bar, 128);
     float inv[4], lse[4];
     int head[4];
 #pragma unroll
@@ -235,29 +244,33 @@ struct MlaSm90NarrowConsumer {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int c = 2 * (i / 4) + i % 2;
-      const i64 base = static_cast<i64>(w.partial_slot) * ROWS + col[c];
+      const i64 base = static_cast<i64>(w.partial_slot) * TILE_ROWS + ROWS * cid + col[c];
       float* dst = p.partial_o + base * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
 #pragma unroll
       for (int b = 0; b < BLOCKS_O; ++b) dst[64 * b] = o[b][i] * inv[c];
     }
     if (warp == 0 && g == 0) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) p.partial_lse[static_cast<i64>(w.partial_slot) * ROWS + col[c]] = lse[c];
+      for (int c = 0; c < 4; ++c)
+        p.partial_lse[static_cast<i64>(w.partial_slot) * TILE_ROWS + ROWS * cid + col[c]] = lse[c];
     }
-    auto sync = [] { named_barrier_sync(kMlaNarrowMergeBar, 128); };
-    // One warpgroup merges (half the 64-row form's threads), so each thread
-    // takes 16 features: twice the loads in flight per chunk, which is what
-    // bounds a merge of many chunks (a long context cut across the SMs).
+    // The merge takes the consumers together (thread mtid of THREADS).
+    const int mtid = tid + 128 * cid;
+    auto sync = [] { named_barrier_sync(MERGE_BAR, THREADS); };
+    // A warpgroup merges 16 rows (half the 64-row form's threads a row), so
+    // each thread takes 16 features: twice the loads in flight per chunk,
+    // which is what bounds a merge of many chunks (a long context cut
+    // across the SMs).
     if (w.num_chunks != 2) {
       MlaVariant variant(p, w.request, qo_len, w.kv_len);
-      merge_split_tile<MlaVariant, DO, kMlaDimCkv, ROWS, 128, 16>(p, variant, w, qo_start, qo_len, row0, w.request,
-                                                                 0, tid, &ex.is_last, sync, queue_ends_here);
+      merge_split_tile<MlaVariant, DO, kMlaDimCkv, TILE_ROWS, THREADS, 16>(
+          p, variant, w, qo_start, qo_len, w.q_tile * TILE_ROWS, w.request, 0, mtid, is_last, sync, queue_ends_here);
       return;
     }
     int* const counter = p.counters + w.counter * gridDim.y + blockIdx.y;
-    if (!split_chunk_is_last(counter, w.num_chunks, tid, &ex.is_last, sync)) return;
+    if (!split_chunk_is_last(counter, w.num_chunks, mtid, is_last, sync)) return;
     merge_pair_in_registers(w, qo, col, head, o, inv, lse, feat0, warp == 0 && g == 0);
-    if (tid == 0) *counter = 0;
+    if (mtid == 0) *counter = 0;
   }
 
   // o / lse of the thread's values: v[b][i] * scale[c], features 64 b +
@@ -297,12 +310,12 @@ struct MlaSm90NarrowConsumer {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float* src =
-          p.partial_o + (other * ROWS + col[2 * (i / 4) + i % 2]) * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
+          p.partial_o + (other * TILE_ROWS + ROWS * cid + col[2 * (i / 4) + i % 2]) * kMlaDimCkv + feat0 + 8 * ((i / 2) % 2);
 #pragma unroll
       for (int b = 0; b < BLOCKS_O; ++b) v[b][i] = __ldcg(src + 64 * b);
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) lse_other[c] = __ldcg(p.partial_lse + other * ROWS + col[c]);
+    for (int c = 0; c < 4; ++c) lse_other[c] = __ldcg(p.partial_lse + other * TILE_ROWS + ROWS * cid + col[c]);
     float w0[4], w1[4], scale[4], out_lse[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -337,21 +350,32 @@ struct MlaSm90NarrowFp8Registers {
                 "the split must fit the CTA's launch registers");
 };
 
+// The pair form: three warpgroups, so setmaxnreg moves what the producer
+// does not need to the two consumers.
+struct MlaSm90PairRegisters {
+  static constexpr int PRODUCER = 56, CONSUMER = 224;
+  static_assert((PRODUCER + 2 * CONSUMER) * 128 <= launch_registers(kMlaSm90PairThreads, 1) * kMlaSm90PairThreads,
+                "the split must fit the CTA's launch registers");
+};
+
 // The 16-row kernel: a producer warpgroup (producer.cuh, 16-row Q tiles)
 // and one consumer warpgroup; over fp8 caches (DKV) two wideners
 // (widener.cuh) widen the producer's raw rows into the T stages, so the
 // consumer is the same; the caches' scales are folded into p.sm_scale,
-// p.o_scale and p.pe_scale.
-template <typename T, typename DKV, typename DO, bool CAUSAL>
+// p.o_scale and p.pe_scale. CONSUMERS = 2: the pair form (32-row Q tiles,
+// two consumers on every stage; 16-bit caches).
+template <typename T, typename DKV, typename DO, bool CAUSAL, int CONSUMERS = 1>
 __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
   static_assert(sizeof(T) == 2 && sizeof(DO) == 2, "16-bit q and o");
   static_assert(is_fp8<DKV> || sizeof(DKV) == 2, "caches of q's type, or fp8");
+  static_assert(CONSUMERS == 1 || (CONSUMERS == 2 && !is_fp8<DKV>), "one consumer, or the pair over 16-bit caches");
   extern __shared__ uint4 smem_raw[];
   __shared__ MlaSm90Pipeline pipe;
-  __shared__ MlaSm90NarrowExchange ex;
-  using Storage = typename MlaSm90NarrowStorageFor<is_fp8<DKV>>::type;
+  __shared__ MlaSm90NarrowExchange ex[CONSUMERS];
+  using Storage = typename MlaSm90NarrowStorageFor<is_fp8<DKV>, CONSUMERS>::type;
   auto& sm = *reinterpret_cast<Storage*>(
       (reinterpret_cast<size_t>(smem_raw) + 1023) & ~static_cast<size_t>(1023));  // wgmma's swizzle atoms
+  using Consumer = MlaSm90NarrowConsumer<T, DO, CAUSAL, CONSUMERS>;
   if constexpr (is_fp8<DKV>) {
     __shared__ MlaSm90RawRing ring;
     if (threadIdx.x == 0) {
@@ -364,10 +388,21 @@ __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
       MlaSm90Producer<T, DKV, Storage, kMlaSm90NarrowRows>{p, pipe, sm, &ring}.run();
     } else if (threadIdx.x < 256) {
       setmaxnreg_inc<MlaSm90NarrowFp8Registers::CONSUMER>();
-      MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
+      Consumer{p, pipe, sm, ex[0], &ex[0].is_last, 0}.run();
     } else {
       setmaxnreg_dec<MlaSm90NarrowFp8Registers::WIDENER>();
       MlaSm90Widener<T, DKV>{p, pipe, sm, ring, static_cast<int>(threadIdx.x / 128) - 2}.run();
+    }
+  } else if constexpr (CONSUMERS == 2) {
+    if (threadIdx.x == 0) pipe.init(256);
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      setmaxnreg_dec<MlaSm90PairRegisters::PRODUCER>();
+      MlaSm90Producer<T, DKV, Storage, kMlaSm90PairRows>{p, pipe, sm}.run();
+    } else {
+      setmaxnreg_inc<MlaSm90PairRegisters::CONSUMER>();
+      const int c = static_cast<int>(threadIdx.x / 128) - 1;
+      Consumer{p, pipe, sm, ex[c], &ex[0].is_last, c}.run();
     }
   } else {
     if (threadIdx.x == 0) pipe.init(kMlaSm90NarrowThreads - 128);
@@ -375,7 +410,7 @@ __device__ __forceinline__ void batch_mla_sm90_narrow(const MlaParams& p) {
     if (threadIdx.x < 128)
       MlaSm90Producer<T, DKV, Storage, kMlaSm90NarrowRows>{p, pipe, sm}.run();
     else
-      MlaSm90NarrowConsumer<T, DO, CAUSAL>{p, pipe, sm, ex}.run();
+      Consumer{p, pipe, sm, ex[0], &ex[0].is_last, 0}.run();
   }
 }
 

@@ -100,7 +100,8 @@ __device__ __forceinline__ void mla_sm90_load_tile(u32 dst, const T* nope, const
 // or the raw fp8 rows.
 __device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<false>& s) { return smem_addr(&s.kv[0][0][0]); }
 __device__ __forceinline__ u32 mla_sm90_stages(MlaSm90Storage<true>& s) { return smem_addr(&s.raw[0][0]); }
-__device__ __forceinline__ u32 mla_sm90_stages(MlaSm90NarrowStorage& s) { return smem_addr(&s.kv[0][0][0]); }
+template <int CONSUMERS>
+__device__ __forceinline__ u32 mla_sm90_stages(MlaSm90NarrowStorageN<CONSUMERS>& s) { return smem_addr(&s.kv[0][0][0]); }
 
 // A KV position's slot in its page (shifts for power-of-two pages).
 __device__ __forceinline__ int mla_sm90_slot(const MlaParams& p, int pos) {
@@ -209,9 +210,9 @@ __device__ __forceinline__ void mla_sm90_widen_raw_half(u32 stage, u32 raw, int 
   }
 }
 
-// Storage: MlaSm90Storage<kFp8> with 64-row Q tiles, or with Q_ROWS = 16
+// Storage: MlaSm90Storage<kFp8> with 64-row Q tiles; with Q_ROWS = 16
 // MlaSm90NarrowStorage (16-bit caches) or MlaSm90NarrowFp8Storage (fp8
-// caches, copied raw for the widener warpgroups).
+// caches, copied raw for the wideners); with Q_ROWS = 32 MlaSm90PairStorage.
 template <typename T, typename DKV, typename Storage = MlaSm90Storage<is_fp8<DKV>>, int Q_ROWS = kMlaSm90Rows>
 struct MlaSm90Producer {
   static constexpr bool kFp8 = is_fp8<DKV>;
