@@ -257,13 +257,14 @@ struct MlaSm90NarrowConsumer {
     // The merge takes the consumers together (thread mtid of THREADS).
     const int mtid = tid + 128 * cid;
     auto sync = [] { named_barrier_sync(MERGE_BAR, THREADS); };
-    // A warpgroup merges 16 rows (half the 64-row form's threads a row), so
-    // each thread takes 16 features: twice the loads in flight per chunk,
+    // One warpgroup merging 16 rows (half the 64-row form's threads a row)
+    // takes 16 features a thread: twice the loads in flight per chunk,
     // which is what bounds a merge of many chunks (a long context cut
-    // across the SMs).
+    // across the SMs). The pair takes 8, so its slices are 4 rows, as the
+    // 64-row form's: twice the slices for the chunks' CTAs to share.
     if (w.num_chunks != 2) {
       MlaVariant variant(p, w.request, qo_len, w.kv_len);
-      merge_split_tile<MlaVariant, DO, kMlaDimCkv, TILE_ROWS, THREADS, 16>(
+      merge_split_tile<MlaVariant, DO, kMlaDimCkv, TILE_ROWS, THREADS, 16 / CONSUMERS>(
           p, variant, w, qo_start, qo_len, w.q_tile * TILE_ROWS, w.request, 0, mtid, is_last, sync, queue_ends_here);
       return;
     }
