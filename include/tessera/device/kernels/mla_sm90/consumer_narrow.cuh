@@ -85,6 +85,7 @@ struct MlaSm90NarrowConsumer {
 
   __device__ __forceinline__ void run() {
 #if TESSERA_HAS_WGMMA
+    cid = CONSUMERS == 1 ? 0 : warp_uniform(cid);  // what derives from it stays in uniform registers
     const int tid = threadIdx.x - 128 - 128 * cid, warp = tid / 32, lane = tid % 32, g = lane / 4, quad = lane % 4;
     const int H = p.group, max_bar = kMlaNarrowMaxBar + kMlaNarrowBars * cid, p_bar = kMlaNarrowPBar + kMlaNarrowBars * cid;
     const u64 q_desc = wgmma_desc(smem_addr(&sm.q[0][0]) + static_cast<u32>(cid * ROWS * 128), 16, 1024);
