@@ -85,6 +85,31 @@ __device__ __forceinline__ float rope_turn_rn(float x, float partner, float c, f
   return first ? __fsub_rn(a, b) : __fadd_rn(a, b);
 }
 
+// Rotates one 8-feature chunk c of a row's rotary features: interleaved
+// pairs lie within the chunk (a in, ra out); half-split pairs pair it with
+// the chunk half_ch further (b in, rb out, both ignored when interleaved).
+// angle(j, c, s) gives pair j's cosine and sine; ROUND_EACH takes
+// rope_turn_rn (one rounding per operation) instead of rope_turn.
+template <bool INTERLEAVE, bool ROUND_EACH, typename Angle>
+__device__ __forceinline__ void rope_rotate_chunk(int c, const float (&a)[8], const float (&b)[8], Angle&& angle,
+                                                  float (&ra)[8], float (&rb)[8]) {
+  auto turn = [](float x, float partner, float cs, float sn, bool first) {
+    return ROUND_EACH ? rope_turn_rn(x, partner, cs, sn, first) : rope_turn(x, partner, cs, sn, first);
+  };
+#pragma unroll
+  for (int i = 0; i < 8; i += INTERLEAVE ? 2 : 1) {
+    float cs, sn;
+    angle(INTERLEAVE ? (c * 8 + i) >> 1 : c * 8 + i, cs, sn);
+    if constexpr (INTERLEAVE) {
+      ra[i] = turn(a[i], a[i + 1], cs, sn, true);
+      ra[i + 1] = turn(a[i + 1], a[i], cs, sn, false);
+    } else {
+      ra[i] = turn(a[i], b[i], cs, sn, true);
+      rb[i] = turn(b[i], a[i], cs, sn, false);
+    }
+  }
+}
+
 // Feature f of a row at position pos, its pair partner holding `partner`.
 template <bool INTERLEAVE>
 __device__ __forceinline__ float rope_rotate(const RopeFreqs& fr, float x, float partner, int pos, int f, int rotary_dim) {

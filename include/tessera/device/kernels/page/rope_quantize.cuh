@@ -63,28 +63,11 @@ __device__ __forceinline__ void rope_quantize_chunk(const RopeQuantizeParams& p,
       cs = sn = __int_as_float(0x7fffffff);  // NaN: a position outside the cache
     }
   };
-  float a[8], ra[8];
+  float a[8], b[8], ra[8], rb[8];
   load_vec<8>(src + c * 8, a);
-  if constexpr (INTERLEAVE) {
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      float cs, sn;
-      angle((c * 8 + i) >> 1, cs, sn);
-      ra[i] = rope_turn_rn(a[i], a[i + 1], cs, sn, true);
-      ra[i + 1] = rope_turn_rn(a[i + 1], a[i], cs, sn, false);
-    }
-  } else {
-    float b[8], rb[8];
-    load_vec<8>(src + (c + half_ch) * 8, b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float cs, sn;
-      angle(c * 8 + i, cs, sn);
-      ra[i] = rope_turn_rn(a[i], b[i], cs, sn, true);
-      rb[i] = rope_turn_rn(b[i], a[i], cs, sn, false);
-    }
-    store_quantized8<TQ>(dst + (c + half_ch) * 8, rb, scale);
-  }
+  if constexpr (!INTERLEAVE) load_vec<8>(src + (c + half_ch) * 8, b);
+  rope_rotate_chunk<INTERLEAVE, true>(c, a, b, angle, ra, rb);
+  if constexpr (!INTERLEAVE) store_quantized8<TQ>(dst + (c + half_ch) * 8, rb, scale);
   store_quantized8<TQ>(dst + c * 8, ra, scale);
 }
 
