@@ -8,7 +8,8 @@
 //   row maxima of both halves exchanged through shared memory (barrier A);
 //   P_w = exp2(S_w * scale - m), kept as A fragments and written into the
 //   P tile for the other warpgroup (barrier B);
-//   O_w += P_w V[32w.., cols_w]          (A from registers)
+//   O_w += P_w V[32w.., cols_w]          (A from registers, issued before
+//                                         P_w goes out to the P tile)
 //        + P_{1-w} V[32(1-w).., cols_w]   (A from the P tile)
 //
 // V is the K tile's first 512 features, read MN-major, so one stage serves
@@ -109,15 +110,20 @@ struct MlaSm90Consumer {
     }
     wgmma_commit();
   }
-  // O += P V over the tile's 64 keys: this warpgroup's 32 from registers,
-  // the other's from the P tile. v_desc: the stage's V at this warpgroup's
-  // first column block; own / other: byte offsets of the two key halves.
-  __device__ __forceinline__ static void issue_pv(float (&o)[O_REGS], const u32 (&pa)[2][4], u64 p_desc, u64 v_desc,
-                                                  int wg) {
+  // O += P V over the tile's 64 keys in two steps: this warpgroup's 32
+  // from registers (issued before its P goes out to the P tile), then the
+  // other's from the P tile. v_desc: the stage's V at this warpgroup's first
+  // column block.
+  __device__ __forceinline__ static void issue_pv_own(float (&o)[O_REGS], const u32 (&pa)[2][4], u64 v_desc, int wg) {
     wgmma_fence();
-    const u32 own = static_cast<u32>(wg) * 32 * 128, other = static_cast<u32>(1 - wg) * 32 * 128;
+    const u32 own = static_cast<u32>(wg) * 32 * 128;
 #pragma unroll
     for (int j = 0; j < 2; ++j) wgmma_rs_tb(o, pa[j], desc_at(v_desc, own + j * 16 * 128), 1, T{}, WgmmaN<256>{});
+    wgmma_commit();
+  }
+  // The same accumulator and shape as issue_pv_own's, so no fence between.
+  __device__ __forceinline__ static void issue_pv_other(float (&o)[O_REGS], u64 p_desc, u64 v_desc, int wg) {
+    const u32 other = static_cast<u32>(1 - wg) * 32 * 128;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
       wgmma_ss_tb(o, desc_at(p_desc, (1 - wg) * 64 + j * 32), desc_at(v_desc, other + j * 16 * 128), 1, T{},
@@ -237,6 +243,8 @@ struct MlaSm90Consumer {
             o[4 * j + 3] *= factor[1];
           }
           pack_p<32, T>(pa, reinterpret_cast<const float(&)[NT_S][4]>(s));
+          const u64 v_desc = desc_at(v_desc0, tile * STAGE_BYTES);
+          issue_pv_own(o, pa, v_desc, wg);  // the tensor cores start while P goes out
           // This warpgroup's P into its half of the P tile (swizzled as an
           // A operand: 16-byte chunk c of row r at chunk c ^ (r % 8)). pa[j]
           // holds four 8 x 8 fragments, (keys 16 j, rows 0..7), (16 j, 8..15),
@@ -249,7 +257,7 @@ struct MlaSm90Consumer {
           }
           fence_proxy_async();  // generic stores -> the wgmmas' async proxy
           named_barrier_sync(kMlaPBar, 256);
-          issue_pv(o, pa, p_desc, desc_at(v_desc0, tile * STAGE_BYTES), wg);
+          issue_pv_other(o, p_desc, v_desc, wg);
           // The stage goes back as soon as P V is done, so the producer's next
           // load is in flight while this warpgroup waits for the next tile.
           wgmma_wait<0>();
