@@ -105,8 +105,15 @@ struct MaskBits {
 // scale is run_sm_scale (an fp8 cache's k_scale tensor folded in at run
 // time), else p.sm_scale. kPExp2: P (and d) come out scaled by 2^kPExp2 (fp8
 // P keeps small weights that way; the caller divides d and O back).
-template <typename Variant, bool kRowSums = true, bool kRunScale = false, int kPExp2 = 0, int MT, int NT_S,
-          typename State, typename Params>
+// kMaxSlack > 0 keeps a row's reference maximum until a tile's exceeds it by
+// more than that (base 2): weights then reach 2^kMaxSlack, which 16-bit P
+// holds as exactly as weights <= 1, and O is rescaled only in the rare tiles
+// where a row jumps that far instead of whenever a maximum rises (most tiles
+// among a 16-row warp's first few dozen). The Hopper mainloop takes 8; fp8
+// P has no headroom above its 2^kPExp2 scaling, and the FA2 template, at its
+// register limit, spilled more with it and ran 1-2% slower.
+template <typename Variant, bool kRowSums = true, bool kRunScale = false, int kPExp2 = 0, int kMaxSlack = 0, int MT,
+          int NT_S, typename State, typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
                                                      int kv_end, int b, int kv_head, bool masked, int causal_shift,
@@ -166,9 +173,10 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
 
   bool raised = false;
   if (Variant::use_softmax) {
-    // New row maxima first; O and d need a rescale only when some row of the
-    // warp raised its maximum (after the first tiles of a long row this is
-    // rare, and the rescale is MT x NT_O x 4 multiplies).
+    // New row maxima first. A row's reference maximum moves only when the
+    // tile's exceeds it by more than kMaxSlack (base 2; see the template
+    // parameter), and O and d need a rescale only when some row of the warp
+    // moved it (MT x NT_O x 4 multiplies).
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -185,11 +193,12 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
-        const float m_new = fmaxf(mx, st.m[t][r]);
-        raised |= m_new > st.m[t][r];
-        const float m_safe = m_new == neg_inf() ? 0.f : m_new;
-        scale[t][r] = fast_exp2(st.m[t][r] - m_safe);
-        st.m[t][r] = m_new;
+        // -inf + slack is -inf: a row's first finite logits always move it.
+        const bool up = mx > st.m[t][r] + static_cast<float>(kMaxSlack);
+        raised |= up;
+        const float m_safe = mx == neg_inf() ? 0.f : mx;
+        scale[t][r] = up ? fast_exp2(st.m[t][r] - m_safe) : 1.f;
+        st.m[t][r] = up ? mx : st.m[t][r];
       }
     raised = __any_sync(0xffffffffu, raised);
 #pragma unroll

@@ -216,13 +216,22 @@ struct MlaSm90Consumer {
             if (quad == 0) ex.max[wg][warp_row0 + g + 8 * r] = x;
           }
           named_barrier_sync(kMlaMaxBar, 256);
+          // A row's reference maximum moves only when the tile's exceeds it
+          // by more than kMaxSlack (base 2; weights stay below 2^8, which
+          // 16-bit P holds as exactly as weights <= 1), so after a row's
+          // first tile O is rarely rescaled: 128 multiplies a thread, between
+          // the softmax and P V, with the tensor cores idle.
+          constexpr float kMaxSlack = 8.f;
           float factor[2];
+          bool up_any = false;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const float x = fmaxf(mx[r], ex.max[1 - wg][warp_row0 + g + 8 * r]);
-            const float m_new = fmaxf(m[r], x * scale_log2);  // sm_scale > 0: the maximum commutes with it
+            const float x = fmaxf(mx[r], ex.max[1 - wg][warp_row0 + g + 8 * r]) * scale_log2;  // sm_scale > 0
+            const bool up = x > m[r] + kMaxSlack;  // -inf + slack is -inf: the first finite logits move it
+            up_any |= up;
+            const float m_new = up ? x : m[r];
             const float m_safe = m_new == neg_inf() ? 0.f : m_new;  // all masked so far: weights 0, not NaN
-            factor[r] = fast_exp2(m[r] - m_safe);
+            factor[r] = up ? fast_exp2(m[r] - m_safe) : 1.f;
             m[r] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -235,12 +244,14 @@ struct MlaSm90Consumer {
               }
             d[r] = d[r] * factor[r] + sum;
           }
+          if (__any_sync(0xffffffffu, up_any)) {  // factors of exactly 1 elsewhere: the same bits
 #pragma unroll
-          for (int j = 0; j < O_REGS / 4; ++j) {
-            o[4 * j] *= factor[0];
-            o[4 * j + 1] *= factor[0];
-            o[4 * j + 2] *= factor[1];
-            o[4 * j + 3] *= factor[1];
+            for (int j = 0; j < O_REGS / 4; ++j) {
+              o[4 * j] *= factor[0];
+              o[4 * j + 1] *= factor[0];
+              o[4 * j + 2] *= factor[1];
+              o[4 * j + 3] *= factor[1];
+            }
           }
           pack_p<32, T>(pa, reinterpret_cast<const float(&)[NT_S][4]>(s));
           const u64 v_desc = desc_at(v_desc0, tile * STAGE_BYTES);

@@ -5,7 +5,7 @@
 //   S_0 = Q K_0^T; softmax_0
 //   for t = 1 .. n-1:  issue S_t = Q K_t^T and O += P_{t-1} V_{t-1};
 //                      wait S_t; release K_t; softmax_t (P_t, new maxima)
-//                      wait O; release V_{t-1}; rescale O if a maximum rose
+//                      wait O; release V_{t-1}; rescale O if a maximum moved
 //   O += P_{n-1} V_{n-1}
 //
 // so each tile's softmax runs while the tensor cores work on the previous
@@ -61,6 +61,10 @@ struct Sm90Consumer {
   // per thread leave no room (spills).
   static constexpr bool kTcSums = Variant::use_softmax && HEAD_DIM <= 128 && is_fp16<T> && !FP8_MMA;
   static constexpr int kPExp2 = FP8_MMA ? 8 : 0;  // P's scale, 2^kPExp2
+  // Row maxima kept until a tile's exceeds them by 2^8 (prefill_softmax_step),
+  // so O's rescale leaves the path from P_{t-1} V_{t-1} to P_t; fp8 P keeps
+  // exact maxima.
+  static constexpr int kMaxSlack = FP8_MMA ? 0 : 8;
 
   const Params& p;
   Sm90Pipeline<Rings>& pipe;
@@ -306,9 +310,9 @@ struct Sm90Consumer {
           wgmma_keep(sf);
           release_kv(bars.k_empty(cur.index()), bars);
           if (!FP8_MMA && n_comp == 1) mbarrier_arrive(bars.q_empty(qb));
-          prefill_softmax_step<Variant, !kTcSums, kRunScale, kPExp2>(p, variant, st, rows, s2, w.kv_start + quad * 2,
-                                                                     w.kv_end, b, kv_head, masked(0), causal_shift,
-                                                                     scale, &mask_bits, item_sm_scale);
+          prefill_softmax_step<Variant, !kTcSums, kRunScale, kPExp2, kMaxSlack>(
+              p, variant, st, rows, s2, w.kv_start + quad * 2, w.kv_end, b, kv_head, masked(0), causal_shift, scale,
+              &mask_bits, item_sm_scale);
           Gemms::pack(pa, s);
 
           bool k_ready = false, v_ready = false;  // probes of the next step's barriers
@@ -335,7 +339,7 @@ struct Sm90Consumer {
             wgmma_keep(dsum);
             release_kv(bars.k_empty(cur.index()), bars);
             if (!FP8_MMA && t == n_comp - 1) mbarrier_arrive(bars.q_empty(qb));
-            const bool raised = prefill_softmax_step<Variant, !kTcSums, kRunScale, kPExp2>(
+            const bool raised = prefill_softmax_step<Variant, !kTcSums, kRunScale, kPExp2, kMaxSlack>(
                 p, variant, st, rows, s2, w.kv_start + t * CTA_KV + quad * 2, w.kv_end, b, kv_head, masked(t),
                 causal_shift, scale, &mask_bits, item_sm_scale);
             if constexpr (kTcSums) {
