@@ -48,13 +48,21 @@ Step make_step(const std::vector<int32_t>& qo_lens, const std::vector<int32_t>& 
 }
 
 // Caches of `pool` pages, random where a request of `s` owns a slot, NaN elsewhere.
-void fill_caches(HostTensor& ckv, HostTensor& kpe, const Step& s, int page_size, uint64_t seed) {
+// ramp > 0 adds ramp x t to every feature of a request's token t, so a
+// row's logits climb (or, where its q sums negative, fall) along the context.
+void fill_caches(HostTensor& ckv, HostTensor& kpe, const Step& s, int page_size, uint64_t seed, double ramp = 0.0) {
   test::fill_random(ckv, seed);
   test::fill_random(kpe, seed + 1);
   const int64_t pool = ckv.view.size(0);
   std::vector<uint8_t> used(pool * page_size, 0);
   for (size_t b = 0; b + 1 < s.kv_indptr.size(); ++b)
-    for (int t = 0; t < s.kv_lens[b]; ++t) used[s.kv_indices[s.kv_indptr[b] + t / page_size] * page_size + t % page_size] = 1;
+    for (int t = 0; t < s.kv_lens[b]; ++t) {
+      const int64_t slot = s.kv_indices[s.kv_indptr[b] + t / page_size] * page_size + t % page_size;
+      used[slot] = 1;
+      if (ramp == 0.0) continue;
+      for (int x = 0; x < kDc; ++x) ckv.set(slot * kDc + x, static_cast<float>(ckv.get(slot * kDc + x) + ramp * t));
+      for (int x = 0; x < kDr; ++x) kpe.set(slot * kDr + x, static_cast<float>(kpe.get(slot * kDr + x) + ramp * t));
+    }
   for (int64_t slot = 0; slot < pool * page_size; ++slot) {
     if (used[slot]) continue;
     for (int x = 0; x < kDc; ++x) ckv.set(slot * kDc + x, NAN);
@@ -68,7 +76,8 @@ struct Inputs {
 };
 
 // kv_dt: the caches' dtype (dt's, or fp8: random values are quantized).
-Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint64_t seed, DType kv_dt) {
+Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint64_t seed, DType kv_dt,
+                   double ramp = 0.0) {
   Inputs in;
   const int64_t T = s.qo_indptr.back();
   in.q_nope = test::make_host(dt, {T, H, kDc});
@@ -79,7 +88,7 @@ Inputs make_inputs(const Step& s, int H, int page_size, int pool, DType dt, uint
   in.lse = test::make_host(DType::kFloat32, {T, H});
   test::fill_random(in.q_nope, seed + 10);
   test::fill_random(in.q_pe, seed + 11);
-  fill_caches(in.ckv, in.kpe, s, page_size, seed + 12);
+  fill_caches(in.ckv, in.kpe, s, page_size, seed + 12, ramp);
   in.d_q_nope = test::to_device(in.q_nope);
   in.d_q_pe = test::to_device(in.q_pe);
   in.d_ckv = test::to_device(in.ckv);
@@ -122,6 +131,7 @@ struct Case {
   std::vector<int32_t> qo_lens, kv_lens;
   DType kv_dt = DType::kFloat32;  // the caches' dtype; kFloat32: dt's
   double ckv_scale = 1.0, kpe_scale = 1.0;
+  double ramp = 0.0;  // fill_caches: keys drifting along the context
 };
 
 // Returns the most chunks the plan cut a query tile into.
@@ -132,7 +142,7 @@ int run_case(const Case& c, uint64_t seed, MLAOptions opt = {}) {
   const int pool = static_cast<int>(need) + 3;
   const Step s = make_step(c.qo_lens, c.kv_lens, c.page_size, pool, rng);
   const DType kv_dt = c.kv_dt == DType::kFloat32 ? c.dt : c.kv_dt;
-  Inputs in = make_inputs(s, c.H, c.page_size, pool, c.dt, seed, kv_dt);
+  Inputs in = make_inputs(s, c.H, c.page_size, pool, c.dt, seed, kv_dt, c.ramp);
   MLATask task;
   task.num_heads = c.H;
   task.page_size = c.page_size;
@@ -258,6 +268,31 @@ TEST_P(MlaGpuBackend, LongContextsSplitKvAndMerge) {
 // queries, per-tensor scales (equal and unequal for ckv and kpe), against the
 // reference over the dequantized caches; decode, causal multi-token queries
 // and a long split context.
+// Logits that climb along the context: a row's maximum jumps past the
+// kernels' slack (2^8) tile after tile, so O is rescaled in most tiles,
+// which random keys, whose maximum settles in the first tile, never ask
+// for. ramp 0.12 a token moves a row whose q sums to one standard
+// deviation (~14) by ~11 (base 2) a 64-key tile; rows with other sums
+// climb slower, stay or fall. Every tile form: 16 rows (H 16), the pair
+// (H 32), 64 rows (H 64 / 128, and fp8 caches at H 16 x 2).
+TEST_P(MlaGpuBackend, RowMaximaThatKeepJumping) {
+  uint64_t seed = 900;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (int H : {16, 32, 64, 128}) {
+      Case c{H, 64, dt, false, {1, 1, 1}, {1031, 300, 700}};
+      c.ramp = 0.12;
+      run_case(c, ++seed, options());
+    }
+  Case causal{128, 16, DType::kBFloat16, true, {2, 3}, {1500, 515}};
+  causal.ramp = 0.12;
+  run_case(causal, ++seed, options());
+  if (GetParam() == MlaBackend::kFA3) {  // stored values up to ~1 + 0.24 x 900, scale 0.5
+    Case fp8{16, 64, DType::kBFloat16, true, {2, 2}, {900, 333}, DType::kFloat8E4M3, 0.5, 0.5};
+    fp8.ramp = 0.24;
+    run_case(fp8, ++seed, options());
+  }
+}
+
 TEST(MlaGpuFp8, HopperKernelMatchesTheDequantizedReference) {
   SKIP_WITHOUT_GPU();
   if (cuda::device_info(cuda::current_device()).major != 9) GTEST_SKIP() << "skipped: fp8 MLA caches need sm_90";

@@ -110,8 +110,10 @@ TEST(PrefillPagedDeepPipeline, MatchesReference) {
       }
 }
 
-// A ragged batch of n random requests over Hkv KV heads (group query heads
-// each), random q / k / v, and the reference result.
+// A ragged batch (make_batch) over Hkv KV heads (group query heads each),
+// random q / k / v, and the reference result. ramp > 0 adds ramp x t to
+// every feature of a request's key t, so a row's logits climb (or fall,
+// where its q sums negative) along the context.
 struct RaggedCase {
   Batch b;
   HostTensor q, k, v;
@@ -119,12 +121,18 @@ struct RaggedCase {
   AttentionSpec spec;
   TaskInfo task;
 
-  RaggedCase(DType dt, int D, int group, bool causal, int n, std::mt19937_64& rng, int64_t Hkv = 2) : b(make_batch(n, rng)) {
+  RaggedCase(DType dt, int D, int group, bool causal, int n, std::mt19937_64& rng, int64_t Hkv = 2, double ramp = 0.0)
+      : b(make_batch(n, rng)) {
     const int64_t Hq = Hkv * group;
     k = make_host(dt, {b.kv_tokens.back(), Hkv, D});
     v = k;
     q = make_host(dt, {rows(), Hq, D});
     fill_random(k, rng());
+    if (ramp != 0.0)
+      for (size_t r = 0; r + 1 < b.kv_tokens.size(); ++r)
+        for (int32_t t = b.kv_tokens[r]; t < b.kv_tokens[r + 1]; ++t)
+          for (int64_t x = 0; x < Hkv * D; ++x)
+            k.set(t * Hkv * D + x, static_cast<float>(k.get(t * Hkv * D + x) + ramp * (t - b.kv_tokens[r])));
     fill_random(v, rng());
     fill_random(q, rng(), -2.f, 2.f);
     reference::Options ro;
@@ -218,6 +226,41 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillRagged,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16), ::testing::Values(1, 4, 8),
                                             ::testing::Bool(), ::testing::Values(16, 32, 64, 128),
                                             ::testing::Values(PrefillBackend::kAuto, PrefillBackend::kFA2)));
+
+// Keys drifting along the context (RaggedCase's ramp, 0.055 a token: a row
+// whose q sums to one standard deviation moves ~12 (base 2) a 128-key
+// tile): row maxima jump past the Hopper mainloop's slack (2^8) tile after
+// tile, so O and the row sums are rescaled in most tiles, which random keys,
+// whose maxima settle in the first tile, never ask for. Both templates,
+// query tiles of 64 and 128 rows, fp16 (row sums on the tensor cores) and
+// bf16; each run matches the reference and repeats its bits.
+TEST(PrefillMaximaJumps, MatchReferenceAndRepeat) {
+  SKIP_WITHOUT_GPU();
+  for (const DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (const bool causal : {false, true})
+      for (const PrefillBackend backend : {PrefillBackend::kAuto, PrefillBackend::kFA2})
+        for (const int cta_q : {64, 128}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + (causal ? " causal" : "") + " backend " +
+                       std::to_string(static_cast<int>(backend)) + " tile " + std::to_string(cta_q));
+          std::mt19937_64 rng(cta_q + causal);
+          const RaggedCase c(dt, 128, 4, causal, 16, rng, 2, 0.055);
+          const auto& [b, q, k, v, ref, spec, task] = c;
+          const int64_t rows = c.rows(), Hq = task.num_qo_heads, D = 128;
+          PrefillOptions opt;
+          opt.cta_q = cta_q;
+          opt.backend = backend;
+          Workspace ws = prefill_workspace(spec, task, opt);
+          BatchPrefill pre(spec, task, ws, opt);
+          pre.plan_ragged(b.qo, b.kv_tokens);
+          auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+          auto run = [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); };
+          Out a = run_and_fetch(run, dt, rows, Hq, D), a2 = run_and_fetch(run, dt, rows, Hq, D);
+          EXPECT_CLOSE(compare(to_doubles(a.o.view), ref.o), dt);
+          EXPECT_CLOSE(compare(to_doubles(a.lse.view), ref.lse), DType::kFloat16);
+          EXPECT_TRUE(bitwise_equal(a.o, a2.o));
+          EXPECT_TRUE(bitwise_equal(a.lse, a2.lse));
+        }
+}
 
 // fp32 outputs (o_dtype float32, what a cascade's levels write): the value a
 // 16-bit output rounds. Both backends, head dims 64 / 128 / 256, requests
