@@ -15,7 +15,7 @@ Cases (both builds get the same inputs: same seeds):
            MHA 32/32, on tensor cores and CUDA cores; timed over rotating
            cache copies replayed from a CUDA graph (common.bench_graph_ms);
            each build's output checked against a float32 softmax first;
-  prefill  paper Table-1: batch 16, 16 heads, head dim 128, causal, fp16,
+  prefill  paper Table-1: batch 16, 16 heads, head dim 128 (--head-dim), causal, fp16,
            512 .. 16k, per kernel template (fa3 on sm_90, fa2); timed with
            do_bench; the last 256 query rows of request 0 checked against
            float32 attention first;
@@ -124,6 +124,7 @@ def serve(pydir):
 
     def setup_prefill(c):
         L, b, h = c["seq"], 16, 16
+        pf.D = c.get("head_dim", 128)
         torch.manual_seed(L)
         fn = pf.tessera_ragged_fn([L] * b, [L] * b, h, h, True, c["backend"], ws=common.new_workspace())
         w, q, k, v, out = fn.inputs
@@ -206,7 +207,7 @@ def cases(args):
     if args.only in ("", "prefill"):
         for be in args.backends.split(","):
             for L in (int(x) for x in args.seqs.split(",")):
-                out.append(dict(kind="prefill", backend=be, seq=L))
+                out.append(dict(kind="prefill", backend=be, seq=L, head_dim=args.head_dim))
     if args.only in ("", "mla"):
         for cache in args.mla_cache.split(","):
             for wl in filter(None, args.mla.split(",")):
@@ -222,7 +223,8 @@ def label(c):
         cache = "" if c["cache"] == "float16" else f" {c['cache'].replace('float8_', '')}"
         q = "" if c["dtype"] == "float16" else " bf16 q"
         return f"mla H {c['h']} q {c['q']} {c['batch']} x {c['kv']}{cache}{q}"
-    return f"prefill {c['backend']} Table-1 {c['seq']}"
+    d = "" if c.get("head_dim", 128) == 128 else f" d{c['head_dim']}"
+    return f"prefill {c['backend']} Table-1{d} {c['seq']}"
 
 
 def mla_caches(text):
@@ -247,6 +249,7 @@ def main():
                     "CUDA-core kernel, forced where a build picks), hint (use_tensor_cores=False: the build's pick)")
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384", help="prefill sequence lengths")
     ap.add_argument("--backends", default="fa3,fa2", help="prefill kernel templates (fa3 needs sm_90)")
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256], help="prefill head dim")
     ap.add_argument("--mla", default="16:1:64:4096,128:1:64:4096,16:2:64:4096,16:1:1:32768",
                     help="MLA workloads, H:q_len:batch:KV,... (sm_90 picks the Hopper kernel)")
     ap.add_argument("--mla-cache", default="float16", type=mla_caches,
