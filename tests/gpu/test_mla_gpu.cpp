@@ -4,7 +4,8 @@
 // owns (and the outputs) with NaN, and checks o and lse: fp16 within 1e-3 of
 // the reference's largest magnitude, bf16 within 1e-2. Shapes: H = 16, 32,
 // 64, 128; page sizes 1, 16, 64; lengths 0, 1, primes and long contexts
-// (split-KV); query lengths 1..8, causal among the new tokens. Also bitwise
+// (split-KV); query lengths 1..8, causal among the new tokens; keys drifting
+// along the context, so row maxima keep jumping. Also bitwise
 // determinism across runs, CUDA-graph replay after re-plans with other
 // lengths, page ids on the GPU, and a bad page id raised by the next call.
 #include <cuda_runtime_api.h>

@@ -2,7 +2,8 @@
 // (page sizes 1 and 16), ragged and BSR (Br 1/4/16, Bc 1/4/16) KV; causal
 // (bottom-right, q_len < kv_len) and non-causal; head dims 64/128/256; group
 // sizes 1/4/8; every query tile size; fp16/bf16; empty requests and rows
-// that see nothing; bitwise determinism.
+// that see nothing; keys drifting along the context (row maxima that keep
+// jumping); bitwise determinism.
 #include <gtest/gtest.h>
 
 #include <numeric>
