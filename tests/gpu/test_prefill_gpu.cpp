@@ -203,11 +203,9 @@ TEST(PrefillHeadGroups, MatchReferenceAndRepeat) {
 
 class PrefillRagged : public ::testing::TestWithParam<std::tuple<DType, int, bool, int, PrefillBackend>> {};
 
-TEST_P(PrefillRagged, MatchesReference) {
-  SKIP_WITHOUT_GPU();
-  const auto [dt, group, causal, cta_q, backend] = GetParam();
-  std::mt19937_64 rng(group + cta_q);
-  const RaggedCase c(dt, 128, group, causal, 16, rng);
+// A RaggedCase (head dim 128) on query tiles of cta_q rows: o and lse
+// against the reference, and a second run's bits against the first's.
+void check_ragged_case(const RaggedCase& c, int cta_q, PrefillBackend backend) {
   const auto& [b, q, k, v, ref, spec, task] = c;
   const int64_t rows = c.rows(), Hq = task.num_qo_heads, D = 128;
   PrefillOptions opt;
@@ -217,10 +215,19 @@ TEST_P(PrefillRagged, MatchesReference) {
   BatchPrefill pre(spec, task, ws, opt);
   pre.plan_ragged(b.qo, b.kv_tokens);
   auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
-  Out a = run_and_fetch([&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); },
-                        dt, rows, Hq, D);
-  EXPECT_CLOSE(compare(to_doubles(a.o.view), ref.o), dt);
+  auto run = [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); };
+  Out a = run_and_fetch(run, spec.q_dtype, rows, Hq, D), a2 = run_and_fetch(run, spec.q_dtype, rows, Hq, D);
+  EXPECT_CLOSE(compare(to_doubles(a.o.view), ref.o), spec.q_dtype);
   EXPECT_CLOSE(compare(to_doubles(a.lse.view), ref.lse), DType::kFloat16);
+  EXPECT_TRUE(bitwise_equal(a.o, a2.o));
+  EXPECT_TRUE(bitwise_equal(a.lse, a2.lse));
+}
+
+TEST_P(PrefillRagged, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto [dt, group, causal, cta_q, backend] = GetParam();
+  std::mt19937_64 rng(group + cta_q);
+  check_ragged_case(RaggedCase(dt, 128, group, causal, 16, rng), cta_q, backend);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillRagged,
@@ -244,22 +251,7 @@ TEST(PrefillMaximaJumps, MatchReferenceAndRepeat) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + (causal ? " causal" : "") + " backend " +
                        std::to_string(static_cast<int>(backend)) + " tile " + std::to_string(cta_q));
           std::mt19937_64 rng(cta_q + causal);
-          const RaggedCase c(dt, 128, 4, causal, 16, rng, 2, 0.055);
-          const auto& [b, q, k, v, ref, spec, task] = c;
-          const int64_t rows = c.rows(), Hq = task.num_qo_heads, D = 128;
-          PrefillOptions opt;
-          opt.cta_q = cta_q;
-          opt.backend = backend;
-          Workspace ws = prefill_workspace(spec, task, opt);
-          BatchPrefill pre(spec, task, ws, opt);
-          pre.plan_ragged(b.qo, b.kv_tokens);
-          auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
-          auto run = [&](const TensorView& o, const TensorView& lse) { pre.run_ragged(dq.view, dk.view, dv.view, o, lse); };
-          Out a = run_and_fetch(run, dt, rows, Hq, D), a2 = run_and_fetch(run, dt, rows, Hq, D);
-          EXPECT_CLOSE(compare(to_doubles(a.o.view), ref.o), dt);
-          EXPECT_CLOSE(compare(to_doubles(a.lse.view), ref.lse), DType::kFloat16);
-          EXPECT_TRUE(bitwise_equal(a.o, a2.o));
-          EXPECT_TRUE(bitwise_equal(a.lse, a2.lse));
+          check_ragged_case(RaggedCase(dt, 128, 4, causal, 16, rng, 2, 0.055), cta_q, backend);
         }
 }
 
