@@ -193,12 +193,20 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
-        // -inf + slack is -inf: a row's first finite logits always move it.
-        const bool up = mx > st.m[t][r] + static_cast<float>(kMaxSlack);
-        raised |= up;
-        const float m_safe = mx == neg_inf() ? 0.f : mx;
-        scale[t][r] = up ? fast_exp2(st.m[t][r] - m_safe) : 1.f;
-        st.m[t][r] = up ? mx : st.m[t][r];
+        if constexpr (kMaxSlack == 0) {  // plain maxima: the slack form's selects cost the FA2 template spills
+          const float m_new = fmaxf(mx, st.m[t][r]);
+          raised |= m_new > st.m[t][r];
+          const float m_safe = m_new == neg_inf() ? 0.f : m_new;
+          scale[t][r] = fast_exp2(st.m[t][r] - m_safe);
+          st.m[t][r] = m_new;
+        } else {
+          // -inf + slack is -inf: a row's first finite logits always move it.
+          const bool up = mx > st.m[t][r] + static_cast<float>(kMaxSlack);
+          raised |= up;
+          const float m_safe = mx == neg_inf() ? 0.f : mx;
+          scale[t][r] = up ? fast_exp2(st.m[t][r] - m_safe) : 1.f;
+          st.m[t][r] = up ? mx : st.m[t][r];
+        }
       }
     raised = __any_sync(0xffffffffu, raised);
 #pragma unroll
