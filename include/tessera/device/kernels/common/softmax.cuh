@@ -109,9 +109,11 @@ struct MaskBits {
 // more than that (base 2): weights then reach 2^kMaxSlack, which 16-bit P
 // holds as exactly as weights <= 1, and O is rescaled only in the rare tiles
 // where a row jumps that far instead of whenever a maximum rises (most tiles
-// among a 16-row warp's first few dozen). The Hopper mainloop takes 8; fp8
-// P has no headroom above its 2^kPExp2 scaling, and the FA2 template, at its
-// register limit, spilled more with it and ran 1-2% slower.
+// among a 16-row warp's first few dozen). The Hopper mainloop and the MLA
+// 64-row tile take kSoftmaxMaxSlack; fp8 P has no headroom above its
+// 2^kPExp2 scaling, and the FA2 template, at its register limit, spilled
+// more with it and ran 1-2% slower.
+constexpr int kSoftmaxMaxSlack = 8;
 template <typename Variant, bool kRowSums = true, bool kRunScale = false, int kPExp2 = 0, int kMaxSlack = 0, int MT,
           int NT_S, typename State, typename Params>
 __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Variant& variant, State& st,

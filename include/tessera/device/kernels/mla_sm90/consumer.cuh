@@ -217,11 +217,10 @@ struct MlaSm90Consumer {
           }
           named_barrier_sync(kMlaMaxBar, 256);
           // A row's reference maximum moves only when the tile's exceeds it
-          // by more than kMaxSlack (base 2; weights stay below 2^8, which
-          // 16-bit P holds as exactly as weights <= 1), so after a row's
-          // first tile O is rarely rescaled: 128 multiplies a thread, between
-          // the softmax and P V, with the tensor cores idle.
-          constexpr float kMaxSlack = 8.f;
+          // by more than kSoftmaxMaxSlack (base 2; prefill_softmax_step), so
+          // after a row's first tile O is rarely rescaled: 128 multiplies a
+          // thread, between the softmax and P V, with the tensor cores idle.
+          constexpr float kMaxSlack = kSoftmaxMaxSlack;
           float factor[2];
           bool up_any = false;
 #pragma unroll

@@ -64,7 +64,7 @@ struct Sm90Consumer {
   // Row maxima kept until a tile's exceeds them by 2^8 (prefill_softmax_step),
   // so O's rescale leaves the path from P_{t-1} V_{t-1} to P_t; fp8 P keeps
   // exact maxima.
-  static constexpr int kMaxSlack = FP8_MMA ? 0 : 8;
+  static constexpr int kMaxSlack = FP8_MMA ? 0 : kSoftmaxMaxSlack;
 
   const Params& p;
   Sm90Pipeline<Rings>& pipe;
