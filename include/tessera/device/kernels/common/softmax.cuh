@@ -203,11 +203,15 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
           st.m[t][r] = m_new;
         } else {
           // -inf + slack is -inf: a row's first finite logits always move it.
+          // One select, then the exponent unconditionally (2^0 = 1 where the
+          // maximum stays): a select on the factor too cost the FA2 template
+          // spills at its register limit.
           const bool up = mx > st.m[t][r] + static_cast<float>(kMaxSlack);
           raised |= up;
-          const float m_safe = mx == neg_inf() ? 0.f : mx;
-          scale[t][r] = up ? fast_exp2(st.m[t][r] - m_safe) : 1.f;
-          st.m[t][r] = up ? mx : st.m[t][r];
+          const float m_new = up ? mx : st.m[t][r];
+          const float m_safe = m_new == neg_inf() ? 0.f : m_new;
+          scale[t][r] = fast_exp2(st.m[t][r] - m_safe);
+          st.m[t][r] = m_new;
         }
       }
     raised = __any_sync(0xffffffffu, raised);
@@ -249,14 +253,14 @@ __device__ __forceinline__ void prefill_rescale_o(PrefillState<MT, NT_O>& st, co
 }
 
 // The whole update for kernels whose O is not in flight: step + rescale.
-template <typename Variant, bool kRunScale = false, int MT, int NT_S, int NT_O, typename Params>
+template <typename Variant, bool kRunScale = false, int kMaxSlack = 0, int MT, int NT_S, int NT_O, typename Params>
 __device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Variant& variant, PrefillState<MT, NT_O>& st,
                                                      const RowInfo<MT>& rows, float (&s)[MT][NT_S][4], int col0,
                                                      int kv_end, int b, int kv_head, bool masked, int causal_shift,
                                                      float run_sm_scale = 0.f) {
   float scale[MT][2];
-  if (prefill_softmax_step<Variant, true, kRunScale>(p, variant, st, rows, s, col0, kv_end, b, kv_head, masked,
-                                                     causal_shift, scale,
+  if (prefill_softmax_step<Variant, true, kRunScale, 0, kMaxSlack>(p, variant, st, rows, s, col0, kv_end, b, kv_head,
+                                                                    masked, causal_shift, scale,
                                                      static_cast<const MaskBits<Variant, Params, MT, NT_S>*>(nullptr),
                                                      run_sm_scale))
     prefill_rescale_o(st, scale);

@@ -133,8 +133,9 @@ __device__ __forceinline__ void prefill_compute_tile(const Params& p, const Vari
   }
 
   after_s();
-  prefill_softmax_tile<Variant, kRunScale>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP + quad * 2,
-                                           kv_end, b, kv_head, masked, causal_shift, sm_scale);
+  prefill_softmax_tile<Variant, kRunScale, kSoftmaxMaxSlack>(p, variant, st, rows, s,
+                                                             tile_start + wk * Shape::KV_PER_WARP + quad * 2, kv_end, b,
+                                                             kv_head, masked, causal_shift, sm_scale);
 
 #pragma unroll
   for (int j = 0; j < NT_S / 2; ++j) {

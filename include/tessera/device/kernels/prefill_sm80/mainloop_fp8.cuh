@@ -100,8 +100,9 @@ __device__ __forceinline__ void prefill_compute_tile_fp8(const Params& p, const 
     }
   }
 
-  prefill_softmax_tile<Variant, true>(p, variant, st, rows, s, tile_start + wk * Shape::KV_PER_WARP + c * 2, kv_end, b,
-                                      kv_head, masked, causal_shift, sm_scale);
+  prefill_softmax_tile<Variant, true, kSoftmaxMaxSlack>(p, variant, st, rows, s,
+                                                        tile_start + wk * Shape::KV_PER_WARP + c * 2, kv_end, b,
+                                                        kv_head, masked, causal_shift, sm_scale);
 
 #pragma unroll
   for (int j = 0; j < NT_S / 2; ++j) {
