@@ -109,10 +109,9 @@ struct MaskBits {
 // more than that (base 2): weights then reach 2^kMaxSlack, which 16-bit P
 // holds as exactly as weights <= 1, and O is rescaled only in the rare tiles
 // where a row jumps that far instead of whenever a maximum rises (most tiles
-// among a 16-row warp's first few dozen). The Hopper mainloop and the MLA
-// 64-row tile take kSoftmaxMaxSlack; fp8 P has no headroom above its
-// 2^kPExp2 scaling, and the FA2 template, at its register limit, spilled
-// more with it and ran 1-2% slower.
+// among a 16-row warp's first few dozen). Every kernel with 16-bit P takes
+// kSoftmaxMaxSlack (the FA2 and Hopper templates; the MLA 64-row tile has
+// the same update inline); fp8 P has no headroom above its 2^kPExp2 scaling.
 constexpr int kSoftmaxMaxSlack = 8;
 template <typename Variant, bool kRowSums = true, bool kRunScale = false, int kPExp2 = 0, int kMaxSlack = 0, int MT,
           int NT_S, typename State, typename Params>
@@ -195,7 +194,7 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if constexpr (kPlain) mx *= scale_log2;  // sm_scale > 0 (checked on the host): the max commutes
-        if constexpr (kMaxSlack == 0) {  // plain maxima: the slack form's selects cost the FA2 template spills
+        if constexpr (kMaxSlack == 0) {  // plain maxima (fp8 P)
           const float m_new = fmaxf(mx, st.m[t][r]);
           raised |= m_new > st.m[t][r];
           const float m_safe = m_new == neg_inf() ? 0.f : m_new;
@@ -204,8 +203,8 @@ __device__ __forceinline__ bool prefill_softmax_step(const Params& p, const Vari
         } else {
           // -inf + slack is -inf: a row's first finite logits always move it.
           // One select, then the exponent unconditionally (2^0 = 1 where the
-          // maximum stays): a select on the factor too cost the FA2 template
-          // spills at its register limit.
+          // maximum stays): a select on the factor too made the FA2 template
+          // spill more at its register limit, and run slower.
           const bool up = mx > st.m[t][r] + static_cast<float>(kMaxSlack);
           raised |= up;
           const float m_new = up ? mx : st.m[t][r];
