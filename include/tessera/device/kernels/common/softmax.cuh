@@ -258,10 +258,9 @@ __device__ __forceinline__ void prefill_softmax_tile(const Params& p, const Vari
                                                      int kv_end, int b, int kv_head, bool masked, int causal_shift,
                                                      float run_sm_scale = 0.f) {
   float scale[MT][2];
-  if (prefill_softmax_step<Variant, true, kRunScale, 0, kMaxSlack>(p, variant, st, rows, s, col0, kv_end, b, kv_head,
-                                                                    masked, causal_shift, scale,
-                                                     static_cast<const MaskBits<Variant, Params, MT, NT_S>*>(nullptr),
-                                                     run_sm_scale))
+  if (prefill_softmax_step<Variant, true, kRunScale, 0, kMaxSlack>(
+          p, variant, st, rows, s, col0, kv_end, b, kv_head, masked, causal_shift, scale,
+          static_cast<const MaskBits<Variant, Params, MT, NT_S>*>(nullptr), run_sm_scale))
     prefill_rescale_o(st, scale);
 }
 
